@@ -1,0 +1,37 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_VERBOSITY := error
+export PYTHONHASHSEED := 0
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The exact torch first: on these machines it is a CPU build on local disk. A bare `torch`
+	# requirement would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/paraplan models
+	$(BIN)/paraplan clusters
+	$(BIN)/paraplan inspect gpt2-xl --batch 8 --cluster csimd-v100-10gbe
+	$(BIN)/paraplan inspect gpt2-tiny --batch 4 --cluster local
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+bench: $(STAMP)
+	@echo "no benchmarks yet"
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,191 @@
+"""Measure every layer of a model on the meta device: parameters, FLOPs, activation bytes.
+
+Nothing is typed in by hand and no weights are allocated: the model is built on "meta", a
+synthetic batch of the right shapes flows through the layers one at a time, and
+  - torch.utils.flop_counter.FlopCounterMode counts forward and backward FLOPs,
+  - autograd's saved-tensor hooks see what each layer keeps for its backward,
+  - the output's shapes give the bytes that cross a pipeline cut,
+  - a dispatch mode counts the aten kernels each pass launches.
+Each quantity is measured at two batch sizes and fitted as fixed + per_sample * b (see spec.py).
+
+Definition of "saved bytes" (compared with Galvatron Table I in docs/models.md): the tensors
+autograd keeps for this layer's backward, the layer's own input included when an op saves it,
+parameters excluded, each underlying storage counted once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from paraplan.models.adapters import decompose
+from paraplan.models.inputs import make_batch
+from paraplan.models.spec import Affine, InputSpec, LayerSpec, ModelSpec
+from paraplan.models.zoo import BuiltModel
+
+# Two batch sizes for the affine fit; 1 is avoided because some kernels special-case it.
+_FIT_BATCHES = (2, 4)
+
+# Ops that launch no kernel (views, metadata) are not counted as kernels.
+_NO_KERNEL = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze",
+              "reshape", "detach", "alias", "slice", "select", "split", "split_with_sizes", "unbind",
+              "as_strided", "_reshape_alias", "empty", "empty_like", "new_empty", "lift_fresh", "view_as",
+              "chunk", "narrow", "flatten", "unflatten", "_to_copy", "to", "empty_strided", "zeros_like",
+              "ones_like"}
+
+
+class _KernelCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.split(".")[0] not in _NO_KERNEL:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _nbytes(value) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(value))
+
+
+def _detach_inputs(value):
+    """A fresh leaf per layer: float tensors require grad so the backward reaches the input."""
+    if isinstance(value, torch.Tensor):
+        leaf = value.detach()
+        if leaf.is_floating_point():
+            leaf.requires_grad_(True)
+        return leaf
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detach_inputs(v) for v in value)
+    return value
+
+
+def _measure_once(layer: nn.Module, x, params: set[int]) -> tuple[object, dict[str, int]]:
+    x = _detach_inputs(x)
+    saved: dict[int, int] = {}
+    keep_alive: list[torch.Tensor] = []  # ids are only unique while the objects live
+
+    def pack(t: torch.Tensor):
+        base = t._base if t._base is not None else t
+        if id(base) not in params and id(t) not in params:
+            keep_alive.append(base)
+            saved[id(base)] = base.numel() * base.element_size()
+        return t
+
+    kernels = _KernelCounter()
+    with FlopCounterMode(display=False) as fwd_flops, kernels, \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = layer(x)
+    fwd_kernels = kernels.count
+    outputs = [t for t in _tensors(y) if t.requires_grad]
+    bwd_kernels = _KernelCounter()
+    with FlopCounterMode(display=False) as bwd_flops, bwd_kernels:
+        if outputs:
+            torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
+    stats = {
+        "fwd_flops": fwd_flops.get_total_flops(),
+        "bwd_flops": bwd_flops.get_total_flops(),
+        "out_bytes": _nbytes(y),
+        "saved_bytes": sum(saved.values()),
+        "fwd_ops": fwd_kernels,
+        "bwd_ops": bwd_kernels.count,
+    }
+    return _detach_outputs(y), stats
+
+
+def _detach_outputs(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detach_outputs(v) for v in value)
+    return value
+
+
+def _fit(small: float, large: float) -> Affine:
+    b0, b1 = _FIT_BATCHES
+    per_sample = (large - small) / (b1 - b0)
+    fixed = max(0.0, small - per_sample * b0)
+    return Affine(fixed=fixed, per_sample=max(0.0, per_sample))
+
+
+def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSpec, name: str = "model",
+                   family: str = "sequential", progress=None) -> ModelSpec:
+    """Measure an ordered list of (name, kind, module) on the meta device."""
+    layers = list(layers)
+    owned: list[tuple[int, int, int]] = []  # (param_count, param_bytes, shared_bytes) per layer
+    seen: set[int] = set()
+    for _, _, module in layers:
+        count = nbytes = shared = 0
+        for p in module.parameters():
+            if id(p) in seen:
+                shared += p.numel() * p.element_size()
+            else:
+                seen.add(id(p))
+                count += p.numel()
+                nbytes += p.numel() * p.element_size()
+        owned.append((count, nbytes, shared))
+    params = {id(p) for _, _, m in layers for p in m.parameters()}
+
+    per_batch: list[list[dict[str, int]]] = []
+    input_bytes = []
+    for batch in _FIT_BATCHES:
+        x, _ = make_batch(inputs, batch, device="meta")
+        input_bytes.append(_nbytes(x))
+        stats = []
+        for _, _, module in layers:
+            x, s = _measure_once(module, x, params)
+            stats.append(s)
+            if progress is not None:
+                progress()
+        per_batch.append(stats)
+
+    specs = []
+    for i, (layer_name, kind, _) in enumerate(layers):
+        small, large = per_batch[0][i], per_batch[1][i]
+        count, nbytes, shared = owned[i]
+        specs.append(LayerSpec(
+            index=i, name=layer_name, kind=kind, param_count=count, param_bytes=nbytes, shared_param_bytes=shared,
+            forward_flops=_fit(small["fwd_flops"], large["fwd_flops"]),
+            backward_flops=_fit(small["bwd_flops"], large["bwd_flops"]),
+            output_bytes=_fit(small["out_bytes"], large["out_bytes"]),
+            saved_bytes=_fit(small["saved_bytes"], large["saved_bytes"]),
+            forward_ops=small["fwd_ops"], backward_ops=small["bwd_ops"],
+        ))
+    return ModelSpec(name=name, family=family, layers=tuple(specs), inputs=inputs,
+                     input_bytes=_fit(*input_bytes))
+
+
+def measure(built: BuiltModel, progress=None) -> ModelSpec:
+    """Measure a zoo model (built on any device; measurement itself runs on meta copies of the
+    shapes, so a model built on "meta" is the cheap way)."""
+    module = built.module
+    if next(iter(module.parameters()), torch.empty(0, device="meta")).device.type != "meta":
+        module = _meta_copy(built)
+    module.train()  # dropout and friends as in training, so saved tensors are what training keeps
+    return measure_layers(decompose(module, built.family), built.inputs, built.name, built.family, progress)
+
+
+def _meta_copy(built: BuiltModel) -> nn.Module:
+    from paraplan.models.zoo import build
+
+    return build(built.name, device="meta", seq_len=built.inputs.seq_len or None,
+                 image_size=built.inputs.image_size or None).module
+
+
+def count_layers(built: BuiltModel) -> int:
+    return len(decompose(built.module, built.family))

@@ -1,0 +1,100 @@
+"""What the planners know about a model: an ordered list of layers with measured sizes.
+
+Pure data: built once by `paraplan.models.measure` from a real `nn.Module` on the meta device,
+then handed to cost models and planners, which never touch torch.
+
+Every per-layer quantity is affine in the micro-batch size b, fitted from two measurements:
+    quantity(b) = fixed + per_sample * b
+`fixed` holds what does not scale with the batch (a causal mask, position embeddings, a
+position bias); `per_sample` is the slope.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Affine:
+    """fixed + per_sample * b, for b the micro-batch size (samples)."""
+
+    fixed: float
+    per_sample: float
+
+    def at(self, batch: float) -> float:
+        return self.fixed + self.per_sample * batch
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One element of the ordered sequence a pipeline cuts (a transformer block, a conv block).
+
+    Byte counts are for the dtype the model was measured in (fp32 unless stated in ModelSpec).
+    """
+
+    index: int
+    name: str
+    kind: str  # "embedding" | "block" | "head" | "conv" | "fc" | "downsample" | ...
+    param_count: int  # parameters this layer owns (a tied weight is owned by its first layer)
+    param_bytes: int
+    shared_param_bytes: int  # tied weights this layer uses but an earlier layer owns (GPT-2's head)
+    forward_flops: Affine  # measured by torch.utils.flop_counter on the meta device
+    backward_flops: Affine
+    output_bytes: Affine  # the activation that crosses a pipeline cut after this layer
+    saved_bytes: Affine  # what autograd keeps for this layer's backward (inputs it saves included)
+    forward_ops: int  # aten kernels launched by one forward (for per-kernel overheads)
+    backward_ops: int
+
+    @property
+    def flops_per_sample(self) -> float:
+        return self.forward_flops.per_sample
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What one sample looks like, so that synthetic batches and byte counts can be made."""
+
+    kind: str  # "tokens" | "seq2seq" | "image"
+    seq_len: int = 0
+    decoder_seq_len: int = 0
+    vocab_size: int = 0
+    image_size: int = 0
+    channels: int = 0
+    num_classes: int = 0
+
+    def describe(self) -> str:
+        if self.kind == "tokens":
+            return f"tokens: seq {self.seq_len}, vocab {self.vocab_size}"
+        if self.kind == "seq2seq":
+            return f"tokens: encoder seq {self.seq_len}, decoder seq {self.decoder_seq_len}, vocab {self.vocab_size}"
+        return f"image: {self.channels}x{self.image_size}x{self.image_size}, {self.num_classes} classes"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """An ordered list of layers plus what the input looks like."""
+
+    name: str
+    family: str
+    layers: tuple[LayerSpec, ...]
+    inputs: InputSpec
+    input_bytes: Affine  # the batch itself (what the first stage receives)
+    dtype_bytes: int = 4
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def param_count(self) -> int:
+        return sum(layer.param_count for layer in self.layers)
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(layer.param_bytes for layer in self.layers)
+
+    def activation_bytes_per_sample(self) -> float:
+        """Sum over layers of what autograd keeps for backward, per sample (Galvatron Table I's
+        "Acti. Size/sample" is compared with this in docs/models.md)."""
+        return sum(layer.saved_bytes.per_sample for layer in self.layers)

@@ -1,0 +1,272 @@
+"""Named builders of real models: the five papers' models plus tiny variants for CPU runs.
+
+Every builder returns a real `nn.Module` (transformers' classes for the transformer families and
+ResNet, `paraplan.models.cnn` for the CNNs transformers lacks) and the InputSpec of one sample.
+`build(name, device="meta")` makes it without allocating weights, in seconds even for GPT-3 175B.
+
+Sizes come from the papers; where a paper's table disagrees with the published model, the
+published model wins and the entry's `note` says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from paraplan.errors import ParaplanError, UnknownNameError
+from paraplan.models import cnn
+from paraplan.models.spec import InputSpec
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    family: str  # the decomposition adapter: gpt2 | llama | bert | vit | swin | resnet | t5 | sequential
+    source: str  # which paper uses it, with what sizes
+    build: Callable[[InputSpec], nn.Module]
+    inputs: InputSpec
+    tiny: bool = False
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    name: str
+    family: str
+    module: nn.Module
+    inputs: InputSpec
+
+
+# --------------------------------------------------------------------------- transformers builders
+def _quiet():
+    """transformers warns on meta-device construction of big configs; keep the CLI output clean."""
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    return contextlib.redirect_stderr(io.StringIO())
+
+
+def _gpt2(layers: int, hidden: int, heads: int, vocab: int = 50257, positions: int = 1024):
+    def build(inputs: InputSpec) -> nn.Module:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab,
+                         n_positions=max(positions, inputs.seq_len), attn_implementation="sdpa",
+                         bos_token_id=0, eos_token_id=0)
+        return GPT2LMHeadModel(cfg)
+    return build
+
+
+def _llama(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, tied: bool,
+           rope_theta: float = 10000.0):
+    def build(inputs: InputSpec) -> nn.Module:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                          num_key_value_heads=kv_heads, intermediate_size=ffn, vocab_size=vocab,
+                          tie_word_embeddings=tied, rope_theta=rope_theta,
+                          max_position_embeddings=max(4096, inputs.seq_len), attn_implementation="sdpa",
+                          bos_token_id=0, eos_token_id=0, pad_token_id=None)
+        return LlamaForCausalLM(cfg)
+    return build
+
+
+def _bert(layers: int, hidden: int, heads: int, ffn: int, vocab: int = 30522):
+    def build(inputs: InputSpec) -> nn.Module:
+        from transformers import BertConfig, BertForMaskedLM
+
+        cfg = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                         intermediate_size=ffn, vocab_size=vocab,
+                         max_position_embeddings=max(512, inputs.seq_len), attn_implementation="sdpa")
+        return BertForMaskedLM(cfg)
+    return build
+
+
+def _vit(layers: int, hidden: int, heads: int, ffn: int, patch: int):
+    def build(inputs: InputSpec) -> nn.Module:
+        from transformers import ViTConfig, ViTForImageClassification
+
+        cfg = ViTConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                        intermediate_size=ffn, patch_size=patch, image_size=inputs.image_size,
+                        num_labels=inputs.num_classes, attn_implementation="sdpa")
+        return ViTForImageClassification(cfg)
+    return build
+
+
+def _swin(depths: tuple[int, ...], embed: int, heads: tuple[int, ...], window: int, patch: int = 4):
+    def build(inputs: InputSpec) -> nn.Module:
+        from transformers import SwinConfig, SwinForImageClassification
+
+        cfg = SwinConfig(depths=list(depths), embed_dim=embed, num_heads=list(heads), window_size=window,
+                         patch_size=patch, image_size=inputs.image_size, num_labels=inputs.num_classes)
+        return SwinForImageClassification(cfg)
+    return build
+
+
+def _t5(layers_each: int, d_model: int, d_kv: int, ffn: int, heads: int, vocab: int = 32128):
+    def build(inputs: InputSpec) -> nn.Module:
+        from transformers import T5Config, T5ForConditionalGeneration
+
+        cfg = T5Config(num_layers=layers_each, num_decoder_layers=layers_each, d_model=d_model, d_kv=d_kv,
+                       d_ff=ffn, num_heads=heads, vocab_size=vocab, decoder_start_token_id=0,
+                       attn_implementation="sdpa")
+        return T5ForConditionalGeneration(cfg)
+    return build
+
+
+def _resnet(depths: tuple[int, ...], hidden: tuple[int, ...], embedding: int = 64):
+    def build(inputs: InputSpec) -> nn.Module:
+        from transformers import ResNetConfig, ResNetForImageClassification
+
+        cfg = ResNetConfig(depths=list(depths), hidden_sizes=list(hidden), embedding_size=embedding,
+                           layer_type="bottleneck", num_labels=inputs.num_classes)
+        return ResNetForImageClassification(cfg)
+    return build
+
+
+def _tokens(seq: int, vocab: int) -> InputSpec:
+    return InputSpec(kind="tokens", seq_len=seq, vocab_size=vocab)
+
+
+def _image(size: int, classes: int = 1000, channels: int = 3) -> InputSpec:
+    return InputSpec(kind="image", image_size=size, channels=channels, num_classes=classes)
+
+
+def _seq2seq(enc: int, dec: int, vocab: int = 32128) -> InputSpec:
+    return InputSpec(kind="seq2seq", seq_len=enc, decoder_seq_len=dec, vocab_size=vocab)
+
+
+# --------------------------------------------------------------------------- the zoo
+_ENTRIES: list[ZooEntry] = [
+    # CSIMD Table V (batch-size DP dimension: seq 64 for GPT-2, 32 for Llama; token dimension: 1024)
+    ZooEntry("gpt2-large", "gpt2", "CSIMD Table V: 36 layers, d 1280, 20 heads, S=64",
+             _gpt2(36, 1280, 20), _tokens(64, 50257)),
+    ZooEntry("gpt2-xl", "gpt2", "CSIMD Table V: 48 layers, d 1600, 25 heads, S=64",
+             _gpt2(48, 1600, 25), _tokens(64, 50257)),
+    ZooEntry("llama3.2-3b", "llama", "CSIMD Table V: 28 layers, d 3072, S=32",
+             _llama(28, 3072, 24, 8, 8192, 128256, tied=True, rope_theta=500000.0), _tokens(32, 128256),
+             note="Table V lists 32 heads; the published Llama 3.2 3B has 24 query heads (8 KV heads), used here"),
+    ZooEntry("llama2-7b", "llama", "CSIMD Table V: 32 layers, d 4096, 32 heads, S=32",
+             _llama(32, 4096, 32, 32, 11008, 32000, tied=False), _tokens(32, 32000)),
+    ZooEntry("llama2-70b", "llama", "CSIMD Table V: 80 layers, d 8192, 64 heads, S=1024",
+             _llama(80, 8192, 64, 8, 28672, 32000, tied=False), _tokens(1024, 32000)),
+    ZooEntry("gpt3-175b", "gpt2", "CSIMD Table V: 96 layers, d 12288, 96 heads, S=1024 (GPT-style config)",
+             _gpt2(96, 12288, 96, positions=2048), _tokens(1024, 50257)),
+    # Galvatron-BMW Table I (seq 512; images 224)
+    ZooEntry("bert-huge-32", "bert", "Galvatron Table I: 32 layers, hidden 1280, 672M, seq 512",
+             _bert(32, 1280, 16, 5120), _tokens(512, 30522)),
+    ZooEntry("bert-huge-48", "bert", "Galvatron Table I: 48 layers, hidden 1280, 987M, seq 512",
+             _bert(48, 1280, 16, 5120), _tokens(512, 30522)),
+    ZooEntry("vit-huge-32", "vit", "Galvatron Table I: 32 layers, hidden 1280, 632M, 224x224, patch 16",
+             _vit(32, 1280, 16, 5120, 16), _image(224)),
+    ZooEntry("vit-huge-48", "vit", "Galvatron Table I: 48 layers, hidden 1280, 947M, 224x224, patch 16",
+             _vit(48, 1280, 16, 5120, 16), _image(224)),
+    ZooEntry("t5-large-32", "t5", "Galvatron Table I: 16 enc + 16 dec, d 1024, 502M, seq 512/512",
+             _t5(16, 1024, 64, 4096, 16), _seq2seq(512, 512)),
+    ZooEntry("t5-large-48", "t5", "Galvatron Table I: 24 enc + 24 dec, d 1024, 737M, seq 512/512",
+             _t5(24, 1024, 64, 4096, 16), _seq2seq(512, 512)),
+    ZooEntry("t5-512-4-32", "t5", "Galvatron Table I: T5-512/4-32, 16 enc + 16 dec, encoder seq 512, decoder seq 4",
+             _t5(16, 1024, 64, 4096, 16), _seq2seq(512, 4)),
+    ZooEntry("t5-512-4-48", "t5", "Galvatron Table I: T5-512/4-48, 24 enc + 24 dec, encoder seq 512, decoder seq 4",
+             _t5(24, 1024, 64, 4096, 16), _seq2seq(512, 4)),
+    ZooEntry("swin-huge-32", "swin", "Galvatron Table I: depths 2/2/26/2, dims 320..2560, 701M, 224x224",
+             _swin((2, 2, 26, 2), 320, (10, 20, 40, 80), 7), _image(224)),
+    ZooEntry("swin-huge-48", "swin", "Galvatron Table I: depths 2/2/42/2, dims 320..2560, 1016M, 224x224",
+             _swin((2, 2, 42, 2), 320, (10, 20, 40, 80), 7), _image(224)),
+    # GroPipe Table VI/VII (ImageNet 224x224)
+    ZooEntry("resnet-50", "resnet", "GroPipe: ResNet-50 on ImageNet", _resnet((3, 4, 6, 3), (256, 512, 1024, 2048)),
+             _image(224)),
+    ZooEntry("resnet-101", "resnet", "GroPipe: ResNet-101 on ImageNet",
+             _resnet((3, 4, 23, 3), (256, 512, 1024, 2048)), _image(224)),
+    ZooEntry("resnet-152", "resnet", "GroPipe: ResNet-152 on ImageNet",
+             _resnet((3, 8, 36, 3), (256, 512, 1024, 2048)), _image(224)),
+    ZooEntry("vgg-16", "sequential", "GroPipe, CSIMD (1 GbE / 10 GbE), Bi-Partition: VGG-16",
+             lambda i: cnn.vgg(16, i.num_classes), _image(224)),
+    ZooEntry("vgg-19", "sequential", "GroPipe: VGG-19 on ImageNet", lambda i: cnn.vgg(19, i.num_classes),
+             _image(224)),
+    # Bi-Partition Fig. 8
+    ZooEntry("alexnet", "sequential", "Bi-Partition: AlexNet (61M)", lambda i: cnn.alexnet(i.num_classes),
+             _image(224)),
+    ZooEntry("lenet-5", "sequential", "Bi-Partition: LeNet-5 on MNIST (60K)", lambda i: cnn.lenet5(i.num_classes),
+             _image(32, 10, channels=1)),
+    # tiny variants: real runs on a CPU
+    ZooEntry("gpt2-tiny", "gpt2", "tiny GPT-2 for CPU runs", _gpt2(4, 64, 4, vocab=512, positions=128),
+             _tokens(32, 512), tiny=True),
+    ZooEntry("llama-tiny", "llama", "tiny Llama for CPU runs", _llama(4, 64, 4, 2, 128, 512, tied=False),
+             _tokens(32, 512), tiny=True),
+    ZooEntry("bert-tiny", "bert", "tiny BERT for CPU runs", _bert(4, 64, 4, 256, vocab=512), _tokens(32, 512),
+             tiny=True),
+    ZooEntry("vit-tiny", "vit", "tiny ViT for CPU runs", _vit(4, 64, 4, 128, 8), _image(32, 10), tiny=True),
+    ZooEntry("t5-tiny", "t5", "tiny T5 for CPU runs", _t5(2, 64, 16, 128, 4, vocab=512), _seq2seq(32, 8, 512),
+             tiny=True),
+    ZooEntry("swin-tiny", "swin", "tiny Swin for CPU runs (not Swin-T)", _swin((1, 1, 2, 1), 16, (1, 2, 4, 8), 4, patch=2),
+             _image(64, 10), tiny=True),
+    ZooEntry("resnet-tiny", "resnet", "tiny ResNet for CPU runs", _resnet((1, 1, 1, 1), (16, 32, 64, 128), 16),
+             _image(32, 10), tiny=True),
+    ZooEntry("vgg-tiny", "sequential", "VGG-16 with 1/16 of the channels, for CPU runs",
+             lambda i: cnn.vgg(16, i.num_classes, width_divisor=16), _image(32, 10), tiny=True),
+    ZooEntry("alexnet-tiny", "sequential", "AlexNet with 1/8 of the channels, for CPU runs",
+             lambda i: cnn.alexnet(i.num_classes, width_divisor=8), _image(64, 10), tiny=True),
+]
+# CSIMD Table III self-designed CNNs, K = 8..19 layers (the paper's range), 1x100x100 MNIST inputs.
+for _k in range(8, 20):
+    _ENTRIES.append(ZooEntry(f"csimd-cnn-{_k}", "sequential",
+                             f"CSIMD Table III: {_k - 1} conv layers with U(20,50) channels + FC, 1x100x100",
+                             (lambda k: lambda i: cnn.csimd_cnn(k, i.image_size, i.num_classes))(_k),
+                             _image(100, 10, channels=1)))
+_ENTRIES.append(ZooEntry("csimd-cnn-tiny", "sequential", "CSIMD Table III CNN with 5 layers on 1x28x28, for CPU runs",
+                         lambda i: cnn.csimd_cnn(5, i.image_size, i.num_classes), _image(28, 10, channels=1),
+                         tiny=True))
+
+ZOO: dict[str, ZooEntry] = {e.name: e for e in _ENTRIES}
+ALIASES = {"t5-512/4-32": "t5-512-4-32", "t5-512/4-48": "t5-512-4-48", "lenet5": "lenet-5",
+           "gpt-3-175b": "gpt3-175b"}
+
+
+def entry(name: str) -> ZooEntry:
+    key = ALIASES.get(name, name)
+    if key not in ZOO:
+        raise UnknownNameError("model", name, list(ZOO))
+    return ZOO[key]
+
+
+def with_sizes(inputs: InputSpec, seq_len: int | None = None, image_size: int | None = None) -> InputSpec:
+    """The entry's inputs with a user's sequence length or image size."""
+    from dataclasses import replace
+
+    if seq_len is not None:
+        if seq_len <= 0:
+            raise ParaplanError(f"sequence length must be positive, got {seq_len}")
+        if inputs.kind == "image":
+            raise ParaplanError("--seq-len applies to language models, not image models")
+        inputs = replace(inputs, seq_len=seq_len)
+    if image_size is not None:
+        if image_size <= 0:
+            raise ParaplanError(f"image size must be positive, got {image_size}")
+        if inputs.kind != "image":
+            raise ParaplanError("--image-size applies to image models")
+        inputs = replace(inputs, image_size=image_size)
+    return inputs
+
+
+def build(name: str, device: str | torch.device = "meta", seq_len: int | None = None,
+          image_size: int | None = None, seed: int = 0) -> BuiltModel:
+    """Build a zoo model. On "meta" no weights are allocated; elsewhere they are seeded."""
+    e = entry(name)
+    inputs = with_sizes(e.inputs, seq_len, image_size)
+    torch.manual_seed(seed)
+    with _quiet(), torch.device(device):
+        module = e.build(inputs)
+    return BuiltModel(name=e.name, family=e.family, module=module, inputs=inputs)
+
+
+def names(include_tiny: bool = True) -> list[str]:
+    return [e.name for e in _ENTRIES if include_tiny or not e.tiny]

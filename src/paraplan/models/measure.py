@@ -101,6 +101,7 @@ def _measure_once(layer: nn.Module, x, params: set[int]) -> tuple[object, dict[s
         "fwd_flops": fwd_flops.get_total_flops(),
         "bwd_flops": bwd_flops.get_total_flops(),
         "out_bytes": _nbytes(y),
+        "out_grad_bytes": sum(t.numel() * t.element_size() for t in _tensors(y) if t.is_floating_point()),
         "saved_bytes": sum(saved.values()),
         "fwd_ops": fwd_kernels,
         "bwd_ops": bwd_kernels.count,
@@ -125,7 +126,7 @@ def _fit(small: float, large: float) -> Affine:
 
 def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSpec, name: str = "model",
                    family: str = "sequential", progress=None) -> ModelSpec:
-    """Measure an ordered list of (name, kind, module) on the meta device."""
+    """Measure an ordered list of (name, kind, module), on the device its parameters live on."""
     layers = list(layers)
     owned: list[tuple[int, int, int]] = []  # (param_count, param_bytes, shared_bytes) per layer
     seen: set[int] = set()
@@ -140,11 +141,14 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
                 nbytes += p.numel() * p.element_size()
         owned.append((count, nbytes, shared))
     params = {id(p) for _, _, m in layers for p in m.parameters()}
+    # Meta for zoo models; a user's small module built on the CPU is measured where it lives.
+    first = next((p for _, _, m in layers for p in m.parameters()), None)
+    device = first.device if first is not None else torch.device("meta")
 
     per_batch: list[list[dict[str, int]]] = []
     input_bytes = []
     for batch in _FIT_BATCHES:
-        x, _ = make_batch(inputs, batch, device="meta")
+        x, _ = make_batch(inputs, batch, device=device)
         input_bytes.append(_nbytes(x))
         stats = []
         for _, _, module in layers:
@@ -163,6 +167,7 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
             forward_flops=_fit(small["fwd_flops"], large["fwd_flops"]),
             backward_flops=_fit(small["bwd_flops"], large["bwd_flops"]),
             output_bytes=_fit(small["out_bytes"], large["out_bytes"]),
+            output_grad_bytes=_fit(small["out_grad_bytes"], large["out_grad_bytes"]),
             saved_bytes=_fit(small["saved_bytes"], large["saved_bytes"]),
             forward_ops=small["fwd_ops"], backward_ops=small["bwd_ops"],
         ))

@@ -41,6 +41,7 @@ class LayerSpec:
     forward_flops: Affine  # measured by torch.utils.flop_counter on the meta device
     backward_flops: Affine
     output_bytes: Affine  # the activation that crosses a pipeline cut after this layer
+    output_grad_bytes: Affine  # its gradient coming back (float tensors only: token ids have none)
     saved_bytes: Affine  # what autograd keeps for this layer's backward (inputs it saves included)
     forward_ops: int  # aten kernels launched by one forward (for per-kernel overheads)
     backward_ops: int

@@ -1,0 +1,142 @@
+"""The `paraplan` command: parsing, calling the library, printing. No logic of its own.
+
+Bad input ends with one line on stderr and exit status 2 (ParaplanError); anything else is a bug
+and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from paraplan.errors import ParaplanError, require_positive
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and still exit status 2)."""
+
+    def error(self, message: str):
+        raise ParaplanError(f"{self.prog}: {message}")
+
+
+def _cmd_models(args) -> int:
+    from rich.progress import Progress
+
+    from paraplan.models import zoo
+    from paraplan.models.adapters import decompose
+    from paraplan.report import console, models_table
+
+    rows = []
+    names = zoo.names(include_tiny=not args.no_tiny)
+    with Progress(transient=True, console=console(stderr=True)) as progress:
+        task = progress.add_task("building on meta", total=len(names))
+        for name in names:
+            built = zoo.build(name, device="meta")
+            params = sum(p.numel() for p in built.module.parameters())
+            rows.append((name, built.family, params, len(decompose(built.module, built.family)), zoo.entry(name).source))
+            progress.advance(task)
+    if args.json:
+        print(json.dumps([{"model": r[0], "family": r[1], "parameters": r[2], "layers": r[3], "source": r[4]}
+                          for r in rows], indent=2))
+    else:
+        console().print(models_table(rows))
+    return 0
+
+
+def _cmd_clusters(args) -> int:
+    from paraplan.hardware import load_cluster, preset_names
+    from paraplan.report import clusters_table, console
+
+    clusters = [load_cluster(n) for n in preset_names()]
+    if args.json:
+        from paraplan.hardware.cluster_file import cluster_to_dict
+
+        print(json.dumps([cluster_to_dict(c) for c in clusters], indent=2))
+    else:
+        console().print(clusters_table(clusters))
+    return 0
+
+
+def _cmd_inspect(args) -> int:
+    from rich.progress import Progress
+
+    from paraplan.costs.analytic import analytic_costs
+    from paraplan.hardware import load_cluster
+    from paraplan.models import measure, zoo
+    from paraplan.report import console, layers_table
+
+    require_positive(args.batch, "--batch")
+    cluster = load_cluster(args.cluster)
+    if not 0 <= args.device < cluster.n_devices:
+        raise ParaplanError(f"--device: {cluster.name} has devices 0..{cluster.n_devices - 1}, got {args.device}")
+    built = zoo.build(args.model, device="meta", seq_len=args.seq_len, image_size=args.image_size)
+    n_layers = measure.count_layers(built)
+    with Progress(transient=True, console=console(stderr=True)) as progress:
+        task = progress.add_task(f"measuring {built.name} on meta", total=2 * n_layers)
+        spec = measure.measure(built, progress=lambda: progress.advance(task))
+    other = 1 if cluster.n_devices > 1 else 0
+    link = cluster.link(args.device, (args.device + other) % cluster.n_devices) if other else cluster.nodes[0].intra_link
+    device = cluster.device(args.device)
+    costs = analytic_costs(spec, device, link)
+    if args.json:
+        h_p, h_m, j_p, j_m = costs.arrays(args.batch)
+        print(json.dumps({
+            "model": spec.name, "family": spec.family, "parameters": spec.param_count, "batch": args.batch,
+            "cluster": cluster.name, "device": device.name, "inputs": spec.inputs.describe(),
+            "layers": [{"index": layer.index, "name": layer.name, "kind": layer.kind, "parameters": layer.param_count,
+                        "param_bytes": layer.param_bytes, "shared_param_bytes": layer.shared_param_bytes,
+                        "forward_flops_per_sample": layer.forward_flops.per_sample,
+                        "backward_flops_per_sample": layer.backward_flops.per_sample,
+                        "output_bytes_per_sample": layer.output_bytes.per_sample,
+                        "saved_bytes_per_sample": layer.saved_bytes.per_sample,
+                        "forward_s": float(h_p[i]), "backward_s": float(h_m[i]),
+                        "send_forward_s": float(j_p[i]), "send_backward_s": float(j_m[i])}
+                       for i, layer in enumerate(spec.layers)],
+        }, indent=2))
+    else:
+        console().print(layers_table(spec, costs, args.batch, f"{device.name} ({cluster.name})"))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="paraplan", description="Plan, predict and run distributed training of PyTorch models.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("models", help="the model zoo with parameter counts")
+    p.add_argument("--no-tiny", action="store_true", help="leave out the tiny CPU variants")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_models)
+
+    p = sub.add_parser("clusters", help="the cluster presets")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_clusters)
+
+    p = sub.add_parser("inspect", help="the layer table of a model: params, FLOPs, activations, times")
+    p.add_argument("model")
+    p.add_argument("--batch", type=int, default=1, help="micro-batch size for the times (default 1)")
+    p.add_argument("--cluster", default="csimd-v100-10gbe", help="preset name or TOML file")
+    p.add_argument("--device", type=int, default=0, help="which device of the cluster to time on")
+    p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--image-size", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_inspect)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except ParaplanError as exc:
+        print(f"paraplan: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("paraplan: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

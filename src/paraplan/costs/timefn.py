@@ -1,0 +1,85 @@
+"""Time functions: seconds as a function of micro-batch size b.
+
+A planner sees only `TimeFunction`s, never where they came from, so an analytic device model
+and a measured profile plug in the same way. Each takes a float or a numpy array of sizes (so
+CSIMD's ODPA can evaluate every candidate micro-batch count at once) and returns the same shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from paraplan.hardware.cluster import DeviceSpec, LinkSpec
+from paraplan.models.spec import Affine
+
+
+class TimeFunction(Protocol):
+    def __call__(self, batch: float | np.ndarray) -> float | np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class ComputeTime:
+    """Roofline with per-kernel overhead and an efficiency that falls for small kernels.
+
+        t(b) = n_ops * overhead + max(compute(b), memory(b))
+        compute(b) = F(b) / (peak * eff),  eff = max_eff * w / (w + w_half),  w = F(b) / n_ops
+                   = (F(b) + n_ops * w_half) / (peak * max_eff)
+        memory(b) = bytes(b) / memory_bandwidth
+
+    The intercepts make time per sample fall with batch size and flatten out, the shape CSIMD
+    Fig. 1 measures (H^P, H^M in CSIMD).
+    """
+
+    flops: Affine
+    memory_bytes: Affine
+    n_ops: int
+    device: DeviceSpec
+
+    def __call__(self, batch):
+        b = np.asarray(batch, dtype=float)
+        flops = self.flops.fixed + self.flops.per_sample * b
+        traffic = self.memory_bytes.fixed + self.memory_bytes.per_sample * b
+        d = self.device
+        compute = (flops + self.n_ops * d.half_efficiency_flops) / (d.peak_flops * d.max_efficiency)
+        compute = np.where(flops > 0, compute, 0.0)
+        memory = traffic / d.memory_bandwidth_bytes_per_s
+        t = self.n_ops * d.kernel_overhead_s + np.maximum(compute, memory)
+        return t if t.ndim else float(t)
+
+
+@dataclass(frozen=True)
+class TransferTime:
+    """alpha + bytes(b) / beta over one link (J^P, J^M in CSIMD; FD-DPS Definition 4)."""
+
+    nbytes: Affine
+    link: LinkSpec
+
+    def __call__(self, batch):
+        b = np.asarray(batch, dtype=float)
+        nbytes = self.nbytes.fixed + self.nbytes.per_sample * b
+        t = np.where(nbytes > 0, self.link.latency_s + nbytes / self.link.bandwidth_bytes_per_s, 0.0)
+        return t if t.ndim else float(t)
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """Per-layer time functions: CSIMD's H^P (forward), H^M (backward), J^P (send this layer's
+    output forward across a cut after it), J^M (send the gradient of that output back)."""
+
+    forward: tuple[TimeFunction, ...]
+    backward: tuple[TimeFunction, ...]
+    send_forward: tuple[TimeFunction, ...]
+    send_backward: tuple[TimeFunction, ...]
+    source: str  # "analytic:<device>" or "profile:<file>"
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.forward)
+
+    def arrays(self, batch: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(h_p, h_m, j_p, j_m) at one micro-batch size, as numpy arrays over layers."""
+        return tuple(np.array([float(f(batch)) for f in fns])
+                     for fns in (self.forward, self.backward, self.send_forward, self.send_backward))

@@ -1,0 +1,183 @@
+"""Cluster TOML files: read, validate, write. Format version 1:
+
+    format_version = 1
+    name = "my-cluster"
+    description = "..."
+
+    [device_types.v100-32gb]
+    peak_flops = 14.0e12                  # FLOP/s
+    memory_bandwidth_bytes_per_s = 900e9
+    memory_gib = 32
+    kernel_overhead_s = 1.0e-5
+    max_efficiency = 0.7
+    half_efficiency_flops = 2.0e8
+    source = "where these numbers come from"
+
+    [[nodes]]
+    name = "server"
+    count = 8                              # this node repeated (optional, default 1)
+    devices = ["v100-32gb"]                # one entry per device; types may be mixed
+    intra_link = { bandwidth_bytes_per_s = 12e9, latency_s = 1e-5 }
+    network = { bandwidth_bytes_per_s = 1.175e9, latency_s = 5e-5 }
+
+Every error names the file, the field and what was expected, in one line.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+from paraplan.errors import ParaplanError
+from paraplan.hardware.cluster import Cluster, DeviceSpec, LinkSpec, NodeSpec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+FORMAT_VERSION = 1
+GIB = 2**30
+
+_DEVICE_FIELDS = {
+    "peak_flops": "FLOP/s",
+    "memory_bandwidth_bytes_per_s": "bytes/s",
+    "memory_gib": "GiB",
+    "kernel_overhead_s": "seconds",
+    "max_efficiency": "a fraction in (0, 1]",
+    "half_efficiency_flops": "FLOPs",
+}
+
+
+class ClusterFileError(ParaplanError):
+    pass
+
+
+def _number(where: str, table: dict, key: str, expected: str, allow_zero: bool = False) -> float:
+    if key not in table:
+        raise ClusterFileError(f"{where}.{key}: missing (expected {expected})")
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ClusterFileError(f"{where}.{key}: expected a number ({expected}), got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ClusterFileError(f"{where}.{key}: expected a positive number ({expected}), got {value!r}")
+    return float(value)
+
+
+def _link(where: str, table: object) -> LinkSpec:
+    if not isinstance(table, dict):
+        raise ClusterFileError(f"{where}: expected a table {{ bandwidth_bytes_per_s = ..., latency_s = ... }}")
+    return LinkSpec(bandwidth_bytes_per_s=_number(where, table, "bandwidth_bytes_per_s", "bytes/s"),
+                    latency_s=_number(where, table, "latency_s", "seconds", allow_zero=True))
+
+
+def _device(where: str, name: str, table: object) -> DeviceSpec:
+    if not isinstance(table, dict):
+        raise ClusterFileError(f"{where}: expected a table of device figures")
+    values = {key: _number(where, table, key, unit) for key, unit in _DEVICE_FIELDS.items()}
+    if values["max_efficiency"] > 1:
+        raise ClusterFileError(f"{where}.max_efficiency: expected a fraction in (0, 1], got {values['max_efficiency']}")
+    return DeviceSpec(
+        name=name, peak_flops=values["peak_flops"],
+        memory_bandwidth_bytes_per_s=values["memory_bandwidth_bytes_per_s"],
+        memory_bytes=int(values["memory_gib"] * GIB), kernel_overhead_s=values["kernel_overhead_s"],
+        max_efficiency=values["max_efficiency"], half_efficiency_flops=values["half_efficiency_flops"],
+        source=str(table.get("source", "")),
+    )
+
+
+def cluster_from_dict(data: dict, origin: str) -> Cluster:
+    """Validate a parsed cluster file; `origin` (the file name) starts every error message."""
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ClusterFileError(f"{origin}: format_version: expected {FORMAT_VERSION}, got {version!r}")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise ClusterFileError(f"{origin}: name: expected a non-empty string")
+    types_table = data.get("device_types")
+    if not isinstance(types_table, dict) or not types_table:
+        raise ClusterFileError(f"{origin}: device_types: expected at least one [device_types.NAME] table")
+    types = {t: _device(f"{origin}: device_types.{t}", t, tbl) for t, tbl in types_table.items()}
+    nodes_list = data.get("nodes")
+    if not isinstance(nodes_list, list) or not nodes_list:
+        raise ClusterFileError(f"{origin}: nodes: expected at least one [[nodes]] table")
+    nodes: list[NodeSpec] = []
+    for i, node in enumerate(nodes_list):
+        where = f"{origin}: nodes[{i}]"
+        if not isinstance(node, dict):
+            raise ClusterFileError(f"{where}: expected a table")
+        devices = node.get("devices")
+        if not isinstance(devices, list) or not devices:
+            raise ClusterFileError(f"{where}.devices: expected a non-empty list of device type names")
+        for d in devices:
+            if d not in types:
+                raise ClusterFileError(f"{where}.devices: unknown device type {d!r} (defined: {', '.join(types)})")
+        count = node.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ClusterFileError(f"{where}.count: expected a positive integer, got {count!r}")
+        intra = _link(f"{where}.intra_link", node.get("intra_link"))
+        network = _link(f"{where}.network", node.get("network"))
+        base = str(node.get("name", f"node{i}"))
+        for c in range(count):
+            nodes.append(NodeSpec(name=base if count == 1 else f"{base}{c}",
+                                  devices=tuple(types[d] for d in devices), intra_link=intra, network=network))
+    return Cluster(name=name, nodes=tuple(nodes), description=str(data.get("description", "")))
+
+
+def read_cluster_file(path: str | Path) -> Cluster:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ClusterFileError(f"{path}: cannot read cluster file ({exc.strerror})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ClusterFileError(f"{path}: malformed TOML: {exc}") from None
+    return cluster_from_dict(data, str(path))
+
+
+def cluster_to_dict(cluster: Cluster) -> dict:
+    """The TOML-ready form of a cluster (nodes written one by one, device types deduplicated)."""
+    types: dict[str, DeviceSpec] = {}
+    for node in cluster.nodes:
+        for d in node.devices:
+            types.setdefault(d.name, d)
+
+    def link(lk: LinkSpec) -> dict:
+        return {"bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s, "latency_s": lk.latency_s}
+
+    return {
+        "format_version": FORMAT_VERSION,
+        "name": cluster.name,
+        "description": cluster.description,
+        "device_types": {
+            name: {"peak_flops": d.peak_flops, "memory_bandwidth_bytes_per_s": d.memory_bandwidth_bytes_per_s,
+                   "memory_gib": d.memory_bytes / GIB, "kernel_overhead_s": d.kernel_overhead_s,
+                   "max_efficiency": d.max_efficiency, "half_efficiency_flops": d.half_efficiency_flops,
+                   "source": d.source}
+            for name, d in types.items()
+        },
+        "nodes": [{"name": n.name, "devices": [d.name for d in n.devices], "intra_link": link(n.intra_link),
+                   "network": link(n.network)} for n in cluster.nodes],
+    }
+
+
+def write_cluster_file(cluster: Cluster, path: str | Path) -> None:
+    """Write atomically: a half-written cluster file is never left behind."""
+    import os
+    import tempfile
+
+    import tomli_w
+
+    path = Path(path)
+    text = tomli_w.dumps(cluster_to_dict(cluster))
+    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

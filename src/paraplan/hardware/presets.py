@@ -1,0 +1,68 @@
+"""Cluster presets (one TOML file per paper testbed, shipped in presets/) and `local`.
+
+`load_cluster(name_or_path)` takes a preset name or the path of a user's TOML file.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+from paraplan.errors import UnknownNameError
+from paraplan.hardware.cluster import Cluster, DeviceSpec, LinkSpec, NodeSpec
+from paraplan.hardware.cluster_file import cluster_from_dict, read_cluster_file, tomllib
+
+LOCAL = "local"
+
+
+def _preset_files() -> dict[str, Path]:
+    folder = resources.files("paraplan.hardware") / "presets"
+    return {Path(str(p)).stem: Path(str(p)) for p in folder.iterdir() if str(p).endswith(".toml")}
+
+
+def preset_names() -> list[str]:
+    return sorted(_preset_files()) + [LOCAL]
+
+
+def load_cluster(name_or_path: str) -> Cluster:
+    if name_or_path == LOCAL:
+        return local_cluster()
+    files = _preset_files()
+    if name_or_path in files:
+        path = files[name_or_path]
+        return cluster_from_dict(tomllib.loads(path.read_text()), f"preset {name_or_path}")
+    if name_or_path.endswith(".toml") or os.sep in name_or_path:
+        return read_cluster_file(name_or_path)
+    raise UnknownNameError("cluster", name_or_path, preset_names())
+
+
+def _total_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 2**30
+
+
+def local_cluster() -> Cluster:
+    """This machine's CPU cores as devices, one process per core, joined by gloo on loopback.
+
+    The core figures are assumptions until `paraplan profile` measures the real ones: ~2.5 GHz
+    with AVX2 FMA (32 fp32 FLOP/cycle, 80 GFLOP/s peak), eager PyTorch at ~25% of it, ~10 us of
+    dispatch per aten kernel. Loopback gloo was measured at ~1.5 ms per message and ~2.2 GB/s
+    (shared/notes/runtime-on-cpu.md). Memory is split evenly between the cores.
+    """
+    cores = os.cpu_count() or 1
+    core = DeviceSpec(
+        name="cpu-core", peak_flops=80.0e9, memory_bandwidth_bytes_per_s=10.0e9,
+        memory_bytes=_total_memory_bytes() // cores, kernel_overhead_s=1.0e-5, max_efficiency=0.25,
+        half_efficiency_flops=1.0e5,
+        source="assumed core figures; gloo loopback measured (runtime-on-cpu notes)",
+    )
+    loopback = LinkSpec(bandwidth_bytes_per_s=2.2e9, latency_s=1.5e-3)
+    return Cluster(name=LOCAL, description=f"this machine: {cores} CPU cores as devices, gloo on loopback",
+                   nodes=(NodeSpec(name="localhost", devices=(core,) * cores, intra_link=loopback, network=loopback),))

@@ -1,0 +1,1 @@
+"""The Plan type and, one module per method, the planners that produce it."""

@@ -1,0 +1,254 @@
+"""The Plan: one frozen description that can express every method's answer.
+
+- CSIMD / GPipe / 1F1B baselines: contiguous `stages`, one device each, `n_micro` micro-batches.
+- GroPipe: N groups x k stages: each stage lists its N devices (one per group; data parallel
+  across groups, `grad_sync="gropipe-delayed"`); replica r of the pipeline is devices[r] of
+  every stage.
+- Galvatron-BMW: stages with per-layer `strategies` (dp / sdp / tp degrees, checkpointing) whose
+  product equals the stage's device count.
+- Bi-Partition: each stage also has `backward_layers`, its own backward range.
+- FD-DPS: `schedule="dag"` and `operators`: per device, the operators it runs, in order.
+
+`validate` checks a plan on its own (every error names the field); `check_fits` checks it against
+a model's layer count and a cluster's device count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from paraplan.errors import ParaplanError
+
+FORMAT_VERSION = 1
+SCHEDULES = ("gpipe", "1f1b", "async-1f1b", "dag")
+GRAD_SYNCS = ("none", "after-backward", "bucketed", "gropipe-delayed")
+
+
+class PlanError(ParaplanError):
+    """A malformed or inconsistent plan; the message names the field."""
+
+
+@dataclass(frozen=True)
+class LayerRange:
+    """Layers start..stop-1 (half-open, like range())."""
+
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __iter__(self):
+        return iter(range(self.start, self.stop))
+
+    def __str__(self) -> str:
+        return f"{self.start}..{self.stop - 1}"
+
+
+@dataclass(frozen=True)
+class LayerStrategy:
+    """Galvatron-BMW's per-layer choice (§III): data parallel, sharded data parallel (ZeRO-3 /
+    FSDP), tensor parallel degrees, and activation checkpointing."""
+
+    dp: int = 1
+    sdp: int = 1
+    tp: int = 1
+    checkpoint: bool = False
+
+    @property
+    def degree(self) -> int:
+        return self.dp * self.sdp * self.tp
+
+    @property
+    def data_degree(self) -> int:
+        """How many ways the micro-batch is split."""
+        return self.dp * self.sdp
+
+
+@dataclass(frozen=True)
+class Stage:
+    layers: LayerRange  # the forward range
+    devices: tuple[int, ...]  # the device group running this stage
+    backward_layers: LayerRange | None = None  # Bi-Partition: a backward range of its own
+    strategies: tuple[LayerStrategy, ...] = ()  # one per layer in `layers`; () = pure data parallel
+
+    @property
+    def backward(self) -> LayerRange:
+        return self.backward_layers if self.backward_layers is not None else self.layers
+
+    def strategy(self, layer: int) -> LayerStrategy:
+        if self.strategies:
+            return self.strategies[layer - self.layers.start]
+        return LayerStrategy(dp=len(self.devices))
+
+
+@dataclass(frozen=True)
+class OperatorPlacement:
+    """FD-DPS: the operators (or operator parts, "conv3/part1") one device runs, in order."""
+
+    device: int
+    ops: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    device: int
+    peak_bytes: int
+    capacity_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+
+@dataclass(frozen=True)
+class Prediction:
+    iteration_s: float
+    throughput_samples_per_s: float
+    memory: tuple[DeviceMemory, ...] = ()
+    feasible: bool = True
+    reason: str = ""  # when not feasible: e.g. "device 3 out of memory by 1.20 GiB"
+
+
+@dataclass(frozen=True)
+class SearchInfo:
+    planner: str
+    search_s: float
+    options: tuple[tuple[str, str | int | float | bool], ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    cluster: str
+    n_layers: int
+    global_batch: int  # samples per iteration over all replicas
+    n_micro: int  # micro-batches per replica per iteration (p in CSIMD, m in GroPipe)
+    schedule: str
+    stages: tuple[Stage, ...] = ()
+    grad_sync: str = "after-backward"
+    operators: tuple[OperatorPlacement, ...] = ()
+    prediction: Prediction | None = None
+    search: SearchInfo | None = None
+    format_version: int = field(default=FORMAT_VERSION)
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        if self.stages:
+            return tuple(d for s in self.stages for d in s.devices)
+        return tuple(p.device for p in self.operators)
+
+    @property
+    def micro_batch_size(self) -> float:
+        """Samples in one micro-batch entering a stage (before any per-layer data split)."""
+        return self.global_batch / self.n_micro
+
+
+def _check_ranges(ranges: list[LayerRange], n_layers: int, name: str) -> None:
+    expected_start = 0
+    for i, r in enumerate(ranges):
+        where = f"stages[{i}].{name}"
+        if r.stop <= r.start:
+            raise PlanError(f"{where}: stage has no layers ({r.start}..{r.stop - 1})")
+        if r.start < 0 or r.stop > n_layers:
+            raise PlanError(f"{where}: layers {r} outside the model's 0..{n_layers - 1}")
+        if r.start != expected_start:
+            if r.start > expected_start:
+                raise PlanError(f"{where}: layers {expected_start}..{r.start - 1} not covered by any stage")
+            raise PlanError(f"{where}: starts at layer {r.start}, overlapping the previous stage")
+        expected_start = r.stop
+    if expected_start != n_layers:
+        raise PlanError(f"stages[{len(ranges) - 1}].{name}: layers {expected_start}..{n_layers - 1} "
+                        "not covered by any stage")
+
+
+def validate(plan: Plan) -> Plan:
+    """Check the plan on its own terms; return it unchanged or raise PlanError naming the field."""
+    if plan.format_version != FORMAT_VERSION:
+        raise PlanError(f"format_version: expected {FORMAT_VERSION}, got {plan.format_version}")
+    for name in ("n_layers", "global_batch", "n_micro"):
+        if getattr(plan, name) < 1:
+            raise PlanError(f"{name}: must be at least 1, got {getattr(plan, name)}")
+    if plan.schedule not in SCHEDULES:
+        raise PlanError(f"schedule: unknown {plan.schedule!r}; expected one of {', '.join(SCHEDULES)}")
+    if plan.grad_sync not in GRAD_SYNCS:
+        raise PlanError(f"grad_sync: unknown {plan.grad_sync!r}; expected one of {', '.join(GRAD_SYNCS)}")
+    if plan.global_batch % plan.n_micro:
+        raise PlanError(f"n_micro: {plan.n_micro} micro-batches do not divide the global batch {plan.global_batch}")
+    if plan.schedule == "dag":
+        _validate_operators(plan)
+    elif not plan.stages:
+        raise PlanError(f"stages: schedule {plan.schedule!r} needs at least one stage")
+    if plan.stages:
+        _validate_stages(plan)
+    if plan.prediction is not None:
+        used = set(plan.devices)
+        for i, m in enumerate(plan.prediction.memory):
+            if m.device not in used:
+                raise PlanError(f"prediction.memory[{i}].device: device {m.device} is not used by the plan")
+    return plan
+
+
+def _validate_stages(plan: Plan) -> None:
+    _check_ranges([s.layers for s in plan.stages], plan.n_layers, "layers")
+    with_backward = [s.backward_layers is not None for s in plan.stages]
+    if any(with_backward):
+        if not all(with_backward):
+            i = with_backward.index(False)
+            raise PlanError(f"stages[{i}].backward_layers: missing while other stages have one")
+        _check_ranges([s.backward for s in plan.stages], plan.n_layers, "backward_layers")
+    owner: dict[int, int] = {}
+    micro = plan.global_batch // plan.n_micro
+    for i, stage in enumerate(plan.stages):
+        if not stage.devices:
+            raise PlanError(f"stages[{i}].devices: a stage needs at least one device")
+        for d in stage.devices:
+            if d < 0:
+                raise PlanError(f"stages[{i}].devices: device ids start at 0, got {d}")
+            if d in owner:
+                where = "this stage" if owner[d] == i else f"stages[{owner[d]}]"
+                raise PlanError(f"stages[{i}].devices: device {d} used twice (also in {where})")
+            owner[d] = i
+        if stage.strategies and len(stage.strategies) != len(stage.layers):
+            raise PlanError(f"stages[{i}].strategies: {len(stage.strategies)} strategies for "
+                            f"{len(stage.layers)} layers")
+        for layer in stage.layers:
+            s = stage.strategy(layer)
+            where = f"stages[{i}].strategies[{layer - stage.layers.start}]"
+            if min(s.dp, s.sdp, s.tp) < 1:
+                raise PlanError(f"{where}: degrees must be at least 1, got dp={s.dp} sdp={s.sdp} tp={s.tp}")
+            if s.degree != len(stage.devices):
+                raise PlanError(f"{where}: dp*sdp*tp = {s.degree} but the stage has {len(stage.devices)} devices")
+            if micro % s.data_degree:
+                raise PlanError(f"{where}: a micro-batch of {micro} samples does not split {s.data_degree} ways")
+
+
+def _validate_operators(plan: Plan) -> None:
+    if not plan.operators:
+        raise PlanError("operators: schedule 'dag' needs an operator placement")
+    seen_devices: set[int] = set()
+    seen_ops: dict[str, int] = {}
+    for i, placement in enumerate(plan.operators):
+        if placement.device < 0:
+            raise PlanError(f"operators[{i}].device: device ids start at 0, got {placement.device}")
+        if placement.device in seen_devices:
+            raise PlanError(f"operators[{i}].device: device {placement.device} listed twice")
+        seen_devices.add(placement.device)
+        for op in placement.ops:
+            if op in seen_ops:
+                raise PlanError(f"operators[{i}].ops: operator {op!r} also placed by operators[{seen_ops[op]}]")
+            seen_ops[op] = i
+
+
+def check_fits(plan: Plan, n_layers: int, n_devices: int, cluster_name: str = "the cluster") -> None:
+    """A valid plan may still not fit the world it is run in."""
+    if plan.n_layers != n_layers:
+        raise PlanError(f"n_layers: the plan cuts {plan.n_layers} layers but the model has {n_layers}")
+    for d in plan.devices:
+        if d >= n_devices:
+            raise PlanError(f"devices: the plan uses device {d} but {cluster_name} has {n_devices} "
+                            f"(0..{n_devices - 1})")

@@ -1,0 +1,218 @@
+"""Plans on disk: versioned JSON, validated on load with errors that name the file and field."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from paraplan.planners.plan import (
+    FORMAT_VERSION,
+    DeviceMemory,
+    LayerRange,
+    LayerStrategy,
+    OperatorPlacement,
+    Plan,
+    PlanError,
+    Prediction,
+    SearchInfo,
+    Stage,
+    validate,
+)
+
+
+def plan_to_dict(plan: Plan) -> dict:
+    def rng(r: LayerRange | None):
+        return None if r is None else [r.start, r.stop]
+
+    out: dict = {
+        "format_version": plan.format_version,
+        "model": plan.model,
+        "cluster": plan.cluster,
+        "n_layers": plan.n_layers,
+        "global_batch": plan.global_batch,
+        "n_micro": plan.n_micro,
+        "schedule": plan.schedule,
+        "grad_sync": plan.grad_sync,
+        "stages": [
+            {
+                "layers": rng(s.layers),
+                "devices": list(s.devices),
+                **({"backward_layers": rng(s.backward_layers)} if s.backward_layers is not None else {}),
+                **({"strategies": [{"dp": x.dp, "sdp": x.sdp, "tp": x.tp, "checkpoint": x.checkpoint}
+                                   for x in s.strategies]} if s.strategies else {}),
+            }
+            for s in plan.stages
+        ],
+    }
+    if plan.operators:
+        out["operators"] = [{"device": p.device, "ops": list(p.ops)} for p in plan.operators]
+    if plan.prediction is not None:
+        p = plan.prediction
+        out["prediction"] = {
+            "iteration_s": p.iteration_s,
+            "throughput_samples_per_s": p.throughput_samples_per_s,
+            "feasible": p.feasible,
+            "reason": p.reason,
+            "memory": [{"device": m.device, "peak_bytes": m.peak_bytes, "capacity_bytes": m.capacity_bytes}
+                       for m in p.memory],
+        }
+    if plan.search is not None:
+        out["search"] = {"planner": plan.search.planner, "search_s": plan.search.search_s,
+                         "options": dict(plan.search.options)}
+    return out
+
+
+class _Reader:
+    """Typed field access that names the field on every error."""
+
+    def __init__(self, origin: str):
+        self.origin = origin
+
+    def fail(self, where: str, message: str):
+        raise PlanError(f"{self.origin}: {where}: {message}")
+
+    def table(self, value, where: str) -> dict:
+        if not isinstance(value, dict):
+            self.fail(where, f"expected an object, got {type(value).__name__}")
+        return value
+
+    def get(self, table: dict, key: str, where: str, kind, default=...):
+        if key not in table:
+            if default is ...:
+                self.fail(f"{where}{key}", "missing")
+            return default
+        value = table[key]
+        if kind is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                self.fail(f"{where}{key}", f"expected an integer, got {value!r}")
+        elif kind is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                self.fail(f"{where}{key}", f"expected a number, got {value!r}")
+            value = float(value)
+        elif kind is bool:
+            if not isinstance(value, bool):
+                self.fail(f"{where}{key}", f"expected true or false, got {value!r}")
+        elif kind is str:
+            if not isinstance(value, str):
+                self.fail(f"{where}{key}", f"expected a string, got {value!r}")
+        elif kind is list:
+            if not isinstance(value, list):
+                self.fail(f"{where}{key}", f"expected a list, got {value!r}")
+        return value
+
+    def layer_range(self, value, where: str) -> LayerRange:
+        if (not isinstance(value, list) or len(value) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+            self.fail(where, f"expected [start, stop] layer indices, got {value!r}")
+        return LayerRange(value[0], value[1])
+
+    def int_list(self, value, where: str) -> tuple[int, ...]:
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            self.fail(where, f"expected a list of device ids, got {value!r}")
+        return tuple(value)
+
+
+def plan_from_dict(data: object, origin: str = "plan") -> Plan:
+    r = _Reader(origin)
+    d = r.table(data, "top level")
+    version = d.get("format_version")
+    if version != FORMAT_VERSION:
+        r.fail("format_version", f"expected {FORMAT_VERSION}, got {version!r}")
+    stages = []
+    for i, s in enumerate(r.get(d, "stages", "", list, [])):
+        w = f"stages[{i}]."
+        s = r.table(s, w[:-1])
+        strategies = []
+        for j, x in enumerate(r.get(s, "strategies", w, list, [])):
+            wx = f"{w}strategies[{j}]."
+            x = r.table(x, wx[:-1])
+            strategies.append(LayerStrategy(dp=r.get(x, "dp", wx, int, 1), sdp=r.get(x, "sdp", wx, int, 1),
+                                            tp=r.get(x, "tp", wx, int, 1),
+                                            checkpoint=r.get(x, "checkpoint", wx, bool, False)))
+        backward = s.get("backward_layers")
+        stages.append(Stage(
+            layers=r.layer_range(r.get(s, "layers", w, list), f"{w}layers"),
+            devices=r.int_list(r.get(s, "devices", w, list), f"{w}devices"),
+            backward_layers=None if backward is None else r.layer_range(backward, f"{w}backward_layers"),
+            strategies=tuple(strategies),
+        ))
+    operators = []
+    for i, p in enumerate(r.get(d, "operators", "", list, [])):
+        w = f"operators[{i}]."
+        p = r.table(p, w[:-1])
+        ops = r.get(p, "ops", w, list)
+        if not all(isinstance(o, str) for o in ops):
+            r.fail(f"{w}ops", "expected a list of operator names")
+        operators.append(OperatorPlacement(device=r.get(p, "device", w, int), ops=tuple(ops)))
+    prediction = None
+    if d.get("prediction") is not None:
+        p = r.table(d["prediction"], "prediction")
+        memory = []
+        for i, m in enumerate(r.get(p, "memory", "prediction.", list, [])):
+            w = f"prediction.memory[{i}]."
+            m = r.table(m, w[:-1])
+            memory.append(DeviceMemory(device=r.get(m, "device", w, int), peak_bytes=r.get(m, "peak_bytes", w, int),
+                                       capacity_bytes=r.get(m, "capacity_bytes", w, int)))
+        prediction = Prediction(
+            iteration_s=r.get(p, "iteration_s", "prediction.", float),
+            throughput_samples_per_s=r.get(p, "throughput_samples_per_s", "prediction.", float),
+            memory=tuple(memory), feasible=r.get(p, "feasible", "prediction.", bool, True),
+            reason=r.get(p, "reason", "prediction.", str, ""))
+    search = None
+    if d.get("search") is not None:
+        s = r.table(d["search"], "search")
+        options = r.table(s.get("options", {}), "search.options")
+        for k, v in options.items():
+            if not isinstance(v, (str, int, float, bool)):
+                r.fail(f"search.options.{k}", f"expected a string, number or boolean, got {v!r}")
+        search = SearchInfo(planner=r.get(s, "planner", "search.", str), search_s=r.get(s, "search_s", "search.", float),
+                            options=tuple(sorted(options.items())))
+    plan = Plan(
+        model=r.get(d, "model", "", str), cluster=r.get(d, "cluster", "", str),
+        n_layers=r.get(d, "n_layers", "", int), global_batch=r.get(d, "global_batch", "", int),
+        n_micro=r.get(d, "n_micro", "", int), schedule=r.get(d, "schedule", "", str),
+        grad_sync=r.get(d, "grad_sync", "", str, "after-backward"), stages=tuple(stages),
+        operators=tuple(operators), prediction=prediction, search=search, format_version=version,
+    )
+    try:
+        return validate(plan)
+    except PlanError as exc:
+        raise PlanError(f"{origin}: {exc}") from None
+
+
+def plan_to_json(plan: Plan) -> str:
+    return json.dumps(plan_to_dict(validate(plan)), indent=2) + "\n"
+
+
+def plan_from_json(text: str, origin: str = "plan") -> Plan:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"{origin}: malformed JSON: {exc}") from None
+    return plan_from_dict(data, origin)
+
+
+def read_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlanError(f"{path}: cannot read plan ({exc.strerror})") from None
+    return plan_from_json(text, str(path))
+
+
+def write_plan(plan: Plan, path: str | Path) -> None:
+    """Validate first, then write atomically: nothing half-written is left behind."""
+    text = plan_to_json(plan)
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,86 @@
+"""Tables for people (rich) and the number formats they read."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from paraplan.costs.timefn import LayerCosts
+from paraplan.hardware.cluster import Cluster
+from paraplan.models.spec import ModelSpec
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def human_count(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def human_seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def models_table(rows: list[tuple[str, str, int, int, str]]) -> Table:
+    table = Table(title="paraplan model zoo", show_lines=False)
+    for col, justify in (("model", "left"), ("family", "left"), ("parameters", "right"), ("layers", "right"),
+                         ("source", "left")):
+        table.add_column(col, justify=justify)
+    for name, family, params, n_layers, source in rows:
+        table.add_row(name, family, human_count(params), str(n_layers), source)
+    return table
+
+
+def clusters_table(clusters: list[Cluster]) -> Table:
+    table = Table(title="cluster presets")
+    for col in ("cluster", "devices", "per device", "inside a node", "between nodes", "description"):
+        table.add_column(col)
+    for c in clusters:
+        types = ", ".join(f"{n} x {t}" for t, n in c.device_types().items())
+        spec = c.devices[0].spec
+        node = c.nodes[0]
+        table.add_row(
+            c.name, types, f"{spec.peak_flops / 1e12:.3g} TFLOP/s, {human_bytes(spec.memory_bytes)}",
+            f"{node.intra_link.bandwidth_bytes_per_s / 1e9:.3g} GB/s, {node.intra_link.latency_s * 1e6:.0f} us",
+            f"{node.network.bandwidth_bytes_per_s / 1e9:.3g} GB/s, {node.network.latency_s * 1e6:.0f} us"
+            if len(c.nodes) > 1 else "-",
+            c.description)
+    return table
+
+
+def layers_table(spec: ModelSpec, costs: LayerCosts, batch: int, device_name: str) -> Table:
+    table = Table(title=f"{spec.name}: {spec.n_layers} layers, {human_count(spec.param_count)} parameters, "
+                        f"{spec.inputs.describe()}; times at micro-batch {batch} on {device_name}")
+    for col in ("#", "layer", "kind", "params", "fwd FLOPs/sample", "output/sample", "saved/sample",
+                "fwd time", "bwd time", "send output"):
+        table.add_column(col, justify="left" if col in ("layer", "kind") else "right")
+    h_p, h_m, j_p, _ = costs.arrays(batch)
+    for i, layer in enumerate(spec.layers):
+        table.add_row(
+            str(i), layer.name, layer.kind,
+            human_count(layer.param_count) + (" (+tied)" if layer.shared_param_bytes else ""),
+            human_count(layer.forward_flops.per_sample), human_bytes(layer.output_bytes.per_sample),
+            human_bytes(layer.saved_bytes.per_sample), human_seconds(h_p[i]), human_seconds(h_m[i]),
+            human_seconds(j_p[i]) if i < spec.n_layers - 1 else "-")
+    table.add_section()
+    table.add_row("", "total", "", human_count(spec.param_count),
+                  human_count(sum(layer.forward_flops.per_sample for layer in spec.layers)),
+                  "", human_bytes(spec.activation_bytes_per_sample()),
+                  human_seconds(float(h_p.sum())), human_seconds(float(h_m.sum())), "")
+    return table
+
+
+def console(stderr: bool = False) -> Console:
+    return Console(stderr=stderr, width=200 if not stderr else None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class Cluster:
         if len(group) < 2:
             return LinkSpec(bandwidth_bytes_per_s=float("inf"), latency_s=0.0)
         ring = list(group) + [group[0]]
-        links = [self.link(x, y) for x, y in zip(ring, ring[1:])]
+        links = [self.link(x, y) for x, y in pairwise(ring)]
         return LinkSpec(bandwidth_bytes_per_s=min(lk.bandwidth_bytes_per_s for lk in links),
                         latency_s=max(lk.latency_s for lk in links))
 

@@ -1,0 +1,69 @@
+"""The command line: real subprocesses, one-line errors with exit status 2."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from paraplan.models import zoo
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+def run(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "paraplan", *args], capture_output=True, text=True, env=ENV,
+                          timeout=timeout)
+
+
+def test_models_lists_the_whole_zoo():
+    out = run("models", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["model"]: r for r in json.loads(out.stdout)}
+    assert set(rows) == set(zoo.names())
+    assert rows["gpt3-175b"]["layers"] == 98
+    assert abs(rows["gpt2-xl"]["parameters"] - 1.56e9) / 1.56e9 < 0.01
+
+
+def test_clusters_lists_the_presets():
+    out = run("clusters")
+    assert out.returncode == 0, out.stderr
+    for name in ("csimd-v100-1gbe", "gropipe-8xt4", "galvatron-64xa100", "bipartition-7vm", "local"):
+        assert name in out.stdout
+
+
+def test_inspect_prints_the_layer_table():
+    out = run("inspect", "gpt2-tiny", "--batch", "4", "--cluster", "local", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert [layer["name"] for layer in data["layers"]] == ["embedding", "block0", "block1", "block2", "block3", "head"]
+    assert all(layer["forward_s"] > 0 for layer in data["layers"])
+    table = run("inspect", "lenet-5", "--batch", "8")
+    assert table.returncode == 0 and "conv1" in table.stdout and "total" in table.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("inspect", "gpt5-huge"), "unknown model 'gpt5-huge'"),
+    (("inspect", "gpt2-tiny", "--cluster", "nowhere"), "unknown cluster 'nowhere'"),
+    (("inspect", "gpt2-tiny", "--batch", "0"), "--batch must be positive"),
+    (("inspect", "gpt2-tiny", "--batch", "-3"), "--batch must be positive"),
+    (("inspect", "gpt2-tiny", "--seq-len", "0"), "sequence length must be positive"),
+    (("inspect", "gpt2-tiny", "--batch", "many"), "invalid int value"),
+    (("inspect", "gpt2-tiny", "--device", "9", "--cluster", "gropipe-8xt4"), "devices 0..7"),
+    (("frobnicate",), "invalid choice"),
+])
+def test_bad_input_is_one_line_and_status_2(args, needle):
+    out = run(*args)
+    assert out.returncode == 2
+    assert needle in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_malformed_cluster_file(tmp_path):
+    bad = tmp_path / "c.toml"
+    bad.write_text("format_version = 1\nname = [\n")
+    out = run("inspect", "gpt2-tiny", "--cluster", str(bad))
+    assert out.returncode == 2 and "malformed TOML" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -1,0 +1,1 @@
+"""The one yardstick: a discrete-event simulator of task graphs built from Plans."""

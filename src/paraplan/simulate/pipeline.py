@@ -1,0 +1,141 @@
+"""Pipeline schedules as task graphs: replicas x stages x micro-batches, plus gradient sync.
+
+Input is plain numbers per stage (`StageWork`), so the builder is tested with hand-made values
+(CSIMD eq. (6) on random instances) and fed by `simulate/plan_work.py` for real plans.
+
+Gradient synchronisation across replicas (data parallelism), after the last backward:
+  - "after-backward": each stage's all-reduce waits for the whole pipeline to flush (every
+    backward of every stage on every replica), as a hand-written all-reduce after the step does;
+  - "gropipe-delayed": GroPipe's group-based delayed asynchronous all-reduce: each stage starts
+    its all-reduce as soon as its own last backward has ended on every replica;
+  - "bucketed": DDP-style overlap: the stage's last backward is split into buckets (reverse layer
+    order) and each bucket's all-reduce starts when that part of the backward has ended;
+  - "none".
+"async-1f1b" (PipeDream) runs without a flush: 1F1B over several iterations back to back, and the
+iteration time is the steady-state spacing of iteration ends on the first stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paraplan.simulate import schedules
+from paraplan.simulate.engine import TaskGraph, Timeline, simulate
+
+ASYNC_ITERATIONS = 4  # iterations simulated back to back for async-1f1b; the first and last are ramps
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """One stage of one pipeline replica at the plan's micro-batch size."""
+
+    device: int
+    forward_s: float  # F_i^P in CSIMD
+    backward_s: float  # B_i^P
+    send_forward_s: float  # F_i^M: this stage's output to the next stage (0 for the last)
+    send_backward_s: float  # B_{i-1}^M: the gradient of this stage's input to the previous stage (0 for the first)
+    layers: tuple[int, int] = (0, 0)
+    backward_layers: tuple[int, int] = (0, 0)
+
+
+@dataclass(frozen=True)
+class SyncBucket:
+    backward_fraction: float  # share of the stage's last backward after which this bucket is ready
+    allreduce_s: float
+
+
+@dataclass(frozen=True)
+class StageSync:
+    devices: tuple[int, ...]  # the data-parallel group of this stage
+    buckets: tuple[SyncBucket, ...]
+
+
+@dataclass(frozen=True)
+class PipelineWork:
+    schedule: str  # gpipe | 1f1b | async-1f1b
+    n_micro: int
+    replicas: tuple[tuple[StageWork, ...], ...]  # [replica][stage]
+    grad_sync: str = "none"
+    sync: tuple[StageSync, ...] = ()  # one per stage when grad_sync is not "none"
+    n_devices: int = 0  # 0: 1 + the largest device id used
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    timeline: Timeline
+    iteration_s: float
+
+
+def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
+    if work.schedule not in schedules.ORDERS:
+        raise ValueError(f"unknown schedule {work.schedule!r}")
+    n_stages = len(work.replicas[0])
+    iterations = ASYNC_ITERATIONS if work.schedule == "async-1f1b" else 1
+    n_micro = work.n_micro * iterations
+    used = [s.device for rep in work.replicas for s in rep] + [d for s in work.sync for d in s.devices]
+    graph = TaskGraph(max(work.n_devices, max(used) + 1))
+    split_last = work.grad_sync == "bucketed"
+    fwd: dict[tuple[int, int, int], int] = {}
+    bwd_first: dict[tuple[int, int, int], int] = {}
+    bwd_last: dict[tuple[int, int, int], int] = {}
+    bucket_parts: dict[tuple[int, int], list[int]] = {}
+    order = schedules.ORDERS[work.schedule]
+    for r, replica in enumerate(work.replicas):
+        for s, st in enumerate(replica):
+            for op, j in order(n_stages, n_micro, s):
+                key = (r, s, j)
+                if op == "F":
+                    fwd[key] = graph.compute(st.device, st.forward_s, "forward", j, st.layers)
+                elif split_last and j == n_micro - 1 and work.sync:
+                    parts, done = [], 0.0
+                    for bucket in work.sync[s].buckets:
+                        share = bucket.backward_fraction - done
+                        done = bucket.backward_fraction
+                        parts.append(graph.compute(st.device, st.backward_s * share, "backward_part", j,
+                                                   st.backward_layers))
+                    bwd_first[key], bwd_last[key] = parts[0], parts[-1]
+                    bucket_parts[(r, s)] = parts
+                else:
+                    tid = graph.compute(st.device, st.backward_s, "backward", j, st.backward_layers)
+                    bwd_first[key] = bwd_last[key] = tid
+    for r, replica in enumerate(work.replicas):
+        for s, st in enumerate(replica):
+            for j in range(n_micro):
+                graph.depend(bwd_first[(r, s, j)], fwd[(r, s, j)])
+                if s + 1 < n_stages:
+                    nxt = replica[s + 1]
+                    t = graph.transfer(st.device, nxt.device, st.send_forward_s, "send_forward", j, st.layers,
+                                       deps=[fwd[(r, s, j)]])
+                    graph.depend(fwd[(r, s + 1, j)], t)
+                    t = graph.transfer(nxt.device, st.device, nxt.send_backward_s, "send_backward", j,
+                                       nxt.backward_layers, deps=[bwd_last[(r, s + 1, j)]])
+                    graph.depend(bwd_first[(r, s, j)], t)
+    marks = {"last_backward": bwd_last, "n_micro": n_micro}
+    if work.grad_sync != "none" and work.sync:
+        last = n_micro - 1
+        flush = [bwd_last[(r, s, last)] for r in range(len(work.replicas)) for s in range(n_stages)]
+        for s, sync in enumerate(work.sync):
+            if len(sync.devices) < 2:
+                continue
+            for b, bucket in enumerate(sync.buckets):
+                if work.grad_sync == "after-backward":
+                    deps = flush
+                elif work.grad_sync == "bucketed":
+                    deps = [bucket_parts[(r, s)][b] for r in range(len(work.replicas))]
+                else:  # gropipe-delayed
+                    deps = [bwd_last[(r, s, last)] for r in range(len(work.replicas))]
+                graph.collective(sync.devices, bucket.allreduce_s, "allreduce", last, work.replicas[0][s].layers,
+                                 deps=deps)
+    return graph, marks
+
+
+def run(work: PipelineWork, overlap_slowdown: float = 1.0) -> PipelineResult:
+    graph, marks = build_graph(work)
+    timeline = simulate(graph, overlap_slowdown)
+    if work.schedule != "async-1f1b":
+        return PipelineResult(timeline, timeline.makespan)
+    # Steady state: spacing between the ends of iterations 2 and ASYNC_ITERATIONS-1 on stage 0.
+    m = work.n_micro
+    first = timeline.end[marks["last_backward"][(0, 0, 2 * m - 1)]]
+    later = timeline.end[marks["last_backward"][(0, 0, (ASYNC_ITERATIONS - 1) * m - 1)]]
+    return PipelineResult(timeline, float(later - first) / (ASYNC_ITERATIONS - 3))

@@ -1,0 +1,197 @@
+"""The simulator against the papers' closed forms, and the engine's rules on small graphs."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paraplan.costs import closed_forms as cf
+from paraplan.simulate import schedules
+from paraplan.simulate.engine import TaskGraph, simulate
+from paraplan.simulate.pipeline import PipelineWork, StageSync, StageWork, SyncBucket, run
+
+
+def _pipeline(f_p, f_m, b_p, b_m, schedule="gpipe"):
+    """Stage k sends its output with F_k^M and receives the gradient with B_k^M (CSIMD's indices):
+    the gradient crossing the cut after stage k is sent by stage k+1."""
+    n = len(f_p)
+    return tuple(StageWork(device=k, forward_s=f_p[k], backward_s=b_p[k], send_forward_s=f_m[k],
+                           send_backward_s=b_m[k - 1] if k > 0 else 0.0) for k in range(n))
+
+
+def test_gpipe_makespan_equals_csimd_eq6_on_random_instances():
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for _ in range(300):
+        n = int(rng.integers(1, 9))
+        p = int(rng.integers(1, 33))
+        f_p, b_p = rng.uniform(0.1, 10, n), rng.uniform(0.1, 20, n)
+        f_m, b_m = rng.uniform(0, 10, n), rng.uniform(0, 10, n)
+        f_m[-1] = b_m[-1] = 0.0  # F_N^M = B_N^M = 0
+        sim = run(PipelineWork("gpipe", p, (_pipeline(f_p, f_m, b_p, b_m),))).iteration_s
+        closed = cf.csimd_eq6(f_p, f_m, b_p, b_m, p)
+        worst = max(worst, abs(sim - closed) / closed)
+    assert worst < 1e-9
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 8), p=st.integers(1, 24), seed=st.integers(0, 2**31 - 1))
+def test_without_communication_gpipe_equals_the_classic_formula(n, p, seed):
+    rng = np.random.default_rng(seed)
+    f, b = rng.uniform(0.01, 5, n), rng.uniform(0.01, 9, n)
+    zeros = np.zeros(n)
+    sim = run(PipelineWork("gpipe", p, (_pipeline(f, zeros, b, zeros),))).iteration_s
+    assert sim == pytest.approx(cf.csimd_eq1(f, b, p), rel=1e-9)
+    # and GroPipe's eqs. (2)-(7) say the same
+    assert sim == pytest.approx(cf.gropipe_iteration_time(f, b, p), rel=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 8), p=st.integers(1, 20), seed=st.integers(0, 2**31 - 1))
+def test_gropipe_closed_form_equals_its_recursion(n, p, seed):
+    t = np.random.default_rng(seed).uniform(0.1, 3, n)
+    assert cf.gropipe_forward_time(t, p) == pytest.approx(cf.gropipe_recursion(t, p), rel=1e-12)
+
+
+def test_csimd_eq8_equals_eq6_of_eq7():
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        k = int(rng.integers(3, 30))
+        h_p, h_m, j_p, j_m = (rng.uniform(50, 100, k) for _ in range(4))
+        n = int(rng.integers(2, min(k, 6) + 1))
+        cuts = sorted(rng.choice(np.arange(k - 1), size=n - 1, replace=False).tolist())
+        p = int(rng.integers(1, 20))
+        stages = cf.csimd_stage_arrays(h_p, h_m, j_p, j_m, cuts)
+        assert cf.csimd_eq8(h_p, h_m, j_p, j_m, cuts, p) == pytest.approx(cf.csimd_eq6(*stages, p), rel=1e-12)
+
+
+def test_galvatron_forms():
+    assert cf.galvatron_eq5([1.0, 3.0, 2.0], 4) == pytest.approx(3 * 3.0 + 6.0)
+    assert cf.galvatron_balance_degree([2.0, 2.0, 2.0, 2.0]) == pytest.approx(0.75)
+    assert cf.galvatron_balance_degree([5.0, 1.0, 1.0, 1.0]) < 0.75
+    # with no sync cost, eq. (8) is eq. (5)
+    assert cf.galvatron_eq8([1.0, 3.0], [0.0, 0.0], 5) == cf.galvatron_eq5([1.0, 3.0], 5)
+    assert cf.galvatron_eq8([1.0, 3.5], [0.0, 0.5], 5) == pytest.approx(4 * 3.0 + 4.5)
+
+
+def test_gropipe_dispersion_is_zero_when_balanced():
+    assert cf.gropipe_dispersion([2.0, 2.0, 2.0]) == 0.0
+    assert cf.gropipe_dispersion_abs([1.0, 2.0, 3.0]) > 0.0
+
+
+# --------------------------------------------------------------------------- schedules
+def test_one_f_one_b_orders_by_hand():
+    # 4 stages, 6 micro-batches: stage 0 warms up with 3 forwards
+    fmt = lambda order: " ".join(f"{op}{j}" for op, j in order)  # noqa: E731
+    assert fmt(schedules.one_f_one_b(4, 6, 0)) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5"
+    assert fmt(schedules.one_f_one_b(4, 6, 2)) == "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5"
+    assert fmt(schedules.one_f_one_b(4, 6, 3)) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"
+    assert fmt(schedules.gpipe(2, 3, 1)) == "F0 F1 F2 B0 B1 B2"
+
+
+@pytest.mark.parametrize("n_stages,n_micro", [(4, 8), (4, 2), (8, 16), (3, 3)])
+def test_in_flight_micro_batches(n_stages, n_micro):
+    for s in range(n_stages):
+        assert schedules.in_flight(schedules.one_f_one_b(n_stages, n_micro, s)) == min(n_stages - s, n_micro)
+        assert schedules.in_flight(schedules.gpipe(n_stages, n_micro, s)) == n_micro
+
+
+def test_1f1b_with_equal_stages_takes_the_same_time_as_gpipe():
+    st_ = tuple(StageWork(device=k, forward_s=1.0, backward_s=2.0, send_forward_s=0.0, send_backward_s=0.0)
+                for k in range(4))
+    g = run(PipelineWork("gpipe", 8, (st_,))).iteration_s
+    o = run(PipelineWork("1f1b", 8, (st_,))).iteration_s
+    assert g == pytest.approx(o) == pytest.approx((8 - 1) * 3 + 4 * 3)
+
+
+def test_async_1f1b_reaches_the_bottleneck_rate():
+    st_ = tuple(StageWork(device=k, forward_s=f, backward_s=2 * f, send_forward_s=0.0, send_backward_s=0.0)
+                for k, f in enumerate([1.0, 2.0, 1.0]))
+    res = run(PipelineWork("async-1f1b", 4, (st_,)))
+    # no flush: one iteration of 4 micro-batches costs 4 x (F + B) of the slowest stage
+    assert res.iteration_s == pytest.approx(4 * 6.0)
+
+
+# --------------------------------------------------------------------------- gradient sync
+FIVE = (SyncBucket(1.0, 5.0),)
+
+
+def _two_replicas(sync_mode, buckets=FIVE, last_stage_buckets=None):
+    """2 replicas x 2 stages; devices 0,1 and 2,3; stage k's data-parallel group is (k, 2 + k)."""
+    reps = tuple(tuple(StageWork(device=2 * r + k, forward_s=1.0, backward_s=2.0 if k == 0 else 4.0,
+                                 send_forward_s=0.0, send_backward_s=0.0) for k in range(2)) for r in range(2))
+    sync = (StageSync(devices=(0, 2), buckets=buckets),
+            StageSync(devices=(1, 3), buckets=last_stage_buckets or buckets))
+    return run(PipelineWork("1f1b", 4, reps, sync_mode, sync)).iteration_s
+
+
+def test_gropipe_delayed_all_reduce_beats_waiting_for_the_flush():
+    # the last stage finishes its backwards first: its (larger) all-reduce overlaps stage 0's tail
+    big = (SyncBucket(1.0, 9.0),)
+    delayed = _two_replicas("gropipe-delayed", last_stage_buckets=big)
+    flushed = _two_replicas("after-backward", last_stage_buckets=big)
+    plain = _two_replicas("none")
+    assert flushed == pytest.approx(plain + 9.0)
+    assert delayed < flushed
+    # stage 1 ends its last backward 2 s before the flush (stage 0's last backward takes 2 s)
+    assert delayed == pytest.approx(plain + 9.0 - 2.0)
+
+
+def test_buckets_overlap_the_last_backward():
+    whole = _two_replicas("gropipe-delayed")
+    split = _two_replicas("bucketed", (SyncBucket(0.5, 2.5), SyncBucket(1.0, 2.5)))
+    assert split < whole
+
+
+# --------------------------------------------------------------------------- engine rules
+def test_channels_are_full_duplex_and_fifo():
+    g = TaskGraph(2)
+    a = g.transfer(0, 1, 2.0)
+    b = g.transfer(1, 0, 2.0)  # the other direction: at the same time
+    c = g.transfer(0, 1, 1.0)  # same direction: after a
+    tl = simulate(g)
+    assert (tl.start[a], tl.start[b], tl.start[c]) == (0.0, 0.0, 2.0)
+
+
+def test_compute_order_is_the_order_added():
+    g = TaskGraph(1)
+    first = g.compute(0, 1.0)
+    second = g.compute(0, 1.0)
+    tl = simulate(g)
+    assert tl.start[second] == tl.end[first] == 1.0
+
+
+def test_collective_waits_for_all_members():
+    g = TaskGraph(3)
+    x = g.compute(0, 3.0)
+    y = g.transfer(1, 2, 4.0)
+    ar = g.collective((0, 1, 2), 1.0, deps=[x])
+    tl = simulate(g)
+    assert tl.start[ar] == 4.0 and tl.end[y] == 4.0
+
+
+def test_overlap_slowdown_stretches_overlapping_compute():
+    g = TaskGraph(2)
+    g.transfer(0, 1, 2.0)
+    c = g.compute(0, 2.0)
+    assert simulate(g).end[c] == 2.0
+    assert simulate(g, overlap_slowdown=1.3).end[c] == pytest.approx(2.6)
+
+
+def test_a_cycle_is_reported():
+    g = TaskGraph(1)
+    a = g.compute(0, 1.0)
+    b = g.compute(0, 1.0)
+    g.depend(a, b)
+    with pytest.raises(ValueError, match="cycle"):
+        simulate(g)
+
+
+def test_collective_formulas():
+    from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s
+    from paraplan.hardware.cluster import LinkSpec
+
+    link = LinkSpec(bandwidth_bytes_per_s=1e9, latency_s=1e-5)
+    assert ring_allreduce_s(8e9, 4, link) == pytest.approx(2 * 3 / 4 * 8 + 6e-5)
+    assert ring_allgather_s(8e9, 4, link) == pytest.approx(3 / 4 * 8 + 3e-5)
+    assert ring_allreduce_s(8e9, 1, link) == 0.0

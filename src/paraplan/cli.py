@@ -99,6 +99,54 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
+def _cmd_simulate(args) -> int:
+    from dataclasses import replace
+
+    from rich.progress import Progress
+
+    from paraplan.costs.memory import GIB, MemoryConfig
+    from paraplan.costs.model import analytic_cost_model
+    from paraplan.hardware import load_cluster
+    from paraplan.hardware.cluster import Cluster, NodeSpec
+    from paraplan.models import measure, zoo
+    from paraplan.planners.plan_file import plan_to_dict, read_plan, write_plan
+    from paraplan.report import console, simulation_table
+    from paraplan.simulate.export import chrome_trace, gantt
+    from paraplan.simulate.predict import simulate_plan
+
+    plan = read_plan(args.plan)
+    cluster = load_cluster(args.cluster or plan.cluster)
+    if args.memory_gib is not None:
+        require_positive(args.memory_gib, "--memory-gib")
+        cap = int(args.memory_gib * GIB)
+        cluster = Cluster(name=cluster.name, description=cluster.description, nodes=tuple(
+            NodeSpec(n.name, tuple(replace(d, memory_bytes=cap) for d in n.devices), n.intra_link, n.network)
+            for n in cluster.nodes))
+    if args.overlap_slowdown < 1:
+        raise ParaplanError(f"--overlap-slowdown must be at least 1, got {args.overlap_slowdown}")
+    built = zoo.build(plan.model, device="meta", seq_len=args.seq_len, image_size=args.image_size)
+    with Progress(transient=True, console=console(stderr=True)) as progress:
+        task = progress.add_task(f"measuring {built.name} on meta", total=2 * measure.count_layers(built))
+        spec = measure.measure(built, progress=lambda: progress.advance(task))
+    cm = analytic_cost_model(spec, cluster, memory=MemoryConfig(), overlap_slowdown=args.overlap_slowdown)
+    sim = simulate_plan(plan, cm)
+    if args.gantt:
+        gantt(sim.timeline, args.gantt, title=f"{plan.model} on {cluster.name}: {plan.schedule}, {plan.n_stages} stages, "
+              f"{plan.n_micro} micro-batches, iteration {sim.prediction.iteration_s:.4g} s")
+    if args.trace:
+        chrome_trace(sim.timeline, args.trace, name=f"{plan.model} {plan.schedule}")
+    if args.out:
+        write_plan(sim.plan, args.out)
+    if args.json:
+        out = plan_to_dict(sim.plan)["prediction"]
+        out.update(bubble_fraction=sim.bubble_fraction,
+                   devices=[{"device": d.device, "busy_s": d.busy_s, "idle_s": d.idle_s} for d in sim.devices])
+        print(json.dumps(out, indent=2))
+    else:
+        console().print(simulation_table(sim, cluster))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="paraplan", description="Plan, predict and run distributed training of PyTorch models.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -121,6 +169,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=int, default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("simulate", help="predict a plan's iteration time and memory with the simulator")
+    p.add_argument("plan", help="plan JSON file")
+    p.add_argument("--cluster", default=None, help="preset or TOML file (default: the plan's cluster)")
+    p.add_argument("--gantt", default=None, help="write a Gantt chart PNG here")
+    p.add_argument("--trace", default=None, help="write a Chrome trace JSON here (opens in Perfetto)")
+    p.add_argument("--out", default=None, help="write the plan with its prediction here")
+    p.add_argument("--memory-gib", type=float, default=None, help="memory budget per device (default: the device's)")
+    p.add_argument("--overlap-slowdown", type=float, default=1.0,
+                   help="slowdown of compute and communication overlapping on one device (Galvatron: 1.3)")
+    p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--image-size", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_simulate)
     return parser
 
 

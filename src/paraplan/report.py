@@ -82,5 +82,26 @@ def layers_table(spec: ModelSpec, costs: LayerCosts, batch: int, device_name: st
     return table
 
 
+def simulation_table(sim, cluster: Cluster) -> Table:
+    pred, plan = sim.prediction, sim.plan
+    verdict = "fits in memory" if pred.feasible else f"[bold red]{pred.reason}[/]"
+    table = Table(title=f"{plan.model} on {cluster.name}: {plan.schedule}, {plan.n_stages} stages, {plan.n_micro} "
+                        f"micro-batches of {plan.micro_batch_size:g}, grad sync {plan.grad_sync}\n"
+                        f"iteration {human_seconds(pred.iteration_s)}, {pred.throughput_samples_per_s:.4g} samples/s, "
+                        f"bubble {sim.bubble_fraction:.1%}; {verdict}")
+    for col in ("device", "stage", "busy", "idle", "states", "activations", "stash", "peak memory", "capacity"):
+        table.add_column(col, justify="right")
+    stage_of = {d: s for s, st in enumerate(plan.stages) for d in st.devices}
+    peaks = {m.device: m for m in pred.memory}
+    for d in sim.devices:
+        b = sim.memory[stage_of[d.device]]
+        m = peaks[d.device]
+        peak = human_bytes(m.peak_bytes) if m.fits else f"[red]{human_bytes(m.peak_bytes)}[/]"
+        table.add_row(str(d.device), str(stage_of[d.device]), human_seconds(d.busy_s), human_seconds(d.idle_s),
+                      human_bytes(b.states_bytes), f"{human_bytes(b.activation_bytes)} ({b.in_flight} in flight)",
+                      human_bytes(b.stash_bytes), peak, human_bytes(m.capacity_bytes))
+    return table
+
+
 def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, width=200 if not stderr else None)

@@ -38,6 +38,7 @@ class LayerSpec:
     param_count: int  # parameters this layer owns (a tied weight is owned by its first layer)
     param_bytes: int
     shared_param_bytes: int  # tied weights this layer uses but an earlier layer owns (GPT-2's head)
+    shared_owners: tuple[int, ...]  # the layers that own those tied weights
     forward_flops: Affine  # measured by torch.utils.flop_counter on the meta device
     backward_flops: Affine
     output_bytes: Affine  # the activation that crosses a pipeline cut after this layer

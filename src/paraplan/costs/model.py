@@ -1,0 +1,40 @@
+"""The cost model a simulation uses: a model, a cluster and where compute times come from."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from paraplan.costs.analytic import analytic_costs
+from paraplan.costs.memory import MemoryConfig
+from paraplan.costs.timefn import LayerCosts
+from paraplan.hardware.cluster import Cluster, DeviceSpec
+from paraplan.models.spec import ModelSpec
+
+
+class CostModel:
+    """Compute time functions per device type (analytic or measured), links from the cluster.
+
+    `compute_costs(device_spec)` returns the LayerCosts of that device type; only its forward and
+    backward functions are used here, transfers are priced from bytes and the actual link.
+    """
+
+    def __init__(self, model: ModelSpec, cluster: Cluster, compute_costs: Callable[[DeviceSpec], LayerCosts],
+                 memory: MemoryConfig | None = None, overlap_slowdown: float = 1.0, source: str = "analytic"):
+        self.model = model
+        self.cluster = cluster
+        self._compute_costs = compute_costs
+        self._cache: dict[str, LayerCosts] = {}
+        self.memory = memory or MemoryConfig()
+        self.overlap_slowdown = overlap_slowdown
+        self.source = source
+
+    def compute(self, device_id: int) -> LayerCosts:
+        spec = self.cluster.device(device_id)
+        if spec.name not in self._cache:
+            self._cache[spec.name] = self._compute_costs(spec)
+        return self._cache[spec.name]
+
+
+def analytic_cost_model(model: ModelSpec, cluster: Cluster, **kwargs) -> CostModel:
+    link = cluster.nodes[0].intra_link  # unused for compute; transfers use cluster.link(a, b)
+    return CostModel(model, cluster, lambda spec: analytic_costs(model, spec, link), **kwargs)

@@ -1,0 +1,89 @@
+"""A timeline for people (Gantt PNG) and for tools (Chrome trace JSON, opens in Perfetto).
+
+This module writes files; the simulator itself does not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from paraplan.simulate.engine import Timeline
+
+COLOURS = {"forward": "#4C72B0", "backward": "#55A868", "backward_part": "#55A868", "send_forward": "#DD8452",
+           "send_backward": "#C44E52", "allreduce": "#8172B3", "allgather": "#8172B3", "reducescatter": "#8172B3",
+           "op": "#4C72B0", "transfer": "#DD8452"}
+LANE_OFFSETS = {"compute": 0.0, "send": 0.34, "recv": 0.34, "collective": 0.34}
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def gantt(timeline: Timeline, path: str | Path, title: str = "", devices: list[int] | None = None) -> None:
+    """One row per device: compute on the upper band (forward blue, backward green, micro-batch
+    numbers on the bars), communication on the lower band (sends orange/red, collectives purple)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    rows = list(timeline.rows())
+    used = sorted({r[0] for r in rows}) if devices is None else devices
+    index = {d: i for i, d in enumerate(used)}
+    span = timeline.makespan or 1.0
+    fig, ax = plt.subplots(figsize=(12, 0.6 * len(used) + 1.6))
+    for device, lane, kind, micro, _layers, start, end in rows:
+        if device not in index or (lane == "recv"):
+            continue  # a transfer is drawn once, on its sender
+        y = index[device] + LANE_OFFSETS[lane]
+        height = 0.6 if lane == "compute" else 0.22
+        y0 = y - 0.3 if lane == "compute" else y + 0.06
+        ax.broken_barh([(start, end - start)], (y0, height), facecolors=COLOURS.get(kind, "grey"),
+                       edgecolor="white", linewidth=0.4)
+        if lane == "compute" and micro >= 0 and (end - start) > span / 90:
+            ax.text((start + end) / 2, y0 + height / 2, str(micro), ha="center", va="center", fontsize=7,
+                    color="white")
+    ax.set_yticks(range(len(used)))
+    ax.set_yticklabels([f"device {d}" for d in used])
+    ax.invert_yaxis()
+    ax.set_xlim(0, span)
+    ax.set_xlabel("time (s)")
+    ax.set_title(title or f"iteration time {span:.4g} s")
+    ax.legend(handles=[Patch(color=COLOURS["forward"], label="forward"),
+                       Patch(color=COLOURS["backward"], label="backward"),
+                       Patch(color=COLOURS["send_forward"], label="send activation"),
+                       Patch(color=COLOURS["send_backward"], label="send gradient"),
+                       Patch(color=COLOURS["allreduce"], label="all-reduce")],
+              loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=5, frameon=False, fontsize=8)
+    fig.tight_layout()
+    _atomic_write(Path(path), lambda tmp: fig.savefig(tmp, dpi=130))
+    plt.close(fig)
+
+
+def chrome_trace(timeline: Timeline, path: str | Path, name: str = "paraplan") -> None:
+    """Chrome trace-event JSON: one process per device, threads compute / send / recv / collective."""
+    tids = {"compute": 0, "send": 1, "recv": 2, "collective": 3}
+    events = []
+    devices = set()
+    for device, lane, kind, micro, layers, start, end in timeline.rows():
+        devices.add(device)
+        events.append({"name": f"{kind} {micro}" if micro >= 0 else kind, "cat": kind, "ph": "X",
+                       "pid": device, "tid": tids[lane], "ts": start * 1e6, "dur": (end - start) * 1e6,
+                       "args": {"micro_batch": micro, "layers": f"{layers[0]}..{layers[1] - 1}"}})
+    for d in sorted(devices):
+        events.append({"name": "process_name", "ph": "M", "pid": d, "args": {"name": f"device {d}"}})
+        for lane, tid in tids.items():
+            events.append({"name": "thread_name", "ph": "M", "pid": d, "tid": tid, "args": {"name": lane}})
+    doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"source": name}}
+    _atomic_write(Path(path), lambda tmp: Path(tmp).write_text(json.dumps(doc)))

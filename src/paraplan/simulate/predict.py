@@ -1,0 +1,60 @@
+"""Simulate a Plan: iteration time, throughput, per-device busy/idle time and peak memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from paraplan.costs.memory import MemoryBreakdown, out_of_memory_reason, plan_memory
+from paraplan.costs.model import CostModel
+from paraplan.planners.plan import Plan, Prediction
+from paraplan.simulate import pipeline
+from paraplan.simulate.engine import Timeline
+from paraplan.simulate.plan_work import plan_work
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    device: int
+    busy_s: float  # compute stream busy during one iteration
+    idle_s: float
+
+
+@dataclass(frozen=True)
+class Simulation:
+    plan: Plan  # the input plan with its prediction filled in
+    timeline: Timeline
+    devices: tuple[DeviceStats, ...]
+    memory: tuple[MemoryBreakdown, ...]
+    bubble_fraction: float  # 1 - busy / (devices x iteration time), over the devices the plan uses
+
+    @property
+    def prediction(self) -> Prediction:
+        return self.plan.prediction
+
+
+def simulate_plan(plan: Plan, cm: CostModel) -> Simulation:
+    work = plan_work(plan, cm)
+    result = pipeline.run(work, cm.overlap_slowdown)
+    iteration = result.iteration_s
+    # a stage group that computes together (Galvatron strategies) is drawn on its first device;
+    # all of its devices are equally busy
+    busy = result.timeline.compute_busy()
+    if work.schedule == "async-1f1b":
+        busy = busy / pipeline.ASYNC_ITERATIONS
+    per_device = {}
+    for stage in plan.stages:
+        lead = work.replicas[0][plan.stages.index(stage)].device if any(s.strategies for s in plan.stages) else None
+        for d in stage.devices:
+            per_device[d] = busy[lead] if lead is not None else busy[d]
+    stats = tuple(DeviceStats(d, float(b), float(max(0.0, iteration - b))) for d, b in sorted(per_device.items()))
+    capacities = {slot.id: slot.spec.memory_bytes for slot in cm.cluster.devices}
+    memory, breakdown = plan_memory(plan, cm.model, capacities, cm.memory)
+    reason = out_of_memory_reason(memory)
+    prediction = Prediction(iteration_s=iteration, throughput_samples_per_s=plan.global_batch / iteration,
+                            memory=memory, feasible=not reason, reason=reason)
+    used_busy = np.array([s.busy_s for s in stats])
+    bubble = float(1.0 - used_busy.sum() / (len(stats) * iteration)) if iteration > 0 else 0.0
+    return Simulation(plan=replace(plan, prediction=prediction), timeline=result.timeline, devices=stats,
+                      memory=breakdown, bubble_fraction=bubble)

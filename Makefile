@@ -31,7 +31,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
 bench: $(STAMP)
-	@echo "no benchmarks yet"
+	$(BIN)/python benchmarks/simulator_speed.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

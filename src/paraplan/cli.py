@@ -80,7 +80,7 @@ def _cmd_inspect(args) -> int:
     device = cluster.device(args.device)
     costs = analytic_costs(spec, device, link)
     if args.json:
-        h_p, h_m, j_p, j_m = costs.arrays(args.batch)
+        fwd, bwd, send_f, send_b = costs.arrays(args.batch)
         print(json.dumps({
             "model": spec.name, "family": spec.family, "parameters": spec.param_count, "batch": args.batch,
             "cluster": cluster.name, "device": device.name, "inputs": spec.inputs.describe(),
@@ -90,8 +90,8 @@ def _cmd_inspect(args) -> int:
                         "backward_flops_per_sample": layer.backward_flops.per_sample,
                         "output_bytes_per_sample": layer.output_bytes.per_sample,
                         "saved_bytes_per_sample": layer.saved_bytes.per_sample,
-                        "forward_s": float(h_p[i]), "backward_s": float(h_m[i]),
-                        "send_forward_s": float(j_p[i]), "send_backward_s": float(j_m[i])}
+                        "forward_s": float(fwd[i]), "backward_s": float(bwd[i]),
+                        "send_forward_s": float(send_f[i]), "send_backward_s": float(send_b[i])}
                        for i, layer in enumerate(spec.layers)],
         }, indent=2))
     else:

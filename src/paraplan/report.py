@@ -66,19 +66,19 @@ def layers_table(spec: ModelSpec, costs: LayerCosts, batch: int, device_name: st
     for col in ("#", "layer", "kind", "params", "fwd FLOPs/sample", "output/sample", "saved/sample",
                 "fwd time", "bwd time", "send output"):
         table.add_column(col, justify="left" if col in ("layer", "kind") else "right")
-    h_p, h_m, j_p, _ = costs.arrays(batch)
+    fwd, bwd, send, _ = costs.arrays(batch)
     for i, layer in enumerate(spec.layers):
         table.add_row(
             str(i), layer.name, layer.kind,
             human_count(layer.param_count) + (" (+tied)" if layer.shared_param_bytes else ""),
             human_count(layer.forward_flops.per_sample), human_bytes(layer.output_bytes.per_sample),
-            human_bytes(layer.saved_bytes.per_sample), human_seconds(h_p[i]), human_seconds(h_m[i]),
-            human_seconds(j_p[i]) if i < spec.n_layers - 1 else "-")
+            human_bytes(layer.saved_bytes.per_sample), human_seconds(fwd[i]), human_seconds(bwd[i]),
+            human_seconds(send[i]) if i < spec.n_layers - 1 else "-")
     table.add_section()
     table.add_row("", "total", "", human_count(spec.param_count),
                   human_count(sum(layer.forward_flops.per_sample for layer in spec.layers)),
                   "", human_bytes(spec.activation_bytes_per_sample()),
-                  human_seconds(float(h_p.sum())), human_seconds(float(h_m.sum())), "")
+                  human_seconds(float(fwd.sum())), human_seconds(float(bwd.sum())), "")
     return table
 
 

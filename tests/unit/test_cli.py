@@ -10,6 +10,7 @@ import pytest
 from paraplan.models import zoo
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 
 
 def run(*args, timeout=120):
@@ -67,3 +68,49 @@ def test_malformed_cluster_file(tmp_path):
     out = run("inspect", "gpt2-tiny", "--cluster", str(bad))
     assert out.returncode == 2 and "malformed TOML" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_simulate_writes_gantt_trace_and_prediction(tmp_path):
+    gantt, trace, out = tmp_path / "g.png", tmp_path / "t.json", tmp_path / "p.json"
+    res = run("simulate", os.path.join(EXAMPLES, "gpt2-xl-1f1b-4x8.json"), "--gantt", str(gantt), "--trace", str(trace),
+              "--out", str(out), "--json")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["feasible"] and summary["iteration_s"] > 0 and 0 < summary["bubble_fraction"] < 1
+    assert gantt.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["ph"] for e in events} == {"X", "M"}
+    assert {e["cat"] for e in events if e["ph"] == "X"} >= {"forward", "backward", "send_forward", "send_backward"}
+    saved = json.loads(out.read_text())
+    assert saved["prediction"]["iteration_s"] == pytest.approx(summary["iteration_s"])
+
+
+def test_simulate_reports_out_of_memory():
+    res = run("simulate", os.path.join(EXAMPLES, "bert-huge-32-dp8.json"), "--memory-gib", "12", "--json")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert not summary["feasible"] and "out of memory" in summary["reason"]
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{", "malformed JSON"),
+    ('{"format_version": 1, "model": "gpt2-xl"}', "cluster: missing"),
+])
+def test_simulate_bad_plan_files(tmp_path, content, needle):
+    path = tmp_path / "plan.json"
+    path.write_text(content)
+    res = run("simulate", str(path))
+    assert res.returncode == 2 and needle in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_simulate_plan_that_does_not_fit_the_cluster(tmp_path):
+    data = json.loads(open(os.path.join(EXAMPLES, "gpt2-xl-gpipe-4x8.json")).read())
+    data["stages"][3]["devices"] = [11]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    res = run("simulate", str(path))
+    assert res.returncode == 2 and "uses device 11" in res.stderr
+    gantt = tmp_path / "g.png"
+    res = run("simulate", str(path), "--gantt", str(gantt))
+    assert not gantt.exists()

@@ -46,13 +46,13 @@ def test_analytic_costs_of_a_model():
     cluster = load_cluster("csimd-v100-10gbe")
     spec = measure.measure(zoo.build("gpt2-tiny"))
     costs = analytic_costs(spec, cluster.device(0), cluster.link(0, 1))
-    h_p, h_m, j_p, j_m = costs.arrays(8)
+    fwd, bwd, send_f, send_b = costs.arrays(8)
     assert costs.n_layers == spec.n_layers == 6
-    assert np.all(h_p > 0) and np.all(h_m > 0)
+    assert np.all(fwd > 0) and np.all(bwd > 0)
     # identical blocks cost the same; backward costs more than forward for blocks
-    assert np.allclose(h_p[1:5], h_p[1]) and np.all(h_m[1:5] > h_p[1:5])
+    assert np.allclose(fwd[1:5], fwd[1]) and np.all(bwd[1:5] > fwd[1:5])
     # a block's output: 8 samples x 32 tokens x 64 floats over 10 GbE
-    assert j_p[1] == pytest.approx(cluster.link(0, 1).latency_s + 8 * 32 * 64 * 4 / 1.175e9)
+    assert send_f[1] == pytest.approx(cluster.link(0, 1).latency_s + 8 * 32 * 64 * 4 / 1.175e9)
     # a device with a lower peak is slower once the work is large enough to be compute-bound
     slow = analytic_costs(spec, load_cluster("gropipe-8xt4").device(0), cluster.link(0, 1))
     assert slow.arrays(4096)[0][1] > 1.3 * costs.arrays(4096)[0][1]

@@ -195,3 +195,33 @@ def test_collective_formulas():
     assert ring_allreduce_s(8e9, 4, link) == pytest.approx(2 * 3 / 4 * 8 + 6e-5)
     assert ring_allgather_s(8e9, 4, link) == pytest.approx(3 / 4 * 8 + 3e-5)
     assert ring_allreduce_s(8e9, 1, link) == 0.0
+
+
+# --------------------------------------------------------------------------- operator DAGs (FD-DPS)
+def test_diamond_dag_by_hand():
+    from paraplan.planners.plan import OperatorPlacement
+    from paraplan.simulate.dag import OpEdge, simulate_dag
+
+    # a -> b -> d and a -> c -> d; c runs on device 1, the rest on device 0
+    placement = (OperatorPlacement(0, ("a", "b", "d")), OperatorPlacement(1, ("c",)))
+    edges = [OpEdge("a", "b", 0), OpEdge("a", "c", 100), OpEdge("b", "d", 0), OpEdge("c", "d", 100)]
+    seconds = {"a": 1.0, "b": 4.0, "c": 2.0, "d": 1.0}
+    tl, task = simulate_dag(placement, edges, lambda op, dev: seconds[op],
+                            lambda s, d, n: 0.5 + n / 100, n_devices=2)
+    # c starts after a (1) + transfer (1.5) = 2.5, ends 4.5, its output arrives at 6.0;
+    # b ends at 5.0, so d starts at 6.0 and ends at 7.0
+    assert tl.start[task["c"]] == pytest.approx(2.5)
+    assert tl.start[task["d"]] == pytest.approx(6.0)
+    assert tl.makespan == pytest.approx(7.0)
+
+
+def test_dag_order_that_contradicts_a_dependency_is_an_error():
+    from paraplan.planners.plan import OperatorPlacement, PlanError
+    from paraplan.simulate.dag import OpEdge, build_dag_graph
+
+    with pytest.raises(PlanError, match="runs 'b' before 'a'"):
+        build_dag_graph((OperatorPlacement(0, ("b", "a")),), [OpEdge("a", "b", 0)], lambda o, d: 1.0,
+                        lambda s, d, n: 0.0, 1)
+    with pytest.raises(PlanError, match="'z' of the graph is not placed"):
+        build_dag_graph((OperatorPlacement(0, ("a",)),), [OpEdge("a", "z", 0)], lambda o, d: 1.0,
+                        lambda s, d, n: 0.0, 1)

@@ -80,6 +80,8 @@ class LayerCosts:
         return len(self.forward)
 
     def arrays(self, batch: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(h_p, h_m, j_p, j_m) at one micro-batch size, as numpy arrays over layers."""
+        """(forward, backward, send_forward, send_backward) at one micro-batch size, as numpy arrays
+        over layers: CSIMD's H^P, J^P, H^M, and J^M shifted by one (send_backward[k] is the
+        gradient of layer k's output, which is J^M_{k+1}, the gradient of layer k+1's input)."""
         return tuple(np.array([float(f(batch)) for f in fns])
                      for fns in (self.forward, self.backward, self.send_forward, self.send_backward))

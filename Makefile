@@ -23,6 +23,10 @@ demo: $(STAMP)
 	$(BIN)/paraplan clusters
 	$(BIN)/paraplan inspect gpt2-xl --batch 8 --cluster csimd-v100-10gbe
 	$(BIN)/paraplan inspect gpt2-tiny --batch 4 --cluster local
+	mkdir -p results
+	$(BIN)/paraplan simulate examples/gpt2-xl-1f1b-4x8.json --gantt results/demo-1f1b.png --trace results/demo-1f1b.trace.json
+	$(BIN)/paraplan simulate examples/resnet-50-gropipe-2x4.json
+	$(BIN)/paraplan simulate examples/bert-huge-32-dp8.json --memory-gib 12
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests

@@ -53,8 +53,8 @@ def _buckets(grad_sync: str, grads: list[float], backward_s: list[float], allred
 
 def plan_work(plan: Plan, cm: CostModel) -> PipelineWork:
     if plan.schedule == "dag":
-        raise PlanError("schedule 'dag': operator-placement plans are simulated with simulate.dag from an "
-                        "operator graph, not with the pipeline builder")
+        raise PlanError("schedule 'dag': operator-placement plans need the model's operator graph, which comes "
+                        "with the FD-DPS planner; simulate.dag runs them from such a graph")
     check_fits(plan, cm.model.n_layers, cm.cluster.n_devices, cm.cluster.name)
     if any(s.strategies for s in plan.stages):
         return _hybrid_work(plan, cm)

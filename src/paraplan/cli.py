@@ -128,7 +128,14 @@ def _cmd_simulate(args) -> int:
     with Progress(transient=True, console=console(stderr=True)) as progress:
         task = progress.add_task(f"measuring {built.name} on meta", total=2 * measure.count_layers(built))
         spec = measure.measure(built, progress=lambda: progress.advance(task))
-    cm = analytic_cost_model(spec, cluster, memory=MemoryConfig(), overlap_slowdown=args.overlap_slowdown)
+    if args.profile:
+        from paraplan.costs.model import profile_cost_model
+        from paraplan.profiling.profile_file import read_profile
+
+        cm = profile_cost_model(spec, cluster, read_profile(args.profile), memory=MemoryConfig(),
+                                overlap_slowdown=args.overlap_slowdown)
+    else:
+        cm = analytic_cost_model(spec, cluster, memory=MemoryConfig(), overlap_slowdown=args.overlap_slowdown)
     sim = simulate_plan(plan, cm)
     if args.gantt:
         gantt(sim.timeline, args.gantt, title=f"{plan.model} on {cluster.name}: {plan.schedule}, {plan.n_stages} stages, "
@@ -144,6 +151,79 @@ def _cmd_simulate(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         console().print(simulation_table(sim, cluster))
+    return 0
+
+
+def _parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ParaplanError(f"--batch-sizes: expected comma-separated integers, got {text!r}") from None
+    if not sizes or sizes[0] <= 0:
+        raise ParaplanError(f"--batch-sizes: sizes must be positive, got {text!r}")
+    return sizes
+
+
+def _cmd_profile(args) -> int:
+    import torch
+    from rich.progress import Progress
+
+    from paraplan.profiling.profile_file import write_profile
+    from paraplan.profiling.profiler import module_workload, run_profile, zoo_workload
+    from paraplan.report import console, profile_report
+
+    sizes = _parse_sizes(args.batch_sizes)
+    require_positive(args.threads, "--threads")
+    require_positive(args.repeats, "--repeats")
+    if args.warmup < 0:
+        raise ParaplanError(f"--warmup must not be negative, got {args.warmup}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ParaplanError("--device cuda: no GPU is visible on this machine")
+    if (args.model is None) == (args.module is None):
+        raise ParaplanError("give a zoo model name or --module path/to/file.py:build_fn (one of them)")
+    device = torch.device(args.device)
+    work = (module_workload(args.module, device) if args.module
+            else zoo_workload(args.model, device, seq_len=args.seq_len, image_size=args.image_size))
+    steps = (args.warmup + args.repeats) * len(sizes)
+    with Progress(transient=True, console=console(stderr=True)) as progress:
+        task = progress.add_task(f"profiling {work.name} on {device}", total=steps)
+        profile = run_profile(work, device, sizes, args.threads, args.warmup, args.repeats,
+                              step_check=not args.no_checks, repeat_check=not args.no_checks,
+                              progress=lambda: progress.advance(task))
+    write_profile(profile, args.out)
+    if args.json:
+        from paraplan.profiling.profile_file import profile_to_dict
+
+        print(json.dumps(profile_to_dict(profile), indent=1))
+    else:
+        for renderable in profile_report(profile):
+            console().print(renderable)
+        console().print(f"profile written to {args.out}")
+    return 0
+
+
+def _cmd_profile_links(args) -> int:
+    from dataclasses import replace
+
+    from paraplan.hardware import load_cluster
+    from paraplan.hardware.cluster import Cluster, LinkSpec
+    from paraplan.hardware.cluster_file import write_cluster_file
+    from paraplan.profiling.links import profile_links
+    from paraplan.report import console, links_report
+
+    base = load_cluster(args.cluster)
+    with console(stderr=True).status(f"measuring {args.backend} links between {args.nproc} processes"):
+        links = profile_links(args.backend, args.nproc, args.max_bytes)
+    measured = LinkSpec(bandwidth_bytes_per_s=links.p2p.bandwidth_bytes_per_s, latency_s=links.p2p.latency_s)
+    nodes = tuple(replace(n, intra_link=measured, network=measured if len(base.nodes) == 1 else n.network)
+                  for n in base.nodes)
+    cluster = Cluster(name=f"{base.name}-measured", nodes=nodes,
+                      description=f"{base.description}; links measured by paraplan profile-links ({args.backend}, "
+                                  f"{args.nproc} processes): alpha {links.p2p.latency_s * 1e6:.1f} us, "
+                                  f"beta {links.p2p.bandwidth_bytes_per_s / 1e9:.3f} GB/s")
+    write_cluster_file(cluster, args.out)
+    console().print(links_report(links))
+    console().print(f"cluster written to {args.out}")
     return 0
 
 
@@ -182,7 +262,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--image-size", type=int, default=None)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--profile", default=None, help="measured profile (paraplan profile) in place of analytic costs")
     p.set_defaults(func=_cmd_simulate)
+
+    p = sub.add_parser("profile", help="measure every layer's forward and backward time at several batch sizes")
+    p.add_argument("model", nargs="?", default=None, help="zoo model (or use --module)")
+    p.add_argument("--module", default=None, help="path/to/file.py:build_fn returning (model, sample batch)")
+    p.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: stable medians)")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--image-size", type=int, default=None)
+    p.add_argument("--no-checks", action="store_true", help="skip the step and repeatability checks")
+    p.add_argument("--out", default="profile.json")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_profile)
+
+    p = sub.add_parser("profile-links", help="measure send/recv and all-reduce between real processes")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--max-bytes", type=int, default=256 * 2**20)
+    p.add_argument("--cluster", default="local", help="the cluster whose links are replaced (default local)")
+    p.add_argument("--out", default="cluster.toml")
+    p.set_defaults(func=_cmd_profile_links)
     return parser
 
 

@@ -103,5 +103,49 @@ def simulation_table(sim, cluster: Cluster) -> Table:
     return table
 
 
+def profile_report(profile) -> list:
+    sizes = profile.batch_sizes
+    table = Table(title=f"{profile.model} on {profile.device_name} ({profile.device}, {profile.threads} thread"
+                        f"{'s' if profile.threads > 1 else ''}, torch {profile.torch_version}): median of "
+                        f"{profile.repeats} after {profile.warmup} warm-up, ± interquartile range")
+    table.add_column("layer", justify="left")
+    for b in (sizes[0], sizes[-1]):
+        table.add_column(f"fwd @{b}", justify="right")
+        table.add_column(f"bwd @{b}", justify="right")
+    table.add_column(f"s/sample @{sizes[0]} / @{sizes[-1]}", justify="right")
+    for layer in profile.layers:
+        cells = []
+        for k in (0, -1):
+            for t in (layer.forward[k], layer.backward[k]):
+                cells.append(f"{human_seconds(t.median_s)} ±{t.spread:.0%}")
+        table.add_row(layer.name, *cells, f"{layer.nonlinearity():.2f}x")
+    lines = [table]
+    if profile.step_check is not None:
+        c = profile.step_check
+        lines.append(f"step check at batch {c.batch}: sum of layers {human_seconds(c.sum_of_layers_s)} vs measured "
+                     f"training step {human_seconds(c.measured.median_s)} (±{c.measured.spread:.0%}): gap {c.gap:+.1%}")
+    if profile.repeatability:
+        import statistics
+
+        r = profile.repeatability
+        lines.append(f"repeatability at batch {sizes[-1]} (second run / first, per layer): median "
+                     f"{statistics.median(r):.2f}, range {min(r):.2f}..{max(r):.2f}")
+    return lines
+
+
+def links_report(links) -> Table:
+    table = Table(title=f"{links.backend}, {links.nproc} processes: point-to-point alpha "
+                        f"{human_seconds(links.p2p.latency_s)}, beta {links.p2p.bandwidth_bytes_per_s / 1e9:.3f} GB/s "
+                        f"(R^2 {links.p2p.r_squared:.3f}); all-reduce alpha {human_seconds(links.allreduce.latency_s)}, "
+                        f"beta {links.allreduce.bandwidth_bytes_per_s / 1e9:.3f} GB/s (R^2 {links.allreduce.r_squared:.3f})")
+    for col in ("bytes", "send/recv (median)", "spread", "fit", "all-reduce (median)", "fit"):
+        table.add_column(col, justify="right")
+    for n, p2p, spread, ar in zip(links.sizes, links.p2p_s, links.p2p_spread, links.allreduce_s, strict=True):
+        table.add_row(human_bytes(n), human_seconds(p2p), f"{spread:.0%}",
+                      human_seconds(links.p2p.latency_s + n / links.p2p.bandwidth_bytes_per_s), human_seconds(ar),
+                      human_seconds(links.allreduce.latency_s + n / links.allreduce.bandwidth_bytes_per_s))
+    return table
+
+
 def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, width=200 if not stderr else None)

@@ -6,7 +6,9 @@ from collections.abc import Callable
 
 from paraplan.costs.analytic import analytic_costs
 from paraplan.costs.memory import MemoryConfig
+from paraplan.costs.profile import Profile, profile_costs
 from paraplan.costs.timefn import LayerCosts
+from paraplan.errors import ParaplanError
 from paraplan.hardware.cluster import Cluster, DeviceSpec
 from paraplan.models.spec import ModelSpec
 
@@ -38,3 +40,17 @@ class CostModel:
 def analytic_cost_model(model: ModelSpec, cluster: Cluster, **kwargs) -> CostModel:
     link = cluster.nodes[0].intra_link  # unused for compute; transfers use cluster.link(a, b)
     return CostModel(model, cluster, lambda spec: analytic_costs(model, spec, link), **kwargs)
+
+
+def profile_cost_model(model: ModelSpec, cluster: Cluster, profile: Profile, **kwargs) -> CostModel:
+    """Measured compute times for every device of the cluster (the profile's device stands for
+    all of them); transfers still priced from the cluster's links."""
+    if len(profile.layers) != model.n_layers:
+        raise ParaplanError(f"profile of {profile.model!r} has {len(profile.layers)} layers, "
+                            f"model {model.name!r} has {model.n_layers}")
+    for i, (measured, layer) in enumerate(zip(profile.layers, model.layers, strict=True)):
+        if measured.name != layer.name:
+            raise ParaplanError(f"profile layer {i} is {measured.name!r}, model layer {i} is {layer.name!r}")
+    link = cluster.nodes[0].intra_link
+    costs = profile_costs(profile, link)
+    return CostModel(model, cluster, lambda spec: costs, source=f"profile:{profile.device_name}", **kwargs)

@@ -85,3 +85,25 @@ class LayerCosts:
         gradient of layer k's output, which is J^M_{k+1}, the gradient of layer k+1's input)."""
         return tuple(np.array([float(f(batch)) for f in fns])
                      for fns in (self.forward, self.backward, self.send_forward, self.send_backward))
+
+
+@dataclass(frozen=True)
+class PiecewiseLinear:
+    """A measured time function: linear between measured micro-batch sizes.
+
+    Beyond the measurements (stated rule): below the smallest size the time stays at the smallest
+    size's time (small batches are dominated by fixed overheads, so time does not fall to zero);
+    above the largest it continues with the slope of the last segment, never below the last point.
+    """
+
+    sizes: tuple[float, ...]  # increasing
+    seconds: tuple[float, ...]
+
+    def __call__(self, batch):
+        b = np.asarray(batch, dtype=float)
+        xs, ys = np.asarray(self.sizes), np.asarray(self.seconds)
+        t = np.interp(b, xs, ys)
+        if len(xs) > 1:
+            slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+            t = np.where(b > xs[-1], ys[-1] + slope * (b - xs[-1]), t)
+        return t if t.ndim else float(t)

@@ -210,7 +210,7 @@ _ENTRIES: list[ZooEntry] = [
     ZooEntry("swin-tiny", "swin", "tiny Swin for CPU runs (not Swin-T)", _swin((1, 1, 2, 1), 16, (1, 2, 4, 8), 4, patch=2),
              _image(64, 10), tiny=True),
     ZooEntry("resnet-tiny", "resnet", "tiny ResNet for CPU runs", _resnet((1, 1, 1, 1), (16, 32, 64, 128), 16),
-             _image(32, 10), tiny=True),
+             _image(64, 10), tiny=True),
     ZooEntry("vgg-tiny", "sequential", "VGG-16 with 1/16 of the channels, for CPU runs",
              lambda i: cnn.vgg(16, i.num_classes, width_divisor=16), _image(32, 10), tiny=True),
     ZooEntry("alexnet-tiny", "sequential", "AlexNet with 1/8 of the channels, for CPU runs",

@@ -1,0 +1,1 @@
+"""Real measurements on hardware we have: per-layer times and link costs (touches devices)."""

@@ -36,6 +36,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/simulator_speed.py
+	$(BIN)/python benchmarks/profile_nonlinearity.py
+	$(BIN)/paraplan profile-links --out results/local-measured.toml
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

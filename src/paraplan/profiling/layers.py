@@ -7,7 +7,8 @@ timestamps at the layer boundaries:
     a hook on each layer's input tensors fires when that layer's backward has finished; the time
     between two such hooks is one layer's backward, run with exactly the saved tensors it keeps in
     training. The first layer's backward ends when `backward()` returns; the last layer's starts
-    when `backward()` is called (so it includes the loss's own tiny backward).
+    when `backward()` is called. The loss's forward and backward are counted in the last layer,
+    since the last pipeline stage computes it.
 Timing each layer in a separate autograd call instead adds a per-call engine start (tens of us on
 a CPU) to every layer, which is real per stage but not per layer; the chain keeps it out, so the
 per-layer sum can be checked against a plain training step.
@@ -77,6 +78,7 @@ def _step(layers, x, targets, loss_fn, device, params: set[int]):
             fwd[i], t = t_next - t, t_next
             outs.append(h)
     loss = loss_fn(h, targets)
+    fwd[-1] += now(device) - t  # the last stage computes the loss: it belongs to the last layer
     ends = [0.0] * n
     handles = []
     for i in range(1, n):
@@ -135,11 +137,15 @@ def profile_layers(layers: list[tuple[str, str, nn.Module]], make_batch: Callabl
     return timings
 
 
-def time_training_step(layers: list[tuple[str, str, nn.Module]], make_batch: Callable[[int], tuple],
-                       loss_fn, batch: int, device: torch.device, warmup: int, repeats: int) -> Timing:
-    """A plain training step (forward, loss, backward; no hooks, no marks): the honesty check."""
+def step_check(layers: list[tuple[str, str, nn.Module]], make_batch: Callable[[int], tuple], loss_fn, batch: int,
+               device: torch.device, warmup: int, repeats: int) -> tuple[Timing, float]:
+    """The honesty check: a plain training step (no hooks, no marks) against the sum of the
+    per-layer times, the two interleaved step by step so that both see the same machine (on a
+    shared CPU, conditions drift between runs by more than the gap being checked).
+    Returns (plain step timing, median over steps of the per-layer sum)."""
+    params = {id(p) for _, _, m in layers for p in m.parameters()}
     inputs, targets = make_batch(batch)
-    samples = []
+    plain, sums = [], []
     for r in range(warmup + repeats):
         t0 = now(device)
         h = inputs
@@ -149,6 +155,10 @@ def time_training_step(layers: list[tuple[str, str, nn.Module]], make_batch: Cal
         t1 = now(device)
         for _, _, layer in layers:
             layer.zero_grad(set_to_none=True)
+        f, b, _, _ = _step(layers, inputs, targets, loss_fn, device, params)
+        for _, _, layer in layers:
+            layer.zero_grad(set_to_none=True)
         if r >= warmup:
-            samples.append(t1 - t0)
-    return timing_of(samples)
+            plain.append(t1 - t0)
+            sums.append(sum(f) + sum(b))
+    return timing_of(plain), sorted(sums)[len(sums) // 2]

@@ -3,8 +3,8 @@
 Timing on a shared CPU is noisy (shared/notes/runtime-on-cpu.md: medians of one layer differ
 1.3-1.9x between processes and runs), so: one thread by default, warm-up runs, the median of
 repeats with its spread, and two honesty checks in the profile itself:
-  - the sum of per-layer forward+backward medians against a measured whole training step at the
-    largest batch size (the gap is reported, target within 10% on the CPU);
+  - the sum of per-layer forward+backward times against a plain whole training step at the
+    largest batch size, the two interleaved (the gap is reported, target within 10% on the CPU);
   - repeatability: the largest batch size is timed a second time; the ratio per layer is kept.
 """
 
@@ -26,7 +26,8 @@ from paraplan.costs.profile import LayerProfile, Profile, StepCheck
 from paraplan.errors import ParaplanError
 from paraplan.models.adapters import decompose
 from paraplan.models.inputs import loss_fn, make_batch
-from paraplan.profiling.layers import profile_layers, time_training_step
+from paraplan.profiling.layers import profile_layers
+from paraplan.profiling.layers import step_check as measure_step_check
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,7 @@ def run_profile(work: Workload, device: torch.device, batch_sizes: list[int], th
     largest = batch_sizes[-1]
     check = None
     if step_check:
-        measured = time_training_step(work.layers, work.make_batch, work.loss, largest, device, warmup, repeats)
-        total = sum(layer.forward[-1].median_s + layer.backward[-1].median_s for layer in layers)
+        measured, total = measure_step_check(work.layers, work.make_batch, work.loss, largest, device, warmup, repeats)
         check = StepCheck(batch=largest, measured=measured, sum_of_layers_s=total)
     ratios: tuple[float, ...] = ()
     if repeat_check:

@@ -166,18 +166,8 @@ def cluster_to_dict(cluster: Cluster) -> dict:
 
 def write_cluster_file(cluster: Cluster, path: str | Path) -> None:
     """Write atomically: a half-written cluster file is never left behind."""
-    import os
-    import tempfile
-
     import tomli_w
 
-    path = Path(path)
-    text = tomli_w.dumps(cluster_to_dict(cluster))
-    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from paraplan.fileio import atomic_write_text
+
+    atomic_write_text(path, tomli_w.dumps(cluster_to_dict(cluster)))

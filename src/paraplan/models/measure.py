@@ -25,6 +25,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from paraplan.models.adapters import decompose
 from paraplan.models.inputs import make_batch
 from paraplan.models.spec import Affine, InputSpec, LayerSpec, ModelSpec
+from paraplan.models.tensors import float_nbytes, nbytes, tensors
 from paraplan.models.zoo import BuiltModel
 
 # Two batch sizes for the affine fit; 1 is avoided because some kernels special-case it.
@@ -47,20 +48,6 @@ class _KernelCounter(TorchDispatchMode):
         if func.__name__.split(".")[0] not in _NO_KERNEL:
             self.count += 1
         return func(*args, **(kwargs or {}))
-
-
-def _tensors(value) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
-
-
-def _nbytes(value) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(value))
 
 
 def _detach_inputs(value):
@@ -92,7 +79,7 @@ def _measure_once(layer: nn.Module, x, params: set[int]) -> tuple[object, dict[s
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = layer(x)
     fwd_kernels = kernels.count
-    outputs = [t for t in _tensors(y) if t.requires_grad]
+    outputs = [t for t in tensors(y) if t.requires_grad]
     bwd_kernels = _KernelCounter()
     with FlopCounterMode(display=False) as bwd_flops, bwd_kernels:
         if outputs:
@@ -100,8 +87,8 @@ def _measure_once(layer: nn.Module, x, params: set[int]) -> tuple[object, dict[s
     stats = {
         "fwd_flops": fwd_flops.get_total_flops(),
         "bwd_flops": bwd_flops.get_total_flops(),
-        "out_bytes": _nbytes(y),
-        "out_grad_bytes": sum(t.numel() * t.element_size() for t in _tensors(y) if t.is_floating_point()),
+        "out_bytes": nbytes(y),
+        "out_grad_bytes": float_nbytes(y),
         "saved_bytes": sum(saved.values()),
         "fwd_ops": fwd_kernels,
         "bwd_ops": bwd_kernels.count,
@@ -151,7 +138,7 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
     input_bytes = []
     for batch in _FIT_BATCHES:
         x, _ = make_batch(inputs, batch, device=device)
-        input_bytes.append(_nbytes(x))
+        input_bytes.append(nbytes(x))
         stats = []
         for _, _, module in layers:
             x, s = _measure_once(module, x, params)

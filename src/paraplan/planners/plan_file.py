@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
+from paraplan.fileio import atomic_write_text
 from paraplan.planners.plan import (
     FORMAT_VERSION,
     DeviceMemory,
@@ -206,13 +205,4 @@ def read_plan(path: str | Path) -> Plan:
 
 def write_plan(plan: Plan, path: str | Path) -> None:
     """Validate first, then write atomically: nothing half-written is left behind."""
-    text = plan_to_json(plan)
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, plan_to_json(plan))

@@ -26,6 +26,7 @@ from torch import nn
 
 from paraplan.costs.profile import Timing
 from paraplan.errors import ParaplanError
+from paraplan.models.tensors import nbytes, tensors
 from paraplan.profiling.timing import now, timing_of
 
 
@@ -36,20 +37,6 @@ class LayerTiming:
     backward: Timing
     output_bytes: int
     saved_bytes: int  # measured on the real tensors, defined as in models/measure.py
-
-
-def _tensors(value) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
-
-
-def _nbytes(value) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(value))
 
 
 def _step(layers, x, targets, loss_fn, device, params: set[int]):
@@ -82,8 +69,8 @@ def _step(layers, x, targets, loss_fn, device, params: set[int]):
     ends = [0.0] * n
     handles = []
     for i in range(1, n):
-        passed = {id(o) for o in _tensors(outs[i])}
-        marks = [v for v in _tensors(outs[i - 1]) if v.requires_grad and id(v) not in passed]
+        passed = {id(o) for o in tensors(outs[i])}
+        marks = [v for v in tensors(outs[i - 1]) if v.requires_grad and id(v) not in passed]
         if not marks:
             raise ParaplanError(f"layer {layers[i][0]}: no floating-point input to time its backward by")
         remaining = [len(marks)]
@@ -105,7 +92,7 @@ def _step(layers, x, targets, loss_fn, device, params: set[int]):
     for i in reversed(range(n)):
         bwd[i] = max(0.0, ends[i] - previous)
         previous = ends[i]
-    return fwd, bwd, [_nbytes(o) for o in outs], [sum(s.values()) for s in saved]
+    return fwd, bwd, [nbytes(o) for o in outs], [sum(s.values()) for s in saved]
 
 
 def profile_layers(layers: list[tuple[str, str, nn.Module]], make_batch: Callable[[int], tuple], loss_fn,

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
 from paraplan.costs.profile import LayerProfile, Profile, StepCheck, Timing
 from paraplan.errors import ParaplanError
+from paraplan.fileio import atomic_write_text
 
 FORMAT_VERSION = 1
 
@@ -90,13 +89,4 @@ def read_profile(path: str | Path) -> Profile:
 
 
 def write_profile(profile: Profile, path: str | Path) -> None:
-    path = Path(path)
-    text = json.dumps(profile_to_dict(profile), indent=1) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, json.dumps(profile_to_dict(profile), indent=1) + "\n")

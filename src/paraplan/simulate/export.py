@@ -6,27 +6,15 @@ This module writes files; the simulator itself does not.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from paraplan.fileio import atomic_write
 from paraplan.simulate.engine import Timeline
 
 COLOURS = {"forward": "#4C72B0", "backward": "#55A868", "backward_part": "#55A868", "send_forward": "#DD8452",
            "send_backward": "#C44E52", "allreduce": "#8172B3", "allgather": "#8172B3", "reducescatter": "#8172B3",
            "op": "#4C72B0", "transfer": "#DD8452"}
 LANE_OFFSETS = {"compute": 0.0, "send": 0.34, "recv": 0.34, "collective": 0.34}
-
-
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def gantt(timeline: Timeline, path: str | Path, title: str = "", devices: list[int] | None = None) -> None:
@@ -67,7 +55,7 @@ def gantt(timeline: Timeline, path: str | Path, title: str = "", devices: list[i
                        Patch(color=COLOURS["allreduce"], label="all-reduce")],
               loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=5, frameon=False, fontsize=8)
     fig.tight_layout()
-    _atomic_write(Path(path), lambda tmp: fig.savefig(tmp, dpi=130))
+    atomic_write(Path(path), lambda tmp: fig.savefig(tmp, dpi=130))
     plt.close(fig)
 
 
@@ -86,4 +74,4 @@ def chrome_trace(timeline: Timeline, path: str | Path, name: str = "paraplan") -
         for lane, tid in tids.items():
             events.append({"name": "thread_name", "ph": "M", "pid": d, "tid": tid, "args": {"name": lane}})
     doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"source": name}}
-    _atomic_write(Path(path), lambda tmp: Path(tmp).write_text(json.dumps(doc)))
+    atomic_write(Path(path), lambda tmp: Path(tmp).write_text(json.dumps(doc)))

@@ -90,6 +90,12 @@ def test_piecewise_linear_rule_beyond_the_measurements():
     assert np.allclose(f(np.array([2.0, 8.0])), [1.0, 2.5])
 
 
+def test_alpha_beta_fit_never_gives_a_negative_slope():
+    sizes = [1024, 4096, 16384]
+    fit = fit_alpha_beta(sizes, [2e-3, 1e-3, 1.1e-3])  # latency noise hides the bandwidth
+    assert fit.bandwidth_bytes_per_s <= 16384 / 1.1e-3 * (1 + 1e-9) and fit.latency_s >= 0
+
+
 def test_alpha_beta_fit_recovers_known_values():
     sizes = np.array([2**k for k in range(10, 28, 2)], dtype=float)
     fit = fit_alpha_beta(sizes, 1.5e-3 + sizes / 2.2e9)
@@ -108,7 +114,7 @@ def _cli(*args, timeout=300):
 
 def test_profile_links_measures_real_processes(tmp_path):
     out = tmp_path / "cluster.toml"
-    res = _cli("profile-links", "--nproc", "2", "--max-bytes", str(2**18), "--out", str(out))
+    res = _cli("profile-links", "--nproc", "2", "--max-bytes", str(2**20), "--out", str(out))
     assert res.returncode == 0, res.stderr
     cluster = load_cluster(str(out))
     link = cluster.link(0, 1)

@@ -118,7 +118,7 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
     owned: list[tuple[int, int, int, tuple[int, ...]]] = []  # (count, bytes, shared bytes, owners) per layer
     owner_of: dict[int, int] = {}
     for index, (_, _, module) in enumerate(layers):
-        count = nbytes = shared = 0
+        count = owned_bytes = shared = 0
         owners: set[int] = set()
         for p in module.parameters():
             if id(p) in owner_of:
@@ -127,8 +127,8 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
             else:
                 owner_of[id(p)] = index
                 count += p.numel()
-                nbytes += p.numel() * p.element_size()
-        owned.append((count, nbytes, shared, tuple(sorted(owners))))
+                owned_bytes += p.numel() * p.element_size()
+        owned.append((count, owned_bytes, shared, tuple(sorted(owners))))
     params = {id(p) for _, _, m in layers for p in m.parameters()}
     # Meta for zoo models; a user's small module built on the CPU is measured where it lives.
     first = next((p for _, _, m in layers for p in m.parameters()), None)
@@ -150,9 +150,9 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
     specs = []
     for i, (layer_name, kind, _) in enumerate(layers):
         small, large = per_batch[0][i], per_batch[1][i]
-        count, nbytes, shared, owners = owned[i]
+        count, owned_bytes, shared, owners = owned[i]
         specs.append(LayerSpec(
-            index=i, name=layer_name, kind=kind, param_count=count, param_bytes=nbytes, shared_param_bytes=shared,
+            index=i, name=layer_name, kind=kind, param_count=count, param_bytes=owned_bytes, shared_param_bytes=shared,
             shared_owners=owners,
             forward_flops=_fit(small["fwd_flops"], large["fwd_flops"]),
             backward_flops=_fit(small["bwd_flops"], large["bwd_flops"]),

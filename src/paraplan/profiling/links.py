@@ -47,6 +47,11 @@ def fit_alpha_beta(sizes, seconds) -> LinkFit:
     """Least squares of t = alpha + n / beta, weighted by 1 / t (relative errors)."""
     x, y = np.asarray(sizes, float), np.asarray(seconds, float)
     slope, intercept = np.polyfit(x, y, 1, w=1.0 / y)
+    if slope <= 0:
+        # Noise on latency-bound sizes can tilt the line down; the best throughput observed still
+        # bounds the bandwidth from above, so use it and refit the latency alone.
+        slope = float(np.min(y / x))
+        intercept = float(np.average(y - slope * x, weights=1.0 / y))
     pred = intercept + slope * x
     ss_res = float(((y - pred) ** 2).sum())
     ss_tot = float(((y - y.mean()) ** 2).sum()) or 1.0

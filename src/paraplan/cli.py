@@ -102,13 +102,9 @@ def _cmd_inspect(args) -> int:
 def _cmd_simulate(args) -> int:
     from dataclasses import replace
 
-    from rich.progress import Progress
-
     from paraplan.costs.memory import GIB, MemoryConfig
-    from paraplan.costs.model import analytic_cost_model
     from paraplan.hardware import load_cluster
     from paraplan.hardware.cluster import Cluster, NodeSpec
-    from paraplan.models import measure, zoo
     from paraplan.planners.plan_file import plan_to_dict, read_plan, write_plan
     from paraplan.report import console, simulation_table
     from paraplan.simulate.export import chrome_trace, gantt
@@ -124,18 +120,8 @@ def _cmd_simulate(args) -> int:
             for n in cluster.nodes))
     if args.overlap_slowdown < 1:
         raise ParaplanError(f"--overlap-slowdown must be at least 1, got {args.overlap_slowdown}")
-    built = zoo.build(plan.model, device="meta", seq_len=args.seq_len, image_size=args.image_size)
-    with Progress(transient=True, console=console(stderr=True)) as progress:
-        task = progress.add_task(f"measuring {built.name} on meta", total=2 * measure.count_layers(built))
-        spec = measure.measure(built, progress=lambda: progress.advance(task))
-    if args.profile:
-        from paraplan.costs.model import profile_cost_model
-        from paraplan.profiling.profile_file import read_profile
-
-        cm = profile_cost_model(spec, cluster, read_profile(args.profile), memory=MemoryConfig(),
-                                overlap_slowdown=args.overlap_slowdown)
-    else:
-        cm = analytic_cost_model(spec, cluster, memory=MemoryConfig(), overlap_slowdown=args.overlap_slowdown)
+    _, spec = _measured_model(plan.model, args.seq_len, args.image_size)
+    cm = _cost_model(args, spec, cluster, memory=MemoryConfig(), overlap_slowdown=args.overlap_slowdown)
     sim = simulate_plan(plan, cm)
     if args.gantt:
         gantt(sim.timeline, args.gantt, title=f"{plan.model} on {cluster.name}: {plan.schedule}, {plan.n_stages} stages, "
@@ -151,6 +137,64 @@ def _cmd_simulate(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         console().print(simulation_table(sim, cluster))
+    return 0
+
+
+def _cost_model(args, spec, cluster, **kwargs):
+    from paraplan.costs.model import analytic_cost_model, profile_cost_model
+
+    if getattr(args, "profile", None):
+        from paraplan.profiling.profile_file import read_profile
+
+        return profile_cost_model(spec, cluster, read_profile(args.profile), **kwargs)
+    return analytic_cost_model(spec, cluster, **kwargs)
+
+
+def _measured_model(name: str, seq_len, image_size):
+    from rich.progress import Progress
+
+    from paraplan.models import measure, zoo
+    from paraplan.report import console
+
+    built = zoo.build(name, device="meta", seq_len=seq_len, image_size=image_size)
+    with Progress(transient=True, console=console(stderr=True)) as progress:
+        task = progress.add_task(f"measuring {built.name} on meta", total=2 * measure.count_layers(built))
+        return built, measure.measure(built, progress=lambda: progress.advance(task))
+
+
+def _cmd_plan(args) -> int:
+    from paraplan.hardware import load_cluster
+    from paraplan.planners.pipeline_split import plan_split
+    from paraplan.planners.plan_file import plan_to_dict, write_plan
+    from paraplan.report import console, simulation_table
+    from paraplan.simulate.predict import simulate_plan
+
+    require_positive(args.batch, "--batch")
+    if args.stages is not None:
+        require_positive(args.stages, "--stages")
+    if args.micro_batches is not None:
+        require_positive(args.micro_batches, "--micro-batches")
+    require_positive(args.eta, "--eta")
+    cluster = load_cluster(args.cluster)
+    built, spec = _measured_model(args.model, args.seq_len, args.image_size)
+    cm = _cost_model(args, spec, cluster)
+    with console(stderr=True).status(f"planning with {args.planner}"):
+        plan = plan_split(cm, built.name, args.cluster, args.batch, args.planner, n_stages=args.stages,
+                          n_micro=args.micro_batches, eta=args.eta, seed=args.seed)
+        sim = simulate_plan(plan, cm)
+    write_plan(sim.plan, args.out)
+    if args.json:
+        d = plan_to_dict(sim.plan)
+        print(json.dumps({"planner": args.planner, "out": args.out, "n_stages": sim.plan.n_stages,
+                          "n_micro": sim.plan.n_micro, "layers": [s["layers"] for s in d["stages"]],
+                          "prediction": d["prediction"], "search": d["search"]}, indent=2))
+    else:
+        console().print(simulation_table(sim, cluster))
+        opts = dict(sim.plan.search.options)
+        console().print(f"{args.planner}: {sim.plan.n_stages} stages "
+                        f"{[f'{s.layers.start}..{s.layers.stop - 1}' for s in sim.plan.stages]}, "
+                        f"{sim.plan.n_micro} micro-batches; eq. (8) {opts['eq8_time_s']:.6g} s; searched in "
+                        f"{sim.plan.search.search_s:.3g} s; plan written to {args.out}")
     return 0
 
 
@@ -249,6 +293,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=int, default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_inspect)
+
+    from paraplan.planners.pipeline_split import PLANNERS
+
+    p = sub.add_parser("plan", help="find a plan: pipeline stages and micro-batch count (CSIMD and baselines)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--cluster", required=True, help="preset name or TOML file")
+    p.add_argument("--batch", type=int, required=True, help="global batch size (samples per iteration)")
+    p.add_argument("--planner", default="csimd", help=f"one of {', '.join(PLANNERS)} (default csimd)")
+    p.add_argument("--stages", type=int, default=None, help="pipeline stages (default: all devices, at most K)")
+    p.add_argument("--micro-batches", type=int, default=None, help="fix the micro-batch count (GPipe-E-p)")
+    p.add_argument("--eta", type=int, default=1000, help="IMD weight groups (CSIMD's eta)")
+    p.add_argument("--seed", type=int, default=0, help="for the random baseline")
+    p.add_argument("--profile", default=None, help="measured profile in place of analytic costs")
+    p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--image-size", type=int, default=None)
+    p.add_argument("--out", default="plan.json")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("simulate", help="predict a plan's iteration time and memory with the simulator")
     p.add_argument("plan", help="plan JSON file")

@@ -1,0 +1,425 @@
+"""CSIMD (../shared/papers/csimd.md): joint pipeline partition and micro-batch count.
+
+Arrays, 0-based over the K layers (the paper counts from 1):
+    h_p[k]  forward compute of layer k                      (H^P_{k+1})
+    h_m[k]  sending layer k's output forward                (H^M_{k+1})
+    j_p[k]  backward compute of layer k                     (J^P_{k+1})
+    j_m[k]  sending the gradient of layer k's input back    (J^M_{k+1})
+A partition is the list `cuts` of the last layer of every stage but the final one (alpha_1 ..
+alpha_{N-1}, 0-based). A cut after layer a costs h_m[a] forward and j_m[a + 1] backward, eq. (7).
+For several micro-batch counts at once the arrays are 2-D: one row per candidate p.
+
+Deviations from the printed pseudo-code, with eq. (8) as the truth (CSIMD eqs. (6)-(8)):
+  1. Backward communication index: Algorithm 3 (line 4) and Algorithm 4 (P^(2)) use J^M at the
+     last layer of a stage; eq. (7) says B_i^M = J^M_{alpha_i + 1}, the gradient entering the
+     next stage. We use j_m[a + 1].
+  2. MASP's cut condition (Algorithm 3, line 6) cuts only when *both* limits are exceeded; a bin
+     must satisfy both, so we stop extending a bin as soon as *either* compute sum exceeds its
+     limit, and cut at the furthest end that satisfied both (compute and communication). This
+     greedy is optimal for the fewest bins (an exchange argument: its k-th bin never ends before
+     any other packing's k-th bin).
+  3. The final stage has no outgoing communication (F_N^M = B_N^M = 0 in eq. (6)); Algorithm 4's
+     P^(2) would count H^M of the last layer.
+  4. Algorithm 1 line 8 breaks on equality only; IMD minimises rho1 + rho2, not the whole of
+     T(lambda, p) (eq. (8) also has the cut-communication sum), so a new division can be worse for
+     T. We keep whichever of the two is better and stop when neither p nor lambda improves T.
+  5. IMD's search range: Algorithm 2 starts at D_min = max(max(H^P, J^P), min(H^M, J^M)) and
+     D_max = D1 + D2. With finitely many weights the paper's D_max need not be feasible, and a
+     tighter range only saves iterations, so we start from the valid lower bound
+     max(max h_p, sum h_p / N) + max(max j_p, sum j_p / N) and an upper bound that is feasible
+     for the weight grid (the even split's rho1 + rho2 times eta / (eta - 1), doubled until MASP
+     accepts it). eps defaults to 1e-7 of the lower bound, far below the eta error of Property 3.
+  6. A stage count below N is allowed when MASP packs into fewer bins (tau <= N, as Algorithm 2
+     accepts); the planner then leaves the extra devices idle rather than add a cut that costs
+     more.
+Beyond the paper: `imd_vectorised` runs all eta + 1 weights of one dichotomy step together in
+numpy (the paper's Table II slopes imply minutes at K = 50,000), and `exact_rho` returns the true
+optimum of rho1 + rho2 by walking the staircase of Pareto-optimal (rho1, rho2) pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_TOL = 1e-12  # relative slack on limits, so that a sum equal to a limit is not lost to rounding
+
+
+@dataclass(frozen=True)
+class Division:
+    cuts: tuple[int, ...]  # last layer of each stage but the final one (0-based)
+    rho1: float  # max over stages of max(F^P, F^M)
+    rho2: float  # max over stages of max(B^P, B^M)
+
+    @property
+    def objective(self) -> float:
+        return self.rho1 + self.rho2
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.cuts) + 1
+
+
+def _prefix(x: np.ndarray) -> np.ndarray:
+    return np.concatenate(([0.0], np.cumsum(x, dtype=float)))
+
+
+def _cut_costs(h_m: np.ndarray, j_m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward communication of a cut after each layer; 0 after the last layer."""
+    k = len(h_m)
+    cut_f = np.zeros(k)
+    cut_b = np.zeros(k)
+    cut_f[:-1] = h_m[:-1]
+    cut_b[:-1] = j_m[1:]
+    return cut_f, cut_b
+
+
+def evaluate(h_p, h_m, j_p, j_m, cuts) -> Division:
+    """rho1 and rho2 of a division (CSIMD eq. (8))."""
+    h_p, h_m, j_p, j_m = (np.asarray(x, float) for x in (h_p, h_m, j_p, j_m))
+    bounds = [0, *[c + 1 for c in cuts], len(h_p)]
+    p1, p2 = _prefix(h_p), _prefix(j_p)
+    f = np.array([p1[b] - p1[a] for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+    b = np.array([p2[e] - p2[a] for a, e in zip(bounds[:-1], bounds[1:], strict=True)])
+    cf = np.array([h_m[c] for c in cuts] + [0.0])
+    cb = np.array([j_m[c + 1] for c in cuts] + [0.0])
+    return Division(tuple(int(c) for c in cuts), float(np.maximum(f, cf).max()), float(np.maximum(b, cb).max()))
+
+
+def total_time(h_p, h_m, j_p, j_m, cuts, n_micro: int) -> float:
+    """T(lambda, p), CSIMD eq. (8)."""
+    d = evaluate(h_p, h_m, j_p, j_m, cuts)
+    h_m, j_m = np.asarray(h_m, float), np.asarray(j_m, float)
+    cut_comm = sum(h_m[c] + j_m[c + 1] for c in cuts)
+    return float(np.sum(h_p) + np.sum(j_p) + cut_comm + (n_micro - 1) * d.objective)
+
+
+# --------------------------------------------------------------------------- MASP (Algorithm 3)
+def masp(h_p, h_m, j_p, j_m, v1: float, v2: float, max_bins: int | None = None) -> tuple[int, tuple[int, ...]]:
+    """Fewest contiguous bins with every bin's forward terms <= v1 and backward terms <= v2.
+
+    Returns (tau, cuts); tau is a large number when no packing exists, and counting stops at
+    max_bins + 1 when max_bins is given.
+    """
+    h_p, h_m, j_p, j_m = (np.asarray(x, float) for x in (h_p, h_m, j_p, j_m))
+    k = len(h_p)
+    p1, p2 = _prefix(h_p), _prefix(j_p)
+    cut_f, cut_b = _cut_costs(h_m, j_m)
+    valid = (cut_f <= v1 * (1 + _TOL)) & (cut_b <= v2 * (1 + _TOL))
+    last_valid = np.maximum.accumulate(np.where(valid, np.arange(k), -1))
+    limit = max_bins + 1 if max_bins is not None else k + 1
+    start, cuts = 0, []
+    while True:
+        e1 = np.searchsorted(p1, p1[start] + v1 * (1 + _TOL), side="right") - 2
+        e2 = np.searchsorted(p2, p2[start] + v2 * (1 + _TOL), side="right") - 2
+        end = min(e1, e2, k - 1)
+        if end < start:
+            return k + 1, tuple(cuts)  # one layer alone exceeds a limit: no packing
+        if end == k - 1:
+            return len(cuts) + 1, tuple(cuts)
+        a = int(last_valid[end])
+        if a < start:
+            return k + 1, tuple(cuts)
+        cuts.append(a)
+        start = a + 1
+        if len(cuts) + 1 > limit:
+            return len(cuts) + 1, tuple(cuts)
+
+
+def _masp_weights(p1, p2, cut_f, cut_b, v1: np.ndarray, v2: np.ndarray, n_stages: int):
+    """MASP for many (v1, v2) at once; returns (feasible mask, cut history (steps x W))."""
+    k = len(cut_f)
+    w = len(v1)
+    start = np.zeros(w, dtype=np.int64)
+    done = np.zeros(w, dtype=bool)
+    dead = np.zeros(w, dtype=bool)
+    history = []
+    lim1, lim2 = v1 * (1 + _TOL), v2 * (1 + _TOL)
+    for _ in range(n_stages):
+        active = ~(done | dead)
+        if not active.any():
+            break
+        end = np.minimum(np.searchsorted(p1, p1[start] + lim1, side="right") - 2,
+                         np.searchsorted(p2, p2[start] + lim2, side="right") - 2)
+        end = np.minimum(end, k - 1)
+        dead |= active & (end < start)
+        finish = active & ~dead & (end == k - 1)
+        done |= finish
+        cont = active & ~dead & ~finish
+        a = end.copy()
+        idx = np.clip(a, 0, k - 1)
+        bad = cont & ~((cut_f[idx] <= lim1) & (cut_b[idx] <= lim2))
+        while bad.any():  # step back to the furthest end whose cut communication also fits
+            a[bad] -= 1
+            bad &= a >= start
+            idx = np.clip(a, 0, k - 1)
+            bad &= ~((cut_f[idx] <= lim1) & (cut_b[idx] <= lim2))
+        dead |= cont & (a < start)
+        cont &= ~dead
+        history.append(np.where(cont, a, -1))
+        start = np.where(cont, a + 1, start)
+    return done, history
+
+
+# --------------------------------------------------------------------------- IMD (Algorithm 2)
+def imd(h_p, h_m, j_p, j_m, n_stages: int, eta: int = 1000, eps: float | None = None) -> Division:
+    """Improved multi-dimensional dichotomy: minimise rho1 + rho2 for a fixed micro-batch count.
+
+    All eta + 1 weight vectors w_i = (i/eta, 1 - i/eta) of a dichotomy step are checked together;
+    the first feasible one (lowest i, as Algorithm 2's `break`) gives the division.
+    """
+    h_p, h_m, j_p, j_m = (np.asarray(x, float) for x in (h_p, h_m, j_p, j_m))
+    k = len(h_p)
+    if n_stages < 1:
+        raise ValueError(f"need at least one stage, got {n_stages}")
+    n_stages = min(n_stages, k)  # at most one stage per layer
+    p1, p2 = _prefix(h_p), _prefix(j_p)
+    cut_f, cut_b = _cut_costs(h_m, j_m)
+    weights = np.arange(eta + 1) / eta
+    lower = max(h_p.max(), p1[-1] / n_stages) + max(j_p.max(), p2[-1] / n_stages)
+    even = evaluate(h_p, h_m, j_p, j_m, even_cuts(k, n_stages))
+    upper = even.objective * eta / max(eta - 1, 1) * (1 + 1e-9)
+    eps = eps if eps is not None else 1e-7 * lower
+
+    def check(d: float):
+        ok, history = _masp_weights(p1, p2, cut_f, cut_b, weights * d, (1 - weights) * d, n_stages)
+        if not ok.any():
+            return None
+        i = int(np.argmax(ok))
+        return tuple(int(h[i]) for h in history if h[i] >= 0)
+
+    best = check(upper)
+    while best is None:  # the weight grid may miss the even split's exact proportion: widen
+        upper *= 2
+        best = check(upper)
+    while upper - lower >= eps:
+        mean = (upper + lower) / 2
+        cuts = check(mean)
+        if cuts is not None:
+            upper, best = mean, cuts
+        else:
+            lower = mean
+    return evaluate(h_p, h_m, j_p, j_m, best)
+
+
+def even_cuts(n_layers: int, n_stages: int) -> tuple[int, ...]:
+    """Equal layer counts (GPipe-E's division)."""
+    bounds = [round(i * n_layers / n_stages) for i in range(n_stages + 1)]
+    return tuple(b - 1 for b in bounds[1:-1])
+
+
+# --------------------------------------------------------------------------- exact rho1 + rho2
+def _least_limit(h_p, h_m, j_p, j_m, n_stages, other, lo, hi, forward: bool):
+    """The least forward limit (forward=True; the backward limit fixed at `other`) or the least
+    backward limit (forward=False; the forward limit fixed at `other`) that MASP can pack into
+    n_stages bins, by bisection in [lo, hi]; None if even hi fails."""
+    def feasible(x):
+        v1, v2 = (x, other) if forward else (other, x)
+        return masp(h_p, h_m, j_p, j_m, v1, v2, n_stages)[0] <= n_stages
+
+    if not feasible(hi):
+        return None
+    while hi - lo > _TOL * 100 * hi:
+        mid = (lo + hi) / 2
+        if feasible(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def exact_rho(h_p, h_m, j_p, j_m, n_stages: int, eta_bound: int = 100) -> Division:
+    """The true minimum of rho1 + rho2 (not an eta-approximation).
+
+    The feasible (rho1, rho2) pairs form a staircase: f(v1) = the least v2 that MASP can pack with
+    v1 is non-increasing. The optimum of v1 + v2 lies on a corner, so we walk the corners: from
+    v1, take v2 = f(v1); the next corner has the least v1 that allows any v2 below this one.
+    Only corners that can beat a known division matter: IMD with a coarse weight grid gives one
+    (objective U), and a corner (v1, v2) can win only if v1 <= U - r2 and v2 <= U - r1, where r1
+    and r2 are the least rho1 and rho2 any division reaches on its own; that confines the walk to
+    a narrow window. Limits are found by bisection to 1e-10 relative
+    and snapped to the division MASP returns, whose rho values are achieved exactly.
+    """
+    h_p, h_m, j_p, j_m = (np.asarray(x, float) for x in (h_p, h_m, j_p, j_m))
+    k = len(h_p)
+    if n_stages < 1:
+        raise ValueError(f"need at least one stage, got {n_stages}")
+    n_stages = min(n_stages, k)  # at most one stage per layer
+    cut_f, cut_b = _cut_costs(h_m, j_m)
+    top1 = float(h_p.sum() + cut_f.max())
+    top2 = float(j_p.sum() + cut_b.max())
+    low1 = max(h_p.max(), h_p.sum() / n_stages)
+    low2 = max(j_p.max(), j_p.sum() / n_stages)
+    best = imd(h_p, h_m, j_p, j_m, n_stages, eta=eta_bound)
+    r1 = _least_limit(h_p, h_m, j_p, j_m, n_stages, top2, low1, top1, forward=True)
+    r2 = _least_limit(h_p, h_m, j_p, j_m, n_stages, top1, low2, top2, forward=False)
+    # the first corner worth visiting: the least v1 that allows v2 <= U - r1
+    v1 = _least_limit(h_p, h_m, j_p, j_m, n_stages, best.objective - r1, r1, top1, forward=True)
+    while v1 is not None and v1 <= best.objective - r2:
+        v2 = _least_limit(h_p, h_m, j_p, j_m, n_stages, v1, low2, top2, forward=False)
+        _, cuts = masp(h_p, h_m, j_p, j_m, v1, v2, n_stages)
+        d = evaluate(h_p, h_m, j_p, j_m, cuts)
+        if d.objective < best.objective:
+            best = d
+        below = d.rho2 * (1 - 1e-9)  # strictly below the current corner's rho2
+        if below < r2:
+            break
+        v1 = _least_limit(h_p, h_m, j_p, j_m, n_stages, below, max(r1, d.rho1), top1, forward=True)
+    return best
+
+
+def exact_time(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, upper: float | None = None) -> tuple[int, ...]:
+    """The division minimising the whole of T(lambda, p) for one p (eq. (8)), exactly.
+
+    IMD (and `exact_rho`) minimise rho1 + rho2, which eq. (8) weighs by p - 1; eq. (8) also adds the
+    communication of every cut, which they ignore, so at small p a division with cheaper cuts can
+    beat theirs. Here a dynamic program over (last layer, stages) keeps every non-dominated
+    (rho1, rho2, cut communication) triple, pruned by the best T known (`upper`, e.g. IMD's).
+    Its cost grows with the number of triples, so it is for models with up to a few hundred layers.
+    """
+    h_p, h_m, j_p, j_m = (np.asarray(x, float) for x in (h_p, h_m, j_p, j_m))
+    k = len(h_p)
+    n_stages = max(1, min(n_stages, k))
+    w = n_micro - 1
+    p1, p2 = _prefix(h_p), _prefix(j_p)
+    cut_f, cut_b = _cut_costs(h_m, j_m)
+    cut_c = cut_f + cut_b
+    base = float(p1[-1] + p2[-1])
+    if upper is None:
+        upper = total_time(h_p, h_m, j_p, j_m, imd(h_p, h_m, j_p, j_m, n_stages, eta=100).cuts, n_micro)
+    budget = upper - base + 1e-12 * abs(upper)
+    # fronts[j]: triples (rho1, rho2, comm, cuts) for layers 0..j with a stage ending at j
+    fronts: list[list[tuple[float, float, float, tuple[int, ...]]]] = [[] for _ in range(k)]
+    best = None
+    layer_fronts = [fronts]
+    for n in range(1, n_stages + 1):
+        new: list[list[tuple[float, float, float, tuple[int, ...]]]] = [[] for _ in range(k)]
+        for j in range(n - 1, k):
+            comm_j = cut_c[j] if j < k - 1 else 0.0
+            cf_j = cut_f[j] if j < k - 1 else 0.0
+            cb_j = cut_b[j] if j < k - 1 else 0.0
+            cand = []
+            starts = [(-1, (0.0, 0.0, 0.0, ()))] if n == 1 else [
+                (i, t) for i in range(n - 2, j) for t in layer_fronts[-1][i]]
+            for i, (r1, r2, c, cuts) in starts:
+                a = max(r1, p1[j + 1] - p1[i + 1], cf_j)
+                b = max(r2, p2[j + 1] - p2[i + 1], cb_j)
+                cc = c + comm_j
+                if cc + w * (a + b) > budget:
+                    continue
+                cand.append((a, b, cc, cuts if i < 0 else (*cuts, i)))
+            cand.sort()
+            kept: list[tuple[float, float, float, tuple[int, ...]]] = []
+            for t in cand:  # keep the non-dominated triples
+                if not any(o[0] <= t[0] and o[1] <= t[1] and o[2] <= t[2] for o in kept):
+                    kept.append(t)
+            new[j] = kept
+        layer_fronts.append(new)
+        for r1, r2, c, cuts in new[k - 1]:
+            value = c + w * (r1 + r2)
+            if best is None or value < best[0]:
+                best = (value, cuts)
+    if best is None:  # nothing beat the bound: the bound's own division is optimal
+        return imd(h_p, h_m, j_p, j_m, n_stages, eta=100).cuts
+    return best[1]
+
+
+# --------------------------------------------------------------------------- ODPA (Algorithm 4)
+def odpa(h_p, h_m, j_p, j_m, cuts, n_micro_values) -> np.ndarray:
+    """T(lambda, p) for every candidate p at once, by the matrix products of Algorithm 4.
+
+    Arrays are (n_candidates x K): row r holds the time functions at micro-batch size B / p_r.
+    Returns Z, one T per candidate; argmin(Z) is the optimal p for this division.
+    """
+    q1, q2, q3, q4 = (np.atleast_2d(np.asarray(x, float)) for x in (h_p, h_m, j_p, j_m))
+    k = q1.shape[1]
+    bounds = [0, *[c + 1 for c in cuts], k]
+    n = len(bounds) - 1
+    members = np.zeros((k, n))  # P^(1): layer j in stage i
+    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        members[a:b, i] = 1.0
+    sends = np.zeros((k, n))  # P^(2) for H^M: the stage's last layer, none for the final stage
+    grads = np.zeros((k, n))  # for J^M: the layer after the cut (deviation 1)
+    for i, c in enumerate(cuts):
+        sends[c, i] = 1.0
+        grads[c + 1, i] = 1.0
+    p = np.asarray(n_micro_values, float)
+    f_p, f_m, b_p, b_m = q1 @ members, q2 @ sends, q3 @ members, q4 @ grads
+    u1 = np.maximum(f_p.max(axis=1), f_m.max(axis=1)) * (p - 1)
+    u2 = np.maximum(b_p.max(axis=1), b_m.max(axis=1)) * (p - 1)
+    return f_p.sum(axis=1) + f_m.sum(axis=1) + b_p.sum(axis=1) + b_m.sum(axis=1) + u1 + u2
+
+
+# --------------------------------------------------------------------------- cross-search (Algorithm 1)
+@dataclass(frozen=True)
+class CrossSearchResult:
+    cuts: tuple[int, ...]
+    n_micro: int
+    time_s: float  # T(lambda, p), eq. (8)
+    iterations: int
+
+
+def cross_search(h_p, h_m, j_p, j_m, n_micro_values, n_stages: int, start: int | None = None,
+                 method: str = "imd", eta: int = 1000, cache: dict | None = None) -> CrossSearchResult:
+    """Algorithm 1: alternate the best division for p and the best p for a division (ODPA) until
+    T stops improving. Arrays are (candidates x K), one row per p. The division comes from IMD
+    (the paper), the exact minimum of rho1 + rho2 ("exact"), or the exact minimum of T itself for
+    that p ("exact-time", beyond the paper). `cache` shares divisions between runs."""
+    q = [np.atleast_2d(np.asarray(x, float)) for x in (h_p, h_m, j_p, j_m)]
+    ps = list(n_micro_values)
+    cache = {} if cache is None else cache
+
+    def divide(r: int) -> tuple[int, ...]:
+        key = (method, r)
+        if key not in cache:
+            arrays = [x[r] for x in q]
+            if method == "imd":
+                cache[key] = imd(*arrays, n_stages, eta=eta).cuts
+            elif method == "exact":
+                cache[key] = exact_rho(*arrays, n_stages).cuts
+            elif method == "exact-time":
+                cache[key] = exact_time(*arrays, n_stages, ps[r])
+            else:
+                raise ValueError(f"unknown method {method!r}")
+        return cache[key]
+
+    def time_at(cuts, r: int) -> float:
+        return float(odpa(*(x[r:r + 1] for x in q), cuts, [ps[r]])[0])
+
+    row = ps.index(start) if start is not None else 0
+    cuts = divide(row)
+    t = time_at(cuts, row)
+    iterations = 0
+    while True:
+        iterations += 1
+        z = odpa(*q, cuts, ps)
+        new_row = int(np.argmin(z))
+        if z[new_row] >= t:  # line 5: no better p for this division
+            break
+        row, t = new_row, float(z[new_row])
+        new_cuts = divide(row)
+        new_t = time_at(new_cuts, row)
+        if new_t >= t:  # line 8 (deviation 4): the new division is no better for T
+            break
+        cuts, t = new_cuts, new_t
+    return CrossSearchResult(cuts=tuple(cuts), n_micro=ps[row], time_s=t, iterations=iterations)
+
+
+def search(h_p, h_m, j_p, j_m, n_micro_values, n_stages: int, method: str = "auto", eta: int = 1000,
+           starts=None) -> CrossSearchResult:
+    """Cross-search from several starting p (Algorithm 1 line 1 allows any), keeping the best.
+
+    method "auto": the exact minimum of T per p ("exact-time") while the model is small enough for
+    it (<= 300 layers), IMD beyond. With every candidate p as a start and "exact-time", the result
+    is the optimum of eq. (8) over all divisions and all p.
+    """
+    k = np.atleast_2d(np.asarray(h_p)).shape[1]
+    if method == "auto":
+        method = "exact-time" if k <= 300 else "imd"
+    ps = list(n_micro_values)
+    starts = ps if starts is None else list(starts)
+    cache: dict = {}
+    results = [cross_search(h_p, h_m, j_p, j_m, ps, n_stages, start=s, method=method, eta=eta, cache=cache)
+               for s in starts]
+    return min(results, key=lambda r: r.time_s)

@@ -1,0 +1,113 @@
+"""Partition baselines CSIMD is compared with, all judged on the same objective (CSIMD eq. (8)).
+
+Arrays follow planners/csimd.py (0-based layers; a cut after layer a costs h_m[a] forward and
+j_m[a + 1] backward). Each returns the `cuts` of a division; the micro-batch count is chosen by
+the caller (fixed, random, or ODPA).
+
+- `min_max_dp`: the exact O(N K^2) dynamic program of PipeDream / the methods CSIMD cites
+  ([15], [22], [24]): minimise the slowest stage, a stage costing
+  max(forward + backward compute, forward + backward communication of its cut). It optimises this
+  one-dimensional surrogate exactly, not rho1 + rho2.
+- `min_max_recursive`: the same recurrence evaluated top-down with memoisation (the "recursive
+  algorithm" of CSIMD Fig. 9); same answers, different speed.
+- `brute_force`: every division into at most N stages, for small K: the oracle for rho1 + rho2.
+- `even`: equal layer counts (GPipe-E); `random_cuts`: uniform random cuts (GPipe-R);
+  `balanced_1d`: the exact min-max split of one per-layer weight, used for parameter balance
+  (DeepSpeed's partition_method="parameters") and for time balance (torchgpipe's balance_by_time).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from functools import cache
+
+import numpy as np
+
+from paraplan.planners.csimd import Division, _cut_costs, evaluate, even_cuts
+
+__all__ = ["balanced_1d", "brute_force", "even_cuts", "min_max_dp", "min_max_recursive", "random_cuts"]
+
+
+def _stage_table(h_p, h_m, j_p, j_m):
+    compute = np.concatenate(([0.0], np.cumsum(np.asarray(h_p, float) + np.asarray(j_p, float))))
+    cut_f, cut_b = _cut_costs(np.asarray(h_m, float), np.asarray(j_m, float))
+    return compute, cut_f + cut_b
+
+
+def min_max_dp(h_p, h_m, j_p, j_m, n_stages: int) -> tuple[int, ...]:
+    """A[n][j] = min_i max(A[n-1][i], cost(i+1..j)); O(N K^2), vectorised over i."""
+    compute, comm = _stage_table(h_p, h_m, j_p, j_m)
+    k = len(comm)
+    n_stages = min(n_stages, k)
+    inf = np.inf
+    best = np.full((n_stages + 1, k), inf)  # best[n][j]: layers 0..j in n stages
+    choice = np.full((n_stages + 1, k), -1, dtype=np.int64)
+    best[1] = np.maximum(compute[1:], comm)
+    for n in range(2, n_stages + 1):
+        for j in range(n - 1, k):
+            i = np.arange(n - 2, j)  # previous stage ends at i
+            cost = np.maximum(best[n - 1][i], np.maximum(compute[j + 1] - compute[i + 1], comm[j]))
+            m = int(np.argmin(cost))
+            best[n][j], choice[n][j] = cost[m], i[m]
+    n = int(np.argmin(best[1:, k - 1])) + 1  # fewer stages are allowed when they are no slower
+    cuts, j = [], k - 1
+    while n > 1:
+        j = int(choice[n][j])
+        cuts.append(j)
+        n -= 1
+    return tuple(reversed(cuts))
+
+
+def min_max_recursive(h_p, h_m, j_p, j_m, n_stages: int) -> tuple[int, ...]:
+    compute, comm = _stage_table(h_p, h_m, j_p, j_m)
+    k = len(comm)
+
+    @cache
+    def solve(j: int, n: int) -> tuple[float, tuple[int, ...]]:
+        """The best division of layers 0..j into at most n stages."""
+        whole = max(compute[j + 1], comm[j])
+        if n == 1 or j == 0:
+            return whole, ()
+        best = (whole, ())
+        for i in range(j):
+            sub, cuts = solve(i, n - 1)
+            cost = max(sub, compute[j + 1] - compute[i + 1], comm[j])
+            if cost < best[0]:
+                best = (cost, (*cuts, i))
+        return best
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * n_stages + 1000))
+    try:
+        return solve(k - 1, min(n_stages, k))[1]
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def brute_force(h_p, h_m, j_p, j_m, n_stages: int, exactly: bool = False) -> Division:
+    """Minimum rho1 + rho2 over every division into at most (or exactly) n_stages stages."""
+    k = len(h_p)
+    best = None
+    counts = [n_stages] if exactly else range(1, n_stages + 1)
+    for n in counts:
+        for cuts in itertools.combinations(range(k - 1), n - 1):
+            d = evaluate(h_p, h_m, j_p, j_m, cuts)
+            if best is None or d.objective < best.objective:
+                best = d
+    return best
+
+
+def random_cuts(n_layers: int, n_stages: int, rng: np.random.Generator) -> tuple[int, ...]:
+    return tuple(sorted(int(c) for c in rng.choice(n_layers - 1, size=n_stages - 1, replace=False)))
+
+
+def balanced_1d(weights, n_stages: int) -> tuple[int, ...]:
+    """The exact min-max contiguous split of one weight per layer (no communication)."""
+    w = np.asarray(weights, float)
+    zeros = np.zeros_like(w)
+    return min_max_dp(w, zeros, zeros, zeros, n_stages)
+
+
+def even(n_layers: int, n_stages: int) -> tuple[int, ...]:
+    return even_cuts(n_layers, n_stages)

@@ -19,12 +19,16 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/paraplan models
+	$(BIN)/paraplan models --no-tiny
 	$(BIN)/paraplan clusters
-	$(BIN)/paraplan inspect gpt2-xl --batch 8 --cluster csimd-v100-10gbe
 	$(BIN)/paraplan inspect gpt2-tiny --batch 4 --cluster local
 	mkdir -p results
-	$(BIN)/paraplan simulate examples/gpt2-xl-1f1b-4x8.json --gantt results/demo-1f1b.png --trace results/demo-1f1b.trace.json
+	# the main job: plan GPT-2 XL over eight V100 servers with CSIMD, then look at the plan
+	$(BIN)/paraplan plan --model gpt2-xl --cluster csimd-v100-10gbe --batch 64 --planner csimd --out results/demo-plan.json
+	$(BIN)/paraplan plan --model vgg-16 --cluster csimd-v100-1gbe --batch 64 --stages 4 --planner even --micro-batches 4 --out results/demo-even.json
+	$(BIN)/paraplan plan --model vgg-16 --cluster csimd-v100-1gbe --batch 64 --stages 4 --planner csimd --out results/demo-vgg.json
+	$(BIN)/paraplan simulate results/demo-plan.json --gantt results/demo-plan.png --trace results/demo-plan.trace.json
+	$(BIN)/paraplan simulate examples/gpt2-xl-1f1b-4x8.json --gantt results/demo-1f1b.png
 	$(BIN)/paraplan simulate examples/resnet-50-gropipe-2x4.json
 	$(BIN)/paraplan simulate examples/bert-huge-32-dp8.json --memory-gib 12
 
@@ -36,6 +40,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/simulator_speed.py
+	$(BIN)/python benchmarks/csimd_eval.py
 	$(BIN)/python benchmarks/profile_nonlinearity.py
 	$(BIN)/paraplan profile-links --out results/local-measured.toml
 

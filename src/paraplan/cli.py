@@ -164,8 +164,8 @@ def _measured_model(name: str, seq_len, image_size):
 
 def _cmd_plan(args) -> int:
     from paraplan.hardware import load_cluster
-    from paraplan.planners.pipeline_split import plan_split
     from paraplan.planners.plan_file import plan_to_dict, write_plan
+    from paraplan.planners.registry import make_plan
     from paraplan.report import console, simulation_table
     from paraplan.simulate.predict import simulate_plan
 
@@ -179,8 +179,8 @@ def _cmd_plan(args) -> int:
     built, spec = _measured_model(args.model, args.seq_len, args.image_size)
     cm = _cost_model(args, spec, cluster)
     with console(stderr=True).status(f"planning with {args.planner}"):
-        plan = plan_split(cm, built.name, args.cluster, args.batch, args.planner, n_stages=args.stages,
-                          n_micro=args.micro_batches, eta=args.eta, seed=args.seed)
+        plan = make_plan(cm, built.name, args.cluster, args.batch, args.planner, n_stages=args.stages,
+                         n_micro=args.micro_batches, eta=args.eta, seed=args.seed)
         sim = simulate_plan(plan, cm)
     write_plan(sim.plan, args.out)
     if args.json:
@@ -191,10 +191,12 @@ def _cmd_plan(args) -> int:
     else:
         console().print(simulation_table(sim, cluster))
         opts = dict(sim.plan.search.options)
-        console().print(f"{args.planner}: {sim.plan.n_stages} stages "
-                        f"{[f'{s.layers.start}..{s.layers.stop - 1}' for s in sim.plan.stages]}, "
-                        f"{sim.plan.n_micro} micro-batches; eq. (8) {opts['eq8_time_s']:.6g} s; searched in "
-                        f"{sim.plan.search.search_s:.3g} s; plan written to {args.out}")
+        eq8 = f"; eq. (8) {opts['eq8_time_s']:.6g} s" if "eq8_time_s" in opts else ""
+        ranges = [f"{s.layers}" + (f" (backward {s.backward_layers})" if s.backward_layers else "")
+                  for s in sim.plan.stages]
+        console().print(f"{args.planner}: {sim.plan.n_stages} stages {ranges} on devices "
+                        f"{[list(s.devices) for s in sim.plan.stages]}, {sim.plan.n_micro} micro-batches{eq8}; "
+                        f"searched in {sim.plan.search.search_s:.3g} s; plan written to {args.out}")
     return 0
 
 
@@ -294,9 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_inspect)
 
-    from paraplan.planners.pipeline_split import PLANNERS
+    from paraplan.planners.registry import PLANNERS
 
-    p = sub.add_parser("plan", help="find a plan: pipeline stages and micro-batch count (CSIMD and baselines)")
+    p = sub.add_parser("plan", help="find a plan: stages, micro-batches, groups (CSIMD, GroPipe, Bi-Partition, baselines)")
     p.add_argument("--model", required=True)
     p.add_argument("--cluster", required=True, help="preset name or TOML file")
     p.add_argument("--batch", type=int, required=True, help="global batch size (samples per iteration)")

@@ -41,6 +41,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/simulator_speed.py
 	$(BIN)/python benchmarks/csimd_eval.py
+	$(BIN)/python benchmarks/gropipe_bipartition_eval.py
 	$(BIN)/python benchmarks/profile_nonlinearity.py
 	$(BIN)/paraplan profile-links --out results/local-measured.toml
 

@@ -8,6 +8,8 @@ import paraplan
 SRC = pathlib.Path(paraplan.__file__).parent
 PURE = ["models/spec.py", "hardware/cluster.py", "costs/timefn.py", "costs/analytic.py", "costs/memory.py",
         "costs/closed_forms.py", "costs/collectives.py", "costs/model.py", "costs/profile.py", "planners/plan.py",
+        "planners/csimd.py", "planners/partition.py", "planners/pipeline_split.py", "planners/gropipe.py",
+        "planners/bipartition.py", "planners/registry.py",
         "simulate/engine.py", "simulate/schedules.py", "simulate/pipeline.py", "simulate/plan_work.py",
         "simulate/predict.py", "simulate/dag.py"]
 FORBIDDEN_MODULES = {"torch", "subprocess", "socket", "multiprocessing", "tomllib", "json", "pathlib", "shutil"}

@@ -113,12 +113,14 @@ def profile_report(profile) -> list:
         table.add_column(f"fwd @{b}", justify="right")
         table.add_column(f"bwd @{b}", justify="right")
     table.add_column(f"s/sample @{sizes[0]} / @{sizes[-1]}", justify="right")
+    table.add_column(f"peak memory @{sizes[-1]}", justify="right")
     for layer in profile.layers:
         cells = []
         for k in (0, -1):
             for t in (layer.forward[k], layer.backward[k]):
                 cells.append(f"{human_seconds(t.median_s)} ±{t.spread:.0%}")
-        table.add_row(layer.name, *cells, f"{layer.nonlinearity():.2f}x")
+        peak = human_bytes(layer.peak_bytes[-1]) if layer.peak_bytes else "-"
+        table.add_row(layer.name, *cells, f"{layer.nonlinearity():.2f}x", peak)
     lines = [table]
     if profile.step_check is not None:
         c = profile.step_check

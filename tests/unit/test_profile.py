@@ -41,6 +41,7 @@ def test_every_layer_is_timed_forward_and_backward(profiles, name):
         assert all(t.median_s > 0 and t.min_s <= t.median_s <= t.max_s for t in layer.forward + layer.backward)
         assert all(t.repeats == 3 for t in layer.forward)
         assert layer.output_bytes[1] == 64 * layer.output_bytes[0]  # bytes are per sample
+        assert all(p >= o for p, o in zip(layer.peak_bytes, layer.output_bytes, strict=True))
     total = [sum(layer.forward[k].median_s + layer.backward[k].median_s for layer in profile.layers) for k in (0, 1)]
     assert total[1] > 2 * total[0]  # 64 samples cost more than one
     # the heavy layers grow with the batch on their own too

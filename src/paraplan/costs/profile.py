@@ -40,6 +40,7 @@ class LayerProfile:
     backward: tuple[Timing, ...]
     output_bytes: tuple[int, ...]
     saved_bytes: tuple[int, ...]
+    peak_bytes: tuple[int, ...] = ()  # per batch size (profiling/layers.py says how it is measured)
 
     def nonlinearity(self) -> float:
         """Seconds per sample (forward + backward) at the smallest size over that at the largest:

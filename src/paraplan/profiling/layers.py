@@ -14,6 +14,9 @@ a CPU) to every layer, which is real per stage but not per layer; the chain keep
 per-layer sum can be checked against a plain training step.
 Tuple outputs are handled (a tensor that a layer passes through unchanged, like T5's encoder
 output, is not used to mark that layer's end); integer tensors carry no gradient.
+Peak memory per layer: on a GPU, the allocator's peak during the layer's forward above what was
+live before it; on the CPU (no allocator statistics) the bytes the forward leaves alive, its
+saved tensors plus its output.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class LayerTiming:
     backward: Timing
     output_bytes: int
     saved_bytes: int  # measured on the real tensors, defined as in models/measure.py
+    peak_bytes: int  # memory the layer's forward needs at its peak (see _step)
 
 
 def _step(layers, x, targets, loss_fn, device, params: set[int]):
@@ -54,16 +58,25 @@ def _step(layers, x, targets, loss_fn, device, params: set[int]):
         return t
 
     fwd = [0.0] * n
+    peaks = [0] * n
     outs = []
     h = x
+    cuda = device.type == "cuda"
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         t = now(device)
         for i, (_, _, layer) in enumerate(layers):
             current[0] = i
+            if cuda:  # the allocator's peak during this layer's forward, above what was live before it
+                base = torch.cuda.memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
             h = layer(h)
             t_next = now(device)
             fwd[i], t = t_next - t, t_next
+            if cuda:
+                peaks[i] = torch.cuda.max_memory_allocated(device) - base
             outs.append(h)
+            if cuda:
+                t = now(device)
     loss = loss_fn(h, targets)
     fwd[-1] += now(device) - t  # the last stage computes the loss: it belongs to the last layer
     ends = [0.0] * n
@@ -92,7 +105,10 @@ def _step(layers, x, targets, loss_fn, device, params: set[int]):
     for i in reversed(range(n)):
         bwd[i] = max(0.0, ends[i] - previous)
         previous = ends[i]
-    return fwd, bwd, [nbytes(o) for o in outs], [sum(s.values()) for s in saved]
+    saved_sizes = [sum(s.values()) for s in saved]
+    if not cuda:  # no allocator statistics on the CPU: what the forward leaves alive (kept + output)
+        peaks = [s + nbytes(o) for s, o in zip(saved_sizes, outs, strict=True)]
+    return fwd, bwd, [nbytes(o) for o in outs], saved_sizes, peaks
 
 
 def profile_layers(layers: list[tuple[str, str, nn.Module]], make_batch: Callable[[int], tuple], loss_fn,
@@ -104,10 +120,10 @@ def profile_layers(layers: list[tuple[str, str, nn.Module]], make_batch: Callabl
     for batch in batch_sizes:
         x, targets = make_batch(batch)
         f_all, b_all = [], []
-        out_bytes = saved_bytes = []
+        out_bytes = saved_bytes = peak_bytes = []
         for r in range(warmup + repeats):
             try:
-                f, b, out_bytes, saved_bytes = _step(layers, x, targets, loss_fn, device, params)
+                f, b, out_bytes, saved_bytes, peak_bytes = _step(layers, x, targets, loss_fn, device, params)
             except (RuntimeError, ValueError) as exc:
                 raise ParaplanError(f"the model fails at micro-batch {batch}: {str(exc).splitlines()[0]}") from None
             for _, _, layer in layers:
@@ -120,7 +136,8 @@ def profile_layers(layers: list[tuple[str, str, nn.Module]], make_batch: Callabl
         for i in range(len(layers)):
             timings[i].append(LayerTiming(batch=batch, forward=timing_of([f[i] for f in f_all]),
                                           backward=timing_of([b[i] for b in b_all]),
-                                          output_bytes=out_bytes[i], saved_bytes=saved_bytes[i]))
+                                          output_bytes=out_bytes[i], saved_bytes=saved_bytes[i],
+                                          peak_bytes=peak_bytes[i]))
     return timings
 
 
@@ -142,7 +159,7 @@ def step_check(layers: list[tuple[str, str, nn.Module]], make_batch: Callable[[i
         t1 = now(device)
         for _, _, layer in layers:
             layer.zero_grad(set_to_none=True)
-        f, b, _, _ = _step(layers, inputs, targets, loss_fn, device, params)
+        f, b, _, _, _ = _step(layers, inputs, targets, loss_fn, device, params)
         for _, _, layer in layers:
             layer.zero_grad(set_to_none=True)
         if r >= warmup:

@@ -65,7 +65,8 @@ def profile_from_dict(d: object, origin: str = "profile") -> Profile:
             forward=tuple(_timing(t, f"{where}.forward[{k}]", origin) for k, t in enumerate(layer["forward"])),
             backward=tuple(_timing(t, f"{where}.backward[{k}]", origin) for k, t in enumerate(layer["backward"])),
             output_bytes=tuple(int(x) for x in layer["output_bytes"]),
-            saved_bytes=tuple(int(x) for x in layer["saved_bytes"])))
+            saved_bytes=tuple(int(x) for x in layer["saved_bytes"]),
+            peak_bytes=tuple(int(x) for x in layer.get("peak_bytes", []))))
     check = None
     if d.get("step_check") is not None:
         c = d["step_check"]

@@ -120,7 +120,8 @@ def run_profile(work: Workload, device: torch.device, batch_sizes: list[int], th
     layers = tuple(
         LayerProfile(name=name, kind=kind, batch_sizes=tuple(batch_sizes),
                      forward=tuple(t.forward for t in raw[i]), backward=tuple(t.backward for t in raw[i]),
-                     output_bytes=tuple(t.output_bytes for t in raw[i]), saved_bytes=tuple(t.saved_bytes for t in raw[i]))
+                     output_bytes=tuple(t.output_bytes for t in raw[i]), saved_bytes=tuple(t.saved_bytes for t in raw[i]),
+                     peak_bytes=tuple(t.peak_bytes for t in raw[i]))
         for i, (name, kind, _) in enumerate(work.layers))
     largest = batch_sizes[-1]
     check = None

@@ -200,6 +200,50 @@ def _cmd_plan(args) -> int:
     return 0
 
 
+def _cmd_train(args) -> int:
+    import json as _json
+    import tempfile
+    from pathlib import Path
+
+    from paraplan.costs.memory import out_of_memory_reason, plan_memory
+    from paraplan.hardware import load_cluster
+    from paraplan.planners.plan_file import read_plan
+    from paraplan.runtime.launch import check_before_launch, run_under_torchrun, spawn, under_torchrun
+    from paraplan.runtime.worker import TrainConfig
+
+    require_positive(args.steps, "--steps")
+    require_positive(args.lr, "--lr")
+    plan = read_plan(args.plan)
+    model = args.model or plan.model
+    built, spec = _measured_model(model, args.seq_len, args.image_size)
+    torchrun = under_torchrun()
+    import os
+
+    world = int(os.environ["WORLD_SIZE"]) if torchrun else (args.nproc or len(plan.devices))
+    out_dir = args.out_dir or tempfile.mkdtemp(prefix="paraplan-train-")
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    config = TrainConfig(plan=plan, model=built.name, steps=args.steps, seed=args.seed, lr=args.lr,
+                         optimizer=args.optimizer, clip_norm=args.clip_norm, out_dir=out_dir, seq_len=args.seq_len,
+                         image_size=args.image_size, dropout=not args.no_dropout)
+    check_before_launch(config, world, spec.n_layers)
+    local = load_cluster("local")
+    capacities = {d: local.device(0).memory_bytes for d in range(world)}
+    reason = out_of_memory_reason(plan_memory(plan, spec, capacities)[0])
+    if reason:
+        raise ParaplanError(f"the plan does not fit this machine: {reason}")
+    if torchrun:
+        run_under_torchrun(config)
+        if int(os.environ["RANK"]) != 0:
+            return 0
+    else:
+        spawn(config, world)
+    losses = _json.loads((Path(out_dir) / "losses.json").read_text())
+    for step, loss in enumerate(losses):
+        print(f"step {step + 1}: loss {loss:.6f}")
+    print(f"losses and each stage's parameters written to {out_dir}")
+    return 0
+
+
 def _parse_sizes(text: str) -> list[int]:
     try:
         sizes = sorted({int(x) for x in text.split(",") if x.strip()})
@@ -328,6 +372,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--profile", default=None, help="measured profile (paraplan profile) in place of analytic costs")
     p.set_defaults(func=_cmd_simulate)
+
+    p = sub.add_parser("train", help="run a plan for real with torch.distributed (gloo on the CPU)")
+    p.add_argument("--plan", required=True)
+    p.add_argument("--model", default=None, help="default: the plan's model")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--nproc", type=int, default=None, help="ranks to start (default: the plan's devices)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+    p.add_argument("--clip-norm", type=float, default=None)
+    p.add_argument("--no-dropout", action="store_true", help="turn dropout off (to compare with one process)")
+    p.add_argument("--out-dir", default=None, help="losses.json and stage<i>.pt go here")
+    p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--image-size", type=int, default=None)
+    p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("profile", help="measure every layer's forward and backward time at several batch sizes")
     p.add_argument("model", nargs="?", default=None, help="zoo model (or use --module)")

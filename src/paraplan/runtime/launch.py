@@ -1,0 +1,73 @@
+"""Start the ranks of a plan on this machine, or join a torchrun launch unchanged."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch.multiprocessing as mp
+
+from paraplan.runtime.worker import TrainConfig, worker_main
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(config: TrainConfig, world: int) -> None:
+    """One process per device of the plan, gloo on 127.0.0.1."""
+    mp.spawn(worker_main, args=(world, free_port(), config), nprocs=world, join=True)
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def run_under_torchrun(config: TrainConfig) -> dict:
+    """Each torchrun process is one rank; the environment says which (RANK, WORLD_SIZE, MASTER_*)."""
+    import torch
+    import torch.distributed as dist
+
+    from paraplan.runtime.worker import train_rank
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        return train_rank(config)
+    finally:
+        dist.destroy_process_group()
+
+
+def check_before_launch(config: TrainConfig, world: int, n_layers: int) -> None:
+    """Refuse a plan that cannot run, before any process starts: one clear line."""
+    from paraplan.errors import ParaplanError
+    from paraplan.planners.plan import check_fits
+
+    plan = config.plan
+    if plan.schedule not in ("gpipe", "1f1b"):
+        raise ParaplanError(f"schedule {plan.schedule!r}: the runtime runs gpipe and 1f1b plans")
+    used = sorted(plan.devices)
+    if used != list(range(world)):
+        raise ParaplanError(f"the plan uses {len(used)} devices ({used[:8]}...) but the world has {world} ranks "
+                            f"(0..{world - 1}); run with --nproc {len(used)}" if len(used) != world else
+                            f"the plan's devices {used} are not the ranks 0..{world - 1}")
+    check_fits(plan, n_layers, world, "the world")
+    counts = {len(s.devices) for s in plan.stages}
+    if len(counts) != 1 or any(s.strategies for s in plan.stages):
+        raise ParaplanError("the runtime runs pipeline x data-parallel plans: every stage needs the same number "
+                            "of devices and no per-layer strategies")
+    if any(s.backward_layers is not None for s in plan.stages):
+        raise ParaplanError("plans with separate backward ranges (Bi-Partition) do not run yet")
+    for r in range(counts.pop()):
+        ranks = [s.devices[r] for s in plan.stages]
+        if ranks != sorted(ranks):
+            raise ParaplanError(f"replica {r} runs its stages on devices {ranks}: they must increase along the pipeline")
+    n_replicas = len(plan.stages[0].devices)
+    if plan.global_batch % (n_replicas * plan.n_micro):
+        raise ParaplanError(f"global batch {plan.global_batch} does not split into {n_replicas} replicas x "
+                            f"{plan.n_micro} micro-batches")
+    if plan.schedule == "1f1b" and plan.n_micro < plan.n_stages:
+        raise ParaplanError(f"1F1B needs at least as many micro-batches ({plan.n_micro}) as stages ({plan.n_stages})")

@@ -1,0 +1,44 @@
+"""The single-process run every distributed run is checked against: same model, init, data, seed."""
+
+from __future__ import annotations
+
+import torch
+
+from paraplan.models.inputs import loss_fn, make_batch
+from paraplan.runtime.materialize import StageModule, build_layers, materialize
+from paraplan.runtime.worker import TrainConfig
+
+
+def reference_run(config: TrainConfig) -> tuple[list[float], dict[str, torch.Tensor]]:
+    torch.manual_seed(config.seed)
+    built, layers, names = build_layers(config.model, config.seed, config.seq_len, config.image_size,
+                                        dropout=config.dropout)
+    modules = [m for _, _, m in layers]
+    materialize(modules, names, config.seed, torch.device("cpu"))  # one call: tied weights stay tied
+    model = StageModule(modules)
+    model.train()
+    params = list(model.parameters())
+    optim = (torch.optim.Adam(params, lr=config.lr) if config.optimizer == "adam"
+             else torch.optim.SGD(params, lr=config.lr))
+    plan = config.plan
+    n_replicas = len(plan.stages[0].devices)
+    shard = plan.global_batch // n_replicas
+    micro = shard // plan.n_micro
+    losses = []
+    for step in range(config.steps):
+        inputs, targets = make_batch(built.inputs, plan.global_batch, seed=config.seed * 7919 + step)
+        optim.zero_grad(set_to_none=True)
+        total = 0.0
+        # the same micro-batches as the pipeline: losses averaged over micro-batches and replicas
+        for r in range(n_replicas):
+            for j in range(plan.n_micro):
+                lo = r * shard + j * micro
+                out = model(inputs[lo:lo + micro])
+                loss = loss_fn(out, targets[lo:lo + micro]) / (plan.n_micro * n_replicas)
+                loss.backward()
+                total += float(loss.detach())
+        if config.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, config.clip_norm)
+        optim.step()
+        losses.append(total)
+    return losses, {names.get(id(p)): p.detach().clone() for p in params}

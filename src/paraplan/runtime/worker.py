@@ -1,0 +1,236 @@
+"""One rank of `paraplan train`: build its stage, join its groups, run the plan's schedule.
+
+Pipelining uses torch.distributed.pipelining (PipelineStage + ScheduleGPipe / Schedule1F1B) with
+stages cut by us. Following shared/notes/runtime-on-cpu.md: scale_grads=False with the loss divided
+by the number of micro-batches; no DDP (its reducer breaks with several stages per rank), our own
+gradient all-reduce instead; a barrier before destroying the process group.
+
+Data parallelism across pipeline replicas (stage s, replica r runs on plan.stages[s].devices[r]):
+  - "after-backward": every gradient is all-reduced (averaged) once the schedule's step is over;
+  - "gropipe-delayed": GroPipe's group-based delayed asynchronous all-reduce: a hook counts the
+    micro-batch gradients each parameter receives and starts its asynchronous all-reduce as soon
+    as the last one has arrived, i.e. when this stage's last backward ends, while other stages
+    are still computing; the optimizer waits only for its own stage's handles;
+  - "bucketed": the same hooks, but parameters are grouped into 25 MiB buckets in reverse order
+    (as DDP) and a bucket is all-reduced, flattened, once all of its parameters are ready;
+  - "none".
+A tied weight held by two stages (GPT-2's embedding and head) has its gradient summed between the
+ranks that hold it, as DeepSpeed's TiedLayerSpec does. Gradient clipping uses the norm over the
+whole model: squares summed over one pipeline replica (a tied weight counted once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from paraplan.models.inputs import loss_fn, make_batch
+from paraplan.planners.plan import Plan
+from paraplan.runtime.materialize import StageModule, build_layers, materialize
+
+BUCKET_BYTES = 25 * 2**20
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    plan: Plan
+    model: str
+    steps: int = 3
+    seed: int = 0
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    clip_norm: float | None = None
+    out_dir: str | None = None  # losses and each stage's final parameters go here
+    seq_len: int | None = None
+    image_size: int | None = None
+    dropout: bool = True  # False: every dropout off (for comparisons with a single-process run)
+
+
+def _roles(plan: Plan, rank: int) -> tuple[int, int]:
+    for s, stage in enumerate(plan.stages):
+        if rank in stage.devices:
+            return s, stage.devices.index(rank)
+    raise RuntimeError(f"rank {rank} has no stage in the plan")
+
+
+class GradSync:
+    """Gradient averaging across the replicas of one stage."""
+
+    def __init__(self, params: list[torch.nn.Parameter], group, group_size: int, mode: str, n_micro: int):
+        self.params, self.group, self.size, self.mode, self.n_micro = params, group, group_size, mode, n_micro
+        self.handles: list = []
+        self.counts = {id(p): 0 for p in params}
+        self.buckets: list[list[torch.nn.Parameter]] = []
+        if mode == "bucketed":
+            current, size = [], 0
+            for p in reversed(params):
+                current.append(p)
+                size += p.numel() * p.element_size()
+                if size >= BUCKET_BYTES:
+                    self.buckets.append(current)
+                    current, size = [], 0
+            if current:
+                self.buckets.append(current)
+        self.bucket_of = {id(p): b for b, ps in enumerate(self.buckets) for p in ps}
+        self.bucket_ready = [0] * len(self.buckets)
+        self.flat: list[tuple[torch.Tensor, list[torch.nn.Parameter]]] = []
+        if size_ok := (mode in ("gropipe-delayed", "bucketed") and group_size > 1):
+            for p in params:
+                p.register_post_accumulate_grad_hook(self._on_grad)
+        self.hooked = size_ok
+
+    def _on_grad(self, p: torch.nn.Parameter) -> None:
+        self.counts[id(p)] += 1
+        if self.counts[id(p)] < self.n_micro:
+            return
+        if self.mode == "gropipe-delayed":
+            self.handles.append(dist.all_reduce(p.grad, group=self.group, async_op=True))
+            return
+        b = self.bucket_of[id(p)]
+        self.bucket_ready[b] += 1
+        if self.bucket_ready[b] == len(self.buckets[b]):
+            flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[b]])
+            self.flat.append((flat, self.buckets[b]))
+            self.handles.append(dist.all_reduce(flat, group=self.group, async_op=True))
+
+    def finish(self) -> None:
+        if self.size > 1 and self.mode == "after-backward":
+            for p in self.params:
+                if p.grad is not None:
+                    dist.all_reduce(p.grad, group=self.group)
+        for h in self.handles:
+            h.wait()
+        for flat, ps in self.flat:
+            offset = 0
+            for q in ps:
+                q.grad.copy_(flat[offset:offset + q.numel()].view_as(q.grad))
+                offset += q.numel()
+        if self.size > 1 and self.mode != "none":
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.div_(self.size)
+        self.handles, self.flat = [], []
+        self.counts = {k: 0 for k in self.counts}
+        self.bucket_ready = [0] * len(self.buckets)
+
+
+def train_rank(config: TrainConfig) -> dict:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    plan = config.plan
+    rank = dist.get_rank()
+    device = torch.device("cpu")
+    stage_index, replica = _roles(plan, rank)
+    n_stages, n_replicas = plan.n_stages, len(plan.stages[0].devices)
+    # every rank creates every group, in the same order (new_group is collective)
+    pp_groups = [dist.new_group([s.devices[r] for s in plan.stages]) for r in range(n_replicas)]
+    dp_groups = [dist.new_group(list(s.devices)) for s in plan.stages]
+    built, layers, names = build_layers(config.model, config.seed, config.seq_len, config.image_size,
+                                        dropout=config.dropout)
+    own = [m for _, _, m in layers[plan.stages[stage_index].layers.start:plan.stages[stage_index].layers.stop]]
+    materialize(own, names, config.seed, device)
+    module = StageModule(own)
+    module.train()
+    torch.manual_seed(config.seed + 1000 * stage_index)  # dropout: the same on every replica of a stage
+
+    # tied weights: a parameter held by several stages has its gradient summed between them
+    held = {names.get(id(p)) for p in module.parameters()}
+    tied_groups = []
+    for name in sorted(n for n in held if n is not None):
+        holders = [s for s, st in enumerate(plan.stages)
+                   if name in _stage_param_names(layers, names, st.layers)]
+        if len(holders) > 1:
+            for r in range(n_replicas):
+                ranks = [plan.stages[s].devices[r] for s in holders]
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    tied_groups.append((name, g))
+    owner_names = _owned_names(layers, names, plan.stages[stage_index].layers)
+    params = list(module.parameters())
+    by_name = {names.get(id(p)): p for p in params}
+
+    stage = PipelineStage(module, stage_index, n_stages, device, group=pp_groups[replica])
+    n_micro = plan.n_micro
+
+    def loss(out, target):
+        return loss_fn(out, target) / n_micro
+
+    schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(plan.schedule)
+    if schedule_cls is None:
+        raise RuntimeError(f"the runtime runs gpipe and 1f1b schedules, not {plan.schedule!r}")
+    schedule = schedule_cls(stage, n_micro, loss_fn=loss, scale_grads=False)
+    sync = GradSync(params, dp_groups[stage_index], n_replicas, plan.grad_sync, n_micro)
+    optim = (torch.optim.Adam(params, lr=config.lr) if config.optimizer == "adam"
+             else torch.optim.SGD(params, lr=config.lr))
+    shard = plan.global_batch // n_replicas
+    losses, step_times = [], []
+    for step in range(config.steps):
+        inputs, targets = make_batch(built.inputs, plan.global_batch, seed=config.seed * 7919 + step)
+        x = inputs[replica * shard:(replica + 1) * shard]
+        y = targets[replica * shard:(replica + 1) * shard]
+        optim.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        micro_losses: list = []
+        if stage_index == 0 and stage_index == n_stages - 1:
+            schedule.step(x, target=y, losses=micro_losses)
+        elif stage_index == 0:
+            schedule.step(x)
+        elif stage_index == n_stages - 1:
+            schedule.step(target=y, losses=micro_losses)
+        else:
+            schedule.step()
+        sync.finish()
+        for name, g in tied_groups:
+            dist.all_reduce(by_name[name].grad, group=g)
+        if config.clip_norm is not None:
+            sq = torch.zeros(1)
+            for p in params:
+                if p.grad is not None and names.get(id(p)) in owner_names:
+                    sq += p.grad.pow(2).sum()
+            dist.all_reduce(sq, group=pp_groups[replica])
+            coef = min(1.0, config.clip_norm / (float(sq.sqrt()) + 1e-6))
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+        optim.step()
+        step_times.append(time.perf_counter() - t0)
+        step_loss = torch.tensor([sum(float(v.detach()) for v in micro_losses) if micro_losses else 0.0])
+        dist.all_reduce(step_loss)  # only last stages contribute: sum over replicas, then average
+        losses.append(float(step_loss) / n_replicas)
+    result = {"rank": rank, "stage": stage_index, "replica": replica, "losses": losses, "step_s": step_times}
+    if config.out_dir is not None and replica == 0:
+        out = Path(config.out_dir)
+        torch.save({names.get(id(p)): p.detach().clone() for p in params}, out / f"stage{stage_index}.pt")
+        if stage_index == 0:
+            (out / "losses.json").write_text(json.dumps(losses))
+    dist.barrier()
+    return result
+
+
+def _stage_param_names(layers, names, layer_range) -> set[str]:
+    return {names.get(id(p)) for _, _, m in layers[layer_range.start:layer_range.stop] for p in m.parameters()}
+
+
+def _owned_names(layers, names, layer_range) -> set[str]:
+    """Parameters whose first user (owner) is a layer of this stage."""
+    first: dict[str, int] = {}
+    for i, (_, _, m) in enumerate(layers):
+        for p in m.parameters():
+            first.setdefault(names.get(id(p)), i)
+    return {n for n, i in first.items() if layer_range.start <= i < layer_range.stop}
+
+
+def worker_main(rank: int, world: int, port: int, config: TrainConfig) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        train_rank(config)
+    finally:
+        dist.destroy_process_group()

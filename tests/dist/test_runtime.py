@@ -1,0 +1,98 @@
+"""Distributed runs on several gloo processes, each compared with a single-process run of the same
+model, data and seed: losses and every updated parameter after 3 steps within 1e-5 relative."""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from paraplan.planners.plan import LayerRange, Plan, Stage
+from paraplan.planners.plan_file import write_plan
+from paraplan.runtime.launch import free_port, spawn
+from paraplan.runtime.reference import reference_run
+from paraplan.runtime.worker import TrainConfig
+
+GPT2_2 = Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=8, n_micro=4, schedule="1f1b",
+              grad_sync="none", stages=(Stage(LayerRange(0, 3), (0,)), Stage(LayerRange(3, 6), (1,))))
+GPT2_4 = Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=8, n_micro=4, schedule="1f1b",
+              grad_sync="none", stages=tuple(Stage(LayerRange(a, b), (i,)) for i, (a, b) in
+                                             enumerate([(0, 2), (2, 3), (3, 4), (4, 6)])))
+# 2 replicas x 2 stages: GroPipe's shape (stage s of replica r on device s + 2r)
+LENET_2X2 = Plan(model="lenet-5", cluster="local", n_layers=5, global_batch=16, n_micro=4, schedule="1f1b",
+                 grad_sync="gropipe-delayed",
+                 stages=(Stage(LayerRange(0, 2), (0, 2)), Stage(LayerRange(2, 5), (1, 3))))
+
+
+def _compare(tmp_path, plan, world, **kw):
+    config = TrainConfig(plan=plan, model=plan.model, steps=3, out_dir=str(tmp_path), dropout=False,
+                         optimizer="sgd", lr=0.1, **kw)
+    spawn(config, world)
+    losses = json.loads((tmp_path / "losses.json").read_text())
+    ref_losses, ref_params = reference_run(config)
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    seen = set()
+    for s in range(plan.n_stages):
+        for name, value in torch.load(tmp_path / f"stage{s}.pt").items():
+            ref = ref_params[name]
+            assert float((value - ref).norm() / ref.norm().clamp_min(1e-12)) < 1e-5, name
+            seen.add(name)
+    assert seen == set(ref_params)  # every parameter of the model was checked
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_two_stage_gpt2_with_tied_embedding_matches_one_process(tmp_path, schedule):
+    _compare(tmp_path, replace(GPT2_2, schedule=schedule), 2)
+
+
+def test_four_stage_gpt2_matches_one_process(tmp_path):
+    _compare(tmp_path, GPT2_4, 4)
+
+
+@pytest.mark.parametrize("sync", ["gropipe-delayed", "after-backward", "bucketed"])
+def test_pipeline_times_data_parallel_matches_one_process(tmp_path, sync):
+    _compare(tmp_path, replace(LENET_2X2, grad_sync=sync), 4)
+
+
+def test_gradient_clipping_across_stages(tmp_path):
+    _compare(tmp_path, replace(LENET_2X2, schedule="gpipe", grad_sync="after-backward"), 4, clip_norm=0.01)
+
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
+
+
+def test_two_torchrun_nodes_match_one_process(tmp_path):
+    plan_path = tmp_path / "plan.json"
+    write_plan(GPT2_2, plan_path)
+    out = tmp_path / "out"
+    port = free_port()
+    torchrun = Path(sys.executable).parent / "torchrun"
+    cmd = [str(torchrun), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "paraplan", "train", "--plan", str(plan_path),
+           "--steps", "3", "--no-dropout", "--optimizer", "sgd", "--lr", "0.1", "--out-dir", str(out)]
+    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+             for _ in range(2)]
+    results = [n.communicate(timeout=240) for n in nodes]
+    assert all(n.returncode == 0 for n in nodes), results
+    config = TrainConfig(plan=GPT2_2, model="gpt2-tiny", steps=3, dropout=False, optimizer="sgd", lr=0.1)
+    ref_losses, _ = reference_run(config)
+    assert json.loads((out / "losses.json").read_text()) == pytest.approx(ref_losses, rel=1e-5)
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"nproc": "3"}, "the world has 3 ranks"),
+    ({"model": "lenet-5"}, "the model has 5"),
+])
+def test_train_refuses_plans_that_do_not_fit(tmp_path, change, needle):
+    plan_path = tmp_path / "plan.json"
+    write_plan(GPT2_2, plan_path)
+    args = [sys.executable, "-m", "paraplan", "train", "--plan", str(plan_path)]
+    for k, v in change.items():
+        args += [f"--{k}", v]
+    res = subprocess.run(args, capture_output=True, text=True, env=ENV, timeout=120)
+    assert res.returncode == 2 and needle in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1

@@ -200,6 +200,17 @@ def _cmd_plan(args) -> int:
     return 0
 
 
+def _fail_at():
+    """PARAPLAN_FAIL_AT=rank:step makes that rank die there (for tests of failure handling)."""
+    import os
+
+    value = os.environ.get("PARAPLAN_FAIL_AT")
+    if not value:
+        return None
+    rank, step = value.split(":")
+    return int(rank), int(step)
+
+
 def _cmd_train(args) -> int:
     import json as _json
     import tempfile
@@ -224,7 +235,13 @@ def _cmd_train(args) -> int:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     config = TrainConfig(plan=plan, model=built.name, steps=args.steps, seed=args.seed, lr=args.lr,
                          optimizer=args.optimizer, clip_norm=args.clip_norm, out_dir=out_dir, seq_len=args.seq_len,
-                         image_size=args.image_size, dropout=not args.no_dropout)
+                         image_size=args.image_size, dropout=not args.no_dropout, checkpoint_dir=args.checkpoint_dir,
+                         checkpoint_every=args.checkpoint_every, resume=args.resume, timeout_s=args.timeout,
+                         fail_at=_fail_at())
+    if args.resume and not args.checkpoint_dir:
+        raise ParaplanError("--resume needs --checkpoint-dir")
+    if args.checkpoint_dir:
+        Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     check_before_launch(config, world, spec.n_layers)
     local = load_cluster("local")
     capacities = {d: local.device(0).memory_bytes for d in range(world)}
@@ -384,6 +401,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clip-norm", type=float, default=None)
     p.add_argument("--no-dropout", action="store_true", help="turn dropout off (to compare with one process)")
     p.add_argument("--out-dir", default=None, help="losses.json and stage<i>.pt go here")
+    p.add_argument("--checkpoint-dir", default=None, help="save each stage's parameters and optimizer state here")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds before a rank gives up on a dead peer")
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--image-size", type=int, default=None)
     p.set_defaults(func=_cmd_train)

@@ -96,3 +96,36 @@ def test_train_refuses_plans_that_do_not_fit(tmp_path, change, needle):
     res = subprocess.run(args, capture_output=True, text=True, env=ENV, timeout=120)
     assert res.returncode == 2 and needle in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def _train(plan_path, *extra, env=None, timeout=180):
+    args = [sys.executable, "-m", "paraplan", "train", "--plan", str(plan_path), "--no-dropout", "--optimizer",
+            "sgd", "--lr", "0.1", *extra]
+    return subprocess.run(args, capture_output=True, text=True, env={**ENV, **(env or {})}, timeout=timeout)
+
+
+def test_checkpoint_and_resume_give_the_same_losses(tmp_path):
+    plan_path = tmp_path / "plan.json"
+    write_plan(GPT2_2, plan_path)
+    whole = _train(plan_path, "--steps", "4", "--out-dir", str(tmp_path / "a"))
+    assert whole.returncode == 0, whole.stderr
+    first = _train(plan_path, "--steps", "2", "--checkpoint-dir", str(tmp_path / "ck"), "--out-dir", str(tmp_path / "b"))
+    assert first.returncode == 0, first.stderr
+    rest = _train(plan_path, "--steps", "4", "--checkpoint-dir", str(tmp_path / "ck"), "--resume",
+                  "--out-dir", str(tmp_path / "c"))
+    assert rest.returncode == 0, rest.stderr
+    a = json.loads((tmp_path / "a" / "losses.json").read_text())
+    c = json.loads((tmp_path / "c" / "losses.json").read_text())
+    assert len(a) == len(c) == 4 and c == pytest.approx(a, rel=1e-7)
+
+
+def test_a_dead_rank_stops_the_run_with_a_clear_error(tmp_path):
+    import time
+
+    plan_path = tmp_path / "plan.json"
+    write_plan(GPT2_2, plan_path)
+    t0 = time.time()
+    res = _train(plan_path, "--steps", "4", "--timeout", "20", env={"PARAPLAN_FAIL_AT": "1:2"}, timeout=120)
+    assert res.returncode == 2 and "rank 1 exited with code 17" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert time.time() - t0 < 90

@@ -17,8 +17,22 @@ def free_port() -> int:
 
 
 def spawn(config: TrainConfig, world: int) -> None:
-    """One process per device of the plan, gloo on 127.0.0.1."""
-    mp.spawn(worker_main, args=(world, free_port(), config), nprocs=world, join=True)
+    """One process per device of the plan, gloo on 127.0.0.1. When a rank dies, torch's spawn
+    stops the others at once; we turn that into one clear line."""
+    import logging
+
+    from paraplan.errors import ParaplanError
+
+    # torch logs "Terminating process ..." for every survivor it stops; our one line says it all
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    try:
+        mp.spawn(worker_main, args=(world, free_port(), config), nprocs=world, join=True)
+    except mp.ProcessExitedException as exc:
+        raise ParaplanError(f"training stopped: rank {exc.error_index} exited with code {exc.exit_code}; "
+                            "the other ranks were stopped") from None
+    except mp.ProcessRaisedException as exc:
+        last = [line for line in str(exc).strip().splitlines() if line.strip()][-1]
+        raise ParaplanError(f"training stopped: a rank failed: {last}") from None
 
 
 def under_torchrun() -> bool:
@@ -27,6 +41,8 @@ def under_torchrun() -> bool:
 
 def run_under_torchrun(config: TrainConfig) -> dict:
     """Each torchrun process is one rank; the environment says which (RANK, WORLD_SIZE, MASTER_*)."""
+    import datetime
+
     import torch
     import torch.distributed as dist
 
@@ -34,7 +50,7 @@ def run_under_torchrun(config: TrainConfig) -> dict:
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=config.timeout_s))
     try:
         return train_rank(config)
     finally:

@@ -50,6 +50,11 @@ class TrainConfig:
     seq_len: int | None = None
     image_size: int | None = None
     dropout: bool = True  # False: every dropout off (for comparisons with a single-process run)
+    checkpoint_dir: str | None = None  # each stage's parameters, optimizer and RNG state go here
+    checkpoint_every: int = 0  # steps between checkpoints (0: only at the end, when a dir is given)
+    resume: bool = False  # continue from the checkpoint in checkpoint_dir
+    timeout_s: float = 60.0  # a collective that waits longer than this fails (a dead rank)
+    fail_at: tuple[int, int] | None = None  # (rank, step): that rank dies there (tests of failure)
 
 
 def _roles(plan: Plan, rank: int) -> tuple[int, int]:
@@ -170,7 +175,19 @@ def train_rank(config: TrainConfig) -> dict:
              else torch.optim.SGD(params, lr=config.lr))
     shard = plan.global_batch // n_replicas
     losses, step_times = [], []
-    for step in range(config.steps):
+    first_step = 0
+    ckpt = Path(config.checkpoint_dir) / f"stage{stage_index}.pt" if config.checkpoint_dir else None
+    if config.resume:
+        if ckpt is None or not ckpt.exists():
+            raise RuntimeError(f"--resume: no checkpoint {ckpt}")
+        state = torch.load(ckpt, weights_only=False)
+        module.load_state_dict(state["module"])
+        optim.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        first_step, losses = state["step"], list(state["losses"])
+    for step in range(first_step, config.steps):
+        if config.fail_at is not None and config.fail_at == (rank, step):
+            os._exit(17)  # a rank that dies without a word, as a crashed machine would
         inputs, targets = make_batch(built.inputs, plan.global_batch, seed=config.seed * 7919 + step)
         x = inputs[replica * shard:(replica + 1) * shard]
         y = targets[replica * shard:(replica + 1) * shard]
@@ -203,6 +220,13 @@ def train_rank(config: TrainConfig) -> dict:
         step_loss = torch.tensor([sum(float(v.detach()) for v in micro_losses) if micro_losses else 0.0])
         dist.all_reduce(step_loss)  # only last stages contribute: sum over replicas, then average
         losses.append(float(step_loss) / n_replicas)
+        done = step + 1
+        if ckpt is not None and replica == 0 and (
+                done == config.steps or (config.checkpoint_every and done % config.checkpoint_every == 0)):
+            tmp = ckpt.with_suffix(".tmp")
+            torch.save({"module": module.state_dict(), "optimizer": optim.state_dict(), "rng": torch.get_rng_state(),
+                        "step": done, "losses": losses}, tmp)
+            os.replace(tmp, ckpt)
     result = {"rank": rank, "stage": stage_index, "replica": replica, "losses": losses, "step_s": step_times}
     if config.out_dir is not None and replica == 0:
         out = Path(config.out_dir)
@@ -227,9 +251,12 @@ def _owned_names(layers, names, layer_range) -> set[str]:
 
 
 def worker_main(rank: int, world: int, port: int, config: TrainConfig) -> None:
+    import datetime
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=config.timeout_s))
     try:
         train_rank(config)
     finally:

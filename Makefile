@@ -29,6 +29,8 @@ demo: $(STAMP)
 	$(BIN)/paraplan plan --model vgg-16 --cluster csimd-v100-1gbe --batch 64 --stages 4 --planner csimd --out results/demo-vgg.json
 	$(BIN)/paraplan simulate results/demo-plan.json --gantt results/demo-plan.png --trace results/demo-plan.trace.json
 	$(BIN)/paraplan simulate examples/gpt2-xl-1f1b-4x8.json --gantt results/demo-1f1b.png
+	# and run a small plan for real on this machine's cores, against its prediction
+	$(BIN)/paraplan train --plan examples/gpt2-tiny-local-1f1b-2x4.json --steps 6 --compare --out-dir results/demo-train
 	$(BIN)/paraplan simulate examples/resnet-50-gropipe-2x4.json
 	$(BIN)/paraplan simulate examples/bert-huge-32-dp8.json --memory-gib 12
 
@@ -42,6 +44,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/simulator_speed.py
 	$(BIN)/python benchmarks/csimd_eval.py
 	$(BIN)/python benchmarks/gropipe_bipartition_eval.py
+	$(BIN)/python benchmarks/runtime_vs_simulator.py
 	$(BIN)/python benchmarks/profile_nonlinearity.py
 	$(BIN)/paraplan profile-links --out results/local-measured.toml
 

@@ -255,10 +255,48 @@ def _cmd_train(args) -> int:
     else:
         spawn(config, world)
     losses = _json.loads((Path(out_dir) / "losses.json").read_text())
+    steps = [_json.loads(f.read_text()) for f in sorted(Path(out_dir).glob("steps_rank*.json"))]
+    per_step = [max(s[i] for s in steps) for i in range(min(len(s) for s in steps))] if steps else []
     for step, loss in enumerate(losses):
-        print(f"step {step + 1}: loss {loss:.6f}")
-    print(f"losses and each stage's parameters written to {out_dir}")
+        took = f", {per_step[step] * 1e3:.1f} ms, {plan.global_batch / per_step[step]:.1f} samples/s" \
+            if step < len(per_step) else ""
+        print(f"step {step + 1}: loss {loss:.6f}{took}")
+    if args.compare:
+        _compare_with_simulation(args, plan, spec, out_dir, per_step)
+    print(f"losses, timelines and each stage's parameters written to {out_dir}")
     return 0
+
+
+def _compare_with_simulation(args, plan, spec, out_dir, per_step) -> None:
+    """Predicted against measured iteration time, and both timelines side by side."""
+    import statistics
+    from pathlib import Path
+
+    from paraplan.hardware import load_cluster
+    from paraplan.runtime.timeline import load_runs, measured_trace, one_step, side_by_side
+    from paraplan.simulate.export import chrome_trace
+    from paraplan.simulate.predict import simulate_plan
+
+    measured = per_step[1:] if len(per_step) > 1 else per_step  # the first step warms up
+    if not measured:
+        raise ParaplanError("--compare needs at least one measured step")
+    cluster = load_cluster(args.cluster)
+    sim = simulate_plan(plan, _cost_model(args, spec, cluster, rendezvous=True,
+                                          action_overhead_s=args.action_overhead_ms * 1e-3))
+    median = statistics.median(measured)
+    q = statistics.quantiles(measured, n=4) if len(measured) >= 4 else [min(measured), median, max(measured)]
+    predicted = sim.prediction.iteration_s
+    print(f"predicted {predicted * 1e3:.1f} ms ({'profile' if args.profile else 'analytic'} costs, cluster "
+          f"{cluster.name}); measured median {median * 1e3:.1f} ms (quartiles {q[0] * 1e3:.1f}..{q[-1] * 1e3:.1f}, "
+          f"{len(measured)} steps); error {predicted / median - 1:+.1%}")
+    runs = load_runs(out_dir)
+    measured_trace(runs, Path(out_dir) / "measured.trace.json")
+    chrome_trace(sim.timeline, Path(out_dir) / "simulated.trace.json")
+    last = max(e["step"] for ev in runs.values() for e in ev)
+    side_by_side(one_step(runs, last), sim.timeline, Path(out_dir) / "compare.png",
+                 title=f"{plan.model}: {plan.schedule}, {plan.n_stages} stages x {len(plan.stages[0].devices)} "
+                       f"replicas, {plan.n_micro} micro-batches of {plan.micro_batch_size / len(plan.stages[0].devices):g}"
+                       f"; predicted {predicted * 1e3:.1f} ms, measured median {median * 1e3:.1f} ms")
 
 
 def _parse_sizes(text: str) -> list[int]:
@@ -405,6 +443,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a rank gives up on a dead peer")
+    p.add_argument("--compare", action="store_true", help="predicted vs measured iteration time, both timelines")
+    p.add_argument("--cluster", default="local", help="for --compare: the cluster to simulate on")
+    p.add_argument("--profile", default=None, help="for --compare: measured costs (paraplan profile)")
+    p.add_argument("--action-overhead-ms", type=float, default=0.25,
+                   help="for --compare: runtime cost of one pipeline action (default 0.25 ms, measured here)")
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--image-size", type=int, default=None)
     p.set_defaults(func=_cmd_train)

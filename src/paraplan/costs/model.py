@@ -21,7 +21,8 @@ class CostModel:
     """
 
     def __init__(self, model: ModelSpec, cluster: Cluster, compute_costs: Callable[[DeviceSpec], LayerCosts],
-                 memory: MemoryConfig | None = None, overlap_slowdown: float = 1.0, source: str = "analytic"):
+                 memory: MemoryConfig | None = None, overlap_slowdown: float = 1.0, source: str = "analytic",
+                 rendezvous: bool = False, action_overhead_s: float = 0.0):
         self.model = model
         self.cluster = cluster
         self._compute_costs = compute_costs
@@ -29,6 +30,11 @@ class CostModel:
         self.memory = memory or MemoryConfig()
         self.overlap_slowdown = overlap_slowdown
         self.source = source
+        # how torch.distributed.pipelining runs on gloo: blocking transfers with a rendezvous
+        # (simulate/pipeline.py) and a fixed cost per pipeline action (schedule bookkeeping,
+        # the autograd engine starting, the p2p calls); the papers' models have neither
+        self.rendezvous = rendezvous
+        self.action_overhead_s = action_overhead_s
 
     def compute(self, device_id: int) -> LayerCosts:
         spec = self.cluster.device(device_id)

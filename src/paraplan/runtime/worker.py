@@ -6,11 +6,13 @@ by the number of micro-batches; no DDP (its reducer breaks with several stages p
 gradient all-reduce instead; a barrier before destroying the process group.
 
 Data parallelism across pipeline replicas (stage s, replica r runs on plan.stages[s].devices[r]):
-  - "after-backward": every gradient is all-reduced (averaged) once the schedule's step is over;
+  - "after-backward": the gradients, flattened, are all-reduced (averaged) once the step is over;
   - "gropipe-delayed": GroPipe's group-based delayed asynchronous all-reduce: a hook counts the
-    micro-batch gradients each parameter receives and starts its asynchronous all-reduce as soon
-    as the last one has arrived, i.e. when this stage's last backward ends, while other stages
-    are still computing; the optimizer waits only for its own stage's handles;
+    micro-batch gradients each parameter receives; when every parameter of the stage has its last
+    one, i.e. when this stage's last backward ends, one asynchronous all-reduce of the stage's
+    flattened gradients starts while other stages are still computing; the optimizer waits only
+    for its own stage's handle (one collective per partition, as GroPipe Fig. 8; one per tensor
+    would pay the link latency dozens of times);
   - "bucketed": the same hooks, but parameters are grouped into 25 MiB buckets in reverse order
     (as DDP) and a bucket is all-reduced, flattened, once all of its parameters are ready;
   - "none".
@@ -67,12 +69,17 @@ def _roles(plan: Plan, rank: int) -> tuple[int, int]:
 class GradSync:
     """Gradient averaging across the replicas of one stage."""
 
-    def __init__(self, params: list[torch.nn.Parameter], group, group_size: int, mode: str, n_micro: int):
+    def __init__(self, params: list[torch.nn.Parameter], group, group_size: int, mode: str, n_micro: int,
+                 recorder=None):
         self.params, self.group, self.size, self.mode, self.n_micro = params, group, group_size, mode, n_micro
+        self.recorder = recorder
+        self.first_launch: float | None = None
         self.handles: list = []
         self.counts = {id(p): 0 for p in params}
         self.buckets: list[list[torch.nn.Parameter]] = []
-        if mode == "bucketed":
+        if mode == "gropipe-delayed":  # one all-reduce for the whole partition (GroPipe Fig. 8)
+            self.buckets = [list(reversed(params))]
+        elif mode == "bucketed":
             current, size = [], 0
             for p in reversed(params):
                 current.append(p)
@@ -94,9 +101,8 @@ class GradSync:
         self.counts[id(p)] += 1
         if self.counts[id(p)] < self.n_micro:
             return
-        if self.mode == "gropipe-delayed":
-            self.handles.append(dist.all_reduce(p.grad, group=self.group, async_op=True))
-            return
+        if self.first_launch is None:
+            self.first_launch = time.time()
         b = self.bucket_of[id(p)]
         self.bucket_ready[b] += 1
         if self.bucket_ready[b] == len(self.buckets[b]):
@@ -105,12 +111,17 @@ class GradSync:
             self.handles.append(dist.all_reduce(flat, group=self.group, async_op=True))
 
     def finish(self) -> None:
-        if self.size > 1 and self.mode == "after-backward":
-            for p in self.params:
-                if p.grad is not None:
-                    dist.all_reduce(p.grad, group=self.group)
+        start = self.first_launch if self.first_launch is not None else time.time()
+        if self.size > 1 and self.mode == "after-backward":  # one flattened all-reduce after the step
+            ready = [p for p in self.params if p.grad is not None]
+            flat = torch.cat([p.grad.reshape(-1) for p in ready])
+            dist.all_reduce(flat, group=self.group)
+            self.flat.append((flat, ready))
         for h in self.handles:
             h.wait()
+        if self.recorder is not None and self.size > 1 and self.mode != "none":
+            self.recorder.add("allreduce", "allreduce", -1, start, time.time())
+        self.first_launch = None
         for flat, ps in self.flat:
             offset = 0
             for q in ps:
@@ -161,6 +172,11 @@ def train_rank(config: TrainConfig) -> dict:
     by_name = {names.get(id(p)): p for p in params}
 
     stage = PipelineStage(module, stage_index, n_stages, device, group=pp_groups[replica])
+    from paraplan.runtime.timeline import Recorder
+
+    recorder = Recorder()
+    recorder.wrap_stage(stage)
+    recorder.patch_p2p()
     n_micro = plan.n_micro
 
     def loss(out, target):
@@ -170,7 +186,7 @@ def train_rank(config: TrainConfig) -> dict:
     if schedule_cls is None:
         raise RuntimeError(f"the runtime runs gpipe and 1f1b schedules, not {plan.schedule!r}")
     schedule = schedule_cls(stage, n_micro, loss_fn=loss, scale_grads=False)
-    sync = GradSync(params, dp_groups[stage_index], n_replicas, plan.grad_sync, n_micro)
+    sync = GradSync(params, dp_groups[stage_index], n_replicas, plan.grad_sync, n_micro, recorder)
     optim = (torch.optim.Adam(params, lr=config.lr) if config.optimizer == "adam"
              else torch.optim.SGD(params, lr=config.lr))
     shard = plan.global_batch // n_replicas
@@ -186,6 +202,7 @@ def train_rank(config: TrainConfig) -> dict:
         torch.set_rng_state(state["rng"])
         first_step, losses = state["step"], list(state["losses"])
     for step in range(first_step, config.steps):
+        recorder.step = step
         if config.fail_at is not None and config.fail_at == (rank, step):
             os._exit(17)  # a rank that dies without a word, as a crashed machine would
         inputs, targets = make_batch(built.inputs, plan.global_batch, seed=config.seed * 7919 + step)
@@ -228,6 +245,9 @@ def train_rank(config: TrainConfig) -> dict:
                         "step": done, "losses": losses}, tmp)
             os.replace(tmp, ckpt)
     result = {"rank": rank, "stage": stage_index, "replica": replica, "losses": losses, "step_s": step_times}
+    if config.out_dir is not None:
+        recorder.save(Path(config.out_dir) / f"timeline_rank{rank}.json", rank)
+        (Path(config.out_dir) / f"steps_rank{rank}.json").write_text(json.dumps(step_times))
     if config.out_dir is not None and replica == 0:
         out = Path(config.out_dir)
         torch.save({names.get(id(p)): p.detach().clone() for p in params}, out / f"stage{stage_index}.pt")

@@ -58,6 +58,11 @@ class PipelineWork:
     grad_sync: str = "none"
     sync: tuple[StageSync, ...] = ()  # one per stage when grad_sync is not "none"
     n_devices: int = 0  # 0: 1 + the largest device id used
+    # Blocking point-to-point with a rendezvous, as torch.distributed.pipelining runs on gloo: a
+    # transfer starts only once the receiver has finished the action before the one that needs it
+    # (that is when it posts its receive), and the sender waits for its send to complete before
+    # its next action (the schedule waits on sends and receives posted together).
+    rendezvous: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,8 +85,10 @@ def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
     bwd_last: dict[tuple[int, int, int], int] = {}
     bucket_parts: dict[tuple[int, int], list[int]] = {}
     order = schedules.ORDERS[work.schedule]
+    actions: dict[tuple[int, int], list[int]] = {}
     for r, replica in enumerate(work.replicas):
         for s, st in enumerate(replica):
+            first_task = len(graph)
             for op, j in order(n_stages, n_micro, s):
                 key = (r, s, j)
                 if op == "F":
@@ -98,6 +105,26 @@ def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
                 else:
                     tid = graph.compute(st.device, st.backward_s, "backward", j, st.backward_layers)
                     bwd_first[key] = bwd_last[key] = tid
+            actions[(r, s)] = list(range(first_task, len(graph)))
+    position = {t: (key, i) for key, ts in actions.items() for i, t in enumerate(ts)}
+
+    def neighbour(task: int, step: int) -> int | None:
+        key, i = position[task]
+        j = i + step
+        return actions[key][j] if 0 <= j < len(actions[key]) else None
+
+    def link(sender_task: int, transfer: int, receiver_task: int) -> None:
+        """Rendezvous: the transfer waits for the receiver's previous action; the sender's next
+        action waits for the transfer."""
+        if not work.rendezvous:
+            return
+        before = neighbour(receiver_task, -1)
+        if before is not None:
+            graph.depend(transfer, before)
+        after = neighbour(sender_task, +1)
+        if after is not None:
+            graph.depend(after, transfer)
+
     for r, replica in enumerate(work.replicas):
         for s, st in enumerate(replica):
             for j in range(n_micro):
@@ -107,9 +134,11 @@ def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
                     t = graph.transfer(st.device, nxt.device, st.send_forward_s, "send_forward", j, st.layers,
                                        deps=[fwd[(r, s, j)]])
                     graph.depend(fwd[(r, s + 1, j)], t)
+                    link(fwd[(r, s, j)], t, fwd[(r, s + 1, j)])
                     t = graph.transfer(nxt.device, st.device, nxt.send_backward_s, "send_backward", j,
                                        nxt.backward_layers, deps=[bwd_last[(r, s + 1, j)]])
                     graph.depend(bwd_first[(r, s, j)], t)
+                    link(bwd_last[(r, s + 1, j)], t, bwd_first[(r, s, j)])
     marks = {"last_backward": bwd_last, "n_micro": n_micro}
     if work.grad_sync != "none" and work.sync:
         last = n_micro - 1

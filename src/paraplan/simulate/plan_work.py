@@ -85,6 +85,8 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
                 prev = plan.stages[s - 1].devices[r]
                 cut = stage.backward.start - 1
                 send_b = cm.cluster.link(d, prev).transfer_s(layers[cut].output_grad_bytes.at(micro))
+            fwd += cm.action_overhead_s
+            bwd += cm.action_overhead_s
             row.append(StageWork(device=d, forward_s=fwd, backward_s=bwd, send_forward_s=send_f,
                                  send_backward_s=send_b, layers=(stage.layers.start, stage.layers.stop),
                                  backward_layers=(stage.backward.start, stage.backward.stop)))
@@ -103,7 +105,7 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
                 lambda nbytes, n=n_group, lk=link: ring_allreduce_s(nbytes, n, lk))))
         sync = tuple(out)
     return PipelineWork(schedule=plan.schedule, n_micro=plan.n_micro, replicas=tuple(replicas),
-                        grad_sync=plan.grad_sync, sync=sync, n_devices=cm.cluster.n_devices)
+                        grad_sync=plan.grad_sync, sync=sync, n_devices=cm.cluster.n_devices, rendezvous=cm.rendezvous)
 
 
 def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:

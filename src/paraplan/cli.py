@@ -237,7 +237,7 @@ def _cmd_train(args) -> int:
                          optimizer=args.optimizer, clip_norm=args.clip_norm, out_dir=out_dir, seq_len=args.seq_len,
                          image_size=args.image_size, dropout=not args.no_dropout, checkpoint_dir=args.checkpoint_dir,
                          checkpoint_every=args.checkpoint_every, resume=args.resume, timeout_s=args.timeout,
-                         fail_at=_fail_at())
+                         fail_at=_fail_at(), log=True)
     if args.resume and not args.checkpoint_dir:
         raise ParaplanError("--resume needs --checkpoint-dir")
     if args.checkpoint_dir:
@@ -257,10 +257,12 @@ def _cmd_train(args) -> int:
     losses = _json.loads((Path(out_dir) / "losses.json").read_text())
     steps = [_json.loads(f.read_text()) for f in sorted(Path(out_dir).glob("steps_rank*.json"))]
     per_step = [max(s[i] for s in steps) for i in range(min(len(s) for s in steps))] if steps else []
-    for step, loss in enumerate(losses):
-        took = f", {per_step[step] * 1e3:.1f} ms, {plan.global_batch / per_step[step]:.1f} samples/s" \
-            if step < len(per_step) else ""
-        print(f"step {step + 1}: loss {loss:.6f}{took}")
+    if per_step:
+        import statistics
+
+        tail = per_step[1:] or per_step
+        print(f"{len(losses)} steps, final loss {losses[-1]:.6f}; median step {statistics.median(tail) * 1e3:.1f} ms "
+              f"({plan.global_batch / statistics.median(tail):.1f} samples/s) after the first")
     if args.compare:
         _compare_with_simulation(args, plan, spec, out_dir, per_step)
     print(f"losses, timelines and each stage's parameters written to {out_dir}")

@@ -53,9 +53,22 @@ def test_four_stage_gpt2_matches_one_process(tmp_path):
     _compare(tmp_path, GPT2_4, 4)
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("sync", ["gropipe-delayed", "after-backward", "bucketed"])
-def test_pipeline_times_data_parallel_matches_one_process(tmp_path, sync):
-    _compare(tmp_path, replace(LENET_2X2, grad_sync=sync), 4)
+def test_pipeline_times_data_parallel_matches_one_process(tmp_path, schedule, sync):
+    _compare(tmp_path, replace(LENET_2X2, schedule=schedule, grad_sync=sync), 4)
+
+
+def test_two_stage_cnn_matches_one_process(tmp_path):
+    plan = Plan(model="vgg-tiny", cluster="local", n_layers=16, global_batch=8, n_micro=2, schedule="1f1b",
+                grad_sync="none", stages=(Stage(LayerRange(0, 8), (0,)), Stage(LayerRange(8, 16), (1,))))
+    _compare(tmp_path, plan, 2)
+
+
+def test_data_parallel_gpt2_matches_one_process(tmp_path):
+    plan = Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=8, n_micro=2, schedule="gpipe",
+                grad_sync="gropipe-delayed", stages=(Stage(LayerRange(0, 6), (0, 1)),))
+    _compare(tmp_path, plan, 2)
 
 
 def test_gradient_clipping_across_stages(tmp_path):

@@ -57,6 +57,7 @@ class TrainConfig:
     resume: bool = False  # continue from the checkpoint in checkpoint_dir
     timeout_s: float = 60.0  # a collective that waits longer than this fails (a dead rank)
     fail_at: tuple[int, int] | None = None  # (rank, step): that rank dies there (tests of failure)
+    log: bool = False  # rank 0 prints each step as it ends
 
 
 def _roles(plan: Plan, rank: int) -> tuple[int, int]:
@@ -238,6 +239,10 @@ def train_rank(config: TrainConfig) -> dict:
         dist.all_reduce(step_loss)  # only last stages contribute: sum over replicas, then average
         losses.append(float(step_loss) / n_replicas)
         done = step + 1
+        if rank == 0 and config.log:
+            took = time.perf_counter() - t0
+            print(f"step {done}/{config.steps}: loss {losses[-1]:.6f}, {took * 1e3:.1f} ms, "
+                  f"{plan.global_batch / took:.1f} samples/s", flush=True)
         if ckpt is not None and replica == 0 and (
                 done == config.steps or (config.checkpoint_every and done % config.checkpoint_every == 0)):
             tmp = ckpt.with_suffix(".tmp")

@@ -202,6 +202,13 @@ def train_rank(config: TrainConfig) -> dict:
         optim.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
         first_step, losses = state["step"], list(state["losses"])
+    progress = None
+    if rank == 0 and config.log:
+        from rich.progress import Progress
+
+        progress = Progress(transient=True)
+        progress.start()
+        bar = progress.add_task("training", total=config.steps, completed=first_step)
     for step in range(first_step, config.steps):
         recorder.step = step
         if config.fail_at is not None and config.fail_at == (rank, step):
@@ -239,16 +246,19 @@ def train_rank(config: TrainConfig) -> dict:
         dist.all_reduce(step_loss)  # only last stages contribute: sum over replicas, then average
         losses.append(float(step_loss) / n_replicas)
         done = step + 1
-        if rank == 0 and config.log:
+        if progress is not None:
             took = time.perf_counter() - t0
-            print(f"step {done}/{config.steps}: loss {losses[-1]:.6f}, {took * 1e3:.1f} ms, "
-                  f"{plan.global_batch / took:.1f} samples/s", flush=True)
+            progress.console.print(f"step {done}/{config.steps}: loss {losses[-1]:.6f}, {took * 1e3:.1f} ms, "
+                                   f"{plan.global_batch / took:.1f} samples/s")
+            progress.advance(bar)
         if ckpt is not None and replica == 0 and (
                 done == config.steps or (config.checkpoint_every and done % config.checkpoint_every == 0)):
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"module": module.state_dict(), "optimizer": optim.state_dict(), "rng": torch.get_rng_state(),
                         "step": done, "losses": losses}, tmp)
             os.replace(tmp, ckpt)
+    if progress is not None:
+        progress.stop()
     result = {"rank": rank, "stage": stage_index, "replica": replica, "losses": losses, "step_s": step_times}
     if config.out_dir is not None:
         recorder.save(Path(config.out_dir) / f"timeline_rank{rank}.json", rank)

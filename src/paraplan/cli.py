@@ -254,9 +254,10 @@ def _cmd_train(args) -> int:
             return 0
     else:
         spawn(config, world)
+    from paraplan.runtime.compare import compare_run, step_times
+
     losses = _json.loads((Path(out_dir) / "losses.json").read_text())
-    steps = [_json.loads(f.read_text()) for f in sorted(Path(out_dir).glob("steps_rank*.json"))]
-    per_step = [max(s[i] for s in steps) for i in range(min(len(s) for s in steps))] if steps else []
+    per_step = step_times(out_dir)
     if per_step:
         import statistics
 
@@ -264,41 +265,14 @@ def _cmd_train(args) -> int:
         print(f"{len(losses)} steps, final loss {losses[-1]:.6f}; median step {statistics.median(tail) * 1e3:.1f} ms "
               f"({plan.global_batch / statistics.median(tail):.1f} samples/s) after the first")
     if args.compare:
-        _compare_with_simulation(args, plan, spec, out_dir, per_step)
+        cluster = load_cluster(args.cluster)
+        cm = _cost_model(args, spec, cluster, rendezvous=True, action_overhead_s=args.action_overhead_ms * 1e-3)
+        c = compare_run(plan, cm, out_dir)
+        print(f"predicted {c.predicted_s * 1e3:.1f} ms ({'profile' if args.profile else 'analytic'} costs, cluster "
+              f"{cluster.name}); measured median {c.measured_median_s * 1e3:.1f} ms (quartiles "
+              f"{c.measured_q1_s * 1e3:.1f}..{c.measured_q3_s * 1e3:.1f}, {c.steps} steps); error {c.error:+.1%}")
     print(f"losses, timelines and each stage's parameters written to {out_dir}")
     return 0
-
-
-def _compare_with_simulation(args, plan, spec, out_dir, per_step) -> None:
-    """Predicted against measured iteration time, and both timelines side by side."""
-    import statistics
-    from pathlib import Path
-
-    from paraplan.hardware import load_cluster
-    from paraplan.runtime.timeline import load_runs, measured_trace, one_step, side_by_side
-    from paraplan.simulate.export import chrome_trace
-    from paraplan.simulate.predict import simulate_plan
-
-    measured = per_step[1:] if len(per_step) > 1 else per_step  # the first step warms up
-    if not measured:
-        raise ParaplanError("--compare needs at least one measured step")
-    cluster = load_cluster(args.cluster)
-    sim = simulate_plan(plan, _cost_model(args, spec, cluster, rendezvous=True,
-                                          action_overhead_s=args.action_overhead_ms * 1e-3))
-    median = statistics.median(measured)
-    q = statistics.quantiles(measured, n=4) if len(measured) >= 4 else [min(measured), median, max(measured)]
-    predicted = sim.prediction.iteration_s
-    print(f"predicted {predicted * 1e3:.1f} ms ({'profile' if args.profile else 'analytic'} costs, cluster "
-          f"{cluster.name}); measured median {median * 1e3:.1f} ms (quartiles {q[0] * 1e3:.1f}..{q[-1] * 1e3:.1f}, "
-          f"{len(measured)} steps); error {predicted / median - 1:+.1%}")
-    runs = load_runs(out_dir)
-    measured_trace(runs, Path(out_dir) / "measured.trace.json")
-    chrome_trace(sim.timeline, Path(out_dir) / "simulated.trace.json")
-    last = max(e["step"] for ev in runs.values() for e in ev)
-    side_by_side(one_step(runs, last), sim.timeline, Path(out_dir) / "compare.png",
-                 title=f"{plan.model}: {plan.schedule}, {plan.n_stages} stages x {len(plan.stages[0].devices)} "
-                       f"replicas, {plan.n_micro} micro-batches of {plan.micro_batch_size / len(plan.stages[0].devices):g}"
-                       f"; predicted {predicted * 1e3:.1f} ms, measured median {median * 1e3:.1f} ms")
 
 
 def _parse_sizes(text: str) -> list[int]:

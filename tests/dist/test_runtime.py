@@ -142,3 +142,18 @@ def test_a_dead_rank_stops_the_run_with_a_clear_error(tmp_path):
     assert res.returncode == 2 and "rank 1 exited with code 17" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
     assert time.time() - t0 < 90
+
+
+def test_compare_writes_both_timelines_and_the_error(tmp_path):
+    plan_path = tmp_path / "plan.json"
+    write_plan(GPT2_2, plan_path)
+    res = _train(plan_path, "--steps", "3", "--compare", "--out-dir", str(tmp_path / "run"))
+    assert res.returncode == 0, res.stderr
+    assert "predicted" in res.stdout and "error" in res.stdout
+    run = tmp_path / "run"
+    assert (run / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    measured = json.loads((run / "measured.trace.json").read_text())["traceEvents"]
+    kinds = {e["cat"] for e in measured if e.get("ph") == "X"}
+    assert {"forward", "backward"} <= kinds
+    assert {e["pid"] for e in measured if e.get("ph") == "X"} == {0, 1}
+    assert json.loads((run / "simulated.trace.json").read_text())["traceEvents"]

@@ -1,0 +1,61 @@
+"""Measured against predicted for one `paraplan train` run: numbers, traces and the figure."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from paraplan.costs.model import CostModel
+from paraplan.errors import ParaplanError
+from paraplan.planners.plan import Plan
+from paraplan.runtime.timeline import load_runs, measured_trace, one_step, side_by_side
+from paraplan.simulate.export import chrome_trace
+from paraplan.simulate.predict import simulate_plan
+
+
+@dataclass(frozen=True)
+class Comparison:
+    predicted_s: float
+    measured_median_s: float
+    measured_q1_s: float
+    measured_q3_s: float
+    steps: int
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.measured_median_s - 1
+
+
+def step_times(out_dir: str | Path) -> list[float]:
+    """Each step's time: the slowest rank's (a step ends when every rank has ended it)."""
+    ranks = [json.loads(f.read_text()) for f in sorted(Path(out_dir).glob("steps_rank*.json"))]
+    if not ranks:
+        return []
+    return [max(r[i] for r in ranks) for i in range(min(len(r) for r in ranks))]
+
+
+def compare_run(plan: Plan, cm: CostModel, out_dir: str | Path) -> Comparison:
+    """Simulate the plan, compare with the measured steps after the first (warm-up), and write
+    measured.trace.json, simulated.trace.json and compare.png into out_dir."""
+    per_step = step_times(out_dir)
+    measured = per_step[1:] if len(per_step) > 1 else per_step
+    if not measured:
+        raise ParaplanError("--compare needs at least one measured step")
+    sim = simulate_plan(plan, cm)
+    median = statistics.median(measured)
+    q = statistics.quantiles(measured, n=4) if len(measured) >= 4 else [min(measured), median, max(measured)]
+    result = Comparison(predicted_s=sim.prediction.iteration_s, measured_median_s=median, measured_q1_s=q[0],
+                        measured_q3_s=q[-1], steps=len(measured))
+    runs = load_runs(out_dir)
+    out = Path(out_dir)
+    measured_trace(runs, out / "measured.trace.json")
+    chrome_trace(sim.timeline, out / "simulated.trace.json")
+    last = max(e["step"] for ev in runs.values() for e in ev)
+    replicas = len(plan.stages[0].devices)
+    side_by_side(one_step(runs, last), sim.timeline, out / "compare.png",
+                 title=f"{plan.model}: {plan.schedule}, {plan.n_stages} stages x {replicas} replicas, {plan.n_micro} "
+                       f"micro-batches of {plan.micro_batch_size / replicas:g}; predicted "
+                       f"{result.predicted_s * 1e3:.1f} ms, measured median {median * 1e3:.1f} ms")
+    return result

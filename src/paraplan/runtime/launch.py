@@ -50,7 +50,9 @@ def run_under_torchrun(config: TrainConfig) -> dict:
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=config.timeout_s))
+    from paraplan.runtime.worker import backend
+
+    dist.init_process_group(backend(), timeout=datetime.timedelta(seconds=config.timeout_s))
     try:
         return train_rank(config)
     finally:

@@ -60,6 +60,20 @@ class TrainConfig:
     log: bool = False  # rank 0 prints each step as it ends
 
 
+def backend() -> str:
+    """gloo on the CPU, nccl when every rank has a GPU of its own (the nccl path is written for
+    GPU machines and has not been run on this CPU-only one)."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count()))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
 def _roles(plan: Plan, rank: int) -> tuple[int, int]:
     for s, stage in enumerate(plan.stages):
         if rank in stage.devices:
@@ -142,7 +156,7 @@ def train_rank(config: TrainConfig) -> dict:
 
     plan = config.plan
     rank = dist.get_rank()
-    device = torch.device("cpu")
+    device = _device()
     stage_index, replica = _roles(plan, rank)
     n_stages, n_replicas = plan.n_stages, len(plan.stages[0].devices)
     # every rank creates every group, in the same order (new_group is collective)
@@ -214,8 +228,8 @@ def train_rank(config: TrainConfig) -> dict:
         if config.fail_at is not None and config.fail_at == (rank, step):
             os._exit(17)  # a rank that dies without a word, as a crashed machine would
         inputs, targets = make_batch(built.inputs, plan.global_batch, seed=config.seed * 7919 + step)
-        x = inputs[replica * shard:(replica + 1) * shard]
-        y = targets[replica * shard:(replica + 1) * shard]
+        x = inputs[replica * shard:(replica + 1) * shard].to(device)
+        y = targets[replica * shard:(replica + 1) * shard].to(device)
         optim.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         micro_losses: list = []
@@ -231,7 +245,7 @@ def train_rank(config: TrainConfig) -> dict:
         for name, g in tied_groups:
             dist.all_reduce(by_name[name].grad, group=g)
         if config.clip_norm is not None:
-            sq = torch.zeros(1)
+            sq = torch.zeros(1, device=device)
             for p in params:
                 if p.grad is not None and names.get(id(p)) in owner_names:
                     sq += p.grad.pow(2).sum()
@@ -242,7 +256,8 @@ def train_rank(config: TrainConfig) -> dict:
                     p.grad.mul_(coef)
         optim.step()
         step_times.append(time.perf_counter() - t0)
-        step_loss = torch.tensor([sum(float(v.detach()) for v in micro_losses) if micro_losses else 0.0])
+        step_loss = torch.tensor([sum(float(v.detach()) for v in micro_losses) if micro_losses else 0.0],
+                                 device=device)
         dist.all_reduce(step_loss)  # only last stages contribute: sum over replicas, then average
         losses.append(float(step_loss) / n_replicas)
         done = step + 1
@@ -290,7 +305,7 @@ def worker_main(rank: int, world: int, port: int, config: TrainConfig) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world,
+    dist.init_process_group(backend(), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=config.timeout_s))
     try:
         train_rank(config)

@@ -28,7 +28,7 @@ LENET_2X2 = Plan(model="lenet-5", cluster="local", n_layers=5, global_batch=16, 
                  stages=(Stage(LayerRange(0, 2), (0, 2)), Stage(LayerRange(2, 5), (1, 3))))
 
 
-def _compare(tmp_path, plan, world, **kw):
+def _check_against_one_process(tmp_path, plan, world, **kw):
     config = TrainConfig(plan=plan, model=plan.model, steps=3, out_dir=str(tmp_path), dropout=False,
                          optimizer="sgd", lr=0.1, **kw)
     spawn(config, world)
@@ -46,33 +46,33 @@ def _compare(tmp_path, plan, world, **kw):
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_two_stage_gpt2_with_tied_embedding_matches_one_process(tmp_path, schedule):
-    _compare(tmp_path, replace(GPT2_2, schedule=schedule), 2)
+    _check_against_one_process(tmp_path, replace(GPT2_2, schedule=schedule), 2)
 
 
 def test_four_stage_gpt2_matches_one_process(tmp_path):
-    _compare(tmp_path, GPT2_4, 4)
+    _check_against_one_process(tmp_path, GPT2_4, 4)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("sync", ["gropipe-delayed", "after-backward", "bucketed"])
 def test_pipeline_times_data_parallel_matches_one_process(tmp_path, schedule, sync):
-    _compare(tmp_path, replace(LENET_2X2, schedule=schedule, grad_sync=sync), 4)
+    _check_against_one_process(tmp_path, replace(LENET_2X2, schedule=schedule, grad_sync=sync), 4)
 
 
 def test_two_stage_cnn_matches_one_process(tmp_path):
     plan = Plan(model="vgg-tiny", cluster="local", n_layers=16, global_batch=8, n_micro=2, schedule="1f1b",
                 grad_sync="none", stages=(Stage(LayerRange(0, 8), (0,)), Stage(LayerRange(8, 16), (1,))))
-    _compare(tmp_path, plan, 2)
+    _check_against_one_process(tmp_path, plan, 2)
 
 
 def test_data_parallel_gpt2_matches_one_process(tmp_path):
     plan = Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=8, n_micro=2, schedule="gpipe",
                 grad_sync="gropipe-delayed", stages=(Stage(LayerRange(0, 6), (0, 1)),))
-    _compare(tmp_path, plan, 2)
+    _check_against_one_process(tmp_path, plan, 2)
 
 
 def test_gradient_clipping_across_stages(tmp_path):
-    _compare(tmp_path, replace(LENET_2X2, schedule="gpipe", grad_sync="after-backward"), 4, clip_norm=0.01)
+    _check_against_one_process(tmp_path, replace(LENET_2X2, schedule="gpipe", grad_sync="after-backward"), 4, clip_norm=0.01)
 
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo"}

@@ -27,16 +27,15 @@ from paraplan.models import measure, zoo  # noqa: E402
 from paraplan.planners.plan import LayerRange, Plan, Stage  # noqa: E402
 from paraplan.planners.plan_file import write_plan  # noqa: E402
 from paraplan.profiling.profile_file import read_profile  # noqa: E402
+from paraplan.runtime.compare import measured_overheads  # noqa: E402
 from paraplan.simulate.predict import simulate_plan  # noqa: E402
 
 OUT = Path("results/runtime")
 MODEL = "gpt2-tiny"
 STEPS = 14
 WARMUP_STEPS = 2
-# The runtime's own cost per pipeline action, read off a measured timeline of the demo plan: the
-# median time between the end of one forward/backward and the start of the next on a rank, less any
-# wait for a transfer (0.25 ms over 182 gaps on this machine).
-ACTION_OVERHEAD_S = 0.25e-3
+# The runtime's own costs (per pipeline action, per step) are read off the measured timeline of the
+# demo plan (runtime/compare.py: measured_overheads) and then used to predict every plan.
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
 
 
@@ -78,10 +77,17 @@ def main() -> None:
     cli("profile-links", "--out", str(cluster_path))
     spec = measure.measure(zoo.build(MODEL))
     profile = read_profile(profile_path)
+    # the demo plan first: its timeline gives the runtime's overheads
+    write_plan(PLANS["1f1b 3+3 m=4 (demo)"], OUT / "plan.json")
+    shutil.rmtree(OUT / "calibration", ignore_errors=True)
+    cli("train", "--plan", str(OUT / "plan.json"), "--steps", str(STEPS), "--out-dir", str(OUT / "calibration"))
+    action_overhead_s, step_overhead_s = measured_overheads(OUT / "calibration")
+    print(f"runtime overheads read off the demo timeline: {action_overhead_s * 1e3:.2f} ms per action, "
+          f"{step_overhead_s * 1e3:.2f} ms per step", flush=True)
     # two link models: the idle ping-pong just measured, and the `local` preset's 1.5 ms latency
     # (shared/notes: what gloo shows while both cores compute)
     models = {key: profile_cost_model(spec, load_cluster(c), profile, rendezvous=True,
-                                      action_overhead_s=ACTION_OVERHEAD_S)
+                                      action_overhead_s=action_overhead_s, step_overhead_s=step_overhead_s)
               for key, c in (("measured_links", str(cluster_path)), ("local_preset", "local"))}
     rows = []
     for name, plan in PLANS.items():
@@ -106,7 +112,8 @@ def main() -> None:
     write_plan(PLANS["1f1b 3+3 m=4 (demo)"], OUT / "plan.json")
     shutil.rmtree(OUT / "demo", ignore_errors=True)
     cli("train", "--plan", str(OUT / "plan.json"), "--steps", str(STEPS), "--out-dir", str(OUT / "demo"), "--compare",
-        "--profile", str(profile_path), "--cluster", "local", "--action-overhead-ms", str(ACTION_OVERHEAD_S * 1e3))
+        "--profile", str(profile_path), "--cluster", "local", "--action-overhead-ms", str(action_overhead_s * 1e3),
+        "--step-overhead-ms", str(step_overhead_s * 1e3))
     shutil.copy(OUT / "demo" / "compare.png", OUT / "compare.png")
 
     def ranks(values):
@@ -125,7 +132,8 @@ def main() -> None:
     spearman = spearman_of("predicted_s")
     spearman_idle = spearman_of("predicted_measured_links_s")
     (OUT / "runs.json").write_text(json.dumps({"rows": rows, "spearman": spearman, "spearman_idle_links": spearman_idle,
-                                               "action_overhead_s": ACTION_OVERHEAD_S}, indent=1))
+                                               "action_overhead_s": action_overhead_s,
+                                               "step_overhead_s": step_overhead_s}, indent=1))
     fig, ax = plt.subplots(figsize=(6, 5))
     for r in rows:
         ax.errorbar(r["measured_s"] * 1e3, r["predicted_s"] * 1e3,
@@ -144,8 +152,9 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(OUT / "predicted_vs_measured.png", dpi=120)
     lines = ["# Measured against predicted", "", f"{MODEL} on 2 gloo ranks (1 thread each) on this machine; the "
-             "simulator uses a measured profile, measured links, blocking transfers with a rendezvous and "
-             f"{ACTION_OVERHEAD_S * 1e3:.2f} ms per pipeline action.", "",
+             "simulator uses a measured profile, blocking transfers with a rendezvous, and the runtime's overheads read "
+             f"off the demo plan's timeline: {action_overhead_s * 1e3:.2f} ms per pipeline action and "
+             f"{step_overhead_s * 1e3:.2f} ms per step.", "",
              "| plan | measured median (IQR) | predicted, local preset links | error | predicted, idle-measured links | error |",
              "|---|---|---|---|---|---|"]
     for r in rows:

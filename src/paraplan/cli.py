@@ -266,7 +266,8 @@ def _cmd_train(args) -> int:
               f"({plan.global_batch / statistics.median(tail):.1f} samples/s) after the first")
     if args.compare:
         cluster = load_cluster(args.cluster)
-        cm = _cost_model(args, spec, cluster, rendezvous=True, action_overhead_s=args.action_overhead_ms * 1e-3)
+        cm = _cost_model(args, spec, cluster, rendezvous=True, action_overhead_s=args.action_overhead_ms * 1e-3,
+                         step_overhead_s=args.step_overhead_ms * 1e-3)
         c = compare_run(plan, cm, out_dir)
         print(f"predicted {c.predicted_s * 1e3:.1f} ms ({'profile' if args.profile else 'analytic'} costs, cluster "
               f"{cluster.name}); measured median {c.measured_median_s * 1e3:.1f} ms (quartiles "
@@ -424,6 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=None, help="for --compare: measured costs (paraplan profile)")
     p.add_argument("--action-overhead-ms", type=float, default=0.25,
                    help="for --compare: runtime cost of one pipeline action (default 0.25 ms, measured here)")
+    p.add_argument("--step-overhead-ms", type=float, default=5.0,
+                   help="for --compare: runtime cost per step outside the schedule (default 5 ms, measured here)")
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--image-size", type=int, default=None)
     p.set_defaults(func=_cmd_train)

@@ -22,7 +22,7 @@ class CostModel:
 
     def __init__(self, model: ModelSpec, cluster: Cluster, compute_costs: Callable[[DeviceSpec], LayerCosts],
                  memory: MemoryConfig | None = None, overlap_slowdown: float = 1.0, source: str = "analytic",
-                 rendezvous: bool = False, action_overhead_s: float = 0.0):
+                 rendezvous: bool = False, action_overhead_s: float = 0.0, step_overhead_s: float = 0.0):
         self.model = model
         self.cluster = cluster
         self._compute_costs = compute_costs
@@ -35,6 +35,7 @@ class CostModel:
         # the autograd engine starting, the p2p calls); the papers' models have neither
         self.rendezvous = rendezvous
         self.action_overhead_s = action_overhead_s
+        self.step_overhead_s = step_overhead_s  # per iteration, outside the schedule (optimizer, ...)
 
     def compute(self, device_id: int) -> LayerCosts:
         spec = self.cluster.device(device_id)

@@ -59,3 +59,30 @@ def compare_run(plan: Plan, cm: CostModel, out_dir: str | Path) -> Comparison:
                        f"micro-batches of {plan.micro_batch_size / replicas:g}; predicted "
                        f"{result.predicted_s * 1e3:.1f} ms, measured median {median * 1e3:.1f} ms")
     return result
+
+
+def measured_overheads(out_dir: str | Path, skip_steps: int = 2) -> tuple[float, float]:
+    """The runtime's own costs, read off a measured timeline (steps after `skip_steps`):
+    - per pipeline action: the median time between the end of one forward/backward and the start
+      of the next on a rank, less any wait for a transfer in between;
+    - per step: the median of the step's time less the span of its recorded schedule (optimizer,
+      zeroing gradients, the loss all-reduce, making the batch)."""
+    runs = load_runs(out_dir)
+    per_step = step_times(out_dir)
+    gaps, outside = [], []
+    for events in runs.values():
+        events = sorted((e for e in events if e["step"] >= skip_steps), key=lambda e: e["start"])
+        compute = [e for e in events if e["lane"] == "compute"]
+        for a, b in zip(compute, compute[1:], strict=False):
+            if a["step"] != b["step"]:
+                continue
+            waited = sum(e["end"] - e["start"] for e in events
+                         if e["lane"] != "compute" and e["start"] >= a["end"] and e["end"] <= b["start"])
+            gaps.append(max(0.0, b["start"] - a["end"] - waited))
+    for step in range(skip_steps, len(per_step)):
+        events = [e for ev in runs.values() for e in ev if e["step"] == step]
+        if events:
+            outside.append(max(0.0, per_step[step] - (max(e["end"] for e in events) - min(e["start"] for e in events))))
+    if not gaps or not outside:
+        raise ParaplanError("the timeline has too few steps to read the runtime's overheads from")
+    return statistics.median(gaps), statistics.median(outside)

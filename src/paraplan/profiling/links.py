@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from paraplan.errors import ParaplanError
+from paraplan.localnet import free_port
 
 
 @dataclass(frozen=True)
@@ -122,12 +122,6 @@ def _worker(rank: int, nproc: int, backend: str, port: int, sizes: list[int], ou
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def profile_links(backend: str = "gloo", nproc: int = 2, max_bytes: int = 256 * 2**20) -> LinkProfile:
     import torch
     import torch.multiprocessing as mp
@@ -143,7 +137,7 @@ def profile_links(backend: str = "gloo", nproc: int = 2, max_bytes: int = 256 * 
     sizes = default_sizes(max_bytes)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "links.json")
-        mp.spawn(_worker, args=(nproc, backend, _free_port(), sizes, out), nprocs=nproc, join=True)
+        mp.spawn(_worker, args=(nproc, backend, free_port(), sizes, out), nprocs=nproc, join=True)
         data = json.loads(Path(out).read_text())
     p2p = [statistics.median(data["p2p"][str(n)]) for n in sizes]
     spread = [(max(data["p2p"][str(n)]) - min(data["p2p"][str(n)])) / statistics.median(data["p2p"][str(n)])

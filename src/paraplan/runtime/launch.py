@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import torch.multiprocessing as mp
 
+from paraplan.localnet import free_port
 from paraplan.runtime.worker import TrainConfig, worker_main
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn(config: TrainConfig, world: int) -> None:

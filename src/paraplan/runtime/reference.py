@@ -6,7 +6,7 @@ import torch
 
 from paraplan.models.inputs import loss_fn, make_batch
 from paraplan.runtime.materialize import StageModule, build_layers, materialize
-from paraplan.runtime.worker import TrainConfig
+from paraplan.runtime.worker import TrainConfig, make_optimizer
 
 
 def reference_run(config: TrainConfig) -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -18,8 +18,7 @@ def reference_run(config: TrainConfig) -> tuple[list[float], dict[str, torch.Ten
     model = StageModule(modules)
     model.train()
     params = list(model.parameters())
-    optim = (torch.optim.Adam(params, lr=config.lr) if config.optimizer == "adam"
-             else torch.optim.SGD(params, lr=config.lr))
+    optim = make_optimizer(config, params)
     plan = config.plan
     n_replicas = len(plan.stages[0].devices)
     shard = plan.global_batch // n_replicas

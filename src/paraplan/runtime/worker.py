@@ -60,6 +60,13 @@ class TrainConfig:
     log: bool = False  # rank 0 prints each step as it ends
 
 
+def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
+    """The same optimizer for every stage and for the single-process reference."""
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=config.lr)
+    return torch.optim.SGD(params, lr=config.lr)
+
+
 def backend() -> str:
     """gloo on the CPU, nccl when every rank has a GPU of its own (the nccl path is written for
     GPU machines and has not been run on this CPU-only one)."""
@@ -202,8 +209,7 @@ def train_rank(config: TrainConfig) -> dict:
         raise RuntimeError(f"the runtime runs gpipe and 1f1b schedules, not {plan.schedule!r}")
     schedule = schedule_cls(stage, n_micro, loss_fn=loss, scale_grads=False)
     sync = GradSync(params, dp_groups[stage_index], n_replicas, plan.grad_sync, n_micro, recorder)
-    optim = (torch.optim.Adam(params, lr=config.lr) if config.optimizer == "adam"
-             else torch.optim.SGD(params, lr=config.lr))
+    optim = make_optimizer(config, params)
     shard = plan.global_batch // n_replicas
     losses, step_times = [], []
     first_step = 0

@@ -59,22 +59,15 @@ def _cmd_clusters(args) -> int:
 
 
 def _cmd_inspect(args) -> int:
-    from rich.progress import Progress
-
     from paraplan.costs.analytic import analytic_costs
     from paraplan.hardware import load_cluster
-    from paraplan.models import measure, zoo
     from paraplan.report import console, layers_table
 
     require_positive(args.batch, "--batch")
     cluster = load_cluster(args.cluster)
     if not 0 <= args.device < cluster.n_devices:
         raise ParaplanError(f"--device: {cluster.name} has devices 0..{cluster.n_devices - 1}, got {args.device}")
-    built = zoo.build(args.model, device="meta", seq_len=args.seq_len, image_size=args.image_size)
-    n_layers = measure.count_layers(built)
-    with Progress(transient=True, console=console(stderr=True)) as progress:
-        task = progress.add_task(f"measuring {built.name} on meta", total=2 * n_layers)
-        spec = measure.measure(built, progress=lambda: progress.advance(task))
+    _, spec = _measured_model(args.model, args.seq_len, args.image_size)
     other = 1 if cluster.n_devices > 1 else 0
     link = cluster.link(args.device, (args.device + other) % cluster.n_devices) if other else cluster.nodes[0].intra_link
     device = cluster.device(args.device)

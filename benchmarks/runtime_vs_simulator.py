@@ -24,8 +24,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from paraplan.costs.model import profile_cost_model  # noqa: E402
 from paraplan.hardware import load_cluster  # noqa: E402
 from paraplan.models import measure, zoo  # noqa: E402
-from paraplan.planners.plan import LayerRange, Plan, Stage  # noqa: E402
-from paraplan.planners.plan_file import write_plan  # noqa: E402
+from paraplan.plan.plan import LayerRange, Plan, Stage  # noqa: E402
+from paraplan.plan.plan_file import write_plan  # noqa: E402
 from paraplan.profiling.profile_file import read_profile  # noqa: E402
 from paraplan.runtime.compare import measured_overheads  # noqa: E402
 from paraplan.simulate.predict import simulate_plan  # noqa: E402

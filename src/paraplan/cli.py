@@ -98,7 +98,7 @@ def _cmd_simulate(args) -> int:
     from paraplan.costs.memory import GIB, MemoryConfig
     from paraplan.hardware import load_cluster
     from paraplan.hardware.cluster import Cluster, NodeSpec
-    from paraplan.planners.plan_file import plan_to_dict, read_plan, write_plan
+    from paraplan.plan.plan_file import plan_to_dict, read_plan, write_plan
     from paraplan.report import console, simulation_table
     from paraplan.simulate.export import chrome_trace, gantt
     from paraplan.simulate.predict import simulate_plan
@@ -157,7 +157,7 @@ def _measured_model(name: str, seq_len, image_size):
 
 def _cmd_plan(args) -> int:
     from paraplan.hardware import load_cluster
-    from paraplan.planners.plan_file import plan_to_dict, write_plan
+    from paraplan.plan.plan_file import plan_to_dict, write_plan
     from paraplan.planners.registry import make_plan
     from paraplan.report import console, simulation_table
     from paraplan.simulate.predict import simulate_plan
@@ -211,7 +211,7 @@ def _cmd_train(args) -> int:
 
     from paraplan.costs.memory import out_of_memory_reason, plan_memory
     from paraplan.hardware import load_cluster
-    from paraplan.planners.plan_file import read_plan
+    from paraplan.plan.plan_file import read_plan
     from paraplan.runtime.launch import check_before_launch, run_under_torchrun, spawn, under_torchrun
     from paraplan.runtime.worker import TrainConfig
 

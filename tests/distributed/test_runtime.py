@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from paraplan.planners.plan import LayerRange, Plan, Stage
-from paraplan.planners.plan_file import write_plan
+from paraplan.plan.plan import LayerRange, Plan, Stage
+from paraplan.plan.plan_file import write_plan
 from paraplan.runtime.launch import free_port, spawn
 from paraplan.runtime.reference import reference_run
 from paraplan.runtime.worker import TrainConfig

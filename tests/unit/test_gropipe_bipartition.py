@@ -12,9 +12,10 @@ import pytest
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
-from paraplan.planners.bipartition import bipartition, plan_bipartition
+from paraplan.planners.bipartition import plan_bipartition
+from paraplan.planners.bipartition_dp import bipartition
 from paraplan.planners.gropipe import ampa, normalise, plan_gropipe
-from paraplan.planners.plan import validate
+from paraplan.plan.plan import validate
 from paraplan.simulate.predict import simulate_plan
 
 FREE = lambda a, b: 0.0  # noqa: E731

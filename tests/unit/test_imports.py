@@ -7,7 +7,7 @@ import paraplan
 
 SRC = pathlib.Path(paraplan.__file__).parent
 PURE = ["models/spec.py", "hardware/cluster.py", "costs/timefn.py", "costs/analytic.py", "costs/memory.py",
-        "costs/closed_forms.py", "costs/collectives.py", "costs/model.py", "costs/profile.py", "planners/plan.py",
+        "costs/closed_forms.py", "costs/collectives.py", "costs/model.py", "costs/profile.py", "plan/plan.py",
         "planners/csimd.py", "planners/partition.py", "planners/pipeline_split.py", "planners/gropipe.py",
         "planners/bipartition.py", "planners/registry.py",
         "simulate/engine.py", "simulate/schedules.py", "simulate/pipeline.py", "simulate/plan_work.py",

@@ -12,7 +12,7 @@ from paraplan.errors import ParaplanError
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
 from paraplan.planners.pipeline_split import PLANNERS, build_problem, plan_split
-from paraplan.planners.plan import validate
+from paraplan.plan.plan import validate
 from paraplan.simulate.predict import simulate_plan
 
 

@@ -9,7 +9,7 @@ from paraplan.costs import closed_forms as cf
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
-from paraplan.planners.plan import LayerRange, LayerStrategy, Plan, PlanError, Stage
+from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, PlanError, Stage
 from paraplan.simulate.engine import KINDS
 from paraplan.simulate.predict import simulate_plan
 

@@ -15,7 +15,7 @@ from paraplan.errors import ParaplanError
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
 from paraplan.models.adapters import decompose
-from paraplan.planners.plan import LayerRange, Plan, Stage
+from paraplan.plan.plan import LayerRange, Plan, Stage
 from paraplan.profiling.links import fit_alpha_beta
 from paraplan.profiling.profile_file import profile_from_dict, profile_to_dict, read_profile, write_profile
 from paraplan.profiling.profiler import run_profile, zoo_workload

@@ -199,7 +199,7 @@ def test_collective_formulas():
 
 # --------------------------------------------------------------------------- operator DAGs (FD-DPS)
 def test_diamond_dag_by_hand():
-    from paraplan.planners.plan import OperatorPlacement
+    from paraplan.plan.plan import OperatorPlacement
     from paraplan.simulate.dag import OpEdge, simulate_dag
 
     # a -> b -> d and a -> c -> d; c runs on device 1, the rest on device 0
@@ -216,7 +216,7 @@ def test_diamond_dag_by_hand():
 
 
 def test_dag_order_that_contradicts_a_dependency_is_an_error():
-    from paraplan.planners.plan import OperatorPlacement, PlanError
+    from paraplan.plan.plan import OperatorPlacement, PlanError
     from paraplan.simulate.dag import OpEdge, build_dag_graph
 
     with pytest.raises(PlanError, match="runs 'b' before 'a'"):

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paraplan.models.spec import ModelSpec
-from paraplan.planners.plan import DeviceMemory, Plan
+from paraplan.plan.plan import DeviceMemory, Plan
 
 GIB = 2**30
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from paraplan.costs import closed_forms as cf
 from paraplan.errors import ParaplanError
-from paraplan.planners.plan import LayerRange, Plan, SearchInfo, Stage
+from paraplan.plan.plan import LayerRange, Plan, SearchInfo, Stage
 
 
 def normalise(times) -> np.ndarray:

@@ -20,7 +20,7 @@ import numpy as np
 from paraplan.costs.model import CostModel
 from paraplan.errors import ParaplanError, UnknownNameError
 from paraplan.planners import csimd, partition
-from paraplan.planners.plan import LayerRange, Plan, SearchInfo, Stage
+from paraplan.plan.plan import LayerRange, Plan, SearchInfo, Stage
 
 PLANNERS = ("csimd", "csimd-paper", "even", "random", "pipedream-dp", "params", "time-1d", "brute-force")
 BRUTE_FORCE_MAX_LAYERS = 30

@@ -6,7 +6,7 @@ from paraplan.costs.model import CostModel
 from paraplan.errors import UnknownNameError
 from paraplan.planners.pipeline_split import PLANNERS as SPLIT_PLANNERS
 from paraplan.planners.pipeline_split import plan_split
-from paraplan.planners.plan import Plan
+from paraplan.plan.plan import Plan
 
 PLANNERS = (*SPLIT_PLANNERS, "gropipe", "bipartition", "pipedream-layerwise")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from paraplan.costs.model import CostModel
 from paraplan.errors import ParaplanError
-from paraplan.planners.plan import Plan
+from paraplan.plan.plan import Plan
 from paraplan.runtime.timeline import load_runs, measured_trace, one_step, side_by_side
 from paraplan.simulate.export import chrome_trace
 from paraplan.simulate.predict import simulate_plan

@@ -56,7 +56,7 @@ def run_under_torchrun(config: TrainConfig) -> dict:
 def check_before_launch(config: TrainConfig, world: int, n_layers: int) -> None:
     """Refuse a plan that cannot run, before any process starts: one clear line."""
     from paraplan.errors import ParaplanError
-    from paraplan.planners.plan import check_fits
+    from paraplan.plan.plan import check_fits
 
     plan = config.plan
     if plan.schedule not in ("gpipe", "1f1b"):

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from paraplan.models.inputs import loss_fn, make_batch
-from paraplan.planners.plan import Plan
+from paraplan.plan.plan import Plan
 from paraplan.runtime.materialize import StageModule, build_layers, materialize
 
 BUCKET_BYTES = 25 * 2**20

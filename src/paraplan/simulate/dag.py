@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from paraplan.planners.plan import OperatorPlacement, PlanError
+from paraplan.plan.plan import OperatorPlacement, PlanError
 from paraplan.simulate.engine import TaskGraph, Timeline, simulate
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
 from paraplan.costs.model import CostModel
-from paraplan.planners.plan import Plan, PlanError, Stage, check_fits
+from paraplan.plan.plan import Plan, PlanError, Stage, check_fits
 from paraplan.simulate.pipeline import PipelineWork, StageSync, StageWork, SyncBucket
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb

@@ -8,7 +8,7 @@ import numpy as np
 
 from paraplan.costs.memory import MemoryBreakdown, out_of_memory_reason, plan_memory
 from paraplan.costs.model import CostModel
-from paraplan.planners.plan import Plan, Prediction
+from paraplan.plan.plan import Plan, Prediction
 from paraplan.simulate import pipeline
 from paraplan.simulate.engine import Timeline
 from paraplan.simulate.plan_work import plan_work

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from paraplan.fileio import atomic_write_text
-from paraplan.planners.plan import (
+from paraplan.plan.plan import (
     FORMAT_VERSION,
     DeviceMemory,
     LayerRange,

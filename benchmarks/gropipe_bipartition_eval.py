@@ -20,6 +20,8 @@ from paraplan.hardware import load_cluster  # noqa: E402
 from paraplan.models import measure, zoo  # noqa: E402
 from paraplan.planners.bipartition import plan_bipartition  # noqa: E402
 from paraplan.planners.gropipe import plan_gropipe  # noqa: E402
+from paraplan.planners.registry import simulator_judge  # noqa: E402
+from paraplan.planners.request import PlanRequest  # noqa: E402
 
 OUT = Path("results/gropipe_bipartition")
 SHAPES = [(2, 2), (2, 3), (2, 4), (3, 2), (4, 2)]  # the paper's (N groups, k stages)
@@ -39,7 +41,8 @@ def gropipe() -> dict:
         rows = []
         for n, k in SHAPES + EXTRA:
             batch = 256 if 256 % n == 0 else 264  # N = 3 cannot split 256 samples evenly: 264 = 3 x 88
-            _, table = plan_gropipe(cm, model, cluster.name, batch, micro_batches=MICRO, shapes=[(n, k)])
+            request = PlanRequest(costs=cm, model_name=model, cluster_name=cluster.name, batch=batch)
+            _, table = plan_gropipe(request, simulator_judge(request), micro_batches=MICRO, shapes=[(n, k)])
             for r in table:
                 r["batch"] = batch
             rows += table
@@ -57,11 +60,12 @@ def bipartition() -> dict:
     for model, image, batch, check_memory in setups:
         cm = analytic_cost_model(measure.measure(zoo.build(model, image_size=image)), cluster)
         for workers in range(2, 8):
+            request = PlanRequest(costs=cm, model_name=model, cluster_name=cluster.name, batch=batch,
+                                  n_stages=workers)
             t0 = time.perf_counter()
-            bi = plan_bipartition(cm, model, cluster.name, batch, n_workers=workers, check_memory=check_memory)
+            bi, _ = plan_bipartition(request, simulator_judge(request), check_memory=check_memory)
             search_s = time.perf_counter() - t0
-            lw = plan_bipartition(cm, model, cluster.name, batch, n_workers=workers, layerwise=True,
-                                  check_memory=check_memory)
+            lw, _ = plan_bipartition(request, simulator_judge(request), layerwise=True, check_memory=check_memory)
             rows.append({"model": model, "workers": workers, "batch": batch, "memory_checked": check_memory,
                          "bipartition_s": bi.prediction.iteration_s, "layerwise_s": lw.prediction.iteration_s,
                          "speedup": lw.prediction.iteration_s / bi.prediction.iteration_s,

@@ -81,13 +81,13 @@ def main() -> None:
     write_plan(PLANS["1f1b 3+3 m=4 (demo)"], OUT / "plan.json")
     shutil.rmtree(OUT / "calibration", ignore_errors=True)
     cli("train", "--plan", str(OUT / "plan.json"), "--steps", str(STEPS), "--out-dir", str(OUT / "calibration"))
-    action_overhead_s, step_overhead_s = measured_overheads(OUT / "calibration")
+    overheads = measured_overheads(OUT / "calibration")
+    action_overhead_s, step_overhead_s = overheads.action_s, overheads.step_s
     print(f"runtime overheads read off the demo timeline: {action_overhead_s * 1e3:.2f} ms per action, "
           f"{step_overhead_s * 1e3:.2f} ms per step", flush=True)
     # two link models: the idle ping-pong just measured, and the `local` preset's 1.5 ms latency
     # (shared/notes: what gloo shows while both cores compute)
-    models = {key: profile_cost_model(spec, load_cluster(c), profile, rendezvous=True,
-                                      action_overhead_s=action_overhead_s, step_overhead_s=step_overhead_s)
+    models = {key: profile_cost_model(spec, load_cluster(c), profile, overheads=overheads)
               for key, c in (("measured_links", str(cluster_path)), ("local_preset", "local"))}
     rows = []
     for name, plan in PLANS.items():
@@ -112,8 +112,7 @@ def main() -> None:
     write_plan(PLANS["1f1b 3+3 m=4 (demo)"], OUT / "plan.json")
     shutil.rmtree(OUT / "demo", ignore_errors=True)
     cli("train", "--plan", str(OUT / "plan.json"), "--steps", str(STEPS), "--out-dir", str(OUT / "demo"), "--compare",
-        "--profile", str(profile_path), "--cluster", "local", "--action-overhead-ms", str(action_overhead_s * 1e3),
-        "--step-overhead-ms", str(step_overhead_s * 1e3))
+        "--profile", str(profile_path), "--cluster", "local", "--overheads", str(OUT / "calibration" / "overheads.json"))
     shutil.copy(OUT / "demo" / "compare.png", OUT / "compare.png")
 
     def ranks(values):

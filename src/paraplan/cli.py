@@ -10,7 +10,15 @@ import argparse
 import json
 import sys
 
-from paraplan.errors import ParaplanError, require_positive
+from paraplan.errors import FieldError, ParaplanError, require_positive
+
+# library fields (PlanRequest, TrainConfig) and the flags that set them
+FLAGS = {"batch": "--batch", "stages": "--stages", "micro_batches": "--micro-batches", "schedule": "--schedule",
+         "options.eta": "--eta", "options.seed": "--seed", "options.method": "--method", "steps": "--steps",
+         "lr": "--lr", "timeout_s": "--timeout", "clip_norm": "--clip-norm", "optimizer": "--optimizer",
+         "checkpoint_every": "--checkpoint-every", "resume": "--resume", "planner": "--planner",
+         "module": "--module", "backend": "--backend", "nproc": "--nproc", "max_bytes": "--max-bytes",
+         "seq_len": "--seq-len", "image_size": "--image-size"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -21,7 +29,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cmd_models(args) -> int:
-    from rich.progress import Progress
 
     from paraplan.models import zoo
     from paraplan.models.adapters import decompose
@@ -29,7 +36,7 @@ def _cmd_models(args) -> int:
 
     rows = []
     names = zoo.names(include_tiny=not args.no_tiny)
-    with Progress(transient=True, console=console(stderr=True)) as progress:
+    with _progress() as progress:
         task = progress.add_task("building on meta", total=len(names))
         for name in names:
             built = zoo.build(name, device="meta")
@@ -133,6 +140,17 @@ def _cmd_simulate(args) -> int:
     return 0
 
 
+def _progress():
+    """A transient progress bar on stderr, only where a person watches it (a terminal): piped
+    output and error messages stay one clean line."""
+    from rich.progress import Progress
+
+    from paraplan.report import console
+
+    err = console(stderr=True)
+    return Progress(transient=True, console=err, disable=not err.is_terminal)
+
+
 def _cost_model(args, spec, cluster, **kwargs):
     from paraplan.costs.model import analytic_cost_model, profile_cost_model
 
@@ -144,13 +162,11 @@ def _cost_model(args, spec, cluster, **kwargs):
 
 
 def _measured_model(name: str, seq_len, image_size):
-    from rich.progress import Progress
 
     from paraplan.models import measure, zoo
-    from paraplan.report import console
 
     built = zoo.build(name, device="meta", seq_len=seq_len, image_size=image_size)
-    with Progress(transient=True, console=console(stderr=True)) as progress:
+    with _progress() as progress:
         task = progress.add_task(f"measuring {built.name} on meta", total=2 * measure.count_layers(built))
         return built, measure.measure(built, progress=lambda: progress.advance(task))
 
@@ -158,30 +174,35 @@ def _measured_model(name: str, seq_len, image_size):
 def _cmd_plan(args) -> int:
     from paraplan.hardware import load_cluster
     from paraplan.plan.plan_file import plan_to_dict, write_plan
-    from paraplan.planners.registry import make_plan
+    from paraplan.planners.registry import make_plan, planner
+    from paraplan.planners.request import PlanRequest
     from paraplan.report import console, simulation_table
     from paraplan.simulate.predict import simulate_plan
 
-    require_positive(args.batch, "--batch")
-    if args.stages is not None:
-        require_positive(args.stages, "--stages")
-    if args.micro_batches is not None:
-        require_positive(args.micro_batches, "--micro-batches")
-    require_positive(args.eta, "--eta")
+    spec_of_planner = planner(args.planner)  # an unknown name fails before any work
     cluster = load_cluster(args.cluster)
     built, spec = _measured_model(args.model, args.seq_len, args.image_size)
     cm = _cost_model(args, spec, cluster)
+    given = {"eta": args.eta, "seed": args.seed, "method": args.method}
+    options = {k: v for k, v in given.items() if v is not None and k in spec_of_planner.options}
+    for k, v in given.items():
+        if v is not None and k not in spec_of_planner.options:
+            raise ParaplanError(f"--{k}: planner {args.planner!r} has no such option")
+    request = PlanRequest(costs=cm, model_name=built.name, cluster_name=args.cluster, batch=args.batch,
+                          n_stages=args.stages, n_micro=args.micro_batches, schedule=args.schedule, options=options)
     with console(stderr=True).status(f"planning with {args.planner}"):
-        plan = make_plan(cm, built.name, args.cluster, args.batch, args.planner, n_stages=args.stages,
-                         n_micro=args.micro_batches, eta=args.eta, seed=args.seed)
+        plan = make_plan(request, args.planner)
         sim = simulate_plan(plan, cm)
-    write_plan(sim.plan, args.out)
+    feasible = sim.prediction.feasible
+    if feasible:
+        write_plan(sim.plan, args.out)
     if args.json:
         d = plan_to_dict(sim.plan)
-        print(json.dumps({"planner": args.planner, "out": args.out, "n_stages": sim.plan.n_stages,
+        print(json.dumps({"planner": args.planner, "out": args.out if feasible else None, "feasible": feasible,
+                          "reason": sim.prediction.reason, "n_stages": sim.plan.n_stages,
                           "n_micro": sim.plan.n_micro, "layers": [s["layers"] for s in d["stages"]],
                           "prediction": d["prediction"], "search": d["search"]}, indent=2))
-    else:
+    elif feasible:
         console().print(simulation_table(sim, cluster))
         opts = dict(sim.plan.search.options)
         eq8 = f"; eq. (8) {opts['eq8_time_s']:.6g} s" if "eq8_time_s" in opts else ""
@@ -190,18 +211,9 @@ def _cmd_plan(args) -> int:
         console().print(f"{args.planner}: {sim.plan.n_stages} stages {ranges} on devices "
                         f"{[list(s.devices) for s in sim.plan.stages]}, {sim.plan.n_micro} micro-batches{eq8}; "
                         f"searched in {sim.plan.search.search_s:.3g} s; plan written to {args.out}")
+    if not feasible:
+        raise ParaplanError(f"{args.planner} found no plan that fits: its best {sim.prediction.reason}")
     return 0
-
-
-def _fail_at():
-    """PARAPLAN_FAIL_AT=rank:step makes that rank die there (for tests of failure handling)."""
-    import os
-
-    value = os.environ.get("PARAPLAN_FAIL_AT")
-    if not value:
-        return None
-    rank, step = value.split(":")
-    return int(rank), int(step)
 
 
 def _cmd_train(args) -> int:
@@ -212,35 +224,32 @@ def _cmd_train(args) -> int:
     from paraplan.costs.memory import out_of_memory_reason, plan_memory
     from paraplan.hardware import load_cluster
     from paraplan.plan.plan_file import read_plan
+    from paraplan.runtime.compare import measured_overheads, read_overheads, write_overheads
     from paraplan.runtime.launch import check_before_launch, run_under_torchrun, spawn, under_torchrun
     from paraplan.runtime.worker import TrainConfig
 
-    require_positive(args.steps, "--steps")
-    require_positive(args.lr, "--lr")
     plan = read_plan(args.plan)
     model = args.model or plan.model
+    out_dir = args.out_dir or tempfile.mkdtemp(prefix="paraplan-train-")
+    config = TrainConfig(plan=plan, model=model, steps=args.steps, seed=args.seed, lr=args.lr,
+                         optimizer=args.optimizer, clip_norm=args.clip_norm, out_dir=out_dir, seq_len=args.seq_len,
+                         image_size=args.image_size, dropout=not args.no_dropout, checkpoint_dir=args.checkpoint_dir,
+                         checkpoint_every=args.checkpoint_every, resume=args.resume, timeout_s=args.timeout, log=True)
+    overheads = read_overheads(args.overheads) if args.overheads else read_overheads()
     built, spec = _measured_model(model, args.seq_len, args.image_size)
     torchrun = under_torchrun()
     import os
 
     world = int(os.environ["WORLD_SIZE"]) if torchrun else (args.nproc or len(plan.devices))
-    out_dir = args.out_dir or tempfile.mkdtemp(prefix="paraplan-train-")
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    config = TrainConfig(plan=plan, model=built.name, steps=args.steps, seed=args.seed, lr=args.lr,
-                         optimizer=args.optimizer, clip_norm=args.clip_norm, out_dir=out_dir, seq_len=args.seq_len,
-                         image_size=args.image_size, dropout=not args.no_dropout, checkpoint_dir=args.checkpoint_dir,
-                         checkpoint_every=args.checkpoint_every, resume=args.resume, timeout_s=args.timeout,
-                         fail_at=_fail_at(), log=True)
-    if args.resume and not args.checkpoint_dir:
-        raise ParaplanError("--resume needs --checkpoint-dir")
-    if args.checkpoint_dir:
-        Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     check_before_launch(config, world, spec.n_layers)
     local = load_cluster("local")
     capacities = {d: local.device(0).memory_bytes for d in range(world)}
     reason = out_of_memory_reason(plan_memory(plan, spec, capacities)[0])
     if reason:
         raise ParaplanError(f"the plan does not fit this machine: {reason}")
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    if args.checkpoint_dir:
+        Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     if torchrun:
         run_under_torchrun(config)
         if int(os.environ["RANK"]) != 0:
@@ -257,14 +266,19 @@ def _cmd_train(args) -> int:
         tail = per_step[1:] or per_step
         print(f"{len(losses)} steps, final loss {losses[-1]:.6f}; median step {statistics.median(tail) * 1e3:.1f} ms "
               f"({plan.global_batch / statistics.median(tail):.1f} samples/s) after the first")
+    if len(per_step) > 2:  # this run's own overheads, for later predictions (--overheads)
+        try:
+            write_overheads(measured_overheads(out_dir), Path(out_dir) / "overheads.json")
+        except ParaplanError:
+            pass  # too few actions to read them off (e.g. a single stage with one micro-batch)
     if args.compare:
         cluster = load_cluster(args.cluster)
-        cm = _cost_model(args, spec, cluster, rendezvous=True, action_overhead_s=args.action_overhead_ms * 1e-3,
-                         step_overhead_s=args.step_overhead_ms * 1e-3)
+        cm = _cost_model(args, spec, cluster, overheads=overheads)
         c = compare_run(plan, cm, out_dir)
         print(f"predicted {c.predicted_s * 1e3:.1f} ms ({'profile' if args.profile else 'analytic'} costs, cluster "
-              f"{cluster.name}); measured median {c.measured_median_s * 1e3:.1f} ms (quartiles "
-              f"{c.measured_q1_s * 1e3:.1f}..{c.measured_q3_s * 1e3:.1f}, {c.steps} steps); error {c.error:+.1%}")
+              f"{cluster.name}; runtime overheads {overheads.source}); measured median "
+              f"{c.measured_median_s * 1e3:.1f} ms (quartiles {c.measured_q1_s * 1e3:.1f}.."
+              f"{c.measured_q3_s * 1e3:.1f}, {c.steps} steps); error {c.error:+.1%}")
     print(f"losses, timelines and each stage's parameters written to {out_dir}")
     return 0
 
@@ -281,7 +295,6 @@ def _parse_sizes(text: str) -> list[int]:
 
 def _cmd_profile(args) -> int:
     import torch
-    from rich.progress import Progress
 
     from paraplan.profiling.profile_file import write_profile
     from paraplan.profiling.profiler import module_workload, run_profile, zoo_workload
@@ -300,7 +313,7 @@ def _cmd_profile(args) -> int:
     work = (module_workload(args.module, device) if args.module
             else zoo_workload(args.model, device, seq_len=args.seq_len, image_size=args.image_size))
     steps = (args.warmup + args.repeats) * len(sizes)
-    with Progress(transient=True, console=console(stderr=True)) as progress:
+    with _progress() as progress:
         task = progress.add_task(f"profiling {work.name} on {device}", total=steps)
         profile = run_profile(work, device, sizes, args.threads, args.warmup, args.repeats,
                               step_check=not args.no_checks, repeat_check=not args.no_checks,
@@ -365,17 +378,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_inspect)
 
-    from paraplan.planners.registry import PLANNERS
+    from paraplan.planners.registry import PLANNERS, planner_names
 
-    p = sub.add_parser("plan", help="find a plan: stages, micro-batches, groups (CSIMD, GroPipe, Bi-Partition, baselines)")
+    planner_names()
+    p = sub.add_parser("plan", help="find a plan: stages, micro-batches, groups (CSIMD, GroPipe, Bi-Partition, baselines)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="planners:\n" + "\n".join(f"  {n:20s} {s.summary}" for n, s in PLANNERS.items()))
     p.add_argument("--model", required=True)
     p.add_argument("--cluster", required=True, help="preset name or TOML file")
     p.add_argument("--batch", type=int, required=True, help="global batch size (samples per iteration)")
-    p.add_argument("--planner", default="csimd", help=f"one of {', '.join(PLANNERS)} (default csimd)")
+    p.add_argument("--planner", default="csimd", help="one of the planners below (default csimd)")
     p.add_argument("--stages", type=int, default=None, help="pipeline stages (default: all devices, at most K)")
     p.add_argument("--micro-batches", type=int, default=None, help="fix the micro-batch count (GPipe-E-p)")
-    p.add_argument("--eta", type=int, default=1000, help="IMD weight groups (CSIMD's eta)")
-    p.add_argument("--seed", type=int, default=0, help="for the random baseline")
+    p.add_argument("--schedule", default=None, help="gpipe or 1f1b (default: the planner's own)")
+    p.add_argument("--eta", type=int, default=None, help="IMD weight groups (CSIMD's eta; default 1000)")
+    p.add_argument("--method", default=None, help="csimd's division search: auto, imd, exact, exact-time")
+    p.add_argument("--seed", type=int, default=None, help="for the random baseline (default 0)")
     p.add_argument("--profile", default=None, help="measured profile in place of analytic costs")
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--image-size", type=int, default=None)
@@ -405,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=None, help="ranks to start (default: the plan's devices)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+    p.add_argument("--optimizer", default="adam", help="adam or sgd")
     p.add_argument("--clip-norm", type=float, default=None)
     p.add_argument("--no-dropout", action="store_true", help="turn dropout off (to compare with one process)")
     p.add_argument("--out-dir", default=None, help="losses.json and stage<i>.pt go here")
@@ -416,10 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", action="store_true", help="predicted vs measured iteration time, both timelines")
     p.add_argument("--cluster", default="local", help="for --compare: the cluster to simulate on")
     p.add_argument("--profile", default=None, help="for --compare: measured costs (paraplan profile)")
-    p.add_argument("--action-overhead-ms", type=float, default=0.25,
-                   help="for --compare: runtime cost of one pipeline action (default 0.25 ms, measured here)")
-    p.add_argument("--step-overhead-ms", type=float, default=5.0,
-                   help="for --compare: runtime cost per step outside the schedule (default 5 ms, measured here)")
+    p.add_argument("--overheads", default=None,
+                   help="for --compare: the runtime's overheads measured by an earlier run (its overheads.json; "
+                        "default: the measurement shipped for this kind of machine)")
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--image-size", type=int, default=None)
     p.set_defaults(func=_cmd_train)
@@ -453,6 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)
+    except FieldError as exc:
+        flag = FLAGS.get(exc.field, exc.field)
+        print(f"paraplan: error: {flag}: {exc.detail}", file=sys.stderr)
+        return 2
     except ParaplanError as exc:
         print(f"paraplan: error: {exc}", file=sys.stderr)
         return 2

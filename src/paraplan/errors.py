@@ -21,6 +21,16 @@ class UnknownNameError(ParaplanError):
         super().__init__(f"unknown {kind} {name!r}{hint}")
 
 
+class FieldError(ParaplanError):
+    """A request or configuration field with a value that makes no sense; `field` names it (the CLI
+    maps fields to its flags, so library messages never quote a flag)."""
+
+    def __init__(self, field_name: str, detail: str):
+        self.field = field_name
+        self.detail = detail
+        super().__init__(f"{field_name}: {detail}")
+
+
 def require_positive(value: float, what: str) -> None:
     """Sizes that make no sense (zero, negative) are input errors, not asserts."""
     if not value > 0:

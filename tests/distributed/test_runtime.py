@@ -135,12 +135,16 @@ def test_checkpoint_and_resume_give_the_same_losses(tmp_path):
 def test_a_dead_rank_stops_the_run_with_a_clear_error(tmp_path):
     import time
 
-    plan_path = tmp_path / "plan.json"
-    write_plan(GPT2_2, plan_path)
+    from paraplan.errors import ParaplanError
+
+    from .faults import rank1_dies_at_step2
+
+    config = TrainConfig(plan=GPT2_2, model="gpt2-tiny", steps=4, timeout_s=20, out_dir=str(tmp_path),
+                         step_hook=rank1_dies_at_step2)
     t0 = time.time()
-    res = _train(plan_path, "--steps", "4", "--timeout", "20", env={"PARAPLAN_FAIL_AT": "1:2"}, timeout=120)
-    assert res.returncode == 2 and "rank 1 exited with code 17" in res.stderr, res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1
+    with pytest.raises(ParaplanError, match="rank 1 exited with code 17") as caught:
+        spawn(config, 2)
+    assert "\n" not in str(caught.value)
     assert time.time() - t0 < 90
 
 

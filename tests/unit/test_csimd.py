@@ -19,7 +19,7 @@ def test_imd_with_eta_1000_is_within_a_tenth_of_a_percent_of_brute_force():
     for _ in range(120):
         k, n = int(rng.integers(5, 15)), int(rng.integers(2, 6))
         a = _instance(rng, k)
-        opt = partition.brute_force(*a, n).objective
+        opt = partition.brute_force_rho(*a, n).objective
         worst = max(worst, csimd.imd(*a, n, eta=1000).objective / opt)
     assert worst <= 1.001
 
@@ -29,7 +29,7 @@ def test_exact_mode_is_the_optimum():
     for _ in range(150):
         k, n = int(rng.integers(2, 14)), int(rng.integers(1, 6))
         a = [rng.uniform(0, 100, k) for _ in range(4)]  # wide spread, zeros allowed
-        assert csimd.exact_rho(*a, n).objective == pytest.approx(partition.brute_force(*a, n).objective, rel=1e-9)
+        assert csimd.exact_rho(*a, n).objective == pytest.approx(partition.brute_force_rho(*a, n).objective, rel=1e-9)
 
 
 def test_coarse_eta_is_worse_but_bounded_by_property_3():
@@ -37,7 +37,7 @@ def test_coarse_eta_is_worse_but_bounded_by_property_3():
     for _ in range(60):
         k, n = int(rng.integers(6, 14)), int(rng.integers(2, 5))
         a = _instance(rng, k)
-        opt = partition.brute_force(*a, n).objective
+        opt = partition.brute_force_rho(*a, n).objective
         # Property 3: error <= eps + opt / (eta - 1)
         assert csimd.imd(*a, n, eta=10).objective <= opt * (1 + 1 / 9) + 1e-6
 

@@ -12,11 +12,16 @@ import pytest
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
+from paraplan.plan.plan import validate
 from paraplan.planners.bipartition import plan_bipartition
 from paraplan.planners.bipartition_dp import bipartition
 from paraplan.planners.gropipe import ampa, normalise, plan_gropipe
-from paraplan.plan.plan import validate
-from paraplan.simulate.predict import simulate_plan
+from paraplan.planners.registry import simulator_judge
+from paraplan.planners.request import PlanRequest
+
+
+def _request(cm, model, cluster, batch, **kw):
+    return PlanRequest(costs=cm, model_name=model, cluster_name=cluster, batch=batch, **kw)
 
 FREE = lambda a, b: 0.0  # noqa: E731
 
@@ -42,19 +47,21 @@ def _brute_bipartition(f, b, m, cut):
     return best
 
 
-def test_bipartition_is_optimal_and_the_binary_search_agrees_when_links_are_free():
+def test_bipartition_with_non_empty_ranges_is_optimal():
+    # every worker with both ranges non-empty (allow_empty=False) against brute force; empty ranges,
+    # every worker count and Algorithm 2's binary search are checked in test_bipartition_dp.py
     rng = np.random.default_rng(0)
     for _ in range(60):
         n, m = int(rng.integers(2, 7)), int(rng.integers(1, 4))
         m = min(m, n)
         f, b = rng.uniform(1, 5, n), rng.uniform(1, 10, n)
         a = rng.uniform(0, 3, n)
-        cut = lambda s1, s2: a[s1] + a[s2]  # noqa: E731
-        assert bipartition(f, b, cut, m).bottleneck_s == pytest.approx(_brute_bipartition(f, b, m, cut))
-        assert bipartition(f, b, FREE, m, binary_search=True).bottleneck_s == pytest.approx(
-            bipartition(f, b, FREE, m).bottleneck_s)
-        # the layer-wise partition is a special case, never better
-        assert bipartition(f, b, cut, m).bottleneck_s <= bipartition(f, b, cut, m, layerwise=True).bottleneck_s
+        cut = lambda s1, s2: (a[s1] if s1 is not None else 0.0) + (a[s2] if s2 is not None else 0.0)  # noqa: E731
+        exact = bipartition(f, b, cut, m, allow_empty=False).bottleneck_s
+        assert exact == pytest.approx(_brute_bipartition(f, b, m, cut))
+        # the layer-wise partition is a special case, never better; empty ranges never worse
+        assert exact <= bipartition(f, b, cut, m, layerwise=True).bottleneck_s
+        assert bipartition(f, b, cut, m).bottleneck_s <= exact * (1 + 1e-12)
 
 
 def test_bipartition_respects_memory():
@@ -101,14 +108,15 @@ def resnet():
 
 
 def test_gropipe_search_covers_shapes_and_picks_the_fastest(resnet):
-    plan, table = plan_gropipe(resnet, "resnet-50", "gropipe-8xt4", 256, micro_batches=(1, 4, 8),
+    request = _request(resnet, "resnet-50", "gropipe-8xt4", 256)
+    plan, table = plan_gropipe(request, simulator_judge(request), micro_batches=(1, 4, 8),
                                shapes=[(2, 4), (4, 2), (8, 1)])
     validate(plan)
     assert {(r["groups"], r["stages"]) for r in table} == {(2, 4), (4, 2), (8, 1)}
     assert plan.prediction.iteration_s == pytest.approx(min(r["iteration_s"] for r in table))
-    g = len(plan.stages[0].devices)
-    if g > 1:
-        assert plan.grad_sync == "gropipe-delayed"
+    # pure data parallelism syncs as DDP does (bucketed), pipelines with GroPipe's delayed all-reduce
+    assert {r["grad_sync"] for r in table if r["stages"] == 1} == {"bucketed"}
+    assert {r["grad_sync"] for r in table if r["stages"] > 1} == {"gropipe-delayed"}
     # replica r of the pipeline is devices[r] of every stage
     assert sorted(d for s in plan.stages for d in s.devices) == list(range(8))
 
@@ -116,11 +124,15 @@ def test_gropipe_search_covers_shapes_and_picks_the_fastest(resnet):
 def test_bipartition_plans_run_in_the_simulator():
     spec = measure.measure(zoo.build("alexnet", image_size=64))
     cm = analytic_cost_model(spec, load_cluster("bipartition-7vm"))
-    bi = validate(plan_bipartition(cm, "alexnet", "bipartition-7vm", 64, n_workers=4))
-    lw = validate(plan_bipartition(cm, "alexnet", "bipartition-7vm", 64, n_workers=4, layerwise=True))
+    request = _request(cm, "alexnet", "bipartition-7vm", 64, n_stages=4)
+    bi, table = plan_bipartition(request, simulator_judge(request))
+    lw, _ = plan_bipartition(request, simulator_judge(request), layerwise=True)
+    validate(bi), validate(lw)
     assert bi.schedule == "1f1b" and all(s.backward_layers is not None for s in bi.stages)
-    assert dict(bi.search.options)["bottleneck_s"] <= dict(lw.search.options)["bottleneck_s"] + 1e-12
-    assert simulate_plan(bi, cm).prediction.iteration_s == pytest.approx(bi.prediction.iteration_s)
+    # every worker count up to 4 and every micro-batch count (>= workers) dividing 64 was judged
+    assert {r["workers"] for r in table} == {1, 2, 3, 4}
+    assert bi.prediction.iteration_s == min(r["iteration_s"] for r in table if r["feasible"])
+    assert all(s.backward_layers is None for s in lw.stages)
 
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -1,17 +1,20 @@
-"""The pure core touches no files, devices or processes: checked on the source itself."""
+"""The import table of docs/architecture.md, enforced on the source: every arrow points down, and
+the pure core touches no files, devices or processes."""
 
 import ast
 import pathlib
+import re
 
 import paraplan
 
 SRC = pathlib.Path(paraplan.__file__).parent
-PURE = ["models/spec.py", "hardware/cluster.py", "costs/timefn.py", "costs/analytic.py", "costs/memory.py",
-        "costs/closed_forms.py", "costs/collectives.py", "costs/model.py", "costs/profile.py", "plan/plan.py",
-        "planners/csimd.py", "planners/partition.py", "planners/pipeline_split.py", "planners/gropipe.py",
-        "planners/bipartition.py", "planners/registry.py",
-        "simulate/engine.py", "simulate/schedules.py", "simulate/pipeline.py", "simulate/plan_work.py",
-        "simulate/predict.py", "simulate/dag.py"]
+DOC = SRC.parent.parent / "docs" / "architecture.md"
+PURE = ["models/spec.py", "hardware/cluster.py", "plan/plan.py", "costs/timefn.py", "costs/analytic.py",
+        "costs/memory.py", "costs/memory_config.py", "costs/strategy.py", "costs/closed_forms.py",
+        "costs/collectives.py", "costs/model.py", "costs/profile.py", "planners/csimd.py", "planners/partition.py",
+        "planners/pipeline_split.py", "planners/gropipe.py", "planners/bipartition.py", "planners/bipartition_dp.py",
+        "planners/registry.py", "planners/request.py", "planners/table.py", "simulate/engine.py", "simulate/schedules.py",
+        "simulate/pipeline.py", "simulate/plan_work.py", "simulate/predict.py", "simulate/dag.py"]
 FORBIDDEN_MODULES = {"torch", "subprocess", "socket", "multiprocessing", "tomllib", "json", "pathlib", "shutil"}
 FORBIDDEN_CALLS = {"open"}
 
@@ -22,9 +25,65 @@ def _imports(tree):
             yield from (a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             yield node.module
+            for alias in node.names:  # `from paraplan.costs import strategy` imports paraplan.costs.strategy
+                yield f"{node.module}.{alias.name}"
 
 
-def test_pure_modules_import_no_io_or_torch():
+def _table() -> dict[str, set[str]]:
+    text = DOC.read_text()
+    block = text.split("<!-- import-table -->")[1].split("<!-- /import-table -->")[0]
+    table = {}
+    for line in block.strip().splitlines()[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        unit = cells[0].strip("`")
+        allowed = set(re.findall(r"`(paraplan[\w.]*)`", cells[2]))
+        table[unit] = {"*"} if cells[2] == "everything" else allowed
+    return table
+
+
+def _unit(module: str, units) -> str | None:
+    """The longest unit that prefixes a module name."""
+    matches = [u for u in units if module == u or module.startswith(u + ".")]
+    return max(matches, key=len) if matches else None
+
+
+def test_the_table_covers_every_module():
+    units = _table()
+    assert len(units) >= 15
+    for path in SRC.rglob("*.py"):
+        module = "paraplan." + path.relative_to(SRC).with_suffix("").as_posix().replace("/", ".")
+        module = module.removesuffix(".__init__")
+        if module in ("paraplan", "paraplan.__main__"):
+            continue
+        assert _unit(module, units) is not None, f"{module} is in no row of the import table"
+
+
+def test_every_import_follows_the_table():
+    units = _table()
+    bad = []
+    for path in SRC.rglob("*.py"):
+        module = "paraplan." + path.relative_to(SRC).with_suffix("").as_posix().replace("/", ".")
+        module = module.removesuffix(".__init__")
+        if module in ("paraplan", "paraplan.__main__"):
+            continue
+        unit = _unit(module, units)
+        allowed = units[unit]
+        if "*" in allowed:
+            continue
+        for imported in set(_imports(ast.parse(path.read_text()))):
+            if not imported.startswith("paraplan.") or imported == "paraplan":
+                continue
+            target = _unit(imported, units)
+            if target is None:  # `from paraplan.x import name`: the name is not a module
+                continue
+            if target == unit or target in allowed:
+                continue
+            # a unit may import the package it refines (paraplan.simulate.export -> paraplan.simulate)
+            bad.append(f"{module} ({unit}) imports {imported} ({target})")
+    assert not bad, "imports against docs/architecture.md:\n" + "\n".join(sorted(bad))
+
+
+def test_the_pure_core_imports_no_io_or_torch():
     for rel in PURE:
         tree = ast.parse((SRC / rel).read_text())
         bad = {m for m in _imports(tree) if m.split(".")[0] in FORBIDDEN_MODULES}
@@ -40,3 +99,12 @@ def test_nothing_imports_torch_distributed_outside_runtime_and_profiling():
             continue
         mods = set(_imports(ast.parse(path.read_text())))
         assert not any(m.startswith("torch.distributed") for m in mods), rel
+
+
+def test_a_wrong_arrow_would_be_caught():
+    # the checker itself: costs importing the simulator is against the table
+    units = _table()
+    assert _unit("paraplan.simulate.predict", units) == "paraplan.simulate"
+    assert "paraplan.simulate" not in units["paraplan.costs"]
+    assert "paraplan.simulate" in units["paraplan.planners.registry"]
+    assert "paraplan.simulate" not in units["paraplan.planners"]

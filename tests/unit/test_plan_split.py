@@ -11,8 +11,8 @@ from paraplan.costs.model import analytic_cost_model
 from paraplan.errors import ParaplanError
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
-from paraplan.planners.pipeline_split import PLANNERS, build_problem, plan_split
 from paraplan.plan.plan import validate
+from paraplan.planners.pipeline_split import PLANNERS, build_problem, plan_split
 from paraplan.simulate.predict import simulate_plan
 
 
@@ -56,7 +56,7 @@ def test_bad_requests(vgg):
         plan_split(cm, "vgg-16", "x", 64, "magic")
     with pytest.raises(ParaplanError, match="does not divide the batch 64"):
         plan_split(cm, "vgg-16", "x", 64, "even", n_micro=5)
-    with pytest.raises(ParaplanError, match="--stages"):
+    with pytest.raises(ParaplanError, match="^stages: need 1..8"):
         build_problem(cm, 64, 9)
     big = measure.measure(zoo.build("gpt2-large"))
     with pytest.raises(ParaplanError, match="at most 30 layers"):
@@ -98,8 +98,8 @@ def test_a_measured_profile_drives_the_planner(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (("--planner", "magic"), "unknown planner 'magic'"),
-    (("--batch", "0"), "--batch must be positive"),
-    (("--stages", "0"), "--stages must be positive"),
+    (("--batch", "0"), "--batch: must be a positive whole number"),
+    (("--stages", "0"), "--stages: must be positive"),
     (("--micro-batches", "7"), "does not divide the batch 64"),
 ])
 def test_plan_cli_bad_input(tmp_path, args, needle):

@@ -163,7 +163,19 @@ def test_simulate_with_a_measured_profile(tmp_path):
     plan = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "gpt2-tiny-local-1f1b-2x4.json")
     res = _cli("simulate", plan, "--profile", str(profile), "--json")
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["iteration_s"] > 0
+    # the CLI used the profile: its prediction is the in-process one with measured costs, not the analytic one
+    from paraplan.costs.model import analytic_cost_model, profile_cost_model
+    from paraplan.hardware import load_cluster
+    from paraplan.models import measure, zoo
+    from paraplan.plan.plan_file import read_plan
+    from paraplan.profiling.profile_file import read_profile
+    from paraplan.simulate.predict import simulate_plan
+
+    spec, cluster, p = measure.measure(zoo.build("gpt2-tiny")), load_cluster("local"), read_plan(plan)
+    measured = simulate_plan(p, profile_cost_model(spec, cluster, read_profile(profile))).prediction.iteration_s
+    analytic = simulate_plan(p, analytic_cost_model(spec, cluster)).prediction.iteration_s
+    assert json.loads(res.stdout)["iteration_s"] == pytest.approx(measured, rel=1e-9)
+    assert measured != pytest.approx(analytic, rel=1e-3)
     lenet = tmp_path / "lenet.json"
     assert _cli("profile", "lenet-5", "--batch-sizes", "2", "--repeats", "1", "--warmup", "0", "--no-checks",
                 "--out", str(lenet)).returncode == 0

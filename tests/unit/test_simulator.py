@@ -65,13 +65,45 @@ def test_csimd_eq8_equals_eq6_of_eq7():
         assert cf.csimd_eq8(h_p, h_m, j_p, j_m, cuts, p) == pytest.approx(cf.csimd_eq6(*stages, p), rel=1e-12)
 
 
-def test_galvatron_forms():
-    assert cf.galvatron_eq5([1.0, 3.0, 2.0], 4) == pytest.approx(3 * 3.0 + 6.0)
-    assert cf.galvatron_balance_degree([2.0, 2.0, 2.0, 2.0]) == pytest.approx(0.75)
-    assert cf.galvatron_balance_degree([5.0, 1.0, 1.0, 1.0]) < 0.75
-    # with no sync cost, eq. (8) is eq. (5)
-    assert cf.galvatron_eq8([1.0, 3.0], [0.0, 0.0], 5) == cf.galvatron_eq5([1.0, 3.0], 5)
-    assert cf.galvatron_eq8([1.0, 3.5], [0.0, 0.5], 5) == pytest.approx(4 * 3.0 + 4.5)
+def test_galvatron_eq5_equals_the_simulated_pipeline():
+    # eq. (5) prices a stage by C_i = F_i + B_i; GPipe's makespan is eq. (1), (m-1)(max F + max B) +
+    # sum(F + B): the two agree when the slowest forward and backward are on the same stage (B = 2F)
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        n, m = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+        f = rng.uniform(0.1, 2.0, n)
+        work = PipelineWork(schedule="gpipe", n_micro=m, replicas=(tuple(
+            StageWork(device=k, forward_s=f[k], backward_s=2 * f[k], send_forward_s=0.0, send_backward_s=0.0)
+            for k in range(n)),))
+        assert run(work).iteration_s == pytest.approx(cf.galvatron_eq5(3 * f, m), rel=1e-12)
+
+
+def test_galvatron_eq8_against_the_simulated_sync():
+    # eq. (8): the last micro-batch also carries each stage's gradient sync C(M_i, 0). One stage
+    # (pure data parallelism over 2 devices): exact. Several stages: eq. (8) adds every stage's
+    # sync in series, an upper bound of the simulated time, met when only stage 0 syncs.
+    rng = np.random.default_rng(8)
+    for _ in range(30):
+        n, m = int(rng.integers(1, 5)), int(rng.integers(1, 7))
+        f, b = rng.uniform(0.5, 1.0), rng.uniform(1.0, 2.0)
+        sync_s = rng.uniform(0.0, 3.0, n)
+        if rng.random() < 0.5:
+            sync_s[1:] = 0.0
+        replicas = tuple(tuple(StageWork(device=k + n * r, forward_s=f, backward_s=b, send_forward_s=0.0,
+                                         send_backward_s=0.0) for k in range(n)) for r in range(2))
+        sync = tuple(StageSync(devices=(k, k + n), buckets=(SyncBucket(1.0, sync_s[k]),)) for k in range(n))
+        work = PipelineWork(schedule="gpipe", n_micro=m, replicas=replicas, grad_sync="gropipe-delayed", sync=sync)
+        simulated = run(work).iteration_s
+        closed = cf.galvatron_eq8(np.full(n, f + b) + sync_s, sync_s, m)
+        if n == 1 or not sync_s[1:].any():
+            assert simulated == pytest.approx(closed, rel=1e-12)
+        else:
+            assert simulated <= closed * (1 + 1e-12)
+
+
+def test_galvatron_balance_degree():
+    assert cf.galvatron_balance_degree([2.0, 2.0, 2.0, 2.0]) == pytest.approx(0.75)  # 1 - 1/P: perfect
+    assert cf.galvatron_balance_degree([5.0, 1.0, 1.0, 1.0]) == pytest.approx(1 - 5 / 8)
 
 
 def test_gropipe_dispersion_is_zero_when_balanced():
@@ -81,12 +113,18 @@ def test_gropipe_dispersion_is_zero_when_balanced():
 
 # --------------------------------------------------------------------------- schedules
 def test_one_f_one_b_orders_by_hand():
-    # 4 stages, 6 micro-batches: stage 0 warms up with 3 forwards
-    fmt = lambda order: " ".join(f"{op}{j}" for op, j in order)  # noqa: E731
-    assert fmt(schedules.one_f_one_b(4, 6, 0)) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5"
-    assert fmt(schedules.one_f_one_b(4, 6, 2)) == "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5"
-    assert fmt(schedules.one_f_one_b(4, 6, 3)) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"
-    assert fmt(schedules.gpipe(2, 3, 1)) == "F0 F1 F2 B0 B1 B2"
+    # 4 stages, 6 micro-batches: stage 0 warms up with 3 forwards (torch pipelining's action text)
+    assert schedules.one_f_one_b(4, 6, 0) == schedules.parse("0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0B3 0B4 0B5")
+    assert schedules.one_f_one_b(4, 6, 2) == schedules.parse("2F0 2F1 2B0 2F2 2B1 2F3 2B2 2F4 2B3 2F5 2B4 2B5")
+    assert schedules.one_f_one_b(4, 6, 3) == schedules.parse("3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5")
+    assert schedules.gpipe(2, 3, 1) == schedules.parse("1F0 1F1 1F2 1B0 1B1 1B2")
+
+
+def test_actions_print_and_parse():
+    text = "0F3 12B7"
+    assert " ".join(map(str, schedules.parse(text))) == text
+    with pytest.raises(ValueError, match="not an action"):
+        schedules.Action.from_str("F3")
 
 
 @pytest.mark.parametrize("n_stages,n_micro", [(4, 8), (4, 2), (8, 16), (3, 3)])

@@ -1,5 +1,9 @@
 """The papers' closed-form pipeline costs, as plain functions on numbers (numpy arrays).
 
+They stay beside the simulator as independent oracles: the tests check the simulator against
+each (CSIMD eqs. (1), (6), (8); GroPipe eqs. (1)-(7); Galvatron-BMW eqs. (5), (8)), and the
+planners use the ones they search on (CSIMD eq. (8), GroPipe's dispersion, Galvatron's balance).
+
 Index conventions: stages and layers are 0-based here; the papers count from 1.
 """
 
@@ -91,7 +95,7 @@ def gropipe_dispersion(stage_s) -> float:
     """GroPipe eq. (8), as printed: PD = sum_i (T_i - mu)^k / (k mu), k the number of partitions.
 
     With an odd k the deviations keep their sign and can cancel; `gropipe_dispersion_abs` is the
-    reading AMPA uses to stop (see planners/gropipe.py when it exists)."""
+    reading AMPA uses to stop (planners/gropipe.py)."""
     t = np.asarray(stage_s, float)
     k, mu = len(t), t.mean()
     return float(((t - mu) ** k).sum() / (k * mu))

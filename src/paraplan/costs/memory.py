@@ -1,38 +1,34 @@
-"""Peak memory of every device under a plan.
+"""Peak memory of every device under a plan, from the per-layer strategy costs (costs/strategy.py).
 
 Per device of a stage:
-  model states  = sum over the stage's layers of params x state_bytes_per_param / (tp x sdp)
-                  (fp32 Adam: 4 param + 4 grad + 8 moments = 16 bytes per parameter by default;
-                  sdp shards all of it, ZeRO-3 / FSDP; tp splits the layer's weights)
-  activations   = micro-batches in flight x what each keeps for backward:
-                  GPipe keeps all n_micro; 1F1B keeps min(n_stages - stage, n_micro) (Galvatron §II-B);
-                  a checkpointed layer keeps only its input (the boundary activation), and one
-                  layer's full saved set comes back during its recomputation;
-                  per layer at the local batch micro / (dp x sdp), divided by tp (Megatron splits
-                  most activations of a tensor-parallel layer);
+  model states  = the states of every layer whose backward (and update) the stage runs, sharded by
+                  tp x sdp (costs/strategy.py: fp32 Adam, 16 bytes per parameter by default);
+                  Bi-Partition: a layer whose forward runs here but whose backward runs elsewhere
+                  costs only a copy of its latest weights (the paper's "partial copy");
+  activations   = for each layer whose backward runs here, its saved tensors (costs/strategy.py) times
+                  the micro-batches in flight between its forward and this backward: GPipe keeps all
+                  n_micro; 1F1B keeps min(n_stages - stage, n_micro) (Galvatron §II-B); with the
+                  forward on stage a and the backward on stage b (Bi-Partition, which sends the
+                  activations to the backward owner), ceil(n_stages - (a + b) / 2) (the steady state
+                  has one forward and one backward per stage per cycle, and a pass moves one stage per
+                  half cycle), plus one checkpointed layer's recomputation;
   weight stash  = async 1F1B (PipeDream) keeps n_stages - stage - 1 older weight versions;
   reserve       = a fixed per-device amount (CUDA context, allocator, workspace).
-A tied weight used on a stage that does not own it (GPT-2's head) is a second copy there.
-
-Bi-Partition: a worker's saved activations are those of its forward range (they are made there).
+A tied weight used on a stage that does not hold its owner (GPT-2's head) is a second copy there.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from paraplan.costs.memory_config import GIB, MemoryConfig
+from paraplan.costs.strategy import layer_memory
 from paraplan.models.spec import ModelSpec
 from paraplan.plan.plan import DeviceMemory, Plan
 
-GIB = 2**30
-
-
-@dataclass(frozen=True)
-class MemoryConfig:
-    state_bytes_per_param: float = 16.0  # fp32 Adam; mixed precision with fp32 master weights: 16 too
-    param_bytes_per_param: float = 4.0  # the weights alone (what a weight stash copies)
-    activation_scale: float = 1.0  # measured in fp32; 0.5 for fp16/bf16 activations
-    reserve_bytes: int = GIB // 2
+__all__ = ["GIB", "MemoryBreakdown", "MemoryConfig", "micro_batches_in_flight", "out_of_memory_reason",
+           "plan_memory", "stage_memory"]
 
 
 @dataclass(frozen=True)
@@ -50,43 +46,42 @@ class MemoryBreakdown:
         return self.states_bytes + self.activation_bytes + self.stash_bytes + self.reserve_bytes
 
 
-def micro_batches_in_flight(schedule: str, n_stages: int, stage: int, n_micro: int) -> int:
+def micro_batches_in_flight(schedule: str, n_stages: int, stage: int, n_micro: int,
+                            forward_stage: int | None = None) -> int:
+    """Micro-batches whose activations wait on `stage` for their backward; `forward_stage` is where
+    their forward ran when that is another stage (Bi-Partition)."""
     if schedule == "gpipe":
         return n_micro
-    return min(n_stages - stage, n_micro)
+    a = stage if forward_stage is None else forward_stage
+    return max(1, min(n_micro, math.ceil(n_stages - (a + stage) / 2)))
 
 
 def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryConfig | None = None) -> MemoryBreakdown:
     config = config or MemoryConfig()
     stage = plan.stages[stage_index]
-    micro = plan.global_batch / plan.n_micro
-    replicas_dp = 1 if stage.strategies else len(stage.devices)
-    owned = set(stage.layers)
-    states = stash = 0.0
-    boundary = full = recompute_peak = 0.0
-    for i in stage.layers:
+    micro = plan.global_batch / plan.n_micro  # entering the stage's group; strategies split it further
+    forward_owner = {i: s for s, st in enumerate(plan.stages) for i in st.layers}
+    held = set(stage.layers) | set(stage.backward)
+    states = stash = activations = recompute = 0.0
+    in_flight_here = micro_batches_in_flight(plan.schedule, plan.n_stages, stage_index, plan.n_micro)
+    for i in sorted(held):
         layer = model.layers[i]
-        s = stage.strategy(i)
-        params = layer.param_bytes / model.dtype_bytes
-        # a tied weight owned by a layer on another stage is a separate copy here
-        if layer.shared_param_bytes and any(o not in owned for o in layer.shared_owners):
-            params += layer.shared_param_bytes / model.dtype_bytes
-        states += params * config.state_bytes_per_param / (s.tp * s.sdp)
-        stash += params * config.param_bytes_per_param / (s.tp * s.sdp)
-        local = micro / replicas_dp / (s.data_degree if stage.strategies else 1)
-        saved = layer.saved_bytes.at(local) * config.activation_scale / s.tp
-        if s.checkpoint:
-            previous = model.layers[i - 1].output_bytes if i > 0 else model.input_bytes
-            boundary += previous.at(local) * config.activation_scale / s.tp
-            recompute_peak = max(recompute_peak, saved)
-        else:
-            full += saved
-    in_flight = micro_batches_in_flight(plan.schedule, plan.n_stages, stage_index, plan.n_micro)
-    activations = in_flight * (full + boundary) + recompute_peak
+        tied_copy = bool(layer.shared_param_bytes) and any(o not in held for o in layer.shared_owners)
+        m = layer_memory(model, i, stage.strategy(i), micro, config, tied_copy)
+        if i in stage.backward:
+            states += m.states_bytes
+            in_flight = micro_batches_in_flight(plan.schedule, plan.n_stages, stage_index, plan.n_micro,
+                                                forward_owner[i])
+            activations += in_flight * m.saved_bytes
+            recompute = max(recompute, m.recompute_bytes)
+        else:  # Bi-Partition: forward only here; the backward owner updates and sends the weights back
+            states += m.weights_bytes
+        if i in stage.layers:
+            stash += m.weights_bytes
     stash_versions = plan.n_stages - stage_index - 1 if plan.schedule == "async-1f1b" else 0
     return MemoryBreakdown(device=stage.devices[0], stage=stage_index, states_bytes=states,
-                           activation_bytes=activations, stash_bytes=stash_versions * stash,
-                           reserve_bytes=config.reserve_bytes, in_flight=in_flight)
+                           activation_bytes=activations + recompute, stash_bytes=stash_versions * stash,
+                           reserve_bytes=config.reserve_bytes, in_flight=in_flight_here)
 
 
 def plan_memory(plan: Plan, model: ModelSpec, capacities: dict[int, int],

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from paraplan.costs.analytic import analytic_costs
-from paraplan.costs.memory import MemoryConfig
+from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.profile import Profile, profile_costs
 from paraplan.costs.timefn import LayerCosts
 from paraplan.errors import ParaplanError
@@ -13,6 +14,33 @@ from paraplan.hardware.cluster import Cluster, DeviceSpec
 from paraplan.models.spec import ModelSpec
 
 
+@dataclass(frozen=True)
+class RuntimeOverheads:
+    """What the runtime (torch.distributed.pipelining on gloo) costs beyond compute and transfers.
+
+    The papers' models have none of these; a prediction of a real run needs them. They come from a
+    measurement (`runtime/compare.py: measured_overheads`, on a recorded timeline), never from
+    constants: `source` says which.
+      rendezvous: blocking point-to-point transfers that start only once the receiver posts its
+                  receive (simulate/pipeline.py);
+      action_s:   per pipeline action (schedule bookkeeping, the autograd engine starting, p2p calls);
+      step_s:     per iteration, outside the schedule (optimizer, zeroing gradients, the loss).
+    """
+
+    rendezvous: bool = False
+    action_s: float = 0.0
+    step_s: float = 0.0
+    source: str = "none"
+
+    def __post_init__(self):
+        if self.action_s < 0 or self.step_s < 0:
+            raise ValueError(f"runtime overheads must not be negative: {self}")
+
+
+NO_OVERHEADS = RuntimeOverheads()
+
+
+@dataclass(frozen=True, eq=False)
 class CostModel:
     """Compute time functions per device type (analytic or measured), links from the cluster.
 
@@ -20,27 +48,20 @@ class CostModel:
     backward functions are used here, transfers are priced from bytes and the actual link.
     """
 
-    def __init__(self, model: ModelSpec, cluster: Cluster, compute_costs: Callable[[DeviceSpec], LayerCosts],
-                 memory: MemoryConfig | None = None, overlap_slowdown: float = 1.0, source: str = "analytic",
-                 rendezvous: bool = False, action_overhead_s: float = 0.0, step_overhead_s: float = 0.0):
-        self.model = model
-        self.cluster = cluster
-        self._compute_costs = compute_costs
-        self._cache: dict[str, LayerCosts] = {}
-        self.memory = memory or MemoryConfig()
-        self.overlap_slowdown = overlap_slowdown
-        self.source = source
-        # how torch.distributed.pipelining runs on gloo: blocking transfers with a rendezvous
-        # (simulate/pipeline.py) and a fixed cost per pipeline action (schedule bookkeeping,
-        # the autograd engine starting, the p2p calls); the papers' models have neither
-        self.rendezvous = rendezvous
-        self.action_overhead_s = action_overhead_s
-        self.step_overhead_s = step_overhead_s  # per iteration, outside the schedule (optimizer, ...)
+    model: ModelSpec
+    cluster: Cluster
+    compute_costs: Callable[[DeviceSpec], LayerCosts]
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    overlap_slowdown: float = 1.0  # compute and communication overlapping on one device (Galvatron: 1.3)
+    source: str = "analytic"
+    overheads: RuntimeOverheads = NO_OVERHEADS
+    # device type -> LayerCosts; not an init field, so dataclasses.replace() starts a fresh one
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def compute(self, device_id: int) -> LayerCosts:
         spec = self.cluster.device(device_id)
         if spec.name not in self._cache:
-            self._cache[spec.name] = self._compute_costs(spec)
+            self._cache[spec.name] = self.compute_costs(spec)
         return self._cache[spec.name]
 
 

@@ -30,7 +30,7 @@ class ComputeTime:
         memory(b) = bytes(b) / memory_bandwidth
 
     The intercepts make time per sample fall with batch size and flatten out, the shape CSIMD
-    Fig. 1 measures (H^P, H^M in CSIMD).
+    Fig. 1 measures (compute: H^P forward, J^P backward in CSIMD).
     """
 
     flops: Affine
@@ -52,7 +52,8 @@ class ComputeTime:
 
 @dataclass(frozen=True)
 class TransferTime:
-    """alpha + bytes(b) / beta over one link (J^P, J^M in CSIMD; FD-DPS Definition 4)."""
+    """alpha + bytes(b) / beta over one link (communication: H^M forward, J^M backward in CSIMD;
+    FD-DPS Definition 4)."""
 
     nbytes: Affine
     link: LinkSpec
@@ -66,8 +67,11 @@ class TransferTime:
 
 @dataclass(frozen=True)
 class LayerCosts:
-    """Per-layer time functions: CSIMD's H^P (forward), H^M (backward), J^P (send this layer's
-    output forward across a cut after it), J^M (send the gradient of that output back)."""
+    """Per-layer time functions (CSIMD eq. (7): H is forward, J backward; ^P compute, ^M communication):
+    forward H^P, backward J^P, send_forward H^M (this layer's output across a cut after it),
+    send_backward J^M (the gradient of that output back). The two transfer functions are priced on
+    one representative link and serve `paraplan inspect`'s table; planners and the simulator price
+    every transfer from the layer's bytes on the actual link between two devices."""
 
     forward: tuple[TimeFunction, ...]
     backward: tuple[TimeFunction, ...]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from paraplan.errors import ParaplanError, UnknownNameError
+from paraplan.errors import FieldError, ParaplanError, UnknownNameError
 from paraplan.models import cnn
 from paraplan.models.spec import InputSpec
 
@@ -246,13 +246,13 @@ def with_sizes(inputs: InputSpec, seq_len: int | None = None, image_size: int | 
         if seq_len <= 0:
             raise ParaplanError(f"sequence length must be positive, got {seq_len}")
         if inputs.kind == "image":
-            raise ParaplanError("--seq-len applies to language models, not image models")
+            raise FieldError("seq_len", "applies to language models, not image models")
         inputs = replace(inputs, seq_len=seq_len)
     if image_size is not None:
         if image_size <= 0:
             raise ParaplanError(f"image size must be positive, got {image_size}")
         if inputs.kind != "image":
-            raise ParaplanError("--image-size applies to image models")
+            raise FieldError("image_size", "applies to image models")
         inputs = replace(inputs, image_size=image_size)
     return inputs
 

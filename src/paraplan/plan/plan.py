@@ -6,7 +6,8 @@
   every stage.
 - Galvatron-BMW: stages with per-layer `strategies` (dp / sdp / tp degrees, checkpointing) whose
   product equals the stage's device count.
-- Bi-Partition: each stage also has `backward_layers`, its own backward range.
+- Bi-Partition: each stage also has `backward_layers`, its own backward range; either range of a
+  stage may be empty (start == stop), not both.
 - FD-DPS: `schedule="dag"` and `operators`: per device, the operators it runs, in order.
 
 `validate` checks a plan on its own (every error names the field); `check_fits` checks it against
@@ -16,12 +17,33 @@ a model's layer count and a cluster's device count.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from paraplan.errors import ParaplanError
 
 FORMAT_VERSION = 1
-SCHEDULES = ("gpipe", "1f1b", "async-1f1b", "dag")
-GRAD_SYNCS = ("none", "after-backward", "bucketed", "gropipe-delayed")
+
+
+class Schedule(StrEnum):
+    """How a replica's micro-batches move through its stages."""
+
+    GPIPE = "gpipe"  # all forwards, then all backwards (GPipe; CSIMD's MBPP)
+    ONE_F_ONE_B = "1f1b"  # one forward, one backward in turn, with a flush (PipeDream-Flush / DAPPLE)
+    ASYNC_1F1B = "async-1f1b"  # 1F1B without a flush, weight stashing (PipeDream)
+    DAG = "dag"  # an operator placement (FD-DPS)
+
+
+class GradSync(StrEnum):
+    """When data-parallel replicas average their gradients (simulate/pipeline.py, runtime/worker.py)."""
+
+    NONE = "none"
+    AFTER_BACKWARD = "after-backward"  # one all-reduce once the whole pipeline has flushed
+    BUCKETED = "bucketed"  # DDP: buckets all-reduced as the backward produces them
+    GROPIPE_DELAYED = "gropipe-delayed"  # GroPipe: a stage's all-reduce starts at its own last backward
+
+
+SCHEDULES = tuple(s.value for s in Schedule)
+GRAD_SYNCS = tuple(g.value for g in GradSync)
 
 
 class PlanError(ParaplanError):
@@ -124,13 +146,20 @@ class Plan:
     n_layers: int
     global_batch: int  # samples per iteration over all replicas
     n_micro: int  # micro-batches per replica per iteration (p in CSIMD, m in GroPipe)
-    schedule: str
+    schedule: Schedule  # a plain string is accepted and becomes the Schedule
     stages: tuple[Stage, ...] = ()
-    grad_sync: str = "after-backward"
+    grad_sync: GradSync = GradSync.AFTER_BACKWARD
     operators: tuple[OperatorPlacement, ...] = ()
     prediction: Prediction | None = None
     search: SearchInfo | None = None
     format_version: int = field(default=FORMAT_VERSION)
+
+    def __post_init__(self):
+        # plain strings become the typed choices; an unknown one is left for validate() to name
+        for name, kind in (("schedule", Schedule), ("grad_sync", GradSync)):
+            value = getattr(self, name)
+            if not isinstance(value, kind) and value in tuple(kind):
+                object.__setattr__(self, name, kind(value))
 
     @property
     def n_stages(self) -> int:
@@ -148,11 +177,11 @@ class Plan:
         return self.global_batch / self.n_micro
 
 
-def _check_ranges(ranges: list[LayerRange], n_layers: int, name: str) -> None:
+def _check_ranges(ranges: list[LayerRange], n_layers: int, name: str, allow_empty: bool = False) -> None:
     expected_start = 0
     for i, r in enumerate(ranges):
         where = f"stages[{i}].{name}"
-        if r.stop <= r.start:
+        if r.stop < r.start or (r.stop == r.start and not allow_empty):
             raise PlanError(f"{where}: stage has no layers ({r.start}..{r.stop - 1})")
         if r.start < 0 or r.stop > n_layers:
             raise PlanError(f"{where}: layers {r} outside the model's 0..{n_layers - 1}")
@@ -182,7 +211,7 @@ def validate(plan: Plan) -> Plan:
     if plan.schedule == "dag":
         _validate_operators(plan)
     elif not plan.stages:
-        raise PlanError(f"stages: schedule {plan.schedule!r} needs at least one stage")
+        raise PlanError(f"stages: schedule '{plan.schedule}' needs at least one stage")
     if plan.stages:
         _validate_stages(plan)
     if plan.prediction is not None:
@@ -194,13 +223,20 @@ def validate(plan: Plan) -> Plan:
 
 
 def _validate_stages(plan: Plan) -> None:
-    _check_ranges([s.layers for s in plan.stages], plan.n_layers, "layers")
+    # Bi-Partition lets a worker's forward or backward range be empty (not both)
     with_backward = [s.backward_layers is not None for s in plan.stages]
-    if any(with_backward):
+    bi_partition = any(with_backward)
+    _check_ranges([s.layers for s in plan.stages], plan.n_layers, "layers", allow_empty=bi_partition)
+    if bi_partition:
         if not all(with_backward):
             i = with_backward.index(False)
             raise PlanError(f"stages[{i}].backward_layers: missing while other stages have one")
-        _check_ranges([s.backward for s in plan.stages], plan.n_layers, "backward_layers")
+        _check_ranges([s.backward for s in plan.stages], plan.n_layers, "backward_layers", allow_empty=True)
+        for i, stage in enumerate(plan.stages):
+            if not len(stage.layers) and not len(stage.backward):
+                raise PlanError(f"stages[{i}]: both the forward and the backward range are empty")
+        if plan.schedule not in (Schedule.ONE_F_ONE_B, Schedule.GPIPE):
+            raise PlanError(f"schedule: separate backward ranges run with gpipe or 1f1b, not {plan.schedule}")
     owner: dict[int, int] = {}
     micro = plan.global_batch // plan.n_micro
     for i, stage in enumerate(plan.stages):
@@ -213,6 +249,8 @@ def _validate_stages(plan: Plan) -> None:
                 where = "this stage" if owner[d] == i else f"stages[{owner[d]}]"
                 raise PlanError(f"stages[{i}].devices: device {d} used twice (also in {where})")
             owner[d] = i
+        if stage.strategies and stage.backward_layers is not None:
+            raise PlanError(f"stages[{i}].strategies: per-layer strategies with a separate backward range")
         if stage.strategies and len(stage.strategies) != len(stage.layers):
             raise PlanError(f"stages[{i}].strategies: {len(stage.strategies)} strategies for "
                             f"{len(stage.layers)} layers")

@@ -1,75 +1,129 @@
-"""Bi-Partition as a planner: the dynamic program of planners/bipartition_dp.py over a cost
-model, every micro-batch count tried, each candidate judged by the simulator."""
+"""Bi-Partition as a planner: the dynamic program of planners/bipartition_dp.py over a cost model,
+every worker count up to the devices and every micro-batch count tried, each candidate judged.
+
+Per-layer times are taken at the micro-batch size; 1F1B needs at least as many micro-batches as
+workers. The memory check inside the dynamic program uses the same per-layer function as the
+simulator (costs/strategy.py `layer_memory`) over exactly the layers a worker holds: the states
+of the layers whose backward (and update) it runs, a weight copy of the layers whose forward only
+it runs (the paper's "partial copy"), and the saved activations of its backward layers, which
+the paper keeps at the backward owner. How many micro-batches those wait for depends on where
+their forward ran (costs/memory.py); inside the dynamic program that worker is not known yet for
+layers outside the worker's own forward range, so it counts the most it could be (the forward
+on the earliest worker before, on the next worker after, among all M workers). The check is
+therefore never looser than the simulator's, and every plan it accepts fits by the simulator's count.
+"""
 
 from __future__ import annotations
 
-from paraplan.planners.bipartition_dp import bipartition
+import math
+import time
+from dataclasses import replace
+
+from paraplan.costs.memory_config import MemoryConfig
+from paraplan.costs.strategy import layer_memory
+from paraplan.errors import FieldError
+from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, SearchInfo, Stage
+from paraplan.planners.bipartition_dp import DoesNotFit, bipartition_all
+from paraplan.planners.request import Judge, PlanRequest, divisors
+from paraplan.planners.table import register
 
 
-def plan_bipartition(cm, model_name: str, cluster_name: str, batch: int, n_workers: int | None = None,
-                     n_micro: int | None = None, layerwise: bool = False, memory=None, check_memory: bool = True):
-    """The Bi-Partition Plan (or, layerwise=True, the traditional PipeDream-style one) for a model.
+def worker_memory(cm, micro: float, n_micro: int, max_workers: int, config: MemoryConfig):
+    """bytes(worker, forward_range, backward_range): the dynamic program's memory count of one
+    worker (see the module docstring); never below the simulator's count (costs/memory.py)."""
+    model = cm.model
+    per_layer = [layer_memory(model, i, LayerStrategy(), micro, config) for i in range(model.n_layers)]
 
-    Per-layer times are taken at the micro-batch size; every micro-batch count p that divides the
-    batch and keeps 1F1B valid (p >= workers) is tried, and the simulator picks the fastest.
-    Memory per worker follows costs/memory.py: model states of every layer it touches, the saved
-    activations of its forward range for the micro-batches 1F1B keeps in flight, and the reserve.
-    """
-    import time
+    def in_flight(forward_worker: int, w: int) -> int:
+        return max(1, min(n_micro, math.ceil(max_workers - (forward_worker + w) / 2)))
 
-    from paraplan.costs.memory import MemoryConfig
-    from paraplan.errors import ParaplanError
-    from paraplan.plan.plan import LayerRange, Plan, SearchInfo, Stage
-    from paraplan.simulate.predict import simulate_plan
+    def count(w: int, fr: tuple[int, int], br: tuple[int, int]) -> float:
+        total, recompute = float(config.reserve_bytes), 0.0
+        for i in sorted(set(range(*fr)) | set(range(*br))):  # exactly the layers this worker holds
+            m = per_layer[i]
+            if br[0] <= i < br[1]:
+                # the forward owner: this worker, the earliest before it, or the next one after it
+                a = w if fr[0] <= i < fr[1] else (0 if i < fr[0] else w + 1)
+                total += m.states_bytes + in_flight(a, w) * m.saved_bytes
+                recompute = max(recompute, m.recompute_bytes)
+            else:  # forward only: the latest weights (the paper's partial copy)
+                total += m.weights_bytes
+        return total + recompute
 
-    memory = memory or cm.memory or MemoryConfig()
-    k = cm.model.n_layers
-    n_workers = min(n_workers or cm.cluster.n_devices, k, cm.cluster.n_devices)
-    if n_workers < 1:
-        raise ParaplanError(f"--stages must be positive, got {n_workers}")
-    candidates = [p for p in range(n_workers, batch + 1) if batch % p == 0]
-    if n_micro is not None:
-        if batch % n_micro:
-            raise ParaplanError(f"--micro-batches: {n_micro} does not divide the batch {batch}")
-        candidates = [n_micro]
-    if not candidates:
-        raise ParaplanError(f"1F1B needs at least {n_workers} micro-batches: use a batch of at least {n_workers}")
-    layers = cm.model.layers
+    return count
+
+
+def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False,
+                     check_memory: bool = True) -> tuple[Plan, list[dict]]:
+    """The best Bi-Partition Plan (or, layerwise=True, the traditional PipeDream-style one) over
+    every worker count up to the request's stages (default: every device) and every micro-batch
+    count; returns it with the table of candidates judged."""
+    cm = request.costs
+    k, batch = request.n_layers, request.batch
+    max_workers = request.n_stages or request.n_devices
+    notes = {}
+    if layerwise and max_workers > k:
+        if request.n_stages:
+            raise FieldError("stages", f"the layer-wise partition gives every worker at least one of the {k} layers: "
+                                       f"at most {k} workers, got {max_workers}")
+        notes["idle_devices"] = max_workers - k  # said, not silently cut: more devices than layers
+        max_workers = k
+    candidates = [request.n_micro] if request.n_micro else list(divisors(batch))
     link = cm.cluster.link(0, 1) if cm.cluster.n_devices > 1 else cm.cluster.nodes[0].intra_link
+    layers = cm.model.layers
+    memory = cm.memory or MemoryConfig()
     t0 = time.perf_counter()
-    best = None
+    table, best = [], None
     for p in candidates:
         micro = batch / p
         fwd, bwd, _, _ = cm.compute(0).arrays(micro)
 
-        def cut_s(s1: int, s2: int, micro: float = micro) -> float:
-            return link.transfer_s(layers[s1].output_bytes.at(micro)) + link.transfer_s(
-                layers[s2].output_grad_bytes.at(micro))
+        def cut_s(s1: int | None, s2: int | None, micro: float = micro) -> float:
+            # the paper's (a_s1 + a_s2) / B, each on the real link with its latency; None: nothing
+            # crosses in that direction (bipartition_dp.py)
+            out = link.transfer_s(layers[s1].output_bytes.at(micro)) if s1 is not None else 0.0
+            grad = link.transfer_s(layers[s2].output_grad_bytes.at(micro)) if s2 is not None else 0.0
+            return out + grad
 
-        def fits(w: int, fr: tuple[int, int], br: tuple[int, int], micro: float = micro, p: int = p) -> bool:
-            touched = range(min(fr[0], br[0]), max(fr[1], br[1]))
-            states = sum(layers[i].param_bytes for i in touched) / cm.model.dtype_bytes * memory.state_bytes_per_param
-            in_flight = min(n_workers - w, p)
-            acts = sum(layers[i].saved_bytes.at(micro) for i in range(*fr)) * memory.activation_scale
-            return states + in_flight * acts + memory.reserve_bytes <= cm.cluster.device(w).memory_bytes
+        fits = None
+        if check_memory:
+            count = worker_memory(cm, micro, p, max_workers, memory)
+            capacity = [cm.cluster.device(w).memory_bytes for w in range(max_workers)]
 
+            def fits(w: int, fr: tuple[int, int], br: tuple[int, int], count=count, capacity=capacity) -> bool:
+                return count(w, fr, br) <= capacity[w]
         try:
-            division = bipartition(fwd, bwd, cut_s, n_workers, fits=fits if check_memory else None,
-                                   layerwise=layerwise)
-        except ValueError:
+            divisions = bipartition_all(fwd, bwd, cut_s, min(max_workers, p), fits=fits, layerwise=layerwise)
+        except DoesNotFit:
             continue
-        stages = tuple(Stage(LayerRange(*w.forward), (i,), backward_layers=None if layerwise else LayerRange(*w.backward))
-                       for i, w in enumerate(division.workers))
-        plan = Plan(model=model_name, cluster=cluster_name, n_layers=k, global_batch=batch, n_micro=p,
-                    schedule="1f1b", grad_sync="none", stages=stages)
-        sim = simulate_plan(plan, cm)
-        if best is None or sim.prediction.iteration_s < best[0].prediction.iteration_s:
-            best = (sim, division.bottleneck_s)
+        for n_workers, division in sorted(divisions.items()):
+            stages = tuple(Stage(LayerRange(*w.forward), (i,),
+                                 backward_layers=None if layerwise else LayerRange(*w.backward))
+                           for i, w in enumerate(division.workers))
+            plan = Plan(model=request.model_name, cluster=request.cluster_name, n_layers=k, global_batch=batch,
+                        n_micro=p, schedule="1f1b", grad_sync="none", stages=stages)
+            prediction = judge(plan)
+            table.append({"workers": n_workers, "n_micro": p, "bottleneck_s": division.bottleneck_s,
+                          "iteration_s": prediction.iteration_s, "feasible": prediction.feasible})
+            key = (not prediction.feasible, prediction.iteration_s)
+            if best is None or key < best[0]:
+                best = (key, replace(plan, prediction=prediction), division.bottleneck_s)
     if best is None:
-        raise ParaplanError(f"no division of {model_name} over {n_workers} workers fits their memory")
-    sim, bottleneck = best
-    from dataclasses import replace
-
+        raise FieldError("stages", f"no division of {request.model_name} over at most {max_workers} workers fits "
+                                   f"their memory, at any micro-batch count")
+    _, plan, bottleneck = best
     name = "pipedream-layerwise" if layerwise else "bipartition"
-    return replace(sim.plan, search=SearchInfo(planner=name, search_s=time.perf_counter() - t0, options=(
-        ("bottleneck_s", bottleneck), ("costs", cm.source), ("workers", n_workers))))
+    info = {"bottleneck_s": bottleneck, "costs": cm.source, "max_workers": max_workers, **notes}
+    return replace(plan, search=SearchInfo(planner=name, search_s=time.perf_counter() - t0,
+                                           options=tuple(sorted(info.items())))), table
+
+
+@register("bipartition", "Bi-Partition: separate forward and backward ranges per worker (1F1B)", schedules=("1f1b",))
+def _bipartition(request: PlanRequest, options: dict, judge: Judge) -> Plan:
+    return plan_bipartition(request, judge)[0]
+
+
+@register("pipedream-layerwise", "PipeDream's layer-wise partition (Bi-Partition's baseline, 1F1B)",
+          schedules=("1f1b",))
+def _layerwise(request: PlanRequest, options: dict, judge: Judge) -> Plan:
+    return plan_bipartition(request, judge, layerwise=True)[0]

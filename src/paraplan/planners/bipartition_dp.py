@@ -1,45 +1,100 @@
 """Bi-Partition (../shared/papers/bi-partition.md), the pure dynamic program: separate forward and
-backward layer ranges. The planner that turns it into Plans is planners/bipartition.py.
+backward layer ranges per worker. The planner that turns it into Plans is planners/bipartition.py.
 
-Each of M workers runs the forward of layers i1..j1 and the backward of layers i2..j2; the ranges
-are contiguous and ordered across workers but need not coincide, so the heavy backward of a layer
-can sit on a different worker than its forward. Eqs. (2)-(3):
+The model
+---------
+Each of m workers runs the forward of a contiguous range of layers and the backward of another
+contiguous range; each direction's ranges are in order across the workers (§3.1), but a worker's two
+ranges need not coincide, so the heavy backward of a layer can sit on another worker than its
+forward. A worker's time is its forward plus its backward time (T(U), 1F1B's steady state), and the
+pipeline's time per micro-batch is the bottleneck: the slowest worker or boundary (eqs. (2)-(3)).
 
-    A(i1, j1, i2, j2, m) = min over s1, s2, m' of max( A(i1, s1, i2, s2, m - m'),
-                                                       (a_s1 + a_s2) / B,
-                                                       A(s1 + 1, j1, s2 + 1, j2, m') )
+Empty ranges. The paper lets one of a worker's ranges be empty (Algorithm 1: "i1 > j1 and i2 > j2
+cannot be satisfied at the same time"; §5: a device "only performs the backward computation"), and
+that matters: F = [1.592, 1.396, 1.442], B = [4.277, 1.909, 3.154] on 3 workers takes 5.869 with
+both ranges non-empty but 4.897 when worker 0 runs only the backward of layer 0. So a worker may
+have an empty forward or an empty backward range (allow_empty=True), never both: a worker with
+nothing is just a smaller worker count. An empty range is (s, s), s being where the previous
+worker's range in that direction stopped, so ranges stay half-open, contiguous and ordered.
+allow_empty=False asks for both non-empty; layerwise=True for identical non-empty ranges (the
+traditional PipeDream partition, the paper's special case i1 = i2, j1 = j2).
 
-with A(U, 1) = T(U), one worker's forward + backward time over its ranges under 1F1B's steady
-state, and a memory limit per worker.
+Links. Eq. (3) charges the split between two sub-pipelines (a_s1 + a_s2) / B, s1 and s2 the last
+forward and backward layers of the first one. Here the boundary after worker k is charged
+cut_s(s1, s2), s1 and s2 the last forward and backward layers run by workers 0..k: the activation
+that leaves them and the gradient that comes back into them. An empty range does not stop that
+traffic: if worker k + 1 runs no forward, the activation after s1 still has to reach the next worker
+that does, so the boundary after k + 1 is charged cut_s(s1, s2') with the same s1 (it is relayed, or
+sent past worker k + 1 over the same kind of link; the bottleneck is a max, so the same transfer
+counted at two boundaries does not change it). Nothing crosses in a direction that workers 0..k have
+not started: s1 is None when they run no forward (the input batch goes straight to the first worker
+that runs one) and s2 is None when they run no backward. s1 = L - 1 (they ran the whole forward) is
+a real transfer: the model's output goes to the worker that runs the backward of the last layer.
+With allow_empty=False or layerwise=True, s1 and s2 stay in 0..L-2 and are never None.
 
-How it is made fast (the paper reports under 28 s; VGG-16 on 7 workers takes well under a second
-here): workers are ordered, so every division is a prefix division plus one last worker; the
-recursion over m' collapses to m' = 1 and only prefix sub-problems A(1, j1, 1, j2, m) are needed:
-O(L^2 M) states of O(L^2) transitions (O(L log L) with the binary search on s2 of Algorithm 2),
-instead of the paper's O(L^5 log L M^2). The two are the same optimum: any optimal division into
-m workers is a division of a prefix into m - 1 workers plus the last one.
+Memory. fits(worker_index, forward_range, backward_range) is asked per worker, ranges possibly
+empty. It must be monotone in the layers a worker runs: taking layers out of either range never
+turns a worker that fits into one that does not, so an empty range fits the same wherever it sits
+(any memory model where running fewer layers never costs more is). The DP relies on that to ask
+about few candidates; a fits that reads the span between the two ranges (min of the starts to max
+of the ends) is not monotone in this sense and must count the layers of the two ranges instead.
+Violations that show are refused with a ValueError (an empty range answered differently at 0 and
+at L, or a returned worker that does not fit), never passed off as DoesNotFit.
+worker_index is the worker's position from the first one (bipartition_all can count from the end).
 
-Reading of the paper where it is loose (stated, not guessed silently):
-  - a worker's forward and backward ranges are both non-empty (the paper allows one of them to be
-    empty; a paraplan Stage has both, and the worked example needs none empty);
-  - the link term uses alpha + bytes / beta of the real link for the activation at the forward
-    cut and the gradient at the backward cut (the paper writes (a_s1 + a_s2) / B);
-  - Algorithm 2's binary search on s2 assumes the max of a non-decreasing and a non-increasing
-    function; the link term depends on s2 too and breaks that, so `binary_search=False` (the
-    default for planning) scans every s2; the tests check both agree when links are free.
+The algorithm (exact)
+---------------------
+Workers are ordered, so an optimal division into m workers is a division of a prefix into m - 1
+workers plus one last worker: eq. (2)'s split m' collapses to m' = 1 and only prefix sub-problems
+are needed. With p = (p1, p2) the numbers of forward and backward layers done by the first workers,
+F and B the prefix sums of the forward and backward times and G(p) = F(p1) + B(p2):
+
+    V[1](p) = G(p),   V[m](p) = min over q < p of max(V[m-1](q), cut(q), G(p) - G(q))
+
+(q < p: q <= p in both coordinates and q != p; both strictly with allow_empty=False). The optimum
+for m workers is V[m](L, L), and one pass over m = 1..M gives every worker count (bipartition_all).
+Each state's min over q is O(L^2) if done naively (O(L^4 M) in all, minutes for GPT-3's 98 layers).
+For one q1, write h(q2) = max(V[m-1](q), cut(q)) and K = G(p) - F(q1); the max is h(q2) exactly
+when h(q2) + B(q2) >= K, so the min over q2 <= p2 is
+
+    min( min{h(q2) : h(q2) + B(q2) >= K},  K - max{B(q2) : h(q2) + B(q2) < K} )
+
+and both terms are read from tables over (p2, rank of h + B among the row) built with cumulative
+min / max. A worker count costs O(L^3 log L) numpy work instead of O(L^4) Python steps.
+With memory, each worker first gets, for O(L) calls, the furthest end a forward-only (or
+backward-only) range from each start can reach: a bound on every range it can hold, which prunes
+the rows above. Then each state's best predecessor is asked about; only where it does not fit does
+the DP search the predecessors that fit: rows q1 in the order of their best value ignoring memory,
+in each the lowest q2 that fits binary-searched (fits being monotone, a row's fitting q2 run from
+there to the top), until no row left can do better. Both stay exact.
+
+Algorithm 2 of the paper (binary_search=True) binary-searches s2 for the crossing of the prefix's
+time (assumed non-decreasing in s2) and the last worker's (non-increasing). The first is not
+monotone, links free or not: F = [4, 4, 8, 9, 7], B = [6, 10, 14, 2, 7], 4 workers, free links,
+non-empty ranges: the search returns 23, the optimum is 20. It is kept as the paper's heuristic
+(a slow, plain-Python transcription), never the default.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+CutFn = Callable[[int | None, int | None], float]
+FitsFn = Callable[[int, tuple[int, int], tuple[int, int]], bool]
+
+_INF = float("inf")
+
+
+class DoesNotFit(ValueError):
+    """No division into the asked number of workers fits the workers' memory."""
+
 
 @dataclass(frozen=True)
 class Worker:
-    forward: tuple[int, int]  # layers start..stop-1
+    forward: tuple[int, int]  # layers start..stop-1; (s, s) is an empty range
     backward: tuple[int, int]
 
 
@@ -49,73 +104,593 @@ class BiPartition:
     bottleneck_s: float  # the slowest worker (or link) per micro-batch in the steady state
 
 
-def _prefix(x) -> np.ndarray:
-    return np.concatenate(([0.0], np.cumsum(np.asarray(x, float))))
+def max_workers(n_layers: int, layerwise: bool = False, allow_empty: bool = True) -> int:
+    """The most workers a division can use: every worker needs at least one layer's forward or
+    backward (2L parts with empty ranges allowed), or one layer each way (L) otherwise."""
+    return 2 * n_layers if allow_empty and not layerwise else n_layers
 
 
-def bipartition(forward_s, backward_s, cut_s: Callable[[int, int], float], n_workers: int,
-                fits: Callable[[int, tuple[int, int], tuple[int, int]], bool] | None = None,
-                layerwise: bool = False, binary_search: bool = False) -> BiPartition:
-    """Optimal forward/backward ranges for n_workers (Bi-Partition eqs. (2)-(3)).
+def bipartition(forward_s, backward_s, cut_s: CutFn, n_workers: int, fits: FitsFn | None = None,
+                layerwise: bool = False, binary_search: bool = False, allow_empty: bool = True) -> BiPartition:
+    """The optimal forward/backward ranges for exactly n_workers (Bi-Partition eqs. (2)-(3)).
 
-    cut_s(s1, s2): time to send the activation after layer s1 forward and the gradient at the
-    backward cut after layer s2 (0-based, the last layer of the earlier worker's ranges).
-    fits(worker_index, forward_range, backward_range): the memory check (None: no limit).
-    layerwise=True forces identical ranges: the traditional (PipeDream) partition.
+    cut_s(s1, s2): time to send the activation after forward layer s1 and the gradient at the
+    backward cut after layer s2 (0-based, the last layers of the earlier workers; None when nothing
+    crosses in that direction, see the module docstring). fits(worker_index, forward_range,
+    backward_range): the memory check, monotone (None: no limit). binary_search=True runs the paper's
+    Algorithm 2, a heuristic that can miss the optimum. Raises ValueError when no division into
+    n_workers exists (more workers than parts of layers) and DoesNotFit when none fits memory.
     """
-    f, b = _prefix(forward_s), _prefix(backward_s)
-    n_layers = len(forward_s)
-    n_workers = max(1, min(n_workers, n_layers))
-    inf = float("inf")
-    # best[m][j1][j2]: the best bottleneck for layers 0..j1 forward and 0..j2 backward on m workers
-    best = np.full((n_workers + 1, n_layers, n_layers), inf)
-    choice = np.full((n_workers + 1, n_layers, n_layers, 2), -1, dtype=np.int64)
+    n_layers, forward, backward = _check_times(forward_s, backward_s)
+    _check_count(n_workers, n_layers, layerwise, allow_empty)
+    cuts = _cut_matrix(cut_s, n_layers, layerwise, allow_empty)
+    if binary_search and not layerwise:  # (layerwise leaves no s2 to search)
+        return _algorithm2(forward, backward, cuts, n_workers, fits, allow_empty)
+    values, predecessors = _prefix_dp(forward, backward, cuts, n_workers, fits, layerwise, allow_empty,
+                                      every_count=False)
+    if not np.isfinite(values[n_workers - 1]):
+        if fits is None:
+            raise RuntimeError("bipartition: no division found without a memory limit (a bug)")
+        raise DoesNotFit(f"no division of {n_layers} layers over {n_workers} workers fits their memory")
+    division = _division(predecessors, n_workers, forward, backward, cuts)
+    _check_fits(division, fits, from_end=False)
+    return division
+
+
+def bipartition_all(forward_s, backward_s, cut_s: CutFn, n_workers: int, fits: FitsFn | None = None,
+                    layerwise: bool = False, allow_empty: bool = True, *,
+                    fits_index_from_end: bool = False) -> dict[int, BiPartition]:
+    """The optimal division for every worker count m = 1..n_workers that has one, from one pass.
+
+    Counts above max_workers(L) have no division and are left out, so are counts where nothing fits.
+    The same fits serves every count, so it must not depend on the count through worker_index:
+    by default worker_index counts from the first worker (a device's own memory); with
+    fits_index_from_end=True it is the number of workers after this one (1F1B keeps
+    min(that + 1, n_micro) micro-batches in flight on a worker, whatever the count).
+    Raises DoesNotFit when no count fits.
+    """
+    n_layers, forward, backward = _check_times(forward_s, backward_s)
+    _check_positive(n_workers)
+    top = min(int(n_workers), max_workers(n_layers, layerwise, allow_empty))
+    cuts = _cut_matrix(cut_s, n_layers, layerwise, allow_empty)
+    if fits_index_from_end:
+        # the mirror image (layers and workers reversed) is the same problem, and its worker index
+        # is this one's distance from the end; solve that and turn the answers back round
+        values, predecessors = _prefix_dp(forward[::-1].copy(), backward[::-1].copy(), cuts[::-1, ::-1].copy(),
+                                          top, None if fits is None else _mirror_fits(fits, n_layers),
+                                          layerwise, allow_empty, every_count=True)
+    else:
+        values, predecessors = _prefix_dp(forward, backward, cuts, top, fits, layerwise, allow_empty,
+                                          every_count=True)
+    divisions = {}
+    for m in range(1, top + 1):
+        if not np.isfinite(values[m - 1]):
+            continue
+        if fits_index_from_end:
+            divisions[m] = _unmirror(_division(predecessors, m, forward[::-1], backward[::-1], cuts[::-1, ::-1]),
+                                     n_layers, forward, backward, cuts)
+        else:
+            divisions[m] = _division(predecessors, m, forward, backward, cuts)
+        _check_fits(divisions[m], fits, from_end=fits_index_from_end)
+    if not divisions:
+        if fits is None:
+            raise RuntimeError("bipartition_all: no division found without a memory limit (a bug)")
+        raise DoesNotFit(f"no division of {n_layers} layers over 1..{top} workers fits their memory")
+    return divisions
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+
+def _check_times(forward_s, backward_s) -> tuple[int, np.ndarray, np.ndarray]:
+    forward = np.asarray(forward_s, dtype=float).ravel()
+    backward = np.asarray(backward_s, dtype=float).ravel()
+    if forward.size == 0 or forward.size != backward.size:
+        raise ValueError(f"forward_s and backward_s need one time per layer, got {forward.size} and "
+                         f"{backward.size}")
+    for name, times in (("forward_s", forward), ("backward_s", backward)):
+        if not np.all(np.isfinite(times)) or np.any(times < 0):
+            raise ValueError(f"{name} must be finite and non-negative, got {times.tolist()}")
+    return forward.size, forward, backward
+
+
+def _check_positive(n_workers) -> None:
+    if isinstance(n_workers, bool) or not isinstance(n_workers, int | np.integer) or n_workers < 1:
+        raise ValueError(f"n_workers must be a positive integer, got {n_workers!r}")
+
+
+def _check_count(n_workers, n_layers: int, layerwise: bool, allow_empty: bool) -> None:
+    _check_positive(n_workers)
+    most = max_workers(n_layers, layerwise, allow_empty)
+    if n_workers > most:
+        why = ("one layer's forward or backward each" if allow_empty and not layerwise
+               else "at least one layer each")
+        raise ValueError(f"{n_workers} workers cannot share {n_layers} layers: at most {most} can ({why})")
+
+
+def _cut_matrix(cut_s: CutFn, n_layers: int, layerwise: bool, allow_empty: bool) -> np.ndarray:
+    """cuts[a, c]: the time charged at a boundary after a prefix that ran a forward and c backward
+    layers, cut_s(a - 1, c - 1) with None for a direction it has not started. Only the entries a
+    division can meet are asked for (the others stay 0 and are never read)."""
+    size = n_layers + 1
+    cuts = np.zeros((size, size))
+    if layerwise:
+        pairs = ((a, a) for a in range(1, n_layers))
+    elif allow_empty:
+        pairs = ((a, c) for a in range(size) for c in range(size) if (a, c) not in ((0, 0), (n_layers, n_layers)))
+    else:
+        pairs = ((a, c) for a in range(1, n_layers) for c in range(1, n_layers))
+    for a, c in pairs:
+        s1, s2 = (a - 1 if a else None), (c - 1 if c else None)
+        try:
+            raw = cut_s(s1, s2)
+        except (TypeError, IndexError) as error:
+            if s1 is None or s2 is None:
+                raise TypeError(f"cut_s({s1}, {s2}) failed: with allow_empty=True cut_s must accept None for "
+                                "a direction in which nothing crosses (see paraplan.planners.bipartition_dp)"
+                                ) from error
+            raise
+        if np.ndim(raw) != 0:  # e.g. a numpy array indexed with None grows an axis instead of failing
+            raise TypeError(f"cut_s({s1}, {s2}) returned {raw!r}, not a number (None means nothing crosses)")
+        value = float(raw)
+        if not np.isfinite(value) or value < 0:
+            raise ValueError(f"cut_s({s1}, {s2}) = {value}: expected a finite, non-negative time")
+        cuts[a, c] = value
+    return cuts
+
+
+def _check_fits(division: BiPartition, fits: FitsFn | None, from_end: bool) -> None:
+    """Every worker of an answer fits; the search trusted monotonicity for most of them, so a fits
+    that is not monotone ends here, loudly, rather than in a plan that does not fit."""
+    if fits is None:
+        return
+    n_workers = len(division.workers)
+    for k, worker in enumerate(division.workers):
+        if not fits(n_workers - 1 - k if from_end else k, worker.forward, worker.backward):
+            raise ValueError(f"fits is not monotone in the layers a worker runs: worker {k} of {n_workers} "
+                             f"({worker.forward}, {worker.backward}) does not fit although the search, "
+                             "trusting monotonicity, took it to")
+
+
+def _mirror_fits(fits: FitsFn, n_layers: int) -> FitsFn:
+    def mirrored(index: int, forward: tuple[int, int], backward: tuple[int, int]) -> bool:
+        return fits(index, (n_layers - forward[1], n_layers - forward[0]),
+                    (n_layers - backward[1], n_layers - backward[0]))
+    return mirrored
+
+
+def _unmirror(division: BiPartition, n_layers: int, forward, backward, cuts) -> BiPartition:
+    workers = tuple(Worker(forward=(n_layers - w.forward[1], n_layers - w.forward[0]),
+                           backward=(n_layers - w.backward[1], n_layers - w.backward[0]))
+                    for w in reversed(division.workers))
+    return BiPartition(workers=workers, bottleneck_s=_bottleneck(workers, forward, backward, cuts))
+
+
+# ---------------------------------------------------------------------------------------------
+# the exact prefix DP
+
+
+@dataclass(frozen=True)
+class _Predecessors:
+    """Each state's best predecessor for one worker count: arrays where the memory check needed
+    them anyway; otherwise found when a division is read back (a few states) from the h(q) the
+    count was solved with, so the DP itself need not track them."""
+
+    arrays: tuple[np.ndarray, np.ndarray] | None = None
+    prefix_bottleneck: np.ndarray | None = None
+    allow_empty: bool = True
+
+    def of(self, p1: int, p2: int, done: np.ndarray) -> tuple[int, int]:
+        if self.arrays is not None:
+            return int(self.arrays[0][p1, p2]), int(self.arrays[1][p1, p2])
+        if self.prefix_bottleneck is None:
+            return -1, -1
+        top1, top2 = (p1, p2) if self.allow_empty else (p1 - 1, p2 - 1)
+        if top1 < 0 or top2 < 0:
+            return -1, -1
+        candidate = np.maximum(self.prefix_bottleneck[:top1 + 1, :top2 + 1],
+                               done[p1, p2] - done[:top1 + 1, :top2 + 1])
+        if self.allow_empty:
+            candidate[p1, p2] = _INF  # a worker with nothing
+        q1, q2 = divmod(_last_argmin(candidate.ravel()), candidate.shape[1])  # ties: the largest q
+        return (q1, q2) if np.isfinite(candidate[q1, q2]) else (-1, -1)
+
+
+def _last_argmin(values: np.ndarray) -> int:
+    return values.size - 1 - int(np.argmin(values[::-1]))
+
+
+def _prefix_dp(forward, backward, cuts, n_workers: int, fits: FitsFn | None, layerwise: bool,
+               allow_empty: bool, every_count: bool) -> tuple[list[float], list[_Predecessors]]:
+    """V[m](L, L) for m = 1..n_workers (inf where none) and, per m, every state's best predecessor.
+
+    every_count=False only needs V[n_workers](L, L), so the last count is solved at (L, L) alone."""
+    n_layers = forward.size
+    size = n_layers + 1
+    prefix_f, prefix_b = _prefix(forward), _prefix(backward)
+    done = prefix_f[:, None] + prefix_b[None, :]  # G(p): time of the layers a prefix p has run
+    finals: list[float] = []
+    predecessors: list[_Predecessors] = []
+    # one worker: everything up to p; with layerwise, only the diagonal is a state
+    value = np.full((size, size), _INF)
+    if layerwise:
+        diagonal = np.arange(1, size)
+        value[diagonal, diagonal] = done[diagonal, diagonal]
+    elif allow_empty:
+        value[:] = done
+        value[0, 0] = _INF
+    else:
+        value[1:, 1:] = done[1:, 1:]
+    if fits is not None:
+        _apply_fits_first(value, fits, n_layers, layerwise)
+    finals.append(float(value[n_layers, n_layers]))
+    predecessors.append(_Predecessors(arrays=(np.zeros((size, size), np.int64),) * 2))  # all from (0, 0)
+    for m in range(2, n_workers + 1):
+        worker = m - 1
+        # h(q) = max(V[m-1](q), cut(q)): the first m - 1 workers ending at q, and the link after them
+        prefix_bottleneck = np.where(np.isfinite(value), np.maximum(value, cuts), _INF)
+        last = m == n_workers and not every_count
+        everything_fits = fits is None or fits(worker, (0, n_layers), (0, n_layers))  # monotone
+        if layerwise:
+            value, parent = _step_layerwise(prefix_bottleneck, done, last)
+            if not everything_fits:
+                _apply_fits_layerwise(value, parent, prefix_bottleneck, done, fits, worker)
+            predecessors.append(_Predecessors(arrays=parent))
+        elif everything_fits:
+            value, _ = _step(prefix_bottleneck, prefix_f, prefix_b, allow_empty, last, None, track=False)
+            predecessors.append(_Predecessors(prefix_bottleneck=prefix_bottleneck, allow_empty=allow_empty))
+        else:
+            furthest = _furthest_ends(fits, worker, n_layers)
+            value, parent = _step(prefix_bottleneck, prefix_f, prefix_b, allow_empty, last, furthest[0],
+                                  track=True)
+            _apply_fits(value, parent, prefix_bottleneck, done, fits, worker, allow_empty, furthest)
+            predecessors.append(_Predecessors(arrays=parent))
+        finals.append(float(value[n_layers, n_layers]))
+        if not np.isfinite(value).any():
+            # no prefix fits this many workers: more workers cannot fit either
+            for _ in range(m + 1, n_workers + 1):
+                finals.append(_INF)
+                predecessors.append(_Predecessors())
+            break
+    return finals, predecessors
+
+
+def _prefix(times: np.ndarray) -> np.ndarray:
+    return np.concatenate(([0.0], np.cumsum(times)))
+
+
+def _step(prefix_bottleneck: np.ndarray, prefix_f: np.ndarray, prefix_b: np.ndarray, allow_empty: bool,
+          last: bool, furthest_forward: np.ndarray | None,
+          track: bool) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+    """V[m](p) = min over q < p of max(h(q), G(p) - G(q)) (and its argmin if track), memory aside
+    except that a last worker whose forward starts at q1 ends by furthest_forward[q1] (a necessary
+    condition). One row q1 at a time; the min over q2 is the hinge of the module docstring."""
+    size = prefix_f.size
+    width = size + 1  # the tables' rank axis: r = 0..size
+    value = np.full((size, size), _INF)
+    parent1 = np.full((size, size), -1, dtype=np.int64) if track else None
+    parent2 = np.full((size, size), -1, dtype=np.int64) if track else None
+    q2s = np.arange(size)
+    ranks = np.arange(width)
+    end_at_p2 = np.arange(size) * width  # flat offset of table row e = p2
+    for q1 in np.flatnonzero(np.isfinite(prefix_bottleneck).any(axis=1)).tolist():
+        h = prefix_bottleneck[q1]
+        lowest_p1 = q1 if allow_empty else q1 + 1  # the last worker's forward may be empty, or not
+        first_p1 = size - 1 if last else lowest_p1
+        stop_p1 = size - 1 if furthest_forward is None else int(furthest_forward[q1])
+        if first_p1 < lowest_p1 or first_p1 > stop_p1:
+            continue
+        # the hinge: max(h(q2), K - B(q2)) is h(q2) exactly when key(q2) = h(q2) + B(q2) >= K
+        key = h + prefix_b
+        order = np.argsort(key, kind="stable")
+        sorted_key = key[order]
+        rank = np.empty(size, dtype=np.int64)
+        rank[order] = q2s
+        below = ranks[None, :] > rank[:, None]  # [q2, r]: rank(q2) < r
+        # low_h[e, r]: min h(q2) over q2 <= e with rank >= r; high_q2[e, r]: the largest q2 <= e
+        # with rank < r (B is non-decreasing, so the largest B(q2) and the smallest K - B(q2))
+        masked = np.where(below, _INF, h[:, None])
+        low_h = np.minimum.accumulate(masked, axis=0)
+        high_q2 = np.maximum.accumulate(np.where(below, q2s[:, None], -1), axis=0).ravel()
+        p1s = slice(first_p1, stop_p1 + 1)
+        target = (prefix_f[p1s] - prefix_f[q1])[:, None] + prefix_b[None, :]  # K = G(p) - F(q1)
+        flat = np.searchsorted(sorted_key, target, side="left")
+        # the last q2 allowed is p2 itself, or p2 - 1 where the forward range is empty too (or
+        # where ranges must not be empty); p2 = 0 then has none and is masked below
+        if not allow_empty:
+            shorter = slice(None)  # every row
+        elif first_p1 == q1:
+            shorter = slice(0, 1)  # the row p1 = q1, whose forward range is empty
+        else:
+            shorter = slice(0, 0)
+        flat += end_at_p2
+        flat[shorter] -= width
+        flat[shorter, 0] = 0
+        by_h = low_h.ravel().take(flat)
+        above = high_q2.take(flat)
+        by_cost = target - prefix_b.take(above)
+        by_cost[above < 0] = _INF
+        take_h = by_h <= by_cost
+        candidate = np.where(take_h, by_h, by_cost)
+        candidate[shorter, 0] = _INF
+        rows = value[p1s]
+        better = candidate <= rows  # ties: the later q1, a smaller last worker
+        np.copyto(rows, candidate, where=better)
+        if track:
+            low_at = np.maximum.accumulate(np.where(masked == low_h, q2s[:, None], -1), axis=0).ravel()
+            parent1[p1s][better] = q1
+            np.copyto(parent2[p1s], np.where(take_h, low_at.take(flat), above), where=better)
+    return value, ((parent1, parent2) if track else None)
+
+
+def _step_layerwise(prefix_bottleneck: np.ndarray, done: np.ndarray,
+                    last: bool) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    size = done.shape[0]
+    h = np.diagonal(prefix_bottleneck)
+    g = np.diagonal(done)
+    cost = np.maximum(h[None, :], g[:, None] - g[None, :])  # [a, c]: last worker c..a-1
+    cost = np.where(np.tri(size, k=-1, dtype=bool), cost, _INF)
+    if last:
+        cost[:-1] = _INF
+    best_c = size - 1 - np.argmin(cost[:, ::-1], axis=1)  # the last on ties: a smaller last worker
+    best = cost[np.arange(size), best_c]
+    value = np.full((size, size), _INF)
+    parent1 = np.full((size, size), -1, dtype=np.int64)
+    diagonal = np.arange(size)
+    value[diagonal, diagonal] = best
+    parent1[diagonal, diagonal] = best_c
+    return value, (parent1, parent1.copy())
+
+
+# ---------------------------------------------------------------------------------------------
+# memory
+
+
+def _apply_fits_first(value: np.ndarray, fits: FitsFn, n_layers: int, layerwise: bool) -> None:
+    if fits(0, (0, n_layers), (0, n_layers)):
+        return  # monotone: the whole model fits, so does every prefix
+    if layerwise:
+        states = np.argwhere(np.isfinite(value)).tolist()
+    else:
+        furthest_f, furthest_b = _furthest_ends(fits, 0, n_layers)
+        value[furthest_f[0] + 1:, :] = _INF
+        value[:, furthest_b[0] + 1:] = _INF
+        states = np.argwhere(np.isfinite(value)).tolist()
+    for p1, p2 in states:
+        if not fits(0, (0, p1), (0, p2)):
+            value[p1, p2] = _INF
+
+
+def _furthest_ends(fits: FitsFn, worker: int, n_layers: int) -> tuple[np.ndarray, np.ndarray]:
+    """furthest_forward[q1]: the last end p1 for which a forward-only range q1..p1-1 fits the worker;
+    the same backward. Monotone fits: any worker with forward q1..p1-1 has p1 <= furthest_forward[q1]
+    (its backward range shrunk to empty still fits), so these bound the ranges for O(L) calls each
+    (two pointers: the furthest end never moves back as the start moves on). That holds only if an
+    empty range fits the same wherever it sits, so each probe puts it at both ends of the model."""
+    def alone(forward: tuple[int, int], backward: tuple[int, int], empty_is_forward: bool) -> bool:
+        answers = {fits(worker, (at, at), backward) if empty_is_forward else fits(worker, forward, (at, at))
+                   for at in (0, n_layers)}
+        if len(answers) > 1:
+            raise ValueError(f"fits(worker {worker}) answers differently for the same layers with an empty "
+                             f"range at 0 and at {n_layers} (ranges {forward}, {backward}): it must depend on "
+                             "the layers a worker runs, not on where an empty range sits")
+        return answers.pop()
+
+    def scan(fits_range) -> np.ndarray:
+        furthest = np.empty(n_layers + 1, dtype=np.int64)
+        end = 0
+        for start in range(n_layers + 1):
+            end = max(end, start)
+            while end < n_layers and fits_range(start, end + 1):
+                end += 1
+            furthest[start] = end
+        return furthest
+
+    return (scan(lambda a, b: alone((a, b), (0, 0), empty_is_forward=False)),
+            scan(lambda a, b: alone((0, 0), (a, b), empty_is_forward=True)))
+
+
+def _apply_fits(value, parent, prefix_bottleneck, done, fits: FitsFn, worker: int, allow_empty: bool,
+                furthest) -> None:
+    """Keep each state's best predecessor where the last worker fits; elsewhere search the
+    predecessors that fit (an up-set, since fits is monotone) for the best one."""
+    n_layers = value.shape[0] - 1
+    furthest_f, furthest_b = furthest
+    ends = np.arange(n_layers + 1)
+    # the first start from which a forward (backward) range can reach each end at all
+    first_start_f = np.searchsorted(furthest_f, ends, side="left")
+    first_start_b = np.searchsorted(furthest_b, ends, side="left")
+    parent1, parent2 = parent
+    starts1, starts2, reach_b = parent1.tolist(), parent2.tolist(), furthest_b.tolist()  # fast to index
+    memo = _Staircase(n_layers)
+    for p1, p2 in np.argwhere(np.isfinite(value)).tolist():  # row by row, p2 rising within a row
+        q1, q2 = starts1[p1][p2], starts2[p1][p2]
+        if reach_b[q2] >= p2 and fits(worker, (q1, p1), (q2, p2)):
+            continue  # (the forward bound was already kept by _step)
+        value[p1, p2], parent1[p1, p2], parent2[p1, p2] = _best_fitting(
+            prefix_bottleneck, done, fits, worker, p1, p2, allow_empty,
+            int(first_start_f[p1]), int(first_start_b[p2]), memo)
+
+
+class _Staircase:
+    """What the searches of one p1 learnt about the predecessors that fit, for the next p2: the
+    lowest q2 that fits in a row q1 only rises with p2 (a longer backward range), and, with empty
+    ranges, a row q1 < p1 where not even the forward range alone fits stays so (the same layers)."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.p1 = -1
+        self.lowest = np.zeros(n_layers + 1, dtype=np.int64)
+        self.empty_up_to = -1  # rows q1 <= this one (all below p1) have no q2 that fits
+
+    def start(self, p1: int) -> None:
+        if p1 != self.p1:
+            self.p1 = p1
+            self.lowest[:] = 0
+            self.empty_up_to = -1
+
+
+def _best_fitting(prefix_bottleneck, done, fits: FitsFn, worker: int, p1: int, p2: int, allow_empty: bool,
+                  first_q1: int, first_q2: int, memo: _Staircase) -> tuple[float, int, int]:
+    """min over q < p whose last worker fits of max(h(q), G(p) - G(q)), best row first.
+
+    Inside the box the furthest ends allow, each row q1's best value ignoring memory bounds what it
+    can give, so rows are taken in that order until the bound is no better than the best found.
+    Monotone fits makes the q that fit an up-set: in each row the q2 from a lowest one up to the
+    top (the smallest last worker), the lowest never falling as q1 falls; a row's lowest is binary
+    searched between the rows already solved above and below it. A row whose smallest worker does
+    not fit empties every row below."""
+    memo.start(p1)
+    top_row = p1 if allow_empty else p1 - 1
+    low_row = max(first_q1, memo.empty_up_to + 1)
+    if top_row < low_row or first_q2 > p2:
+        return _INF, -1, -1
+    values = np.maximum(prefix_bottleneck[low_row:top_row + 1, first_q2:p2 + 1],
+                        done[p1, p2] - done[low_row:top_row + 1, first_q2:p2 + 1])
+    if not allow_empty:
+        values[:, -1] = _INF  # q2 = p2: an empty backward range
+    elif top_row == p1:
+        values[-1, -1] = _INF  # q = p: a worker with nothing
+    row_best = values.min(axis=1)
+    hopeful = np.flatnonzero(np.isfinite(row_best[::-1]))
+    if hopeful.size == 0:
+        return _INF, -1, -1
+    # best bound first, the larger q1 on ties (rows counted down from the top, a stable sort)
+    order = (top_row - hopeful[np.argsort(row_best[::-1][hopeful], kind="stable")]).tolist()
+    best = (_INF, -1, -1)
+    lowest: dict[int, int | None] = {}  # rows solved: their lowest fitting q2, or None
+    empty_below = low_row - 1  # rows at or below this one have nothing that fits
+    for q1 in order:
+        if row_best[q1 - low_row] >= best[0]:
+            break
+        if q1 <= empty_below:
+            continue
+        top = p2 if allow_empty and q1 < p1 else p2 - 1
+        low = max(first_q2, int(memo.lowest[q1]),
+                  max((v for r, v in lowest.items() if r > q1 and v is not None), default=first_q2))
+        # a row below that fits at some q2 <= top makes this row fit there too
+        known = min((v for r, v in lowest.items() if r < q1 and v is not None and v <= top), default=None)
+        if known is None and (low > top or not fits(worker, (q1, p1), (top, p2))):
+            lowest[q1] = None
+            if q1 < p1 or not allow_empty:
+                empty_below = max(empty_below, q1)
+                if allow_empty:  # its smallest worker was the forward range alone: so it stays
+                    memo.empty_up_to = max(memo.empty_up_to, q1)
+            continue
+        high = top if known is None else known
+        while low < high:  # the lowest q2 that fits (monotone in q2)
+            middle = (low + high) // 2
+            if fits(worker, (q1, p1), (middle, p2)):
+                high = middle
+            else:
+                low = middle + 1
+        lowest[q1] = memo.lowest[q1] = low
+        row = values[q1 - low_row, low - first_q2:]
+        at = _last_argmin(row)  # the larger q2 on ties: a smaller last worker
+        if row[at] < best[0] or (row[at] == best[0] and q1 > best[1]):
+            best = (float(row[at]), q1, low + at)
+    return best if np.isfinite(best[0]) else (_INF, -1, -1)
+
+
+def _apply_fits_layerwise(value, parent, prefix_bottleneck, done, fits: FitsFn, worker: int) -> None:
+    parent1, parent2 = parent
+    for p, _ in np.argwhere(np.isfinite(value)).tolist():
+        q = int(parent1[p, p])
+        if fits(worker, (q, p), (q, p)):
+            continue
+        low = p  # the fitting starts are low..p-1 (monotone)
+        while low > 0 and fits(worker, (low - 1, p), (low - 1, p)):
+            low -= 1
+        best = (_INF, -1)
+        if low < p:
+            starts = np.arange(low, p)
+            candidate = np.maximum(prefix_bottleneck[starts, starts], done[p, p] - done[starts, starts])
+            at = _last_argmin(candidate)
+            if np.isfinite(candidate[at]):
+                best = (float(candidate[at]), int(starts[at]))
+        value[p, p], parent1[p, p], parent2[p, p] = best[0], best[1], best[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# reading a division back
+
+
+def _division(predecessors: list[_Predecessors], n_workers: int, forward, backward, cuts) -> BiPartition:
+    n_layers = forward.size
+    prefix_f, prefix_b = _prefix(forward), _prefix(backward)
+    done = prefix_f[:, None] + prefix_b[None, :]
+    workers = []
+    p1 = p2 = n_layers
+    for m in range(n_workers, 0, -1):
+        q1, q2 = (0, 0) if m == 1 else predecessors[m - 1].of(p1, p2, done)
+        if q1 < 0 or q2 < 0:
+            raise RuntimeError(f"bipartition: broken predecessor chain at worker {m - 1} (a bug)")
+        workers.append(Worker(forward=(q1, p1), backward=(q2, p2)))
+        p1, p2 = q1, q2
+    workers.reverse()
+    return BiPartition(workers=tuple(workers), bottleneck_s=_bottleneck(workers, forward, backward, cuts))
+
+
+def _bottleneck(workers: Sequence[Worker], forward, backward, cuts) -> float:
+    prefix_f, prefix_b = _prefix(forward), _prefix(backward)
+    slowest = max(float(prefix_f[w.forward[1]] - prefix_f[w.forward[0]]
+                        + prefix_b[w.backward[1]] - prefix_b[w.backward[0]]) for w in workers)
+    links = [float(cuts[w.forward[1], w.backward[1]]) for w in workers[:-1]]
+    return max([slowest, *links])
+
+
+# ---------------------------------------------------------------------------------------------
+# the paper's Algorithm 2 (a heuristic, see the module docstring)
+
+
+def _algorithm2(forward, backward, cuts, n_workers: int, fits: FitsFn | None, allow_empty: bool) -> BiPartition:
+    """The prefix DP with Algorithm 2's binary search on s2 in place of the scan, as the paper has it."""
+    n_layers = forward.size
+    size = n_layers + 1
+    prefix_f, prefix_b = _prefix(forward), _prefix(backward)
     ok = fits or (lambda w, fr, br: True)
 
-    def single(w: int, i1: int, j1: int, i2: int, j2: int) -> float:
-        if not ok(w, (i1, j1 + 1), (i2, j2 + 1)):
-            return inf
-        return (f[j1 + 1] - f[i1]) + (b[j2 + 1] - b[i2])
+    def single(worker: int, q1: int, p1: int, q2: int, p2: int) -> float:
+        if (q1, q2) == (p1, p2) or not ok(worker, (q1, p1), (q2, p2)):
+            return _INF
+        return float(prefix_f[p1] - prefix_f[q1] + prefix_b[p2] - prefix_b[q2])
 
-    for j1 in range(n_layers):
-        for j2 in range(n_layers):
-            if layerwise and j1 != j2:
-                continue
-            best[1][j1][j2] = single(0, 0, j1, 0, j2)
+    value = np.full((size, size), _INF)
+    first = 0 if allow_empty else 1
+    for p1 in range(first, size):
+        for p2 in range(first, size):
+            value[p1, p2] = single(0, 0, p1, 0, p2)
+    predecessors = [_Predecessors(arrays=(np.zeros((size, size), dtype=np.int64),) * 2)]
     for m in range(2, n_workers + 1):
-        w = m - 1  # the index of the last worker of this prefix
-        for j1 in range(m - 1, n_layers):
-            for j2 in range(m - 1, n_layers):
-                if layerwise and j1 != j2:
-                    continue
-                top = (inf, -1, -1)
-                for s1 in range(m - 2, j1):
-                    if layerwise:
-                        candidates = [s1]
-                    elif binary_search:
-                        lo, hi = m - 2, j2 - 1
-                        while lo < hi:  # first s2 where the prefix is no faster than the last worker
-                            mid = (lo + hi) // 2
-                            if best[m - 1][s1][mid] >= single(w, s1 + 1, j1, mid + 1, j2):
-                                hi = mid
-                            else:
-                                lo = mid + 1
-                        candidates = [c for c in (lo - 1, lo) if m - 2 <= c < j2]
-                    else:
-                        candidates = range(m - 2, j2)
-                    for s2 in candidates:
-                        v = max(best[m - 1][s1][s2], cut_s(s1, s2), single(w, s1 + 1, j1, s2 + 1, j2))
+        worker = m - 1
+        new = np.full((size, size), _INF)
+        parent1 = np.full((size, size), -1, dtype=np.int64)
+        parent2 = np.full((size, size), -1, dtype=np.int64)
+        low = 0 if allow_empty else m - 1  # the fewest layers m - 1 workers can hold in a direction
+        for p1 in range(low, size):
+            for p2 in range(low, size):
+                top = (_INF, -1, -1)
+                for q1 in range(low, p1 + 1 if allow_empty else p1):
+                    lo, hi = low, (p2 if allow_empty else p2 - 1)
+                    if hi < lo:
+                        continue
+                    while lo < hi:  # first q2 where the prefix is no faster than the last worker
+                        mid = (lo + hi) // 2
+                        if value[q1, mid] >= single(worker, q1, p1, mid, p2):
+                            hi = mid
+                        else:
+                            lo = mid + 1
+                    for q2 in (lo - 1, lo):
+                        if q2 < low or q2 > (p2 if allow_empty else p2 - 1):
+                            continue
+                        v = max(value[q1, q2], cuts[q1, q2], single(worker, q1, p1, q2, p2))
                         if v < top[0]:
-                            top = (v, s1, s2)
-                best[m][j1][j2] = top[0]
-                choice[m][j1][j2] = (top[1], top[2])
-    end = n_layers - 1
-    if not np.isfinite(best[n_workers][end][end]):
-        raise ValueError("no division fits the workers' memory")
-    workers, j1, j2 = [], end, end
-    for m in range(n_workers, 1, -1):
-        s1, s2 = (int(x) for x in choice[m][j1][j2])
-        workers.append(Worker(forward=(s1 + 1, j1 + 1), backward=(s2 + 1, j2 + 1)))
-        j1, j2 = s1, s2
-    workers.append(Worker(forward=(0, j1 + 1), backward=(0, j2 + 1)))
-    return BiPartition(workers=tuple(reversed(workers)), bottleneck_s=float(best[n_workers][end][end]))
+                            top = (v, q1, q2)
+                new[p1, p2], parent1[p1, p2], parent2[p1, p2] = top
+        value = new
+        predecessors.append(_Predecessors(arrays=(parent1, parent2)))
+    if not np.isfinite(value[n_layers, n_layers]):
+        if fits is None:
+            raise RuntimeError("bipartition: Algorithm 2 found no division without a memory limit (a bug)")
+        raise DoesNotFit(f"Algorithm 2 found no division of {n_layers} layers over {n_workers} workers that fits")
+    return _division(predecessors, n_workers, forward, backward, cuts)

@@ -7,7 +7,9 @@ Arrays, 0-based over the K layers (the paper counts from 1):
     j_m[k]  sending the gradient of layer k's input back    (J^M_{k+1})
 A partition is the list `cuts` of the last layer of every stage but the final one (alpha_1 ..
 alpha_{N-1}, 0-based). A cut after layer a costs h_m[a] forward and j_m[a + 1] backward, eq. (7).
-For several micro-batch counts at once the arrays are 2-D: one row per candidate p.
+For several micro-batch counts at once the arrays are 2-D: one row per candidate p. Times must be
+finite and non-negative (ValueError otherwise): every search below relies on prefix sums that
+never decrease.
 
 Deviations from the printed pseudo-code, with eq. (8) as the truth (CSIMD eqs. (6)-(8)):
   1. Backward communication index: Algorithm 3 (line 4) and Algorithm 4 (P^(2)) use J^M at the
@@ -28,22 +30,46 @@ Deviations from the printed pseudo-code, with eq. (8) as the truth (CSIMD eqs. (
      tighter range only saves iterations, so we start from the valid lower bound
      max(max h_p, sum h_p / N) + max(max j_p, sum j_p / N) and an upper bound that is feasible
      for the weight grid (the even split's rho1 + rho2 times eta / (eta - 1), doubled until MASP
-     accepts it). eps defaults to 1e-7 of the lower bound, far below the eta error of Property 3.
+     accepts it). eps defaults to 1e-7 of the lower bound (of the upper one when the lower bound
+     is 0, as with zero compute), far below the eta error of Property 3; the dichotomy also stops
+     when halving no longer changes a float, so it ends on zeros and on huge ratios.
   6. A stage count below N is allowed when MASP packs into fewer bins (tau <= N, as Algorithm 2
      accepts); the planner then leaves the extra devices idle rather than add a cut that costs
      more.
-Beyond the paper: `imd_vectorised` runs all eta + 1 weights of one dichotomy step together in
-numpy (the paper's Table II slopes imply minutes at K = 50,000), and `exact_rho` returns the true
-optimum of rho1 + rho2 by walking the staircase of Pareto-optimal (rho1, rho2) pairs.
+Beyond the paper: `imd` runs all eta + 1 weights of one dichotomy step together in numpy (the
+paper's Table II slopes imply minutes at K = 50,000); `exact_rho` returns the true optimum of
+rho1 + rho2 by walking the staircase of Pareto-optimal (rho1, rho2) pairs; `exact_time` returns
+the true optimum of the whole of eq. (8) for one p by branch and bound; `search` with
+`SearchMethod.AUTO` bounds eq. (8) over every candidate p at once (see its docstring for what it
+guarantees).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
 _TOL = 1e-12  # relative slack on limits, so that a sum equal to a limit is not lost to rounding
+_MAX_HALVINGS = 2000  # a float range halves to adjacent floats in < 1100 steps; a guard, not a limit
+
+
+class SearchMethod(StrEnum):
+    """How `search` divides the layers (members equal their plain strings)."""
+
+    AUTO = "auto"  # branch and bound on eq. (8) over every p, exact within a work limit (see `search`)
+    IMD = "imd"  # the paper: cross-search with IMD (Algorithms 1-4)
+    EXACT_RHO = "exact"  # cross-search with the exact minimum of rho1 + rho2 per p
+    EXACT_TIME = "exact-time"  # the exact optimum of eq. (8) over all divisions and p, no work limit
+
+    @classmethod
+    def parse(cls, value: str | SearchMethod) -> SearchMethod:
+        try:
+            return cls(value)
+        except ValueError:
+            choices = ", ".join(repr(m.value) for m in cls)
+            raise ValueError(f"unknown search method {value!r}; choose from {choices}") from None
 
 
 @dataclass(frozen=True)
@@ -59,6 +85,27 @@ class Division:
     @property
     def n_stages(self) -> int:
         return len(self.cuts) + 1
+
+
+def _time_arrays(h_p, h_m, j_p, j_m, ndim: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The four time functions as float arrays, checked: same shape, at least one layer, finite, >= 0."""
+    arrays = []
+    for name, x in (("h_p", h_p), ("h_m", h_m), ("j_p", j_p), ("j_m", j_m)):
+        a = np.atleast_2d(np.asarray(x, float)) if ndim == 2 else np.asarray(x, float)
+        if a.ndim != ndim or a.shape[-1] == 0:
+            raise ValueError(f"{name}: expected a non-empty {ndim}-D array of per-layer times, got shape {a.shape}")
+        if not np.all(np.isfinite(a)) or np.any(a < 0):
+            raise ValueError(f"{name}: times must be finite and non-negative")
+        arrays.append(a)
+    if len({a.shape for a in arrays}) != 1:
+        raise ValueError(f"h_p, h_m, j_p, j_m must have one shape, got {[a.shape for a in arrays]}")
+    return arrays[0], arrays[1], arrays[2], arrays[3]
+
+
+def _stage_limit(n_stages: int, n_layers: int) -> int:
+    if n_stages < 1:
+        raise ValueError(f"need at least one stage, got {n_stages}")
+    return min(n_stages, n_layers)  # at most one stage per layer
 
 
 def _prefix(x: np.ndarray) -> np.ndarray:
@@ -100,7 +147,8 @@ def masp(h_p, h_m, j_p, j_m, v1: float, v2: float, max_bins: int | None = None) 
     """Fewest contiguous bins with every bin's forward terms <= v1 and backward terms <= v2.
 
     Returns (tau, cuts); tau is a large number when no packing exists, and counting stops at
-    max_bins + 1 when max_bins is given.
+    max_bins + 1 when max_bins is given. Every step starts the next bin after the last cut, so it
+    ends after at most K bins.
     """
     h_p, h_m, j_p, j_m = (np.asarray(x, float) for x in (h_p, h_m, j_p, j_m))
     k = len(h_p)
@@ -167,20 +215,23 @@ def imd(h_p, h_m, j_p, j_m, n_stages: int, eta: int = 1000, eps: float | None = 
     """Improved multi-dimensional dichotomy: minimise rho1 + rho2 for a fixed micro-batch count.
 
     All eta + 1 weight vectors w_i = (i/eta, 1 - i/eta) of a dichotomy step are checked together;
-    the first feasible one (lowest i, as Algorithm 2's `break`) gives the division.
+    the first feasible one (lowest i, as Algorithm 2's `break`) gives the division. eta >= 2:
+    with the weights (0, 1) and (1, 0) alone no division with both rho1 and rho2 positive is ever
+    accepted (Property 3's error bound opt / (eta - 1) needs eta >= 2 as well).
     """
-    h_p, h_m, j_p, j_m = (np.asarray(x, float) for x in (h_p, h_m, j_p, j_m))
+    h_p, h_m, j_p, j_m = _time_arrays(h_p, h_m, j_p, j_m)
+    if eta < 2:
+        raise ValueError(f"eta must be at least 2, got {eta}")
     k = len(h_p)
-    if n_stages < 1:
-        raise ValueError(f"need at least one stage, got {n_stages}")
-    n_stages = min(n_stages, k)  # at most one stage per layer
+    n_stages = _stage_limit(n_stages, k)
     p1, p2 = _prefix(h_p), _prefix(j_p)
     cut_f, cut_b = _cut_costs(h_m, j_m)
     weights = np.arange(eta + 1) / eta
     lower = max(h_p.max(), p1[-1] / n_stages) + max(j_p.max(), p2[-1] / n_stages)
     even = evaluate(h_p, h_m, j_p, j_m, even_cuts(k, n_stages))
-    upper = even.objective * eta / max(eta - 1, 1) * (1 + 1e-9)
-    eps = eps if eps is not None else 1e-7 * lower
+    # The even split fits limits (w_i D, (1 - w_i) D) for some i once D >= its objective *
+    # eta / (eta - 1): the interval [rho1 / D, 1 - rho2 / D] is then at least 1 / eta wide.
+    upper = even.objective * eta / (eta - 1) * (1 + 1e-9)
 
     def check(d: float):
         ok, history = _masp_weights(p1, p2, cut_f, cut_b, weights * d, (1 - weights) * d, n_stages)
@@ -190,11 +241,21 @@ def imd(h_p, h_m, j_p, j_m, n_stages: int, eta: int = 1000, eps: float | None = 
         return tuple(int(h[i]) for h in history if h[i] >= 0)
 
     best = check(upper)
-    while best is None:  # the weight grid may miss the even split's exact proportion: widen
+    for _ in range(64):  # rounding on the grid's edge only: each doubling widens the interval
+        if best is not None:
+            break
         upper *= 2
         best = check(upper)
-    while upper - lower >= eps:
+    if best is None:  # unreachable for finite times; the even split is always a valid answer
+        return even
+    if eps is None:
+        eps = 1e-7 * (lower if lower > 0 else upper)
+    for _ in range(_MAX_HALVINGS):
+        if upper - lower <= eps:
+            break
         mean = (upper + lower) / 2
+        if not lower < mean < upper:  # no float between the ends: the range cannot shrink further
+            break
         cuts = check(mean)
         if cuts is not None:
             upper, best = mean, cuts
@@ -204,7 +265,8 @@ def imd(h_p, h_m, j_p, j_m, n_stages: int, eta: int = 1000, eps: float | None = 
 
 
 def even_cuts(n_layers: int, n_stages: int) -> tuple[int, ...]:
-    """Equal layer counts (GPipe-E's division)."""
+    """Equal layer counts (GPipe-E's division); at most one stage per layer."""
+    n_stages = max(1, min(n_stages, n_layers))
     bounds = [round(i * n_layers / n_stages) for i in range(n_stages + 1)]
     return tuple(b - 1 for b in bounds[1:-1])
 
@@ -213,15 +275,23 @@ def even_cuts(n_layers: int, n_stages: int) -> tuple[int, ...]:
 def _least_limit(h_p, h_m, j_p, j_m, n_stages, other, lo, hi, forward: bool):
     """The least forward limit (forward=True; the backward limit fixed at `other`) or the least
     backward limit (forward=False; the forward limit fixed at `other`) that MASP can pack into
-    n_stages bins, by bisection in [lo, hi]; None if even hi fails."""
+    n_stages bins, by bisection in [lo, hi] to 1e-10 relative; None if even hi fails."""
     def feasible(x):
         v1, v2 = (x, other) if forward else (other, x)
         return masp(h_p, h_m, j_p, j_m, v1, v2, n_stages)[0] <= n_stages
 
     if not feasible(hi):
         return None
-    while hi - lo > _TOL * 100 * hi:
-        mid = (lo + hi) / 2
+    if lo >= hi or feasible(lo):  # a zero lower bound that already fits ends here, not after 1000 halvings
+        return min(lo, hi)
+    for _ in range(_MAX_HALVINGS):
+        if hi - lo <= _TOL * 100 * hi:
+            break
+        # geometric steps while the ends differ by orders of magnitude (1e-9 next to 1e9), so the
+        # search takes tens of steps, not hundreds
+        mid = float(np.sqrt(lo * hi)) if lo > 0 and hi > 16 * lo else (lo + hi) / 2
+        if not lo < mid < hi:
+            break
         if feasible(mid):
             hi = mid
         else:
@@ -238,14 +308,13 @@ def exact_rho(h_p, h_m, j_p, j_m, n_stages: int, eta_bound: int = 100) -> Divisi
     Only corners that can beat a known division matter: IMD with a coarse weight grid gives one
     (objective U), and a corner (v1, v2) can win only if v1 <= U - r2 and v2 <= U - r1, where r1
     and r2 are the least rho1 and rho2 any division reaches on its own; that confines the walk to
-    a narrow window. Limits are found by bisection to 1e-10 relative
-    and snapped to the division MASP returns, whose rho values are achieved exactly.
+    a narrow window. Limits are found by bisection to 1e-10 relative and snapped to the division
+    MASP returns, whose rho values are achieved exactly. Every corner has a strictly smaller rho2
+    than the one before (a value some division achieves), so the walk ends, also when rho2 is 0.
     """
-    h_p, h_m, j_p, j_m = (np.asarray(x, float) for x in (h_p, h_m, j_p, j_m))
+    h_p, h_m, j_p, j_m = _time_arrays(h_p, h_m, j_p, j_m)
     k = len(h_p)
-    if n_stages < 1:
-        raise ValueError(f"need at least one stage, got {n_stages}")
-    n_stages = min(n_stages, k)  # at most one stage per layer
+    n_stages = _stage_limit(n_stages, k)
     cut_f, cut_b = _cut_costs(h_m, j_m)
     top1 = float(h_p.sum() + cut_f.max())
     top2 = float(j_p.sum() + cut_b.max())
@@ -256,17 +325,231 @@ def exact_rho(h_p, h_m, j_p, j_m, n_stages: int, eta_bound: int = 100) -> Divisi
     r2 = _least_limit(h_p, h_m, j_p, j_m, n_stages, top1, low2, top2, forward=False)
     # the first corner worth visiting: the least v1 that allows v2 <= U - r1
     v1 = _least_limit(h_p, h_m, j_p, j_m, n_stages, best.objective - r1, r1, top1, forward=True)
+    previous_rho2 = np.inf
     while v1 is not None and v1 <= best.objective - r2:
         v2 = _least_limit(h_p, h_m, j_p, j_m, n_stages, v1, low2, top2, forward=False)
+        if v2 is None:
+            break
         _, cuts = masp(h_p, h_m, j_p, j_m, v1, v2, n_stages)
         d = evaluate(h_p, h_m, j_p, j_m, cuts)
         if d.objective < best.objective:
             best = d
+        if not d.rho2 < previous_rho2:  # no progress down the staircase: nothing left below
+            break
+        previous_rho2 = d.rho2
         below = d.rho2 * (1 - 1e-9)  # strictly below the current corner's rho2
-        if below < r2:
+        if below < r2 or below <= 0:  # rho2 cannot go lower
             break
         v1 = _least_limit(h_p, h_m, j_p, j_m, n_stages, below, max(r1, d.rho1), top1, forward=True)
     return best
+
+
+# --------------------------------------------------------------------------- exact T(lambda, p)
+@dataclass(frozen=True)
+class TimeSearchOutcome:
+    """What the branch and bound over the divisions for one p found."""
+
+    cuts: tuple[int, ...] | None  # the best division with T <= target_s; None if none reaches it
+    finished: bool  # False when max_work stopped it before every division was accounted for
+    work: int  # in units of one dominance comparison (`_WORK_PER_LAYER`, `_WORK_PER_LABEL`)
+
+
+# The cost model of the branch and bound's work, in units of one dominance comparison, fitted on
+# the 2-core development machine (about 2.6 ns a unit): a layer's fixed numpy overhead, a label
+# extended to a layer, a pair of labels compared.
+_WORK_PER_LAYER = 40_000
+_WORK_PER_LABEL = 500
+
+
+def _completion_buckets(n_max: int) -> list[tuple[int, int]]:
+    """Ranges of stage counts for the rest of the model: single counts up to 4, then doubling.
+
+    The bound of a range [lo, hi] charges lo - 1 cuts and the balance of hi stages, which is below
+    the bound of every count in the range: the ranges keep the bound valid and its cost small."""
+    buckets, lo = [], 1
+    while lo <= n_max:
+        hi = lo if lo <= 4 else min(2 * lo - 1, n_max)
+        buckets.append((lo, hi))
+        lo = hi + 1
+    return buckets
+
+
+_BLOCK = 128
+_EARLIER = np.triu(np.ones((_BLOCK, _BLOCK), dtype=bool), 1)  # row label before column label
+
+
+def _dominates(r1_a, r2_a, c_a, s_a, r1_b_floor, r2_b_floor, c_b, s_b, weight: float) -> np.ndarray:
+    """(a x b) matrix: label a dominates label b (see `_undominated`); in place to spare memory."""
+    extra = np.subtract.outer(r1_a, r1_b_floor)
+    np.maximum(extra, 0.0, out=extra)
+    second = np.subtract.outer(r2_a, r2_b_floor)
+    np.maximum(second, 0.0, out=second)
+    extra += second
+    extra *= weight
+    extra += c_a[:, None]
+    return (extra <= c_b) & (s_a[:, None] <= s_b)
+
+
+def _undominated(r1, r2, comm, stages, least1, least2, weight: float):
+    """Indices of the labels that no earlier label dominates, and the comparisons spent.
+
+    Label A (ending at the same layer as B) dominates B when A used no more stages and finishing A
+    the way B is finished never costs more: c_A + w (pos(r1_A - max(r1_B, L1_B)) +
+    pos(r2_A - max(r2_B, L2_B))) <= c_B, with L_B a lower bound on the rest's stage maxima with B's
+    remaining stages (max(a, X) - max(b, X) = pos(a - max(b, X)) and X >= L_B). A dominator's lower
+    bound is never above its victim's, and the labels come sorted by it, so comparing each label
+    with the earlier ones only loses nothing; dropping a label that an earlier, itself dropped one
+    dominates is safe too, as dominance chains down to a kept label."""
+    m = len(r1)
+    floor1, floor2 = np.maximum(r1, least1), np.maximum(r2, least2)
+    kept: list[np.ndarray] = []
+    keep = np.zeros(0, dtype=np.int64)
+    spent = 0
+    for start in range(0, m, _BLOCK):
+        stop = min(start + _BLOCK, m)
+        here = slice(start, stop)
+        size = stop - start
+        dominated = np.zeros(size, dtype=bool)
+        if len(keep):  # against every label kept so far
+            dominated |= _dominates(r1[keep], r2[keep], comm[keep], stages[keep], floor1[here], floor2[here],
+                                    comm[here], stages[here], weight).any(axis=0)
+            spent += len(keep) * size
+        inside = _dominates(r1[here], r2[here], comm[here], stages[here], floor1[here], floor2[here],
+                            comm[here], stages[here], weight)
+        dominated |= (inside & _EARLIER[:size, :size]).any(axis=0)
+        spent += size * size
+        survivors = np.nonzero(~dominated)[0] + start
+        kept.append(survivors)
+        keep = np.concatenate((keep, survivors))
+    return keep, spent
+
+
+class _Labels:
+    """Growing columns of partial divisions: (rho1, rho2, cut communication, stages, parent, end)."""
+
+    def __init__(self):
+        self.size, cap = 1, 1024
+        self.rho1, self.rho2, self.comm = np.zeros(cap), np.zeros(cap), np.zeros(cap)
+        self.stages = np.zeros(cap, dtype=np.int64)
+        self.parent = np.full(cap, -1, dtype=np.int64)
+        self.end = np.full(cap, -1, dtype=np.int64)  # label 0: the empty division, "ending" at -1
+
+    def add(self, rho1, rho2, comm, stages, parent, end: int) -> None:
+        m = len(rho1)
+        while self.size + m > len(self.rho1):
+            for name in ("rho1", "rho2", "comm", "stages", "parent", "end"):
+                old = getattr(self, name)
+                setattr(self, name, np.concatenate((old, np.zeros_like(old))))
+        s = slice(self.size, self.size + m)
+        self.rho1[s], self.rho2[s], self.comm[s], self.stages[s], self.parent[s] = rho1, rho2, comm, stages, parent
+        self.end[s] = end
+        self.size += m
+
+    def cuts(self, label: int) -> tuple[int, ...]:
+        cuts = []
+        while label > 0:
+            cuts.append(int(self.end[label]))
+            label = int(self.parent[label])
+        return tuple(reversed(cuts))
+
+
+def _time_branch_and_bound(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, target_s: float,
+                           max_work: float = np.inf) -> TimeSearchOutcome:
+    """The division into at most n_stages stages minimising T(lambda, p) (eq. (8)) among those with
+    T <= target_s (a known division's T), or None when none reaches the target.
+
+    A forward dynamic program over the layer where a stage ends keeps labels (rho1, rho2, cut
+    communication, stages used) of partial divisions. A label is dropped when even the best way to
+    finish it cannot reach the target: the rest of the model, split into m more stages, adds at
+    least m - 1 of its cheapest cuts and has stage maxima at least max(largest layer, sum / m)
+    (eq. (8) term by term). Labels another label dominates are dropped too (`_undominated`).
+    Arrays must be checked (`_time_arrays`) by the caller."""
+    k = len(h_p)
+    n_max = _stage_limit(n_stages, k)
+    weight = float(n_micro - 1)  # p - 1 in eq. (8)
+    p1, p2 = _prefix(h_p), _prefix(j_p)
+    cut_f, cut_b = _cut_costs(h_m, j_m)
+    cut_comm = cut_f + cut_b
+    base = float(p1[-1] + p2[-1])  # sum of all compute, the same for every division
+    slack = 1e-12 * (abs(target_s) + base)  # rounding of sums taken in another order
+    budget = target_s - base + slack  # for cut communication + (p - 1)(rho1 + rho2)
+    if budget < 0:
+        return TimeSearchOutcome(None, True, 0)
+    # the rest of the model after a stage ending at layer e: layers e + 1 .. K - 1
+    rest_len = k - 1 - np.arange(k)
+    rest_max1 = np.append(np.maximum.accumulate(h_p[::-1])[::-1][1:], 0.0)
+    rest_max2 = np.append(np.maximum.accumulate(j_p[::-1])[::-1][1:], 0.0)
+    rest_sum1, rest_sum2 = p1[-1] - p1[1:], p2[-1] - p2[1:]
+    # cheapest cut inside the rest (cut positions e + 1 .. K - 2)
+    inner = np.append(cut_comm[:-1], np.inf)
+    rest_cut = np.append(np.minimum.accumulate(inner[::-1])[::-1][1:], np.inf)
+    rest_cut = np.where(np.isfinite(rest_cut), rest_cut, 0.0)
+    least_rho1 = max(h_p.max(), p1[-1] / n_max)  # no division has smaller rho1 (or rho2 below)
+    least_rho2 = max(j_p.max(), p2[-1] / n_max)
+    buckets = _completion_buckets(n_max)
+    widen = 1e-12 * (p1[-1] + p2[-1])
+    labels = _Labels()
+    first = [0, 1]  # first[j + 1]: the first label of a stage ending at layer j (label 0 ends at -1)
+    work = 0
+    best_value, best_parent = np.inf, -1
+    for e in range(k):
+        last = e == k - 1
+        j_lo = -1  # stages j + 1 .. e whose own compute already breaks the budget are never tried
+        if weight > 0:
+            cap1 = budget / weight - least_rho2 + widen
+            cap2 = budget / weight - least_rho1 + widen
+            j_lo = max(-1, int(np.searchsorted(p1, p1[e + 1] - cap1, side="left")) - 1,
+                       int(np.searchsorted(p2, p2[e + 1] - cap2, side="left")) - 1)
+        lo, hi = first[min(j_lo, e) + 1], first[e + 1]
+        if lo >= hi:
+            first.append(labels.size)
+            work += _WORK_PER_LAYER
+            continue
+        ends = labels.end[lo:hi]
+        r1 = np.maximum(labels.rho1[lo:hi], p1[e + 1] - p1[ends + 1])
+        r2 = np.maximum(labels.rho2[lo:hi], p2[e + 1] - p2[ends + 1])
+        stages = labels.stages[lo:hi] + 1
+        work += _WORK_PER_LAYER + _WORK_PER_LABEL * (hi - lo)
+        if last:  # complete divisions: eq. (8) less the compute sum
+            value = labels.comm[lo:hi] + weight * (r1 + r2)
+            value = np.where(stages <= n_max, value, np.inf)
+            i = int(np.argmin(value))
+            if value[i] <= budget:
+                best_value, best_parent = float(value[i]), lo + i
+            break
+        r1 = np.maximum(r1, cut_f[e])
+        r2 = np.maximum(r2, cut_b[e])
+        comm = labels.comm[lo:hi] + cut_comm[e]
+        rest_stages = np.minimum(n_max - stages, rest_len[e])  # stages the rest may still use
+        alive = rest_stages >= 1
+        with np.errstate(divide="ignore", invalid="ignore"):
+            least1 = np.maximum(rest_max1[e], rest_sum1[e] / rest_stages)
+            least2 = np.maximum(rest_max2[e], rest_sum2[e] / rest_stages)
+        finish = np.full(hi - lo, np.inf)  # the least the rest can add, over its stage counts
+        for few, many in buckets:
+            if few > rest_len[e]:
+                break
+            many_here = np.minimum(many, rest_stages)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                value = (few - 1) * rest_cut[e] + weight * (
+                    np.maximum(r1, np.maximum(rest_max1[e], rest_sum1[e] / many_here))
+                    + np.maximum(r2, np.maximum(rest_max2[e], rest_sum2[e] / many_here)))
+            finish = np.where(rest_stages >= few, np.minimum(finish, value), finish)
+        bound = comm + finish
+        keep = np.nonzero(alive & (bound <= budget))[0]
+        if len(keep):
+            order = keep[np.lexsort((stages[keep], bound[keep]))]
+            chosen, spent = _undominated(r1[order], r2[order], comm[order], stages[order],
+                                         least1[order], least2[order], weight)
+            work += spent
+            pick = order[chosen]
+            labels.add(r1[pick], r2[pick], comm[pick], stages[pick], lo + pick, e)
+        first.append(labels.size)
+        if work > max_work:
+            return TimeSearchOutcome(None, False, work)
+    if best_parent < 0:
+        return TimeSearchOutcome(None, True, work)
+    return TimeSearchOutcome(labels.cuts(best_parent), True, work)
 
 
 def exact_time(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, upper: float | None = None) -> tuple[int, ...]:
@@ -274,55 +557,23 @@ def exact_time(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, upper: float | N
 
     IMD (and `exact_rho`) minimise rho1 + rho2, which eq. (8) weighs by p - 1; eq. (8) also adds the
     communication of every cut, which they ignore, so at small p a division with cheaper cuts can
-    beat theirs. Here a dynamic program over (last layer, stages) keeps every non-dominated
-    (rho1, rho2, cut communication) triple, pruned by the best T known (`upper`, e.g. IMD's).
-    Its cost grows with the number of triples, so it is for models with up to a few hundred layers.
+    beat theirs. Branch and bound (`_time_branch_and_bound`) from the better of exact_rho's
+    division and a single stage (or `upper`, a T some division reaches); no work limit, so at
+    hundreds of layers with tens of stages and small p it can take seconds to minutes — `search`
+    with SearchMethod.AUTO bounds that work.
     """
-    h_p, h_m, j_p, j_m = (np.asarray(x, float) for x in (h_p, h_m, j_p, j_m))
-    k = len(h_p)
-    n_stages = max(1, min(n_stages, k))
-    w = n_micro - 1
-    p1, p2 = _prefix(h_p), _prefix(j_p)
-    cut_f, cut_b = _cut_costs(h_m, j_m)
-    cut_c = cut_f + cut_b
-    base = float(p1[-1] + p2[-1])
-    if upper is None:
-        upper = total_time(h_p, h_m, j_p, j_m, imd(h_p, h_m, j_p, j_m, n_stages, eta=100).cuts, n_micro)
-    budget = upper - base + 1e-12 * abs(upper)
-    # fronts[j]: triples (rho1, rho2, comm, cuts) for layers 0..j with a stage ending at j
-    fronts: list[list[tuple[float, float, float, tuple[int, ...]]]] = [[] for _ in range(k)]
-    best = None
-    layer_fronts = [fronts]
-    for n in range(1, n_stages + 1):
-        new: list[list[tuple[float, float, float, tuple[int, ...]]]] = [[] for _ in range(k)]
-        for j in range(n - 1, k):
-            comm_j = cut_c[j] if j < k - 1 else 0.0
-            cf_j = cut_f[j] if j < k - 1 else 0.0
-            cb_j = cut_b[j] if j < k - 1 else 0.0
-            cand = []
-            starts = [(-1, (0.0, 0.0, 0.0, ()))] if n == 1 else [
-                (i, t) for i in range(n - 2, j) for t in layer_fronts[-1][i]]
-            for i, (r1, r2, c, cuts) in starts:
-                a = max(r1, p1[j + 1] - p1[i + 1], cf_j)
-                b = max(r2, p2[j + 1] - p2[i + 1], cb_j)
-                cc = c + comm_j
-                if cc + w * (a + b) > budget:
-                    continue
-                cand.append((a, b, cc, cuts if i < 0 else (*cuts, i)))
-            cand.sort()
-            kept: list[tuple[float, float, float, tuple[int, ...]]] = []
-            for t in cand:  # keep the non-dominated triples
-                if not any(o[0] <= t[0] and o[1] <= t[1] and o[2] <= t[2] for o in kept):
-                    kept.append(t)
-            new[j] = kept
-        layer_fronts.append(new)
-        for r1, r2, c, cuts in new[k - 1]:
-            value = c + w * (r1 + r2)
-            if best is None or value < best[0]:
-                best = (value, cuts)
-    if best is None:  # nothing beat the bound: the bound's own division is optimal
-        return imd(h_p, h_m, j_p, j_m, n_stages, eta=100).cuts
-    return best[1]
+    h_p, h_m, j_p, j_m = _time_arrays(h_p, h_m, j_p, j_m)
+    n_max = _stage_limit(n_stages, len(h_p))
+    known = [exact_rho(h_p, h_m, j_p, j_m, n_max).cuts, ()]
+    incumbent = min(known, key=lambda c: total_time(h_p, h_m, j_p, j_m, c, n_micro))
+    target = total_time(h_p, h_m, j_p, j_m, incumbent, n_micro)
+    if upper is not None:
+        target = min(target, upper)
+    found = _time_branch_and_bound(h_p, h_m, j_p, j_m, n_max, n_micro, target)
+    if found.cuts is None:
+        return incumbent
+    better = total_time(h_p, h_m, j_p, j_m, found.cuts, n_micro) < total_time(h_p, h_m, j_p, j_m, incumbent, n_micro)
+    return found.cuts if better else incumbent
 
 
 # --------------------------------------------------------------------------- ODPA (Algorithm 4)
@@ -357,31 +608,37 @@ class CrossSearchResult:
     cuts: tuple[int, ...]
     n_micro: int
     time_s: float  # T(lambda, p), eq. (8)
-    iterations: int
+    iterations: int  # cross-search: Algorithm 1's loop turns; AUTO / EXACT_TIME: exact searches run
+    exact: bool = False  # proven the optimum of eq. (8) over every division and every candidate p
+    lower_bound_s: float = 0.0  # no division and candidate p is faster (AUTO / EXACT_TIME; else 0)
 
 
 def cross_search(h_p, h_m, j_p, j_m, n_micro_values, n_stages: int, start: int | None = None,
-                 method: str = "imd", eta: int = 1000, cache: dict | None = None) -> CrossSearchResult:
+                 method: str = SearchMethod.IMD, eta: int = 1000, cache: dict | None = None) -> CrossSearchResult:
     """Algorithm 1: alternate the best division for p and the best p for a division (ODPA) until
     T stops improving. Arrays are (candidates x K), one row per p. The division comes from IMD
-    (the paper), the exact minimum of rho1 + rho2 ("exact"), or the exact minimum of T itself for
-    that p ("exact-time", beyond the paper). `cache` shares divisions between runs."""
-    q = [np.atleast_2d(np.asarray(x, float)) for x in (h_p, h_m, j_p, j_m)]
+    (the paper), the exact minimum of rho1 + rho2 (EXACT_RHO), or the exact minimum of T itself
+    for that p (EXACT_TIME, beyond the paper). `cache` shares divisions between runs. T strictly
+    falls every turn and there are finitely many (division, p) pairs, so the loop ends."""
+    method = SearchMethod.parse(method)
+    if method == SearchMethod.AUTO:
+        raise ValueError("cross_search takes imd, exact or exact-time; AUTO is a `search` method")
+    q = _time_arrays(h_p, h_m, j_p, j_m, ndim=2)
     ps = list(n_micro_values)
+    if len(ps) != q[0].shape[0]:
+        raise ValueError(f"{len(ps)} micro-batch counts for {q[0].shape[0]} rows of times")
     cache = {} if cache is None else cache
 
     def divide(r: int) -> tuple[int, ...]:
         key = (method, r)
         if key not in cache:
             arrays = [x[r] for x in q]
-            if method == "imd":
+            if method == SearchMethod.IMD:
                 cache[key] = imd(*arrays, n_stages, eta=eta).cuts
-            elif method == "exact":
+            elif method == SearchMethod.EXACT_RHO:
                 cache[key] = exact_rho(*arrays, n_stages).cuts
-            elif method == "exact-time":
-                cache[key] = exact_time(*arrays, n_stages, ps[r])
             else:
-                raise ValueError(f"unknown method {method!r}")
+                cache[key] = exact_time(*arrays, n_stages, ps[r])
         return cache[key]
 
     def time_at(cuts, r: int) -> float:
@@ -406,20 +663,117 @@ def cross_search(h_p, h_m, j_p, j_m, n_micro_values, n_stages: int, start: int |
     return CrossSearchResult(cuts=tuple(cuts), n_micro=ps[row], time_s=t, iterations=iterations)
 
 
-def search(h_p, h_m, j_p, j_m, n_micro_values, n_stages: int, method: str = "auto", eta: int = 1000,
-           starts=None) -> CrossSearchResult:
-    """Cross-search from several starting p (Algorithm 1 line 1 allows any), keeping the best.
+# Work AUTO's exact searches may share (`_WORK_PER_LAYER`): about 2.6 s on the development
+# machine, so that AUTO stays within 5 s up to K = 1,000 and N = 64 (benchmarks/planner_speed_csimd.py).
+AUTO_MAX_WORK = 2_000_000_000
 
-    method "auto": the exact minimum of T per p ("exact-time") while the model is small enough for
-    it (<= 300 layers), IMD beyond. With every candidate p as a start and "exact-time", the result
-    is the optimum of eq. (8) over all divisions and all p.
+
+def _bound_every_p(q, ps: list[int], n_stages: int, max_work: float) -> CrossSearchResult:
+    """Branch and bound on eq. (8) over every division and every candidate p (AUTO, EXACT_TIME).
+
+    1. A lower bound per p: T >= sum of compute + (p - 1)(least rho1 + least rho2), as cut
+       communication is >= 0 and rho_i >= max(largest layer, sum / N).
+    2. The incumbent: the single stage and exact_rho's division for each p (most promising p
+       first), every one priced at every p by ODPA; a p whose bound reaches the incumbent is done,
+       and exact_rho's minimum of rho1 + rho2 raises that p's bound to sum + (p - 1) min rho.
+    3. For the p still open, most promising first, the exact search for a division beating the
+       incumbent (`_time_branch_and_bound`); each gets an equal share of the work left, and a
+       second pass gives the work the others left unused to those that ran out. A p whose search
+       never finished keeps its bound, which the result reports as `lower_bound_s`.
     """
-    k = np.atleast_2d(np.asarray(h_p)).shape[1]
-    if method == "auto":
-        method = "exact-time" if k <= 300 else "imd"
+    k = q[0].shape[1]
+    n_max = _stage_limit(n_stages, k)
+    weights = np.asarray(ps, float) - 1
+    base = q[0].sum(axis=1) + q[2].sum(axis=1)
+    least = np.maximum(q[0].max(axis=1), q[0].sum(axis=1) / n_max) + np.maximum(q[2].max(axis=1),
+                                                                                q[2].sum(axis=1) / n_max)
+    bound = base + weights * least
+    best_cuts: tuple[int, ...] = ()
+    z = odpa(*q, best_cuts, ps)
+    best_row = int(np.argmin(z))
+    best_t = float(z[best_row])
+
+    def offer(cuts) -> None:
+        nonlocal best_cuts, best_row, best_t
+        z = odpa(*q, cuts, ps)
+        r = int(np.argmin(z))
+        if z[r] < best_t:
+            best_cuts, best_row, best_t = tuple(cuts), r, float(z[r])
+
+    order = [int(r) for r in np.argsort(bound, kind="stable")]
+    for r in order:
+        if bound[r] >= best_t:
+            continue
+        rho = exact_rho(*(x[r] for x in q), n_max)
+        offer(rho.cuts)
+        # exact_rho is exact to its bisection's 1e-10; a little below keeps the bound valid
+        bound[r] = max(bound[r], base[r] + weights[r] * rho.objective * (1 - 1e-9))
+    searched, work = 0, 0.0
+    unresolved = [r for r in order if bound[r] < best_t]
+    tried: dict[int, float] = {}  # the work each row was given last time
+    for _ in range(2):
+        rows, unresolved = [r for r in unresolved if bound[r] < best_t], []
+        for i, r in enumerate(rows):
+            share = (max_work - work) / (len(rows) - i)
+            if bound[r] >= best_t:
+                continue
+            if share <= tried.get(r, 0.0):  # no more work than last time: it would stop again
+                unresolved.append(r)
+                continue
+            found = _time_branch_and_bound(*(x[r] for x in q), n_max, ps[r], best_t, share)
+            searched += 1
+            work += found.work
+            tried[r] = share
+            if found.cuts is not None:
+                offer(found.cuts)
+            if not found.finished:
+                unresolved.append(r)
+        if not unresolved:
+            break
+    unresolved = [r for r in unresolved if bound[r] < best_t]
+    lower = min([best_t, *(float(bound[r]) for r in unresolved)])
+    return CrossSearchResult(cuts=best_cuts, n_micro=ps[best_row], time_s=best_t, iterations=searched,
+                             exact=not unresolved, lower_bound_s=lower)
+
+
+def search(h_p, h_m, j_p, j_m, n_micro_values, n_stages: int, method: str = SearchMethod.AUTO, eta: int = 1000,
+           starts=None, max_work: float | None = None) -> CrossSearchResult:
+    """The division and micro-batch count minimising eq. (8). Arrays are (candidates x K), one
+    row per p in n_micro_values.
+
+    SearchMethod.AUTO (the planner's default) — what it guarantees:
+      * the answer is never worse than the single stage or than exact_rho's division (the exact
+        minimum of rho1 + rho2) for any candidate p, each priced at its best p by ODPA;
+      * it is the exact optimum of eq. (8) over every division into at most n_stages stages and
+        every candidate p whenever the result says `exact=True`: each p is then either proven
+        unable to beat the answer by a bound or searched to the end by branch and bound;
+      * the exact searches share `max_work` (AUTO_MAX_WORK, about 2.6 s of work); a p whose
+        search runs out keeps the exact_rho-based answer, and `exact` is False with
+        `lower_bound_s` the proven lower bound, so (time_s - lower_bound_s) / time_s is the most
+        the answer can be from the optimum.
+      In our benchmark (benchmarks/planner_speed_csimd.py: K <= 1,000, N <= 64, every divisor of
+      512 as p) it finishes in seconds and is exact wherever the optimal p is large enough that
+      (p - 1)(rho1 + rho2) dominates the cut communication; small optimal p with many stages is
+      where it can fall back.
+    SearchMethod.EXACT_TIME: the same search with no work limit: always exact, time unbounded.
+    SearchMethod.IMD / EXACT_RHO: Algorithm 1's cross-search from each p in `starts` (every
+      candidate by default; Algorithm 1 line 1 allows any), with IMD's division (the paper, eta
+      weights) or the exact minimum of rho1 + rho2 per p; the best run wins. Neither is exact for
+      eq. (8): they ignore the cut communication and stop at a local optimum.
+    `starts` applies to the cross-search methods only; `eta` to IMD. Plain strings work as well
+    as SearchMethod members; an unknown method raises ValueError.
+    """
+    method = SearchMethod.parse(method)
+    q = _time_arrays(h_p, h_m, j_p, j_m, ndim=2)
     ps = list(n_micro_values)
+    if len(ps) != q[0].shape[0]:
+        raise ValueError(f"{len(ps)} micro-batch counts for {q[0].shape[0]} rows of times")
+    _stage_limit(n_stages, q[0].shape[1])
+    if method == SearchMethod.AUTO:
+        return _bound_every_p(q, ps, n_stages, AUTO_MAX_WORK if max_work is None else max_work)
+    if method == SearchMethod.EXACT_TIME:
+        return _bound_every_p(q, ps, n_stages, np.inf if max_work is None else max_work)
     starts = ps if starts is None else list(starts)
     cache: dict = {}
-    results = [cross_search(h_p, h_m, j_p, j_m, ps, n_stages, start=s, method=method, eta=eta, cache=cache)
-               for s in starts]
+    results = [cross_search(*q, ps, n_stages, start=s, method=method, eta=eta, cache=cache) for s in starts]
     return min(results, key=lambda r: r.time_s)

@@ -33,8 +33,9 @@ from dataclasses import replace
 import numpy as np
 
 from paraplan.costs import closed_forms as cf
-from paraplan.errors import ParaplanError
 from paraplan.plan.plan import LayerRange, Plan, SearchInfo, Stage
+from paraplan.planners.request import FieldError, Judge, PlanRequest
+from paraplan.planners.table import register
 
 
 def normalise(times) -> np.ndarray:
@@ -86,41 +87,65 @@ def ampa(layer_times, k: int, threshold: float = 0.0, normalised: bool = True) -
     return tuple(best)
 
 
-def plan_gropipe(cm, model_name: str, cluster_name: str, batch: int, n_devices: int | None = None,
-                 micro_batches=(1, 2, 4, 6, 8, 10, 12, 14, 16), shapes=None, grad_sync: str = "gropipe-delayed"):
-    """Search N x k shapes and m; returns (best Plan, table of (N, k, m, iteration_s, throughput))."""
-    from paraplan.simulate.predict import simulate_plan
+MICRO_BATCH_CANDIDATES = (1, 2, 4, 6, 8, 10, 12, 14, 16)  # m values GroPipe's evaluation tries (Table VI)
 
-    g = n_devices or cm.cluster.n_devices
-    k_layers = cm.model.n_layers
-    shapes = shapes or [(n, g // n) for n in range(1, g + 1) if g % n == 0 and g // n <= k_layers]
+
+def plan_gropipe(request: PlanRequest, judge: Judge, micro_batches=MICRO_BATCH_CANDIDATES, shapes=None,
+                 grad_sync: str = "gropipe-delayed") -> tuple[Plan, list[dict]]:
+    """Search N x k shapes and m; returns (best Plan, table of every candidate judged).
+
+    Pure data parallelism (k = 1) syncs with DDP's bucketed all-reduce, as real DP does: GroPipe's
+    delayed all-reduce would wait for the whole backward there (one stage), an unfair handicap.
+    """
+    cm = request.costs
+    g, k_layers, batch = request.n_devices, request.n_layers, request.batch
+    if shapes is None:
+        shapes = [(n, g // n) for n in range(1, g + 1) if g % n == 0 and g // n <= k_layers]
+    for n_groups, k in shapes:
+        if n_groups * k > g:
+            raise FieldError("stages", f"{n_groups} groups x {k} stages need {n_groups * k} devices, "
+                                       f"{request.cluster_name} has {g}")
+        if k > k_layers:
+            raise FieldError("stages", f"{k} stages for a model of {k_layers} layers")
     t0 = time.perf_counter()
     table, best = [], None
     for n_groups, k in shapes:
-        if n_groups * k > cm.cluster.n_devices:
-            raise ParaplanError(f"{n_groups} groups x {k} stages need {n_groups * k} devices, "
-                                f"{cluster_name} has {cm.cluster.n_devices}")
         for m in micro_batches:
             micro = batch / (n_groups * m)
             if micro != int(micro) or micro < 1:
                 continue
-            costs = cm.compute(0)
-            fwd, bwd, _, _ = costs.arrays(micro)
+            fwd, bwd, _, _ = cm.compute(0).arrays(micro)
             sizes = ampa(fwd + bwd, k)
             bounds = np.concatenate(([0], np.cumsum(sizes)))
             stages = tuple(Stage(LayerRange(int(a), int(b)), tuple(s + r * k for r in range(n_groups)))
                            for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)))
-            plan = Plan(model=model_name, cluster=cluster_name, n_layers=k_layers, global_batch=batch, n_micro=m,
-                        schedule="gpipe", grad_sync=grad_sync if n_groups > 1 else "none", stages=stages)
-            sim = simulate_plan(plan, cm)
+            sync = "none" if n_groups == 1 else ("bucketed" if k == 1 else grad_sync)
+            plan = Plan(model=request.model_name, cluster=request.cluster_name, n_layers=k_layers, global_batch=batch,
+                        n_micro=m, schedule=request.schedule or "gpipe", grad_sync=sync, stages=stages)
+            prediction = judge(plan)
             table.append({"groups": n_groups, "stages": k, "n_micro": m, "layer_counts": list(sizes),
-                          "iteration_s": sim.prediction.iteration_s,
-                          "throughput": sim.prediction.throughput_samples_per_s, "feasible": sim.prediction.feasible})
-            key = (not sim.prediction.feasible, sim.prediction.iteration_s)
+                          "iteration_s": prediction.iteration_s, "grad_sync": sync,
+                          "throughput": prediction.throughput_samples_per_s, "feasible": prediction.feasible})
+            key = (not prediction.feasible, prediction.iteration_s)
             if best is None or key < best[0]:
-                best = (key, sim.plan)
+                best = (key, replace(plan, prediction=prediction))
     if best is None:
-        raise ParaplanError(f"no (groups, stages, micro-batches) divides the batch {batch}")
+        raise FieldError("batch", f"no (groups, stages, micro-batches) divides the batch {batch} into whole "
+                                  f"micro-batches (micro-batch counts tried: {', '.join(map(str, micro_batches))})")
     plan = replace(best[1], search=SearchInfo(planner="gropipe", search_s=time.perf_counter() - t0,
                                               options=(("costs", cm.source), ("shapes", len(shapes)))))
     return plan, table
+
+
+@register("gropipe", "GroPipe: N groups x k stages (AMPA), data parallel across groups with delayed all-reduce",
+          schedules=("gpipe", "1f1b"))
+def _planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
+    shapes = None
+    if request.n_stages:
+        k = request.n_stages
+        if request.n_devices % k:
+            raise FieldError("stages", f"{k} stages do not split {request.n_devices} devices into equal groups "
+                                       f"(GroPipe's N x k = G)")
+        shapes = [(request.n_devices // k, k)]
+    micro = (request.n_micro,) if request.n_micro else MICRO_BATCH_CANDIDATES
+    return plan_gropipe(request, judge, micro_batches=micro, shapes=shapes)[0]

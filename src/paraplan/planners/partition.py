@@ -10,7 +10,12 @@ the caller (fixed, random, or ODPA).
   one-dimensional surrogate exactly, not rho1 + rho2.
 - `min_max_recursive`: the same recurrence evaluated top-down with memoisation (the "recursive
   algorithm" of CSIMD Fig. 9); same answers, different speed.
-- `brute_force`: every division into at most N stages, for small K: the oracle for rho1 + rho2.
+- `brute_force_rho`: every division into at most N stages, for small K: the oracle for
+  rho1 + rho2 alone (what IMD and `exact_rho` minimise). It is not the optimum of eq. (8): that
+  also charges every cut's communication, and a rho-optimal division can take 1.95x as long
+  (docs/csimd.md).
+- `brute_force_time`: every division into at most N stages, for small K: the oracle for the whole
+  of eq. (8) at one p (what `csimd.exact_time` and the planner's "brute-force" minimise).
 - `even`: equal layer counts (GPipe-E); `random_cuts`: uniform random cuts (GPipe-R);
   `balanced_1d`: the exact min-max split of one per-layer weight, used for parameter balance
   (DeepSpeed's partition_method="parameters") and for time balance (torchgpipe's balance_by_time).
@@ -24,9 +29,10 @@ from functools import cache
 
 import numpy as np
 
-from paraplan.planners.csimd import Division, _cut_costs, evaluate, even_cuts
+from paraplan.planners.csimd import Division, _cut_costs, _stage_limit, evaluate, even_cuts, total_time
 
-__all__ = ["balanced_1d", "brute_force", "even_cuts", "min_max_dp", "min_max_recursive", "random_cuts"]
+__all__ = ["balanced_1d", "brute_force_rho", "brute_force_time", "even", "even_cuts", "min_max_dp",
+           "min_max_recursive", "random_cuts"]
 
 
 def _stage_table(h_p, h_m, j_p, j_m):
@@ -39,7 +45,7 @@ def min_max_dp(h_p, h_m, j_p, j_m, n_stages: int) -> tuple[int, ...]:
     """A[n][j] = min_i max(A[n-1][i], cost(i+1..j)); O(N K^2), vectorised over i."""
     compute, comm = _stage_table(h_p, h_m, j_p, j_m)
     k = len(comm)
-    n_stages = min(n_stages, k)
+    n_stages = _stage_limit(n_stages, k)
     inf = np.inf
     best = np.full((n_stages + 1, k), inf)  # best[n][j]: layers 0..j in n stages
     choice = np.full((n_stages + 1, k), -1, dtype=np.int64)
@@ -62,6 +68,7 @@ def min_max_dp(h_p, h_m, j_p, j_m, n_stages: int) -> tuple[int, ...]:
 def min_max_recursive(h_p, h_m, j_p, j_m, n_stages: int) -> tuple[int, ...]:
     compute, comm = _stage_table(h_p, h_m, j_p, j_m)
     k = len(comm)
+    n_stages = _stage_limit(n_stages, k)
 
     @cache
     def solve(j: int, n: int) -> tuple[float, tuple[int, ...]]:
@@ -80,25 +87,44 @@ def min_max_recursive(h_p, h_m, j_p, j_m, n_stages: int) -> tuple[int, ...]:
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 10 * n_stages + 1000))
     try:
-        return solve(k - 1, min(n_stages, k))[1]
+        return solve(k - 1, n_stages)[1]
     finally:
         sys.setrecursionlimit(limit)
 
 
-def brute_force(h_p, h_m, j_p, j_m, n_stages: int, exactly: bool = False) -> Division:
-    """Minimum rho1 + rho2 over every division into at most (or exactly) n_stages stages."""
-    k = len(h_p)
+def _divisions(n_layers: int, n_stages: int, exactly: bool = False):
+    """Every division (its cuts) into at most (or exactly) n_stages stages, fewest stages first."""
+    n_stages = _stage_limit(n_stages, n_layers)
+    for n in [n_stages] if exactly else range(1, n_stages + 1):
+        yield from itertools.combinations(range(n_layers - 1), n - 1)
+
+
+def brute_force_rho(h_p, h_m, j_p, j_m, n_stages: int, exactly: bool = False) -> Division:
+    """Minimum rho1 + rho2 over every division into at most (or exactly) n_stages stages.
+
+    Only rho1 + rho2: eq. (8) also charges every cut's communication, so this is the oracle for IMD
+    and `csimd.exact_rho`, not for the planner (see `brute_force_time`)."""
     best = None
-    counts = [n_stages] if exactly else range(1, n_stages + 1)
-    for n in counts:
-        for cuts in itertools.combinations(range(k - 1), n - 1):
-            d = evaluate(h_p, h_m, j_p, j_m, cuts)
-            if best is None or d.objective < best.objective:
-                best = d
+    for cuts in _divisions(len(h_p), n_stages, exactly):
+        d = evaluate(h_p, h_m, j_p, j_m, cuts)
+        if best is None or d.objective < best.objective:
+            best = d
     return best
 
 
+def brute_force_time(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int) -> tuple[int, ...]:
+    """The cuts minimising the whole of T(lambda, p) (CSIMD eq. (8), `csimd.total_time`) at
+    p = n_micro over every division into at most n_stages stages; the fewest stages win ties."""
+    best_cuts, best_t = (), np.inf
+    for cuts in _divisions(len(h_p), n_stages):
+        t = total_time(h_p, h_m, j_p, j_m, cuts, n_micro)
+        if t < best_t:
+            best_cuts, best_t = cuts, t
+    return tuple(int(c) for c in best_cuts)
+
+
 def random_cuts(n_layers: int, n_stages: int, rng: np.random.Generator) -> tuple[int, ...]:
+    n_stages = _stage_limit(n_stages, n_layers)
     return tuple(sorted(int(c) for c in rng.choice(n_layers - 1, size=n_stages - 1, replace=False)))
 
 

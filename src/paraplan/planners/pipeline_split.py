@@ -13,16 +13,25 @@ works on one set of per-layer arrays); the simulator then prices each stage on i
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from paraplan.costs.model import CostModel
-from paraplan.errors import ParaplanError, UnknownNameError
-from paraplan.planners import csimd, partition
 from paraplan.plan.plan import LayerRange, Plan, SearchInfo, Stage
+from paraplan.planners import csimd, partition
+from paraplan.planners.request import (
+    FieldError,
+    OptionSpec,
+    PlanRequest,
+    divisors,
+    one_of,
+    positive_int,
+    whole_number,
+)
+from paraplan.planners.table import register
 
-PLANNERS = ("csimd", "csimd-paper", "even", "random", "pipedream-dp", "params", "time-1d", "brute-force")
 BRUTE_FORCE_MAX_LAYERS = 30
 
 
@@ -39,6 +48,10 @@ class SplitProblem:
     j_m: np.ndarray
     param_bytes: np.ndarray
 
+    @property
+    def n_layers(self) -> int:
+        return self.h_p.shape[1]
+
     def row(self, n_micro: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         r = self.n_micro_values.index(n_micro)
         return self.h_p[r], self.h_m[r], self.j_p[r], self.j_m[r]
@@ -48,17 +61,13 @@ class SplitProblem:
         return csimd.total_time(*self.row(n_micro), cuts, n_micro)
 
 
-def divisors(n: int) -> tuple[int, ...]:
-    return tuple(d for d in range(1, n + 1) if n % d == 0)
-
-
 def build_problem(cm: CostModel, batch: int, n_stages: int, max_micro: int | None = None) -> SplitProblem:
     if batch < 1:
-        raise ParaplanError(f"--batch must be positive, got {batch}")
+        raise FieldError("batch", f"must be positive, got {batch}")
     k = cm.model.n_layers
     if not 1 <= n_stages <= min(k, cm.cluster.n_devices):
-        raise ParaplanError(f"--stages: need 1..{min(k, cm.cluster.n_devices)} (layers {k}, devices "
-                            f"{cm.cluster.n_devices}), got {n_stages}")
+        raise FieldError("stages", f"need 1..{min(k, cm.cluster.n_devices)} (layers {k}, devices "
+                                   f"{cm.cluster.n_devices}), got {n_stages}")
     ps = tuple(p for p in divisors(batch) if max_micro is None or p <= max_micro)
     costs = cm.compute(0)
     link = cm.cluster.link(0, 1) if cm.cluster.n_devices > 1 else cm.cluster.nodes[0].intra_link
@@ -94,66 +103,117 @@ def _odpa_p(problem: SplitProblem, cuts) -> int:
     return problem.n_micro_values[int(np.argmin(z))]
 
 
-def solve(problem: SplitProblem, planner: str, n_micro: int | None = None, eta: int = 1000,
-          seed: int = 0) -> tuple[tuple[int, ...], int, dict]:
+Divider = Callable[[SplitProblem, "int | None", dict], "tuple[tuple[int, ...], int, dict]"]
+DIVIDERS: dict[str, Divider] = {}  # planner name -> (problem, fixed p or None, options) -> (cuts, p, notes)
+
+
+def _csimd(problem: SplitProblem, n_micro: int | None, options: dict, paper: bool = False):
+    # csimd-paper: Algorithm 1 as printed, IMD from p = 1. csimd: every p as a start and the
+    # exact minimum of T per p where that is cheap (planners/csimd.py `search`).
+    ps = problem.n_micro_values
+    q = (problem.h_p, problem.h_m, problem.j_p, problem.j_m)
+    if n_micro:  # a fixed p: only that row
+        r = ps.index(n_micro)
+        q, ps = tuple(x[r:r + 1] for x in q), [n_micro]
+    method, starts = ("imd", [ps[0]]) if paper else (options["method"], None)
+    best = csimd.search(*q, ps, problem.n_stages, method=method, eta=options["eta"], starts=starts)
+    return best.cuts, best.n_micro, {"iterations": best.iterations}
+
+
+def _with_odpa(problem: SplitProblem, cuts, n_micro: int | None):
+    """A division fixed by its baseline; p fixed by the user or chosen by ODPA (CSIMD Algorithm 4)."""
+    return cuts, n_micro or _odpa_p(problem, cuts), {}
+
+
+def _random(problem: SplitProblem, n_micro: int | None, options: dict):
+    rng = np.random.default_rng(options["seed"])
+    cuts = partition.random_cuts(problem.n_layers, problem.n_stages, rng)
+    return cuts, n_micro or int(rng.choice(problem.n_micro_values)), {"seed": options["seed"]}
+
+
+def _brute_force(problem: SplitProblem, n_micro: int | None, options: dict):
+    if problem.n_layers > BRUTE_FORCE_MAX_LAYERS:
+        raise FieldError("planner", f"brute-force enumerates every division: use it for at most "
+                                    f"{BRUTE_FORCE_MAX_LAYERS} layers (this model has {problem.n_layers})")
+    # the true optimum of eq. (8): every division, every p
+    return _best_over_p(problem, lambda p: partition.brute_force_time(*problem.row(p), problem.n_stages, p),
+                        n_micro) + ({},)
+
+
+DIVIDERS.update({
+    "csimd": _csimd,
+    "csimd-paper": lambda pr, p, o: _csimd(pr, p, o, paper=True),
+    "even": lambda pr, p, o: _with_odpa(pr, partition.even(pr.n_layers, pr.n_stages), p),
+    "random": _random,
+    "params": lambda pr, p, o: _with_odpa(pr, partition.balanced_1d(pr.param_bytes, pr.n_stages), p),
+    "time-1d": lambda pr, p, o: _best_over_p(pr, lambda q: partition.balanced_1d(
+        pr.row(q)[0] + pr.row(q)[2], pr.n_stages), p) + ({},),
+    "pipedream-dp": lambda pr, p, o: _best_over_p(pr, lambda q: partition.min_max_dp(*pr.row(q), pr.n_stages),
+                                                  p) + ({},),
+    "brute-force": _brute_force,
+})
+SUMMARIES = {
+    "csimd": "CSIMD: stages + micro-batch count, exact eq. (8) optimum where cheap, IMD cross-search beyond",
+    "csimd-paper": "CSIMD's Algorithm 1 as printed (IMD from p = 1)",
+    "even": "GPipe-E: equal layer counts",
+    "random": "GPipe-R: random cuts and micro-batch count",
+    "params": "DeepSpeed: balance parameters",
+    "time-1d": "torchgpipe: balance forward + backward time",
+    "pipedream-dp": "PipeDream's min-max dynamic program",
+    "brute-force": f"every division and micro-batch count (at most {BRUTE_FORCE_MAX_LAYERS} layers): eq. (8)'s optimum",
+}
+OPTIONS = {
+    "csimd": {"eta": OptionSpec(1000, "IMD weight groups (CSIMD's eta)", positive_int("eta")),
+              "method": OptionSpec("auto", "division search: auto, imd, exact (rho1 + rho2), exact-time (eq. (8))",
+                                   one_of("method", ("auto", "imd", "exact", "exact-time")))},
+    "csimd-paper": {"eta": OptionSpec(1000, "IMD weight groups (CSIMD's eta)", positive_int("eta"))},
+    "random": {"seed": OptionSpec(0, "random seed", whole_number("seed"))},
+}
+
+
+def solve(problem: SplitProblem, planner: str, n_micro: int | None = None,
+          options: dict | None = None) -> tuple[tuple[int, ...], int, dict]:
     """(cuts, p, notes) for one planner. A fixed n_micro applies to the baselines (GPipe-E-p)."""
-    if planner not in PLANNERS:
-        raise UnknownNameError("planner", planner, list(PLANNERS))
     if n_micro is not None and n_micro not in problem.n_micro_values:
-        raise ParaplanError(f"--micro-batches: {n_micro} does not divide the batch {problem.batch} "
-                            f"(choose from {', '.join(map(str, problem.n_micro_values))})")
-    n, k = problem.n_stages, problem.h_p.shape[1]
-    if planner in ("csimd", "csimd-paper"):
-        # csimd-paper: Algorithm 1 as printed, IMD from p = 1. csimd: every p as a start and the
-        # exact minimum of T per p (planners/csimd.py `search`), so never worse than a baseline.
-        ps = problem.n_micro_values
-        if planner == "csimd-paper":
-            method, starts = "imd", [n_micro or ps[0]]
-        else:
-            method, starts = "auto", [n_micro] if n_micro else None
-        q = (problem.h_p, problem.h_m, problem.j_p, problem.j_m)
-        if n_micro:  # a fixed p: only that row
-            r = ps.index(n_micro)
-            q, ps = tuple(x[r:r + 1] for x in q), [n_micro]
-        best = csimd.search(*q, ps, n, method=method, eta=eta, starts=starts)
-        return best.cuts, best.n_micro, {"iterations": best.iterations}
-    if planner == "even":
-        cuts = partition.even(k, n)
-        return cuts, n_micro or _odpa_p(problem, cuts), {}
-    if planner == "random":
-        rng = np.random.default_rng(seed)
-        cuts = partition.random_cuts(k, n, rng)
-        return cuts, n_micro or int(rng.choice(problem.n_micro_values)), {"seed": seed}
-    if planner == "params":
-        cuts = partition.balanced_1d(problem.param_bytes, n)
-        return cuts, n_micro or _odpa_p(problem, cuts), {}
-    if planner == "time-1d":
-        cuts, p = _best_over_p(problem, lambda p: partition.balanced_1d(
-            problem.row(p)[0] + problem.row(p)[2], n), n_micro)
-        return cuts, p, {}
-    if planner == "pipedream-dp":
-        cuts, p = _best_over_p(problem, lambda p: partition.min_max_dp(*problem.row(p), n), n_micro)
-        return cuts, p, {}
-    if k > BRUTE_FORCE_MAX_LAYERS:
-        raise ParaplanError(f"brute-force enumerates every division: use it for at most "
-                            f"{BRUTE_FORCE_MAX_LAYERS} layers (this model has {k})")
-    cuts, p = _best_over_p(problem, lambda p: partition.brute_force(*problem.row(p), n).cuts, n_micro)
-    return cuts, p, {}
+        raise FieldError("micro_batches", f"{n_micro} does not divide the batch {problem.batch} "
+                                          f"(choose from {', '.join(map(str, problem.n_micro_values))})")
+    defaults = {name: spec.default for name, spec in OPTIONS.get(planner, {}).items()}
+    return DIVIDERS[planner](problem, n_micro, {**defaults, **(options or {})})
+
+
+def _plan(request: PlanRequest, options: dict, planner: str) -> Plan:
+    """Search, then write the answer as a Plan (without prediction: the registry adds the judge's)."""
+    cm = request.costs
+    n_stages = request.n_stages or min(request.n_layers, request.n_devices)
+    t0 = time.perf_counter()
+    problem = build_problem(cm, request.batch, n_stages)
+    cuts, p, notes = solve(problem, planner, request.n_micro, options)
+    elapsed = time.perf_counter() - t0
+    bounds = [0, *[c + 1 for c in cuts], request.n_layers]
+    stages = tuple(Stage(LayerRange(a, b), (i,)) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)))
+    info = {"stages": n_stages, "eq8_time_s": problem.time_s(cuts, p), "costs": cm.source, **notes,
+            **{k: str(v) for k, v in options.items()}}
+    return Plan(model=request.model_name, cluster=request.cluster_name, n_layers=request.n_layers,
+                global_batch=request.batch, n_micro=p, schedule=request.schedule or "gpipe", grad_sync="none",
+                stages=stages, search=SearchInfo(planner=planner, search_s=elapsed, options=tuple(sorted(info.items()))))
+
+
+for _name in DIVIDERS:  # each split planner in the table (planners/registry.py)
+    register(_name, SUMMARIES[_name], schedules=("gpipe", "1f1b"), options=OPTIONS.get(_name))(
+        lambda request, options, judge, _name=_name: _plan(request, options, _name))
+PLANNERS = tuple(DIVIDERS)
 
 
 def plan_split(cm: CostModel, model_name: str, cluster_name: str, batch: int, planner: str,
-               n_stages: int | None = None, n_micro: int | None = None, eta: int = 1000, seed: int = 0) -> Plan:
-    """Search, then write the answer as a Plan (without prediction; see simulate_plan)."""
-    n_stages = n_stages or min(cm.model.n_layers, cm.cluster.n_devices)
-    t0 = time.perf_counter()
-    problem = build_problem(cm, batch, n_stages)
-    cuts, p, notes = solve(problem, planner, n_micro, eta, seed)
-    elapsed = time.perf_counter() - t0
-    bounds = [0, *[c + 1 for c in cuts], cm.model.n_layers]
-    stages = tuple(Stage(LayerRange(a, b), (i,)) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)))
-    options = {"stages": n_stages, "eq8_time_s": problem.time_s(cuts, p), "costs": cm.source, **notes}
-    if planner == "csimd":
-        options["eta"] = eta
-    return Plan(model=model_name, cluster=cluster_name, n_layers=cm.model.n_layers, global_batch=batch, n_micro=p,
-                schedule="gpipe", grad_sync="none", stages=stages,
-                search=SearchInfo(planner=planner, search_s=elapsed, options=tuple(sorted(options.items()))))
+               n_stages: int | None = None, n_micro: int | None = None, **options) -> Plan:
+    """One split planner on a cost model, without prediction (tests and benchmarks)."""
+    from paraplan.errors import UnknownNameError
+    from paraplan.planners.request import validated_options
+    from paraplan.planners.table import PLANNERS as TABLE
+
+    if planner not in DIVIDERS:
+        raise UnknownNameError("planner", planner, list(DIVIDERS))
+    request = PlanRequest(costs=cm, model_name=model_name, cluster_name=cluster_name, batch=batch,
+                          n_stages=n_stages, n_micro=n_micro)
+    spec = TABLE[planner]
+    return spec.fn(request, validated_options(planner, options, spec.options), None)

@@ -1,34 +1,70 @@
-"""Every planner by name, behind one call: the CLI and benchmarks use this."""
+"""The planner table: every planner by name, behind one call (`make_plan`).
+
+A planner module registers each of its planners with `@register(...)` (planners/table.py); this
+module imports the planner modules listed in `PLANNER_MODULES` so that they do. Adding a planner is
+one module, one line in `PLANNER_MODULES` and its tests (docs/architecture.md, "Adding a planner").
+
+The registry is the one place in `planners/` that imports the simulator: it hands each planner
+the judge (Plan -> Prediction) it compares candidates with, so the planner modules themselves
+depend only on costs, hardware and the Plan.
+"""
 
 from __future__ import annotations
 
-from paraplan.costs.model import CostModel
+import importlib
+from dataclasses import replace
+
 from paraplan.errors import UnknownNameError
-from paraplan.planners.pipeline_split import PLANNERS as SPLIT_PLANNERS
-from paraplan.planners.pipeline_split import plan_split
-from paraplan.plan.plan import Plan
+from paraplan.plan.plan import Plan, Prediction
+from paraplan.planners import table
+from paraplan.planners.request import FieldError, Judge, PlanRequest, validated_options
+from paraplan.planners.table import PlannerSpec
 
-PLANNERS = (*SPLIT_PLANNERS, "gropipe", "bipartition", "pipedream-layerwise")
+PLANNERS = table.PLANNERS
+PLANNER_MODULES = (
+    "paraplan.planners.pipeline_split",  # csimd, csimd-paper and the partition baselines
+    "paraplan.planners.gropipe",
+    "paraplan.planners.bipartition",  # bipartition, pipedream-layerwise
+)
 
 
-def make_plan(cm: CostModel, model_name: str, cluster_name: str, batch: int, planner: str,
-              n_stages: int | None = None, n_micro: int | None = None, eta: int = 1000, seed: int = 0) -> Plan:
-    """The planner's Plan (its prediction, when set, comes from the simulator)."""
-    if planner not in PLANNERS:
-        raise UnknownNameError("planner", planner, list(PLANNERS))
-    if planner == "gropipe":
-        from paraplan.planners.gropipe import plan_gropipe
+def _load() -> None:
+    for module in PLANNER_MODULES:
+        importlib.import_module(module)
 
-        micro = (n_micro,) if n_micro else (1, 2, 4, 6, 8, 10, 12, 14, 16)
-        shapes = None
-        if n_stages:
-            g = cm.cluster.n_devices
-            shapes = [(g // n_stages, n_stages)] if g // n_stages >= 1 else None
-        return plan_gropipe(cm, model_name, cluster_name, batch, micro_batches=micro, shapes=shapes)[0]
-    if planner in ("bipartition", "pipedream-layerwise"):
-        from paraplan.planners.bipartition import plan_bipartition
 
-        return plan_bipartition(cm, model_name, cluster_name, batch, n_workers=n_stages, n_micro=n_micro,
-                                layerwise=planner == "pipedream-layerwise")
-    return plan_split(cm, model_name, cluster_name, batch, planner, n_stages=n_stages, n_micro=n_micro, eta=eta,
-                      seed=seed)
+def planner_names() -> tuple[str, ...]:
+    _load()
+    return tuple(PLANNERS)
+
+
+def planner(name: str) -> PlannerSpec:
+    """The registered planner, or one line naming the known ones."""
+    _load()
+    if name not in PLANNERS:
+        raise UnknownNameError("planner", name, list(PLANNERS))
+    return PLANNERS[name]
+
+
+def simulator_judge(request: PlanRequest) -> Judge:
+    """The simulator as a judge of candidate plans under the request's cost model."""
+    from paraplan.simulate.predict import simulate_plan
+
+    return lambda plan: simulate_plan(plan, request.costs).prediction
+
+
+def make_plan(request: PlanRequest, name: str, judge: Judge | None = None) -> Plan:
+    """The named planner's Plan for the request, with the judge's prediction filled in."""
+    spec = planner(name)
+    if request.schedule is not None and request.schedule not in spec.schedules:
+        raise FieldError("schedule", f"planner {name!r} plans {', '.join(spec.schedules)}, not {request.schedule}")
+    options = validated_options(name, request.options, spec.options)
+    judge = judge or simulator_judge(request)
+    plan = spec.fn(request, options, judge)
+    if plan.prediction is None:
+        plan = replace(plan, prediction=judge(plan))
+    return plan
+
+
+def predict(request: PlanRequest, plan: Plan) -> Prediction:
+    return simulator_judge(request)(plan)

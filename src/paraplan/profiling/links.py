@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paraplan.errors import ParaplanError
+from paraplan.errors import FieldError
 from paraplan.localnet import free_port
 
 
@@ -127,13 +127,13 @@ def profile_links(backend: str = "gloo", nproc: int = 2, max_bytes: int = 256 * 
     import torch.multiprocessing as mp
 
     if backend not in ("gloo", "nccl"):
-        raise ParaplanError(f"--backend: expected gloo or nccl, got {backend!r}")
+        raise FieldError("backend", f"expected gloo or nccl, got {backend!r}")
     if nproc < 2:
-        raise ParaplanError(f"--nproc: need at least 2 processes, got {nproc}")
+        raise FieldError("nproc", f"need at least 2 processes, got {nproc}")
     if backend == "nccl" and torch.cuda.device_count() < nproc:
-        raise ParaplanError(f"--backend nccl needs {nproc} GPUs, this machine has {torch.cuda.device_count()}")
+        raise FieldError("backend", f"nccl needs {nproc} GPUs, this machine has {torch.cuda.device_count()}")
     if max_bytes < 1024:
-        raise ParaplanError(f"--max-bytes must be at least 1024, got {max_bytes}")
+        raise FieldError("max_bytes", f"must be at least 1024, got {max_bytes}")
     sizes = default_sizes(max_bytes)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "links.json")

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from paraplan.costs.profile import LayerProfile, Profile, StepCheck
-from paraplan.errors import ParaplanError
+from paraplan.errors import FieldError
 from paraplan.models.adapters import decompose
 from paraplan.models.inputs import loss_fn, make_batch
 from paraplan.profiling.layers import profile_layers
@@ -56,9 +56,9 @@ def module_workload(spec: str, device: torch.device) -> Workload:
     """`path/to/file.py:build_fn`; build_fn() returns (model, sample batch) with the batch on dim 0."""
     path, _, fn_name = spec.rpartition(":")
     if not path or not fn_name:
-        raise ParaplanError(f"--module: expected path/to/file.py:build_fn, got {spec!r}")
+        raise FieldError("module", f"expected path/to/file.py:build_fn, got {spec!r}")
     if not Path(path).is_file():
-        raise ParaplanError(f"--module: no such file {path!r}")
+        raise FieldError("module", f"no such file {path!r}")
     mod_spec = importlib.util.spec_from_file_location(f"paraplan_user_{Path(path).stem}", path)
     module = importlib.util.module_from_spec(mod_spec)
     sys.path.insert(0, str(Path(path).resolve().parent))
@@ -68,16 +68,16 @@ def module_workload(spec: str, device: torch.device) -> Workload:
         sys.path.pop(0)
     build = getattr(module, fn_name, None)
     if not callable(build):
-        raise ParaplanError(f"--module: {path} has no function {fn_name!r}")
+        raise FieldError("module", f"{path} has no function {fn_name!r}")
     result = build()
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
-        raise ParaplanError(f"--module: {fn_name}() must return (model, sample_batch)")
+        raise FieldError("module", f"{fn_name}() must return (model, sample_batch)")
     model, sample = result
     model = model.to(device).train()
     try:
         layers = decompose(model)
     except ValueError as exc:
-        raise ParaplanError(f"--module: {exc}") from None
+        raise FieldError("module", str(exc)) from None
 
     def resize(value, batch: int):
         if isinstance(value, torch.Tensor):
@@ -85,7 +85,7 @@ def module_workload(spec: str, device: torch.device) -> Workload:
             return value.repeat(reps, *([1] * (value.dim() - 1)))[:batch].to(device)
         if isinstance(value, (tuple, list)):
             return type(value)(resize(v, batch) for v in value)
-        raise ParaplanError("--module: the sample batch must be a tensor or a tuple of tensors")
+        raise FieldError("module", "the sample batch must be a tensor or a tuple of tensors")
 
     def mean_loss(out, _targets):
         return sum(t.float().mean() for t in (out if isinstance(out, (tuple, list)) else [out]))

@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from paraplan.costs.model import CostModel
+from paraplan.costs.model import CostModel, RuntimeOverheads
 from paraplan.errors import ParaplanError
 from paraplan.plan.plan import Plan
 from paraplan.runtime.timeline import load_runs, measured_trace, one_step, side_by_side
@@ -42,7 +42,7 @@ def compare_run(plan: Plan, cm: CostModel, out_dir: str | Path) -> Comparison:
     per_step = step_times(out_dir)
     measured = per_step[1:] if len(per_step) > 1 else per_step
     if not measured:
-        raise ParaplanError("--compare needs at least one measured step")
+        raise ParaplanError("the comparison needs at least one measured step")
     sim = simulate_plan(plan, cm)
     median = statistics.median(measured)
     q = statistics.quantiles(measured, n=4) if len(measured) >= 4 else [min(measured), median, max(measured)]
@@ -61,7 +61,11 @@ def compare_run(plan: Plan, cm: CostModel, out_dir: str | Path) -> Comparison:
     return result
 
 
-def measured_overheads(out_dir: str | Path, skip_steps: int = 2) -> tuple[float, float]:
+OVERHEADS_VERSION = 1
+DEFAULT_OVERHEADS = Path(__file__).with_name("overheads-local.json")  # measured on this kind of machine
+
+
+def measured_overheads(out_dir: str | Path, skip_steps: int = 2) -> RuntimeOverheads:
     """The runtime's own costs, read off a measured timeline (steps after `skip_steps`):
     - per pipeline action: the median time between the end of one forward/backward and the start
       of the next on a rank, less any wait for a transfer in between;
@@ -85,4 +89,31 @@ def measured_overheads(out_dir: str | Path, skip_steps: int = 2) -> tuple[float,
             outside.append(max(0.0, per_step[step] - (max(e["end"] for e in events) - min(e["start"] for e in events))))
     if not gaps or not outside:
         raise ParaplanError("the timeline has too few steps to read the runtime's overheads from")
-    return statistics.median(gaps), statistics.median(outside)
+    return RuntimeOverheads(rendezvous=True, action_s=statistics.median(gaps), step_s=statistics.median(outside),
+                            source=f"measured: timeline of {out_dir}")
+
+
+def write_overheads(overheads: RuntimeOverheads, path: str | Path) -> None:
+    from paraplan.fileio import atomic_write_text
+
+    atomic_write_text(path, json.dumps({"format_version": OVERHEADS_VERSION, "rendezvous": overheads.rendezvous,
+                                        "action_s": overheads.action_s, "step_s": overheads.step_s,
+                                        "source": overheads.source}, indent=1) + "\n")
+
+
+def read_overheads(path: str | Path = DEFAULT_OVERHEADS) -> RuntimeOverheads:
+    """A measurement written by write_overheads (every `paraplan train` run writes one)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ParaplanError(f"{path}: cannot read runtime overheads ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise ParaplanError(f"{path}: malformed JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("format_version") != OVERHEADS_VERSION:
+        raise ParaplanError(f"{path}: format_version: expected {OVERHEADS_VERSION}")
+    try:
+        return RuntimeOverheads(rendezvous=bool(data["rendezvous"]), action_s=float(data["action_s"]),
+                                step_s=float(data["step_s"]), source=str(data.get("source", str(path))))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ParaplanError(f"{path}: expected rendezvous, action_s and step_s (non-negative seconds): {exc}") from None

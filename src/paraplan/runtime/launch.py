@@ -55,17 +55,18 @@ def run_under_torchrun(config: TrainConfig) -> dict:
 
 def check_before_launch(config: TrainConfig, world: int, n_layers: int) -> None:
     """Refuse a plan that cannot run, before any process starts: one clear line."""
-    from paraplan.errors import ParaplanError
+    from paraplan.errors import FieldError, ParaplanError
     from paraplan.plan.plan import check_fits
 
     plan = config.plan
     if plan.schedule not in ("gpipe", "1f1b"):
-        raise ParaplanError(f"schedule {plan.schedule!r}: the runtime runs gpipe and 1f1b plans")
+        raise ParaplanError(f"schedule '{plan.schedule}': the runtime runs gpipe and 1f1b plans")
     used = sorted(plan.devices)
     if used != list(range(world)):
-        raise ParaplanError(f"the plan uses {len(used)} devices ({used[:8]}...) but the world has {world} ranks "
-                            f"(0..{world - 1}); run with --nproc {len(used)}" if len(used) != world else
-                            f"the plan's devices {used} are not the ranks 0..{world - 1}")
+        if len(used) != world:
+            raise FieldError("nproc", f"the plan uses {len(used)} devices ({used[:8]}...) but the world has {world} "
+                                      f"ranks (0..{world - 1}): start {len(used)}")
+        raise ParaplanError(f"the plan's devices {used} are not the ranks 0..{world - 1}")
     check_fits(plan, n_layers, world, "the world")
     counts = {len(s.devices) for s in plan.stages}
     if len(counts) != 1 or any(s.strategies for s in plan.stages):

@@ -26,12 +26,15 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from paraplan.errors import FieldError
 from paraplan.models.inputs import loss_fn, make_batch
 from paraplan.plan.plan import Plan
 from paraplan.runtime.materialize import StageModule, build_layers, materialize
@@ -39,14 +42,21 @@ from paraplan.runtime.materialize import StageModule, build_layers, materialize
 BUCKET_BYTES = 25 * 2**20
 
 
-@dataclass(frozen=True)
+class Optimizer(StrEnum):
+    ADAM = "adam"
+    SGD = "sgd"
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
+    """Everything one training run needs, validated once here (errors name the field)."""
+
     plan: Plan
     model: str
     steps: int = 3
     seed: int = 0
     lr: float = 1e-3
-    optimizer: str = "adam"
+    optimizer: Optimizer = Optimizer.ADAM
     clip_norm: float | None = None
     out_dir: str | None = None  # losses and each stage's final parameters go here
     seq_len: int | None = None
@@ -56,15 +66,32 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps between checkpoints (0: only at the end, when a dir is given)
     resume: bool = False  # continue from the checkpoint in checkpoint_dir
     timeout_s: float = 60.0  # a collective that waits longer than this fails (a dead rank)
-    fail_at: tuple[int, int] | None = None  # (rank, step): that rank dies there (tests of failure)
     log: bool = False  # rank 0 prints each step as it ends
+    # called as step_hook(rank, step) before each step; a picklable top-level function (the tests
+    # use it to kill a rank and check that the run ends cleanly)
+    step_hook: Callable[[int, int], None] | None = None
+
+    def __post_init__(self):
+        for name in ("steps", "lr", "timeout_s"):
+            if not getattr(self, name) > 0:
+                raise FieldError(name, f"must be positive, got {getattr(self, name)}")
+        if self.clip_norm is not None and not self.clip_norm > 0:
+            raise FieldError("clip_norm", f"must be positive, got {self.clip_norm}")
+        if self.checkpoint_every < 0:
+            raise FieldError("checkpoint_every", f"must not be negative, got {self.checkpoint_every}")
+        if self.resume and not self.checkpoint_dir:
+            raise FieldError("resume", "needs a checkpoint directory")
+        try:
+            object.__setattr__(self, "optimizer", Optimizer(self.optimizer))
+        except ValueError:
+            raise FieldError("optimizer", f"unknown {self.optimizer!r}; expected one of "
+                                          f"{', '.join(o.value for o in Optimizer)}") from None
 
 
 def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
     """The same optimizer for every stage and for the single-process reference."""
-    if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr)
-    return torch.optim.SGD(params, lr=config.lr)
+    optimizers = {Optimizer.ADAM: torch.optim.Adam, Optimizer.SGD: torch.optim.SGD}
+    return optimizers[config.optimizer](params, lr=config.lr)
 
 
 def backend() -> str:
@@ -216,7 +243,7 @@ def train_rank(config: TrainConfig) -> dict:
     ckpt = Path(config.checkpoint_dir) / f"stage{stage_index}.pt" if config.checkpoint_dir else None
     if config.resume:
         if ckpt is None or not ckpt.exists():
-            raise RuntimeError(f"--resume: no checkpoint {ckpt}")
+            raise RuntimeError(f"resume: no checkpoint {ckpt}")
         state = torch.load(ckpt, weights_only=False)
         module.load_state_dict(state["module"])
         optim.load_state_dict(state["optimizer"])
@@ -231,8 +258,8 @@ def train_rank(config: TrainConfig) -> dict:
         bar = progress.add_task("training", total=config.steps, completed=first_step)
     for step in range(first_step, config.steps):
         recorder.step = step
-        if config.fail_at is not None and config.fail_at == (rank, step):
-            os._exit(17)  # a rank that dies without a word, as a crashed machine would
+        if config.step_hook is not None:
+            config.step_hook(rank, step)
         inputs, targets = make_batch(built.inputs, plan.global_batch, seed=config.seed * 7919 + step)
         x = inputs[replica * shard:(replica + 1) * shard].to(device)
         y = targets[replica * shard:(replica + 1) * shard].to(device)

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 COMPUTE, TRANSFER, COLLECTIVE = 0, 1, 2
-LANES = ("compute", "send", "recv", "collective")
 KINDS = ("forward", "backward", "send_forward", "send_backward", "allreduce", "allgather", "reducescatter",
-         "op", "transfer", "backward_part")
+         "op", "transfer", "backward_part", "send_activation", "send_weights")
 
 
 class TaskGraph:

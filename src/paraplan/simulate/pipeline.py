@@ -36,6 +36,11 @@ class StageWork:
     send_backward_s: float  # B_{i-1}^M: the gradient of this stage's input to the previous stage (0 for the first)
     layers: tuple[int, int] = (0, 0)
     backward_layers: tuple[int, int] = (0, 0)
+    # Bi-Partition: a layer's forward and backward on different stages. The saved activations go
+    # from the forward owner to the backward owner with every micro-batch, and the updated weights
+    # come back once the last backward is done (the paper's Section "Pipeline parallelism").
+    activation_sends: tuple[tuple[int, float], ...] = ()  # (backward owner's stage, seconds per micro-batch)
+    weight_sends: tuple[tuple[int, float], ...] = ()  # (forward owner's stage, seconds per iteration)
 
 
 @dataclass(frozen=True)
@@ -89,9 +94,10 @@ def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
     for r, replica in enumerate(work.replicas):
         for s, st in enumerate(replica):
             first_task = len(graph)
-            for op, j in order(n_stages, n_micro, s):
+            for action in order(n_stages, n_micro, s):
+                j = action.micro
                 key = (r, s, j)
-                if op == "F":
+                if action.computation == schedules.Computation.FORWARD:
                     fwd[key] = graph.compute(st.device, st.forward_s, "forward", j, st.layers)
                 elif split_last and j == n_micro - 1 and work.sync:
                     parts, done = [], 0.0
@@ -139,6 +145,16 @@ def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
                                        nxt.backward_layers, deps=[bwd_last[(r, s + 1, j)]])
                     graph.depend(bwd_first[(r, s, j)], t)
                     link(bwd_last[(r, s + 1, j)], t, bwd_first[(r, s, j)])
+    for r, replica in enumerate(work.replicas):
+        for s, st in enumerate(replica):
+            for dest, seconds in st.activation_sends:
+                for j in range(n_micro):
+                    t = graph.transfer(st.device, replica[dest].device, seconds, "send_activation", j, st.layers,
+                                       deps=[fwd[(r, s, j)]])
+                    graph.depend(bwd_first[(r, dest, j)], t)
+            for dest, seconds in st.weight_sends:
+                graph.transfer(st.device, replica[dest].device, seconds, "send_weights", n_micro - 1,
+                               st.backward_layers, deps=[bwd_last[(r, s, n_micro - 1)]])
     marks = {"last_backward": bwd_last, "n_micro": n_micro}
     if work.grad_sync != "none" and work.sync:
         last = n_micro - 1

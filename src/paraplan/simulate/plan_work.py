@@ -6,15 +6,16 @@ samples per micro-batch. Stages with strategies (Galvatron-BMW) run as one group
 micro-batch; each layer's time follows Galvatron §V: compute at the local batch divided by tp,
 plus tensor-parallel all-reduces of its activations (two per pass, Megatron) and sharded-data-
 parallel all-gather / reduce-scatter of its parameters, plus a forward recomputation when
-checkpointed. The group is drawn on its first device. Layout assumption: tp is the innermost
+checkpointed (all in costs/strategy.py). The group is drawn on its first device. Layout assumption: tp is the innermost
 dimension of a stage's device list, so a tp group is consecutive devices.
 Not modelled yet: Galvatron's Slice-Gather transformation between layers with different strategies.
 """
 
 from __future__ import annotations
 
-from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
+from paraplan.costs.collectives import ring_allreduce_s
 from paraplan.costs.model import CostModel
+from paraplan.costs.strategy import layer_time
 from paraplan.plan.plan import Plan, PlanError, Stage, check_fits
 from paraplan.simulate.pipeline import PipelineWork, StageSync, StageWork, SyncBucket
 
@@ -33,19 +34,21 @@ def _grad_bytes(cm: CostModel, stage: Stage) -> list[float]:
 
 
 def _buckets(grad_sync: str, grads: list[float], backward_s: list[float], allreduce) -> tuple[SyncBucket, ...]:
-    total = sum(grads)
+    """The stage's gradient all-reduces. `grads` and `backward_s` are per layer in layer order;
+    `allreduce(first, last)` prices all-reducing the gradients of layers first..last-1 together."""
+    n = len(grads)
     if grad_sync != "bucketed":
-        return (SyncBucket(1.0, allreduce(total)),)
+        return (SyncBucket(1.0, allreduce(0, n)),)
     # DDP fills buckets in reverse layer order, as gradients become ready during the backward.
-    buckets, size, time_done, total_time = [], 0.0, 0.0, sum(backward_s) or 1.0
-    for g, t in zip(reversed(grads), reversed(backward_s), strict=True):
-        size += g
-        time_done += t
+    buckets, size, top, time_done, total_time = [], 0.0, n, 0.0, sum(backward_s) or 1.0
+    for i in reversed(range(n)):
+        size += grads[i]
+        time_done += backward_s[i]
         if size >= DDP_BUCKET_BYTES:
-            buckets.append(SyncBucket(time_done / total_time, allreduce(size)))
-            size = 0.0
+            buckets.append(SyncBucket(time_done / total_time, allreduce(i, top)))
+            size, top = 0.0, i
     if size > 0 or not buckets:
-        buckets.append(SyncBucket(1.0, allreduce(size)))
+        buckets.append(SyncBucket(1.0, allreduce(0, top)))
     else:
         buckets[-1] = SyncBucket(1.0, buckets[-1].allreduce_s)
     return tuple(buckets)
@@ -59,6 +62,40 @@ def plan_work(plan: Plan, cm: CostModel) -> PipelineWork:
     if any(s.strategies for s in plan.stages):
         return _hybrid_work(plan, cm)
     return _data_parallel_work(plan, cm)
+
+
+def _output_bytes(cm: CostModel, index: int, micro: float) -> float:
+    """Bytes of layer `index`'s output per micro-batch (-1: the model's input)."""
+    spec = cm.model.layers[index].output_bytes if index >= 0 else cm.model.input_bytes
+    return spec.at(micro)
+
+
+def _owner_transfers(plan: Plan, cm: CostModel, s: int, r: int, micro: float):
+    """Bi-Partition: (activation sends, weight sends) of stage s, replica r, grouped by peer stage.
+
+    A layer whose forward runs here and whose backward runs on stage b sends its saved activations
+    to b with every micro-batch; a layer whose backward runs here and forward on stage a sends its
+    updated weights to a once per iteration."""
+    stage = plan.stages[s]
+    if stage.backward_layers is None:
+        return (), ()
+    forward_owner = {i: k for k, st in enumerate(plan.stages) for i in st.layers}
+    backward_owner = {i: k for k, st in enumerate(plan.stages) for i in st.backward}
+    acts: dict[int, float] = {}
+    weights: dict[int, float] = {}
+    for i in stage.layers:
+        if backward_owner[i] != s:
+            acts[backward_owner[i]] = acts.get(backward_owner[i], 0.0) + cm.model.layers[i].saved_bytes.at(micro)
+    for i in stage.backward:
+        if forward_owner[i] != s:
+            weights[forward_owner[i]] = weights.get(forward_owner[i], 0.0) + cm.model.layers[i].param_bytes
+    d = stage.devices[r]
+
+    def priced(by_stage: dict[int, float]) -> tuple[tuple[int, float], ...]:
+        return tuple((k, cm.cluster.link(d, plan.stages[k].devices[r]).transfer_s(nbytes))
+                     for k, nbytes in sorted(by_stage.items()))
+
+    return priced(acts), priced(weights)
 
 
 def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
@@ -78,18 +115,19 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
             fwd = sum(float(costs.forward[i](micro)) for i in stage.layers)
             bwd = sum(float(costs.backward[i](micro)) for i in stage.backward)
             send_f = send_b = 0.0
-            if s + 1 < plan.n_stages:
+            if s + 1 < plan.n_stages:  # the activation entering the next stage (relayed by an empty range)
                 nxt = plan.stages[s + 1].devices[r]
-                send_f = cm.cluster.link(d, nxt).transfer_s(layers[stage.layers.stop - 1].output_bytes.at(micro))
-            if s > 0:
+                send_f = cm.cluster.link(d, nxt).transfer_s(_output_bytes(cm, stage.layers.stop - 1, micro))
+            if s > 0 and stage.backward.start > 0:  # the gradient of this stage's backward input
                 prev = plan.stages[s - 1].devices[r]
-                cut = stage.backward.start - 1
-                send_b = cm.cluster.link(d, prev).transfer_s(layers[cut].output_grad_bytes.at(micro))
-            fwd += cm.action_overhead_s
-            bwd += cm.action_overhead_s
+                send_b = cm.cluster.link(d, prev).transfer_s(layers[stage.backward.start - 1].output_grad_bytes.at(micro))
+            fwd += cm.overheads.action_s
+            bwd += cm.overheads.action_s
+            acts, weights = _owner_transfers(plan, cm, s, r, micro)
             row.append(StageWork(device=d, forward_s=fwd, backward_s=bwd, send_forward_s=send_f,
                                  send_backward_s=send_b, layers=(stage.layers.start, stage.layers.stop),
-                                 backward_layers=(stage.backward.start, stage.backward.stop)))
+                                 backward_layers=(stage.backward.start, stage.backward.stop),
+                                 activation_sends=acts, weight_sends=weights))
         replicas.append(tuple(row))
     sync = ()
     if plan.grad_sync != "none" and n_replicas > 1:
@@ -100,15 +138,18 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
             costs = cm.compute(group[0])
             bwd_times = [float(costs.backward[i](micro)) for i in stage.backward]
             n_group = len(group)
+            grads = _grad_bytes(cm, stage)
             out.append(StageSync(devices=group, buckets=_buckets(
-                plan.grad_sync, _grad_bytes(cm, stage), bwd_times,
-                lambda nbytes, n=n_group, lk=link: ring_allreduce_s(nbytes, n, lk))))
+                plan.grad_sync, grads, bwd_times,
+                lambda a, b, g=grads, n=n_group, lk=link: ring_allreduce_s(sum(g[a:b]), n, lk))))
         sync = tuple(out)
     return PipelineWork(schedule=plan.schedule, n_micro=plan.n_micro, replicas=tuple(replicas),
-                        grad_sync=plan.grad_sync, sync=sync, n_devices=cm.cluster.n_devices, rendezvous=cm.rendezvous)
+                        grad_sync=plan.grad_sync, sync=sync, n_devices=cm.cluster.n_devices, rendezvous=cm.overheads.rendezvous)
 
 
 def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
+    """Stages with per-layer strategies run as one group each on the plan's micro-batch; every
+    layer is priced by costs/strategy.py. The group is drawn on its first device."""
     micro = plan.global_batch / plan.n_micro
     layers = cm.model.layers
     row, sync = [], []
@@ -116,30 +157,15 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
         lead = stage.devices[0]
         costs = cm.compute(lead)
         fwd = bwd = 0.0
-        grads_per_dp: list[tuple[float, int, tuple[int, ...]]] = []
+        per_layer: list[tuple[float, float, int, tuple[int, ...]]] = []  # (grad bytes, backward s, dp, group)
         for i in stage.layers:
             st = stage.strategy(i)
-            local = micro / st.data_degree
-            tp_link = cm.cluster.slowest_link(stage.devices[:st.tp])
-            data_group = stage.devices[::st.tp]
-            data_link = cm.cluster.slowest_link(data_group)
-            layer = layers[i]
-            shard = layer.param_bytes / st.tp
-            f = float(costs.forward[i](local)) / st.tp
-            b = float(costs.backward[i](local)) / st.tp
-            if st.tp > 1:  # Megatron: two all-reduces of the activations per pass
-                f += 2 * ring_allreduce_s(layer.output_bytes.at(local), st.tp, tp_link)
-                b += 2 * ring_allreduce_s(layer.output_grad_bytes.at(local), st.tp, tp_link)
-            if st.sdp > 1:  # ZeRO-3: gather weights for each pass, scatter gradients after the backward
-                gather = ring_allgather_s(shard, st.sdp, data_link)
-                f += gather
-                b += gather + ring_reducescatter_s(shard, st.sdp, data_link)
-            if st.checkpoint:
-                b += f
-            fwd += f
-            bwd += b
-            if st.dp > 1:
-                grads_per_dp.append((shard, st.dp, data_group))
+            data_group = stage.devices[::st.tp]  # tp innermost: a tp group is consecutive devices
+            t = layer_time(costs, cm.model, i, st, micro, cm.cluster.slowest_link(stage.devices[:st.tp]),
+                           cm.cluster.slowest_link(data_group))
+            fwd += t.forward_s
+            bwd += t.backward_s
+            per_layer.append((t.grad_allreduce_bytes, t.backward_s, st.dp, data_group[::st.sdp]))
         send_f = send_b = 0.0
         if s + 1 < plan.n_stages:
             nxt = plan.stages[s + 1].devices[0]
@@ -151,11 +177,22 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
             first = stage.strategy(stage.layers.start)
             send_b = cm.cluster.link(lead, prev).transfer_s(
                 layers[stage.layers.start - 1].output_grad_bytes.at(micro / first.data_degree))
-        row.append(StageWork(device=lead, forward_s=fwd, backward_s=bwd, send_forward_s=send_f, send_backward_s=send_b,
+        # the same runtime overheads as plain stages (one forward and one backward action per micro-batch)
+        row.append(StageWork(device=lead, forward_s=fwd + cm.overheads.action_s,
+                             backward_s=bwd + cm.overheads.action_s, send_forward_s=send_f, send_backward_s=send_b,
                              layers=(stage.layers.start, stage.layers.stop),
                              backward_layers=(stage.backward.start, stage.backward.stop)))
-        total = sum(ring_allreduce_s(shard, n, cm.cluster.slowest_link(group)) for shard, n, group in grads_per_dp)
-        sync.append(StageSync(devices=stage.devices, buckets=(SyncBucket(1.0, total),)))
-    grad_sync = plan.grad_sync if plan.grad_sync != "bucketed" else "gropipe-delayed"
-    return PipelineWork(schedule=plan.schedule, n_micro=plan.n_micro, replicas=(tuple(row),), grad_sync=grad_sync,
-                        sync=tuple(sync) if grad_sync != "none" else (), n_devices=cm.cluster.n_devices)
+
+        def allreduce(a: int, b: int, per_layer=per_layer) -> float:
+            """dp all-reduce of layers a..b-1: one ring per distinct dp group."""
+            groups: dict[tuple[int, ...], float] = {}
+            for nbytes, _, dp, group in per_layer[a:b]:
+                if dp > 1:
+                    groups[group] = groups.get(group, 0.0) + nbytes
+            return sum(ring_allreduce_s(nbytes, len(g), cm.cluster.slowest_link(g)) for g, nbytes in groups.items())
+
+        sync.append(StageSync(devices=stage.devices, buckets=_buckets(
+            plan.grad_sync, [x[0] for x in per_layer], [x[1] for x in per_layer], allreduce)))
+    return PipelineWork(schedule=plan.schedule, n_micro=plan.n_micro, replicas=(tuple(row),), grad_sync=plan.grad_sync,
+                        sync=tuple(sync) if plan.grad_sync != "none" else (), n_devices=cm.cluster.n_devices,
+                        rendezvous=cm.overheads.rendezvous)

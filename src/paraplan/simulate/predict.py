@@ -37,7 +37,7 @@ class Simulation:
 def simulate_plan(plan: Plan, cm: CostModel) -> Simulation:
     work = plan_work(plan, cm)
     result = pipeline.run(work, cm.overlap_slowdown)
-    iteration = result.iteration_s + cm.step_overhead_s
+    iteration = result.iteration_s + cm.overheads.step_s
     # a stage group that computes together (Galvatron strategies) is drawn on its first device;
     # all of its devices are equally busy
     busy = result.timeline.compute_busy()

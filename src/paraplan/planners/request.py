@@ -1,0 +1,123 @@
+"""What a user asks a planner for, validated once: `PlanRequest`.
+
+Every planner receives the same frozen, keyword-only request and a judge (Plan -> Prediction, the
+simulator, given by the registry), and returns a Plan. Errors name the request's field
+(`stages`, `micro_batches`, `options.eta`, ...), never a command-line flag: the CLI maps fields to
+its flags (`FieldError.field`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from paraplan.costs.model import CostModel
+from paraplan.errors import FieldError
+from paraplan.plan.plan import Plan, Prediction, Schedule
+
+Judge = Callable[[Plan], Prediction]  # the one yardstick (simulate/predict.py), passed in by the registry
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest:
+    """One planning problem: a model and a cluster (with their costs), a batch, and limits.
+
+    `costs` carries the model (ModelSpec), the cluster, where compute times come from (analytic or
+    a measured profile) and the memory accounting; `model_name` and `cluster_name` are what the
+    Plan records so that simulate and train rebuild the same world.
+    """
+
+    costs: CostModel
+    model_name: str
+    cluster_name: str
+    batch: int  # global batch: samples per iteration over all replicas
+    n_stages: int | None = None  # pipeline stages / workers (None: the planner chooses, up to the devices)
+    n_micro: int | None = None  # micro-batches per replica (None: the planner chooses)
+    schedule: Schedule | None = None  # None: the planner's own
+    options: Mapping[str, object] = field(default_factory=dict)  # per-planner knobs (eta, seed, method, ...)
+
+    def __post_init__(self):
+        if not isinstance(self.batch, int) or self.batch < 1:
+            raise FieldError("batch", f"must be a positive whole number, got {self.batch}")
+        n_devices = self.costs.cluster.n_devices
+        if self.n_stages is not None:
+            if self.n_stages < 1:
+                raise FieldError("stages", f"must be positive, got {self.n_stages}")
+            if self.n_stages > n_devices:
+                raise FieldError("stages", f"{self.n_stages} stages need {self.n_stages} devices; "
+                                           f"{self.cluster_name} has {n_devices}")
+        if self.n_micro is not None:
+            if self.n_micro < 1:
+                raise FieldError("micro_batches", f"must be positive, got {self.n_micro}")
+            if self.batch % self.n_micro:
+                raise FieldError("micro_batches", f"{self.n_micro} does not divide the batch {self.batch} "
+                                                  f"(choose from {', '.join(map(str, divisors(self.batch)))})")
+        if self.schedule is not None:
+            try:
+                object.__setattr__(self, "schedule", Schedule(self.schedule))
+            except ValueError:
+                raise FieldError("schedule", f"unknown {self.schedule!r}; expected one of "
+                                             f"{', '.join(s.value for s in Schedule)}") from None
+        object.__setattr__(self, "options", dict(self.options))
+
+    @property
+    def n_layers(self) -> int:
+        return self.costs.model.n_layers
+
+    @property
+    def n_devices(self) -> int:
+        return self.costs.cluster.n_devices
+
+    def option(self, name: str, default=None):
+        return self.options.get(name, default)
+
+
+def divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One per-planner option: its default and a check that raises FieldError on a bad value."""
+
+    default: object
+    help: str
+    check: Callable[[object], None] | None = None
+
+
+def positive_int(name: str) -> Callable[[object], None]:
+    def check(value):
+        if not isinstance(value, int) or value < 1:
+            raise FieldError(f"options.{name}", f"must be a positive whole number, got {value!r}")
+    return check
+
+
+def whole_number(name: str) -> Callable[[object], None]:
+    def check(value):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise FieldError(f"options.{name}", f"must be a whole number, got {value!r}")
+    return check
+
+
+def one_of(name: str, choices) -> Callable[[object], None]:
+    allowed = [str(c) for c in choices]
+
+    def check(value):
+        if str(value) not in allowed:
+            raise FieldError(f"options.{name}", f"unknown {value!r}; expected one of {', '.join(allowed)}")
+    return check
+
+
+def validated_options(planner: str, given: Mapping[str, object], specs: Mapping[str, OptionSpec]) -> dict:
+    """The planner's options with defaults filled in; an unknown option is an error."""
+    unknown = sorted(set(given) - set(specs))
+    if unknown:
+        known = ", ".join(sorted(specs)) or "none"
+        raise FieldError(f"options.{unknown[0]}", f"planner {planner!r} has no such option (its options: {known})")
+    out = {}
+    for name, spec in specs.items():
+        value = given.get(name, spec.default)
+        if spec.check is not None and name in given:
+            spec.check(value)
+        out[name] = value
+    return out

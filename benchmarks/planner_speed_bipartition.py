@@ -6,10 +6,11 @@ Run: .venv/bin/python benchmarks/planner_speed_bipartition.py [--quick]
 
 The model is a synthetic GPT-like stack (an embedding, equal blocks, a heavier head) with per-layer
 times, parameters, saved activations and outputs; links are alpha + bytes / bandwidth. Memory is
-the planner's model: fp32 Adam states of every layer a worker touches (the union of its ranges) plus
-the saved activations of its forward range for the micro-batches 1F1B keeps in flight, min(workers
-after it + 1, n_micro) (fits_index_from_end=True, so one fits serves every count), plus a reserve.
-Three memory settings: none; loose (a device holds about half the model); tight (about 8 layers,
+the planner's count (planners/bipartition.py): fp32 Adam states and the saved activations of the
+layers whose backward a worker runs, kept for the micro-batches in flight since their forward
+(bounded over all M workers, as the planner does), a weight copy for forward-only layers, a reserve.
+Four memory settings: none (fits=None); ample (fits passed, never binding: every state's best last
+worker is still asked about); loose (a device holds about half the model); tight (about 8 layers,
 so at 100 layers no count below about 13 fits). fits and cut_s are cheap Python callables over
 prefix sums, as the planner's should be.
 """
@@ -17,6 +18,7 @@ prefix sums, as the planner's should be.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -36,7 +38,7 @@ OUT = Path("results/planner_speed")
 GOAL_S = 10.0
 LAYERS = (10, 30, 100)
 WORKERS = (4, 8, 16, 32, 64)
-MEMORY = ("none", "loose", "tight")
+MEMORY = ("none", "ample", "loose", "tight")
 N_MICRO = 16
 STATE_BYTES_PER_PARAM = 16  # fp32 Adam: weights, gradients, two moments
 RESERVE_BYTES = 2e9
@@ -69,19 +71,32 @@ def link_cut(model) -> callable:
     return cut_s
 
 
-def memory_fits(model, capacity_bytes: float, counter: list[int]):
-    params = np.concatenate(([0.0], np.cumsum(model["params"]))).tolist()
+def memory_fits(model, capacity_bytes: float, max_workers: int, counter: list[int]):
+    """The planner's memory count (planners/bipartition.py worker_memory) over prefix sums: a
+    layer whose backward runs here costs its states and its saved activations for the micro-batches
+    in flight between its forward (here, on the earliest worker before, or on the next one after)
+    and this backward; a layer whose forward only runs here costs a copy of its weights."""
+    states = np.concatenate(([0.0], np.cumsum(model["params"] * STATE_BYTES_PER_PARAM))).tolist()
+    weights = np.concatenate(([0.0], np.cumsum(model["params"] * 2))).tolist()  # fp16 copy
     saved = np.concatenate(([0.0], np.cumsum(model["saved_bytes"]))).tolist()
 
-    def fits(workers_after: int, forward: tuple[int, int], backward: tuple[int, int]) -> bool:
+    def in_flight(forward_worker: int, worker: int) -> int:
+        return max(1, min(N_MICRO, math.ceil(max_workers - (forward_worker + worker) / 2)))
+
+    def segment(start: int, stop: int, forward_worker: int, worker: int) -> float:
+        if stop <= start:
+            return 0.0
+        return states[stop] - states[start] + in_flight(forward_worker, worker) * (saved[stop] - saved[start])
+
+    def fits(w: int, forward: tuple[int, int], backward: tuple[int, int]) -> bool:
         counter[0] += 1
-        overlap = max(0, min(forward[1], backward[1]) - max(forward[0], backward[0]))
-        start = max(forward[0], backward[0])
-        touched = (params[forward[1]] - params[forward[0]] + params[backward[1]] - params[backward[0]]
-                   - (params[start + overlap] - params[start] if overlap else 0.0))
-        in_flight = min(workers_after + 1, N_MICRO)
-        acts = saved[forward[1]] - saved[forward[0]]
-        return touched * STATE_BYTES_PER_PARAM + in_flight * acts + RESERVE_BYTES <= capacity_bytes
+        (f0, f1), (b0, b1) = forward, backward
+        used = (segment(b0, min(b1, f0), 0, w) + segment(max(b0, f0), min(b1, f1), w, w)
+                + segment(max(b0, f1), b1, w + 1, w))
+        for start, stop in ((f0, min(f1, b0)), (max(f0, b1), f1)):  # forward only here
+            if stop > start:
+                used += weights[stop] - weights[start]
+        return used + RESERVE_BYTES <= capacity_bytes
     return fits
 
 
@@ -89,6 +104,8 @@ def capacity(model, memory: str) -> float | None:
     per_layer_states = float(np.mean(model["params"])) * STATE_BYTES_PER_PARAM
     if memory == "none":
         return None
+    if memory == "ample":
+        return float("inf")  # asked about every last worker, never binding
     if memory == "loose":
         return RESERVE_BYTES + 0.5 * float(np.sum(model["params"])) * STATE_BYTES_PER_PARAM + 8 * 400e6
     return RESERVE_BYTES + 8 * per_layer_states + 8 * 400e6  # tight: about 8 layers per device
@@ -102,11 +119,10 @@ def measure(n_layers: int, n_workers: int, memory: str, repeats: int) -> dict:
     found: dict = {}
     for _ in range(repeats):
         counter = [0]
-        fits = None if limit is None else memory_fits(model, limit, counter)
+        fits = None if limit is None else memory_fits(model, limit, n_workers, counter)
         t0, c0 = time.perf_counter(), time.process_time()
         try:
-            found = bipartition_all(model["forward_s"], model["backward_s"], cut_s, n_workers, fits=fits,
-                                    fits_index_from_end=True)
+            found = bipartition_all(model["forward_s"], model["backward_s"], cut_s, n_workers, fits=fits)
         except DoesNotFit:
             found = {}
         times.append(time.perf_counter() - t0)
@@ -120,7 +136,7 @@ def measure(n_layers: int, n_workers: int, memory: str, repeats: int) -> dict:
 
 
 def figure(rows: list[dict]) -> None:
-    fig, axes = plt.subplots(1, len(MEMORY), figsize=(14, 4.2), sharey=True)
+    fig, axes = plt.subplots(1, len(MEMORY), figsize=(18, 4.2), sharey=True)
     for ax, memory in zip(axes, MEMORY, strict=True):
         for n_layers in LAYERS:
             mine = [r for r in rows if r["memory"] == memory and r["n_layers"] == n_layers]

@@ -110,6 +110,26 @@ def memory_model(weights, saved, capacity, stash_by_index):
     return fits
 
 
+def owner_memory(weights, states, saved, capacity, n_workers, n_micro=4):
+    """The paper's (and planners/bipartition.py's) memory: a layer's activations live at its
+    backward owner, for more micro-batches when its forward ran on an earlier worker; a layer whose
+    forward only runs here costs a weight copy. Not monotone in the forward range: a worker that
+    stops running the forward of a layer it runs the backward of needs more."""
+    def in_flight(forward_owner, worker):
+        return max(1, min(n_micro, math.ceil(n_workers - (forward_owner + worker) / 2)))
+
+    def fits(index, forward, backward):
+        used = 0.0
+        for i in set(range(*forward)) | set(range(*backward)):
+            if backward[0] <= i < backward[1]:
+                owner = index if forward[0] <= i < forward[1] else (0 if i < forward[0] else index + 1)
+                used += states[i] + in_flight(owner, index) * saved[i]
+            else:
+                used += weights[i]
+        return used <= capacity
+    return fits
+
+
 def random_instance(rng):
     n_layers = int(rng.integers(1, 7))
     kind = rng.integers(3)
@@ -126,11 +146,15 @@ def random_instance(rng):
     else:
         size = {1: 1.0, 2: 5.0, 3: 50.0}[int(links)]  # cheap, comparable, expensive
         cut = link_model(rng.uniform(0, size, n_layers), rng.uniform(0, size, n_layers))
-    fits = None
-    if rng.random() < 0.5:
+    fits, memory = None, rng.integers(3)
+    if memory == 1:
         weights, saved = rng.integers(0, 4, n_layers), rng.integers(0, 3, n_layers)
         capacity = rng.integers(2, 12, 4)
         fits = memory_model(weights, saved, capacity, lambda index: 1 + index % 2)
+    elif memory == 2:
+        weights = rng.integers(0, 2, n_layers)
+        fits = owner_memory(weights, weights + rng.integers(0, 3, n_layers), rng.integers(0, 2, n_layers),
+                            float(rng.integers(3, 15)), n_workers=4)
     return forward, backward, cut, fits
 
 
@@ -298,11 +322,15 @@ def test_every_count_is_the_brute_force_optimum(allow_empty, layerwise):
 def test_fits_counted_from_the_end_serves_every_count():
     # 1F1B keeps (workers after this one + 1) micro-batches in flight: the stash depends on that alone
     rng = np.random.default_rng(7)
-    for _ in range(60):
+    for attempt in range(80):
         forward, backward, cut, _ = random_instance(rng)
         n_layers = len(forward)
         weights, saved = rng.integers(0, 3, n_layers), rng.integers(1, 3, n_layers)
-        fits = memory_model(weights, saved, [int(rng.integers(3, 12))], lambda after: after + 1)
+        if attempt % 2:
+            fits = memory_model(weights, saved, [int(rng.integers(3, 12))], lambda after: after + 1)
+        else:  # needs more when a forward range loses its first layers, which the mirror image flips
+            fits = owner_memory(weights, weights + rng.integers(0, 3, n_layers), saved,
+                                float(rng.integers(3, 15)), n_workers=4)
         scale = float(sum(forward) + sum(backward)) + 100.0
         try:
             found = bipartition_all(forward, backward, cut, 4, fits=fits, fits_index_from_end=True)
@@ -330,12 +358,17 @@ def instances(draw):
     activation = draw(st.lists(st.floats(0.0, 50.0), min_size=n_layers, max_size=n_layers))
     gradient = draw(st.lists(st.floats(0.0, 50.0), min_size=n_layers, max_size=n_layers))
     cut = draw(st.sampled_from([FREE, link_model(activation, gradient)]))
-    fits = None
-    if draw(st.booleans()):
+    fits, memory = None, draw(st.sampled_from(["none", "layers", "owner"]))
+    if memory != "none":
         weights = draw(st.lists(st.integers(0, 3), min_size=n_layers, max_size=n_layers))
         saved = draw(st.lists(st.integers(0, 3), min_size=n_layers, max_size=n_layers))
         capacity = draw(st.lists(st.integers(0, 10), min_size=1, max_size=4))
-        fits = memory_model(weights, saved, capacity, lambda index: 4 - min(index, 3))
+        if memory == "layers":
+            fits = memory_model(weights, saved, capacity, lambda index: 4 - min(index, 3))
+        else:
+            extra = draw(st.lists(st.integers(0, 3), min_size=n_layers, max_size=n_layers))
+            fits = owner_memory(weights, [a + b for a, b in zip(weights, extra, strict=True)], saved,
+                                float(sum(capacity)), n_workers=4)
     return forward, backward, cut, fits, draw(st.integers(1, 4)), draw(st.booleans())
 
 
@@ -403,24 +436,28 @@ def test_twenty_layers_match_the_plain_dynamic_program():
                 assert found[m].bottleneck_s == pytest.approx(want, rel=1e-12)
 
 
-def test_memory_walks_on_twelve_layers_match_the_plain_dynamic_program():
-    # long rows for the staircase walk over the predecessors that fit, beyond brute force's reach
+@pytest.mark.parametrize("allow_empty,memory", [(True, "layers"), (False, "layers"), (True, "owner")])
+def test_memory_searches_on_twelve_layers_match_the_plain_dynamic_program(allow_empty, memory):
+    # long rows for the search over the predecessors that fit, beyond brute force's reach
     rng = np.random.default_rng(5)
-    for allow_empty in (True, False):
-        forward, backward = rng.integers(0, 4, 12).astype(float), rng.uniform(0, 6, 12)
-        cut = link_model(rng.uniform(0, 1.0, 12), rng.uniform(0, 1.0, 12))
-        fits = memory_model(rng.integers(0, 4, 12), rng.integers(0, 3, 12), [22, 16, 19, 17], lambda i: 1 + i % 2)
-        try:
-            found = bipartition_all(forward, backward, cut, 4, fits=fits, allow_empty=allow_empty)
-        except DoesNotFit:
-            found = {}
-        want = reference_dp(forward, backward, cut, 4, allow_empty, fits)
-        assert math.isinf(want[0]) and math.isfinite(want[-1])  # memory binds
-        for m, w in enumerate(want, start=1):
-            if math.isfinite(w):
-                assert found[m].bottleneck_s == pytest.approx(w, rel=1e-12)
-            else:
-                assert m not in found
+    forward, backward = rng.integers(0, 4, 12).astype(float), rng.uniform(0, 6, 12)
+    cut = link_model(rng.uniform(0, 1.0, 12), rng.uniform(0, 1.0, 12))
+    weights = rng.integers(0, 4, 12)
+    if memory == "layers":
+        fits = memory_model(weights, rng.integers(0, 3, 12), [22, 16, 19, 17], lambda i: 1 + i % 2)
+    else:
+        fits = owner_memory(weights, weights + rng.integers(0, 3, 12), rng.integers(0, 2, 12), 24.0, n_workers=4)
+    try:
+        found = bipartition_all(forward, backward, cut, 4, fits=fits, allow_empty=allow_empty)
+    except DoesNotFit:
+        found = {}
+    want = reference_dp(forward, backward, cut, 4, allow_empty, fits)
+    assert math.isinf(want[0]) and math.isfinite(want[-1])  # memory binds
+    for m, w in enumerate(want, start=1):
+        if math.isfinite(w):
+            assert found[m].bottleneck_s == pytest.approx(w, rel=1e-12)
+        else:
+            assert m not in found
 
 
 @pytest.mark.timeout(120)
@@ -452,7 +489,7 @@ def test_the_papers_binary_search_misses_the_optimum_even_with_free_links():
 
 
 def test_a_fits_that_reads_the_span_between_the_ranges_is_refused_not_taken_for_does_not_fit():
-    # today's planner counts the states of range(min(starts), max(ends)): with an empty range that
+    # the first planner counted the states of range(min(starts), max(ends)): with an empty range that
     # depends on where it sits, which the search cannot trust
     def span_fits(index, forward, backward):
         return max(forward[1], backward[1]) - min(forward[0], backward[0]) <= 2

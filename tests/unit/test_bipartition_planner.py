@@ -75,13 +75,14 @@ def test_forward_and_backward_owners_exchange_activations_and_weights():
     assert not [r for r in same.timeline.rows() if r[2] in ("send_activation", "send_weights")]
 
 
-def test_planner_and_simulator_count_memory_the_same_way():
+@pytest.mark.parametrize("model", ["vgg-tiny", "gpt2-tiny"])  # gpt2-tiny: a tied embedding and head
+def test_planner_and_simulator_count_memory_the_same_way(model):
     # VGG-tiny on 8 workers: worker 5 had 6.41 MiB by the planner (the whole span of its two ranges)
     # and 0.28 MiB by the simulator (its forward range only); both now count exactly the layers held,
     # the planner's in-flight count being the most the simulator's could be
-    cm = _cm("vgg-tiny", "gropipe-8xt4")
+    cm = _cm(model, "gropipe-8xt4")
     config = MemoryConfig()
-    request = PlanRequest(costs=cm, model_name="vgg-tiny", cluster_name="gropipe-8xt4", batch=64, n_stages=8)
+    request = PlanRequest(costs=cm, model_name=model, cluster_name="gropipe-8xt4", batch=64, n_stages=8)
     plan, _ = plan_bipartition(request, simulator_judge(request))
     micro = plan.global_batch / plan.n_micro
     count = worker_memory(cm, micro, plan.n_micro, 8, config)
@@ -89,6 +90,7 @@ def test_planner_and_simulator_count_memory_the_same_way():
         simulated = stage_memory(plan, cm.model, w, config)
         planned = count(w, (stage.layers.start, stage.layers.stop), (stage.backward.start, stage.backward.stop))
         assert planned >= simulated.peak_bytes * (1 - 1e-12)
+        assert planned == pytest.approx(_count_layer_by_layer(cm, plan, w, config), rel=1e-12)
         # the same model states: only the activations' in-flight count may differ
         assert planned - simulated.peak_bytes <= simulated.activation_bytes * 8 + 1e-6
 
@@ -103,3 +105,25 @@ def test_layerwise_ranges_count_exactly_the_same():
     for w, stage in enumerate(plan.stages):
         assert count(w, (stage.layers.start, stage.layers.stop), (stage.backward.start, stage.backward.stop)) == \
             pytest.approx(stage_memory(plan, cm.model, w, config).peak_bytes, rel=1e-12)
+
+
+def _count_layer_by_layer(cm, plan, w, config):
+    """The planner's count written out layer by layer (independent of its prefix sums)."""
+    import math
+
+    from paraplan.costs.strategy import layer_memory
+    from paraplan.plan.plan import LayerStrategy
+
+    stage, m_total, micro = plan.stages[w], 8, plan.global_batch / plan.n_micro
+    held = set(stage.layers) | set(stage.backward)
+    total = config.reserve_bytes
+    for i in held:
+        layer = cm.model.layers[i]
+        tied = bool(layer.shared_param_bytes) and any(o not in held for o in layer.shared_owners)
+        m = layer_memory(cm.model, i, LayerStrategy(), micro, config, tied)
+        if i in stage.backward:
+            a = w if i in stage.layers else (0 if i < stage.layers.start else w + 1)
+            total += m.states_bytes + max(1, min(plan.n_micro, math.ceil(m_total - (a + w) / 2))) * m.saved_bytes
+        else:
+            total += m.weights_bytes
+    return total

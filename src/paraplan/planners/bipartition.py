@@ -19,6 +19,8 @@ import math
 import time
 from dataclasses import replace
 
+import numpy as np
+
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.strategy import layer_memory
 from paraplan.errors import FieldError
@@ -30,25 +32,45 @@ from paraplan.planners.table import register
 
 def worker_memory(cm, micro: float, n_micro: int, max_workers: int, config: MemoryConfig):
     """bytes(worker, forward_range, backward_range): the dynamic program's memory count of one
-    worker (see the module docstring); never below the simulator's count (costs/memory.py)."""
+    worker (see the module docstring); never below the simulator's count (costs/memory.py).
+
+    O(1) per call (the search asks about ~10^5-10^6 candidate workers): prefix sums over layers of
+    the states, saved bytes and weight copies of costs/strategy.py `layer_memory`, the backward
+    range split where the forward owner changes (before this worker's forward range, on it, after
+    it), and the few tied weights looked at one by one."""
     model = cm.model
     per_layer = [layer_memory(model, i, LayerStrategy(), micro, config) for i in range(model.n_layers)]
+    states = np.concatenate(([0.0], np.cumsum([m.states_bytes for m in per_layer])))
+    saved = np.concatenate(([0.0], np.cumsum([m.saved_bytes for m in per_layer])))
+    weights = np.concatenate(([0.0], np.cumsum([m.weights_bytes for m in per_layer])))
+    # LayerStrategy() never checkpoints, so no layer recomputes here (costs/strategy.py)
+    assert not any(m.recompute_bytes for m in per_layer)
+    tied = [(i, model.layers[i].shared_owners,
+             layer_memory(model, i, LayerStrategy(), micro, config, tied_copy=True), per_layer[i])
+            for i in range(model.n_layers) if model.layers[i].shared_param_bytes]
 
     def in_flight(forward_worker: int, w: int) -> int:
         return max(1, min(n_micro, math.ceil(max_workers - (forward_worker + w) / 2)))
 
+    def span(prefix: np.ndarray, a: int, b: int) -> float:
+        return float(prefix[b] - prefix[a]) if b > a else 0.0
+
     def count(w: int, fr: tuple[int, int], br: tuple[int, int]) -> float:
-        total, recompute = float(config.reserve_bytes), 0.0
-        for i in sorted(set(range(*fr)) | set(range(*br))):  # exactly the layers this worker holds
-            m = per_layer[i]
-            if br[0] <= i < br[1]:
-                # the forward owner: this worker, the earliest before it, or the next one after it
-                a = w if fr[0] <= i < fr[1] else (0 if i < fr[0] else w + 1)
-                total += m.states_bytes + in_flight(a, w) * m.saved_bytes
-                recompute = max(recompute, m.recompute_bytes)
-            else:  # forward only: the latest weights (the paper's partial copy)
-                total += m.weights_bytes
-        return total + recompute
+        (f0, f1), (b0, b1) = fr, br
+        total = float(config.reserve_bytes) + span(states, b0, b1)
+        # activations of the backward range, by where their forward ran: the earliest worker
+        # before this one (the most micro-batches it could be), this one, or the next one
+        total += in_flight(0, w) * span(saved, b0, min(b1, f0))
+        total += in_flight(w, w) * span(saved, max(b0, f0), min(b1, f1))
+        total += in_flight(w + 1, w) * span(saved, max(b0, f1), b1)
+        # forward-only layers: a copy of the latest weights (the paper's partial copy)
+        total += span(weights, f0, f1) - span(weights, max(f0, b0), min(f1, b1))
+        for i, owners, with_copy, alone in tied:  # a tied weight whose owner this worker does not hold
+            held_b, held_f = b0 <= i < b1, f0 <= i < f1
+            if (held_b or held_f) and any(not (f0 <= o < f1 or b0 <= o < b1) for o in owners):
+                total += (with_copy.states_bytes - alone.states_bytes) if held_b else \
+                    (with_copy.weights_bytes - alone.weights_bytes)
+        return total
 
     return count
 

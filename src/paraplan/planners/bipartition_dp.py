@@ -33,13 +33,15 @@ a real transfer: the model's output goes to the worker that runs the backward of
 With allow_empty=False or layerwise=True, s1 and s2 stay in 0..L-2 and are never None.
 
 Memory. fits(worker_index, forward_range, backward_range) is asked per worker, ranges possibly
-empty. It must be monotone in the layers a worker runs: taking layers out of either range never
-turns a worker that fits into one that does not, so an empty range fits the same wherever it sits
-(any memory model where running fewer layers never costs more is). The DP relies on that to ask
-about few candidates; a fits that reads the span between the two ranges (min of the starts to max
-of the ends) is not monotone in this sense and must count the layers of the two ranges instead.
-Violations that show are refused with a ValueError (an empty range answered differently at 0 and
-at L, or a returned worker that does not fit), never passed off as DoesNotFit.
+empty. The search is exact when (a) for a given forward range, a shorter backward range never
+turns a worker that fits into one that does not (an empty backward range being the same wherever
+it sits); (b) a worker that runs only forwards fits for any part of a forward range that fits; and
+(c) a worker that fits still fits when the last layers of its forward range go to the next worker.
+Dropping the first layers of a forward range may cost more, as the paper's memory has it:
+activations live at a layer's backward owner, for longer when its forward ran on an earlier
+worker; nothing is assumed there.
+Violations that show are refused with a ValueError (an empty backward range answered differently
+at 0 and at L, or a returned worker that does not fit), never passed off as DoesNotFit.
 worker_index is the worker's position from the first one (bipartition_all can count from the end).
 
 The algorithm (exact)
@@ -61,12 +63,13 @@ when h(q2) + B(q2) >= K, so the min over q2 <= p2 is
 
 and both terms are read from tables over (p2, rank of h + B among the row) built with cumulative
 min / max. A worker count costs O(L^3 log L) numpy work instead of O(L^4) Python steps.
-With memory, each worker first gets, for O(L) calls, the furthest end a forward-only (or
-backward-only) range from each start can reach: a bound on every range it can hold, which prunes
-the rows above. Then each state's best predecessor is asked about; only where it does not fit does
-the DP search the predecessors that fit: rows q1 in the order of their best value ignoring memory,
-in each the lowest q2 that fits binary-searched (fits being monotone, a row's fitting q2 run from
-there to the top), until no row left can do better. Both stay exact.
+With memory, each worker first gets, for O(L) calls, the furthest end a forward-only range from
+each start can reach: a bound on every forward range it can hold, which prunes the rows above.
+Then each state's best predecessor is asked about; only where it does not fit does the DP search
+the predecessors that fit: rows q1 in the order of their best value ignoring memory, in each the
+lowest q2 that fits binary-searched (by (a), a row's fitting q2 run from there to the top), until
+no row left can do better; what one state learns bounds the lowest q2 of the states after it (by
+(a) and (c)). Both stay exact.
 
 Algorithm 2 of the paper (binary_search=True) binary-searches s2 for the crossing of the prefix's
 time (assumed non-decreasing in s2) and the last worker's (non-increasing). The first is not
@@ -117,14 +120,16 @@ def bipartition(forward_s, backward_s, cut_s: CutFn, n_workers: int, fits: FitsF
     cut_s(s1, s2): time to send the activation after forward layer s1 and the gradient at the
     backward cut after layer s2 (0-based, the last layers of the earlier workers; None when nothing
     crosses in that direction, see the module docstring). fits(worker_index, forward_range,
-    backward_range): the memory check, monotone (None: no limit). binary_search=True runs the paper's
-    Algorithm 2, a heuristic that can miss the optimum. Raises ValueError when no division into
-    n_workers exists (more workers than parts of layers) and DoesNotFit when none fits memory.
+    backward_range): the memory check, with the properties (a)-(c) of the module docstring (None:
+    no limit). binary_search=True runs the paper's Algorithm 2, a heuristic that can miss the
+    optimum (layerwise=True has no s2 to search and stays exact). Raises ValueError when no
+    division into n_workers exists (more workers than parts of layers) and DoesNotFit when none
+    fits memory.
     """
     n_layers, forward, backward = _check_times(forward_s, backward_s)
     _check_count(n_workers, n_layers, layerwise, allow_empty)
     cuts = _cut_matrix(cut_s, n_layers, layerwise, allow_empty)
-    if binary_search and not layerwise:  # (layerwise leaves no s2 to search)
+    if binary_search and not layerwise:
         return _algorithm2(forward, backward, cuts, n_workers, fits, allow_empty)
     values, predecessors = _prefix_dp(forward, backward, cuts, n_workers, fits, layerwise, allow_empty,
                                       every_count=False)
@@ -158,7 +163,7 @@ def bipartition_all(forward_s, backward_s, cut_s: CutFn, n_workers: int, fits: F
         # is this one's distance from the end; solve that and turn the answers back round
         values, predecessors = _prefix_dp(forward[::-1].copy(), backward[::-1].copy(), cuts[::-1, ::-1].copy(),
                                           top, None if fits is None else _mirror_fits(fits, n_layers),
-                                          layerwise, allow_empty, every_count=True)
+                                          layerwise, allow_empty, every_count=True, mirrored=True)
     else:
         values, predecessors = _prefix_dp(forward, backward, cuts, top, fits, layerwise, allow_empty,
                                           every_count=True)
@@ -241,16 +246,16 @@ def _cut_matrix(cut_s: CutFn, n_layers: int, layerwise: bool, allow_empty: bool)
 
 
 def _check_fits(division: BiPartition, fits: FitsFn | None, from_end: bool) -> None:
-    """Every worker of an answer fits; the search trusted monotonicity for most of them, so a fits
-    that is not monotone ends here, loudly, rather than in a plan that does not fit."""
+    """Every worker of an answer fits; the search trusted (a)-(c) of the module docstring for
+    most of them, so a fits without them ends here, loudly, rather than in a plan that does not fit."""
     if fits is None:
         return
     n_workers = len(division.workers)
     for k, worker in enumerate(division.workers):
         if not fits(n_workers - 1 - k if from_end else k, worker.forward, worker.backward):
-            raise ValueError(f"fits is not monotone in the layers a worker runs: worker {k} of {n_workers} "
-                             f"({worker.forward}, {worker.backward}) does not fit although the search, "
-                             "trusting monotonicity, took it to")
+            raise ValueError(f"fits lacks a property the search relies on (bipartition_dp's docstring, "
+                             f"(a)-(c)): worker {k} of {n_workers} ({worker.forward}, {worker.backward}) "
+                             "does not fit although the search, trusting them, took it to")
 
 
 def _mirror_fits(fits: FitsFn, n_layers: int) -> FitsFn:
@@ -302,10 +307,12 @@ def _last_argmin(values: np.ndarray) -> int:
 
 
 def _prefix_dp(forward, backward, cuts, n_workers: int, fits: FitsFn | None, layerwise: bool,
-               allow_empty: bool, every_count: bool) -> tuple[list[float], list[_Predecessors]]:
+               allow_empty: bool, every_count: bool,
+               mirrored: bool = False) -> tuple[list[float], list[_Predecessors]]:
     """V[m](L, L) for m = 1..n_workers (inf where none) and, per m, every state's best predecessor.
 
-    every_count=False only needs V[n_workers](L, L), so the last count is solved at (L, L) alone."""
+    every_count=False only needs V[n_workers](L, L), so the last count is solved at (L, L) alone.
+    mirrored: the problem is the mirror image of the caller's (what memory may assume flips)."""
     n_layers = forward.size
     size = n_layers + 1
     prefix_f, prefix_b = _prefix(forward), _prefix(backward)
@@ -331,20 +338,20 @@ def _prefix_dp(forward, backward, cuts, n_workers: int, fits: FitsFn | None, lay
         # h(q) = max(V[m-1](q), cut(q)): the first m - 1 workers ending at q, and the link after them
         prefix_bottleneck = np.where(np.isfinite(value), np.maximum(value, cuts), _INF)
         last = m == n_workers and not every_count
-        everything_fits = fits is None or fits(worker, (0, n_layers), (0, n_layers))  # monotone
         if layerwise:
             value, parent = _step_layerwise(prefix_bottleneck, done, last)
-            if not everything_fits:
+            if fits is not None:
                 _apply_fits_layerwise(value, parent, prefix_bottleneck, done, fits, worker)
             predecessors.append(_Predecessors(arrays=parent))
-        elif everything_fits:
+        elif fits is None:
             value, _ = _step(prefix_bottleneck, prefix_f, prefix_b, allow_empty, last, None, track=False)
             predecessors.append(_Predecessors(prefix_bottleneck=prefix_bottleneck, allow_empty=allow_empty))
         else:
-            furthest = _furthest_ends(fits, worker, n_layers)
-            value, parent = _step(prefix_bottleneck, prefix_f, prefix_b, allow_empty, last, furthest[0],
+            furthest_forward = _forward_reach(fits, worker, n_layers)
+            value, parent = _step(prefix_bottleneck, prefix_f, prefix_b, allow_empty, last, furthest_forward,
                                   track=True)
-            _apply_fits(value, parent, prefix_bottleneck, done, fits, worker, allow_empty, furthest)
+            _apply_fits(value, parent, prefix_bottleneck, done, fits, worker, allow_empty, furthest_forward,
+                        mirrored)
             predecessors.append(_Predecessors(arrays=parent))
         finals.append(float(value[n_layers, n_layers]))
         if not np.isfinite(value).any():
@@ -448,166 +455,169 @@ def _step_layerwise(prefix_bottleneck: np.ndarray, done: np.ndarray,
 
 
 def _apply_fits_first(value: np.ndarray, fits: FitsFn, n_layers: int, layerwise: bool) -> None:
-    if fits(0, (0, n_layers), (0, n_layers)):
-        return  # monotone: the whole model fits, so does every prefix
-    if layerwise:
-        states = np.argwhere(np.isfinite(value)).tolist()
-    else:
-        furthest_f, furthest_b = _furthest_ends(fits, 0, n_layers)
-        value[furthest_f[0] + 1:, :] = _INF
-        value[:, furthest_b[0] + 1:] = _INF
-        states = np.argwhere(np.isfinite(value)).tolist()
-    for p1, p2 in states:
+    if not layerwise:
+        value[_forward_reach(fits, 0, n_layers)[0] + 1:, :] = _INF
+    for p1, p2 in np.argwhere(np.isfinite(value)).tolist():
         if not fits(0, (0, p1), (0, p2)):
             value[p1, p2] = _INF
 
 
-def _furthest_ends(fits: FitsFn, worker: int, n_layers: int) -> tuple[np.ndarray, np.ndarray]:
-    """furthest_forward[q1]: the last end p1 for which a forward-only range q1..p1-1 fits the worker;
-    the same backward. Monotone fits: any worker with forward q1..p1-1 has p1 <= furthest_forward[q1]
-    (its backward range shrunk to empty still fits), so these bound the ranges for O(L) calls each
-    (two pointers: the furthest end never moves back as the start moves on). That holds only if an
-    empty range fits the same wherever it sits, so each probe puts it at both ends of the model."""
-    def alone(forward: tuple[int, int], backward: tuple[int, int], empty_is_forward: bool) -> bool:
-        answers = {fits(worker, (at, at), backward) if empty_is_forward else fits(worker, forward, (at, at))
-                   for at in (0, n_layers)}
+def _forward_reach(fits: FitsFn, worker: int, n_layers: int) -> np.ndarray:
+    """furthest[q1]: the last end p1 for which a forward-only range q1..p1-1 fits the worker.
+
+    Any worker whose forward range is q1..p1-1 has p1 <= furthest[q1] (its backward range taken
+    away, it still fits), which bounds the rows of the search for O(L) calls (two pointers: a
+    forward-only worker fits for any part of a range that fits, so the furthest end never moves
+    back as the start moves on). An empty backward range must not matter where it sits: each probe
+    puts it at both ends of the model."""
+    def forward_only(start: int, end: int) -> bool:
+        answers = {fits(worker, (start, end), (at, at)) for at in (0, n_layers)}
         if len(answers) > 1:
-            raise ValueError(f"fits(worker {worker}) answers differently for the same layers with an empty "
-                             f"range at 0 and at {n_layers} (ranges {forward}, {backward}): it must depend on "
-                             "the layers a worker runs, not on where an empty range sits")
+            raise ValueError(f"fits(worker {worker}, ({start}, {end}), empty backward range) answers differently "
+                             f"with the empty range at 0 and at {n_layers}: a worker with no backward runs the "
+                             "same layers wherever that range sits")
         return answers.pop()
 
-    def scan(fits_range) -> np.ndarray:
-        furthest = np.empty(n_layers + 1, dtype=np.int64)
-        end = 0
-        for start in range(n_layers + 1):
-            end = max(end, start)
-            while end < n_layers and fits_range(start, end + 1):
-                end += 1
-            furthest[start] = end
-        return furthest
-
-    return (scan(lambda a, b: alone((a, b), (0, 0), empty_is_forward=False)),
-            scan(lambda a, b: alone((0, 0), (a, b), empty_is_forward=True)))
+    furthest = np.empty(n_layers + 1, dtype=np.int64)
+    end = 0
+    for start in range(n_layers + 1):
+        end = max(end, start)
+        while end < n_layers and forward_only(start, end + 1):
+            end += 1
+        furthest[start] = end
+    return furthest
 
 
 def _apply_fits(value, parent, prefix_bottleneck, done, fits: FitsFn, worker: int, allow_empty: bool,
-                furthest) -> None:
+                furthest_forward: np.ndarray, mirrored: bool) -> None:
     """Keep each state's best predecessor where the last worker fits; elsewhere search the
-    predecessors that fit (an up-set, since fits is monotone) for the best one."""
+    predecessors that fit for the best one (_best_fitting)."""
     n_layers = value.shape[0] - 1
-    furthest_f, furthest_b = furthest
-    ends = np.arange(n_layers + 1)
-    # the first start from which a forward (backward) range can reach each end at all
-    first_start_f = np.searchsorted(furthest_f, ends, side="left")
-    first_start_b = np.searchsorted(furthest_b, ends, side="left")
+    # the first forward start from which a forward-only range reaches each end at all
+    first_start = np.searchsorted(furthest_forward, np.arange(n_layers + 1), side="left").tolist()
+    # finite_from[q1, c]: how many q2 >= c in row q1 have a finite h (a predecessor at all)
+    finite_from = np.zeros((n_layers + 1, n_layers + 2), dtype=np.int64)
+    finite_from[:, :-1] = np.cumsum(np.isfinite(prefix_bottleneck)[:, ::-1], axis=1)[:, ::-1]
     parent1, parent2 = parent
-    starts1, starts2, reach_b = parent1.tolist(), parent2.tolist(), furthest_b.tolist()  # fast to index
-    memo = _Staircase(n_layers)
+    starts1, starts2 = parent1.tolist(), parent2.tolist()  # faster to index than the arrays
+    memo = _LowestFitting(n_layers, across_p1=not mirrored)
+    hopeless_row = -1  # the p1 whose last state had no predecessor that fits
     for p1, p2 in np.argwhere(np.isfinite(value)).tolist():  # row by row, p2 rising within a row
         q1, q2 = starts1[p1][p2], starts2[p1][p2]
-        if reach_b[q2] >= p2 and fits(worker, (q1, p1), (q2, p2)):
-            continue  # (the forward bound was already kept by _step)
-        value[p1, p2], parent1[p1, p2], parent2[p1, p2] = _best_fitting(
-            prefix_bottleneck, done, fits, worker, p1, p2, allow_empty,
-            int(first_start_f[p1]), int(first_start_b[p2]), memo)
+        # after a state with nothing that fits, the next one most likely has nothing either: the
+        # search finds that from what it learnt without a call, so skip asking about the best
+        if hopeless_row != p1 and fits(worker, (q1, p1), (q2, p2)):
+            continue
+        found = _best_fitting(prefix_bottleneck, done, finite_from, fits, worker, p1, p2, allow_empty,
+                              first_start[p1], memo)
+        value[p1, p2], parent1[p1, p2], parent2[p1, p2] = found
+        hopeless_row = p1 if found[1] < 0 else -1
 
 
-class _Staircase:
-    """What the searches of one p1 learnt about the predecessors that fit, for the next p2: the
-    lowest q2 that fits in a row q1 only rises with p2 (a longer backward range), and, with empty
-    ranges, a row q1 < p1 where not even the forward range alone fits stays so (the same layers)."""
+class _LowestFitting:
+    """Lower bounds on the lowest q2 that fits in each row q1, learnt from the states searched
+    before. A state (p1, p2') with p2' < p2 has a shorter backward range (a); one (p1', p2') <=
+    (p1, p2) also a forward range shorter at its end, which (c) makes no harder to fit: where
+    nothing fitted below some q2 there, nothing fits now. In the mirror image (worker index from
+    the end) the forward range's end is the real start, about which nothing is assumed, so only
+    the same p1 counts there."""
 
-    def __init__(self, n_layers: int) -> None:
+    def __init__(self, n_layers: int, across_p1: bool) -> None:
+        self.found = np.zeros((n_layers + 1, n_layers + 1), dtype=np.int64)  # [p2, q1], from earlier p1
+        self.across_p1 = across_p1
         self.p1 = -1
-        self.lowest = np.zeros(n_layers + 1, dtype=np.int64)
-        self.empty_up_to = -1  # rows q1 <= this one (all below p1) have no q2 that fits
+        self.this_row = np.zeros(n_layers + 1, dtype=np.int64)  # from this p1's smaller p2
 
-    def start(self, p1: int) -> None:
-        if p1 != self.p1:
+    def bounds(self, p1: int, p2: int) -> np.ndarray:
+        if p1 != self.p1:  # a new row of states: every smaller p2 of the earlier rows counts
             self.p1 = p1
-            self.lowest[:] = 0
-            self.empty_up_to = -1
+            if self.across_p1:
+                np.maximum.accumulate(self.found, axis=0, out=self.found)
+            else:
+                self.found[:] = 0
+            self.this_row[:] = 0
+        return np.maximum(self.found[p2], self.this_row)
+
+    def learnt(self, p2: int, lowest: np.ndarray) -> None:
+        self.this_row = lowest
+        np.maximum(self.found[p2], lowest, out=self.found[p2])
 
 
-def _best_fitting(prefix_bottleneck, done, fits: FitsFn, worker: int, p1: int, p2: int, allow_empty: bool,
-                  first_q1: int, first_q2: int, memo: _Staircase) -> tuple[float, int, int]:
+def _best_fitting(prefix_bottleneck, done, finite_from, fits: FitsFn, worker: int, p1: int, p2: int,
+                  allow_empty: bool, first_q1: int, memo: _LowestFitting) -> tuple[float, int, int]:
     """min over q < p whose last worker fits of max(h(q), G(p) - G(q)), best row first.
 
-    Inside the box the furthest ends allow, each row q1's best value ignoring memory bounds what it
-    can give, so rows are taken in that order until the bound is no better than the best found.
-    Monotone fits makes the q that fit an up-set: in each row the q2 from a lowest one up to the
-    top (the smallest last worker), the lowest never falling as q1 falls; a row's lowest is binary
-    searched between the rows already solved above and below it. A row whose smallest worker does
-    not fit empties every row below."""
-    memo.start(p1)
+    Each row q1 (a forward range q1..p1-1) has a best value ignoring memory, a bound on what it can
+    give, so rows are taken in that order until the bound is no better than the best found. In a
+    row, the q2 that fit run from a lowest one to the top (a shorter backward range fits where a
+    longer one does), so the lowest is binary-searched; with empty ranges a row's top, the forward
+    range alone, fits within the forward reach. Nothing is inferred from one row to another: a
+    worker can need more memory for running fewer forwards (the paper keeps a layer's activations
+    at its backward owner, for longer when the forward ran on an earlier worker)."""
+    lowest = memo.bounds(p1, p2)
     top_row = p1 if allow_empty else p1 - 1
-    low_row = max(first_q1, memo.empty_up_to + 1)
-    if top_row < low_row or first_q2 > p2:
+    if top_row < first_q1:
         return _INF, -1, -1
-    values = np.maximum(prefix_bottleneck[low_row:top_row + 1, first_q2:p2 + 1],
-                        done[p1, p2] - done[low_row:top_row + 1, first_q2:p2 + 1])
+    rows = slice(first_q1, top_row + 1)
+    # below a row's lowest fitting q2 for an earlier state nothing fits now: is anything left?
+    if not finite_from[np.arange(first_q1, top_row + 1), lowest[rows]].any():
+        return _INF, -1, -1  # (nothing new learnt)
+    first_q2 = int(lowest[rows].min())
+    values = np.maximum(prefix_bottleneck[rows, first_q2:p2 + 1], done[p1, p2] - done[rows, first_q2:p2 + 1])
     if not allow_empty:
         values[:, -1] = _INF  # q2 = p2: an empty backward range
     elif top_row == p1:
         values[-1, -1] = _INF  # q = p: a worker with nothing
+    values[np.arange(first_q2, p2 + 1)[None, :] < lowest[rows, None]] = _INF
     row_best = values.min(axis=1)
     hopeful = np.flatnonzero(np.isfinite(row_best[::-1]))
     if hopeful.size == 0:
+        memo.learnt(p2, lowest)
         return _INF, -1, -1
     # best bound first, the larger q1 on ties (rows counted down from the top, a stable sort)
     order = (top_row - hopeful[np.argsort(row_best[::-1][hopeful], kind="stable")]).tolist()
     best = (_INF, -1, -1)
-    lowest: dict[int, int | None] = {}  # rows solved: their lowest fitting q2, or None
-    empty_below = low_row - 1  # rows at or below this one have nothing that fits
     for q1 in order:
-        if row_best[q1 - low_row] >= best[0]:
+        if row_best[q1 - first_q1] >= best[0]:
             break
-        if q1 <= empty_below:
-            continue
         top = p2 if allow_empty and q1 < p1 else p2 - 1
-        low = max(first_q2, int(memo.lowest[q1]),
-                  max((v for r, v in lowest.items() if r > q1 and v is not None), default=first_q2))
-        # a row below that fits at some q2 <= top makes this row fit there too
-        known = min((v for r, v in lowest.items() if r < q1 and v is not None and v <= top), default=None)
-        if known is None and (low > top or not fits(worker, (q1, p1), (top, p2))):
-            lowest[q1] = None
-            if q1 < p1 or not allow_empty:
-                empty_below = max(empty_below, q1)
-                if allow_empty:  # its smallest worker was the forward range alone: so it stays
-                    memo.empty_up_to = max(memo.empty_up_to, q1)
+        low = int(lowest[q1])
+        forward_alone = allow_empty and q1 < p1  # the top: known to fit (q1 >= first_q1)
+        if low > top or not (forward_alone or fits(worker, (q1, p1), (top, p2))):
+            lowest[q1] = top + 1  # nothing in this row fits
             continue
-        high = top if known is None else known
-        while low < high:  # the lowest q2 that fits (monotone in q2)
+        high = top
+        while low < high:
             middle = (low + high) // 2
             if fits(worker, (q1, p1), (middle, p2)):
                 high = middle
             else:
                 low = middle + 1
-        lowest[q1] = memo.lowest[q1] = low
-        row = values[q1 - low_row, low - first_q2:]
+        lowest[q1] = low
+        row = values[q1 - first_q1, low - first_q2:]
         at = _last_argmin(row)  # the larger q2 on ties: a smaller last worker
         if row[at] < best[0] or (row[at] == best[0] and q1 > best[1]):
             best = (float(row[at]), q1, low + at)
+    memo.learnt(p2, lowest)
     return best if np.isfinite(best[0]) else (_INF, -1, -1)
 
 
 def _apply_fits_layerwise(value, parent, prefix_bottleneck, done, fits: FitsFn, worker: int) -> None:
+    """Layer-wise: at most L predecessors per state, tried best first until one fits."""
     parent1, parent2 = parent
     for p, _ in np.argwhere(np.isfinite(value)).tolist():
         q = int(parent1[p, p])
         if fits(worker, (q, p), (q, p)):
             continue
-        low = p  # the fitting starts are low..p-1 (monotone)
-        while low > 0 and fits(worker, (low - 1, p), (low - 1, p)):
-            low -= 1
+        starts = np.arange(p)
+        candidate = np.maximum(prefix_bottleneck[starts, starts], done[p, p] - done[starts, starts])
         best = (_INF, -1)
-        if low < p:
-            starts = np.arange(low, p)
-            candidate = np.maximum(prefix_bottleneck[starts, starts], done[p, p] - done[starts, starts])
-            at = _last_argmin(candidate)
-            if np.isfinite(candidate[at]):
-                best = (float(candidate[at]), int(starts[at]))
+        for c in (p - 1 - np.argsort(candidate[::-1], kind="stable")).tolist():  # ties: the larger c
+            if not np.isfinite(candidate[c]):
+                break
+            if fits(worker, (c, p), (c, p)):
+                best = (float(candidate[c]), c)
+                break
         value[p, p], parent1[p, p], parent2[p, p] = best[0], best[1], best[1]
 
 

@@ -5,7 +5,11 @@ Inputs mix zeros, ties (small integers) and huge ratios (1e-9 next to 1e9), with
 that brute force is instant; stage counts go past K.
 """
 
+import functools
 import itertools
+import signal
+import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -15,7 +19,43 @@ from hypothesis import strategies as st
 from paraplan.planners import csimd, partition, pipeline_split
 from paraplan.planners.csimd import SearchMethod
 
+# A hang guard for every test here (the reproductions below use 10 s); timings live in benchmarks/.
+pytestmark = pytest.mark.timeout(120)
+
 REL = 1e-9
+EXAMPLE_LIMIT_S = 10.0  # one example takes milliseconds; this only turns a hang into a failure
+
+
+class Hang(BaseException):
+    """Not an Exception: hypothesis would otherwise shrink the example, and every retry would hang."""
+
+
+@contextmanager
+def ends_within(seconds: float = EXAMPLE_LIMIT_S):
+    """Fail (without shrinking) when the body runs past `seconds`; restores any outer alarm."""
+    def alarm(signum, frame):
+        raise Hang(f"still running after {seconds} s: a loop that does not end")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer_delay:  # pytest-timeout's alarm, if any, keeps what was left of it
+            signal.setitimer(signal.ITIMER_REAL, max(outer_delay - (time.monotonic() - t0), 1e-3), outer_interval)
+
+
+def each_example_ends(test):
+    """Put under @given: every generated example runs inside `ends_within`."""
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        with ends_within():
+            return test(*args, **kwargs)
+    return run
+
 
 times = st.one_of(
     st.sampled_from([0.0, 1e-9, 1e9]),  # zeros and huge ratios
@@ -105,6 +145,7 @@ def test_the_csimd_planner_ends_on_zero_compute_with_communication():
 # --------------------------------------------------------------------------- properties
 @settings(deadline=None, max_examples=150)
 @given(instances(), st.sampled_from([2, 10, 1000]))
+@each_example_ends
 def test_imd_ends_valid_and_within_property_3(case, eta):
     *a, n = case
     d = csimd.imd(*a, n, eta=eta)
@@ -117,6 +158,7 @@ def test_imd_ends_valid_and_within_property_3(case, eta):
 
 @settings(deadline=None, max_examples=150)
 @given(instances())
+@each_example_ends
 def test_exact_rho_is_the_brute_force_optimum_of_rho(case):
     *a, n = case
     d = csimd.exact_rho(*a, n)
@@ -127,6 +169,7 @@ def test_exact_rho_is_the_brute_force_optimum_of_rho(case):
 
 @settings(deadline=None, max_examples=150)
 @given(instances(), st.sampled_from([1, 2, 3, 16, 1000]))
+@each_example_ends
 def test_exact_time_is_the_brute_force_optimum_of_eq8(case, p):
     *a, n = case
     cuts = csimd.exact_time(*a, n, p)
@@ -137,6 +180,7 @@ def test_exact_time_is_the_brute_force_optimum_of_eq8(case, p):
 
 @settings(deadline=None, max_examples=100)
 @given(multi_p_instances(), st.sampled_from(list(SearchMethod)))
+@each_example_ends
 def test_search_ends_valid_and_reports_eq8_for_every_method(case, method):
     q, ps, n = case
     k = q[0].shape[1]
@@ -154,6 +198,7 @@ def test_search_ends_valid_and_reports_eq8_for_every_method(case, method):
 
 @settings(deadline=None, max_examples=100)
 @given(instances(), st.sampled_from([0.5, 1.0, 2.0]), st.sampled_from([0.5, 1.0, 2.0]))
+@each_example_ends
 def test_masp_ends_with_the_fewest_bins(case, f1, f2):
     *a, _ = case
     k = len(a[0])
@@ -182,6 +227,7 @@ def _min_max_cost(a, cuts) -> float:
 
 @settings(deadline=None, max_examples=150)
 @given(instances())
+@each_example_ends
 def test_min_max_dp_and_recursion_are_the_brute_force_optimum_of_their_objective(case):
     *a, n = case
     k = len(a[0])
@@ -194,6 +240,7 @@ def test_min_max_dp_and_recursion_are_the_brute_force_optimum_of_their_objective
 
 @settings(deadline=None, max_examples=150)
 @given(st.lists(times, min_size=1, max_size=7), st.integers(1, 9))
+@each_example_ends
 def test_balanced_1d_is_the_brute_force_min_max_split(weights, n):
     w = np.array(weights)
     cuts = partition.balanced_1d(w, n)
@@ -208,6 +255,7 @@ def test_balanced_1d_is_the_brute_force_min_max_split(weights, n):
 
 @settings(deadline=None, max_examples=150)
 @given(instances(), st.sampled_from([1, 2, 7, 1000]))
+@each_example_ends
 def test_brute_force_ends_valid_and_each_oracle_wins_its_own_objective(case, p):
     *a, n = case
     k = len(a[0])
@@ -221,6 +269,7 @@ def test_brute_force_ends_valid_and_each_oracle_wins_its_own_objective(case, p):
 
 @settings(deadline=None, max_examples=60)
 @given(st.integers(1, 7), st.integers(1, 12), st.integers(0, 2**31))
+@each_example_ends
 def test_even_and_random_cuts_stay_valid_past_one_stage_per_layer(k, n, seed):
     assert_valid(partition.even(k, n), k, n)
     assert len(partition.even(k, n)) == min(k, n) - 1
@@ -236,6 +285,7 @@ def test_negative_or_non_finite_times_are_refused(bad):
         csimd.search(np.array([bad]), [ones], [ones], [ones], [1], 2)
 
 
+@pytest.mark.timeout(10)
 def test_imd_refuses_a_weight_grid_that_can_never_accept():
     ones = np.ones(3)
     with pytest.raises(ValueError, match="eta must be at least 2"):
@@ -280,10 +330,11 @@ def test_a_spent_work_limit_falls_back_to_exact_rho_and_says_so():
     r = csimd.search(*q, ps, 8, max_work=0)
     assert not r.exact and r.lower_bound_s < r.time_s
     assert_valid(r.cuts, 40, 8)
-    # never worse than exact_rho's division at any p, each priced at its best p by ODPA
-    for row in range(len(ps)):
-        cuts = csimd.exact_rho(*(x[row] for x in q), 8).cuts
-        assert r.time_s <= csimd.odpa(*q, cuts, ps).min() * (1 + REL)
+    # never worse than one stage at any p, nor than exact_rho's division for p at that p
+    assert r.time_s <= csimd.odpa(*q, (), ps).min() * (1 + REL)
+    for row, p in enumerate(ps):
+        a = [x[row] for x in q]
+        assert r.time_s <= csimd.total_time(*a, csimd.exact_rho(*a, 8).cuts, p) * (1 + REL)
     full = csimd.search(*q, ps, 8)
     assert full.exact and full.time_s <= r.time_s * (1 + REL)
     assert r.lower_bound_s <= full.time_s * (1 + REL)
@@ -315,8 +366,8 @@ GAP_CASE = dict(h_p=[60.0, 79, 52], h_m=[90.0, 98, 93], j_p=[53.0, 67, 66], j_m=
 
 def test_brute_force_time_finds_the_one_stage_optimum_the_rho_oracle_misses():
     a = list(GAP_CASE.values())
-    best = min(((csimd.total_time(*a, partition.brute_force_time(*a, 3, p), p), p,
-                 partition.brute_force_time(*a, 3, p)) for p in (1, 2, 4)))
+    best = min((csimd.total_time(*a, partition.brute_force_time(*a, 3, p), p), p,
+                partition.brute_force_time(*a, 3, p)) for p in (1, 2, 4))
     assert best == (377.0, 1, ())
     rho_cuts = partition.brute_force_rho(*a, 3).cuts
     assert rho_cuts == (0, 1) and csimd.total_time(*a, rho_cuts, 1) == 736.0

@@ -25,9 +25,9 @@ from paraplan.planners.request import (
     FieldError,
     OptionSpec,
     PlanRequest,
+    at_least,
     divisors,
     one_of,
-    positive_int,
     whole_number,
 )
 from paraplan.planners.table import register
@@ -117,7 +117,10 @@ def _csimd(problem: SplitProblem, n_micro: int | None, options: dict, paper: boo
         q, ps = tuple(x[r:r + 1] for x in q), [n_micro]
     method, starts = ("imd", [ps[0]]) if paper else (options["method"], None)
     best = csimd.search(*q, ps, problem.n_stages, method=method, eta=options["eta"], starts=starts)
-    return best.cuts, best.n_micro, {"iterations": best.iterations}
+    notes = {"iterations": best.iterations}
+    if not paper:  # what the search proved: the optimum of eq. (8), or a lower bound on it
+        notes.update(exact=best.exact, lower_bound_s=best.lower_bound_s)
+    return best.cuts, best.n_micro, notes
 
 
 def _with_odpa(problem: SplitProblem, cuts, n_micro: int | None):
@@ -163,10 +166,10 @@ SUMMARIES = {
     "brute-force": f"every division and micro-batch count (at most {BRUTE_FORCE_MAX_LAYERS} layers): eq. (8)'s optimum",
 }
 OPTIONS = {
-    "csimd": {"eta": OptionSpec(1000, "IMD weight groups (CSIMD's eta)", positive_int("eta")),
+    "csimd": {"eta": OptionSpec(1000, "IMD weight groups (CSIMD's eta, at least 2)", at_least("eta", 2)),
               "method": OptionSpec("auto", "division search: auto, imd, exact (rho1 + rho2), exact-time (eq. (8))",
                                    one_of("method", ("auto", "imd", "exact", "exact-time")))},
-    "csimd-paper": {"eta": OptionSpec(1000, "IMD weight groups (CSIMD's eta)", positive_int("eta"))},
+    "csimd-paper": {"eta": OptionSpec(1000, "IMD weight groups (CSIMD's eta, at least 2)", at_least("eta", 2))},
     "random": {"seed": OptionSpec(0, "random seed", whole_number("seed"))},
 }
 

@@ -85,10 +85,10 @@ class OptionSpec:
     check: Callable[[object], None] | None = None
 
 
-def positive_int(name: str) -> Callable[[object], None]:
+def at_least(name: str, lowest: int) -> Callable[[object], None]:
     def check(value):
-        if not isinstance(value, int) or value < 1:
-            raise FieldError(f"options.{name}", f"must be a positive whole number, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or value < lowest:
+            raise FieldError(f"options.{name}", f"must be a whole number of at least {lowest}, got {value!r}")
     return check
 
 

@@ -44,6 +44,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/simulator_speed.py
 	$(BIN)/python benchmarks/csimd_eval.py
 	$(BIN)/python benchmarks/gropipe_bipartition_eval.py
+	$(BIN)/python benchmarks/planner_speed_csimd.py
+	$(BIN)/python benchmarks/planner_speed_bipartition.py
 	$(BIN)/python benchmarks/runtime_vs_simulator.py
 	$(BIN)/python benchmarks/profile_nonlinearity.py
 	$(BIN)/paraplan profile-links --out results/local-measured.toml

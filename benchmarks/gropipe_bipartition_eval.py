@@ -119,15 +119,18 @@ def figures(g: dict, b: dict) -> None:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for model in ("lenet-5", "alexnet", "vgg-16"):
-        pts = [(r["workers"], r["speedup"]) for r in b["rows"] if r["model"] == model]
-        ax.plot(*zip(*pts, strict=True), marker="o", label=model)
+    for model, colour in zip(("lenet-5", "alexnet", "vgg-16"), ("C0", "C1", "C2"), strict=True):
+        rows = [r for r in b["rows"] if r["model"] == model]
+        ax.plot([r["workers"] for r in rows], [r["speedup"] for r in rows], marker="o", color=colour,
+                label=f"{model}: planner")
+        ax.plot([r["workers"] for r in rows], [r["speedup_dp_division"] for r in rows], marker="x", color=colour,
+                linestyle=":", label=f"{model}: Bi-Partition's division only")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xlabel("workers")
     ax.set_ylabel("layer-wise time / Bi-Partition time")
-    ax.set_title("Bi-Partition Fig. 8 on the bipartition-7vm preset (100 Mbps)")
+    ax.set_title("Bi-Partition Fig. 8, bipartition-7vm (100 Mbps), exactly M workers", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(OUT / "bipartition.png", dpi=120)
     plt.close(fig)

@@ -8,6 +8,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
@@ -77,6 +79,17 @@ def test_ampa_isolates_a_dominant_layer_and_keeps_a_balanced_split():
     assert ampa([1, 1, 1, 1, 1, 1, 1, 10], 4)[-1] == 1  # the heavy layer ends up alone
     assert ampa([5.0] * 8, 4) == (2, 2, 2, 2)
     assert sum(ampa([3, 1, 4, 1, 5, 9, 2, 6], 3)) == 8
+
+
+@settings(deadline=None, max_examples=150)
+@given(st.lists(st.sampled_from([0.0, 0.0, 1e-9, 1.0, 1.0, 7.5, 1e9]), min_size=1, max_size=12), st.integers(1, 14))
+def test_ampa_ends_with_a_valid_split_on_zeros_ties_and_huge_ratios(times, k):
+    if k > len(times):
+        with pytest.raises(ValueError):
+            ampa(times, k)
+        return
+    sizes = ampa(times, k)
+    assert len(sizes) == k and sum(sizes) == len(times) and min(sizes) >= 1
 
 
 def test_ampa_never_worse_than_the_even_split():

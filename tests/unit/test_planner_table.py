@@ -79,6 +79,23 @@ def test_impossible_stage_counts_are_one_line_and_exit_2(tmp_path, planner, stag
     assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
+def test_more_bipartition_workers_than_work_is_said(lenet):
+    from dataclasses import replace
+
+    from paraplan.hardware.cluster import Cluster, NodeSpec
+
+    cluster = lenet.cluster  # 8 devices; give it 16 so that 12 workers fit the world but not the 5 layers
+    node = cluster.nodes[0]
+    big = Cluster(name="x16", nodes=(NodeSpec(node.name, node.devices * 2, node.intra_link, node.network),),
+                  description="")
+    cm = replace(lenet, cluster=big)
+    with pytest.raises(FieldError, match="at most 10 workers, got 12"):  # was silently cut
+        make_plan(PlanRequest(costs=cm, model_name="lenet-5", cluster_name="x16", batch=64, n_stages=12),
+                  "bipartition")
+    plan = make_plan(PlanRequest(costs=cm, model_name="lenet-5", cluster_name="x16", batch=64), "bipartition")
+    assert dict(plan.search.options)["idle_devices"] == 6
+
+
 def test_a_plan_that_does_not_fit_is_exit_2_and_feasible_false(tmp_path):
     out = tmp_path / "plan.json"
     res = _cli("plan", "--model", "gpt2-xl", "--cluster", "gropipe-8xt4", "--batch", "64", "--planner", "gropipe",

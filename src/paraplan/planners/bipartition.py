@@ -85,12 +85,14 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
     k, batch = request.n_layers, request.batch
     max_workers = request.n_stages or request.n_devices
     notes = {}
-    if layerwise and max_workers > k:
+    most = most_workers(k, layerwise=layerwise)  # a layer per worker; with empty ranges 2L parts
+    if max_workers > most:
         if request.n_stages:
-            raise FieldError("stages", f"the layer-wise partition gives every worker at least one of the {k} layers: "
-                                       f"at most {k} workers, got {max_workers}")
-        notes["idle_devices"] = max_workers - k  # said, not silently cut: more devices than layers
-        max_workers = k
+            what = ("the layer-wise partition gives every worker at least one" if layerwise else
+                    "every worker runs at least the forward or the backward of one")
+            raise FieldError("stages", f"{what} of the {k} layers: at most {most} workers, got {max_workers}")
+        notes["idle_devices"] = max_workers - most  # said, not silently cut: more devices than work
+        max_workers = most
     candidates = [request.n_micro] if request.n_micro else list(divisors(batch))
     link = cm.cluster.link(0, 1) if cm.cluster.n_devices > 1 else cm.cluster.nodes[0].intra_link
     layers = cm.model.layers

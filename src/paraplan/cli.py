@@ -18,7 +18,8 @@ FLAGS = {"batch": "--batch", "stages": "--stages", "micro_batches": "--micro-bat
          "lr": "--lr", "timeout_s": "--timeout", "clip_norm": "--clip-norm", "optimizer": "--optimizer",
          "checkpoint_every": "--checkpoint-every", "resume": "--resume", "planner": "--planner",
          "module": "--module", "backend": "--backend", "nproc": "--nproc", "max_bytes": "--max-bytes",
-         "seq_len": "--seq-len", "image_size": "--image-size"}
+         "seq_len": "--seq-len", "image_size": "--image-size",
+         "memory_bytes": "--memory-gib"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,11 +101,9 @@ def _cmd_inspect(args) -> int:
 
 
 def _cmd_simulate(args) -> int:
-    from dataclasses import replace
 
     from paraplan.costs.memory import GIB, MemoryConfig
     from paraplan.hardware import load_cluster
-    from paraplan.hardware.cluster import Cluster, NodeSpec
     from paraplan.plan.plan_file import plan_to_dict, read_plan, write_plan
     from paraplan.report import console, simulation_table
     from paraplan.simulate.export import chrome_trace, gantt
@@ -114,10 +113,7 @@ def _cmd_simulate(args) -> int:
     cluster = load_cluster(args.cluster or plan.cluster)
     if args.memory_gib is not None:
         require_positive(args.memory_gib, "--memory-gib")
-        cap = int(args.memory_gib * GIB)
-        cluster = Cluster(name=cluster.name, description=cluster.description, nodes=tuple(
-            NodeSpec(n.name, tuple(replace(d, memory_bytes=cap) for d in n.devices), n.intra_link, n.network)
-            for n in cluster.nodes))
+        cluster = cluster.with_memory(int(args.memory_gib * GIB))
     if args.overlap_slowdown < 1:
         raise ParaplanError(f"--overlap-slowdown must be at least 1, got {args.overlap_slowdown}")
     _, spec = _measured_model(plan.model, args.seq_len, args.image_size)
@@ -189,10 +185,11 @@ def _cmd_plan(args) -> int:
         if v is not None and k not in spec_of_planner.options:
             raise ParaplanError(f"--{k}: planner {args.planner!r} has no such option")
     request = PlanRequest(costs=cm, model_name=built.name, cluster_name=args.cluster, batch=args.batch,
-                          n_stages=args.stages, n_micro=args.micro_batches, schedule=args.schedule, options=options)
+                          n_stages=args.stages, n_micro=args.micro_batches, schedule=args.schedule, options=options,
+                          memory_bytes=None if args.memory_gib is None else int(args.memory_gib * 2**30))
     with console(stderr=True).status(f"planning with {args.planner}"):
         plan = make_plan(request, args.planner)
-        sim = simulate_plan(plan, cm)
+        sim = simulate_plan(plan, request.costs)  # the request's costs: its memory budget included
     feasible = sim.prediction.feasible
     if feasible:
         write_plan(sim.plan, args.out)
@@ -203,7 +200,7 @@ def _cmd_plan(args) -> int:
                           "n_micro": sim.plan.n_micro, "layers": [s["layers"] for s in d["stages"]],
                           "prediction": d["prediction"], "search": d["search"]}, indent=2))
     elif feasible:
-        console().print(simulation_table(sim, cluster))
+        console().print(simulation_table(sim, request.costs.cluster))
         opts = dict(sim.plan.search.options)
         eq8 = f"; eq. (8) {opts['eq8_time_s']:.6g} s" if "eq8_time_s" in opts else ""
         ranges = [f"{s.layers}" + (f" (backward {s.backward_layers})" if s.backward_layers else "")
@@ -391,6 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", type=int, default=None, help="pipeline stages (default: all devices, at most K)")
     p.add_argument("--micro-batches", type=int, default=None, help="fix the micro-batch count (GPipe-E-p)")
     p.add_argument("--schedule", default=None, help="gpipe or 1f1b (default: the planner's own)")
+    p.add_argument("--memory-gib", type=float, default=None, help="memory budget per device (default: the device's)")
     p.add_argument("--eta", type=int, default=None, help="IMD weight groups (CSIMD's eta; default 1000)")
     p.add_argument("--method", default=None, help="csimd's division search: auto, imd, exact, exact-time")
     p.add_argument("--seed", type=int, default=None, help="for the random baseline (default 0)")

@@ -178,3 +178,21 @@ def test_a_new_planner_is_one_registration(lenet):
         assert plan.prediction.iteration_s == simulate_plan(plan, lenet).prediction.iteration_s
     finally:
         del TABLE["test-one-stage"]
+
+
+def test_a_memory_budget_in_the_request_reaches_planner_and_judge(lenet):
+    request = _request(lenet, batch=16, memory_bytes=3 * 2**30)
+    plan = make_plan(request, "gropipe")
+    assert {m.capacity_bytes for m in plan.prediction.memory} == {3 * 2**30}
+    with pytest.raises(FieldError, match="^memory_bytes: must be positive"):
+        _request(lenet, batch=16, memory_bytes=0)
+    # below the reserve every plan is out of memory: Bi-Partition's search finds no division at all
+    with pytest.raises(FieldError, match="fits their memory"):
+        make_plan(_request(lenet, batch=16, memory_bytes=2**20), "bipartition")
+
+
+def test_plan_cli_honours_a_memory_budget(tmp_path):
+    out = tmp_path / "plan.json"
+    res = _cli("plan", "--model", "lenet-5", "--cluster", "gropipe-8xt4", "--batch", "16", "--planner", "gropipe",
+               "--memory-gib", "0.001", "--out", str(out))
+    assert res.returncode == 2 and "of 0.00 GiB" in res.stderr and not out.exists(), res.stderr

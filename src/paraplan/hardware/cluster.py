@@ -7,7 +7,7 @@ Links are full duplex: a device can send and receive at full bandwidth at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from itertools import pairwise
 
@@ -101,6 +101,12 @@ class Cluster:
         links = [self.link(x, y) for x, y in pairwise(ring)]
         return LinkSpec(bandwidth_bytes_per_s=min(lk.bandwidth_bytes_per_s for lk in links),
                         latency_s=max(lk.latency_s for lk in links))
+
+    def with_memory(self, memory_bytes: int) -> Cluster:
+        """The same cluster with every device's memory set to a budget (a user's limit)."""
+        return Cluster(name=self.name, description=self.description, nodes=tuple(
+            NodeSpec(n.name, tuple(replace(d, memory_bytes=memory_bytes) for d in n.devices), n.intra_link, n.network)
+            for n in self.nodes))
 
     def device_types(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -156,7 +156,7 @@ DIVIDERS.update({
     "brute-force": _brute_force,
 })
 SUMMARIES = {
-    "csimd": "CSIMD: stages + micro-batch count, exact eq. (8) optimum where cheap, IMD cross-search beyond",
+    "csimd": "CSIMD: stages + micro-batch count; eq. (8)'s exact optimum by branch and bound (or a proven bound)",
     "csimd-paper": "CSIMD's Algorithm 1 as printed (IMD from p = 1)",
     "even": "GPipe-E: equal layer counts",
     "random": "GPipe-R: random cuts and micro-batch count",

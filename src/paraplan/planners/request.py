@@ -9,7 +9,7 @@ its flags (`FieldError.field`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from paraplan.costs.model import CostModel
 from paraplan.errors import FieldError
@@ -34,6 +34,7 @@ class PlanRequest:
     n_stages: int | None = None  # pipeline stages / workers (None: the planner chooses, up to the devices)
     n_micro: int | None = None  # micro-batches per replica (None: the planner chooses)
     schedule: Schedule | None = None  # None: the planner's own
+    memory_bytes: int | None = None  # a memory budget per device (None: each device's own capacity)
     options: Mapping[str, object] = field(default_factory=dict)  # per-planner knobs (eta, seed, method, ...)
 
     def __post_init__(self):
@@ -58,6 +59,12 @@ class PlanRequest:
             except ValueError:
                 raise FieldError("schedule", f"unknown {self.schedule!r}; expected one of "
                                              f"{', '.join(s.value for s in Schedule)}") from None
+        if self.memory_bytes is not None:
+            if self.memory_bytes < 1:
+                raise FieldError("memory_bytes", f"must be positive, got {self.memory_bytes}")
+            # one memory truth: planners and the judge read capacities from the request's cluster
+            object.__setattr__(self, "costs", replace(self.costs, cluster=self.costs.cluster.with_memory(
+                self.memory_bytes)))
         object.__setattr__(self, "options", dict(self.options))
 
     @property

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from paraplan import __version__
 from paraplan.errors import FieldError, ParaplanError, require_positive
 
 # library fields (PlanRequest, TrainConfig) and the flags that set them
@@ -26,7 +27,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and still exit status 2)."""
 
     def error(self, message: str):
-        raise ParaplanError(f"{self.prog}: {message}")
+        # "paraplan plan: ..." names the subcommand; main() adds the one "paraplan: error:" prefix
+        sub = self.prog.removeprefix("paraplan").strip()
+        raise ParaplanError(f"{sub}: {message}" if sub else message)
 
 
 def _cmd_models(args) -> int:
@@ -205,8 +208,10 @@ def _cmd_plan(args) -> int:
         eq8 = f"; eq. (8) {opts['eq8_time_s']:.6g} s" if "eq8_time_s" in opts else ""
         ranges = [f"{s.layers}" + (f" (backward {s.backward_layers})" if s.backward_layers else "")
                   for s in sim.plan.stages]
-        console().print(f"{args.planner}: {sim.plan.n_stages} stages {ranges} on devices "
-                        f"{[list(s.devices) for s in sim.plan.stages]}, {sim.plan.n_micro} micro-batches{eq8}; "
+        stages = f"{sim.plan.n_stages} stage{'s' if sim.plan.n_stages != 1 else ''}"
+        micro = f"{sim.plan.n_micro} micro-batch{'es' if sim.plan.n_micro != 1 else ''}"
+        console().print(f"{args.planner}: {stages} {ranges} on devices "
+                        f"{[list(s.devices) for s in sim.plan.stages]}, {micro}{eq8}; "
                         f"searched in {sim.plan.search.search_s:.3g} s; plan written to {args.out}")
     if not feasible:
         raise ParaplanError(f"{args.planner} found no plan that fits: its best {sim.prediction.reason}")
@@ -354,7 +359,8 @@ def _cmd_profile_links(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="paraplan", description="Plan, predict and run distributed training of PyTorch models.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.add_argument("--version", action="version", version=f"paraplan {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     p = sub.add_parser("models", help="the model zoo with parameter counts")
     p.add_argument("--no-tiny", action="store_true", help="leave out the tiny CPU variants")
@@ -466,7 +472,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:  # bare `paraplan`: what it can do
+            parser.print_help()
+            return 0
         return args.func(args)
     except FieldError as exc:
         flag = FLAGS.get(exc.field, exc.field)

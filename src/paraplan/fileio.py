@@ -15,6 +15,8 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
     os.close(fd)
     try:
         write(tmp)
+        # mkstemp makes the file 0600; the written file gets what open() would give it (the umask)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -23,3 +25,10 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it; set it straight back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

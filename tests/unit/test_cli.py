@@ -114,3 +114,37 @@ def test_simulate_plan_that_does_not_fit_the_cluster(tmp_path):
     gantt = tmp_path / "g.png"
     res = run("simulate", str(path), "--gantt", str(gantt))
     assert not gantt.exists()
+
+
+def test_bare_paraplan_prints_help_and_version():
+    bare = run()
+    assert bare.returncode == 0 and "plan" in bare.stdout and "simulate" in bare.stdout, bare.stderr
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.startswith("paraplan ")
+
+
+def test_usage_errors_have_one_prefix():
+    # was "paraplan: error: paraplan plan: ..."
+    res = run("plan", "--model", "lenet-5")
+    assert res.returncode == 2
+    assert res.stderr.strip().startswith("paraplan: error: plan: the following arguments are required")
+    assert res.stderr.count("paraplan") == 1 and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_written_files_respect_the_umask(tmp_path):
+    # atomic writes went through mkstemp, which left every plan, trace and profile 0600
+    from paraplan.fileio import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "x.json", "{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_one_stage_is_singular(tmp_path):
+    res = run("plan", "--model", "lenet-5", "--cluster", "local", "--batch", "8", "--stages", "1",
+              "--micro-batches", "1", "--out", str(tmp_path / "p.json"))
+    assert res.returncode == 0, res.stderr
+    assert "1 stage [" in res.stdout and "1 micro-batch;" in res.stdout

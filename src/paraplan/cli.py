@@ -470,7 +470,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(Exception):
+    """SIGTERM, turned into an exception so that cleanup (stopping the ranks) runs."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -488,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("paraplan: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("paraplan: terminated", file=sys.stderr)
+        return 143
     except BrokenPipeError:
         return 0
 

@@ -161,3 +161,58 @@ def test_compare_writes_both_timelines_and_the_error(tmp_path):
     assert {"forward", "backward"} <= kinds
     assert {e["pid"] for e in measured if e.get("ph") == "X"} == {0, 1}
     assert json.loads((run / "simulated.trace.json").read_text())["traceEvents"]
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is pid (from /proc, Linux)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").exists(), reason="reads processes from /proc")
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_ranks_die_with_their_launcher_and_keep_their_losses(tmp_path, sig):
+    # was: both ranks trained on as orphans for minutes after the launcher was killed
+    import signal
+    import time
+
+    plan_path, run = tmp_path / "plan.json", tmp_path / "run"
+    write_plan(GPT2_2, plan_path)
+    proc = subprocess.Popen([sys.executable, "-m", "paraplan", "train", "--plan", str(plan_path), "--steps", "100000",
+                             "--out-dir", str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV)
+    try:
+        deadline = time.time() + 180
+        while not ((run / "losses.json").exists() and json.loads((run / "losses.json").read_text())):
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() else "timeout"
+            time.sleep(0.5)
+        ranks = _children(proc.pid)
+        assert ranks, "no rank processes found"
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if sig == "SIGTERM":
+        assert proc.returncode == 143 and err.strip() == "paraplan: terminated", err
+    deadline = time.time() + 30
+    while any(_alive(p) for p in ranks) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in ranks), f"ranks still running after {sig}"
+    assert len(json.loads((run / "losses.json").read_text())) >= 1  # the completed steps' losses are kept

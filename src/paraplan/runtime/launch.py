@@ -11,22 +11,35 @@ from paraplan.runtime.worker import TrainConfig, worker_main
 
 
 def spawn(config: TrainConfig, world: int) -> None:
-    """One process per device of the plan, gloo on 127.0.0.1. When a rank dies, torch's spawn
-    stops the others at once; we turn that into one clear line."""
+    """One process per device of the plan, gloo on 127.0.0.1. Whatever ends the launch (a rank
+    that dies or fails, Ctrl-C, SIGTERM), every rank is stopped before the launcher returns, and a
+    rank's failure becomes one clear line. The ranks also die with the launcher if it is killed
+    outright (worker.die_with_parent)."""
     import logging
 
     from paraplan.errors import ParaplanError
 
     # torch logs "Terminating process ..." for every survivor it stops; our one line says it all
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    context = mp.start_processes(worker_main, args=(world, free_port(), config), nprocs=world, join=False,
+                                 start_method="spawn")
     try:
-        mp.spawn(worker_main, args=(world, free_port(), config), nprocs=world, join=True)
+        while not context.join():
+            pass
     except mp.ProcessExitedException as exc:
         raise ParaplanError(f"training stopped: rank {exc.error_index} exited with code {exc.exit_code}; "
                             "the other ranks were stopped") from None
     except mp.ProcessRaisedException as exc:
         last = [line for line in str(exc).strip().splitlines() if line.strip()][-1]
         raise ParaplanError(f"training stopped: a rank failed: {last}") from None
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+        for process in context.processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
 
 
 def under_torchrun() -> bool:

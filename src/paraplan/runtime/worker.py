@@ -299,6 +299,11 @@ def train_rank(config: TrainConfig) -> dict:
             progress.console.print(f"step {done}/{config.steps}: loss {losses[-1]:.6f}, {took * 1e3:.1f} ms, "
                                    f"{plan.global_batch / took:.1f} samples/s")
             progress.advance(bar)
+        if config.out_dir is not None and replica == 0 and stage_index == 0:
+            # after every step, so that a killed or failed run keeps the losses of the steps it completed
+            from paraplan.fileio import atomic_write_text
+
+            atomic_write_text(Path(config.out_dir) / "losses.json", json.dumps(losses))
         if ckpt is not None and replica == 0 and (
                 done == config.steps or (config.checkpoint_every and done % config.checkpoint_every == 0)):
             tmp = ckpt.with_suffix(".tmp")
@@ -314,8 +319,6 @@ def train_rank(config: TrainConfig) -> dict:
     if config.out_dir is not None and replica == 0:
         out = Path(config.out_dir)
         torch.save({names.get(id(p)): p.detach().clone() for p in params}, out / f"stage{stage_index}.pt")
-        if stage_index == 0:
-            (out / "losses.json").write_text(json.dumps(losses))
     dist.barrier()
     return result
 
@@ -333,8 +336,28 @@ def _owned_names(layers, names, layer_range) -> set[str]:
     return {n for n, i in first.items() if layer_range.start <= i < layer_range.stop}
 
 
+def die_with_parent() -> None:
+    """Linux: this process gets SIGTERM when its parent (the launcher) dies, however it dies
+    (a SIGKILL included), so a rank never trains on as an orphan. Elsewhere a no-op."""
+    import ctypes
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except OSError:
+        return
+    if os.getppid() == 1:  # the parent is already gone
+        os._exit(1)
+
+
 def worker_main(rank: int, world: int, port: int, config: TrainConfig) -> None:
     import datetime
+
+    die_with_parent()
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""How fast the CSIMD planner is: `csimd.search` as `pipeline_split.solve` calls it (the default,
+"""How fast the CSIMD planner is: `csimd_search.search` as `pipeline_split.solve` calls it (the default,
 SearchMethod.AUTO, every divisor of a batch of 512 as candidate p), for K in (10 .. 1,000) layers
 x N in (4 .. 64) stages; goal: under 5 s everywhere. Also the explicit exact mode
 (SearchMethod.EXACT_TIME: no work limit) and, to show what the bound across p saves, today's
@@ -31,7 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from paraplan.planners import csimd  # noqa: E402
+from paraplan.planners import csimd, csimd_search  # noqa: E402
 from paraplan.planners.csimd import SearchMethod  # noqa: E402
 
 GOAL_S = 5.0
@@ -90,7 +90,7 @@ def timed(call, cap_s: float | None = None):
     return time.perf_counter() - t0, result
 
 
-def describe(r: csimd.CrossSearchResult) -> dict:
+def describe(r: csimd_search.CrossSearchResult) -> dict:
     return {"time_s": r.time_s, "n_micro": r.n_micro, "n_stages_used": len(r.cuts) + 1, "exact": r.exact,
             "lower_bound_s": r.lower_bound_s, "gap_bound": (r.time_s - r.lower_bound_s) / r.time_s,
             "exact_searches": r.iterations}
@@ -98,17 +98,17 @@ def describe(r: csimd.CrossSearchResult) -> dict:
 
 def per_p_exact(q, ps, n_stages: int) -> float:
     """exact_time for every candidate p on its own, the best T (the old default's exact work)."""
-    return min(csimd.total_time(*(x[r] for x in q), csimd.exact_time(*(x[r] for x in q), n_stages, p), p)
+    return min(csimd.total_time(*(x[r] for x in q), csimd_search.exact_time(*(x[r] for x in q), n_stages, p), p)
                for r, p in enumerate(ps))
 
 
 def measure(n_layers: int, n_stages: int, seed: int, per_p: bool, repeats: int = 3, **shape) -> dict:
     q, ps = instance(n_layers, seed, **shape)
-    runs = [timed(lambda: csimd.search(*q, ps, n_stages)) for _ in range(repeats)]
+    runs = [timed(lambda: csimd_search.search(*q, ps, n_stages)) for _ in range(repeats)]
     auto = runs[0][1]
     row = {"n_layers": n_layers, "n_stages": n_stages, "seed": seed,
            "auto_s": statistics.median(t for t, _ in runs), "auto": describe(auto)}
-    exact_s, exact = timed(lambda: csimd.search(*q, ps, n_stages, method=SearchMethod.EXACT_TIME), CAP_S)
+    exact_s, exact = timed(lambda: csimd_search.search(*q, ps, n_stages, method=SearchMethod.EXACT_TIME), CAP_S)
     row["exact_s"] = exact_s
     if exact is not None:
         row["exact"] = describe(exact)
@@ -182,7 +182,7 @@ def main() -> None:
               f"exact-time {fmt(row['exact_s'])} s", flush=True)
     worst = max(r["auto_s"] for r in grid + stress)
     out = {"version": 1, "goal_s": GOAL_S, "cap_s": CAP_S, "meets_goal": worst < GOAL_S, "worst_auto_s": worst,
-           "batch": BATCH, "n_micro_values": divisors(BATCH), "auto_max_work": csimd.AUTO_MAX_WORK,
+           "batch": BATCH, "n_micro_values": divisors(BATCH), "auto_max_work": csimd_search.AUTO_MAX_WORK,
            "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
            "python": platform.python_version(), "load_avg_1min": [load_before, os.getloadavg()[0]],
            "grid": grid, "stress": stress}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from paraplan.costs import closed_forms as cf
-from paraplan.planners import csimd, partition
+from paraplan.planners import csimd, csimd_search, partition
 
 
 def _instance(rng, k):
@@ -109,7 +109,7 @@ def test_cross_search_is_never_worse_than_the_baselines():
     for _ in range(40):
         k, n = int(rng.integers(6, 16)), int(rng.integers(2, 5))
         q, ps = _nonlinear_instance(rng, k)
-        found = csimd.search(*q, ps, n)
+        found = csimd_search.search(*q, ps, n)
         assert found.time_s == pytest.approx(csimd.total_time(*(x[ps.index(found.n_micro)] for x in q), found.cuts,
                                                               found.n_micro))
 
@@ -157,7 +157,7 @@ def test_exact_time_is_the_optimum_of_eq8_for_one_p():
         a = [rng.uniform(0, 10, k) for _ in range(4)]
         best = min(csimd.total_time(*a, c, p) for m in range(1, min(n, k) + 1)
                    for c in itertools.combinations(range(k - 1), m - 1))
-        assert csimd.total_time(*a, csimd.exact_time(*a, n, p), p) == pytest.approx(best, rel=1e-9)
+        assert csimd.total_time(*a, csimd_search.exact_time(*a, n, p), p) == pytest.approx(best, rel=1e-9)
 
 
 def test_the_papers_cross_search_converges_and_reports_eq8():
@@ -165,7 +165,7 @@ def test_the_papers_cross_search_converges_and_reports_eq8():
     for _ in range(20):
         k, n = int(rng.integers(6, 16)), int(rng.integers(2, 5))
         q, ps = _nonlinear_instance(rng, k)
-        r = csimd.cross_search(*q, ps, n, start=1, method="imd")
+        r = csimd_search.cross_search(*q, ps, n, start=1, method="imd")
         row = ps.index(r.n_micro)
         assert r.time_s == pytest.approx(csimd.total_time(*(x[row] for x in q), r.cuts, r.n_micro))
         assert r.iterations >= 1

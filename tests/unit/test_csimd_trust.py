@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paraplan.planners import csimd, partition, pipeline_split
+from paraplan.planners import csimd, csimd_search, partition, pipeline_split
 from paraplan.planners.csimd import SearchMethod
 
 # A hang guard for every test here (the reproductions below use 10 s); timings live in benchmarks/.
@@ -172,7 +172,7 @@ def test_exact_rho_is_the_brute_force_optimum_of_rho(case):
 @each_example_ends
 def test_exact_time_is_the_brute_force_optimum_of_eq8(case, p):
     *a, n = case
-    cuts = csimd.exact_time(*a, n, p)
+    cuts = csimd_search.exact_time(*a, n, p)
     assert_valid(cuts, len(a[0]), n)
     want = csimd.total_time(*a, partition.brute_force_time(*a, n, p), p)
     assert close(csimd.total_time(*a, cuts, p), want, scale_of(*a) * p)
@@ -184,7 +184,7 @@ def test_exact_time_is_the_brute_force_optimum_of_eq8(case, p):
 def test_search_ends_valid_and_reports_eq8_for_every_method(case, method):
     q, ps, n = case
     k = q[0].shape[1]
-    r = csimd.search(*q, ps, n, method=method, eta=10)
+    r = csimd_search.search(*q, ps, n, method=method, eta=10)
     assert_valid(r.cuts, k, n)
     row = ps.index(r.n_micro)
     assert close(r.time_s, csimd.total_time(*(x[row] for x in q), r.cuts, r.n_micro), scale_of(*q) * 8)
@@ -282,7 +282,7 @@ def test_negative_or_non_finite_times_are_refused(bad):
     with pytest.raises(ValueError, match="finite and non-negative"):
         csimd.imd(np.array(bad), ones, ones, ones, 2)
     with pytest.raises(ValueError, match="finite and non-negative"):
-        csimd.search(np.array([bad]), [ones], [ones], [ones], [1], 2)
+        csimd_search.search(np.array([bad]), [ones], [ones], [ones], [1], 2)
 
 
 @pytest.mark.timeout(10)
@@ -295,7 +295,7 @@ def test_imd_refuses_a_weight_grid_that_can_never_accept():
 def test_fewer_than_one_stage_is_refused():
     ones = np.ones(3)
     for call in (lambda: csimd.imd(ones, ones, ones, ones, 0), lambda: partition.min_max_dp(ones, ones, ones, ones, 0),
-                 lambda: csimd.search([ones], [ones], [ones], [ones], [1], 0)):
+                 lambda: csimd_search.search([ones], [ones], [ones], [ones], [1], 0)):
         with pytest.raises(ValueError, match="at least one stage"):
             call()
 
@@ -318,7 +318,7 @@ def test_the_default_search_stays_fast_and_exact_at_llm_scale():
     # K = 300, N = 32 with every divisor of 512 as p: more than 13 minutes before the work bound
     # and the bound over p, well under a second now (the 120 s timeout only catches a blow-up).
     q, ps = _analytic(300)
-    r = csimd.search(*q, ps, 32)
+    r = csimd_search.search(*q, ps, 32)
     assert r.exact and r.lower_bound_s == r.time_s
     row = ps.index(r.n_micro)
     rho_cuts = csimd.exact_rho(*(x[row] for x in q), 32).cuts
@@ -327,7 +327,7 @@ def test_the_default_search_stays_fast_and_exact_at_llm_scale():
 
 def test_a_spent_work_limit_falls_back_to_exact_rho_and_says_so():
     q, ps = _analytic(40, batch=16, seed=3)
-    r = csimd.search(*q, ps, 8, max_work=0)
+    r = csimd_search.search(*q, ps, 8, max_work=0)
     assert not r.exact and r.lower_bound_s < r.time_s
     assert_valid(r.cuts, 40, 8)
     # never worse than one stage at any p, nor than exact_rho's division for p at that p
@@ -335,7 +335,7 @@ def test_a_spent_work_limit_falls_back_to_exact_rho_and_says_so():
     for row, p in enumerate(ps):
         a = [x[row] for x in q]
         assert r.time_s <= csimd.total_time(*a, csimd.exact_rho(*a, 8).cuts, p) * (1 + REL)
-    full = csimd.search(*q, ps, 8)
+    full = csimd_search.search(*q, ps, 8)
     assert full.exact and full.time_s <= r.time_s * (1 + REL)
     assert r.lower_bound_s <= full.time_s * (1 + REL)
 
@@ -343,8 +343,8 @@ def test_a_spent_work_limit_falls_back_to_exact_rho_and_says_so():
 @pytest.mark.parametrize("seed", range(4))
 def test_auto_agrees_with_the_unbounded_exact_search(seed):
     q, ps = _analytic(60, batch=64, seed=seed)
-    auto = csimd.search(*q, ps, 8)
-    exact = csimd.search(*q, ps, 8, method=SearchMethod.EXACT_TIME)
+    auto = csimd_search.search(*q, ps, 8)
+    exact = csimd_search.search(*q, ps, 8, method=SearchMethod.EXACT_TIME)
     assert auto.exact and exact.exact
     assert auto.time_s == pytest.approx(exact.time_s, rel=REL)
 
@@ -353,9 +353,9 @@ def test_search_method_is_a_str_enum_that_takes_plain_strings():
     assert [m.value for m in SearchMethod] == ["auto", "imd", "exact", "exact-time"]
     assert SearchMethod.EXACT_TIME == "exact-time" and SearchMethod("exact") is SearchMethod.EXACT_RHO
     q, ps = _analytic(8, batch=4)
-    assert csimd.search(*q, ps, 3, method="imd") == csimd.search(*q, ps, 3, method=SearchMethod.IMD)
+    assert csimd_search.search(*q, ps, 3, method="imd") == csimd_search.search(*q, ps, 3, method=SearchMethod.IMD)
     with pytest.raises(ValueError, match="'auto', 'imd', 'exact', 'exact-time'"):
-        csimd.search(*q, ps, 3, method="magic")
+        csimd_search.search(*q, ps, 3, method="magic")
 
 
 # --------------------------------------------------------------------------- honest names
@@ -372,8 +372,8 @@ def test_brute_force_time_finds_the_one_stage_optimum_the_rho_oracle_misses():
     rho_cuts = partition.brute_force_rho(*a, 3).cuts
     assert rho_cuts == (0, 1) and csimd.total_time(*a, rho_cuts, 1) == 736.0
     q = [np.array([x] * 3) for x in a]
-    assert csimd.search(*q, [1, 2, 4], 3, method="imd", starts=[1]).time_s == 736.0  # csimd-paper
-    assert csimd.search(*q, [1, 2, 4], 3).time_s == 377.0  # csimd
+    assert csimd_search.search(*q, [1, 2, 4], 3, method="imd", starts=[1]).time_s == 736.0  # csimd-paper
+    assert csimd_search.search(*q, [1, 2, 4], 3).time_s == 377.0  # csimd
 
 
 def test_brute_force_time_equals_exact_time_on_random_instances():
@@ -382,5 +382,5 @@ def test_brute_force_time_equals_exact_time_on_random_instances():
         k, n, p = int(rng.integers(1, 9)), int(rng.integers(1, 6)), int(rng.choice([1, 2, 3, 8, 64]))
         a = [rng.uniform(0, 100, k) for _ in range(4)]
         t_brute = csimd.total_time(*a, partition.brute_force_time(*a, n, p), p)
-        t_exact = csimd.total_time(*a, csimd.exact_time(*a, n, p), p)
+        t_exact = csimd.total_time(*a, csimd_search.exact_time(*a, n, p), p)
         assert t_exact == pytest.approx(t_brute, rel=REL)

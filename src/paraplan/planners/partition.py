@@ -15,7 +15,7 @@ the caller (fixed, random, or ODPA).
   also charges every cut's communication, and a rho-optimal division can take 1.95x as long
   (docs/csimd.md).
 - `brute_force_time`: every division into at most N stages, for small K: the oracle for the whole
-  of eq. (8) at one p (what `csimd.exact_time` and the planner's "brute-force" minimise).
+  of eq. (8) at one p (what `csimd_search.exact_time` and the planner's "brute-force" minimise).
 - `even`: equal layer counts (GPipe-E); `random_cuts`: uniform random cuts (GPipe-R);
   `balanced_1d`: the exact min-max split of one per-layer weight, used for parameter balance
   (DeepSpeed's partition_method="parameters") and for time balance (torchgpipe's balance_by_time).

@@ -20,7 +20,7 @@ import numpy as np
 
 from paraplan.costs.model import CostModel
 from paraplan.plan.plan import LayerRange, Plan, SearchInfo, Stage
-from paraplan.planners import csimd, partition
+from paraplan.planners import csimd, csimd_search, partition
 from paraplan.planners.request import (
     FieldError,
     OptionSpec,
@@ -109,14 +109,14 @@ DIVIDERS: dict[str, Divider] = {}  # planner name -> (problem, fixed p or None, 
 
 def _csimd(problem: SplitProblem, n_micro: int | None, options: dict, paper: bool = False):
     # csimd-paper: Algorithm 1 as printed, IMD from p = 1. csimd: every p as a start and the
-    # exact minimum of T per p where that is cheap (planners/csimd.py `search`).
+    # exact minimum of T per p where that is cheap (planners/csimd_search.py `search`).
     ps = problem.n_micro_values
     q = (problem.h_p, problem.h_m, problem.j_p, problem.j_m)
     if n_micro:  # a fixed p: only that row
         r = ps.index(n_micro)
         q, ps = tuple(x[r:r + 1] for x in q), [n_micro]
     method, starts = ("imd", [ps[0]]) if paper else (options["method"], None)
-    best = csimd.search(*q, ps, problem.n_stages, method=method, eta=options["eta"], starts=starts)
+    best = csimd_search.search(*q, ps, problem.n_stages, method=method, eta=options["eta"], starts=starts)
     notes = {"iterations": best.iterations}
     if not paper:  # what the search proved: the optimum of eq. (8), or a lower bound on it
         notes.update(exact=best.exact, lower_bound_s=best.lower_bound_s)

@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_VERBOSITY := error
 export PYTHONHASHSEED := 0
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench results clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -40,15 +40,21 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
+# `make bench` writes into bench-out/ (ignored); `make results` regenerates the committed results/
+BENCHMARKS := simulator_speed csimd_eval gropipe_bipartition_eval planner_speed_csimd planner_speed_bipartition \
+	runtime_vs_simulator profile_nonlinearity
+
+define run_benchmarks
+	mkdir -p $(1)
+	for b in $(BENCHMARKS); do PARAPLAN_BENCH_OUT=$(1) $(BIN)/python benchmarks/$$b.py || exit 1; done
+	$(BIN)/paraplan profile-links --out $(1)/local-measured.toml
+endef
+
 bench: $(STAMP)
-	$(BIN)/python benchmarks/simulator_speed.py
-	$(BIN)/python benchmarks/csimd_eval.py
-	$(BIN)/python benchmarks/gropipe_bipartition_eval.py
-	$(BIN)/python benchmarks/planner_speed_csimd.py
-	$(BIN)/python benchmarks/planner_speed_bipartition.py
-	$(BIN)/python benchmarks/runtime_vs_simulator.py
-	$(BIN)/python benchmarks/profile_nonlinearity.py
-	$(BIN)/paraplan profile-links --out results/local-measured.toml
+	$(call run_benchmarks,bench-out)
+
+results: $(STAMP)
+	$(call run_benchmarks,results)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,6 +1,6 @@
 """CSIMD's evaluation (paper §V) reproduced on paraplan's cost models and simulator.
 
-Writes results/csimd/{ex1,speed,ex2_ex3}.json, figures and summary.md.
+Writes bench-out/csimd/{ex1,speed,ex2_ex3}.json, figures and summary.md (`make results`: results/csimd/).
     .venv/bin/python benchmarks/csimd_eval.py [--quick]
 
 EX1    IMD on random instances (H^P, H^M, J^P, J^M ~ U[50, 100]) against the optimum of rho1 + rho2,
@@ -16,6 +16,7 @@ EX2/3  CSIMD against GPipe-R and GPipe-E-{1, 4, BS} on the self-designed CNNs, V
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -29,7 +30,7 @@ from paraplan.models import measure, zoo
 from paraplan.planners import csimd, partition
 from paraplan.planners.pipeline_split import build_problem, plan_split
 
-OUT = Path("results/csimd")
+OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "csimd"
 
 
 def ex1(quick: bool) -> dict:

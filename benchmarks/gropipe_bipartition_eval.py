@@ -1,12 +1,13 @@
 """GroPipe Tables VI-VII and Bi-Partition Fig. 8, reproduced on paraplan's simulator.
 
-Writes results/gropipe_bipartition/{gropipe.json, bipartition.json, gropipe.png, bipartition.png,
-summary.md}. Run: .venv/bin/python benchmarks/gropipe_bipartition_eval.py
+Writes bench-out/gropipe_bipartition/{gropipe.json, bipartition.json, gropipe.png, bipartition.png,
+summary.md} (`make results`: results/gropipe_bipartition/). Run: .venv/bin/python benchmarks/gropipe_bipartition_eval.py
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from paraplan.planners.gropipe import plan_gropipe  # noqa: E402
 from paraplan.planners.registry import simulator_judge  # noqa: E402
 from paraplan.planners.request import PlanRequest  # noqa: E402
 
-OUT = Path("results/gropipe_bipartition")
+OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "gropipe_bipartition"
 SHAPES = [(2, 2), (2, 3), (2, 4), (3, 2), (4, 2)]  # the paper's (N groups, k stages)
 EXTRA = [(8, 1), (1, 8)]  # pure data parallelism and a pure 8-stage pipeline, for context
 MICRO = (1, 2, 4, 6, 8, 10, 12, 14, 16)

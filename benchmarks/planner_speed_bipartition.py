@@ -1,7 +1,7 @@
 """How fast Bi-Partition's exact DP is: bipartition_all over L layers and up to M workers (goal: under
 10 s at 100 layers and 64 workers), with links and memory checks of the kind the planner passes.
 
-Writes results/planner_speed/bipartition.{json,png}.
+Writes bench-out/planner_speed/bipartition.{json,png} (`make results`: results/planner_speed/).
 Run: .venv/bin/python benchmarks/planner_speed_bipartition.py [--quick]
 
 The model is a synthetic GPT-like stack (an embedding, equal blocks, a heavier head) with per-layer
@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 from paraplan.planners.bipartition_dp import DoesNotFit, bipartition_all  # noqa: E402
 
-OUT = Path("results/planner_speed")
+OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "planner_speed"
 GOAL_S = 10.0
 LAYERS = (10, 30, 100)
 WORKERS = (4, 8, 16, 32, 64)

@@ -11,7 +11,7 @@ gradients sent at about 0.3x the compute slope. A stress set makes the per-micro
 large (10 ms a layer) and communication heavy (3x), so that the best p is small and cut
 communication matters: where AUTO may hit its work limit.
 
-Writes results/planner_speed/csimd.json and csimd.png.
+Writes bench-out/planner_speed/csimd.json and csimd.png (`make results`: results/planner_speed/).
 Run: .venv/bin/python benchmarks/planner_speed_csimd.py
 """
 
@@ -40,7 +40,7 @@ BATCH = 512
 LAYERS = (10, 30, 100, 300, 1000)
 STAGES = (4, 8, 16, 32, 64)
 STRESS = ((300, 64), (1000, 16), (1000, 32), (1000, 64))
-OUT = Path("results/planner_speed")
+OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "planner_speed"
 
 
 def divisors(n: int) -> list[int]:

@@ -1,13 +1,14 @@
 """Time per sample against micro-batch size for a few layers, measured on this machine, plus the
 profiler's honesty checks (step gap, repeatability) for each model.
 
-Writes results/profile_nonlinearity.json and results/profile_nonlinearity.png (the committed copy
+Writes bench-out/profile_nonlinearity.{json,png} (`make results`: results/; the committed copy
 is docs/profile-nonlinearity.png). Run: .venv/bin/python benchmarks/profile_nonlinearity.py
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -26,9 +27,9 @@ LAYERS = {"gpt2-tiny": ["block1", "head"], "resnet-tiny": ["stem", "stage1.block
           "lenet-5": ["conv1", "fc1"], "vgg-tiny": ["conv2", "pool_fc1"]}
 
 
-def main(out_dir: str = "results") -> None:
-    out = Path(out_dir)
-    out.mkdir(exist_ok=True)
+def main(out_dir: str | None = None) -> None:
+    out = Path(out_dir) if out_dir else Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out"))
+    out.mkdir(parents=True, exist_ok=True)
     cpu = torch.device("cpu")
     summary, profiles = {}, {}
     for name in LAYERS:

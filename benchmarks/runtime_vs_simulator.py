@@ -2,7 +2,8 @@
 the simulator with a measured profile and measured links (issue: prediction within 15% for the
 demo plan, Spearman rank correlation >= 0.8 across plans).
 
-Writes results/runtime/{runs.json, predicted_vs_measured.png, compare.png, summary.md}.
+Writes bench-out/runtime/{runs.json, predicted_vs_measured.png, compare.png, summary.md}
+(`make results`: results/runtime/).
 Run: .venv/bin/python benchmarks/runtime_vs_simulator.py
 """
 
@@ -30,7 +31,7 @@ from paraplan.profiling.profile_file import read_profile  # noqa: E402
 from paraplan.runtime.compare import measured_overheads  # noqa: E402
 from paraplan.simulate.predict import simulate_plan  # noqa: E402
 
-OUT = Path("results/runtime")
+OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "runtime"
 MODEL = "gpt2-tiny"
 STEPS = 14
 WARMUP_STEPS = 2

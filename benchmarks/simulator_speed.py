@@ -1,11 +1,12 @@
 """How fast the simulator is: 1F1B with 64 stages x 1024 micro-batches (goal: under 2 s here).
 
-Writes results/simulator_speed.json. Run: .venv/bin/python benchmarks/simulator_speed.py
+Writes bench-out/simulator_speed.json (`make results`: results/). Run: .venv/bin/python benchmarks/simulator_speed.py
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import time
@@ -44,8 +45,9 @@ def main() -> None:
     headline = rows[0]
     out = {"goal_s": GOAL_S, "meets_goal": headline["median_s"] < GOAL_S, "machine": platform.processor() or
            platform.machine(), "python": platform.python_version(), "rows": rows}
-    Path("results").mkdir(exist_ok=True)
-    Path("results/simulator_speed.json").write_text(json.dumps(out, indent=2))
+    root = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out"))
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "simulator_speed.json").write_text(json.dumps(out, indent=2))
     for r in rows:
         print(f"{r['schedule']:6s} {r['n_stages']:3d} stages x {r['n_micro']:5d} micro-batches: {r['tasks']:7d} tasks, "
               f"median {r['median_s']:.3f} s (min {r['min_s']:.3f}, max {r['max_s']:.3f})")

@@ -11,20 +11,42 @@ import json
 import sys
 
 from paraplan import __version__
-from paraplan.errors import FieldError, ParaplanError, require_positive
+from paraplan.errors import FieldError, ParaplanError, UnknownNameError, require_positive
 
 # library fields (PlanRequest, TrainConfig) and the flags that set them
 FLAGS = {"batch": "--batch", "stages": "--stages", "micro_batches": "--micro-batches", "schedule": "--schedule",
          "options.eta": "--eta", "options.seed": "--seed", "options.method": "--method", "steps": "--steps",
          "lr": "--lr", "timeout_s": "--timeout", "clip_norm": "--clip-norm", "optimizer": "--optimizer",
          "checkpoint_every": "--checkpoint-every", "resume": "--resume", "planner": "--planner",
-         "module": "--module", "backend": "--backend", "nproc": "--nproc", "max_bytes": "--max-bytes",
+         "module": "--module", "layers": "--layers", "backend": "--backend", "nproc": "--nproc", "max_bytes": "--max-bytes",
          "seq_len": "--seq-len", "image_size": "--image-size",
          "memory_bytes": "--memory-gib"}
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default, where it has one worth showing (not None, not
+    False) and the help does not already say it; descriptions and epilogs keep their lines."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (default is None or default is False or default is argparse.SUPPRESS or "%(default)" in text
+                or not (action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE))):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+# where each kind of name is listed (an unknown name with no close match points here)
+_SEE_NAMES = {"model": "paraplan models", "cluster": "paraplan clusters", "planner": "paraplan plan --help"}
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (and still exit status 2)."""
+    """argparse, but a usage error is one line (and still exit status 2), and every option's help
+    shows its default."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         # "paraplan plan: ..." names the subcommand; main() adds the one "paraplan: error:" prefix
@@ -32,10 +54,23 @@ class _Parser(argparse.ArgumentParser):
         raise ParaplanError(f"{sub}: {message}" if sub else message)
 
 
+def _check_output(flag: str, path, *, directory: bool = False, figure: bool = False) -> None:
+    """An output that cannot be written is refused now, in one line, not after the measuring,
+    planning or training (a figure's extension too: matplotlib picks the format from it)."""
+    from paraplan.fileio import output_problem
+
+    problem = output_problem(path, directory=directory)
+    if problem is None and figure:
+        from paraplan.simulate.export import figure_format_problem
+
+        problem = figure_format_problem(path)
+    if problem:
+        raise ParaplanError(f"{flag}: {problem}")
+
+
 def _cmd_models(args) -> int:
 
     from paraplan.models import zoo
-    from paraplan.models.adapters import decompose
     from paraplan.report import console, models_table
 
     rows = []
@@ -45,7 +80,7 @@ def _cmd_models(args) -> int:
         for name in names:
             built = zoo.build(name, device="meta")
             params = sum(p.numel() for p in built.module.parameters())
-            rows.append((name, built.family, params, len(decompose(built.module, built.family)), zoo.entry(name).source))
+            rows.append((name, built.family, params, len(built.layers()), zoo.entry(name).source))
             progress.advance(task)
     if args.json:
         print(json.dumps([{"model": r[0], "family": r[1], "parameters": r[2], "layers": r[3], "source": r[4]}
@@ -78,7 +113,7 @@ def _cmd_inspect(args) -> int:
     cluster = load_cluster(args.cluster)
     if not 0 <= args.device < cluster.n_devices:
         raise ParaplanError(f"--device: {cluster.name} has devices 0..{cluster.n_devices - 1}, got {args.device}")
-    _, spec = _measured_model(args.model, args.seq_len, args.image_size)
+    _, spec = _measured_model(args.model, args.seq_len, args.image_size, args.layers)
     other = 1 if cluster.n_devices > 1 else 0
     link = cluster.link(args.device, (args.device + other) % cluster.n_devices) if other else cluster.nodes[0].intra_link
     device = cluster.device(args.device)
@@ -112,6 +147,10 @@ def _cmd_simulate(args) -> int:
     from paraplan.simulate.export import chrome_trace, gantt
     from paraplan.simulate.predict import simulate_plan
 
+    for flag, path, figure in (("--gantt", args.gantt, True), ("--trace", args.trace, False),
+                               ("--out", args.out, False)):
+        if path:
+            _check_output(flag, path, figure=figure)
     plan = read_plan(args.plan)
     cluster = load_cluster(args.cluster or plan.cluster)
     if args.memory_gib is not None:
@@ -160,11 +199,11 @@ def _cost_model(args, spec, cluster, **kwargs):
     return analytic_cost_model(spec, cluster, **kwargs)
 
 
-def _measured_model(name: str, seq_len, image_size):
+def _measured_model(name: str, seq_len, image_size, layers=None):
+    """Build any model reference (zoo name, hf:..., file.py:fn; models/ref.py) on meta and measure it."""
+    from paraplan.models import measure, source
 
-    from paraplan.models import measure, zoo
-
-    built = zoo.build(name, device="meta", seq_len=seq_len, image_size=image_size)
+    built = source.build(name, device="meta", seq_len=seq_len, image_size=image_size, layers=layers)
     with _progress() as progress:
         task = progress.add_task(f"measuring {built.name} on meta", total=2 * measure.count_layers(built))
         return built, measure.measure(built, progress=lambda: progress.advance(task))
@@ -174,20 +213,22 @@ def _cmd_plan(args) -> int:
     from paraplan.hardware import load_cluster
     from paraplan.plan.plan_file import plan_to_dict, write_plan
     from paraplan.planners.registry import make_plan, planner
-    from paraplan.planners.request import PlanRequest
+    from paraplan.planners.request import PlanRequest, validated_options
     from paraplan.report import console, simulation_table
     from paraplan.simulate.predict import simulate_plan
 
     spec_of_planner = planner(args.planner)  # an unknown name fails before any work
-    cluster = load_cluster(args.cluster)
-    built, spec = _measured_model(args.model, args.seq_len, args.image_size)
-    cm = _cost_model(args, spec, cluster)
     given = {"eta": args.eta, "seed": args.seed, "method": args.method}
-    options = {k: v for k, v in given.items() if v is not None and k in spec_of_planner.options}
     for k, v in given.items():
         if v is not None and k not in spec_of_planner.options:
             raise ParaplanError(f"--{k}: planner {args.planner!r} has no such option")
-    request = PlanRequest(costs=cm, model_name=built.name, cluster_name=args.cluster, batch=args.batch,
+    options = {k: v for k, v in given.items() if v is not None and k in spec_of_planner.options}
+    validated_options(args.planner, options, spec_of_planner.options)  # values too, before any work
+    _check_output("--out", args.out)
+    cluster = load_cluster(args.cluster)
+    built, spec = _measured_model(args.model, args.seq_len, args.image_size, args.layers)
+    cm = _cost_model(args, spec, cluster)
+    request = PlanRequest(costs=cm, model_name=built.ref, cluster_name=args.cluster, batch=args.batch,
                           n_stages=args.stages, n_micro=args.micro_batches, schedule=args.schedule, options=options,
                           memory_bytes=None if args.memory_gib is None else int(args.memory_gib * 2**30))
     with console(stderr=True).status(f"planning with {args.planner}"):
@@ -220,24 +261,34 @@ def _cmd_plan(args) -> int:
 
 def _cmd_train(args) -> int:
     import json as _json
-    import tempfile
     from pathlib import Path
 
     from paraplan.costs.memory import out_of_memory_reason, plan_memory
+    from paraplan.fileio import make_dirs, remove_if_empty
     from paraplan.hardware import load_cluster
     from paraplan.plan.plan_file import read_plan
+    from paraplan.runtime.checkpoints import check_resume
     from paraplan.runtime.compare import measured_overheads, read_overheads, write_overheads
     from paraplan.runtime.launch import check_before_launch, run_under_torchrun, spawn, under_torchrun
     from paraplan.runtime.worker import TrainConfig
 
     plan = read_plan(args.plan)
     model = args.model or plan.model
-    out_dir = args.out_dir or tempfile.mkdtemp(prefix="paraplan-train-")
+    from paraplan.runtime.launch import default_run_dir
+
+    out_dir = args.out_dir or str(default_run_dir())  # ./runs/<date>-<time>, printed
+    # every check before any work: where results go, the comparison's cluster, the checkpoints
+    _check_output("--out-dir", out_dir, directory=True)
+    if args.checkpoint_dir and not args.resume:
+        _check_output("--checkpoint-dir", args.checkpoint_dir, directory=True)
     config = TrainConfig(plan=plan, model=model, steps=args.steps, seed=args.seed, lr=args.lr,
                          optimizer=args.optimizer, clip_norm=args.clip_norm, out_dir=out_dir, seq_len=args.seq_len,
                          image_size=args.image_size, dropout=not args.no_dropout, checkpoint_dir=args.checkpoint_dir,
                          checkpoint_every=args.checkpoint_every, resume=args.resume, timeout_s=args.timeout, log=True)
+    if args.resume:
+        check_resume(config)
     overheads = read_overheads(args.overheads) if args.overheads else read_overheads()
+    compare_cluster = load_cluster(args.cluster or plan.cluster) if args.compare else None  # as simulate
     built, spec = _measured_model(model, args.seq_len, args.image_size)
     torchrun = under_torchrun()
     import os
@@ -249,15 +300,22 @@ def _cmd_train(args) -> int:
     reason = out_of_memory_reason(plan_memory(plan, spec, capacities)[0])
     if reason:
         raise ParaplanError(f"the plan does not fit this machine: {reason}")
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    if args.checkpoint_dir:
-        Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-    if torchrun:
-        run_under_torchrun(config)
-        if int(os.environ["RANK"]) != 0:
-            return 0
-    else:
-        spawn(config, world)
+    cm = _cost_model(args, spec, compare_cluster, overheads=overheads) if args.compare else None
+    # created only now, and removed again if the run ends before writing anything into them
+    created = [make_dirs(out_dir), make_dirs(args.checkpoint_dir) if args.checkpoint_dir else []]
+    if not args.out_dir and (not torchrun or os.environ["RANK"] == "0"):
+        print(f"writing to {out_dir}", flush=True)
+    try:
+        if torchrun:
+            run_under_torchrun(config)
+            if int(os.environ["RANK"]) != 0:
+                return 0
+        else:
+            spawn(config, world)
+    except BaseException:
+        for dirs in created:
+            remove_if_empty(dirs)
+        raise
     from paraplan.runtime.compare import compare_run, step_times
 
     losses = _json.loads((Path(out_dir) / "losses.json").read_text())
@@ -274,11 +332,9 @@ def _cmd_train(args) -> int:
         except ParaplanError:
             pass  # too few actions to read them off (e.g. a single stage with one micro-batch)
     if args.compare:
-        cluster = load_cluster(args.cluster)
-        cm = _cost_model(args, spec, cluster, overheads=overheads)
         c = compare_run(plan, cm, out_dir)
         print(f"predicted {c.predicted_s * 1e3:.1f} ms ({'profile' if args.profile else 'analytic'} costs, cluster "
-              f"{cluster.name}; runtime overheads {overheads.source}); measured median "
+              f"{compare_cluster.name}; runtime overheads {overheads.source}); measured median "
               f"{c.measured_median_s * 1e3:.1f} ms (quartiles {c.measured_q1_s * 1e3:.1f}.."
               f"{c.measured_q3_s * 1e3:.1f}, {c.steps} steps); error {c.error:+.1%}")
     print(f"losses, timelines and each stage's parameters written to {out_dir}")
@@ -299,7 +355,7 @@ def _cmd_profile(args) -> int:
     import torch
 
     from paraplan.profiling.profile_file import write_profile
-    from paraplan.profiling.profiler import module_workload, run_profile, zoo_workload
+    from paraplan.profiling.profiler import run_profile, workload
     from paraplan.report import console, profile_report
 
     sizes = _parse_sizes(args.batch_sizes)
@@ -307,13 +363,15 @@ def _cmd_profile(args) -> int:
     require_positive(args.repeats, "--repeats")
     if args.warmup < 0:
         raise ParaplanError(f"--warmup must not be negative, got {args.warmup}")
+    _check_output("--out", args.out)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ParaplanError("--device cuda: no GPU is visible on this machine")
     if (args.model is None) == (args.module is None):
-        raise ParaplanError("give a zoo model name or --module path/to/file.py:build_fn (one of them)")
+        raise ParaplanError("give one model: a zoo name, hf:TYPE?key=value or path/to/file.py:build_fn "
+                            "(--module is the same as the model argument)")
     device = torch.device(args.device)
-    work = (module_workload(args.module, device) if args.module
-            else zoo_workload(args.model, device, seq_len=args.seq_len, image_size=args.image_size))
+    work = workload(args.model or args.module, device, seq_len=args.seq_len, image_size=args.image_size,
+                    layers=getattr(args, "layers", None))
     steps = (args.warmup + args.repeats) * len(sizes)
     with _progress() as progress:
         task = progress.add_task(f"profiling {work.name} on {device}", total=steps)
@@ -341,6 +399,7 @@ def _cmd_profile_links(args) -> int:
     from paraplan.profiling.links import profile_links
     from paraplan.report import console, links_report
 
+    _check_output("--out", args.out)
     base = load_cluster(args.cluster)
     with console(stderr=True).status(f"measuring {args.backend} links between {args.nproc} processes"):
         links = profile_links(args.backend, args.nproc, args.max_bytes)
@@ -360,37 +419,43 @@ def _cmd_profile_links(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="paraplan", description="Plan, predict and run distributed training of PyTorch models.")
     parser.add_argument("--version", action="version", version=f"paraplan {__version__}")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND",
+                                help="what to do (`paraplan COMMAND --help` for its options)")
 
     p = sub.add_parser("models", help="the model zoo with parameter counts")
     p.add_argument("--no-tiny", action="store_true", help="leave out the tiny CPU variants")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_models)
 
     p = sub.add_parser("clusters", help="the cluster presets")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_clusters)
 
     p = sub.add_parser("inspect", help="the layer table of a model: params, FLOPs, activations, times")
-    p.add_argument("model")
-    p.add_argument("--batch", type=int, default=1, help="micro-batch size for the times (default 1)")
-    p.add_argument("--cluster", default="csimd-v100-10gbe", help="preset name or TOML file")
+    p.add_argument("model", help="a zoo name (paraplan models), hf:TYPE?key=value&... or hf:path/config.json (a transformers config), or path/to/file.py:build_fn returning (model, sample inputs[, sample targets])")
+    p.add_argument("--layers", default=None,
+                   help="dotted path of the model's list of repeated blocks, where paraplan cannot find it "
+                        "(e.g. model.blocks)")
+    p.add_argument("--batch", type=int, default=1, help="micro-batch size for the times")
+    p.add_argument("--cluster", default="csimd-v100-10gbe", help="preset name or TOML file (`paraplan clusters`)")
     p.add_argument("--device", type=int, default=0, help="which device of the cluster to time on")
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--image-size", type=int, default=None)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_inspect)
 
     from paraplan.planners.registry import PLANNERS, planner_names
 
     planner_names()
     p = sub.add_parser("plan", help="find a plan: stages, micro-batches, groups (CSIMD, GroPipe, Bi-Partition, baselines)",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="planners:\n" + "\n".join(f"  {n:20s} {s.summary}" for n, s in PLANNERS.items()))
-    p.add_argument("--model", required=True)
-    p.add_argument("--cluster", required=True, help="preset name or TOML file")
+    p.add_argument("--model", required=True, help="a zoo name (paraplan models), hf:TYPE?key=value&... or hf:path/config.json (a transformers config), or path/to/file.py:build_fn returning (model, sample inputs[, sample targets])")
+    p.add_argument("--layers", default=None,
+                   help="dotted path of the model's list of repeated blocks, where paraplan cannot find it "
+                        "(e.g. model.blocks)")
+    p.add_argument("--cluster", required=True, help="preset name or TOML file (`paraplan clusters`)")
     p.add_argument("--batch", type=int, required=True, help="global batch size (samples per iteration)")
-    p.add_argument("--planner", default="csimd", help="one of the planners below (default csimd)")
+    p.add_argument("--planner", default="csimd", help="one of the planners below")
     p.add_argument("--stages", type=int, default=None, help="pipeline stages (default: all devices, at most K)")
     p.add_argument("--micro-batches", type=int, default=None, help="fix the micro-batch count (GPipe-E-p)")
     p.add_argument("--schedule", default=None, help="gpipe or 1f1b (default: the planner's own)")
@@ -398,45 +463,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eta", type=int, default=None, help="IMD weight groups (CSIMD's eta; default 1000)")
     p.add_argument("--method", default=None, help="csimd's division search: auto, imd, exact, exact-time")
     p.add_argument("--seed", type=int, default=None, help="for the random baseline (default 0)")
-    p.add_argument("--profile", default=None, help="measured profile in place of analytic costs")
+    p.add_argument("--profile", default=None, help="measured profile (paraplan profile) in place of analytic costs")
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--image-size", type=int, default=None)
-    p.add_argument("--out", default="plan.json")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--out", default="plan.json", help="write the plan (with its prediction) here")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("simulate", help="predict a plan's iteration time and memory with the simulator")
     p.add_argument("plan", help="plan JSON file")
     p.add_argument("--cluster", default=None, help="preset or TOML file (default: the plan's cluster)")
-    p.add_argument("--gantt", default=None, help="write a Gantt chart PNG here")
+    p.add_argument("--gantt", default=None,
+                   help="write a Gantt chart here; the extension picks the format (.png, .svg, .pdf, ...)")
     p.add_argument("--trace", default=None, help="write a Chrome trace JSON here (opens in Perfetto)")
     p.add_argument("--out", default=None, help="write the plan with its prediction here")
     p.add_argument("--memory-gib", type=float, default=None, help="memory budget per device (default: the device's)")
     p.add_argument("--overlap-slowdown", type=float, default=1.0,
-                   help="slowdown of compute and communication overlapping on one device (Galvatron: 1.3)")
+                   help="slowdown of compute and communication overlapping on one device (Galvatron: 1.3; "
+                        "1: none)")
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--image-size", type=int, default=None)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--profile", default=None, help="measured profile (paraplan profile) in place of analytic costs")
     p.set_defaults(func=_cmd_simulate)
 
     p = sub.add_parser("train", help="run a plan for real with torch.distributed (gloo on the CPU)")
-    p.add_argument("--plan", required=True)
+    p.add_argument("--plan", required=True, help="plan JSON file (paraplan plan)")
     p.add_argument("--model", default=None, help="default: the plan's model")
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=3, help="training steps (iterations) to run")
     p.add_argument("--nproc", type=int, default=None, help="ranks to start (default: the plan's devices)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0, help="for the initial weights and the synthetic data")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     p.add_argument("--optimizer", default="adam", help="adam or sgd")
-    p.add_argument("--clip-norm", type=float, default=None)
+    p.add_argument("--clip-norm", type=float, default=None,
+                   help="clip gradients to this norm over the whole model (default: no clipping)")
     p.add_argument("--no-dropout", action="store_true", help="turn dropout off (to compare with one process)")
-    p.add_argument("--out-dir", default=None, help="losses.json and stage<i>.pt go here")
+    p.add_argument("--out-dir", default=None,
+                   help="losses.json, timelines and stage<i>.pt go here (default: ./runs/<date>-<time>)")
     p.add_argument("--checkpoint-dir", default=None, help="save each stage's parameters and optimizer state here")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
-    p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: only at the end)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint-dir (every stage's checkpoint is checked first)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a rank gives up on a dead peer")
     p.add_argument("--compare", action="store_true", help="predicted vs measured iteration time, both timelines")
-    p.add_argument("--cluster", default="local", help="for --compare: the cluster to simulate on")
+    p.add_argument("--cluster", default=None,
+                   help="for --compare: the cluster to simulate on (default: the plan's cluster)")
     p.add_argument("--profile", default=None, help="for --compare: measured costs (paraplan profile)")
     p.add_argument("--overheads", default=None,
                    help="for --compare: the runtime's overheads measured by an earlier run (its overheads.json; "
@@ -446,26 +517,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("profile", help="measure every layer's forward and backward time at several batch sizes")
-    p.add_argument("model", nargs="?", default=None, help="zoo model (or use --module)")
-    p.add_argument("--module", default=None, help="path/to/file.py:build_fn returning (model, sample batch)")
-    p.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: stable medians)")
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("model", nargs="?", default=None, help="a zoo name (paraplan models), hf:TYPE?key=value&... or hf:path/config.json (a transformers config), or path/to/file.py:build_fn returning (model, sample inputs[, sample targets])")
+    p.add_argument("--module", default=None, help="the same as the model argument (kept for older scripts)")
+    p.add_argument("--layers", default=None,
+                   help="dotted path of the model's list of repeated blocks, where paraplan cannot find it "
+                        "(e.g. model.blocks)")
+    p.add_argument("--batch-sizes", default="1,2,4,8,16,32,64", help="micro-batch sizes to time, comma-separated")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run the layers")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 gives stable medians)")
+    p.add_argument("--repeats", type=int, default=10, help="timed runs per layer and size (the median is kept)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed runs first")
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--image-size", type=int, default=None)
     p.add_argument("--no-checks", action="store_true", help="skip the step and repeatability checks")
-    p.add_argument("--out", default="profile.json")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--out", default="profile.json", help="write the profile JSON here")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser("profile-links", help="measure send/recv and all-reduce between real processes")
-    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--max-bytes", type=int, default=256 * 2**20)
-    p.add_argument("--cluster", default="local", help="the cluster whose links are replaced (default local)")
-    p.add_argument("--out", default="cluster.toml")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="torch.distributed backend")
+    p.add_argument("--nproc", type=int, default=2, help="processes to start")
+    p.add_argument("--max-bytes", type=int, default=256 * 2**20, help="largest message, in bytes")
+    p.add_argument("--cluster", default="local", help="the cluster whose links are replaced")
+    p.add_argument("--out", default="cluster.toml", help="write the measured cluster file here")
     p.set_defaults(func=_cmd_profile_links)
     return parser
 
@@ -491,6 +565,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 0
         return args.func(args)
+    except UnknownNameError as exc:  # close matches only; with none, where to see the names
+        where = _SEE_NAMES.get(exc.kind)
+        print(f"paraplan: error: {exc}" + (f"; see `{where}`" if where and not exc.close else ""), file=sys.stderr)
+        return 2
     except FieldError as exc:
         flag = FLAGS.get(exc.field, exc.field)
         print(f"paraplan: error: {flag}: {exc.detail}", file=sys.stderr)

@@ -11,13 +11,16 @@ class ParaplanError(Exception):
 
 
 class UnknownNameError(ParaplanError):
-    """A model, cluster, planner or device type that does not exist."""
+    """A model, cluster, planner or device type that does not exist. The message names only the
+    close matches (difflib), never the whole list: with none close, it says how many there are,
+    and the CLI adds where to see them (`kind` tells it which list)."""
 
     def __init__(self, kind: str, name: str, known: list[str]):
         import difflib
 
-        close = difflib.get_close_matches(name, known, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(sorted(known))}"
+        self.kind, self.name = kind, name
+        self.close = difflib.get_close_matches(name, known, n=3)
+        hint = f"; did you mean {', '.join(self.close)}?" if self.close else f" (none of the {len(known)} known is close)"
         super().__init__(f"unknown {kind} {name!r}{hint}")
 
 

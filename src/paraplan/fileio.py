@@ -32,3 +32,58 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def output_problem(path: str | Path, *, directory: bool = False) -> str | None:
+    """Why `path` cannot be written, or None: checked before any work, so that a run never ends in
+    a traceback after minutes of measuring, planning or training. A file needs an existing,
+    writable parent directory and must not be a directory itself; a directory (`directory=True`)
+    may not exist yet, but then its nearest existing ancestor must be a writable directory."""
+    path = Path(path)
+    if directory:
+        if path.exists():
+            if not path.is_dir():
+                return f"{path} exists and is not a directory"
+            return None if os.access(path, os.W_OK | os.X_OK) else f"directory {path} is not writable"
+        ancestor = path.parent
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            return f"cannot create {path}: {ancestor} is not a directory"
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            return f"cannot create {path}: directory {ancestor} is not writable"
+        return None
+    if path.is_dir():
+        return f"{path} is a directory"
+    parent = path.parent
+    if not parent.exists():
+        return f"directory {parent} does not exist"
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"directory {parent} is not writable"
+    return None
+
+
+def make_dirs(path: str | Path) -> list[Path]:
+    """mkdir -p, returning the directories it created (outermost first) so that a run that is
+    refused or fails before writing anything can remove them again (remove_if_empty)."""
+    path = Path(path)
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    created = []
+    for d in reversed(missing):
+        d.mkdir(exist_ok=True)
+        created.append(d)
+    return created
+
+
+def remove_if_empty(created: list[Path]) -> None:
+    """Remove directories made by make_dirs that are still empty, innermost first."""
+    for d in reversed(created):
+        try:
+            d.rmdir()
+        except OSError:
+            return  # not empty (or gone): its parents are not empty either

@@ -49,7 +49,7 @@ def test_inspect_prints_the_layer_table():
     (("inspect", "gpt2-tiny", "--cluster", "nowhere"), "unknown cluster 'nowhere'"),
     (("inspect", "gpt2-tiny", "--batch", "0"), "--batch must be positive"),
     (("inspect", "gpt2-tiny", "--batch", "-3"), "--batch must be positive"),
-    (("inspect", "gpt2-tiny", "--seq-len", "0"), "sequence length must be positive"),
+    (("inspect", "gpt2-tiny", "--seq-len", "0"), "--seq-len: must be a positive whole number, got 0"),
     (("inspect", "gpt2-tiny", "--batch", "many"), "invalid int value"),
     (("inspect", "gpt2-tiny", "--device", "9", "--cluster", "gropipe-8xt4"), "devices 0..7"),
     (("frobnicate",), "invalid choice"),

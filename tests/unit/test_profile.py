@@ -79,7 +79,7 @@ def test_a_profile_drives_the_simulator(profiles):
     sim = simulate_plan(plan, cm)
     measured = sum(layer.forward[1].median_s + layer.backward[1].median_s for layer in profiles["gpt2-tiny"].layers)
     assert sim.prediction.iteration_s == pytest.approx(measured)
-    with pytest.raises(ParaplanError, match="has 5 layers"):
+    with pytest.raises(ParaplanError, match="measured for .lenet-5., not .gpt2-tiny."):
         profile_cost_model(spec, cluster, profiles["lenet-5"])
 
 
@@ -142,7 +142,7 @@ def test_profile_a_users_module(tmp_path):
     (("profile", "lenet-5", "--batch-sizes", "a,b"), "--batch-sizes: expected comma-separated integers"),
     (("profile", "lenet-5", "--batch-sizes", "0,2"), "sizes must be positive"),
     (("profile", "lenet-5", "--repeats", "0"), "--repeats must be positive"),
-    (("profile",), "give a zoo model name or --module"),
+    (("profile",), "give one model"),
     (("profile", "--module", "nowhere.py:build"), "no such file"),
     (("profile", "lenet-5", "--device", "cuda"), "no GPU"),
     (("profile-links", "--nproc", "1"), "need at least 2 processes"),
@@ -180,4 +180,4 @@ def test_simulate_with_a_measured_profile(tmp_path):
     assert _cli("profile", "lenet-5", "--batch-sizes", "2", "--repeats", "1", "--warmup", "0", "--no-checks",
                 "--out", str(lenet)).returncode == 0
     res = _cli("simulate", plan, "--profile", str(lenet))
-    assert res.returncode == 2 and "has 5 layers" in res.stderr
+    assert res.returncode == 2 and "measured for 'lenet-5', not 'gpt2-tiny'" in res.stderr

@@ -73,6 +73,10 @@ def analytic_cost_model(model: ModelSpec, cluster: Cluster, **kwargs) -> CostMod
 def profile_cost_model(model: ModelSpec, cluster: Cluster, profile: Profile, **kwargs) -> CostModel:
     """Measured compute times for every device of the cluster (the profile's device stands for
     all of them); transfers still priced from the cluster's links."""
+    identity = model.ref or model.name
+    if profile.model != identity:
+        raise ParaplanError(f"the profile was measured for {profile.model!r}, not {identity!r}; profile this model "
+                            "(paraplan profile) or plan the profiled one")
     if len(profile.layers) != model.n_layers:
         raise ParaplanError(f"profile of {profile.model!r} has {len(profile.layers)} layers, "
                             f"model {model.name!r} has {model.n_layers}")

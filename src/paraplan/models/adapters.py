@@ -17,6 +17,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from paraplan.models.fx_cut import sequential_layers
+
 Layers = list[tuple[str, str, nn.Module]]
 
 
@@ -287,16 +289,6 @@ def t5_layers(model: nn.Module) -> Layers:
     return layers
 
 
-# --------------------------------------------------------------------------- any nn.Sequential
-def sequential_layers(model: nn.Sequential) -> Layers:
-    layers: Layers = []
-    for name, child in model.named_children():
-        kind = "conv" if any(isinstance(m, nn.Conv2d) for m in child.modules()) else (
-            "fc" if any(isinstance(m, nn.Linear) for m in child.modules()) else "other")
-        layers.append((name, kind, child))
-    return layers
-
-
 ADAPTERS: dict[str, Callable[[nn.Module], Layers]] = {
     "gpt2": gpt2_layers,
     "llama": llama_layers,
@@ -310,18 +302,15 @@ ADAPTERS: dict[str, Callable[[nn.Module], Layers]] = {
 
 
 def decompose(model: nn.Module, family: str | None = None) -> Layers:
-    """The ordered layer list of a zoo model (by family) or of any nn.Sequential."""
+    """The ordered layer list by a hand-written adapter: the zoo's family, an nn.Sequential, or a
+    transformers model whose config's model_type has an adapter. Any other model is cut through
+    models/source.py (BuiltModel.layers: the generic transformers cut or a torch.fx trace)."""
     if family is None:
         if isinstance(model, nn.Sequential):
             family = "sequential"
         else:
-            family = _guess_family(model)
+            family = getattr(getattr(model, "config", None), "model_type", None)
+    if family not in ADAPTERS:
+        raise ValueError(f"no hand-written adapter for {type(model).__name__}; build it with "
+                         "paraplan.models.source.build to cut it generically")
     return ADAPTERS[family](model)
-
-
-def _guess_family(model: nn.Module) -> str:
-    name = type(model).__name__.lower()
-    for family in ("gpt2", "llama", "bert", "vit", "swin", "resnet", "t5"):
-        if name.startswith(family):
-            return family
-    raise ValueError(f"cannot cut {type(model).__name__} into layers: give an nn.Sequential or a known family")

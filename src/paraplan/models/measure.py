@@ -16,17 +16,18 @@ parameters excluded, each underlying storage counted once.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from paraplan.models.adapters import decompose
+from paraplan.models.adapters import decompose  # noqa: F401  (tests reach it through here)
+from paraplan.models.built import BuiltModel
 from paraplan.models.inputs import make_batch
 from paraplan.models.spec import Affine, InputSpec, LayerSpec, ModelSpec
 from paraplan.models.tensors import float_nbytes, nbytes, tensors
-from paraplan.models.zoo import BuiltModel
 
 # Two batch sizes for the affine fit; 1 is avoided because some kernels special-case it.
 _FIT_BATCHES = (2, 4)
@@ -112,7 +113,8 @@ def _fit(small: float, large: float) -> Affine:
 
 
 def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSpec, name: str = "model",
-                   family: str = "sequential", progress=None) -> ModelSpec:
+                   family: str = "sequential", progress=None, batch=None) -> ModelSpec:
+    """`batch(b, device)` makes (inputs, targets) for b samples (default: from the InputSpec)."""
     """Measure an ordered list of (name, kind, module), on the device its parameters live on."""
     layers = list(layers)
     owned: list[tuple[int, int, int, tuple[int, ...]]] = []  # (count, bytes, shared bytes, owners) per layer
@@ -134,10 +136,11 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
     first = next((p for _, _, m in layers for p in m.parameters()), None)
     device = first.device if first is not None else torch.device("meta")
 
+    batch_fn = batch
     per_batch: list[list[dict[str, int]]] = []
     input_bytes = []
     for batch in _FIT_BATCHES:
-        x, _ = make_batch(inputs, batch, device=device)
+        x, _ = batch_fn(batch, device) if batch_fn is not None else make_batch(inputs, batch, device=device)
         input_bytes.append(nbytes(x))
         stats = []
         for _, _, module in layers:
@@ -168,19 +171,19 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
 def measure(built: BuiltModel, progress=None) -> ModelSpec:
     """Measure a zoo model (built on any device; measurement itself runs on meta copies of the
     shapes, so a model built on "meta" is the cheap way)."""
-    module = built.module
-    if next(iter(module.parameters()), torch.empty(0, device="meta")).device.type != "meta":
-        module = _meta_copy(built)
-    module.train()  # dropout and friends as in training, so saved tensors are what training keeps
-    return measure_layers(decompose(module, built.family), built.inputs, built.name, built.family, progress)
+    if next(iter(built.module.parameters()), torch.empty(0, device="meta")).device.type != "meta":
+        built = _meta_copy(built)
+    built.module.train()  # dropout and friends as in training, so saved tensors are what training keeps
+    spec = measure_layers(built.layers(), built.inputs, built.name, built.family, progress,
+                          batch=lambda b, device: built.batch(b, device=device))
+    return replace(spec, ref=built.ref or built.name)
 
 
-def _meta_copy(built: BuiltModel) -> nn.Module:
-    from paraplan.models.zoo import build
+def _meta_copy(built: BuiltModel) -> BuiltModel:
+    from paraplan.models.source import build
 
-    return build(built.name, device="meta", seq_len=built.inputs.seq_len or None,
-                 image_size=built.inputs.image_size or None).module
+    return build(built.ref or built.name, device="meta")
 
 
 def count_layers(built: BuiltModel) -> int:
-    return len(decompose(built.module, built.family))
+    return len(built.layers())

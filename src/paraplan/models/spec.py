@@ -56,15 +56,18 @@ class LayerSpec:
 class InputSpec:
     """What one sample looks like, so that synthetic batches and byte counts can be made."""
 
-    kind: str  # "tokens" | "seq2seq" | "image"
+    kind: str  # "tokens" | "seq2seq" | "image" | "sample"
     seq_len: int = 0
     decoder_seq_len: int = 0
     vocab_size: int = 0
     image_size: int = 0
     channels: int = 0
     num_classes: int = 0
+    description: str = ""  # kind "sample" (a user's module): the sample batch it was built with
 
     def describe(self) -> str:
+        if self.kind == "sample":
+            return self.description
         if self.kind == "tokens":
             return f"tokens: seq {self.seq_len}, vocab {self.vocab_size}"
         if self.kind == "seq2seq":
@@ -83,6 +86,7 @@ class ModelSpec:
     input_bytes: Affine  # the batch itself (what the first stage receives)
     dtype_bytes: int = 4
     notes: tuple[str, ...] = field(default_factory=tuple)
+    ref: str = ""  # the model reference it was built from (models/ref.py); identifies it for profiles
 
     @property
     def n_layers(self) -> int:

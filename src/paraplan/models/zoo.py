@@ -22,6 +22,7 @@ from torch import nn
 
 from paraplan.errors import FieldError, ParaplanError, UnknownNameError
 from paraplan.models import cnn
+from paraplan.models.built import BuiltModel
 from paraplan.models.spec import InputSpec
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -39,16 +40,8 @@ class ZooEntry:
     note: str = ""
 
 
-@dataclass(frozen=True)
-class BuiltModel:
-    name: str
-    family: str
-    module: nn.Module
-    inputs: InputSpec
-
-
 # --------------------------------------------------------------------------- transformers builders
-def _quiet():
+def quiet():
     """transformers warns on meta-device construction of big configs; keep the CLI output clean."""
     logging.getLogger("transformers").setLevel(logging.ERROR)
     return contextlib.redirect_stderr(io.StringIO())
@@ -263,9 +256,9 @@ def build(name: str, device: str | torch.device = "meta", seq_len: int | None = 
     e = entry(name)
     inputs = with_sizes(e.inputs, seq_len, image_size)
     torch.manual_seed(seed)
-    with _quiet(), torch.device(device):
+    with quiet(), torch.device(device):
         module = e.build(inputs)
-    return BuiltModel(name=e.name, family=e.family, module=module, inputs=inputs)
+    return BuiltModel(name=e.name, family=e.family, module=module, inputs=inputs, ref=e.name)
 
 
 def names(include_tiny: bool = True) -> list[str]:

@@ -11,21 +11,15 @@ repeats with its spread, and two honesty checks in the profile itself:
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import os
 import platform
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from paraplan.costs.profile import LayerProfile, Profile, StepCheck
-from paraplan.errors import FieldError
-from paraplan.models.adapters import decompose
-from paraplan.models.inputs import loss_fn, make_batch
 from paraplan.profiling.layers import profile_layers
 from paraplan.profiling.layers import step_check as measure_step_check
 
@@ -41,59 +35,26 @@ class Workload:
     inputs: str
 
 
+def workload(model: str, device: torch.device, seq_len: int | None = None, image_size: int | None = None,
+             layers: str | None = None) -> Workload:
+    """Any model reference (a zoo name, hf:..., path/file.py:build_fn; models/ref.py), built on
+    `device` with seeded weights, cut as the planners and the runtime cut it."""
+    from paraplan.models import source
+
+    built = source.build(model, device=device, seq_len=seq_len, image_size=image_size, layers=layers, seed=0)
+    built.module.to(device).train()
+    return Workload(name=built.ref, layers=built.layers(), loss=built.loss, inputs=built.inputs.describe(),
+                    make_batch=lambda b: built.batch(b, device=device, seed=b))
+
+
 def zoo_workload(name: str, device: torch.device, seq_len: int | None = None,
                  image_size: int | None = None) -> Workload:
-    from paraplan.models import zoo
-
-    built = zoo.build(name, device=device, seq_len=seq_len, image_size=image_size, seed=0)
-    built.module.train()
-    layers = decompose(built.module, built.family)
-    return Workload(name=built.name, layers=layers, loss=loss_fn, inputs=built.inputs.describe(),
-                    make_batch=lambda b: make_batch(built.inputs, b, device=device, seed=b))
+    return workload(name, device, seq_len=seq_len, image_size=image_size)
 
 
 def module_workload(spec: str, device: torch.device) -> Workload:
     """`path/to/file.py:build_fn`; build_fn() returns (model, sample batch) with the batch on dim 0."""
-    path, _, fn_name = spec.rpartition(":")
-    if not path or not fn_name:
-        raise FieldError("module", f"expected path/to/file.py:build_fn, got {spec!r}")
-    if not Path(path).is_file():
-        raise FieldError("module", f"no such file {path!r}")
-    mod_spec = importlib.util.spec_from_file_location(f"paraplan_user_{Path(path).stem}", path)
-    module = importlib.util.module_from_spec(mod_spec)
-    sys.path.insert(0, str(Path(path).resolve().parent))
-    try:
-        mod_spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    build = getattr(module, fn_name, None)
-    if not callable(build):
-        raise FieldError("module", f"{path} has no function {fn_name!r}")
-    result = build()
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
-        raise FieldError("module", f"{fn_name}() must return (model, sample_batch)")
-    model, sample = result
-    model = model.to(device).train()
-    try:
-        layers = decompose(model)
-    except ValueError as exc:
-        raise FieldError("module", str(exc)) from None
-
-    def resize(value, batch: int):
-        if isinstance(value, torch.Tensor):
-            reps = -(-batch // value.shape[0])
-            return value.repeat(reps, *([1] * (value.dim() - 1)))[:batch].to(device)
-        if isinstance(value, (tuple, list)):
-            return type(value)(resize(v, batch) for v in value)
-        raise FieldError("module", "the sample batch must be a tensor or a tuple of tensors")
-
-    def mean_loss(out, _targets):
-        return sum(t.float().mean() for t in (out if isinstance(out, (tuple, list)) else [out]))
-
-    first = sample[0] if isinstance(sample, (tuple, list)) else sample
-    return Workload(name=f"{Path(path).name}:{fn_name}", layers=layers, loss=mean_loss,
-                    inputs=f"sample batch of shape {tuple(first.shape)}",
-                    make_batch=lambda b: (resize(sample, b), None))
+    return workload(spec, device)
 
 
 def device_name(device: torch.device) -> str:

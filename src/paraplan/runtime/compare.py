@@ -52,13 +52,27 @@ def compare_run(plan: Plan, cm: CostModel, out_dir: str | Path) -> Comparison:
     out = Path(out_dir)
     measured_trace(runs, out / "measured.trace.json")
     chrome_trace(sim.timeline, out / "simulated.trace.json")
-    last = max(e["step"] for ev in runs.values() for e in ev)
+    # draw the step the numbers are about: the measured step nearest the median (per_step[i] is the
+    # i-th step of this run; the events carry absolute step numbers, which a resumed run offsets)
+    steps = sorted({e["step"] for ev in runs.values() for e in ev})
+    first = 1 if len(per_step) > 1 else 0
+    drawn = min(range(first, min(len(per_step), len(steps))), key=lambda i: (abs(per_step[i] - median), i))
+    if per_step[drawn] == median:
+        label = f"measured: step {steps[drawn]}, {median * 1e3:.1f} ms, the median of {len(measured)} steps"
+    else:
+        label = (f"measured: step {steps[drawn]}, {per_step[drawn] * 1e3:.1f} ms, nearest the median "
+                 f"({median * 1e3:.1f} ms) of {len(measured)} steps")
     replicas = len(plan.stages[0].devices)
-    side_by_side(one_step(runs, last), sim.timeline, out / "compare.png",
-                 title=f"{plan.model}: {plan.schedule}, {plan.n_stages} stages x {replicas} replicas, {plan.n_micro} "
-                       f"micro-batches of {plan.micro_batch_size / replicas:g}; predicted "
-                       f"{result.predicted_s * 1e3:.1f} ms, measured median {median * 1e3:.1f} ms")
+    side_by_side(one_step(runs, steps[drawn]), sim.timeline, out / "compare.png",
+                 title=f"{plan.model}: {plan.schedule}, {_count(plan.n_stages, 'stage')} x {_count(replicas, 'replica')}, "
+                       f"{_count(plan.n_micro, 'micro-batch', 'micro-batches')} of {plan.micro_batch_size / replicas:g}; "
+                       f"error of the prediction {result.error:+.1%}",
+                 measured_s=per_step[drawn], measured_label=label, predicted_s=result.predicted_s)
     return result
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 OVERHEADS_VERSION = 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch.multiprocessing as mp
 
@@ -40,6 +41,24 @@ def spawn(config: TrainConfig, world: int) -> None:
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
+
+
+def default_run_dir(root: str | Path = "runs") -> Path:
+    """Where a run writes when no directory is given: runs/<date>-<time> under the current
+    directory (with -2, -3, ... if that is taken); not created here. The processes of a torchrun
+    launch cannot agree on a clock second without talking, so there it is runs/torchrun-<the
+    rendezvous's port>, the same for every rank."""
+    import datetime
+
+    root = Path(root)
+    if under_torchrun():
+        return root / f"torchrun-{os.environ.get('MASTER_PORT', 'run')}"
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path, n = root / stamp, 1
+    while path.exists():
+        n += 1
+        path = root / f"{stamp}-{n}"
+    return path
 
 
 def under_torchrun() -> bool:

@@ -19,8 +19,7 @@ import zlib
 import torch
 from torch import nn
 
-from paraplan.models import zoo
-from paraplan.models.adapters import decompose
+from paraplan.models import source
 
 
 @contextlib.contextmanager
@@ -50,19 +49,18 @@ def init_parameter(name: str, shape: torch.Size, seed: int) -> torch.Tensor:
     return torch.zeros(shape)
 
 
-def build_layers(model_name: str, seed: int = 0, seq_len: int | None = None, image_size: int | None = None,
+def build_layers(model: str, seed: int = 0, seq_len: int | None = None, image_size: int | None = None,
                  dropout: bool = True):
-    """(full model with meta parameters, its layer list, parameter names by id)."""
+    """(full model with meta parameters, its layer list, parameter names by id); `model` is any
+    model reference (models/ref.py), as a plan stores it."""
     with parameters_on_meta():
-        built = zoo.build(model_name, device="cpu", seq_len=seq_len, image_size=image_size, seed=seed)
+        built = source.build(model, device="cpu", seq_len=seq_len, image_size=image_size, seed=seed)
     if not dropout:
-        for m in built.module.modules():
-            if isinstance(m, nn.Dropout):
-                m.p = 0.0
+        without_dropout(built.module)
     names = {}
     for name, p in built.module.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), name)
-    return built, decompose(built.module, built.family), names
+    return built, built.layers(), names
 
 
 def materialize(modules: list[nn.Module], names: dict[int, str], seed: int, device: torch.device) -> None:
@@ -84,6 +82,23 @@ def materialize(modules: list[nn.Module], names: dict[int, str], seed: int, devi
         top.to(device)
 
 
+def without_dropout(model: nn.Module) -> None:
+    """Every dropout off, for runs compared with one process: nn.Dropout modules, and the float
+    probabilities transformers copies from its config into modules and applies functionally
+    (OPT's `F.dropout(x, p=self.dropout)`), and the config itself (read at forward time by some)."""
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+        for attr, value in list(vars(m).items()):
+            if isinstance(value, float) and ("dropout" in attr or "pdrop" in attr or attr == "layerdrop"):
+                setattr(m, attr, 0.0)
+        config = getattr(m, "config", None)
+        if config is not None and hasattr(config, "to_dict"):
+            for key, value in config.to_dict().items():
+                if isinstance(value, float) and ("dropout" in key or "pdrop" in key or key == "layerdrop"):
+                    setattr(config, key, 0.0)
+
+
 class StageModule(nn.Module):
     """The layers of one stage, applied in order; several inputs arrive as one tuple."""
 
@@ -95,4 +110,9 @@ class StageModule(nn.Module):
         x = args[0] if len(args) == 1 else args
         for layer in self.layers:
             x = layer(x)
+        # gloo sends only contiguous tensors; a layer may end in a view (a transpose, a slice)
+        if isinstance(x, torch.Tensor):
+            return x.contiguous()
+        if isinstance(x, tuple):
+            return tuple(t.contiguous() if isinstance(t, torch.Tensor) else t for t in x)
         return x

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from paraplan.models.inputs import loss_fn, make_batch
 from paraplan.runtime.materialize import StageModule, build_layers, materialize
 from paraplan.runtime.worker import TrainConfig, make_optimizer
 
@@ -25,7 +24,7 @@ def reference_run(config: TrainConfig) -> tuple[list[float], dict[str, torch.Ten
     micro = shard // plan.n_micro
     losses = []
     for step in range(config.steps):
-        inputs, targets = make_batch(built.inputs, plan.global_batch, seed=config.seed * 7919 + step)
+        inputs, targets = built.batch(plan.global_batch, seed=config.seed * 7919 + step)
         optim.zero_grad(set_to_none=True)
         total = 0.0
         # the same micro-batches as the pipeline: losses averaged over micro-batches and replicas
@@ -33,7 +32,8 @@ def reference_run(config: TrainConfig) -> tuple[list[float], dict[str, torch.Ten
             for j in range(plan.n_micro):
                 lo = r * shard + j * micro
                 out = model(inputs[lo:lo + micro])
-                loss = loss_fn(out, targets[lo:lo + micro]) / (plan.n_micro * n_replicas)
+                target = None if targets is None else targets[lo:lo + micro]
+                loss = built.loss(out, target) / (plan.n_micro * n_replicas)
                 loss.backward()
                 total += float(loss.detach())
         if config.clip_norm is not None:

@@ -104,20 +104,29 @@ def measured_trace(runs: dict[int, list[dict]], path: str | Path) -> None:
     atomic_write_text(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
 
 
-def side_by_side(step_events: dict[int, list[dict]], simulated, path: str | Path, title: str) -> None:
-    """Measured (top) and simulated (bottom) timelines of one iteration on the same time axis."""
+def side_by_side(step_events: dict[int, list[dict]], simulated, path: str | Path, title: str, *,
+                 measured_s: float, measured_label: str, predicted_s: float) -> None:
+    """Measured (top) and simulated (bottom) timelines of one iteration on the same time axis.
+
+    Each panel ends at the number in its title: the measured step's time (`measured_s`, the
+    slowest rank's) and the predicted iteration (`predicted_s`); the part of each that lies outside
+    the drawn schedule (optimizer, zeroing gradients, the loss all-reduce; the per-step overhead
+    in the prediction) is the hatched band at its end."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     from paraplan.fileio import atomic_write
     from paraplan.simulate.export import COLOURS
 
     colours = {**COLOURS, "comm": "#DD8452", "allreduce": "#8172B3"}
+    outside = {"facecolor": "#DDDDDD", "edgecolor": "#999999", "hatch": "//", "linewidth": 0}
     ranks = sorted(step_events)
-    span = max(max((e["end"] for ev in step_events.values() for e in ev), default=0.0), simulated.makespan)
-    fig, axes = plt.subplots(2, 1, figsize=(12, 1.2 * len(ranks) + 2.6), sharex=True)
+    measured_end = max((e["end"] for ev in step_events.values() for e in ev), default=0.0)
+    span = max(measured_end, measured_s, simulated.makespan, predicted_s)
+    fig, axes = plt.subplots(2, 1, figsize=(12, 1.2 * len(ranks) + 3.2), sharex=True)
     for i, r in enumerate(ranks):
         for e in step_events[r]:
             y0, h = (i - 0.3, 0.6) if e["lane"] == "compute" else (i + 0.32, 0.18)
@@ -137,16 +146,26 @@ def side_by_side(step_events: dict[int, list[dict]], simulated, path: str | Path
                             linewidth=0.3)
         if lane == "compute" and micro >= 0 and (end - start) > span / 80:
             axes[1].text((start + end) / 2, i, str(micro), ha="center", va="center", fontsize=7, color="white")
-    measured_end = max((e["end"] for ev in step_events.values() for e in ev), default=0.0)
-    for ax, name, t in ((axes[0], "measured", measured_end), (axes[1], "simulated", simulated.makespan)):
+    for ax, drawn_end, total, name in ((axes[0], measured_end, measured_s, measured_label),
+                                       (axes[1], simulated.makespan, predicted_s, f"predicted: {predicted_s * 1e3:.1f} ms")):
+        if total > drawn_end:
+            ax.axvspan(drawn_end, total, **outside)
+        ax.axvline(total, color="black", linewidth=0.8)
         ax.set_yticks(range(len(ranks)))
         ax.set_yticklabels([f"rank {r}" for r in ranks])
-        ax.invert_yaxis()
-        ax.set_title(f"{name}: {t * 1e3:.1f} ms", fontsize=10)
+        ax.set_ylim(len(ranks) - 0.4, -0.45)
+        ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.2, axis="x")
     axes[1].set_xlabel("seconds since the start of the iteration")
     axes[1].set_xlim(0, span * 1.02)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.legend(handles=[Patch(color=COLOURS["forward"], label="forward"),
+                        Patch(color=COLOURS["backward"], label="backward"),
+                        Patch(color=colours["comm"], label="send activation (measured: any wait for a transfer)"),
+                        Patch(color=COLOURS["send_backward"], label="send gradient"),
+                        Patch(color=colours["allreduce"], label="all-reduce"),
+                        Patch(**outside, label="outside the schedule (optimizer, loss, ...)")],
+               loc="lower center", ncol=6, frameon=False, fontsize=8)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     atomic_write(Path(path), lambda tmp: fig.savefig(tmp, dpi=120))
     plt.close(fig)

@@ -35,7 +35,6 @@ import torch
 import torch.distributed as dist
 
 from paraplan.errors import FieldError
-from paraplan.models.inputs import loss_fn, make_batch
 from paraplan.plan.plan import Plan
 from paraplan.runtime.materialize import StageModule, build_layers, materialize
 
@@ -229,7 +228,7 @@ def train_rank(config: TrainConfig) -> dict:
     n_micro = plan.n_micro
 
     def loss(out, target):
-        return loss_fn(out, target) / n_micro
+        return built.loss(out, target) / n_micro
 
     schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(plan.schedule)
     if schedule_cls is None:
@@ -240,7 +239,9 @@ def train_rank(config: TrainConfig) -> dict:
     shard = plan.global_batch // n_replicas
     losses, step_times = [], []
     first_step = 0
-    ckpt = Path(config.checkpoint_dir) / f"stage{stage_index}.pt" if config.checkpoint_dir else None
+    from paraplan.runtime.checkpoints import checkpoint_path, checkpoint_record
+
+    ckpt = checkpoint_path(config.checkpoint_dir, stage_index) if config.checkpoint_dir else None
     if config.resume:
         if ckpt is None or not ckpt.exists():
             raise RuntimeError(f"resume: no checkpoint {ckpt}")
@@ -260,9 +261,9 @@ def train_rank(config: TrainConfig) -> dict:
         recorder.step = step
         if config.step_hook is not None:
             config.step_hook(rank, step)
-        inputs, targets = make_batch(built.inputs, plan.global_batch, seed=config.seed * 7919 + step)
+        inputs, targets = built.batch(plan.global_batch, seed=config.seed * 7919 + step)
         x = inputs[replica * shard:(replica + 1) * shard].to(device)
-        y = targets[replica * shard:(replica + 1) * shard].to(device)
+        y = None if targets is None else targets[replica * shard:(replica + 1) * shard].to(device)
         optim.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         micro_losses: list = []
@@ -308,7 +309,7 @@ def train_rank(config: TrainConfig) -> dict:
                 done == config.steps or (config.checkpoint_every and done % config.checkpoint_every == 0)):
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"module": module.state_dict(), "optimizer": optim.state_dict(), "rng": torch.get_rng_state(),
-                        "step": done, "losses": losses}, tmp)
+                        "step": done, "losses": losses, "paraplan": checkpoint_record(config, stage_index)}, tmp)
             os.replace(tmp, ckpt)
     if progress is not None:
         progress.stop()

@@ -17,6 +17,23 @@ COLOURS = {"forward": "#4C72B0", "backward": "#55A868", "backward_part": "#55A86
 LANE_OFFSETS = {"compute": 0.0, "send": 0.34, "recv": 0.34, "collective": 0.34}
 
 
+def figure_formats() -> list[str]:
+    """The file extensions matplotlib can save a figure as (png, svg, pdf, ...)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(FigureCanvasBase.get_supported_filetypes())
+
+
+def figure_format_problem(path: str | Path) -> str | None:
+    """Why a figure cannot be saved under this name (its extension), or None; checked before any work."""
+    suffix = Path(path).suffix.lower().lstrip(".")
+    formats = figure_formats()
+    if suffix in formats:
+        return None
+    what = f"'.{suffix}' is not a figure format" if suffix else "the name has no extension"
+    return f"{path}: {what}; use one of {', '.join('.' + f for f in formats)}"
+
+
 def gantt(timeline: Timeline, path: str | Path, title: str = "", devices: list[int] | None = None) -> None:
     """One row per device: compute on the upper band (forward blue, backward green, micro-batch
     numbers on the bars), communication on the lower band (sends orange/red, collectives purple)."""

@@ -1,0 +1,128 @@
+"""Build a transformers model from a config (`hf:` references) with random weights, no download.
+
+`hf:qwen2?num_hidden_layers=4&hidden_size=64` makes `AutoConfig.for_model("qwen2", ...)`;
+`hf:path/config.json?...` reads the file (its `model_type` picks the class) and applies the
+overrides. The head is chosen by what transformers offers for the model type, in this order:
+causal LM, sequence-to-sequence LM, masked LM, image classification; the input (tokens or an
+image) follows from the head and the config.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from torch import nn
+
+from paraplan.errors import FieldError
+from paraplan.models.ref import ModelRef
+from paraplan.models.spec import InputSpec
+
+# The decomposition adapters written for a structure (models/adapters.py), chosen by the config's
+# model_type: T5's two stacks, Swin's resolutions, ResNet's stages and the families the zoo
+# already cut by hand. Any other model type is cut generically (models/hf_cut.py).
+ADAPTED_TYPES = {"gpt2": "gpt2", "llama": "llama", "bert": "bert", "vit": "vit", "swin": "swin",
+                 "resnet": "resnet", "t5": "t5"}
+DEFAULT_SEQ_LEN = 512
+
+
+def _config(ref: ModelRef):
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    overrides = ref.config_overrides
+    target = ref.target
+    if target.endswith(".json") or "/" in target:
+        path = Path(target)
+        if not path.is_file():
+            raise FieldError("model", f"hf: no such config file {target!r}")
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise FieldError("model", f"hf: cannot read {target}: {exc}") from None
+        if not isinstance(data, dict) or "model_type" not in data:
+            raise FieldError("model", f"hf: {target} has no model_type")
+        target, data = data.pop("model_type"), {**data, **overrides}
+    else:
+        data = dict(overrides)
+    if target not in CONFIG_MAPPING:
+        import difflib
+
+        close = difflib.get_close_matches(target, list(CONFIG_MAPPING.keys()), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise FieldError("model", f"hf: transformers has no model type {target!r}{hint}")
+    try:
+        config = AutoConfig.for_model(target, **data)
+    except (TypeError, ValueError) as exc:
+        raise FieldError("model", f"hf: bad config for {target}: {exc}") from None
+    config.use_cache = False  # training: no key/value cache, and blocks then take no cache object
+    return target, config
+
+
+def _head_class(model_type: str):
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageClassification,
+        AutoModelForMaskedLM,
+        AutoModelForSeq2SeqLM,
+    )
+    from transformers.models.auto import modeling_auto as auto
+
+    for names, cls, kind in ((auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, AutoModelForCausalLM, "tokens"),
+                             (auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES, AutoModelForSeq2SeqLM, "seq2seq"),
+                             (auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES, AutoModelForMaskedLM, "tokens"),
+                             (auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES, AutoModelForImageClassification,
+                              "image")):
+        if model_type in names:
+            return cls, kind
+    raise FieldError("model", f"hf: {model_type} has no causal-LM, seq2seq-LM, masked-LM or image-classification "
+                              "head in transformers")
+
+
+def _max_positions(config) -> int | None:
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _inputs(config, kind: str, ref: ModelRef) -> InputSpec:
+    if kind == "image":
+        size = ref.image_size or getattr(config, "image_size", None) or 224
+        size = size[0] if isinstance(size, (list, tuple)) else size
+        return InputSpec(kind="image", image_size=int(size), channels=int(getattr(config, "num_channels", 3)),
+                         num_classes=int(config.num_labels))
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab <= 0:
+        raise FieldError("model", f"hf: {config.model_type}'s config has no vocab_size")
+    limit = _max_positions(config)
+    seq = ref.seq_len or min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN)
+    if limit is not None and seq > limit:
+        raise FieldError("seq_len", f"{seq} is longer than {config.model_type}'s {limit} positions")
+    if kind == "seq2seq":
+        return InputSpec(kind="seq2seq", seq_len=seq, decoder_seq_len=seq, vocab_size=vocab)
+    return InputSpec(kind="tokens", seq_len=seq, vocab_size=vocab)
+
+
+def build_hf(ref: ModelRef) -> tuple[nn.Module, InputSpec, str]:
+    """(model on the current default device, its input, the adapter family or "hf" for generic).
+
+    Call under `torch.device(...)`; the caller seeds the generator.
+    """
+    if ref.image_size is not None and ref.seq_len is not None:
+        raise FieldError("model", "give seq_len or image_size, not both")
+    model_type, config = _config(ref)
+    cls, kind = _head_class(model_type)
+    inputs = _inputs(config, kind, ref)
+    if kind == "image" and "image_size" not in ref.config_overrides and hasattr(config, "image_size"):
+        config.image_size = inputs.image_size
+    try:
+        model = cls.from_config(config)
+    except (AssertionError, ValueError, TypeError, RuntimeError) as exc:
+        raise FieldError("model", f"hf: transformers cannot build {model_type} from this config: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    family = ADAPTED_TYPES.get(model_type, "hf")
+    if kind == "seq2seq" and family != "t5":
+        raise FieldError("model", f"hf: paraplan cuts only T5 among encoder-decoder models, not {model_type}")
+    return model, inputs, family
+

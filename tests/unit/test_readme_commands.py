@@ -1,0 +1,118 @@
+"""Every `paraplan ...` command in README.md runs: the fenced examples as written, the table's
+synopses with their required arguments filled in (optional `[...]` parts left out), and
+`paraplan <subcommand> --help` for every subcommand. Exit 0, no traceback.
+
+Each command runs in a temporary directory of its own, so whatever it writes (plan.json,
+gantt.png, runs/...) lands there; `examples/...` and a plan file it reads point at the repository.
+The commands run two at a time (this machine has two cores), about 35 s in all on an idle machine;
+SLOW lists what is left out and why.
+"""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+# the table's placeholders, filled with something small that runs here in seconds
+PLACEHOLDERS = {"MODEL": "lenet-5", "M": "gpt2-tiny", "C": "local", "B": "8"}
+# a plan a command reads (simulate plan.json, train --plan plan.json): one that trains on this machine
+PLAN_INPUT = ROOT / "examples" / "gpt2-tiny-local-1f1b-2x4.json"
+# commands left out (unless PARAPLAN_README_ALL=1), with why: the test is kept to about 40 s on two cores
+SLOW: dict[str, str] = {} if os.environ.get("PARAPLAN_README_ALL") else {
+    "fenced: paraplan inspect gpt3-175b --batch 1 --cluster galvatron-64xa100":
+        "measuring GPT-3 175B's 98 layers on meta takes about 11 s of CPU, a quarter of this test; "
+        "`inspect` runs here on lenet-5 (the table's row); PARAPLAN_README_ALL=1 runs it too",
+}
+
+
+def _fenced() -> list[str]:
+    commands = []
+    for block in re.findall(r"^```[^\n]*\n(.*?)^```", README.read_text(), re.S | re.M):
+        for line in block.splitlines():
+            line = re.sub(r"^\$\s*", "", line.split(" #")[0].strip())
+            line = re.sub(r"^(\S*/)?paraplan\b|^python -m paraplan\b", "paraplan", line)
+            if line.startswith("paraplan "):
+                commands.append(line)
+    return commands
+
+
+def _table() -> list[str]:
+    rows = re.findall(r"^\| `(paraplan [^`]*)` \|", README.read_text(), re.M)
+    return [row.replace("\\|", "|") for row in rows]
+
+
+def _argv(command: str, synopsis: bool) -> list[str]:
+    if synopsis:  # the required part of a synopsis, its placeholders filled in
+        command = re.sub(r"\[[^\]]*\]", " ", command)
+    argv = shlex.split(command)[1:]
+    out = []
+    for i, arg in enumerate(argv):
+        if synopsis and re.fullmatch(r"[A-Z][A-Z_]*", arg):
+            assert arg in PLACEHOLDERS, f"README synopsis {command!r} uses {arg}: add it to PLACEHOLDERS"
+            arg = PLACEHOLDERS[arg]
+        elif arg.startswith("examples/"):
+            arg = str(ROOT / arg)
+        elif arg == "plan.json" and (i == 1 or argv[i - 1] == "--plan"):  # read, not written
+            arg = str(PLAN_INPUT)
+        out.append(arg)
+    return out
+
+
+def _subcommands() -> list[str]:
+    import argparse
+
+    from paraplan.cli import build_parser
+
+    actions = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return list(actions[0].choices)
+
+
+COMMANDS = ([(f"fenced: {c}", _argv(c, synopsis=False)) for c in _fenced()]
+            + [(f"table: {c}", _argv(c, synopsis=True)) for c in _table()]
+            + [(f"help: paraplan {s} --help", [s, "--help"]) for s in _subcommands()])
+
+
+def test_the_readme_has_commands():
+    kinds = {name.split(":")[0] for name, _ in COMMANDS}
+    assert kinds == {"fenced", "table", "help"}
+    assert len(_table()) >= 8 and len(_fenced()) >= 4
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Run every command (two at a time), each in a directory of its own."""
+
+    def one(item):
+        index, (name, argv) = item
+        cwd = tmp_path_factory.mktemp(f"readme{index}")
+        t0 = time.perf_counter()
+        res = subprocess.run([sys.executable, "-m", "paraplan", *argv], capture_output=True, text=True, env=ENV,
+                             cwd=cwd, timeout=120)
+        return name, (res, cwd, time.perf_counter() - t0)
+
+    todo = [(i, c) for i, c in enumerate(COMMANDS) if c[0] not in SLOW]
+    # the slowest first, so that the two workers finish together
+    todo.sort(key=lambda item: ("help:" in item[1][0], " train " not in item[1][0]))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, todo))
+
+
+@pytest.mark.parametrize("name", [name for name, _ in COMMANDS])
+def test_readme_command_runs(results, name):
+    if name in SLOW:
+        pytest.skip(SLOW[name])
+    res, cwd, seconds = results[name]
+    assert res.returncode == 0, f"{name}\n{res.stderr}"
+    assert "Traceback" not in res.stderr, res.stderr
+    argv = dict(COMMANDS)[name]
+    if argv[0] == "train" and "--help" not in argv and "--out-dir" not in argv:  # ./runs/<date>-<time>
+        assert list(cwd.glob("runs/*/losses.json")), list(cwd.rglob("*"))

@@ -59,7 +59,7 @@ def _argv(command: str, synopsis: bool) -> list[str]:
         if synopsis and re.fullmatch(r"[A-Z][A-Z_]*", arg):
             assert arg in PLACEHOLDERS, f"README synopsis {command!r} uses {arg}: add it to PLACEHOLDERS"
             arg = PLACEHOLDERS[arg]
-        elif arg.startswith("examples/"):
+        elif arg.startswith(("examples/", "tests/data/")):
             arg = str(ROOT / arg)
         elif arg == "plan.json" and (i == 1 or argv[i - 1] == "--plan"):  # read, not written
             arg = str(PLAN_INPUT)

@@ -18,7 +18,7 @@ FLAGS = {"batch": "--batch", "stages": "--stages", "micro_batches": "--micro-bat
          "options.eta": "--eta", "options.seed": "--seed", "options.method": "--method", "steps": "--steps",
          "lr": "--lr", "timeout_s": "--timeout", "clip_norm": "--clip-norm", "optimizer": "--optimizer",
          "checkpoint_every": "--checkpoint-every", "resume": "--resume", "planner": "--planner",
-         "module": "--module", "layers": "--layers", "backend": "--backend", "nproc": "--nproc", "max_bytes": "--max-bytes",
+         "module": "--module", "layers": "--layers", "exact_stages": "--exact-stages", "backend": "--backend", "nproc": "--nproc", "max_bytes": "--max-bytes",
          "seq_len": "--seq-len", "image_size": "--image-size",
          "memory_bytes": "--memory-gib"}
 
@@ -224,13 +224,15 @@ def _cmd_plan(args) -> int:
             raise ParaplanError(f"--{k}: planner {args.planner!r} has no such option")
     options = {k: v for k, v in given.items() if v is not None and k in spec_of_planner.options}
     validated_options(args.planner, options, spec_of_planner.options)  # values too, before any work
+    _check_plan_sizes(args)
     _check_output("--out", args.out)
     cluster = load_cluster(args.cluster)
     built, spec = _measured_model(args.model, args.seq_len, args.image_size, args.layers)
     cm = _cost_model(args, spec, cluster)
     request = PlanRequest(costs=cm, model_name=built.ref, cluster_name=args.cluster, batch=args.batch,
                           n_stages=args.stages, n_micro=args.micro_batches, schedule=args.schedule, options=options,
-                          memory_bytes=None if args.memory_gib is None else int(args.memory_gib * 2**30))
+                          memory_bytes=None if args.memory_gib is None else int(args.memory_gib * 2**30),
+                          exact_stages=args.exact_stages)
     with console(stderr=True).status(f"planning with {args.planner}"):
         plan = make_plan(request, args.planner)
         sim = simulate_plan(plan, request.costs)  # the request's costs: its memory budget included
@@ -242,7 +244,8 @@ def _cmd_plan(args) -> int:
         print(json.dumps({"planner": args.planner, "out": args.out if feasible else None, "feasible": feasible,
                           "reason": sim.prediction.reason, "n_stages": sim.plan.n_stages,
                           "n_micro": sim.plan.n_micro, "layers": [s["layers"] for s in d["stages"]],
-                          "prediction": d["prediction"], "search": d["search"]}, indent=2))
+                          "prediction": d["prediction"], "search": d["search"],
+                          "note": _flags_in(sim.plan.search.note)}, indent=2))
     elif feasible:
         console().print(simulation_table(sim, request.costs.cluster))
         opts = dict(sim.plan.search.options)
@@ -254,9 +257,32 @@ def _cmd_plan(args) -> int:
         console().print(f"{args.planner}: {stages} {ranges} on devices "
                         f"{[list(s.devices) for s in sim.plan.stages]}, {micro}{eq8}; "
                         f"searched in {sim.plan.search.search_s:.3g} s; plan written to {args.out}")
+        if sim.plan.search.note:  # fewer stages than asked, and why
+            console().print(_flags_in(sim.plan.search.note))
     if not feasible:
         raise ParaplanError(f"{args.planner} found no plan that fits: its best {sim.prediction.reason}")
     return 0
+
+
+def _flags_in(text: str) -> str:
+    """A planner's note names request fields (exact_stages); on the command line they are flags."""
+    return text.replace("exact_stages", "--exact-stages")
+
+
+def _check_plan_sizes(args) -> None:
+    """The request's sizes, checked before the model is measured (PlanRequest checks them again
+    against the cluster, which needs the measurement)."""
+    from paraplan.plan.plan import Schedule
+
+    for flag, value in (("--batch", args.batch), ("--stages", args.stages), ("--micro-batches", args.micro_batches)):
+        if value is not None and value < 1:
+            raise ParaplanError(f"{flag}: must be a positive whole number, got {value}")
+    if args.schedule is not None and args.schedule not in tuple(Schedule):
+        raise UnknownNameError("schedule", args.schedule, [str(s) for s in Schedule])
+    if args.exact_stages and args.stages is None:
+        raise ParaplanError("--exact-stages needs --stages")
+    if args.memory_gib is not None:
+        require_positive(args.memory_gib, "--memory-gib")
 
 
 def _cmd_train(args) -> int:
@@ -458,6 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--planner", default="csimd", help="one of the planners below")
     p.add_argument("--stages", type=int, default=None, help="pipeline stages (default: all devices, at most K)")
     p.add_argument("--micro-batches", type=int, default=None, help="fix the micro-batch count (GPipe-E-p)")
+    p.add_argument("--exact-stages", action="store_true",
+                   help="use exactly --stages stages (workers), even where fewer would be faster")
     p.add_argument("--schedule", default=None, help="gpipe or 1f1b (default: the planner's own)")
     p.add_argument("--memory-gib", type=float, default=None, help="memory budget per device (default: the device's)")
     p.add_argument("--eta", type=int, default=None, help="IMD weight groups (CSIMD's eta; default 1000)")

@@ -67,6 +67,10 @@ class LayerRange:
         return f"{self.start}..{self.stop - 1}"
 
 
+STRATEGY_DIMS = ("tp", "sdp", "dp")  # the default layout, inner-most first
+DEFAULT_ORDER = ",".join(STRATEGY_DIMS)
+
+
 @dataclass(frozen=True)
 class LayerStrategy:
     """Galvatron-BMW's per-layer choice (§III): data parallel, sharded data parallel (ZeRO-3 /
@@ -76,6 +80,29 @@ class LayerStrategy:
     sdp: int = 1
     tp: int = 1
     checkpoint: bool = False
+    # How the group's devices are laid out, inner-most dimension first: the inner-most dimension's
+    # groups are consecutive devices (on the fastest links, Galvatron Takeaway #1). The default is
+    # the layout plans assumed before the field existed (tp innermost, then sdp, then dp). Kept
+    # canonical: dimensions of degree 1 go last in the default order, so equal layouts compare equal.
+    order: str = DEFAULT_ORDER
+
+    def __post_init__(self):
+        dims = self.order.split(",")
+        if sorted(dims) == sorted(STRATEGY_DIMS):  # a malformed order is left for validate() to name
+            degree = {"dp": self.dp, "sdp": self.sdp, "tp": self.tp}
+            canonical = [d for d in dims if degree[d] > 1] + [d for d in STRATEGY_DIMS if degree[d] <= 1]
+            object.__setattr__(self, "order", ",".join(canonical))
+
+    @property
+    def dims(self) -> tuple[tuple[str, int], ...]:
+        """(dimension, degree) of every dimension used, inner-most first."""
+        degree = {"dp": self.dp, "sdp": self.sdp, "tp": self.tp}
+        return tuple((d, degree[d]) for d in self.order.split(",") if degree.get(d, 1) > 1)
+
+    def __str__(self) -> str:
+        """'SDP4 x TP2 + CKPT': outer-most dimension first (the last named is on the fastest links)."""
+        text = " x ".join(f"{d.upper()}{k}" for d, k in reversed(self.dims)) or "1 device"
+        return text + (" + CKPT" if self.checkpoint else "")
 
     @property
     def degree(self) -> int:
@@ -137,6 +164,7 @@ class SearchInfo:
     planner: str
     search_s: float
     options: tuple[tuple[str, str | int | float | bool], ...] = ()
+    note: str = ""  # one line when the planner did less than asked (fewer stages) and why; "" otherwise
 
 
 @dataclass(frozen=True)
@@ -257,6 +285,9 @@ def _validate_stages(plan: Plan) -> None:
         for layer in stage.layers:
             s = stage.strategy(layer)
             where = f"stages[{i}].strategies[{layer - stage.layers.start}]"
+            if sorted(s.order.split(",")) != sorted(STRATEGY_DIMS):
+                raise PlanError(f"{where}.order: expected the dimensions tp, sdp, dp in some order "
+                                f"(inner-most first, comma-separated), got {s.order!r}")
             if min(s.dp, s.sdp, s.tp) < 1:
                 raise PlanError(f"{where}: degrees must be at least 1, got dp={s.dp} sdp={s.sdp} tp={s.tp}")
             if s.degree != len(stage.devices):

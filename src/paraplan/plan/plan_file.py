@@ -8,6 +8,7 @@ from pathlib import Path
 
 from paraplan.fileio import atomic_write_text
 from paraplan.plan.plan import (
+    DEFAULT_ORDER,
     FORMAT_VERSION,
     DeviceMemory,
     LayerRange,
@@ -20,6 +21,13 @@ from paraplan.plan.plan import (
     Stage,
     validate,
 )
+
+
+def _strategy_to_dict(x: LayerStrategy) -> dict:
+    out = {"dp": x.dp, "sdp": x.sdp, "tp": x.tp, "checkpoint": x.checkpoint}
+    if x.order != LayerStrategy(dp=x.dp, sdp=x.sdp, tp=x.tp).order:  # optional: the default layout is left out
+        out["order"] = x.order
+    return out
 
 
 def plan_to_dict(plan: Plan) -> dict:
@@ -40,8 +48,7 @@ def plan_to_dict(plan: Plan) -> dict:
                 "layers": rng(s.layers),
                 "devices": list(s.devices),
                 **({"backward_layers": rng(s.backward_layers)} if s.backward_layers is not None else {}),
-                **({"strategies": [{"dp": x.dp, "sdp": x.sdp, "tp": x.tp, "checkpoint": x.checkpoint}
-                                   for x in s.strategies]} if s.strategies else {}),
+                **({"strategies": [_strategy_to_dict(x) for x in s.strategies]} if s.strategies else {}),
             }
             for s in plan.stages
         ],
@@ -61,6 +68,8 @@ def plan_to_dict(plan: Plan) -> dict:
     if plan.search is not None:
         out["search"] = {"planner": plan.search.planner, "search_s": plan.search.search_s,
                          "options": dict(plan.search.options)}
+        if plan.search.note:  # optional: files without it (and older files) load with ""
+            out["search"]["note"] = plan.search.note
     return out
 
 
@@ -130,7 +139,8 @@ def plan_from_dict(data: object, origin: str = "plan") -> Plan:
             x = r.table(x, wx[:-1])
             strategies.append(LayerStrategy(dp=r.get(x, "dp", wx, int, 1), sdp=r.get(x, "sdp", wx, int, 1),
                                             tp=r.get(x, "tp", wx, int, 1),
-                                            checkpoint=r.get(x, "checkpoint", wx, bool, False)))
+                                            checkpoint=r.get(x, "checkpoint", wx, bool, False),
+                                            order=r.get(x, "order", wx, str, DEFAULT_ORDER)))
         backward = s.get("backward_layers")
         stages.append(Stage(
             layers=r.layer_range(r.get(s, "layers", w, list), f"{w}layers"),
@@ -168,7 +178,7 @@ def plan_from_dict(data: object, origin: str = "plan") -> Plan:
             if not isinstance(v, (str, int, float, bool)):
                 r.fail(f"search.options.{k}", f"expected a string, number or boolean, got {v!r}")
         search = SearchInfo(planner=r.get(s, "planner", "search.", str), search_s=r.get(s, "search_s", "search.", float),
-                            options=tuple(sorted(options.items())))
+                            options=tuple(sorted(options.items())), note=r.get(s, "note", "search.", str, ""))
     plan = Plan(
         model=r.get(d, "model", "", str), cluster=r.get(d, "cluster", "", str),
         n_layers=r.get(d, "n_layers", "", int), global_batch=r.get(d, "global_batch", "", int),

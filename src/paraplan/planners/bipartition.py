@@ -79,11 +79,13 @@ def worker_memory(cm, micro: float, n_micro: int, max_workers: int, config: Memo
 def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False,
                      check_memory: bool = True) -> tuple[Plan, list[dict]]:
     """The best Bi-Partition Plan (or, layerwise=True, the traditional PipeDream-style one) over
-    every worker count up to the request's stages (default: every device) and every micro-batch
-    count; returns it with the table of candidates judged."""
+    every worker count up to the request's stages (default: every device; exactly the request's
+    with exact_stages) and every micro-batch count; returns it with the table of candidates
+    judged. With fewer workers than the request's stages, the plan's SearchInfo.note says why."""
     cm = request.costs
     k, batch = request.n_layers, request.batch
     max_workers = request.n_stages or request.n_devices
+    exactly = request.exact_stages
     notes = {}
     most = most_workers(k, layerwise=layerwise)  # a layer per worker; with empty ranges 2L parts
     if max_workers > most:
@@ -94,6 +96,9 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
         notes["idle_devices"] = max_workers - most  # said, not silently cut: more devices than work
         max_workers = most
     candidates = [request.n_micro] if request.n_micro else list(divisors(batch))
+    if exactly and max(candidates) < max_workers:
+        raise FieldError("stages", f"1F1B keeps every one of {max_workers} workers busy only with at least "
+                                   f"{max_workers} micro-batches; at most {max(candidates)} here")
     link = cm.cluster.link(0, 1) if cm.cluster.n_devices > 1 else cm.cluster.nodes[0].intra_link
     layers = cm.model.layers
     memory = cm.memory or MemoryConfig()
@@ -136,11 +141,15 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
         candidates, seen = [], set()
         for kind in ("layerwise",) if layerwise else ("bipartition", "layerwise"):
             limit = min(max_workers, p, most_workers(k, layerwise=kind == "layerwise"))  # 1F1B: p >= workers
+            if exactly and limit < max_workers:
+                continue
             try:
                 divisions = bipartition_all(fwd, bwd, cut_s, limit, fits=fits, layerwise=kind == "layerwise")
             except DoesNotFit:
                 continue
             for n, d in sorted(divisions.items()):
+                if exactly and n != max_workers:
+                    continue
                 if d.workers not in seen:  # the same division found both ways is judged once
                     seen.add(d.workers)
                     candidates.append((kind, n, d))
@@ -152,18 +161,50 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
                         n_micro=p, schedule="1f1b", grad_sync="none", stages=stages)
             prediction = judge(plan)
             table.append({"workers": n_workers, "n_micro": p, "division": kind, "bottleneck_s": division.bottleneck_s,
-                          "iteration_s": prediction.iteration_s, "feasible": prediction.feasible})
+                          "iteration_s": prediction.iteration_s, "feasible": prediction.feasible,
+                          "reason": prediction.reason})
             key = (not prediction.feasible, prediction.iteration_s)
             if best is None or key < best[0]:
                 best = (key, replace(plan, prediction=prediction), division.bottleneck_s)
     if best is None:
-        raise FieldError("stages", f"no division of {request.model_name} over at most {max_workers} workers fits "
+        how_many = "exactly" if exactly else "at most"
+        raise FieldError("stages", f"no division of {request.model_name} over {how_many} {max_workers} workers fits "
                                    f"their memory, at any micro-batch count")
     _, plan, bottleneck = best
     name = "pipedream-layerwise" if layerwise else "bipartition"
     info = {"bottleneck_s": bottleneck, "costs": cm.source, "max_workers": max_workers, **notes}
+    if exactly:
+        info["exact_stages"] = True
+    note = ""
+    if request.n_stages and not exactly and plan.n_stages < request.n_stages:
+        note = _fewer_workers_note(request, name, plan, table, check_memory)
     return replace(plan, search=SearchInfo(planner=name, search_s=time.perf_counter() - t0,
-                                           options=tuple(sorted(info.items())))), table
+                                           options=tuple(sorted(info.items())), note=note)), table
+
+
+def _duration(t: float) -> str:
+    return f"{t * 1e3:.3g} ms" if t < 1 else f"{t:.3g} s"
+
+
+def _fewer_workers_note(request: PlanRequest, name: str, plan: Plan, table: list[dict], check_memory: bool) -> str:
+    """One line: why fewer workers than the request's stages, from the candidates with exactly that
+    many (every micro-batch count, judged like the chosen plan, which is the best of all)."""
+    n = request.n_stages
+    rows = [r for r in table if r["workers"] == n]
+    fitting = [r for r in rows if r["feasible"] or not check_memory]
+    if fitting:
+        t = min(r["iteration_s"] for r in fitting)
+        verb = "costs more than it saves" if t > plan.prediction.iteration_s else "saves nothing"
+        why = (f"splitting {request.model_name} over {request.cluster_name} {verb} "
+               f"({n} workers: {_duration(t)} vs {_duration(plan.prediction.iteration_s)})")
+    elif rows:
+        why = f"no division over {n} workers fits ({min(rows, key=lambda r: r['iteration_s'])['reason']})"
+    elif (request.n_micro or request.batch) < n:
+        why = f"{n} workers need at least {n} micro-batches (1F1B)"
+    else:
+        why = f"no division over {n} workers fits their memory"
+    workers = f"{plan.n_stages} worker{'s' if plan.n_stages != 1 else ''}"
+    return f"{name}: {workers} on {plan.n_stages} of {request.n_devices} devices — {why}; exact_stages forces {n}"
 
 
 @register("bipartition", "Bi-Partition: separate forward and backward ranges per worker (1F1B)", schedules=("1f1b",))

@@ -35,7 +35,7 @@ Deviations from the printed pseudo-code, with eq. (8) as the truth (CSIMD eqs. (
      when halving no longer changes a float, so it ends on zeros and on huge ratios.
   6. A stage count below N is allowed when MASP packs into fewer bins (tau <= N, as Algorithm 2
      accepts); the planner then leaves the extra devices idle rather than add a cut that costs
-     more.
+     more, and says so in the plan (SearchInfo.note); exact_stages in the request asks for N.
 Beyond the paper: `imd` runs all eta + 1 weights of one dichotomy step together in numpy (the
 paper's Table II slopes imply minutes at K = 50,000); `exact_rho` returns the true optimum of
 rho1 + rho2 by walking the staircase of Pareto-optimal (rho1, rho2) pairs. The searches that

@@ -1,236 +1,25 @@
 """CSIMD's searches over divisions and micro-batch counts (../shared/papers/csimd.md eq. (8)):
 the exact optimum of T(lambda, p) for one p by branch and bound (`exact_time`), Algorithm 1's
-cross-search (`cross_search`), and the default `search` (branch and bound across every p).
+cross-search (`cross_search`), and the default `search` (branch and bound across every p, only
+among divisions that fit memory when given one).
 
 The building blocks they share (MASP, IMD, exact_rho, ODPA, eq. (8) itself) are in
-planners/csimd.py; this module only composes them.
+planners/csimd.py, the branch and bound for one p in planners/csimd_bound.py; this module only
+composes them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from paraplan.planners.csimd import (
-    SearchMethod,
-    _cut_costs,
-    _prefix,
-    _stage_limit,
-    _time_arrays,
-    exact_rho,
-    imd,
-    odpa,
-    total_time,
-)
+from paraplan.planners.csimd import SearchMethod, _stage_limit, _time_arrays, exact_rho, imd, odpa, total_time
+from paraplan.planners.csimd_bound import TimeSearchOutcome, _time_branch_and_bound
+from paraplan.planners.fit import misfit
+from paraplan.planners.partition import fill_to
 
-
-# --------------------------------------------------------------------------- exact T(lambda, p)
-@dataclass(frozen=True)
-class TimeSearchOutcome:
-    """What the branch and bound over the divisions for one p found."""
-
-    cuts: tuple[int, ...] | None  # the best division with T <= target_s; None if none reaches it
-    finished: bool  # False when max_work stopped it before every division was accounted for
-    work: int  # in units of one dominance comparison (`_WORK_PER_LAYER`, `_WORK_PER_LABEL`)
-
-
-# The cost model of the branch and bound's work, in units of one dominance comparison, fitted on
-# the 2-core development machine (about 2.6 ns a unit): a layer's fixed numpy overhead, a label
-# extended to a layer, a pair of labels compared.
-_WORK_PER_LAYER = 40_000
-_WORK_PER_LABEL = 500
-
-
-def _completion_buckets(n_max: int) -> list[tuple[int, int]]:
-    """Ranges of stage counts for the rest of the model: single counts up to 4, then doubling.
-
-    The bound of a range [lo, hi] charges lo - 1 cuts and the balance of hi stages, which is below
-    the bound of every count in the range: the ranges keep the bound valid and its cost small."""
-    buckets, lo = [], 1
-    while lo <= n_max:
-        hi = lo if lo <= 4 else min(2 * lo - 1, n_max)
-        buckets.append((lo, hi))
-        lo = hi + 1
-    return buckets
-
-
-_BLOCK = 128
-_EARLIER = np.triu(np.ones((_BLOCK, _BLOCK), dtype=bool), 1)  # row label before column label
-
-
-def _dominates(r1_a, r2_a, c_a, s_a, r1_b_floor, r2_b_floor, c_b, s_b, weight: float) -> np.ndarray:
-    """(a x b) matrix: label a dominates label b (see `_undominated`); in place to spare memory."""
-    extra = np.subtract.outer(r1_a, r1_b_floor)
-    np.maximum(extra, 0.0, out=extra)
-    second = np.subtract.outer(r2_a, r2_b_floor)
-    np.maximum(second, 0.0, out=second)
-    extra += second
-    extra *= weight
-    extra += c_a[:, None]
-    return (extra <= c_b) & (s_a[:, None] <= s_b)
-
-
-def _undominated(r1, r2, comm, stages, least1, least2, weight: float):
-    """Indices of the labels that no earlier label dominates, and the comparisons spent.
-
-    Label A (ending at the same layer as B) dominates B when A used no more stages and finishing A
-    the way B is finished never costs more: c_A + w (pos(r1_A - max(r1_B, L1_B)) +
-    pos(r2_A - max(r2_B, L2_B))) <= c_B, with L_B a lower bound on the rest's stage maxima with B's
-    remaining stages (max(a, X) - max(b, X) = pos(a - max(b, X)) and X >= L_B). A dominator's lower
-    bound is never above its victim's, and the labels come sorted by it, so comparing each label
-    with the earlier ones only loses nothing; dropping a label that an earlier, itself dropped one
-    dominates is safe too, as dominance chains down to a kept label."""
-    m = len(r1)
-    floor1, floor2 = np.maximum(r1, least1), np.maximum(r2, least2)
-    keep = np.zeros(0, dtype=np.int64)
-    spent = 0
-    for start in range(0, m, _BLOCK):
-        stop = min(start + _BLOCK, m)
-        here = slice(start, stop)
-        size = stop - start
-        dominated = np.zeros(size, dtype=bool)
-        if len(keep):  # against every label kept so far
-            dominated |= _dominates(r1[keep], r2[keep], comm[keep], stages[keep], floor1[here], floor2[here],
-                                    comm[here], stages[here], weight).any(axis=0)
-            spent += len(keep) * size
-        inside = _dominates(r1[here], r2[here], comm[here], stages[here], floor1[here], floor2[here],
-                            comm[here], stages[here], weight)
-        dominated |= (inside & _EARLIER[:size, :size]).any(axis=0)
-        spent += size * size
-        survivors = np.nonzero(~dominated)[0] + start
-        keep = np.concatenate((keep, survivors))
-    return keep, spent
-
-
-class _Labels:
-    """Growing columns of partial divisions: (rho1, rho2, cut communication, stages, parent, end)."""
-
-    def __init__(self):
-        self.size, cap = 1, 1024
-        self.rho1, self.rho2, self.comm = np.zeros(cap), np.zeros(cap), np.zeros(cap)
-        self.stages = np.zeros(cap, dtype=np.int64)
-        self.parent = np.full(cap, -1, dtype=np.int64)
-        self.end = np.full(cap, -1, dtype=np.int64)  # label 0: the empty division, "ending" at -1
-
-    def add(self, rho1, rho2, comm, stages, parent, end: int) -> None:
-        m = len(rho1)
-        while self.size + m > len(self.rho1):
-            for name in ("rho1", "rho2", "comm", "stages", "parent", "end"):
-                old = getattr(self, name)
-                setattr(self, name, np.concatenate((old, np.zeros_like(old))))
-        s = slice(self.size, self.size + m)
-        self.rho1[s], self.rho2[s], self.comm[s], self.stages[s], self.parent[s] = rho1, rho2, comm, stages, parent
-        self.end[s] = end
-        self.size += m
-
-    def cuts(self, label: int) -> tuple[int, ...]:
-        cuts = []
-        while label > 0:
-            cuts.append(int(self.end[label]))
-            label = int(self.parent[label])
-        return tuple(reversed(cuts))
-
-
-def _time_branch_and_bound(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, target_s: float,
-                           max_work: float = np.inf) -> TimeSearchOutcome:
-    """The division into at most n_stages stages minimising T(lambda, p) (eq. (8)) among those with
-    T <= target_s (a known division's T), or None when none reaches the target.
-
-    A forward dynamic program over the layer where a stage ends keeps labels (rho1, rho2, cut
-    communication, stages used) of partial divisions. A label is dropped when even the best way to
-    finish it cannot reach the target: the rest of the model, split into m more stages, adds at
-    least m - 1 of its cheapest cuts and has stage maxima at least max(largest layer, sum / m)
-    (eq. (8) term by term). Labels another label dominates are dropped too (`_undominated`).
-    Arrays must be checked (`_time_arrays`) by the caller."""
-    k = len(h_p)
-    n_max = _stage_limit(n_stages, k)
-    if n_micro < 1:
-        raise ValueError(f"need at least one micro-batch, got {n_micro}")
-    weight = float(n_micro - 1)  # p - 1 in eq. (8)
-    p1, p2 = _prefix(h_p), _prefix(j_p)
-    cut_f, cut_b = _cut_costs(h_m, j_m)
-    cut_comm = cut_f + cut_b
-    base = float(p1[-1] + p2[-1])  # sum of all compute, the same for every division
-    slack = 1e-12 * (abs(target_s) + base)  # rounding of sums taken in another order
-    budget = target_s - base + slack  # for cut communication + (p - 1)(rho1 + rho2)
-    if budget < 0:
-        return TimeSearchOutcome(None, True, 0)
-    # the rest of the model after a stage ending at layer e: layers e + 1 .. K - 1
-    rest_len = k - 1 - np.arange(k)
-    rest_max1 = np.append(np.maximum.accumulate(h_p[::-1])[::-1][1:], 0.0)
-    rest_max2 = np.append(np.maximum.accumulate(j_p[::-1])[::-1][1:], 0.0)
-    rest_sum1, rest_sum2 = p1[-1] - p1[1:], p2[-1] - p2[1:]
-    # cheapest cut inside the rest (cut positions e + 1 .. K - 2)
-    inner = np.append(cut_comm[:-1], np.inf)
-    rest_cut = np.append(np.minimum.accumulate(inner[::-1])[::-1][1:], np.inf)
-    rest_cut = np.where(np.isfinite(rest_cut), rest_cut, 0.0)
-    least_rho1 = max(h_p.max(), p1[-1] / n_max)  # no division has smaller rho1 (or rho2 below)
-    least_rho2 = max(j_p.max(), p2[-1] / n_max)
-    buckets = _completion_buckets(n_max)
-    widen = 1e-12 * (p1[-1] + p2[-1])
-    labels = _Labels()
-    first = [0, 1]  # first[j + 1]: the first label of a stage ending at layer j (label 0 ends at -1)
-    work = 0
-    best_parent = -1  # the label before the final stage of the best complete division
-    for e in range(k):
-        last = e == k - 1
-        j_lo = -1  # stages j + 1 .. e whose own compute already breaks the budget are never tried
-        if weight > 0:
-            cap1 = budget / weight - least_rho2 + widen
-            cap2 = budget / weight - least_rho1 + widen
-            j_lo = max(-1, int(np.searchsorted(p1, p1[e + 1] - cap1, side="left")) - 1,
-                       int(np.searchsorted(p2, p2[e + 1] - cap2, side="left")) - 1)
-        lo, hi = first[min(j_lo, e) + 1], first[e + 1]
-        if lo >= hi:
-            first.append(labels.size)
-            work += _WORK_PER_LAYER
-            continue
-        ends = labels.end[lo:hi]
-        r1 = np.maximum(labels.rho1[lo:hi], p1[e + 1] - p1[ends + 1])
-        r2 = np.maximum(labels.rho2[lo:hi], p2[e + 1] - p2[ends + 1])
-        stages = labels.stages[lo:hi] + 1
-        work += _WORK_PER_LAYER + _WORK_PER_LABEL * (hi - lo)
-        if last:  # complete divisions: eq. (8) less the compute sum
-            value = labels.comm[lo:hi] + weight * (r1 + r2)
-            value = np.where(stages <= n_max, value, np.inf)
-            i = int(np.argmin(value))
-            if value[i] <= budget:
-                best_parent = lo + i
-            break
-        r1 = np.maximum(r1, cut_f[e])
-        r2 = np.maximum(r2, cut_b[e])
-        comm = labels.comm[lo:hi] + cut_comm[e]
-        rest_stages = np.minimum(n_max - stages, rest_len[e])  # stages the rest may still use
-        alive = rest_stages >= 1
-        with np.errstate(divide="ignore", invalid="ignore"):
-            least1 = np.maximum(rest_max1[e], rest_sum1[e] / rest_stages)
-            least2 = np.maximum(rest_max2[e], rest_sum2[e] / rest_stages)
-        finish = np.full(hi - lo, np.inf)  # the least the rest can add, over its stage counts
-        for few, many in buckets:
-            if few > rest_len[e]:
-                break
-            many_here = np.minimum(many, rest_stages)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                value = (few - 1) * rest_cut[e] + weight * (
-                    np.maximum(r1, np.maximum(rest_max1[e], rest_sum1[e] / many_here))
-                    + np.maximum(r2, np.maximum(rest_max2[e], rest_sum2[e] / many_here)))
-            finish = np.where(rest_stages >= few, np.minimum(finish, value), finish)
-        bound = comm + finish
-        keep = np.nonzero(alive & (bound <= budget))[0]
-        if len(keep):
-            order = keep[np.lexsort((stages[keep], bound[keep]))]
-            chosen, spent = _undominated(r1[order], r2[order], comm[order], stages[order],
-                                         least1[order], least2[order], weight)
-            work += spent
-            pick = order[chosen]
-            labels.add(r1[pick], r2[pick], comm[pick], stages[pick], lo + pick, e)
-        first.append(labels.size)
-        if work > max_work:
-            return TimeSearchOutcome(None, False, work)
-    if best_parent < 0:
-        return TimeSearchOutcome(None, True, work)
-    return TimeSearchOutcome(labels.cuts(best_parent), True, work)
+__all__ = ["AUTO_MAX_WORK", "CrossSearchResult", "TimeSearchOutcome", "cross_search", "exact_time", "search"]
 
 
 def exact_time(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, upper: float | None = None) -> tuple[int, ...]:
@@ -268,6 +57,7 @@ class CrossSearchResult:
     iterations: int  # cross-search: Algorithm 1's loop turns; AUTO / EXACT_TIME: exact searches run
     exact: bool = False  # proven the optimum of eq. (8) over every division and every candidate p
     lower_bound_s: float = 0.0  # no division and candidate p is faster (AUTO / EXACT_TIME; else 0)
+    fits: bool = True  # with a memory check: False when no division fitting was found (the closest)
 
 
 def cross_search(h_p, h_m, j_p, j_m, n_micro_values, n_stages: int, start: int | None = None,
@@ -325,7 +115,8 @@ def cross_search(h_p, h_m, j_p, j_m, n_micro_values, n_stages: int, start: int |
 AUTO_MAX_WORK = 2_000_000_000
 
 
-def _bound_every_p(q, ps: list[int], n_stages: int, max_work: float) -> CrossSearchResult:
+def _bound_every_p(q, ps: list[int], n_stages: int, max_work: float, memory=None,
+                   exactly: bool = False) -> CrossSearchResult:
     """Branch and bound on eq. (8) over every division and every candidate p (AUTO, EXACT_TIME).
 
     1. A lower bound per p: T >= sum of compute + (p - 1)(least rho1 + least rho2), as cut
@@ -337,27 +128,55 @@ def _bound_every_p(q, ps: list[int], n_stages: int, max_work: float) -> CrossSea
        incumbent (`_time_branch_and_bound`); each gets an equal share of the work left, and a
        second pass gives the work the others left unused to those that ran out. A p whose search
        never finished keeps its bound, which the result reports as `lower_bound_s`.
+    With `memory` (planners/fit.py SplitMemory) only divisions that fit count: an incumbent is
+    priced only at the p where it fits, a division that fits whenever any does joins them
+    (`fitting_cuts`), a p at which no division can fit is not searched (`can_fit`, a proof), and
+    the exact searches never form a stage that does not fit (`_search_one`: GPipe's verdict
+    depends on a stage's device only, 1F1B's on its distance from the last stage, searched on the
+    mirrored model; 1F1B on unequal devices once per stage count). With `exactly`, divisions have
+    exactly n_stages stages (incumbents are filled up, planners/partition.py `fill_to`). When
+    nothing fits, the division closest to fitting (`least_overflow_cuts`) comes back with
+    fits=False.
     """
     k = q[0].shape[1]
     n_max = _stage_limit(n_stages, k)
+    if exactly and n_stages > k:
+        raise ValueError(f"exactly {n_stages} stages of {k} layers: a stage needs a layer")
     weights = np.asarray(ps, float) - 1
     base = q[0].sum(axis=1) + q[2].sum(axis=1)
-    least = np.maximum(q[0].max(axis=1), q[0].sum(axis=1) / n_max) + np.maximum(q[2].max(axis=1),
-                                                                                q[2].sum(axis=1) / n_max)
-    bound = base + weights * least
-    best_cuts: tuple[int, ...] = ()
-    z = odpa(*q, best_cuts, ps)
-    best_row = int(np.argmin(z))
-    best_t = float(z[best_row])
+
+    def least_rho(n):  # no division into n stages has a smaller rho1 + rho2
+        return (np.maximum(q[0].max(axis=1), q[0].sum(axis=1) / n)
+                + np.maximum(q[2].max(axis=1), q[2].sum(axis=1) / n))
+
+    bound = base + weights * least_rho(n_max)
+    least_cut = (q[1][:, :-1] + q[3][:, 1:]).min(axis=1) if k > 1 else np.zeros(len(ps))
+    layer_times = q[0] + q[2]
+    best_cuts: tuple[int, ...] | None = None
+    best_row, best_t = 0, np.inf
 
     def offer(cuts) -> None:
         nonlocal best_cuts, best_row, best_t
         z = odpa(*q, cuts, ps)
+        if exactly and len(cuts) + 1 < n_max:  # filled up at the p this division suits best
+            r = int(np.argmin(z))
+            cuts = fill_to(*(x[r] for x in q), cuts, n_max, ps[r])
+            z = odpa(*q, cuts, ps)
+        if memory is not None:  # only where the division fits
+            z = np.where([memory.division_fits(r, cuts) for r in range(len(ps))], z, np.inf)
         r = int(np.argmin(z))
         if z[r] < best_t:
-            best_cuts, best_row, best_t = tuple(cuts), r, float(z[r])
+            best_cuts, best_row, best_t = tuple(int(c) for c in cuts), r, float(z[r])
 
-    order = [int(r) for r in np.argsort(bound, kind="stable")]
+    offer(())  # the single stage (filled up to n_max with `exactly`)
+    # the p worth a search: all, or those where some division may fit (a proof when not)
+    order = [int(r) for r in np.argsort(bound, kind="stable")
+             if memory is None or memory.can_fit(int(r), n_max)]
+    if memory is not None:
+        for r in order:
+            cuts = memory.fitting_cuts(r, n_max, layer_times[r])
+            if cuts is not None:
+                offer(cuts)
     for r in order:
         if bound[r] >= best_t:
             continue
@@ -365,36 +184,89 @@ def _bound_every_p(q, ps: list[int], n_stages: int, max_work: float) -> CrossSea
         offer(rho.cuts)
         # exact_rho is exact to its bisection's 1e-10; a little below keeps the bound valid
         bound[r] = max(bound[r], base[r] + weights[r] * rho.objective * (1 - 1e-9))
+    # the exact searches: one per p over at most n_max stages (from the last layer where 1F1B
+    # counts a stage by its distance from the last), or one per p and stage count where only the
+    # count tells a stage's verdict (exactly; 1F1B on unequal devices); none for a p at which
+    # nothing can fit
+    task_bound = {}
+    for r in order:
+        if exactly:
+            counts = [n_max]
+        elif memory is not None and memory.from_end and memory.uneven:
+            counts = [n for n in range(1, n_max + 1) if memory.can_fit(r, n)]
+        else:
+            counts = [None]
+        for n in counts:
+            extra = 0.0 if n is None else max(0.0, float(base[r] + (n - 1) * least_cut[r]
+                                                         + weights[r] * least_rho(n)[r]))
+            task_bound[(r, n)] = max(float(bound[r]), extra)
     searched, work = 0, 0.0
-    unresolved = [r for r in order if bound[r] < best_t]
-    tried: dict[int, float] = {}  # the work each row was given last time
+    unresolved = [t for t in task_bound if task_bound[t] < best_t]
+    tried: dict = {}  # the work each search was given last time
     for _ in range(2):
-        rows, unresolved = [r for r in unresolved if bound[r] < best_t], []
-        for i, r in enumerate(rows):
-            share = (max_work - work) / (len(rows) - i)
-            if bound[r] >= best_t:
+        tasks, unresolved = [t for t in unresolved if task_bound[t] < best_t], []
+        for i, (r, n) in enumerate(tasks):
+            share = (max_work - work) / (len(tasks) - i)
+            if task_bound[(r, n)] >= best_t:
                 continue
-            if share <= tried.get(r, 0.0):  # no more work than last time: it would stop again
-                unresolved.append(r)
+            if share <= tried.get((r, n), 0.0):  # no more work than last time: it would stop again
+                unresolved.append((r, n))
                 continue
-            found = _time_branch_and_bound(*(x[r] for x in q), n_max, ps[r], best_t, share)
+            found = _search_one(q, r, ps[r], n_max, n, best_t, share, memory)
             searched += 1
             work += found.work
-            tried[r] = share
+            tried[(r, n)] = share
             if found.cuts is not None:
                 offer(found.cuts)
             if not found.finished:
-                unresolved.append(r)
+                unresolved.append((r, n))
         if not unresolved:
             break
-    unresolved = [r for r in unresolved if bound[r] < best_t]
-    lower = min([best_t, *(float(bound[r]) for r in unresolved)])
+    unresolved = [t for t in unresolved if task_bound[t] < best_t]
+    if best_cuts is None:  # nothing fits (or none was found within the work): the closest to fitting
+        closest = []
+        for r in range(len(ps)):
+            cuts = memory.least_overflow_cuts(r, n_max)
+            cuts = fill_to(*(x[r] for x in q), cuts, n_max, ps[r]) if exactly else cuts
+            t = float(odpa(*(x[r:r + 1] for x in q), cuts, [ps[r]])[0])
+            closest.append((misfit(memory.overflow(r, cuts)), t, r, tuple(int(c) for c in cuts)))
+        _, t, r, cuts = min(closest)
+        return CrossSearchResult(cuts=cuts, n_micro=ps[r], time_s=t, iterations=searched, exact=False,
+                                 lower_bound_s=float(min(bound)), fits=memory.division_fits(r, cuts))
+    lower = min([best_t, *(task_bound[t] for t in unresolved)])
     return CrossSearchResult(cuts=best_cuts, n_micro=ps[best_row], time_s=best_t, iterations=searched,
                              exact=not unresolved, lower_bound_s=lower)
 
 
+def _search_one(q, r: int, p: int, n_max: int, n: int | None, target_s: float, max_work: float,
+                memory) -> TimeSearchOutcome:
+    """The branch and bound for row r: exactly n stages, or at most n_max (n None). With 1F1B on
+    equal devices it runs on the model turned round, where a stage's index is its distance from
+    the last: eq. (8) is the same for a division and its mirror image (rho1 is the largest of
+    every stage's forward compute and every cut's forward message, whichever stage sends it;
+    rho2 likewise), so the mirrored search's answer, turned back, is this one's."""
+    h_p, h_m, j_p, j_m = (x[r] for x in q)
+    if memory is None:
+        return _time_branch_and_bound(h_p, h_m, j_p, j_m, n or n_max, p, target_s, max_work, exactly=n is not None)
+    if n is not None or not memory.from_end:  # the stage's index from the first is what counts
+        return _time_branch_and_bound(h_p, h_m, j_p, j_m, n or n_max, p, target_s, max_work,
+                                      fits=memory.stage_fits(r, n or n_max), exactly=n is not None,
+                                      same_stages=memory.uneven)
+    k = len(h_p)
+    # mirrored arrays: the cut after mirrored layer e is the cut after layer k - 2 - e here, so it
+    # sends h_m[k - 2 - e] forward and j_m[k - 1 - e] back (csimd.py `_cut_costs`)
+    mirror_h_m = np.append(h_m[k - 2::-1], 0.0) if k > 1 else np.zeros(1)
+    mirror_j_m = np.append(0.0, j_m[:0:-1]) if k > 1 else np.zeros(1)
+    fits = memory.stage_fits_from_end(r, n_max)
+    found = _time_branch_and_bound(h_p[::-1].copy(), mirror_h_m, j_p[::-1].copy(), mirror_j_m, n_max, p, target_s,
+                                   max_work, fits=lambda after, first, stop: fits(after, k - stop, k - first))
+    if found.cuts is None:
+        return found
+    return replace(found, cuts=tuple(sorted(k - 2 - c for c in found.cuts)))
+
+
 def search(h_p, h_m, j_p, j_m, n_micro_values, n_stages: int, method: str = SearchMethod.AUTO, eta: int = 1000,
-           starts=None, max_work: float | None = None) -> CrossSearchResult:
+           starts=None, max_work: float | None = None, memory=None, exactly: bool = False) -> CrossSearchResult:
     """The division and micro-batch count minimising eq. (8). Arrays are (candidates x K), one
     row per p in n_micro_values.
 
@@ -422,6 +294,10 @@ def search(h_p, h_m, j_p, j_m, n_micro_values, n_stages: int, method: str = Sear
       eq. (8): they ignore the cut communication and stop at a local optimum.
     `starts` applies to the cross-search methods only; `eta` to IMD. Plain strings work as well
     as SearchMethod members; an unknown method raises ValueError.
+    `memory` (planners/fit.py SplitMemory): AUTO and EXACT_TIME then search only the divisions
+    that fit (`_bound_every_p`); the cross-search methods reproduce the paper, which ignores
+    memory, and ignore it too. `exactly`: exactly n_stages stages (the cross-searches' divisions
+    are filled up, `partition.fill_to`, and p chosen again by ODPA).
     """
     method = SearchMethod.parse(method)
     q = _time_arrays(h_p, h_m, j_p, j_m, ndim=2)
@@ -432,10 +308,17 @@ def search(h_p, h_m, j_p, j_m, n_micro_values, n_stages: int, method: str = Sear
         raise ValueError(f"micro-batch counts must be at least 1, got {min(ps)}")
     _stage_limit(n_stages, q[0].shape[1])
     if method == SearchMethod.AUTO:
-        return _bound_every_p(q, ps, n_stages, AUTO_MAX_WORK if max_work is None else max_work)
+        return _bound_every_p(q, ps, n_stages, AUTO_MAX_WORK if max_work is None else max_work, memory, exactly)
     if method == SearchMethod.EXACT_TIME:
-        return _bound_every_p(q, ps, n_stages, np.inf if max_work is None else max_work)
+        return _bound_every_p(q, ps, n_stages, np.inf if max_work is None else max_work, memory, exactly)
     starts = ps if starts is None else list(starts)
     cache: dict = {}
     results = [cross_search(*q, ps, n_stages, start=s, method=method, eta=eta, cache=cache) for s in starts]
-    return min(results, key=lambda r: r.time_s)
+    best = min(results, key=lambda r: r.time_s)
+    if exactly and len(best.cuts) + 1 < n_stages:
+        r = ps.index(best.n_micro)
+        cuts = fill_to(*(x[r] for x in q), best.cuts, n_stages, best.n_micro)
+        z = odpa(*q, cuts, ps)
+        r = int(np.argmin(z))
+        best = CrossSearchResult(cuts=cuts, n_micro=ps[r], time_s=float(z[r]), iterations=best.iterations)
+    return best

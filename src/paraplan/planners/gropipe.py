@@ -22,7 +22,13 @@ Reading of Algorithm 1 where it is ambiguous (the one that terminates and balanc
 The grouped search: for G devices, every shape N groups x k stages with N x k = G and every
 micro-batch count m; data parallelism across groups with GroPipe's group-based delayed
 asynchronous all-reduce, the pipeline inside each group (GPipe-style, as GroPipe's PMPIA); the
-simulator predicts each and the best wins.
+simulator predicts each and the best that fits wins.
+
+Memory (beyond the paper, which balances time only and reports memory afterwards, §IV and
+Fig. 13): where AMPA's partition of a shape does not fit its devices by the O(1) check of
+planners/fit.py, the split with the least slowest stage (real forward + backward times) among
+those whose every stage fits is tried beside it (`memory_capped`). When nothing fits, the plan
+closest to fitting (the smallest largest peak / capacity) comes back, its prediction infeasible.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ from dataclasses import replace
 import numpy as np
 
 from paraplan.costs import closed_forms as cf
-from paraplan.plan.plan import LayerRange, Plan, SearchInfo, Stage
+from paraplan.plan.plan import LayerRange, Plan, Prediction, SearchInfo, Stage
+from paraplan.planners.fit import SplitMemory, StageMemory, misfit
+from paraplan.planners.partition import fill_to
 from paraplan.planners.request import FieldError, Judge, PlanRequest
 from paraplan.planners.table import register
 
@@ -90,6 +98,23 @@ def ampa(layer_times, k: int, threshold: float = 0.0, normalised: bool = True) -
 MICRO_BATCH_CANDIDATES = (1, 2, 4, 6, 8, 10, 12, 14, 16)  # m values GroPipe's evaluation tries (Table VI)
 
 
+def memory_capped(memory: SplitMemory, layer_times, k: int, n_micro: int) -> tuple[int, ...] | None:
+    """Layer counts of k partitions with the least slowest partition among those whose every
+    partition fits (planners/fit.py `fitting_cuts`, filled up to k stages), or None when none fits."""
+    cuts = memory.fitting_cuts(0, k, layer_times)
+    if cuts is None:
+        return None
+    zeros = np.zeros(len(layer_times))
+    cuts = fill_to(layer_times, zeros, zeros, zeros, cuts, k, n_micro)
+    bounds = [0, *[c + 1 for c in cuts], len(layer_times)]
+    return tuple(int(b - a) for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def overflow(prediction: Prediction) -> float:
+    """The largest peak / capacity over the plan's devices: at most 1 when it fits."""
+    return max((m.peak_bytes / max(m.capacity_bytes, 1) for m in prediction.memory), default=0.0)
+
+
 def plan_gropipe(request: PlanRequest, judge: Judge, micro_batches=MICRO_BATCH_CANDIDATES, shapes=None,
                  grad_sync: str = "gropipe-delayed") -> tuple[Plan, list[dict]]:
     """Search N x k shapes and m; returns (best Plan, table of every candidate judged).
@@ -115,20 +140,31 @@ def plan_gropipe(request: PlanRequest, judge: Judge, micro_batches=MICRO_BATCH_C
             if micro != int(micro) or micro < 1:
                 continue
             fwd, bwd, _, _ = cm.compute(0).arrays(micro)
+            schedule = request.schedule or "gpipe"
+            groups = [tuple(s + r * k for r in range(n_groups)) for s in range(k)]  # stage s's devices
+            memory = SplitMemory([StageMemory(cm, batch / m, m, schedule, dp=n_groups)],
+                                 [min(cm.cluster.device(d).memory_bytes for d in g) for g in groups])
             sizes = ampa(fwd + bwd, k)
-            bounds = np.concatenate(([0], np.cumsum(sizes)))
-            stages = tuple(Stage(LayerRange(int(a), int(b)), tuple(s + r * k for r in range(n_groups)))
-                           for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)))
-            sync = "none" if n_groups == 1 else ("bucketed" if k == 1 else grad_sync)
-            plan = Plan(model=request.model_name, cluster=request.cluster_name, n_layers=k_layers, global_batch=batch,
-                        n_micro=m, schedule=request.schedule or "gpipe", grad_sync=sync, stages=stages)
-            prediction = judge(plan)
-            table.append({"groups": n_groups, "stages": k, "n_micro": m, "layer_counts": list(sizes),
-                          "iteration_s": prediction.iteration_s, "grad_sync": sync,
-                          "throughput": prediction.throughput_samples_per_s, "feasible": prediction.feasible})
-            key = (not prediction.feasible, prediction.iteration_s)
-            if best is None or key < best[0]:
-                best = (key, replace(plan, prediction=prediction))
+            divisions = [("ampa", sizes)]
+            if not memory.division_fits(0, tuple(int(c) - 1 for c in np.cumsum(sizes)[:-1])):
+                capped = memory_capped(memory, fwd + bwd, k, m)
+                if capped is not None:
+                    divisions.append(("memory-capped", capped))
+            for kind, sizes in divisions:
+                bounds = np.concatenate(([0], np.cumsum(sizes)))
+                stages = tuple(Stage(LayerRange(int(a), int(b)), groups[s])
+                               for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)))
+                sync = "none" if n_groups == 1 else ("bucketed" if k == 1 else grad_sync)
+                plan = Plan(model=request.model_name, cluster=request.cluster_name, n_layers=k_layers,
+                            global_batch=batch, n_micro=m, schedule=schedule, grad_sync=sync, stages=stages)
+                prediction = judge(plan)
+                table.append({"groups": n_groups, "stages": k, "n_micro": m, "layer_counts": list(sizes),
+                              "division": kind, "iteration_s": prediction.iteration_s, "grad_sync": sync,
+                              "throughput": prediction.throughput_samples_per_s, "feasible": prediction.feasible})
+                # the fastest that fits; when none fits, the closest to fitting
+                key = (0.0 if prediction.feasible else misfit(overflow(prediction)), prediction.iteration_s)
+                if best is None or key < best[0]:
+                    best = (key, replace(plan, prediction=prediction))
     if best is None:
         raise FieldError("batch", f"no (groups, stages, micro-batches) divides the batch {batch} into whole "
                                   f"micro-batches (micro-batch counts tried: {', '.join(map(str, micro_batches))})")
@@ -140,6 +176,8 @@ def plan_gropipe(request: PlanRequest, judge: Judge, micro_batches=MICRO_BATCH_C
 @register("gropipe", "GroPipe: N groups x k stages (AMPA), data parallel across groups with delayed all-reduce",
           schedules=("gpipe", "1f1b"))
 def _planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
+    # a stage count in the request fixes k: GroPipe then uses exactly that many stages (and every
+    # device), with or without exact_stages, so it never has fewer stages to explain
     shapes = None
     if request.n_stages:
         k = request.n_stages

@@ -31,8 +31,8 @@ import numpy as np
 
 from paraplan.planners.csimd import Division, _cut_costs, _stage_limit, evaluate, even_cuts, total_time
 
-__all__ = ["balanced_1d", "brute_force_rho", "brute_force_time", "even", "even_cuts", "min_max_dp",
-           "min_max_recursive", "random_cuts"]
+__all__ = ["balanced_1d", "bounds_of", "brute_force_rho", "brute_force_time", "even", "even_cuts", "fill_to",
+           "min_max_dp", "min_max_recursive", "random_cuts"]
 
 
 def _stage_table(h_p, h_m, j_p, j_m):
@@ -41,8 +41,9 @@ def _stage_table(h_p, h_m, j_p, j_m):
     return compute, cut_f + cut_b
 
 
-def min_max_dp(h_p, h_m, j_p, j_m, n_stages: int) -> tuple[int, ...]:
-    """A[n][j] = min_i max(A[n-1][i], cost(i+1..j)); O(N K^2), vectorised over i."""
+def min_max_dp(h_p, h_m, j_p, j_m, n_stages: int, exactly: bool = False) -> tuple[int, ...]:
+    """A[n][j] = min_i max(A[n-1][i], cost(i+1..j)); O(N K^2), vectorised over i. Fewer stages
+    are taken when they are no slower, unless `exactly` (then n_stages <= K)."""
     compute, comm = _stage_table(h_p, h_m, j_p, j_m)
     k = len(comm)
     n_stages = _stage_limit(n_stages, k)
@@ -56,7 +57,8 @@ def min_max_dp(h_p, h_m, j_p, j_m, n_stages: int) -> tuple[int, ...]:
             cost = np.maximum(best[n - 1][i], np.maximum(compute[j + 1] - compute[i + 1], comm[j]))
             m = int(np.argmin(cost))
             best[n][j], choice[n][j] = cost[m], i[m]
-    n = int(np.argmin(best[1:, k - 1])) + 1  # fewer stages are allowed when they are no slower
+    # fewer stages are allowed when they are no slower
+    n = n_stages if exactly else int(np.argmin(best[1:, k - 1])) + 1
     cuts, j = [], k - 1
     while n > 1:
         j = int(choice[n][j])
@@ -112,15 +114,17 @@ def brute_force_rho(h_p, h_m, j_p, j_m, n_stages: int, exactly: bool = False) ->
     return best
 
 
-def brute_force_time(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int) -> tuple[int, ...]:
+def brute_force_time(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, exactly: bool = False,
+                     fits=None) -> tuple[int, ...] | None:
     """The cuts minimising the whole of T(lambda, p) (CSIMD eq. (8), `csimd.total_time`) at
-    p = n_micro over every division into at most n_stages stages; the fewest stages win ties."""
-    best_cuts, best_t = (), np.inf
-    for cuts in _divisions(len(h_p), n_stages):
+    p = n_micro over every division into at most (or exactly) n_stages stages; the fewest stages
+    win ties. fits(cuts) -> bool: only divisions that fit count (None when none does)."""
+    best_cuts, best_t = None, np.inf
+    for cuts in _divisions(len(h_p), n_stages, exactly):
         t = total_time(h_p, h_m, j_p, j_m, cuts, n_micro)
-        if t < best_t:
+        if t < best_t and (fits is None or fits(cuts)):
             best_cuts, best_t = cuts, t
-    return tuple(int(c) for c in best_cuts)
+    return None if best_cuts is None else tuple(int(c) for c in best_cuts)
 
 
 def random_cuts(n_layers: int, n_stages: int, rng: np.random.Generator) -> tuple[int, ...]:
@@ -128,12 +132,54 @@ def random_cuts(n_layers: int, n_stages: int, rng: np.random.Generator) -> tuple
     return tuple(sorted(int(c) for c in rng.choice(n_layers - 1, size=n_stages - 1, replace=False)))
 
 
-def balanced_1d(weights, n_stages: int) -> tuple[int, ...]:
+def balanced_1d(weights, n_stages: int, exactly: bool = False) -> tuple[int, ...]:
     """The exact min-max contiguous split of one weight per layer (no communication)."""
     w = np.asarray(weights, float)
     zeros = np.zeros_like(w)
-    return min_max_dp(w, zeros, zeros, zeros, n_stages)
+    return min_max_dp(w, zeros, zeros, zeros, n_stages, exactly)
 
 
 def even(n_layers: int, n_stages: int) -> tuple[int, ...]:
     return even_cuts(n_layers, n_stages)
+
+
+def bounds_of(cuts, n_layers: int) -> list[int]:
+    """[0, first layer of stage 1, ..., n_layers]: stage i holds layers bounds[i]..bounds[i + 1] - 1."""
+    return [0, *[int(c) + 1 for c in cuts], n_layers]
+
+
+def fill_to(h_p, h_m, j_p, j_m, cuts, n_stages: int, n_micro: int) -> tuple[int, ...]:
+    """The division with exactly n_stages stages (n_stages <= K) from one with fewer: while there
+    are fewer, add the one cut that raises T(lambda, p) (eq. (8)) least at p = n_micro, every
+    candidate cut priced at once. For searches that may stop below N (IMD's MASP packs into at
+    most N bins, a min-max DP takes fewer stages when no slower) when exactly N are asked for."""
+    h_p, h_m, j_p, j_m = (np.asarray(x, float) for x in (h_p, h_m, j_p, j_m))
+    k = len(h_p)
+    if not 1 <= n_stages <= k:
+        raise ValueError(f"exactly {n_stages} stages of {k} layers: a stage needs a layer")
+    p1, p2 = np.concatenate(([0.0], np.cumsum(h_p))), np.concatenate(([0.0], np.cumsum(j_p)))
+    cut_f, cut_b = _cut_costs(h_m, j_m)
+    cuts = sorted(int(c) for c in cuts)
+    while len(cuts) + 1 < n_stages:
+        b = np.array(bounds_of(cuts, k))
+        n = len(b) - 1
+        out_f = np.array([cut_f[c] for c in cuts] + [0.0])  # each stage's outgoing cut
+        out_b = np.array([cut_b[c] for c in cuts] + [0.0])
+        f = np.maximum(p1[b[1:]] - p1[b[:-1]], out_f)  # per stage: max(F^P, F^M), eq. (6)
+        g = np.maximum(p2[b[1:]] - p2[b[:-1]], out_b)
+        # the largest f (g) over the stages other than i: prefix and suffix maxima
+        before_f = np.concatenate(([0.0], np.maximum.accumulate(f)[:-1]))
+        after_f = np.concatenate((np.maximum.accumulate(f[::-1])[::-1][1:], [0.0]))
+        before_g = np.concatenate(([0.0], np.maximum.accumulate(g)[:-1]))
+        after_g = np.concatenate((np.maximum.accumulate(g[::-1])[::-1][1:], [0.0]))
+        c = np.setdiff1d(np.arange(k - 1), cuts)  # a new cut after layer c
+        i = np.searchsorted(b, c, side="right") - 1  # the stage it splits
+        start, stop = b[i], b[i + 1]
+        rho1 = np.maximum.reduce([before_f[i], after_f[i], np.maximum(p1[c + 1] - p1[start], cut_f[c]),
+                                  np.maximum(p1[stop] - p1[c + 1], out_f[i])])
+        rho2 = np.maximum.reduce([before_g[i], after_g[i], np.maximum(p2[c + 1] - p2[start], cut_b[c]),
+                                  np.maximum(p2[stop] - p2[c + 1], out_b[i])])
+        added = cut_f[c] + cut_b[c] + (n_micro - 1) * (rho1 + rho2)  # T less what every candidate shares
+        cuts = sorted([*cuts, int(c[int(np.argmin(added))])])
+        assert len(cuts) + 1 == n + 1
+    return tuple(cuts)

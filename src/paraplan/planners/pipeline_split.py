@@ -8,21 +8,34 @@ CSIMD eq. (8); the Plan's prediction comes from the simulator.
 
 With a heterogeneous cluster the time functions of device 0 stand for every stage (CSIMD's IMD
 works on one set of per-layer arrays); the simulator then prices each stage on its own device.
+
+Memory: stage s runs on device s, and where a planner searches (csimd's divisions and p, the
+baselines' p, brute-force's divisions) only candidates that fit count, by the simulator's own
+memory count in O(1) a stage (planners/fit.py); when none fits, the candidate closest to fitting
+comes back and its prediction says it does not. csimd-paper (Algorithm 1 as printed) and random
+(GPipe-R) stay memory-blind, as their papers are.
+
+Stage counts: a planner may use fewer stages than the request's n_stages (another cut can cost
+more than it saves); the plan then says so and why in SearchInfo.note, from the best plan with
+exactly that many stages planned and judged the same way. exact_stages holds it to the count.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from paraplan.costs.memory import out_of_memory_reason, plan_memory
 from paraplan.costs.model import CostModel
 from paraplan.plan.plan import LayerRange, Plan, SearchInfo, Stage
 from paraplan.planners import csimd, csimd_search, partition
+from paraplan.planners.fit import SplitMemory, misfit
 from paraplan.planners.request import (
     FieldError,
+    Judge,
     OptionSpec,
     PlanRequest,
     at_least,
@@ -87,77 +100,123 @@ def build_problem(cm: CostModel, batch: int, n_stages: int, max_micro: int | Non
                         **{key: np.array(v) for key, v in rows.items()})
 
 
-def _best_over_p(problem: SplitProblem, divide, n_micro: int | None) -> tuple[tuple[int, ...], int]:
-    """A division for each candidate p (or the fixed one), keeping the best T."""
-    best = None
-    for p in ([n_micro] if n_micro else problem.n_micro_values):
-        cuts = divide(p)
+def split_memory(cm: CostModel, problem: SplitProblem, schedule: str) -> SplitMemory:
+    """The O(1) memory check of the problem's candidates: stage s on device s (planners/fit.py)."""
+    capacities = [cm.cluster.device(s).memory_bytes for s in range(problem.n_stages)]
+    return SplitMemory.for_micro_counts(cm, problem.batch, problem.n_micro_values, schedule, capacities)
+
+
+def _choose(problem: SplitProblem, candidates, memory: SplitMemory | None) -> tuple[tuple[int, ...], int]:
+    """The best (cuts, p) by eq. (8) among those that fit; when none does, the one closest to
+    fitting (the smallest largest peak / capacity). Without a memory check, the best by eq. (8)."""
+    def key(candidate):
+        cuts, p = candidate
         t = problem.time_s(cuts, p)
-        if best is None or t < best[0]:
-            best = (t, tuple(cuts), p)
-    return best[1], best[2]
+        if memory is None:
+            return (0.0, t)
+        return (misfit(memory.overflow(problem.n_micro_values.index(p), cuts)), t)
+
+    cuts, p = min(candidates, key=key)
+    return tuple(int(c) for c in cuts), p
 
 
-def _odpa_p(problem: SplitProblem, cuts) -> int:
-    z = csimd.odpa(problem.h_p, problem.h_m, problem.j_p, problem.j_m, cuts, problem.n_micro_values)
-    return problem.n_micro_values[int(np.argmin(z))]
+def _micro(problem: SplitProblem, n_micro: int | None) -> tuple[int, ...]:
+    return (n_micro,) if n_micro else problem.n_micro_values
 
 
-Divider = Callable[[SplitProblem, "int | None", dict], "tuple[tuple[int, ...], int, dict]"]
-DIVIDERS: dict[str, Divider] = {}  # planner name -> (problem, fixed p or None, options) -> (cuts, p, notes)
+def _best_over_p(problem: SplitProblem, divide, n_micro: int | None, memory=None) -> tuple[tuple[int, ...], int]:
+    """A division for each candidate p (or the fixed one), keeping the best T that fits."""
+    return _choose(problem, [(divide(p), p) for p in _micro(problem, n_micro)], memory)
 
 
-def _csimd(problem: SplitProblem, n_micro: int | None, options: dict, paper: bool = False):
-    # csimd-paper: Algorithm 1 as printed, IMD from p = 1. csimd: every p as a start and the
-    # exact minimum of T per p where that is cheap (planners/csimd_search.py `search`).
+Divider = Callable[..., "tuple[tuple[int, ...], int, dict]"]
+# planner name -> (problem, fixed p or None, options, memory check or None, exactly) -> (cuts, p, notes)
+DIVIDERS: dict[str, Divider] = {}
+
+
+def _csimd(problem: SplitProblem, n_micro: int | None, options: dict, memory=None, exactly: bool = False,
+           paper: bool = False):
+    # csimd-paper: Algorithm 1 as printed, IMD from p = 1: the paper's memory-blind baseline (its
+    # plan's prediction says whether it fits). csimd: every p as a start and the exact minimum of T
+    # per p where that is cheap (planners/csimd_search.py `search`), among the divisions that fit.
     ps = problem.n_micro_values
     q = (problem.h_p, problem.h_m, problem.j_p, problem.j_m)
+    rows = list(range(len(ps)))
     if n_micro:  # a fixed p: only that row
         r = ps.index(n_micro)
-        q, ps = tuple(x[r:r + 1] for x in q), [n_micro]
+        q, ps, rows = tuple(x[r:r + 1] for x in q), [n_micro], [r]
+    if memory is not None and len(rows) < len(problem.n_micro_values):
+        memory = memory.subset(rows)
     method, starts = ("imd", [ps[0]]) if paper else (options["method"], None)
-    best = csimd_search.search(*q, ps, problem.n_stages, method=method, eta=options["eta"], starts=starts)
+    best = csimd_search.search(*q, ps, problem.n_stages, method=method, eta=options["eta"], starts=starts,
+                               memory=None if paper else memory, exactly=exactly)
     notes = {"iterations": best.iterations}
     if not paper:  # what the search proved: the optimum of eq. (8), or a lower bound on it
         notes.update(exact=best.exact, lower_bound_s=best.lower_bound_s)
     return best.cuts, best.n_micro, notes
 
 
-def _with_odpa(problem: SplitProblem, cuts, n_micro: int | None):
-    """A division fixed by its baseline; p fixed by the user or chosen by ODPA (CSIMD Algorithm 4)."""
-    return cuts, n_micro or _odpa_p(problem, cuts), {}
+def _with_odpa(problem: SplitProblem, cuts, n_micro: int | None, memory=None):
+    """A division fixed by its baseline; p fixed by the user or chosen by ODPA (CSIMD Algorithm 4,
+    eq. (8) at every p) among the p where the division fits."""
+    return _choose(problem, [(cuts, p) for p in _micro(problem, n_micro)], memory) + ({},)
 
 
-def _random(problem: SplitProblem, n_micro: int | None, options: dict):
+def _random(problem: SplitProblem, n_micro: int | None, options: dict, memory=None, exactly: bool = False):
+    # GPipe-R draws its cuts and p: no search, so no memory check (its prediction says whether it fits)
     rng = np.random.default_rng(options["seed"])
     cuts = partition.random_cuts(problem.n_layers, problem.n_stages, rng)
     return cuts, n_micro or int(rng.choice(problem.n_micro_values)), {"seed": options["seed"]}
 
 
-def _brute_force(problem: SplitProblem, n_micro: int | None, options: dict):
+def _brute_force(problem: SplitProblem, n_micro: int | None, options: dict, memory=None, exactly: bool = False):
     if problem.n_layers > BRUTE_FORCE_MAX_LAYERS:
         raise FieldError("planner", f"brute-force enumerates every division: use it for at most "
                                     f"{BRUTE_FORCE_MAX_LAYERS} layers (this model has {problem.n_layers})")
-    # the true optimum of eq. (8): every division, every p
-    return _best_over_p(problem, lambda p: partition.brute_force_time(*problem.row(p), problem.n_stages, p),
-                        n_micro) + ({},)
+    # the true optimum of eq. (8) among the divisions that fit: every division, every p
+    candidates = []
+    for p in _micro(problem, n_micro):
+        r = problem.n_micro_values.index(p)
+        fits = None if memory is None else (lambda cuts, r=r: memory.division_fits(r, cuts))
+        cuts = partition.brute_force_time(*problem.row(p), problem.n_stages, p, exactly=exactly, fits=fits)
+        if cuts is not None:
+            candidates.append((cuts, p))
+    if not candidates:  # nothing fits: the division closest to fitting at each p
+        for p in _micro(problem, n_micro):
+            r = problem.n_micro_values.index(p)
+            cuts = memory.least_overflow_cuts(r, problem.n_stages)
+            candidates.append((_filled(problem, cuts, p) if exactly else cuts, p))
+    return _choose(problem, candidates, memory) + ({},)
+
+
+def _filled(problem: SplitProblem, cuts, p: int) -> tuple[int, ...]:
+    return partition.fill_to(*problem.row(p), cuts, problem.n_stages, p)
+
+
+def _time_1d(problem: SplitProblem, n_micro, options, memory=None, exactly=False):
+    return _best_over_p(problem, lambda q: partition.balanced_1d(problem.row(q)[0] + problem.row(q)[2],
+                                                                 problem.n_stages, exactly), n_micro, memory) + ({},)
+
+
+def _pipedream(problem: SplitProblem, n_micro, options, memory=None, exactly=False):
+    return _best_over_p(problem, lambda q: partition.min_max_dp(*problem.row(q), problem.n_stages, exactly),
+                        n_micro, memory) + ({},)
 
 
 DIVIDERS.update({
     "csimd": _csimd,
-    "csimd-paper": lambda pr, p, o: _csimd(pr, p, o, paper=True),
-    "even": lambda pr, p, o: _with_odpa(pr, partition.even(pr.n_layers, pr.n_stages), p),
+    "csimd-paper": lambda pr, p, o, m=None, x=False: _csimd(pr, p, o, m, x, paper=True),
+    "even": lambda pr, p, o, m=None, x=False: _with_odpa(pr, partition.even(pr.n_layers, pr.n_stages), p, m),
     "random": _random,
-    "params": lambda pr, p, o: _with_odpa(pr, partition.balanced_1d(pr.param_bytes, pr.n_stages), p),
-    "time-1d": lambda pr, p, o: _best_over_p(pr, lambda q: partition.balanced_1d(
-        pr.row(q)[0] + pr.row(q)[2], pr.n_stages), p) + ({},),
-    "pipedream-dp": lambda pr, p, o: _best_over_p(pr, lambda q: partition.min_max_dp(*pr.row(q), pr.n_stages),
-                                                  p) + ({},),
+    "params": lambda pr, p, o, m=None, x=False: _with_odpa(
+        pr, partition.balanced_1d(pr.param_bytes, pr.n_stages, x), p, m),
+    "time-1d": _time_1d,
+    "pipedream-dp": _pipedream,
     "brute-force": _brute_force,
 })
 SUMMARIES = {
-    "csimd": "CSIMD: stages + micro-batch count; eq. (8)'s exact optimum by branch and bound (or a proven bound)",
-    "csimd-paper": "CSIMD's Algorithm 1 as printed (IMD from p = 1)",
+    "csimd": "CSIMD: stages + micro-batch count; eq. (8)'s exact optimum among plans that fit, by branch and bound",
+    "csimd-paper": "CSIMD's Algorithm 1 as printed (IMD from p = 1; memory-blind, as the paper)",
     "even": "GPipe-E: equal layer counts",
     "random": "GPipe-R: random cuts and micro-batch count",
     "params": "DeepSpeed: balance parameters",
@@ -174,41 +233,101 @@ OPTIONS = {
 }
 
 
-def solve(problem: SplitProblem, planner: str, n_micro: int | None = None,
-          options: dict | None = None) -> tuple[tuple[int, ...], int, dict]:
-    """(cuts, p, notes) for one planner. A fixed n_micro applies to the baselines (GPipe-E-p)."""
+def solve(problem: SplitProblem, planner: str, n_micro: int | None = None, options: dict | None = None,
+          memory: SplitMemory | None = None, exactly: bool = False) -> tuple[tuple[int, ...], int, dict]:
+    """(cuts, p, notes) for one planner. A fixed n_micro applies to the baselines (GPipe-E-p).
+    memory: only (cuts, p) that fit are chosen where the planner searches (None: memory-blind);
+    exactly: exactly problem.n_stages stages."""
     if n_micro is not None and n_micro not in problem.n_micro_values:
         raise FieldError("micro_batches", f"{n_micro} does not divide the batch {problem.batch} "
                                           f"(choose from {', '.join(map(str, problem.n_micro_values))})")
     defaults = {name: spec.default for name, spec in OPTIONS.get(planner, {}).items()}
-    return DIVIDERS[planner](problem, n_micro, {**defaults, **(options or {})})
+    return DIVIDERS[planner](problem, n_micro, {**defaults, **(options or {})}, memory, exactly)
 
 
-def _plan(request: PlanRequest, options: dict, planner: str) -> Plan:
-    """Search, then write the answer as a Plan (without prediction: the registry adds the judge's)."""
+def _duration(t: float) -> str:
+    return f"{t * 1e3:.3g} ms" if t < 1 else f"{t:.3g} s"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _divide(request: PlanRequest, options: dict, planner: str, n_stages: int, exactly: bool) -> tuple[Plan, dict]:
+    """One planner's answer as a Plan (without prediction), and its search notes."""
     cm = request.costs
-    n_stages = request.n_stages or min(request.n_layers, request.n_devices)
-    t0 = time.perf_counter()
+    schedule = request.schedule or "gpipe"
     problem = build_problem(cm, request.batch, n_stages)
-    cuts, p, notes = solve(problem, planner, request.n_micro, options)
-    elapsed = time.perf_counter() - t0
-    bounds = [0, *[c + 1 for c in cuts], request.n_layers]
+    memory = split_memory(cm, problem, schedule)
+    cuts, p, notes = solve(problem, planner, request.n_micro, options, memory, exactly)
+    bounds = partition.bounds_of(cuts, request.n_layers)
     stages = tuple(Stage(LayerRange(a, b), (i,)) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)))
-    info = {"stages": n_stages, "eq8_time_s": problem.time_s(cuts, p), "costs": cm.source, **notes,
-            **{k: str(v) for k, v in options.items()}}
-    return Plan(model=request.model_name, cluster=request.cluster_name, n_layers=request.n_layers,
-                global_batch=request.batch, n_micro=p, schedule=request.schedule or "gpipe", grad_sync="none",
-                stages=stages, search=SearchInfo(planner=planner, search_s=elapsed, options=tuple(sorted(info.items()))))
+    plan = Plan(model=request.model_name, cluster=request.cluster_name, n_layers=request.n_layers,
+                global_batch=request.batch, n_micro=p, schedule=schedule, grad_sync="none", stages=stages)
+    return plan, {"eq8_time_s": problem.time_s(cuts, p), **notes}
+
+
+def _verdict(request: PlanRequest, plan: Plan, eq8_s: float, judge: Judge | None) -> tuple[Plan, float, str]:
+    """(plan with the judge's prediction when there is a judge, its time, '' or why it does not fit).
+    Without a judge: eq. (8) and the memory model (costs/memory.py), the judge's own count."""
+    if judge is not None:
+        plan = replace(plan, prediction=judge(plan))
+        return plan, plan.prediction.iteration_s, plan.prediction.reason if not plan.prediction.feasible else ""
+    cm = request.costs
+    capacities = {d: cm.cluster.device(d).memory_bytes for d in plan.devices}
+    return plan, eq8_s, out_of_memory_reason(plan_memory(plan, cm.model, capacities, cm.memory)[0])
+
+
+def _fewer_stages_note(request: PlanRequest, options: dict, planner: str, chosen: Plan, chosen_s: float,
+                       judge: Judge | None) -> str:
+    """One line: why the plan has fewer stages than the request's, from the best plan with exactly
+    that many, planned and judged the same way."""
+    n = request.n_stages
+    forced, info = _divide(request, options, planner, n, exactly=True)
+    forced, forced_s, reason = _verdict(request, forced, info["eq8_time_s"], judge)
+    times = f"{n} stages: {_duration(forced_s)} vs {_duration(chosen_s)}"
+    if reason:
+        why = f"the best {n} stages do not fit ({reason})"
+    elif forced_s > chosen_s:
+        why = f"splitting {request.model_name} over {request.cluster_name} costs more than it saves ({times})"
+    elif forced_s == chosen_s:
+        why = f"splitting {request.model_name} over {request.cluster_name} saves nothing ({times})"
+    else:  # a heuristic (or a search out of work) that stopped short of a faster division
+        why = f"its division leaves devices idle although more stages would be faster ({times})"
+    return (f"{planner}: {_count(chosen.n_stages, 'stage')} on {chosen.n_stages} of {request.n_devices} devices — "
+            f"{why}; exact_stages forces {n}")
+
+
+def _plan(request: PlanRequest, options: dict, planner: str, judge: Judge | None = None) -> Plan:
+    """Search, then write the answer as a Plan; with a judge, its prediction filled in."""
+    n_stages = request.n_stages or min(request.n_layers, request.n_devices)
+    exactly = request.exact_stages
+    if exactly and n_stages > request.n_layers:
+        raise FieldError("stages", f"exactly {n_stages} stages need a layer each; {request.model_name} has "
+                                   f"{request.n_layers}")
+    t0 = time.perf_counter()
+    plan, notes = _divide(request, options, planner, n_stages, exactly)
+    note = ""
+    if request.n_stages and plan.n_stages < request.n_stages and not exactly:
+        plan, chosen_s, _ = _verdict(request, plan, notes["eq8_time_s"], judge)
+        note = _fewer_stages_note(request, options, planner, plan, chosen_s, judge)
+    elapsed = time.perf_counter() - t0
+    info = {"stages": n_stages, "costs": request.costs.source, **notes, **{k: str(v) for k, v in options.items()}}
+    if exactly:
+        info["exact_stages"] = True
+    return replace(plan, search=SearchInfo(planner=planner, search_s=elapsed, options=tuple(sorted(info.items())),
+                                           note=note))
 
 
 for _name in DIVIDERS:  # each split planner in the table (planners/registry.py)
     register(_name, SUMMARIES[_name], schedules=("gpipe", "1f1b"), options=OPTIONS.get(_name))(
-        lambda request, options, judge, _name=_name: _plan(request, options, _name))
+        lambda request, options, judge, _name=_name: _plan(request, options, _name, judge))
 PLANNERS = tuple(DIVIDERS)
 
 
 def plan_split(cm: CostModel, model_name: str, cluster_name: str, batch: int, planner: str,
-               n_stages: int | None = None, n_micro: int | None = None, **options) -> Plan:
+               n_stages: int | None = None, n_micro: int | None = None, exact_stages: bool = False,
+               **options) -> Plan:
     """One split planner on a cost model, without prediction (tests and benchmarks)."""
     from paraplan.errors import UnknownNameError
     from paraplan.planners.request import validated_options
@@ -217,6 +336,6 @@ def plan_split(cm: CostModel, model_name: str, cluster_name: str, batch: int, pl
     if planner not in DIVIDERS:
         raise UnknownNameError("planner", planner, list(DIVIDERS))
     request = PlanRequest(costs=cm, model_name=model_name, cluster_name=cluster_name, batch=batch,
-                          n_stages=n_stages, n_micro=n_micro)
+                          n_stages=n_stages, n_micro=n_micro, exact_stages=exact_stages)
     spec = TABLE[planner]
     return spec.fn(request, validated_options(planner, options, spec.options), None)

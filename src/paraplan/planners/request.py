@@ -36,6 +36,9 @@ class PlanRequest:
     schedule: Schedule | None = None  # None: the planner's own
     memory_bytes: int | None = None  # a memory budget per device (None: each device's own capacity)
     options: Mapping[str, object] = field(default_factory=dict)  # per-planner knobs (eta, seed, method, ...)
+    # use exactly n_stages stages (workers), even where fewer would be faster; without it a planner
+    # may use fewer and says why in the plan's SearchInfo.note
+    exact_stages: bool = False
 
     def __post_init__(self):
         if not isinstance(self.batch, int) or self.batch < 1:
@@ -47,6 +50,10 @@ class PlanRequest:
             if self.n_stages > n_devices:
                 raise FieldError("stages", f"{self.n_stages} stages need {self.n_stages} devices; "
                                            f"{self.cluster_name} has {n_devices}")
+        if not isinstance(self.exact_stages, bool):
+            raise FieldError("exact_stages", f"must be true or false, got {self.exact_stages!r}")
+        if self.exact_stages and self.n_stages is None:
+            raise FieldError("exact_stages", "needs a stage count (stages) to hold to")
         if self.n_micro is not None:
             if self.n_micro < 1:
                 raise FieldError("micro_batches", f"must be positive, got {self.n_micro}")

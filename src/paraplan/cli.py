@@ -274,9 +274,11 @@ def _check_plan_sizes(args) -> None:
     against the cluster, which needs the measurement)."""
     from paraplan.plan.plan import Schedule
 
-    for flag, value in (("--batch", args.batch), ("--stages", args.stages), ("--micro-batches", args.micro_batches)):
+    if args.batch < 1:
+        raise ParaplanError(f"--batch: must be a positive whole number, got {args.batch}")
+    for flag, value in (("--stages", args.stages), ("--micro-batches", args.micro_batches)):
         if value is not None and value < 1:
-            raise ParaplanError(f"{flag}: must be a positive whole number, got {value}")
+            raise ParaplanError(f"{flag}: must be positive, got {value}")
     if args.schedule is not None and args.schedule not in tuple(Schedule):
         raise UnknownNameError("schedule", args.schedule, [str(s) for s in Schedule])
     if args.exact_stages and args.stages is None:

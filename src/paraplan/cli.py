@@ -325,7 +325,7 @@ def _cmd_train(args) -> int:
     check_before_launch(config, world, spec.n_layers)
     local = load_cluster("local")
     capacities = {d: local.device(0).memory_bytes for d in range(world)}
-    reason = out_of_memory_reason(plan_memory(plan, spec, capacities)[0])
+    reason = out_of_memory_reason(plan_memory(plan, spec, capacities, device_kind=local.device(0).name)[0])
     if reason:
         raise ParaplanError(f"the plan does not fit this machine: {reason}")
     cm = _cost_model(args, spec, compare_cluster, overheads=overheads) if args.compare else None

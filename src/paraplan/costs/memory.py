@@ -13,8 +13,27 @@ Per device of a stage:
                   has one forward and one backward per stage per cycle, and a pass moves one stage per
                   half cycle), plus one checkpointed layer's recomputation;
   weight stash  = async 1F1B (PipeDream) keeps n_stages - stage - 1 older weight versions;
-  reserve       = a fixed per-device amount (CUDA context, allocator, workspace).
+  reserve       = the CUDA context, cuBLAS workspace and NCCL buffers: once per device, 0 on a CPU.
 A tied weight used on a stage that does not hold its owner (GPT-2's head) is a second copy there.
+
+What a real PyTorch run holds beyond those (costs/memory_config.py names the source of each):
+  allocator     the caching allocator's reserve over the activations (`allocator_fraction` of them;
+                costs/strategy.py applies it through `activation_scale`, so the planners' fast counts
+                agree); shown apart in the breakdown;
+  tp replicas   Megatron (tp > 1) holds the inputs of the layer norms and column-parallel linears
+                whole on every rank: (1 - 1/tp) x `tp_replicated_outputs` x the layer's output,
+                per micro-batch in flight;
+  sdp buffers   FSDP / ZeRO-3 (sdp > 1): the gathered weights of `sdp_gathered_layers` layers (the one
+                computing and the one prefetched) and one unsharded gradient, the largest of the stage;
+  ddp buckets   DDP (grad_sync "bucketed", dp > 1): a flat copy of the gradients of the dp layers.
+
+Two moments can be the peak, and the device's peak is the larger:
+  forward/backward  reserve + states + activations (+ allocator) + tp replicas + sdp buffers
+                    (zero_grad sets gradients to None (torch >= 2.0's default), so while the
+                    activations peak, DDP's buckets stand where the gradients counted in `states`
+                    are not yet);
+  optimizer step    reserve + states + ddp buckets + Adam's step temporaries (the activations are
+                    freed; the gradients and the buckets are both alive).
 """
 
 from __future__ import annotations
@@ -23,12 +42,12 @@ import math
 from dataclasses import dataclass
 
 from paraplan.costs.memory_config import GIB, MemoryConfig
-from paraplan.costs.strategy import layer_memory
+from paraplan.costs.strategy import layer_memory, param_count
 from paraplan.models.spec import ModelSpec
-from paraplan.plan.plan import DeviceMemory, Plan
+from paraplan.plan.plan import DeviceMemory, LayerStrategy, Plan
 
 __all__ = ["GIB", "MemoryBreakdown", "MemoryConfig", "micro_batches_in_flight", "out_of_memory_reason",
-           "plan_memory", "stage_memory"]
+           "plan_memory", "sdp_buffer_bytes", "stage_memory", "tp_replicated_bytes"]
 
 
 @dataclass(frozen=True)
@@ -36,14 +55,33 @@ class MemoryBreakdown:
     device: int
     stage: int
     states_bytes: float
-    activation_bytes: float
+    activation_bytes: float  # the tensors autograd keeps (+ one layer's recomputation), allocator excluded
     stash_bytes: float
-    reserve_bytes: float
+    reserve_bytes: float  # CUDA context, cuBLAS workspace, NCCL buffers (0 on a CPU)
     in_flight: int
+    allocator_bytes: float = 0.0  # the caching allocator's reserve over the activations
+    tp_replicated_bytes: float = 0.0  # Megatron's activations not split tp ways
+    sdp_buffer_bytes: float = 0.0  # FSDP / ZeRO-3 gathered weights and unsharded gradient
+    ddp_bucket_bytes: float = 0.0  # DDP's flat gradient copy
+    optimizer_step_bytes: float = 0.0  # Adam's step temporaries (counted at the step, not the forward)
+
+    @property
+    def forward_peak_bytes(self) -> float:
+        """During the forward and backward. DDP's buckets are not added: `states` counts a gradient per
+        parameter that does not exist yet while the activations peak (zero_grad sets it to None), and
+        the buckets stand in its place; both are alive only once the activations are freed (the step)."""
+        return (self.states_bytes + self.activation_bytes + self.allocator_bytes + self.stash_bytes
+                + self.reserve_bytes + self.tp_replicated_bytes + self.sdp_buffer_bytes)
+
+    @property
+    def step_peak_bytes(self) -> float:
+        """During the optimizer step: the activations are freed, gradients and buckets both alive."""
+        return (self.states_bytes + self.stash_bytes + self.reserve_bytes + self.ddp_bucket_bytes
+                + self.optimizer_step_bytes)
 
     @property
     def peak_bytes(self) -> float:
-        return self.states_bytes + self.activation_bytes + self.stash_bytes + self.reserve_bytes
+        return max(self.forward_peak_bytes, self.step_peak_bytes)
 
 
 def micro_batches_in_flight(schedule: str, n_stages: int, stage: int, n_micro: int,
@@ -56,40 +94,84 @@ def micro_batches_in_flight(schedule: str, n_stages: int, stage: int, n_micro: i
     return max(1, min(n_micro, math.ceil(n_stages - (a + stage) / 2)))
 
 
-def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryConfig | None = None) -> MemoryBreakdown:
-    config = config or MemoryConfig()
+def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryConfig | None = None,
+                 device_kind: str | None = None) -> MemoryBreakdown:
+    """One device of stage `stage_index`; `device_kind` (its DeviceSpec.name) drops the CUDA-only
+    terms on a CPU (MemoryConfig.for_device_kind); unknown is treated as a CUDA device."""
+    config = (config or MemoryConfig()).for_device_kind(device_kind)
     stage = plan.stages[stage_index]
     micro = plan.global_batch / plan.n_micro  # entering the stage's group; strategies split it further
     forward_owner = {i: s for s, st in enumerate(plan.stages) for i in st.layers}
     held = set(stage.layers) | set(stage.backward)
     states = stash = activations = recompute = 0.0
+    tp_replicated = ddp_grads = optimizer_params = 0.0
+    gathered = [0.0]  # the unsharded weights of each sdp layer
     in_flight_here = micro_batches_in_flight(plan.schedule, plan.n_stages, stage_index, plan.n_micro)
+    ddp = plan.grad_sync == "bucketed"
     for i in sorted(held):
         layer = model.layers[i]
         tied_copy = bool(layer.shared_param_bytes) and any(o not in held for o in layer.shared_owners)
-        m = layer_memory(model, i, stage.strategy(i), micro, config, tied_copy)
+        strategy = stage.strategy(i)
+        m = layer_memory(model, i, strategy, micro, config, tied_copy)
+        params = param_count(model, i, tied_copy)
         if i in stage.backward:
             states += m.states_bytes
+            optimizer_params += params / (strategy.tp * strategy.sdp)
             in_flight = micro_batches_in_flight(plan.schedule, plan.n_stages, stage_index, plan.n_micro,
                                                 forward_owner[i])
             activations += in_flight * m.saved_bytes
             recompute = max(recompute, m.recompute_bytes)
+            tp_replicated += in_flight * tp_replicated_bytes(model, i, strategy, micro, config)
+            if strategy.sdp > 1:
+                gathered.append(params / strategy.tp)
+            if ddp and strategy.dp > 1:
+                ddp_grads += params / (strategy.tp * strategy.sdp)
         else:  # Bi-Partition: forward only here; the backward owner updates and sends the weights back
             states += m.weights_bytes
         if i in stage.layers:
             stash += m.weights_bytes
     stash_versions = plan.n_stages - stage_index - 1 if plan.schedule == "async-1f1b" else 0
+    dynamic = activations + recompute  # scaled by activation_scale, which holds the allocator's share
+    allocator = dynamic * config.allocator_fraction / (1.0 + config.allocator_fraction)
     return MemoryBreakdown(device=stage.devices[0], stage=stage_index, states_bytes=states,
-                           activation_bytes=activations + recompute, stash_bytes=stash_versions * stash,
-                           reserve_bytes=config.reserve_bytes, in_flight=in_flight_here)
+                           activation_bytes=dynamic - allocator, stash_bytes=stash_versions * stash,
+                           reserve_bytes=config.reserve_bytes, in_flight=in_flight_here,
+                           allocator_bytes=allocator, tp_replicated_bytes=tp_replicated,
+                           sdp_buffer_bytes=sdp_buffer_bytes(gathered, config),
+                           ddp_bucket_bytes=ddp_grads * config.grad_bytes_per_param * config.ddp_bucket_fraction,
+                           optimizer_step_bytes=optimizer_params * config.optimizer_step_bytes_per_param)
 
 
-def plan_memory(plan: Plan, model: ModelSpec, capacities: dict[int, int],
-                config: MemoryConfig | None = None) -> tuple[tuple[DeviceMemory, ...], tuple[MemoryBreakdown, ...]]:
-    """Peak bytes of every device the plan uses (every device of a stage holds the same)."""
+def tp_replicated_bytes(model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,
+                        config: MemoryConfig) -> float:
+    """Per micro-batch in flight: the part of layer `index`'s saved tensors that Megatron holds whole
+    on every tp rank, beyond the 1/tp share costs/strategy.py counts (0 without tp)."""
+    if strategy.tp <= 1 or strategy.checkpoint:
+        return 0.0
+    layer = model.layers[index]
+    local = micro_batch / strategy.data_degree
+    whole = min(layer.saved_bytes.at(local), config.tp_replicated_outputs * layer.output_bytes.at(local))
+    return whole * (1.0 - 1.0 / strategy.tp) * config.activation_scale
+
+
+def sdp_buffer_bytes(gathered: list[float], config: MemoryConfig) -> float:
+    """FSDP / ZeRO-3: `sdp_gathered_layers` largest unsharded layers' weights, and one unsharded
+    gradient of the largest, from `gathered` (parameters per layer after tp)."""
+    largest = sorted(gathered, reverse=True)
+    weights = sum(largest[:config.sdp_gathered_layers]) * config.param_bytes_per_param
+    return weights + largest[0] * config.grad_bytes_per_param
+
+
+def plan_memory(plan: Plan, model: ModelSpec, capacities: dict[int, int], config: MemoryConfig | None = None,
+                device_kind: str | None = None, device_kinds: dict[int, str] | None = None,
+                ) -> tuple[tuple[DeviceMemory, ...], tuple[MemoryBreakdown, ...]]:
+    """Peak bytes of every device the plan uses (every device of a stage holds the same). The kind
+    of a stage's devices (DeviceSpec.name: `device_kinds` per device id, else `device_kind` for all)
+    decides the CUDA-only terms; unknown is treated as a CUDA device."""
     out, breakdowns = [], []
     for s, stage in enumerate(plan.stages):
-        b = stage_memory(plan, model, s, config)
+        kind = device_kinds.get(stage.devices[0], device_kind) if device_kinds else device_kind
+        b = stage_memory(plan, model, s, config, kind)
         breakdowns.append(b)
         for d in stage.devices:
             out.append(DeviceMemory(device=d, peak_bytes=int(round(b.peak_bytes)), capacity_bytes=capacities[d]))

@@ -1,15 +1,70 @@
-"""How bytes are counted per parameter and per activation (costs/memory.py, costs/strategy.py)."""
+"""How bytes are counted per parameter and per activation (costs/memory.py, costs/strategy.py),
+and what a real PyTorch run holds beyond model states and activations.
+
+Every term is one rule for every model; where a figure comes from torch's documented behaviour the
+comment names the source. `MemoryConfig()` describes a CUDA device under PyTorch;
+`MemoryConfig.for_device_kind("cpu-core")` drops the CUDA-only terms.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 2**30
+MIB = 2**20
 
 
 @dataclass(frozen=True)
 class MemoryConfig:
     state_bytes_per_param: float = 16.0  # fp32 Adam; mixed precision with fp32 master weights: 16 too
     param_bytes_per_param: float = 4.0  # the weights alone (what a weight stash copies)
-    activation_scale: float = 1.0  # measured in fp32; 0.5 for fp16/bf16 activations
+    grad_bytes_per_param: float = 4.0  # one gradient (what a DDP bucket or an FSDP unsharded gradient holds)
+    activation_dtype_scale: float = 1.0  # activations are measured in fp32; 0.5 for fp16/bf16
+    # The caching allocator's share of the memory allocated and freed every iteration (activations):
+    # blocks are rounded up (to 512 bytes; segments of 2 MiB below 1 MiB, 20 MiB up to 10 MiB, rounded
+    # to 2 MiB above: c10/cuda/CUDACachingAllocator.cpp, "CUDA memory management" in torch's notes) and
+    # a freed block split for a smaller request leaves a remainder that a later, larger request cannot
+    # use, so reserved memory exceeds allocated memory by a fraction of the dynamic part. One figure for
+    # every model, calibrated once on Galvatron-BMW Table II (docs/simulator.md); 0 on a CPU.
+    allocator_fraction: float = 0.15
+    # Per device, once (not per stage): the CUDA context with torch's kernels loaded (pytorch#34323:
+    # ~0.78 GB in nvidia-smi for a bare torch.cuda init before CUDA 11.7's lazy loading), cuBLAS's
+    # workspace and NCCL's channel buffers. 0 on a CPU.
     reserve_bytes: int = GIB // 2
+    # DDP (grad_sync "bucketed"): with gradient_as_bucket_view=False (torch's default) the Reducer
+    # copies every gradient into flat bucket buffers (bucket_cap_mb=25 each) that cover all the
+    # parameters and live as long as the module: pytorch#41954 ("peak memory dropped ~1GB" for a ~1 GB
+    # model when the gradients are made views of the buckets). `ddp_bucket_fraction` of the gradient
+    # bytes: 1.0 for the default, 0.0 with gradient_as_bucket_view=True.
+    ddp_bucket_fraction: float = 1.0
+    # Adam's step temporaries per parameter. The per-tensor loop (torch < 2.0's default, Table II's era)
+    # makes one parameter-sized temporary at a time (sqrt of exp_avg_sq): 0 here. The foreach kernels
+    # (torch >= 2.0's default on CUDA; torch.optim.Adam docs: "foreach ... uses more peak memory") make
+    # _foreach_sqrt(exp_avg_sqs) for the whole model at once: 4 bytes per fp32 parameter.
+    optimizer_step_bytes_per_param: float = 0.0
+    # FSDP / ZeRO-3 (sdp > 1): unsharded layers alive at once: the one computing plus the one prefetched
+    # (FSDP's default backward_prefetch=BACKWARD_PRE; ZeRO-3 prefetches ahead as well), each with its
+    # gathered weights, plus one unsharded gradient waiting for its reduce-scatter.
+    sdp_gathered_layers: int = 2
+    # Megatron tensor parallelism (tp > 1): the activations that are not split tp ways. Without sequence
+    # parallelism the inputs of the two layer norms and of the two column-parallel linears are held
+    # whole on every tp rank (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    # Transformer Models", eq. (2): sbh(10 + 24/t + 5as/(ht)), the 10 sbh not divided by t): four
+    # tensors the size of the block's output (in fp32), capped at the layer's saved bytes.
+    tp_replicated_outputs: float = 4.0
+
+    @property
+    def activation_scale(self) -> float:
+        """What costs/strategy.py multiplies measured saved bytes by: dtype and allocator."""
+        return self.activation_dtype_scale * (1.0 + self.allocator_fraction)
+
+    def for_device_kind(self, kind: str | None) -> MemoryConfig:
+        """The terms that apply on a device of this kind (DeviceSpec.name): a CPU has no CUDA context
+        and no caching allocator; anything else (or unknown) is treated as a CUDA device."""
+        if is_cpu(kind):
+            return replace(self, allocator_fraction=0.0, reserve_bytes=0)
+        return self
+
+
+def is_cpu(kind: str | None) -> bool:
+    return bool(kind) and str(kind).lower().startswith("cpu")

@@ -58,6 +58,13 @@ class CostModel:
     # device type -> LayerCosts; not an init field, so dataclasses.replace() starts a fresh one
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
+    def __post_init__(self):
+        # One memory rule for every caller (planners, the simulator): on a cluster of CPUs the
+        # CUDA-only terms (context, caching allocator) go (MemoryConfig.for_device_kind)
+        kinds = {slot.spec.name for slot in self.cluster.devices}
+        if len(kinds) == 1:
+            object.__setattr__(self, "memory", self.memory.for_device_kind(kinds.pop()))
+
     def compute(self, device_id: int) -> LayerCosts:
         spec = self.cluster.device(device_id)
         if spec.name not in self._cache:

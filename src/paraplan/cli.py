@@ -218,7 +218,16 @@ def _cmd_plan(args) -> int:
     from paraplan.simulate.predict import simulate_plan
 
     spec_of_planner = planner(args.planner)  # an unknown name fails before any work
+    if args.memory_size is not None:
+        if args.memory_gib is not None and args.memory_gib != args.memory_size:
+            raise ParaplanError("give --memory or --memory-gib, not both")
+        args.memory_gib = args.memory_size
     given = {"eta": args.eta, "seed": args.seed, "method": args.method}
+    if args.batch == "max":
+        if "batch_search" not in spec_of_planner.options:
+            raise ParaplanError(f"--batch max: planner {args.planner!r} plans a given batch; the Galvatron planners "
+                                "search the largest (e.g. --planner galvatron-bmw)")
+        given["batch_search"] = "max"
     for k, v in given.items():
         if v is not None and k not in spec_of_planner.options:
             raise ParaplanError(f"--{k}: planner {args.planner!r} has no such option")
@@ -229,7 +238,8 @@ def _cmd_plan(args) -> int:
     cluster = load_cluster(args.cluster)
     built, spec = _measured_model(args.model, args.seq_len, args.image_size, args.layers)
     cm = _cost_model(args, spec, cluster)
-    request = PlanRequest(costs=cm, model_name=built.ref, cluster_name=args.cluster, batch=args.batch,
+    batch = 1 if args.batch == "max" else args.batch  # max: the planner searches from the smallest step
+    request = PlanRequest(costs=cm, model_name=built.ref, cluster_name=args.cluster, batch=batch,
                           n_stages=args.stages, n_micro=args.micro_batches, schedule=args.schedule, options=options,
                           memory_bytes=None if args.memory_gib is None else int(args.memory_gib * 2**30),
                           exact_stages=args.exact_stages)
@@ -257,11 +267,48 @@ def _cmd_plan(args) -> int:
         console().print(f"{args.planner}: {stages} {ranges} on devices "
                         f"{[list(s.devices) for s in sim.plan.stages]}, {micro}{eq8}; "
                         f"searched in {sim.plan.search.search_s:.3g} s; plan written to {args.out}")
+        if any(stage.strategies for stage in sim.plan.stages):  # Galvatron: runs of one strategy
+            from paraplan.planners.galvatron import describe_strategies
+
+            for line in describe_strategies(sim.plan):
+                console().print(f"  {line}")
+            console().print(f"  global batch {sim.plan.global_batch}, {sim.plan.n_micro} micro-batches, "
+                            f"{sim.prediction.throughput_samples_per_s:.4g} samples/s predicted")
         if sim.plan.search.note:  # fewer stages than asked, and why
             console().print(_flags_in(sim.plan.search.note))
     if not feasible:
+        planner_reason = plan.prediction.reason if plan.prediction is not None else ""
+        if planner_reason:  # the planner knows what failed (e.g. which layer fits no strategy)
+            raise ParaplanError(_flags_in(planner_reason))
         raise ParaplanError(f"{args.planner} found no plan that fits: its best {sim.prediction.reason}")
     return 0
+
+
+def _batch_arg(text: str):
+    """A whole number of samples, or "max" (the planner searches the largest batch that fits)."""
+    if text == "max":
+        return "max"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or max, got {text!r}") from None
+
+
+_UNITS = {"gib": 2**30, "gb": 2**30, "g": 2**30, "mib": 2**20, "mb": 2**20, "m": 2**20, "tib": 2**40, "tb": 2**40}
+
+
+def _memory_arg(text: str) -> float:
+    """'16GiB' -> 16.0 (GiB). GB is read as GiB, as the papers' tables mean it (a 24 GB TITAN holds
+    24 GiB of memory)."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).lower() not in {**_UNITS, "": 1}:
+        raise argparse.ArgumentTypeError(f"expected a size such as 16GiB or 512MiB, got {text!r}")
+    value = float(m.group(1)) * (_UNITS.get(m.group(2).lower(), 2**30))
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value / 2**30
 
 
 def _flags_in(text: str) -> str:
@@ -274,7 +321,7 @@ def _check_plan_sizes(args) -> None:
     against the cluster, which needs the measurement)."""
     from paraplan.plan.plan import Schedule
 
-    if args.batch < 1:
+    if args.batch != "max" and args.batch < 1:
         raise ParaplanError(f"--batch: must be a positive whole number, got {args.batch}")
     for flag, value in (("--stages", args.stages), ("--micro-batches", args.micro_batches)):
         if value is not None and value < 1:
@@ -482,7 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dotted path of the model's list of repeated blocks, where paraplan cannot find it "
                         "(e.g. model.blocks)")
     p.add_argument("--cluster", required=True, help="preset name or TOML file (`paraplan clusters`)")
-    p.add_argument("--batch", type=int, required=True, help="global batch size (samples per iteration)")
+    p.add_argument("--batch", type=_batch_arg, required=True,
+                   help="global batch size (samples per iteration), or max: the largest that fits (Galvatron planners)")
     p.add_argument("--planner", default="csimd", help="one of the planners below")
     p.add_argument("--stages", type=int, default=None, help="pipeline stages (default: all devices, at most K)")
     p.add_argument("--micro-batches", type=int, default=None, help="fix the micro-batch count (GPipe-E-p)")
@@ -490,6 +538,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use exactly --stages stages (workers), even where fewer would be faster")
     p.add_argument("--schedule", default=None, help="gpipe or 1f1b (default: the planner's own)")
     p.add_argument("--memory-gib", type=float, default=None, help="memory budget per device (default: the device's)")
+    p.add_argument("--memory", type=_memory_arg, default=None, dest="memory_size",
+                   help="memory budget per device with a unit, e.g. 16GiB, 12GB, 512MiB (the same as --memory-gib)")
     p.add_argument("--eta", type=int, default=None, help="IMD weight groups (CSIMD's eta; default 1000)")
     p.add_argument("--method", default=None, help="csimd's division search: auto, imd, exact, exact-time")
     p.add_argument("--seed", type=int, default=None, help="for the random baseline (default 0)")

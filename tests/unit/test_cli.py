@@ -162,3 +162,17 @@ def test_fewer_stages_than_asked_are_explained_and_exact_stages_forces_them(tmp_
     assert json.loads(out.stdout)["n_stages"] == 4
     out = run("plan", "--model", "vgg-16", "--cluster", "csimd-v100-1gbe", "--batch", "64", "--exact-stages")
     assert out.returncode == 2 and "--exact-stages needs --stages" in out.stderr
+
+
+def test_galvatron_plans_the_largest_batch_and_prints_its_strategies(tmp_path):
+    out = run("plan", "--planner", "galvatron-bmw", "--model", "bert-tiny", "--cluster", "galvatron-8xtitan",
+              "--memory", "1GiB", "--batch", "max", "--out", str(tmp_path / "g.json"))
+    assert out.returncode == 0, out.stderr
+    assert "stage 1, layers 0-" in out.stdout and "global batch" in out.stdout
+    plan = json.loads((tmp_path / "g.json").read_text())
+    assert plan["global_batch"] >= 8 and all("strategies" in s for s in plan["stages"])
+    out = run("plan", "--planner", "csimd", "--model", "bert-tiny", "--cluster", "local", "--batch", "max")
+    assert out.returncode == 2 and "plans a given batch" in out.stderr
+    out = run("plan", "--planner", "galvatron-bmw", "--model", "bert-tiny", "--cluster", "local", "--batch", "8",
+              "--memory", "16 parsecs")
+    assert out.returncode == 2 and "expected a size" in out.stderr

@@ -22,6 +22,14 @@ Memory per device:
   saved        what one micro-batch in flight keeps for the backward: the layer's saved tensors at the
                local batch, / tp; a checkpointed layer keeps only its input;
   recompute    a checkpointed layer's full saved set, alive while it recomputes (one at a time).
+Layout (`LayerStrategy.order`, inner-most dimension first): the inner-most dimension's groups are
+consecutive devices of the stage, the next dimension strides over them, and so on
+(`strategy_groups`); each collective is priced on the slowest link of its own group, so a group
+that fits in a node runs on the intra-node link and one that spans nodes on the network
+(`strategy_links`). Overlap (§V): with `overlap_slowdown` given, a layer's SDP collectives overlap
+its backward compute and slow both down (`overlapped_s`); without it they run one after the other.
+Slice-Gather (§VI): between neighbouring layers with different data splits, each device fetches
+the part of the activation (forward) or of its gradient (backward) it lacks (`slice_gather_s`).
 """
 
 from __future__ import annotations
@@ -33,9 +41,11 @@ import numpy as np
 from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.timefn import LayerCosts
-from paraplan.hardware.cluster import LinkSpec
+from paraplan.hardware.cluster import Cluster, LinkSpec
 from paraplan.models.spec import ModelSpec
 from paraplan.plan.plan import LayerStrategy
+
+_NO_LINK = LinkSpec(bandwidth_bytes_per_s=float("inf"), latency_s=0.0)
 
 
 @dataclass(frozen=True)
@@ -78,9 +88,18 @@ def layer_memory(model: ModelSpec, index: int, strategy: LayerStrategy, micro_ba
                        saved_bytes=saved, recompute_bytes=recompute)
 
 
+def overlapped_s(compute_s: float, comm_s: float, slowdown: float) -> float:
+    """Compute and communication overlapping on one device (Galvatron §V): while both run, both
+    are `slowdown` times slower; the longer one finishes alone."""
+    both = min(compute_s, comm_s)
+    return both * slowdown + max(compute_s, comm_s) - both
+
+
 def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,
-               tp_link: LinkSpec, data_link: LinkSpec) -> LayerTime:
-    """Time of layer `index` on one device of its group (Galvatron-BMW §V)."""
+               tp_link: LinkSpec, data_link: LinkSpec, overlap_slowdown: float | None = None) -> LayerTime:
+    """Time of layer `index` on one device of its group (Galvatron-BMW §V). `data_link` prices the
+    SDP collectives (the link of the sdp group); with `overlap_slowdown` the backward's SDP
+    collectives overlap its compute (`overlapped_s`), else they add up."""
     layer = model.layers[index]
     local = micro_batch / strategy.data_degree
     tp, sdp = strategy.tp, strategy.sdp
@@ -89,29 +108,98 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
     if tp > 1:  # Megatron: two all-reduces of the activations per pass
         forward += 2 * ring_allreduce_s(layer.output_bytes.at(local), tp, tp_link)
         backward += 2 * ring_allreduce_s(layer.output_grad_bytes.at(local), tp, tp_link)
+    recompute = forward  # with tp, the recomputation repeats the forward's all-reduces (§III-A)
     shard = layer.param_bytes / tp
     if sdp > 1:  # ZeRO-3: gather the weights for each pass, scatter the gradients after the backward
         gather = ring_allgather_s(shard, sdp, data_link)
         forward += gather
-        backward += gather + ring_reducescatter_s(shard, sdp, data_link)
+        comm = gather + ring_reducescatter_s(shard, sdp, data_link)
+        backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)
     if strategy.checkpoint:
-        backward += forward
+        backward += recompute
     return LayerTime(forward_s=forward, backward_s=backward,
                      grad_allreduce_bytes=shard / sdp if strategy.dp > 1 else 0.0)
 
 
+def strategy_groups(strategy: LayerStrategy, devices: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """The group of each dimension (tp, sdp, dp) that holds the stage's first device, laid out by
+    `strategy.order` (inner-most first: its groups are consecutive devices)."""
+    out = {d: (devices[0],) for d in ("tp", "sdp", "dp")}
+    stride = 1
+    for dim, k in strategy.dims:
+        out[dim] = tuple(devices[j * stride] for j in range(k))
+        stride *= k
+    return out
+
+
+def strategy_links(cluster: Cluster, strategy: LayerStrategy, devices: tuple[int, ...]) -> dict[str, LinkSpec]:
+    """The bottleneck link of each dimension's group (`strategy_groups`): the intra-node link when
+    the group fits in a node, the network when it spans nodes."""
+    return {dim: cluster.slowest_link(group) if len(group) > 1 else _NO_LINK
+            for dim, group in strategy_groups(strategy, devices).items()}
+
+
+def data_rank(strategy: LayerStrategy, position: int) -> int:
+    """Which slice of the micro-batch the device at `position` of its group processes (0 ..
+    data_degree - 1): its dp and sdp ranks read as one mixed-radix number, inner-most first."""
+    rank, scale, stride = 0, 1, 1
+    for dim, k in strategy.dims:
+        r = (position // stride) % k
+        stride *= k
+        if dim != "tp":
+            rank += r * scale
+            scale *= k
+    return rank
+
+
+def slice_gather_fraction(a: LayerStrategy, b: LayerStrategy) -> float:
+    """Slice-Gather from layer strategy `a` to `b` on one group: the largest share of the micro-batch
+    a device must fetch (what `b` needs it to hold minus what `a` left it). Slicing what a device
+    already holds is free (0), e.g. from TP4 to DP4; from DP4 to TP4 each device gathers 3/4."""
+    if a.degree != b.degree:
+        raise ValueError(f"strategies over different group sizes: {a.degree} and {b.degree}")
+    da, db = a.data_degree, b.data_degree
+    worst = 0.0
+    for p in range(a.degree):
+        ra, rb = data_rank(a, p), data_rank(b, p)
+        held = (ra / da, (ra + 1) / da)
+        need = (rb / db, (rb + 1) / db)
+        overlap = max(0.0, min(held[1], need[1]) - max(held[0], need[0]))
+        worst = max(worst, 1 / db - overlap)
+    return worst if worst > 1e-12 else 0.0
+
+
+def slice_gather_s(model: ModelSpec, index: int, a: LayerStrategy, b: LayerStrategy, micro_batch: float,
+                   link: LinkSpec) -> tuple[float, float]:
+    """(forward, backward) seconds of the Slice-Gather between layer index-1 (strategy `a`) and layer
+    `index` (strategy `b`): the forward fetches the missing part of layer index-1's output for `b`,
+    the backward the missing part of its gradient for `a`, over the group's bottleneck `link`."""
+    if index <= 0:
+        return 0.0, 0.0
+    previous = model.layers[index - 1]
+    forward = slice_gather_fraction(a, b) * previous.output_bytes.at(micro_batch)
+    backward = slice_gather_fraction(b, a) * previous.output_grad_bytes.at(micro_batch)
+    return link.transfer_s(forward), link.transfer_s(backward)
+
+
 def strategy_arrays(costs: LayerCosts, model: ModelSpec, strategies: tuple[LayerStrategy, ...], micro_batch: float,
-                    tp_link: LinkSpec, data_link: LinkSpec, config: MemoryConfig) -> dict[str, np.ndarray]:
-    """Every layer under every strategy: arrays of shape [layer, strategy] for a dynamic program
-    (Galvatron-BMW's): forward_s, backward_s, states_bytes, saved_bytes, recompute_bytes."""
-    n, s = model.n_layers, len(strategies)
-    out = {key: np.zeros((n, s)) for key in ("forward_s", "backward_s", "states_bytes", "saved_bytes",
-                                              "recompute_bytes")}
-    for i in range(n):
-        for j, st in enumerate(strategies):
-            t = layer_time(costs, model, i, st, micro_batch, tp_link, data_link)
+                    cluster: Cluster, devices: tuple[int, ...], config: MemoryConfig,
+                    overlap_slowdown: float | None = None, layers: range | None = None) -> dict[str, np.ndarray]:
+    """Every layer (of `layers`, default all) under every strategy on the group `devices`: arrays of
+    shape [layer, strategy] for a dynamic program (Galvatron-BMW's): forward_s, backward_s,
+    grad_allreduce_s (the dp all-reduce of the layer's gradients on its dp group's link),
+    states_bytes, saved_bytes, recompute_bytes."""
+    layers = range(model.n_layers) if layers is None else layers
+    n, s = len(layers), len(strategies)
+    out = {key: np.zeros((n, s)) for key in ("forward_s", "backward_s", "grad_allreduce_s", "states_bytes",
+                                              "saved_bytes", "recompute_bytes")}
+    for j, st in enumerate(strategies):
+        links = strategy_links(cluster, st, devices)
+        for row, i in enumerate(layers):
+            t = layer_time(costs, model, i, st, micro_batch, links["tp"], links["sdp"], overlap_slowdown)
             m = layer_memory(model, i, st, micro_batch, config)
-            out["forward_s"][i, j], out["backward_s"][i, j] = t.forward_s, t.backward_s
-            out["states_bytes"][i, j], out["saved_bytes"][i, j] = m.states_bytes, m.saved_bytes
-            out["recompute_bytes"][i, j] = m.recompute_bytes
+            out["forward_s"][row, j], out["backward_s"][row, j] = t.forward_s, t.backward_s
+            out["grad_allreduce_s"][row, j] = ring_allreduce_s(t.grad_allreduce_bytes, st.dp, links["dp"])
+            out["states_bytes"][row, j], out["saved_bytes"][row, j] = m.states_bytes, m.saved_bytes
+            out["recompute_bytes"][row, j] = m.recompute_bytes
     return out

@@ -6,16 +6,21 @@ samples per micro-batch. Stages with strategies (Galvatron-BMW) run as one group
 micro-batch; each layer's time follows Galvatron §V: compute at the local batch divided by tp,
 plus tensor-parallel all-reduces of its activations (two per pass, Megatron) and sharded-data-
 parallel all-gather / reduce-scatter of its parameters, plus a forward recomputation when
-checkpointed (all in costs/strategy.py). The group is drawn on its first device. Layout assumption: tp is the innermost
-dimension of a stage's device list, so a tp group is consecutive devices.
-Not modelled yet: Galvatron's Slice-Gather transformation between layers with different strategies.
+checkpointed (all in costs/strategy.py). The group is drawn on its first device. Layout: each layer's
+`LayerStrategy.order` says which dimension is inner-most (its groups are consecutive devices; the
+default, as before the field existed, is tp, then sdp, then dp), and every collective is priced on
+its own group's slowest link (costs/strategy.py `strategy_links`); SDP collectives overlap the
+backward with the cost model's overlap slowdown (Galvatron §V).
+Slice-Gather (Galvatron §VI): where neighbouring layers of a stage split the micro-batch
+differently, the forward fetches the missing part of the activation and the backward the missing
+part of its gradient, over the stage group's slowest link (costs/strategy.py `slice_gather_s`).
 """
 
 from __future__ import annotations
 
 from paraplan.costs.collectives import ring_allreduce_s
 from paraplan.costs.model import CostModel
-from paraplan.costs.strategy import layer_time
+from paraplan.costs.strategy import layer_time, slice_gather_s, strategy_groups, strategy_links
 from paraplan.plan.plan import Plan, PlanError, Stage, check_fits
 from paraplan.simulate.pipeline import PipelineWork, StageSync, StageWork, SyncBucket
 
@@ -158,14 +163,20 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
         costs = cm.compute(lead)
         fwd = bwd = 0.0
         per_layer: list[tuple[float, float, int, tuple[int, ...]]] = []  # (grad bytes, backward s, dp, group)
+        group_link = cm.cluster.slowest_link(stage.devices)
         for i in stage.layers:
             st = stage.strategy(i)
-            data_group = stage.devices[::st.tp]  # tp innermost: a tp group is consecutive devices
-            t = layer_time(costs, cm.model, i, st, micro, cm.cluster.slowest_link(stage.devices[:st.tp]),
-                           cm.cluster.slowest_link(data_group))
+            links = strategy_links(cm.cluster, st, stage.devices)
+            t = layer_time(costs, cm.model, i, st, micro, links["tp"], links["sdp"], cm.overlap_slowdown)
             fwd += t.forward_s
             bwd += t.backward_s
-            per_layer.append((t.grad_allreduce_bytes, t.backward_s, st.dp, data_group[::st.sdp]))
+            if i > stage.layers.start:
+                before = stage.strategy(i - 1)
+                if before != st:
+                    f, b = slice_gather_s(cm.model, i, before, st, micro, group_link)
+                    fwd += f
+                    bwd += b
+            per_layer.append((t.grad_allreduce_bytes, t.backward_s, st.dp, strategy_groups(st, stage.devices)["dp"]))
         send_f = send_b = 0.0
         if s + 1 < plan.n_stages:
             nxt = plan.stages[s + 1].devices[0]

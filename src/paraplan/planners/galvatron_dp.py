@@ -1,0 +1,198 @@
+"""Galvatron-BMW's dynamic program (§IV-A, eq. (4), Algorithm 3) and pipeline cost (§V, eq. (8)).
+
+Pure numpy on [layer, strategy] arrays; nothing here knows models or clusters.
+
+`dp_table` is eq. (4) on a discretised memory axis: C(l, E, j) = the least cost of layers 0..l with
+layer l under strategy j and forward memory (model states + kept activations) at most E units,
+
+    C(l, E, j) = min_i C(l-1, E - O_f(l, j), i) + R(l, i, j) + c(l, j),
+
+R the transformation (Slice-Gather) cost from layer l-1 under i to layer l under j. The state
+carries the previous strategy because R depends on it: O(L E |S|^2) time, O(L E |S|) memory for
+the back-pointers. C is non-increasing in E, so one table answers every forward budget at once.
+
+`search_stage` is Algorithm 3. The paper sweeps the forward budget E_fwd upwards and checks the
+whole memory E_all (eq. (2)) of each solution. Our memory model (costs/memory.py) counts a stage's
+whole memory as forward memory + the largest backward memory O_b of any layer (a checkpointed
+layer's recomputation), so we sweep the backward budget b over the distinct O_b values instead:
+strategies with O_b > b are masked out and the forward budget is E - b. Every b gives the optimum
+whose backward peak is at most b, so the minimum over b is the optimum under the whole-memory
+constraint itself, not a heuristic: a restricted search can never beat the full one. Each
+solution is then checked in exact bytes (rounding to the memory granularity may hide a little);
+when the exact check fails the forward budget steps down one unit at a time (Algorithm 3's check).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class StageSolution:
+    cost: float  # the DP objective of the chosen strategies (inf: nothing fits)
+    choice: tuple[int, ...]  # strategy index per layer
+    forward_bytes: float  # exact: sum of O_f
+    backward_bytes: float  # exact: max of O_b
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.forward_bytes + self.backward_bytes
+
+
+@dataclass(frozen=True)
+class Table:
+    """Eq. (4)'s tables for every layer: tables[l][E, j] = C(l, E, j), with the class each layer's
+    best predecessor comes from (the strategy within the class is found again when backtracking)."""
+
+    tables: list
+    back_class: list  # [l][E, j]: the class of layer l-1's strategy
+    classes: np.ndarray
+    mem_units: np.ndarray
+
+    @property
+    def last(self) -> np.ndarray:
+        return self.tables[-1]
+
+
+def dp_table(cost: np.ndarray, mem_units: np.ndarray, trans: np.ndarray | None, budget: int,
+             classes: np.ndarray | None = None) -> Table:
+    """Eq. (4) for budgets 0..budget units. cost [L, S] (inf: not allowed), mem_units [L, S] ints
+    >= 0. Strategies fall into layout classes (`classes` [S], default one class each): the
+    transformation cost depends only on the classes, trans [L, K, K] (trans[l, a, b]: from layer
+    l-1 in class a to layer l in class b; row 0 unused), or None for no transformation cost (then
+    all strategies form one class)."""
+    n_layers, n_strat = cost.shape
+    if trans is None:
+        classes = np.zeros(n_strat, dtype=np.int64)
+    classes = np.arange(n_strat) if classes is None else np.asarray(classes)
+    order = np.argsort(classes, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(classes[order]) != 0])
+    energies = np.arange(budget + 1)[:, None]
+    columns = np.arange(n_strat)[None, :]
+    table = np.where(energies >= mem_units[0][None, :], cost[0][None, :], INF)
+    tables, backs = [table], [None]
+    for layer in range(1, n_layers):
+        class_low = np.minimum.reduceat(table[:, order], starts, axis=1)  # [E, K]: the cheapest of each class
+        if trans is None:
+            k = np.zeros((budget + 1, n_strat), dtype=np.int64)
+            low = class_low[:, :1].repeat(n_strat, axis=1)
+        else:
+            total = class_low[:, :, None] + trans[layer][None, :, :]  # [E, from class, to class]
+            best = np.argmin(total, axis=1)  # [E, to class]
+            low = np.take_along_axis(total, best[:, None, :], axis=1)[:, 0, :][:, classes]
+            k = best[:, classes]
+        index = energies - mem_units[layer][None, :]
+        valid = index >= 0
+        index = np.maximum(index, 0)
+        table = np.where(valid, low[index, columns] + cost[layer][None, :], INF)
+        tables.append(table)
+        backs.append(k[index, columns])
+    return Table(tables, backs, classes, mem_units)
+
+
+def backtrack(t: Table, energy: int) -> tuple[float, tuple[int, ...]]:
+    """The cheapest strategies within `energy` units (cost inf: none)."""
+    j = int(np.argmin(t.last[energy]))
+    cost = float(t.last[energy, j])
+    if not np.isfinite(cost):
+        return INF, ()
+    choice = [j]
+    for layer in range(len(t.tables) - 1, 0, -1):
+        k = int(t.back_class[layer][energy, j])
+        energy -= int(t.mem_units[layer, j])
+        members = np.flatnonzero(t.classes == k)
+        j = int(members[np.argmin(t.tables[layer - 1][energy, members])])
+        choice.append(j)
+    return cost, tuple(reversed(choice))
+
+
+def search_stage(cost: np.ndarray, forward_bytes: np.ndarray, backward_bytes: np.ndarray, trans: np.ndarray | None,
+                 capacity: float, unit: float, classes: np.ndarray | None = None) -> StageSolution:
+    """Algorithm 3 (see the module docstring): the least-cost strategies of one stage whose exact
+    whole memory sum(O_f) + max(O_b) is at most `capacity` bytes, at a granularity of `unit` bytes."""
+    n_layers = cost.shape[0]
+    keep = undominated(cost, forward_bytes, backward_bytes, classes)
+    if not keep.all():
+        solution = search_stage(cost[:, keep], forward_bytes[:, keep], backward_bytes[:, keep],
+                                trans, capacity, unit, None if classes is None else np.asarray(classes)[keep]
+                                if trans is not None else None)
+        index = np.flatnonzero(keep)
+        return replace(solution, choice=tuple(int(index[k]) for k in solution.choice))
+    rows = np.arange(n_layers)
+    mem_units = np.rint(forward_bytes / unit).astype(np.int64)
+    levels = np.unique(np.ceil(backward_bytes[np.isfinite(cost)] / unit))  # backward budgets, in units
+    best = StageSolution(INF, (), INF, INF)
+    for level in levels:
+        b = level * unit
+        masked = np.where(backward_bytes <= b, cost, INF)
+        budget = int(np.floor((capacity - b) / unit)) + n_layers // 2 + 1  # rounding may hide up to L/2 units
+        if budget < 0 or not np.isfinite(masked.min(axis=1)).all():
+            continue
+        table = dp_table(masked, mem_units, trans, budget, classes)
+        for energy in range(budget, -1, -1):  # Algorithm 3's whole-memory check, in exact bytes
+            value, choice = backtrack(table, energy)
+            if not np.isfinite(value) or value >= best.cost:
+                break
+            idx = np.array(choice)
+            fwd = float(forward_bytes[rows, idx].sum())
+            bwd = float(backward_bytes[rows, idx].max())
+            if fwd + bwd <= capacity:
+                best = StageSolution(value, choice, fwd, bwd)
+                break
+    return best
+
+
+def undominated(cost: np.ndarray, forward_bytes: np.ndarray, backward_bytes: np.ndarray,
+                classes: np.ndarray | None) -> np.ndarray:
+    """Strategies worth keeping: j is dropped when another strategy k of the same layout class
+    (the same transformation costs) is no worse on every layer in cost, forward and backward memory
+    (ties: the lower index stays). Dropping j cannot change the optimum: k is allowed wherever j is."""
+    n_strat = cost.shape[1]
+    classes = np.arange(n_strat) if classes is None else np.asarray(classes)
+    c, f, b = cost.T, forward_bytes.T, backward_bytes.T  # [S, L]
+    no_worse = ((c[:, None, :] <= c[None, :, :]) & (f[:, None, :] <= f[None, :, :])
+                & (b[:, None, :] <= b[None, :, :])).all(axis=2)  # [k, j]: k no worse than j
+    same = classes[:, None] == classes[None, :]
+    equal = ((c[:, None, :] == c[None, :, :]) & (f[:, None, :] == f[None, :, :])
+             & (b[:, None, :] == b[None, :, :])).all(axis=2)
+    lower = np.arange(n_strat)[:, None] < np.arange(n_strat)[None, :]
+    beats = same & no_worse & (~equal | lower)
+    np.fill_diagonal(beats, False)
+    return ~beats.any(axis=0)
+
+
+def pipeline_cost(stage_s, sync_s, sends_s, n_micro: int) -> float:
+    """Eq. (8): (m - 1) x max_i (C(M_i, B_m) - C(M_i, 0)) + sum_i C(M_i, B_m), where C(M_i, B_m) is
+    stage i's forward + backward of one micro-batch plus, on the last micro-batch, its gradient
+    synchronisation C(M_i, 0) (`sync_s`: what the sync adds beyond the overlapped backward);
+    `sends_s` (the activations and gradients crossing stage boundaries) lie on the path of the
+    first and last micro-batch only."""
+    stage_s = np.asarray(stage_s, float)
+    return float((n_micro - 1) * stage_s.max() + stage_s.sum() + np.sum(sync_s) + np.sum(sends_s))
+
+
+def partition_min_max(weights: np.ndarray, n_stages: int) -> tuple[int, ...]:
+    """Layer counts of the contiguous partition into `n_stages` non-empty stages that minimises the
+    largest stage sum, where weights[s, l] is layer l's weight on stage s (stage-dependent: 1F1B
+    keeps more micro-batches in flight on early stages)."""
+    n_stages_w, n_layers = weights.shape
+    prefix = np.concatenate((np.zeros((n_stages_w, 1)), np.cumsum(weights, axis=1)), axis=1)
+    best = np.full((n_stages + 1, n_layers + 1), INF)
+    arg = np.zeros((n_stages + 1, n_layers + 1), dtype=np.int64)
+    best[0, 0] = 0.0
+    for s in range(1, n_stages + 1):
+        for stop in range(s, n_layers - (n_stages - s) + 1):
+            starts = np.arange(s - 1, stop)
+            values = np.maximum(best[s - 1, starts], prefix[s - 1, stop] - prefix[s - 1, starts])
+            k = int(np.argmin(values))
+            best[s, stop], arg[s, stop] = values[k], starts[k]
+    sizes, stop = [], n_layers
+    for s in range(n_stages, 0, -1):
+        start = int(arg[s, stop])
+        sizes.append(stop - start)
+        stop = start
+    return tuple(reversed(sizes))

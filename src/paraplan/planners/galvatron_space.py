@@ -1,0 +1,153 @@
+"""Galvatron-BMW's search space (§III-B): decision trees per pipeline degree, Takeaway #3 pruning.
+
+Construction (the one that gives the paper's 68 and 44 candidates for 8 devices):
+  - PP degree P in {1, 2, 4, ..., N} first (Takeaway #1); each stage gets a group of N / P devices
+    (Takeaway #2: equal groups, the same strategy on every group of a layer);
+  - on a group of g devices, a decision tree is an ordered sequence of distinct dimensions from
+    {DP, SDP, TP} with power-of-two degrees >= 2 whose product is g; the order is the layout, the
+    last level (the leaves) inner-most, on the fastest links. On one device the tree is empty;
+  - every tree with or without activation checkpointing (CKPT).
+  For 8 devices: g = 8: 3 one-level trees + 6 ordered pairs x 2 degree splits + 3! three-level
+  trees = 21; g = 4: 3 + 6 = 9; g = 2: 3; g = 1: 1. (21 + 9 + 3 + 1) x 2 = 68.
+  Takeaway #3 removes every tree that holds both DP and SDP: g = 8 keeps 3 + 4 x 2 = 11, g = 4
+  keeps 3 + 4 = 7: (11 + 7 + 3 + 1) x 2 = 44.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import permutations
+
+from paraplan.errors import FieldError
+from paraplan.plan.plan import LayerStrategy
+
+DIMS = ("dp", "sdp", "tp")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One leaf of the decision trees: a pipeline degree and the strategy of a layer's group."""
+
+    pp: int
+    strategy: LayerStrategy
+
+    def __str__(self) -> str:
+        return (f"PP{self.pp} x " if self.pp > 1 else "") + str(self.strategy)
+
+
+def is_power_of_two(n: int) -> bool:
+    return isinstance(n, int) and n >= 1 and n & (n - 1) == 0
+
+
+def _compositions(log2: int, parts: int):
+    """Ordered ways to write 2**log2 as a product of `parts` powers of two, each >= 2."""
+    if parts == 0:
+        if log2 == 0:
+            yield ()
+        return
+    for first in range(1, log2 - parts + 2):
+        for rest in _compositions(log2 - first, parts - 1):
+            yield (2**first, *rest)
+
+
+def group_strategies(group_size: int, prune: bool = True, checkpoint: bool = True) -> tuple[LayerStrategy, ...]:
+    """The decision trees of one device group (without PP), each without and with CKPT (when
+    `checkpoint`); `prune` applies Takeaway #3 (no tree with both DP and SDP)."""
+    if not is_power_of_two(group_size):
+        raise FieldError("devices", f"a device group must be a power of two, got {group_size}")
+    log2 = group_size.bit_length() - 1
+    trees: list[LayerStrategy] = []
+    for depth in range(0, min(3, log2) + 1):
+        for dims in permutations(DIMS, depth):  # outer-most first
+            if prune and {"dp", "sdp"} <= set(dims):
+                continue
+            for degrees in _compositions(log2, depth):
+                degree = dict(zip(dims, degrees, strict=True))
+                order = ",".join([*reversed(dims), *[d for d in ("tp", "sdp", "dp") if d not in dims]])
+                trees.append(LayerStrategy(dp=degree.get("dp", 1), sdp=degree.get("sdp", 1),
+                                           tp=degree.get("tp", 1), order=order))
+    flags = (False, True) if checkpoint else (False,)
+    return tuple(LayerStrategy(dp=t.dp, sdp=t.sdp, tp=t.tp, checkpoint=c, order=t.order) for c in flags for t in trees)
+
+
+def pp_degrees(n_devices: int, n_layers: int | None = None) -> tuple[int, ...]:
+    """1, 2, 4, ... up to the device count (and the layer count)."""
+    if not is_power_of_two(n_devices):
+        raise FieldError("devices", f"Galvatron's decision trees need a power-of-two device count, got {n_devices}")
+    out, p = [], 1
+    while p <= n_devices and (n_layers is None or p <= n_layers):
+        out.append(p)
+        p *= 2
+    return tuple(out)
+
+
+def strategy_space(n_devices: int, prune: bool = True, checkpoint: bool = True) -> tuple[Candidate, ...]:
+    """Every candidate of Galvatron's decision trees for `n_devices` (a power of two): 68 for 8
+    devices, 44 with Takeaway #3 (`prune`)."""
+    return tuple(Candidate(p, s) for p in pp_degrees(n_devices)
+                 for s in group_strategies(n_devices // p, prune, checkpoint))
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    summary: str
+    schedules: tuple[str, ...]  # the first is the default; all of them are searched unless the request fixes one
+    dims: frozenset[str] = frozenset({"dp", "sdp", "tp"})  # the dimensions its trees may use
+    checkpoint: bool = True
+    pp: str = "any"  # "any": every power of two; "one": no pipeline; "all": one device per stage
+    bmw: bool = False  # Algorithm 2 (bi-objective partition) instead of the even partition
+    fixed_3d: bool = False  # DeepSpeed 3D: PP 2 x (DP x TP 2) on every layer
+
+
+_ALL = frozenset({"dp", "sdp", "tp"})
+VARIANTS = (
+    Variant("dp", "pure data parallelism (PyTorch DDP) over every device", ("gpipe",), frozenset({"dp"}), False, "one"),
+    Variant("sdp", "pure sharded data parallelism (FSDP / ZeRO-3) over every device", ("gpipe",),
+            frozenset({"sdp"}), False, "one"),
+    Variant("tp", "pure tensor parallelism (Megatron) over every device", ("gpipe",), frozenset({"tp"}), False, "one"),
+    Variant("pp", "pure pipeline parallelism (GPipe), one device per stage, even partition", ("gpipe",),
+            frozenset(), False, "all"),
+    Variant("dp+tp", "Galvatron restricted to DP and TP per layer, no pipeline, no checkpointing", ("gpipe",),
+            frozenset({"dp", "tp"}), False, "one"),
+    Variant("dp+pp", "Galvatron restricted to DP and PP (even partition), no checkpointing", ("gpipe",),
+            frozenset({"dp"}), False),
+    Variant("deepspeed-3d", "DeepSpeed 3D: 2-way PP x 2-way TP x DP on every layer, 1F1B", ("1f1b", "gpipe"),
+            _ALL, False, fixed_3d=True),
+    Variant("galvatron", "Galvatron: per-layer DP / SDP / TP with PP (even partition), no checkpointing, GPipe",
+            ("gpipe",), _ALL, False),
+    Variant("galvatron-base", "Galvatron-Base (Algorithm 1): per-layer DP / SDP / TP / CKPT, PP with an even partition",
+            ("gpipe", "1f1b"), _ALL, True),
+    Variant("galvatron-1f1b-biobj", "Galvatron with 1F1B and the bi-objective partition (BMW without checkpointing)",
+            ("1f1b",), _ALL, False, bmw=True),
+    Variant("galvatron-bmw", "Galvatron-BMW (Algorithm 2): per-layer DP / SDP / TP / CKPT, bi-objective PP partition",
+            ("1f1b", "gpipe"), _ALL, True, bmw=True),
+)
+
+
+def variant_strategies(variant: Variant, group: int) -> tuple[LayerStrategy, ...]:
+    if variant.fixed_3d:
+        tp = min(2, group)
+        return (LayerStrategy(dp=group // tp, tp=tp),)
+    return tuple(s for s in group_strategies(group, prune=True, checkpoint=variant.checkpoint)
+                 if {d for d, _ in s.dims} <= variant.dims)
+
+
+def even_partition(n_layers: int, n_stages: int) -> tuple[int, ...]:
+    base, extra = divmod(n_layers, n_stages)
+    return tuple(base + (1 if s < extra else 0) for s in range(n_stages))
+
+
+def micro_counts(request, batch: int, n_stages: int) -> tuple[int, ...]:
+    """Micro-batch counts tried (Init_Microbatch_Num): the request's, else 1 without a pipeline and
+    P, 2P, 4P with one (those that divide the batch)."""
+    if request.n_micro:
+        return (request.n_micro,) if batch % request.n_micro == 0 else ()
+    if n_stages == 1:
+        return (1,)
+    return tuple(m for m in (n_stages, 2 * n_stages, 4 * n_stages) if batch % m == 0) or (1,)
+
+
+def usable_devices(request) -> int:
+    """Galvatron's trees need a power-of-two device count: the largest that the cluster has."""
+    return 2 ** (request.n_devices.bit_length() - 1)

@@ -12,7 +12,8 @@ DOC = SRC.parent.parent / "docs" / "architecture.md"
 PURE = ["models/spec.py", "hardware/cluster.py", "plan/plan.py", "costs/timefn.py", "costs/analytic.py",
         "costs/memory.py", "costs/memory_config.py", "costs/strategy.py", "costs/closed_forms.py",
         "costs/collectives.py", "costs/model.py", "costs/profile.py", "planners/csimd.py", "planners/csimd_search.py",
-        "planners/csimd_bound.py", "planners/fit.py", "planners/partition.py",
+        "planners/csimd_bound.py", "planners/fit.py", "planners/partition.py", "planners/galvatron.py",
+        "planners/galvatron_dp.py", "planners/galvatron_space.py",
         "planners/pipeline_split.py", "planners/gropipe.py", "planners/bipartition.py", "planners/bipartition_dp.py",
         "planners/registry.py", "planners/request.py", "planners/table.py", "simulate/engine.py", "simulate/schedules.py",
         "simulate/pipeline.py", "simulate/plan_work.py", "simulate/predict.py", "simulate/dag.py"]

@@ -278,7 +278,7 @@ def _cmd_plan(args) -> int:
             console().print(_flags_in(sim.plan.search.note))
     if not feasible:
         planner_reason = plan.prediction.reason if plan.prediction is not None else ""
-        if planner_reason:  # the planner knows what failed (e.g. which layer fits no strategy)
+        if planner_reason and planner_reason != sim.prediction.reason:  # the planner knows more (which layer fits no strategy)
             raise ParaplanError(_flags_in(planner_reason))
         raise ParaplanError(f"{args.planner} found no plan that fits: its best {sim.prediction.reason}")
     return 0

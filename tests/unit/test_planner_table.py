@@ -148,7 +148,7 @@ def test_library_messages_never_quote_a_flag():
 
     root = pathlib.Path(paraplan.__file__).parent
     for path in root.rglob("*.py"):
-        if path.name == "cli.py":
+        if path.name in ("cli.py", "cli_args.py"):  # the command line (cli_args: its early checks) quotes flags
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Raise) and node.exc is not None:

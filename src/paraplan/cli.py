@@ -180,11 +180,11 @@ def _cmd_plan(args) -> int:
             raise ParaplanError("give --memory or --memory-gib, not both")
         args.memory_gib = args.memory_size
     given = {"eta": args.eta, "seed": args.seed, "method": args.method}
-    if args.batch == "max":
+    if args.batch in ("max", "best"):
         if "batch_search" not in spec_of_planner.options:
-            raise ParaplanError(f"--batch max: planner {args.planner!r} plans a given batch; the Galvatron planners "
-                                "search the largest (e.g. --planner galvatron-bmw)")
-        given["batch_search"] = "max"
+            raise ParaplanError(f"--batch {args.batch}: planner {args.planner!r} plans a given batch; the Galvatron "
+                                "planners search it (e.g. --planner galvatron-bmw)")
+        given["batch_search"] = args.batch
     for k, v in given.items():
         if v is not None and k not in spec_of_planner.options:
             raise ParaplanError(f"--{k}: planner {args.planner!r} has no such option")
@@ -195,7 +195,8 @@ def _cmd_plan(args) -> int:
     cluster = load_cluster(args.cluster)
     built, spec = _measured_model(args.model, args.seq_len, args.image_size, args.layers)
     cm = _cost_model(args, spec, cluster)
-    batch = 1 if args.batch == "max" else args.batch  # max: the planner searches from the smallest step
+    # max / best: the planner searches from the smallest step
+    batch = 1 if args.batch in ("max", "best") else args.batch
     request = PlanRequest(costs=cm, model_name=built.ref, cluster_name=args.cluster, batch=batch,
                           n_stages=args.stages, n_micro=args.micro_batches, schedule=args.schedule, options=options,
                           memory_bytes=None if args.memory_gib is None else int(args.memory_gib * 2**30),
@@ -427,7 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(e.g. model.blocks)")
     p.add_argument("--cluster", required=True, help="preset name or TOML file (`paraplan clusters`)")
     p.add_argument("--batch", type=_batch_arg, required=True,
-                   help="global batch size (samples per iteration), or max: the largest that fits (Galvatron planners)")
+                   help="global batch size (samples per iteration), max: the largest that fits, or best: the "
+                        "batch of the highest throughput (Galvatron planners)")
     p.add_argument("--planner", default="csimd", help="one of the planners below")
     p.add_argument("--stages", type=int, default=None, help="pipeline stages (default: all devices, at most K)")
     p.add_argument("--micro-batches", type=int, default=None, help="fix the micro-batch count (GPipe-E-p)")

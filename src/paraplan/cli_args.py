@@ -66,13 +66,14 @@ def _check_output(flag: str, path, *, directory: bool = False, figure: bool = Fa
 
 
 def _batch_arg(text: str):
-    """A whole number of samples, or "max" (the planner searches the largest batch that fits)."""
-    if text == "max":
-        return "max"
+    """A whole number of samples, "max" (the planner searches the largest batch that fits) or "best"
+    (the batch of the highest throughput)."""
+    if text in ("max", "best"):
+        return text
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number or max, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a whole number, max or best, got {text!r}") from None
 
 
 _UNITS = {"gib": 2**30, "gb": 2**30, "g": 2**30, "mib": 2**20, "mb": 2**20, "m": 2**20, "tib": 2**40, "tb": 2**40}
@@ -102,7 +103,7 @@ def _check_plan_sizes(args) -> None:
     against the cluster, which needs the measurement)."""
     from paraplan.plan.plan import Schedule
 
-    if args.batch != "max" and args.batch < 1:
+    if args.batch not in ("max", "best") and args.batch < 1:
         raise ParaplanError(f"--batch: must be a positive whole number, got {args.batch}")
     for flag, value in (("--stages", args.stages), ("--micro-batches", args.micro_batches)):
         if value is not None and value < 1:

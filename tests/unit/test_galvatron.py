@@ -309,6 +309,22 @@ def test_batch_search_finds_the_largest_batch_that_fits(gpt2):
         assert not bigger.prediction.feasible, name
 
 
+def test_batch_search_best_is_the_best_throughput_of_the_batches_tried(gpt2):
+    """`best`: the plan's throughput is at least that of every batch in steps of 8 up to the largest
+    that fits (checked exhaustively; the search itself tries a grid and refines around its best)."""
+    cm = _cost_model(gpt2, 20)
+    request = PlanRequest(costs=cm, model_name="gpt2-tiny", cluster_name="2x2", batch=8,
+                          options={"batch_search": "best", "batch_step": 8})
+    for name in ("sdp", "galvatron"):
+        best = make_plan(request, name)
+        largest = make_plan(replace(request, options={"batch_search": "max", "batch_step": 8}), name).global_batch
+        assert best.prediction.feasible and best.global_batch % 8 == 0 and best.global_batch <= largest
+        every = [make_plan(replace(request, batch=b, options={}), name).prediction for b in range(8, largest + 1, 8)]
+        top = max(p.throughput_samples_per_s for p in every if p.feasible)
+        # the refinement can miss a peak narrower than its last step: within 3% of the exhaustive best
+        assert best.prediction.throughput_samples_per_s >= 0.97 * top, (name, best.global_batch)
+
+
 def test_stage_counts_are_held_or_explained(gpt2):
     cm = analytic_cost_model(gpt2, _small_cluster())
     request = PlanRequest(costs=cm, model_name="gpt2-tiny", cluster_name="2x2", batch=16, n_stages=2)

@@ -9,7 +9,7 @@ import paraplan
 
 SRC = pathlib.Path(paraplan.__file__).parent
 DOC = SRC.parent.parent / "docs" / "architecture.md"
-PURE = ["models/spec.py", "hardware/cluster.py", "plan/plan.py", "costs/timefn.py", "costs/analytic.py",
+PURE = ["models/spec.py", "models/opspec.py", "costs/op_costs.py", "costs/op_memory.py", "hardware/cluster.py", "plan/plan.py", "costs/timefn.py", "costs/analytic.py",
         "costs/memory.py", "costs/memory_config.py", "costs/strategy.py", "costs/closed_forms.py",
         "costs/collectives.py", "costs/model.py", "costs/profile.py", "planners/csimd.py", "planners/csimd_search.py",
         "planners/csimd_bound.py", "planners/fit.py", "planners/partition.py", "planners/galvatron.py",

@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 
 from paraplan.costs.analytic import analytic_costs
 from paraplan.costs.memory_config import MemoryConfig
+from paraplan.costs.op_costs import OperatorProfile
 from paraplan.costs.profile import Profile, profile_costs
 from paraplan.costs.timefn import LayerCosts
 from paraplan.errors import ParaplanError
 from paraplan.hardware.cluster import Cluster, DeviceSpec
+from paraplan.models.opspec import OpGraph
 from paraplan.models.spec import ModelSpec
 
 
@@ -55,6 +57,10 @@ class CostModel:
     overlap_slowdown: float = 1.0  # compute and communication overlapping on one device (Galvatron: 1.3)
     source: str = "analytic"
     overheads: RuntimeOverheads = NO_OVERHEADS
+    # the model at operator granularity (FD-DPS and the operator-graph planners; 'dag' plans), built
+    # by models/op_trace.py; None where only layers are needed
+    operators: OpGraph | None = None
+    operator_profile: OperatorProfile | None = None  # measured operator times (else the device model)
     # device type -> LayerCosts; not an init field, so dataclasses.replace() starts a fresh one
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 

@@ -1,9 +1,11 @@
 """Operator-DAG schedules (FD-DPS): a placement of operators on devices with a per-device order.
 
-Each operator is a compute task on its device, run in the order the placement lists; an edge
-between operators on different devices becomes a transfer of its tensor over the link between
-them (FD-DPS Definition 4: alpha + bytes / beta). The operator graph itself (from torch.fx, with
-intra-operator splits) and op costs come from the caller, so this stays pure.
+Each operator is a compute task on its device, run in the order the placement lists (the engine
+chains a device's compute tasks in the order they are added); an edge between operators on
+different devices becomes a transfer of its tensor over the link between them (FD-DPS
+Definition 4: alpha + bytes / beta). With `contention=False` transfers never wait for a busy port,
+and the simulated makespan is the schedule's dynamic critical-path length (eq. (10)); with
+contention each device sends and receives one transfer at a time.
 """
 
 from __future__ import annotations
@@ -11,7 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from paraplan.plan.plan import OperatorPlacement, PlanError
+import numpy as np
+
+from paraplan.costs.op_costs import op_seconds_per_device
+from paraplan.costs.op_memory import peak_per_device, resident_bytes
+from paraplan.models.opspec import OpGraph
+from paraplan.plan.plan import OperatorPlacement, Plan, PlanError
 from paraplan.simulate.engine import TaskGraph, Timeline, simulate
 
 
@@ -24,8 +31,9 @@ class OpEdge:
 
 def build_dag_graph(placement: Sequence[OperatorPlacement], edges: Sequence[OpEdge],
                     op_seconds: Callable[[str, int], float], link_seconds: Callable[[int, int, float], float],
-                    n_devices: int) -> tuple[TaskGraph, dict[str, int]]:
-    """`op_seconds(op, device)` and `link_seconds(src_device, dst_device, nbytes)` price the tasks."""
+                    n_devices: int, op_layer: Callable[[str], int] | None = None) -> tuple[TaskGraph, dict[str, int]]:
+    """`op_seconds(op, device)` and `link_seconds(src_device, dst_device, nbytes)` price the tasks;
+    `op_layer(op)` (optional) tags each task with its model layer (Gantt colours)."""
     where: dict[str, int] = {}
     position: dict[str, int] = {}
     for p in placement:
@@ -42,7 +50,8 @@ def build_dag_graph(placement: Sequence[OperatorPlacement], edges: Sequence[OpEd
     task: dict[str, int] = {}
     for p in placement:
         for op in p.ops:
-            task[op] = graph.compute(p.device, op_seconds(op, p.device), "op")
+            layer = op_layer(op) if op_layer else 0
+            task[op] = graph.compute(p.device, op_seconds(op, p.device), "op", layers=(layer, layer + 1))
     for e in edges:
         a, b = where[e.src], where[e.dst]
         if a == b:
@@ -54,6 +63,57 @@ def build_dag_graph(placement: Sequence[OperatorPlacement], edges: Sequence[OpEd
 
 
 def simulate_dag(placement, edges, op_seconds, link_seconds, n_devices: int,
-                 overlap_slowdown: float = 1.0) -> tuple[Timeline, dict[str, int]]:
-    graph, task = build_dag_graph(placement, edges, op_seconds, link_seconds, n_devices)
-    return simulate(graph, overlap_slowdown), task
+                 overlap_slowdown: float = 1.0, contention: bool = True,
+                 op_layer=None) -> tuple[Timeline, dict[str, int]]:
+    graph, task = build_dag_graph(placement, edges, op_seconds, link_seconds, n_devices, op_layer)
+    return simulate(graph, overlap_slowdown, contention), task
+
+
+@dataclass(frozen=True)
+class DagRun:
+    timeline: Timeline
+    busy_s: np.ndarray  # per device
+    peak_bytes: np.ndarray  # per device (costs/op_memory.py)
+    n_ops: np.ndarray  # per device
+
+
+def run_dag_plan(plan: Plan, graph: OpGraph, cm, contention: bool = True) -> DagRun:
+    """Simulate a 'dag' plan on `graph` (the plan's operators, splits applied) under cost model `cm`."""
+    if graph.model != plan.model:
+        raise PlanError(f"operators: the plan is for {plan.model!r}, the operator graph for {graph.model!r}")
+    index = graph.index()
+    for p in plan.operators:
+        for op in p.ops:
+            if op not in index:
+                raise PlanError(f"operators: {op!r} is not an operator of {plan.model} (the graph has "
+                                f"{graph.n_nodes}; was the plan made for other sizes?)")
+    placed = sum(len(p.ops) for p in plan.operators)
+    if placed != graph.n_nodes:
+        raise PlanError(f"operators: the plan places {placed} operators, the graph of {plan.model} has {graph.n_nodes}")
+    n_dev = cm.cluster.n_devices
+    for p in plan.operators:
+        if p.device >= n_dev:
+            raise PlanError(f"operators: device {p.device} does not exist ({cm.cluster.name} has {n_dev})")
+    batch = plan.global_batch
+    seconds = op_seconds_per_device(graph, cm.cluster, batch, getattr(cm, "operator_profile", None))
+    names = [n.name for n in graph.nodes]
+    edges = [OpEdge(names[e.src], names[e.dst], e.nbytes.at(batch)) for e in graph.edges]
+    layer = {n.name: max(n.layer, 0) for n in graph.nodes}
+    timeline, task = simulate_dag(plan.operators, edges, lambda op, d: float(seconds[index[op], d]),
+                                  lambda a, b, nbytes: cm.cluster.link(a, b).transfer_s(nbytes), n_dev,
+                                  cm.overlap_slowdown, contention, layer.__getitem__)
+    tasks = np.array([task[name] for name in names])
+    device = np.empty(graph.n_nodes, dtype=np.int64)
+    for p in plan.operators:
+        for op in p.ops:
+            device[index[op]] = p.device
+    start, finish = timeline.start[tasks], timeline.end[tasks]
+    params = np.array([n.param_bytes for n in graph.nodes], dtype=float)
+    backward = np.array([n.phase == "backward" for n in graph.nodes])
+    output = np.array([n.output_bytes.at(batch) for n in graph.nodes])
+    src = np.array([e.src for e in graph.edges], dtype=np.int64)
+    dst = np.array([e.dst for e in graph.edges], dtype=np.int64)
+    peaks = peak_per_device(device, start, finish, resident_bytes(params, backward), output, src, dst, n_dev,
+                            cm.memory.reserve_bytes)
+    busy = np.bincount(device, weights=finish - start, minlength=n_dev)
+    return DagRun(timeline, busy, peaks, np.bincount(device, minlength=n_dev))

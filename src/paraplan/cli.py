@@ -100,7 +100,7 @@ def _cmd_simulate(args) -> int:
     from paraplan.costs.memory import GIB, MemoryConfig
     from paraplan.hardware import load_cluster
     from paraplan.plan.plan_file import plan_to_dict, read_plan, write_plan
-    from paraplan.report import console, simulation_table
+    from paraplan.report import console, dag_table, simulation_table
     from paraplan.simulate.export import chrome_trace, gantt
     from paraplan.simulate.predict import simulate_plan
 
@@ -115,14 +115,24 @@ def _cmd_simulate(args) -> int:
         cluster = cluster.with_memory(int(args.memory_gib * GIB))
     if args.overlap_slowdown < 1:
         raise ParaplanError(f"--overlap-slowdown must be at least 1, got {args.overlap_slowdown}")
-    _, spec = _measured_model(plan.model, args.seq_len, args.image_size)
-    cm = _cost_model(args, spec, cluster, memory=MemoryConfig(), overlap_slowdown=args.overlap_slowdown)
-    sim = simulate_plan(plan, cm)
+    built, spec = _measured_model(plan.model, args.seq_len, args.image_size)
+    graph = _operator_graph(built) if plan.schedule == "dag" else None
+    cm = _cost_model(args, spec, cluster, memory=MemoryConfig(), overlap_slowdown=args.overlap_slowdown,
+                     operators=graph)
+    sim = simulate_plan(plan, cm, contention=not args.no_contention)
+    if sim.dag is not None and not args.no_contention:  # the schedule's own length, beside the contended one
+        free = simulate_plan(plan, cm, contention=False).prediction.iteration_s
+        console(stderr=True).print(f"link contention adds {sim.prediction.iteration_s - free:.4g} s to the "
+                                   f"schedule's critical-path length {free:.4g} s (--no-contention: without it)")
     if args.gantt:
-        gantt(sim.timeline, args.gantt, title=f"{plan.model} on {cluster.name}: {plan.schedule}, {plan.n_stages} stages, "
-              f"{plan.n_micro} micro-batches, iteration {sim.prediction.iteration_s:.4g} s")
+        what = (f"{sum(len(p.ops) for p in plan.operators)} operators on {len(plan.operators)} devices"
+                if plan.schedule == "dag" else f"{plan.n_stages} stages, {plan.n_micro} micro-batches")
+        gantt(sim.timeline, args.gantt, title=f"{plan.model} on {cluster.name}: {plan.schedule}, {what}, "
+              f"iteration {sim.prediction.iteration_s:.4g} s")
     if args.trace:
-        chrome_trace(sim.timeline, args.trace, name=f"{plan.model} {plan.schedule}")
+        names = ({int(t): n.name for t, n in zip(sim.dag.tasks, sim.dag.graph.nodes, strict=True)}
+                 if sim.dag is not None else None)
+        chrome_trace(sim.timeline, args.trace, name=f"{plan.model} {plan.schedule}", task_names=names)
     if args.out:
         write_plan(sim.plan, args.out)
     if args.json:
@@ -130,6 +140,8 @@ def _cmd_simulate(args) -> int:
         out.update(bubble_fraction=sim.bubble_fraction,
                    devices=[{"device": d.device, "busy_s": d.busy_s, "idle_s": d.idle_s} for d in sim.devices])
         print(json.dumps(out, indent=2))
+    elif sim.dag is not None:
+        console().print(dag_table(sim, cluster))
     else:
         console().print(simulation_table(sim, cluster))
     return 0
@@ -150,10 +162,26 @@ def _cost_model(args, spec, cluster, **kwargs):
     from paraplan.costs.model import analytic_cost_model, profile_cost_model
 
     if getattr(args, "profile", None):
+        from paraplan.profiling.operator_file import is_operator_profile, read_operator_profile
         from paraplan.profiling.profile_file import read_profile
+
+        if is_operator_profile(args.profile):  # measured operator times; layers stay analytic
+            profile = read_operator_profile(args.profile)
+            if profile.model != (spec.ref or spec.name):
+                raise ParaplanError(f"{args.profile}: an operator profile of {profile.model}, not {spec.ref or spec.name}")
+            return analytic_cost_model(spec, cluster, operator_profile=profile, source="operator-profile", **kwargs)
 
         return profile_cost_model(spec, cluster, read_profile(args.profile), **kwargs)
     return analytic_cost_model(spec, cluster, **kwargs)
+
+
+def _operator_graph(built):
+    """The operator graph of one training iteration, traced on meta (models/op_trace.py)."""
+    from paraplan.models.op_trace import build_op_graph
+    from paraplan.report import console
+
+    with console(stderr=True).status(f"tracing the operators of {built.name} on meta"):
+        return build_op_graph(built)
 
 
 def _measured_model(name: str, seq_len, image_size, layers=None):
@@ -171,7 +199,7 @@ def _cmd_plan(args) -> int:
     from paraplan.plan.plan_file import plan_to_dict, write_plan
     from paraplan.planners.registry import make_plan, planner
     from paraplan.planners.request import PlanRequest, validated_options
-    from paraplan.report import console, simulation_table
+    from paraplan.report import console, dag_table, simulation_table
     from paraplan.simulate.predict import simulate_plan
 
     spec_of_planner = planner(args.planner)  # an unknown name fails before any work
@@ -194,7 +222,8 @@ def _cmd_plan(args) -> int:
     _check_output("--out", args.out)
     cluster = load_cluster(args.cluster)
     built, spec = _measured_model(args.model, args.seq_len, args.image_size, args.layers)
-    cm = _cost_model(args, spec, cluster)
+    graph = _operator_graph(built) if spec_of_planner.needs_operators else None
+    cm = _cost_model(args, spec, cluster, operators=graph)
     # max / best: the planner searches from the smallest step
     batch = 1 if args.batch in ("max", "best") else args.batch
     request = PlanRequest(costs=cm, model_name=built.ref, cluster_name=args.cluster, batch=batch,
@@ -212,8 +241,17 @@ def _cmd_plan(args) -> int:
         print(json.dumps({"planner": args.planner, "out": args.out if feasible else None, "feasible": feasible,
                           "reason": sim.prediction.reason, "n_stages": sim.plan.n_stages,
                           "n_micro": sim.plan.n_micro, "layers": [s["layers"] for s in d["stages"]],
+                          "operators_per_device": {str(p.device): len(p.ops) for p in sim.plan.operators},
                           "prediction": d["prediction"], "search": d["search"],
                           "note": _flags_in(sim.plan.search.note)}, indent=2))
+    elif feasible and sim.dag is not None:
+        console().print(dag_table(sim, request.costs.cluster))
+        length = dict(sim.plan.search.options).get("schedule_length_s")
+        gap = (f"; the schedule's own critical-path length (no link contention) {length:.4g} s, link contention "
+               f"adds {sim.prediction.iteration_s - length:.4g} s" if length else "")
+        console().print(f"{args.planner}: searched in {sim.plan.search.search_s:.3g} s{gap}; plan written to {args.out}")
+        if sim.plan.search.note:
+            console().print(_flags_in(sim.plan.search.note))
     elif feasible:
         console().print(simulation_table(sim, request.costs.cluster))
         opts = dict(sim.plan.search.options)
@@ -324,71 +362,6 @@ def _cmd_train(args) -> int:
     return 0
 
 
-def _cmd_profile(args) -> int:
-    import torch
-
-    from paraplan.profiling.profile_file import write_profile
-    from paraplan.profiling.profiler import run_profile, workload
-    from paraplan.report import console, profile_report
-
-    sizes = _parse_sizes(args.batch_sizes)
-    require_positive(args.threads, "--threads")
-    require_positive(args.repeats, "--repeats")
-    if args.warmup < 0:
-        raise ParaplanError(f"--warmup must not be negative, got {args.warmup}")
-    _check_output("--out", args.out)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ParaplanError("--device cuda: no GPU is visible on this machine")
-    if (args.model is None) == (args.module is None):
-        raise ParaplanError("give one model: a zoo name, hf:TYPE?key=value or path/to/file.py:build_fn "
-                            "(--module is the same as the model argument)")
-    device = torch.device(args.device)
-    work = workload(args.model or args.module, device, seq_len=args.seq_len, image_size=args.image_size,
-                    layers=getattr(args, "layers", None))
-    steps = (args.warmup + args.repeats) * len(sizes)
-    with _progress() as progress:
-        task = progress.add_task(f"profiling {work.name} on {device}", total=steps)
-        profile = run_profile(work, device, sizes, args.threads, args.warmup, args.repeats,
-                              step_check=not args.no_checks, repeat_check=not args.no_checks,
-                              progress=lambda: progress.advance(task))
-    write_profile(profile, args.out)
-    if args.json:
-        from paraplan.profiling.profile_file import profile_to_dict
-
-        print(json.dumps(profile_to_dict(profile), indent=1))
-    else:
-        for renderable in profile_report(profile):
-            console().print(renderable)
-        console().print(f"profile written to {args.out}")
-    return 0
-
-
-def _cmd_profile_links(args) -> int:
-    from dataclasses import replace
-
-    from paraplan.hardware import load_cluster
-    from paraplan.hardware.cluster import Cluster, LinkSpec
-    from paraplan.hardware.cluster_file import write_cluster_file
-    from paraplan.profiling.links import profile_links
-    from paraplan.report import console, links_report
-
-    _check_output("--out", args.out)
-    base = load_cluster(args.cluster)
-    with console(stderr=True).status(f"measuring {args.backend} links between {args.nproc} processes"):
-        links = profile_links(args.backend, args.nproc, args.max_bytes)
-    measured = LinkSpec(bandwidth_bytes_per_s=links.p2p.bandwidth_bytes_per_s, latency_s=links.p2p.latency_s)
-    nodes = tuple(replace(n, intra_link=measured, network=measured if len(base.nodes) == 1 else n.network)
-                  for n in base.nodes)
-    cluster = Cluster(name=f"{base.name}-measured", nodes=nodes,
-                      description=f"{base.description}; links measured by paraplan profile-links ({args.backend}, "
-                                  f"{args.nproc} processes): alpha {links.p2p.latency_s * 1e6:.1f} us, "
-                                  f"beta {links.p2p.bandwidth_bytes_per_s / 1e9:.3f} GB/s")
-    write_cluster_file(cluster, args.out)
-    console().print(links_report(links))
-    console().print(f"cluster written to {args.out}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="paraplan", description="Plan, predict and run distributed training of PyTorch models.")
     parser.add_argument("--version", action="version", version=f"paraplan {__version__}")
@@ -457,6 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", default=None, help="write a Chrome trace JSON here (opens in Perfetto)")
     p.add_argument("--out", default=None, help="write the plan with its prediction here")
     p.add_argument("--memory-gib", type=float, default=None, help="memory budget per device (default: the device's)")
+    p.add_argument("--no-contention", action="store_true",
+                   help="operator placements: transfers never wait for a busy link (the schedule's own model)")
     p.add_argument("--overlap-slowdown", type=float, default=1.0,
                    help="slowdown of compute and communication overlapping on one device (Galvatron: 1.3; "
                         "1: none)")
@@ -511,6 +486,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-checks", action="store_true", help="skip the step and repeatability checks")
     p.add_argument("--out", default="profile.json", help="write the profile JSON here")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--operators", action="store_true",
+                   help="time every operator of one training iteration (FD-DPS planners) instead of the layers; "
+                        "--batch-sizes gives the two batches of the affine fit (default 2,4)")
     p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser("profile-links", help="measure send/recv and all-reduce between real processes")
@@ -529,6 +507,18 @@ class _Terminated(Exception):
 
 def _on_sigterm(signum, frame):
     raise _Terminated()
+
+
+def _cmd_profile(args) -> int:
+    from paraplan.cli_profile import cmd_profile
+
+    return cmd_profile(args)
+
+
+def _cmd_profile_links(args) -> int:
+    from paraplan.cli_profile import cmd_profile_links
+
+    return cmd_profile_links(args)
 
 
 def main(argv: list[str] | None = None) -> int:

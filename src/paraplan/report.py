@@ -151,3 +151,31 @@ def links_report(links) -> Table:
 
 def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, width=200 if not stderr else None)
+
+
+def dag_table(sim, cluster: Cluster, graph=None) -> Table:
+    """An operator-placement plan (FD-DPS): per device its operators, busy time and memory, and
+    the critical path (simulate/dag.py)."""
+    pred, plan, run = sim.prediction, sim.plan, sim.dag
+    verdict = "fits in memory" if pred.feasible else f"[bold red]{pred.reason}[/]"
+    n_ops = sum(len(p.ops) for p in plan.operators)
+    path = ""
+    if run is not None and run.critical_path:
+        names = [graph.nodes[i].name for i in run.critical_path] if graph is not None else []
+        ends = f": {names[0]} … {names[-1]}" if names else ""
+        path = (f"\ncritical path: {len(run.critical_path)} operators, {human_seconds(run.critical_compute_s)} "
+                f"computing + {human_seconds(run.critical_transfer_s)} waiting for transfers{ends}")
+    table = Table(title=f"{plan.model} on {cluster.name}: operator placement of {n_ops} operators on "
+                        f"{len(plan.operators)} devices, batch {plan.global_batch}\n"
+                        f"iteration {human_seconds(pred.iteration_s)}, {pred.throughput_samples_per_s:.4g} samples/s, "
+                        f"idle {sim.bubble_fraction:.1%}; {verdict}{path}")
+    for col in ("device", "operators", "busy", "idle", "peak memory", "capacity"):
+        table.add_column(col, justify="right")
+    peaks = {m.device: m for m in pred.memory}
+    for d in sim.devices:
+        m = peaks[d.device]
+        peak = human_bytes(m.peak_bytes) if m.fits else f"[red]{human_bytes(m.peak_bytes)}[/]"
+        count = int(run.n_ops[d.device]) if run is not None else 0
+        table.add_row(str(d.device), str(count), human_seconds(d.busy_s), human_seconds(d.idle_s), peak,
+                      human_bytes(m.capacity_bytes))
+    return table

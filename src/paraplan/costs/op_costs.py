@@ -50,18 +50,28 @@ def analytic_op_seconds(graph: OpGraph, device: DeviceSpec, batch: float) -> np.
     return device.kernel_overhead_s + np.maximum(compute, memory)
 
 
-def profiled_op_seconds(graph: OpGraph, profile: OperatorProfile, batch: float) -> np.ndarray:
-    """ET(o_i, v) from a measured operator profile; every operator of the graph must be in it
-    (a split part "x/part1" is priced as its whole operator over the number of parts, a gather
-    by the analytic model's memory time is not available here, so it must be profiled or absent)."""
-    out = np.empty(len(graph.nodes))
+def profiled_op_seconds(graph: OpGraph, profile: OperatorProfile, batch: float, device: DeviceSpec) -> np.ndarray:
+    """ET(o_i, v) from a measured operator profile. A split part "x/part<i>" of d parts runs x on
+    batch / d: the profile's fixed time + its per-sample time x batch / d; a gather (not a kernel
+    of the unsplit model, so never measured) is priced by the device model."""
+    out = analytic_op_seconds(graph, device, batch)
+    parts: dict[str, int] = {}
+    for node in graph.nodes:
+        base, sep, k = node.name.rpartition("/part")
+        if sep and k.isdigit():
+            parts[base] = max(parts.get(base, 0), int(k) + 1)
     missing = []
     for i, node in enumerate(graph.nodes):
         entry = profile.seconds.get(node.name)
-        if entry is None:
-            missing.append(node.name)
+        if entry is not None:
+            out[i] = entry[0] + entry[1] * batch
             continue
-        out[i] = entry[0] + entry[1] * batch
+        base, sep, k = node.name.rpartition("/part")
+        whole = profile.seconds.get(base) if sep and k.isdigit() else None
+        if whole is not None:
+            out[i] = whole[0] + whole[1] * batch / parts[base]
+        elif not node.name.endswith("/gather"):
+            missing.append(node.name)
     if missing:
         raise ParaplanError(f"the operator profile of {profile.model} lacks {len(missing)} operators of the graph "
                             f"(e.g. {missing[0]!r}); profile the same model again")
@@ -75,7 +85,7 @@ def op_seconds_per_device(graph: OpGraph, cluster: Cluster, batch: float,
     out = np.empty((len(graph.nodes), cluster.n_devices))
     for slot in cluster.devices:
         if slot.spec.name not in columns:
-            columns[slot.spec.name] = (profiled_op_seconds(graph, profile, batch) if profile is not None
+            columns[slot.spec.name] = (profiled_op_seconds(graph, profile, batch, slot.spec) if profile is not None
                                        else analytic_op_seconds(graph, slot.spec, batch))
         out[:, slot.id] = columns[slot.spec.name]
     return out

@@ -25,6 +25,7 @@ PLANNER_MODULES = (
     "paraplan.planners.pipeline_split",  # csimd, csimd-paper and the partition baselines
     "paraplan.planners.gropipe",
     "paraplan.planners.bipartition",  # bipartition, pipedream-layerwise
+    "paraplan.planners.fddps",  # fddps, fddps-nosplit, fastt, heft, mpdps
     "paraplan.planners.galvatron",  # dp, sdp, tp, pp, dp+tp, dp+pp, deepspeed-3d, galvatron, -base, -1f1b-biobj, -bmw
 )
 

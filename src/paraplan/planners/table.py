@@ -22,18 +22,22 @@ class PlannerSpec:
     summary: str  # one line for `paraplan plan --help`
     schedules: tuple[Schedule, ...] = (Schedule.GPIPE,)  # what it can plan for; the first is its default
     options: Mapping[str, OptionSpec] = field(default_factory=dict)
+    # plans operators, not layers: the caller builds the model's operator graph (CostModel.operators)
+    needs_operators: bool = False
 
 
 PLANNERS: dict[str, PlannerSpec] = {}
 
 
-def register(name: str, summary: str, schedules=(Schedule.GPIPE,), options: Mapping[str, OptionSpec] | None = None):
+def register(name: str, summary: str, schedules=(Schedule.GPIPE,), options: Mapping[str, OptionSpec] | None = None,
+             needs_operators: bool = False):
     """Decorator: add a planner function to the table under `name`."""
 
     def add(fn: PlannerFn) -> PlannerFn:
         if name in PLANNERS:
             raise RuntimeError(f"planner {name!r} registered twice")
-        PLANNERS[name] = PlannerSpec(name, fn, summary, tuple(Schedule(s) for s in schedules), dict(options or {}))
+        PLANNERS[name] = PlannerSpec(name, fn, summary, tuple(Schedule(s) for s in schedules), dict(options or {}),
+                                     needs_operators)
         return fn
 
     return add

@@ -48,6 +48,7 @@ def build_dag_graph(placement: Sequence[OperatorPlacement], edges: Sequence[OpEd
             raise PlanError(f"operators: device {where[e.src]} runs {e.dst!r} before {e.src!r}, which it needs")
     graph = TaskGraph(n_devices)
     task: dict[str, int] = {}
+    transfers: list[int] = []  # per edge: its transfer task, -1 on one device
     for p in placement:
         for op in p.ops:
             layer = op_layer(op) if op_layer else 0
@@ -56,9 +57,12 @@ def build_dag_graph(placement: Sequence[OperatorPlacement], edges: Sequence[OpEd
         a, b = where[e.src], where[e.dst]
         if a == b:
             graph.depend(task[e.dst], task[e.src])
+            transfers.append(-1)
         else:
             t = graph.transfer(a, b, link_seconds(a, b, e.nbytes), "transfer", deps=[task[e.src]])
             graph.depend(task[e.dst], t)
+            transfers.append(t)
+    graph.edge_transfers = transfers
     return graph, task
 
 
@@ -71,10 +75,15 @@ def simulate_dag(placement, edges, op_seconds, link_seconds, n_devices: int,
 
 @dataclass(frozen=True)
 class DagRun:
+    graph: OpGraph  # the graph simulated (the plan's splits applied)
+    tasks: np.ndarray  # per node: its task in the timeline
     timeline: Timeline
     busy_s: np.ndarray  # per device
     peak_bytes: np.ndarray  # per device (costs/op_memory.py)
     n_ops: np.ndarray  # per device
+    critical_path: tuple[int, ...]  # node indices, first to last: each waited for the one before
+    critical_compute_s: float  # operator time on the critical path
+    critical_transfer_s: float  # transfer time on it (the rest of the makespan)
 
 
 def run_dag_plan(plan: Plan, graph: OpGraph, cm, contention: bool = True) -> DagRun:
@@ -99,9 +108,10 @@ def run_dag_plan(plan: Plan, graph: OpGraph, cm, contention: bool = True) -> Dag
     names = [n.name for n in graph.nodes]
     edges = [OpEdge(names[e.src], names[e.dst], e.nbytes.at(batch)) for e in graph.edges]
     layer = {n.name: max(n.layer, 0) for n in graph.nodes}
-    timeline, task = simulate_dag(plan.operators, edges, lambda op, d: float(seconds[index[op], d]),
-                                  lambda a, b, nbytes: cm.cluster.link(a, b).transfer_s(nbytes), n_dev,
-                                  cm.overlap_slowdown, contention, layer.__getitem__)
+    tasks_graph, task = build_dag_graph(plan.operators, edges, lambda op, d: float(seconds[index[op], d]),
+                                        lambda a, b, nbytes: cm.cluster.link(a, b).transfer_s(nbytes), n_dev,
+                                        layer.__getitem__)
+    timeline = simulate(tasks_graph, cm.overlap_slowdown, contention)
     tasks = np.array([task[name] for name in names])
     device = np.empty(graph.n_nodes, dtype=np.int64)
     for p in plan.operators:
@@ -116,4 +126,34 @@ def run_dag_plan(plan: Plan, graph: OpGraph, cm, contention: bool = True) -> Dag
     peaks = peak_per_device(device, start, finish, resident_bytes(params, backward), output, src, dst, n_dev,
                             cm.memory.reserve_bytes)
     busy = np.bincount(device, weights=finish - start, minlength=n_dev)
-    return DagRun(timeline, busy, peaks, np.bincount(device, minlength=n_dev))
+    arrival = finish[src].copy()  # when each edge's data is on the consumer's device
+    moved = np.array(tasks_graph.edge_transfers, dtype=np.int64)
+    remote = moved >= 0
+    arrival[remote] = timeline.end[moved[remote]]
+    path, compute_s = _critical_path(plan, index, start, finish, src, dst, arrival)
+    return DagRun(graph, tasks, timeline, busy, peaks, np.bincount(device, minlength=n_dev), path, compute_s,
+                  float(finish.max() - compute_s) if len(finish) else 0.0)
+
+
+def _critical_path(plan: Plan, index: dict[str, int], start, finish, src, dst, arrival):
+    """Walk back from the operator that finishes last: each step goes to what made the current
+    operator wait (the latest-arriving input, or the operator before it on its device)."""
+    previous = {}
+    for p in plan.operators:
+        for a, b in zip(p.ops, p.ops[1:], strict=False):
+            previous[index[b]] = index[a]
+    inputs: dict[int, list[int]] = {}
+    for e, v in enumerate(dst):
+        inputs.setdefault(int(v), []).append(e)
+    node = int(np.argmax(finish)) if len(finish) else -1
+    path, compute_s = [], 0.0
+    while node >= 0:
+        path.append(node)
+        compute_s += float(finish[node] - start[node])
+        waits = [(float(arrival[e]), int(src[e])) for e in inputs.get(node, [])]
+        if node in previous:
+            waits.append((float(finish[previous[node]]), previous[node]))
+        if not waits or start[node] <= 0.0:
+            break
+        node = max(waits)[1]
+    return tuple(reversed(path)), compute_s

@@ -113,18 +113,23 @@ class Timeline:
 
     def rows(self):
         """(device, lane, kind, micro, (layer_start, layer_stop), start, end) for every lane a task occupies."""
+        for row in self.indexed_rows():
+            yield row[1:]
+
+    def indexed_rows(self):
+        """(task, device, lane, kind, ...) as `rows`, with the task's index first."""
         for i in range(len(self.start)):
             kind = KINDS[self.kind[i]]
             base = (kind, int(self.micro[i]), (int(self.layer_start[i]), int(self.layer_stop[i])),
                     float(self.start[i]), float(self.end[i]))
             if self.type[i] == COMPUTE:
-                yield (int(self.device[i]), "compute", *base)
+                yield (i, int(self.device[i]), "compute", *base)
             elif self.type[i] == TRANSFER:
-                yield (int(self.device[i]), "send", *base)
-                yield (int(self.peer[i]), "recv", *base)
+                yield (i, int(self.device[i]), "send", *base)
+                yield (i, int(self.peer[i]), "recv", *base)
             else:
                 for d in self.groups[i]:
-                    yield (d, "collective", *base)
+                    yield (i, d, "collective", *base)
 
 
 def simulate(graph: TaskGraph, overlap_slowdown: float = 1.0, contention: bool = True) -> Timeline:

@@ -44,6 +44,8 @@ def gantt(timeline: Timeline, path: str | Path, title: str = "", devices: list[i
     from matplotlib.patches import Patch
 
     rows = list(timeline.rows())
+    if any(r[2] == "op" for r in rows):
+        return _gantt_operators(rows, timeline.makespan or 1.0, path, title, devices)
     used = sorted({r[0] for r in rows}) if devices is None else devices
     index = {d: i for i, d in enumerate(used)}
     span = timeline.makespan or 1.0
@@ -76,14 +78,64 @@ def gantt(timeline: Timeline, path: str | Path, title: str = "", devices: list[i
     plt.close(fig)
 
 
-def chrome_trace(timeline: Timeline, path: str | Path, name: str = "paraplan") -> None:
-    """Chrome trace-event JSON: one process per device, threads compute / send / recv / collective."""
+def _gantt_operators(rows, span: float, path, title: str, devices) -> None:
+    """An operator placement: tens of thousands of boxes stay legible as one band per device,
+    operators coloured by the model layer they belong to (a cycle of 20 colours, so neighbouring
+    layers differ), transfers on the thin band below. Boxes are drawn in one collection per
+    (device, colour): a figure of 80,000 operators takes seconds, not minutes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    palette = plt.get_cmap("tab20").colors
+    used = sorted({r[0] for r in rows}) if devices is None else devices
+    index = {d: i for i, d in enumerate(used)}
+    boxes: dict[tuple[int, int], list] = {}
+    sends: dict[int, list] = {}
+    n_layers = 0
+    for device, lane, _kind, _micro, layers, start, end in rows:
+        if device not in index or lane == "recv":
+            continue
+        if lane == "compute":
+            boxes.setdefault((device, layers[0] % len(palette)), []).append((start, end - start))
+            n_layers = max(n_layers, layers[0] + 1)
+        else:
+            sends.setdefault(device, []).append((start, end - start))
+    fig, ax = plt.subplots(figsize=(14, 0.6 * len(used) + 1.6))
+    for (device, colour), spans in boxes.items():
+        ax.broken_barh(spans, (index[device] - 0.3, 0.6), facecolors=palette[colour], linewidth=0)
+    for device, spans in sends.items():
+        ax.broken_barh(spans, (index[device] + 0.34 + 0.06, 0.22), facecolors=COLOURS["transfer"], linewidth=0)
+    ax.set_yticks(range(len(used)))
+    ax.set_yticklabels([f"device {d}" for d in used])
+    ax.invert_yaxis()
+    ax.set_xlim(0, span)
+    ax.set_xlabel("time (s)")
+    ax.set_title(title or f"iteration time {span:.4g} s")
+    handles = [Patch(color=palette[k % len(palette)], label=f"layer {k}") for k in range(min(n_layers, 6))]
+    ax.legend(handles=handles + [Patch(color=COLOURS["transfer"], label="transfer")],
+              title=f"operators coloured by model layer ({n_layers} layers, 20 colours repeating)",
+              loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=len(handles) + 1, frameon=False, fontsize=8,
+              title_fontsize=8)
+    fig.tight_layout()
+    atomic_write(Path(path), lambda tmp: fig.savefig(tmp, dpi=130))
+    plt.close(fig)
+
+
+def chrome_trace(timeline: Timeline, path: str | Path, name: str = "paraplan",
+                 task_names: dict[int, str] | None = None) -> None:
+    """Chrome trace-event JSON: one process per device, threads compute / send / recv / collective.
+    `task_names` names tasks (an operator placement's operators)."""
     tids = {"compute": 0, "send": 1, "recv": 2, "collective": 3}
     events = []
     devices = set()
-    for device, lane, kind, micro, layers, start, end in timeline.rows():
+    task_names = task_names or {}
+    for task, device, lane, kind, micro, layers, start, end in timeline.indexed_rows():
         devices.add(device)
-        events.append({"name": f"{kind} {micro}" if micro >= 0 else kind, "cat": kind, "ph": "X",
+        label = task_names.get(task) or (f"{kind} {micro}" if micro >= 0 else kind)
+        events.append({"name": label, "cat": kind, "ph": "X",
                        "pid": device, "tid": tids[lane], "ts": start * 1e6, "dur": (end - start) * 1e6,
                        "args": {"micro_batch": micro, "layers": f"{layers[0]}..{layers[1] - 1}"}})
     for d in sorted(devices):

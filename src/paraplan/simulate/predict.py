@@ -8,8 +8,10 @@ import numpy as np
 
 from paraplan.costs.memory import MemoryBreakdown, out_of_memory_reason, plan_memory
 from paraplan.costs.model import CostModel
-from paraplan.plan.plan import Plan, Prediction
+from paraplan.models.op_split import split_as_named
+from paraplan.plan.plan import DeviceMemory, Plan, PlanError, Prediction
 from paraplan.simulate import pipeline
+from paraplan.simulate.dag import DagRun, run_dag_plan
 from paraplan.simulate.engine import Timeline
 from paraplan.simulate.plan_work import plan_work
 
@@ -28,13 +30,18 @@ class Simulation:
     devices: tuple[DeviceStats, ...]
     memory: tuple[MemoryBreakdown, ...]
     bubble_fraction: float  # 1 - busy / (devices x iteration time), over the devices the plan uses
+    dag: DagRun | None = None  # 'dag' plans: per-device operators, busy time, memory (simulate/dag.py)
 
     @property
     def prediction(self) -> Prediction:
         return self.plan.prediction
 
 
-def simulate_plan(plan: Plan, cm: CostModel) -> Simulation:
+def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulation:
+    """`contention` (operator-placement plans only): transfers wait for busy ports; without it the
+    makespan is the schedule's own critical-path length (FD-DPS eq. (10))."""
+    if plan.schedule == "dag":
+        return _simulate_dag_plan(plan, cm, contention)
     work = plan_work(plan, cm)
     result = pipeline.run(work, cm.overlap_slowdown)
     iteration = result.iteration_s + cm.overheads.step_s
@@ -58,3 +65,23 @@ def simulate_plan(plan: Plan, cm: CostModel) -> Simulation:
     bubble = float(1.0 - used_busy.sum() / (len(stats) * iteration)) if iteration > 0 else 0.0
     return Simulation(plan=replace(plan, prediction=prediction), timeline=result.timeline, devices=stats,
                       memory=breakdown, bubble_fraction=bubble)
+
+
+def _simulate_dag_plan(plan: Plan, cm: CostModel, contention: bool) -> Simulation:
+    if cm.operators is None:
+        raise PlanError("operators: an operator-placement plan needs the model's operator graph "
+                        "(models/op_trace.py builds it)")
+    graph = split_as_named(cm.operators, [op for p in plan.operators for op in p.ops])
+    run = run_dag_plan(plan, graph, cm, contention)
+    iteration = run.timeline.makespan + cm.overheads.step_s
+    used = sorted(p.device for p in plan.operators)
+    capacities = {slot.id: slot.spec.memory_bytes for slot in cm.cluster.devices}
+    memory = tuple(DeviceMemory(d, int(run.peak_bytes[d]), capacities[d]) for d in used)
+    reason = out_of_memory_reason(memory)
+    prediction = Prediction(iteration_s=iteration, throughput_samples_per_s=plan.global_batch / iteration,
+                            memory=memory, feasible=not reason, reason=reason)
+    stats = tuple(DeviceStats(d, float(run.busy_s[d]), float(max(0.0, iteration - run.busy_s[d]))) for d in used)
+    busy = np.array([s.busy_s for s in stats])
+    bubble = float(1.0 - busy.sum() / (len(stats) * iteration)) if iteration > 0 else 0.0
+    return Simulation(plan=replace(plan, prediction=prediction), timeline=run.timeline, devices=stats, memory=(),
+                      bubble_fraction=bubble, dag=run)

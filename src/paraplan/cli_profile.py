@@ -1,0 +1,116 @@
+"""`paraplan profile` (layers, or with --operators every operator of an iteration) and
+`paraplan profile-links`: the commands that measure this machine. Split from cli.py, which
+dispatches to them."""
+
+from __future__ import annotations
+
+import json
+
+from paraplan.cli_args import _check_output, _parse_sizes
+from paraplan.errors import ParaplanError, require_positive
+
+
+def _progress():
+    from paraplan.cli import _progress as progress
+
+    return progress()
+
+
+def cmd_profile(args) -> int:
+    import torch
+
+    from paraplan.profiling.profile_file import write_profile
+    from paraplan.profiling.profiler import run_profile, workload
+    from paraplan.report import console, profile_report
+
+    sizes = _parse_sizes(args.batch_sizes)
+    require_positive(args.threads, "--threads")
+    require_positive(args.repeats, "--repeats")
+    if args.warmup < 0:
+        raise ParaplanError(f"--warmup must not be negative, got {args.warmup}")
+    _check_output("--out", args.out)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ParaplanError("--device cuda: no GPU is visible on this machine")
+    if (args.model is None) == (args.module is None):
+        raise ParaplanError("give one model: a zoo name, hf:TYPE?key=value or path/to/file.py:build_fn "
+                            "(--module is the same as the model argument)")
+    device = torch.device(args.device)
+    if args.operators:
+        return _operator_profile(args, device, sizes)
+    work = workload(args.model or args.module, device, seq_len=args.seq_len, image_size=args.image_size,
+                    layers=getattr(args, "layers", None))
+    steps = (args.warmup + args.repeats) * len(sizes)
+    with _progress() as progress:
+        task = progress.add_task(f"profiling {work.name} on {device}", total=steps)
+        profile = run_profile(work, device, sizes, args.threads, args.warmup, args.repeats,
+                              step_check=not args.no_checks, repeat_check=not args.no_checks,
+                              progress=lambda: progress.advance(task))
+    write_profile(profile, args.out)
+    if args.json:
+        from paraplan.profiling.profile_file import profile_to_dict
+
+        print(json.dumps(profile_to_dict(profile), indent=1))
+    else:
+        for renderable in profile_report(profile):
+            console().print(renderable)
+        console().print(f"profile written to {args.out}")
+    return 0
+
+
+def cmd_profile_links(args) -> int:
+    from dataclasses import replace
+
+    from paraplan.hardware import load_cluster
+    from paraplan.hardware.cluster import Cluster, LinkSpec
+    from paraplan.hardware.cluster_file import write_cluster_file
+    from paraplan.profiling.links import profile_links
+    from paraplan.report import console, links_report
+
+    _check_output("--out", args.out)
+    base = load_cluster(args.cluster)
+    with console(stderr=True).status(f"measuring {args.backend} links between {args.nproc} processes"):
+        links = profile_links(args.backend, args.nproc, args.max_bytes)
+    measured = LinkSpec(bandwidth_bytes_per_s=links.p2p.bandwidth_bytes_per_s, latency_s=links.p2p.latency_s)
+    nodes = tuple(replace(n, intra_link=measured, network=measured if len(base.nodes) == 1 else n.network)
+                  for n in base.nodes)
+    cluster = Cluster(name=f"{base.name}-measured", nodes=nodes,
+                      description=f"{base.description}; links measured by paraplan profile-links ({args.backend}, "
+                                  f"{args.nproc} processes): alpha {links.p2p.latency_s * 1e6:.1f} us, "
+                                  f"beta {links.p2p.bandwidth_bytes_per_s / 1e9:.3f} GB/s")
+    write_cluster_file(cluster, args.out)
+    console().print(links_report(links))
+    console().print(f"cluster written to {args.out}")
+    return 0
+
+
+def _operator_profile(args, device, sizes) -> int:
+    """Time every operator of one training iteration (profiling/operators.py) at two batches."""
+    import platform
+
+    from paraplan.models import source
+    from paraplan.profiling.operator_file import operator_profile_to_dict, write_operator_profile
+    from paraplan.profiling.operators import profile_operators
+    from paraplan.report import console
+
+    batches = (2, 4) if args.batch_sizes == "1,2,4,8,16,32,64" else tuple(sizes)
+    if len(batches) != 2 or batches[0] >= batches[1]:
+        raise ParaplanError(f"--batch-sizes: --operators fits a line through two batches, e.g. 2,4; got {args.batch_sizes}")
+    built = source.build(args.model or args.module, device="meta", seq_len=args.seq_len, image_size=args.image_size,
+                         layers=getattr(args, "layers", None))
+    with _progress() as progress:
+        task = progress.add_task(f"timing the operators of {built.name} on {device}", total=None)
+        times = profile_operators(built, batches, device, repeats=args.repeats, threads=args.threads,
+                                  progress=lambda: progress.advance(task))
+    name = platform.processor() or platform.machine() if device.type == "cpu" else __import__("torch").cuda.get_device_name()
+    data = operator_profile_to_dict(times, device_name=name, threads=args.threads, repeats=args.repeats)
+    write_operator_profile(data, args.out)
+    if args.json:
+        print(json.dumps(data, indent=1))
+    else:
+        total = [sum(a.fixed + a.per_sample * b for a in times.seconds.values()) for b in batches]
+        console().print(f"{len(times.seconds)} operators of {built.ref} timed on {device} ({times.distinct_calls} "
+                        f"distinct kernels): one iteration {total[0] * 1e3:.2f} ms at batch {batches[0]}, "
+                        f"{total[1] * 1e3:.2f} ms at batch {batches[1]}"
+                        + (f"; {len(times.unmeasured)} could not be timed (priced 0)" if times.unmeasured else "")
+                        + f"; profile written to {args.out}")
+    return 0

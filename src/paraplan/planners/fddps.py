@@ -1,0 +1,114 @@
+"""FD-DPS (../shared/papers/fd-dps.md) and the operator-placement baselines it is compared with,
+as planners: `fddps`, `fddps-nosplit` (the paper's D-DPS without intra-operator splitting),
+`fastt`, `heft`, `mpdps`. Data parallelism is the `dp` planner (planners/galvatron.py): one name,
+one meaning.
+
+Each planner reads the model's operator graph (`request.costs.operators`, models/op_trace.py),
+splits compute-heavy operators along the batch for `fddps` (§4.1, models/op_split.py), builds
+the graph search space of Definition 7 (`dag_problem`: ET per operator and device from
+costs/op_costs.py, Definition 4's alpha-beta links, memory per costs/op_memory.py), schedules it
+(planners/fddps_sched.py, planners/dag_baselines.py) and returns a 'dag' Plan: per device the
+operators it runs, in order. The plan's prediction is the simulator's (simulate/dag.py), which
+with link contention off equals the schedule's own critical-path length (eq. (10)).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from paraplan.costs.op_costs import link_matrices, op_seconds_per_device
+from paraplan.costs.op_memory import resident_bytes
+from paraplan.models.op_split import split_operators
+from paraplan.models.opspec import OpGraph
+from paraplan.plan.plan import OperatorPlacement, Plan, SearchInfo
+from paraplan.planners.dag_baselines import schedule_fastt, schedule_heft, schedule_mpdps
+from paraplan.planners.dag_problem import DagProblem, DagSchedule
+from paraplan.planners.fddps_sched import schedule_fddps
+from paraplan.planners.request import FieldError, Judge, OptionSpec, PlanRequest, at_least
+from paraplan.planners.table import register
+
+
+def search_graph(request: PlanRequest, split: bool) -> OpGraph:
+    graph = request.costs.operators
+    if graph is None:
+        raise FieldError("operators", "this planner places operators: it needs the model's operator graph "
+                                      "(CostModel.operators, built by models/op_trace.py)")
+    if split:
+        graph = split_operators(graph, request.n_stages or request.n_devices, batch=request.batch)
+    return graph
+
+
+def dag_problem(request: PlanRequest, graph: OpGraph) -> DagProblem:
+    """Definition 7's graph search space T(O', E', V', W) at the request's batch, on the first
+    `request.n_stages` devices (the workers asked for; all of them by default)."""
+    cm, batch = request.costs, request.batch
+    k = request.n_stages or request.n_devices
+    alpha, beta = link_matrices(cm.cluster)
+    params = np.array([n.param_bytes for n in graph.nodes], dtype=float)
+    backward = np.array([n.phase == "backward" for n in graph.nodes])
+    capacity = np.array([slot.spec.memory_bytes for slot in cm.cluster.devices[:k]], dtype=float)
+    return DagProblem(
+        exec_s=op_seconds_per_device(graph, cm.cluster, batch, cm.operator_profile)[:, :k],
+        edge_src=np.array([e.src for e in graph.edges], dtype=np.int64),
+        edge_dst=np.array([e.dst for e in graph.edges], dtype=np.int64),
+        edge_bytes=np.array([e.nbytes.at(batch) for e in graph.edges], dtype=float),
+        link_alpha_s=alpha[:k, :k], link_bytes_per_s=beta[:k, :k],
+        resident_bytes=resident_bytes(params, backward),
+        output_bytes=np.array([n.output_bytes.at(batch) for n in graph.nodes], dtype=float),
+        # the fixed reserve (costs/memory_config.py) is the simulator's too
+        capacity_bytes=np.maximum(capacity - cm.memory.reserve_bytes, 1.0),
+        names=tuple(n.name for n in graph.nodes))
+
+
+def placement_plan(request: PlanRequest, graph: OpGraph, schedule: DagSchedule, name: str, seconds: float,
+                   options: tuple = ()) -> Plan:
+    placements = tuple(OperatorPlacement(d, tuple(graph.nodes[i].name for i in order))
+                       for d, order in enumerate(schedule.order) if order)
+    stats = tuple((k, float(v)) for k, v in sorted(schedule.stats.items()) if isinstance(v, (int, float)))
+    return Plan(model=request.model_name, cluster=request.cluster_name, n_layers=request.n_layers,
+                global_batch=request.batch, n_micro=1, schedule="dag", grad_sync="none", operators=placements,
+                search=SearchInfo(planner=name, search_s=seconds,
+                                  options=(("costs", request.costs.source), ("operators", graph.n_nodes),
+                                           ("schedule_length_s", schedule.makespan_s)) + options + stats,
+                                  note="" if schedule.feasible else (schedule.reason or "")))
+
+
+def _plan_with(name: str, scheduler, split: bool):
+    def planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
+        t0 = time.perf_counter()
+        if request.n_micro not in (None, 1):
+            raise FieldError("micro_batches", f"{name} places one iteration's operators; it has no micro-batches")
+        graph = search_graph(request, split)
+        schedule = scheduler(dag_problem(request, graph), options)
+        plan = placement_plan(request, graph, schedule, name, time.perf_counter() - t0,
+                              tuple((k, v) for k, v in sorted(options.items())))
+        prediction = judge(plan)
+        if not schedule.feasible:
+            prediction = replace(prediction, feasible=False,
+                                 reason=f"{name} finds no placement that fits: {schedule.reason}")
+        return replace(plan, prediction=prediction)
+
+    return planner
+
+
+_FDDPS_OPTIONS = {}
+_MPDPS_OPTIONS = {"groups_per_device": OptionSpec(32, "MP-DPS node merging: groups per device",
+                                                  at_least("groups_per_device", 1))}
+
+for _name, _summary, _scheduler, _split, _options in (
+    ("fddps", "FD-DPS: operator placement by dynamic critical paths, compute-heavy operators split along the batch",
+     lambda p, o: schedule_fddps(p), True, _FDDPS_OPTIONS),
+    ("fddps-nosplit", "FD-DPS without intra-operator splitting (the paper's D-DPS)",
+     lambda p, o: schedule_fddps(p), False, _FDDPS_OPTIONS),
+    ("fastt", "FastT-like: static critical-path list scheduling of operators", lambda p, o: schedule_fastt(p),
+     False, {}),
+    ("heft", "HEFT: upward-rank list scheduling, earliest finish time with insertion",
+     lambda p, o: schedule_heft(p), False, {}),
+    ("mpdps", "MP-DPS-like: node merging and path prediction", lambda p, o: schedule_mpdps(
+        p, groups_per_device=o.get("groups_per_device", 32)), False, _MPDPS_OPTIONS),
+):
+    register(_name, _summary, schedules=("dag",), options=_options, needs_operators=True)(
+        _plan_with(_name, _scheduler, _split))

@@ -67,12 +67,12 @@ def placement_plan(request: PlanRequest, graph: OpGraph, schedule: DagSchedule, 
                    options: tuple = ()) -> Plan:
     placements = tuple(OperatorPlacement(d, tuple(graph.nodes[i].name for i in order))
                        for d, order in enumerate(schedule.order) if order)
-    stats = tuple((k, float(v)) for k, v in sorted(schedule.stats.items()) if isinstance(v, (int, float)))
+    stats = tuple((k, float(v)) for k, v in schedule.stats.items() if isinstance(v, (int, float)) and k != "search_s")
     return Plan(model=request.model_name, cluster=request.cluster_name, n_layers=request.n_layers,
                 global_batch=request.batch, n_micro=1, schedule="dag", grad_sync="none", operators=placements,
                 search=SearchInfo(planner=name, search_s=seconds,
-                                  options=(("costs", request.costs.source), ("operators", graph.n_nodes),
-                                           ("schedule_length_s", schedule.makespan_s)) + options + stats,
+                                  options=tuple(sorted((("costs", request.costs.source), ("operators", graph.n_nodes),
+                                                        ("schedule_length_s", schedule.makespan_s)) + options + stats)),
                                   note="" if schedule.feasible else (schedule.reason or "")))
 
 

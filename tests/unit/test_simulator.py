@@ -263,3 +263,15 @@ def test_dag_order_that_contradicts_a_dependency_is_an_error():
     with pytest.raises(PlanError, match="'z' of the graph is not placed"):
         build_dag_graph((OperatorPlacement(0, ("a",)),), [OpEdge("a", "z", 0)], lambda o, d: 1.0,
                         lambda s, d, n: 0.0, 1)
+
+
+def test_a_tensor_goes_to_a_device_once_however_many_read_it_there():
+    from paraplan.plan.plan import OperatorPlacement
+    from paraplan.simulate.dag import OpEdge, simulate_dag
+
+    # a on device 0 feeds b and c on device 1: one transfer of 1 s, not two in a row (with contention)
+    placement = (OperatorPlacement(0, ("a",)), OperatorPlacement(1, ("b", "c")))
+    edges = [OpEdge("a", "b", 100), OpEdge("a", "c", 100)]
+    tl, task = simulate_dag(placement, edges, lambda op, dev: 1.0, lambda s, d, n: n / 100, n_devices=2)
+    assert (tl.type == 1).sum() == 1
+    assert tl.makespan == pytest.approx(4.0)  # a 1, transfer 1, b 1, c 1

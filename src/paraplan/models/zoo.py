@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from paraplan.errors import FieldError, ParaplanError, UnknownNameError
-from paraplan.models import cnn
+from paraplan.models import cnn, nasnet
 from paraplan.models.built import BuiltModel
 from paraplan.models.spec import InputSpec
 
@@ -190,6 +190,12 @@ _ENTRIES: list[ZooEntry] = [
              _image(224)),
     ZooEntry("lenet-5", "sequential", "Bi-Partition: LeNet-5 on MNIST (60K)", lambda i: cnn.lenet5(i.num_classes),
              _image(32, 10, channels=1)),
+    # FD-DPS Table 3 (CIFAR-10, TF-Slim models): the Inception/NASNet family's representative
+    ZooEntry("nasnet-large", "sequential", "NASNet-A-like, FD-DPS Table 3 NasNet_large on CIFAR-10 32x32",
+             lambda i: nasnet.nasnet(6, 168, i.num_classes, i.image_size, i.channels), _image(32, 10),
+             note="NASNet-A large cells (N=6, 168 filters, 6 @ 4032) with the CIFAR stem; image_size >= 100 "
+                  "switches to the ImageNet stem (331: 88.7M parameters with 1000 classes vs the published 88.9M); "
+                  "no auxiliary head, no drop-path"),
     # tiny variants: real runs on a CPU
     ZooEntry("gpt2-tiny", "gpt2", "tiny GPT-2 for CPU runs", _gpt2(4, 64, 4, vocab=512, positions=128),
              _tokens(32, 512), tiny=True),
@@ -208,6 +214,8 @@ _ENTRIES: list[ZooEntry] = [
              lambda i: cnn.vgg(16, i.num_classes, width_divisor=16), _image(32, 10), tiny=True),
     ZooEntry("alexnet-tiny", "sequential", "AlexNet with 1/8 of the channels, for CPU runs",
              lambda i: cnn.alexnet(i.num_classes, width_divisor=8), _image(64, 10), tiny=True),
+    ZooEntry("nasnet-tiny", "sequential", "NASNet-A-like with N=1 and 8 filters, for CPU runs",
+             lambda i: nasnet.nasnet(1, 8, i.num_classes, i.image_size, i.channels), _image(32, 10), tiny=True),
 ]
 # CSIMD Table III self-designed CNNs, K = 8..19 layers (the paper's range), 1x100x100 MNIST inputs.
 for _k in range(8, 20):

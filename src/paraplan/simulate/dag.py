@@ -3,7 +3,8 @@
 Each operator is a compute task on its device, run in the order the placement lists (the engine
 chains a device's compute tasks in the order they are added); an edge between operators on
 different devices becomes a transfer of its tensor over the link between them (FD-DPS
-Definition 4: alpha + bytes / beta). With `contention=False` transfers never wait for a busy port,
+Definition 4: alpha + bytes / beta), once per (producer, destination device, bytes). With
+`contention=False` transfers never wait for a busy port,
 and the simulated makespan is the schedule's dynamic critical-path length (eq. (10)); with
 contention each device sends and receives one transfer at a time.
 """
@@ -53,15 +54,21 @@ def build_dag_graph(placement: Sequence[OperatorPlacement], edges: Sequence[OpEd
         for op in p.ops:
             layer = op_layer(op) if op_layer else 0
             task[op] = graph.compute(p.device, op_seconds(op, p.device), "op", layers=(layer, layer + 1))
+    # a tensor goes to another device once, however many operators there read it: one transfer per
+    # (producer, destination device, bytes read) — consumers reading different parts of a producer's
+    # outputs get their own, so each edge's arrival is its own alpha + bytes / beta (eq. (6))
+    sent: dict[tuple[str, int, float], int] = {}
     for e in edges:
         a, b = where[e.src], where[e.dst]
         if a == b:
             graph.depend(task[e.dst], task[e.src])
             transfers.append(-1)
-        else:
-            t = graph.transfer(a, b, link_seconds(a, b, e.nbytes), "transfer", deps=[task[e.src]])
-            graph.depend(task[e.dst], t)
-            transfers.append(t)
+            continue
+        key = (e.src, b, e.nbytes)
+        if key not in sent:
+            sent[key] = graph.transfer(a, b, link_seconds(a, b, e.nbytes), "transfer", deps=[task[e.src]])
+        graph.depend(task[e.dst], sent[key])
+        transfers.append(sent[key])
     graph.edge_transfers = transfers
     return graph, task
 

@@ -309,6 +309,17 @@ def test_batch_search_finds_the_largest_batch_that_fits(gpt2):
         assert not bigger.prediction.feasible, name
 
 
+def test_batch_search_walks_in_batches_the_devices_can_split(gpt2):
+    """Pure SDP over 4 devices cannot split a batch of 2: the search's step grows to 4 rather than
+    finding nothing (it once reported OOM for SDP on 16 A100s with a step of 8)."""
+    cm = _cost_model(gpt2, 20)
+    for mode in ("max", "best"):
+        request = PlanRequest(costs=cm, model_name="gpt2-tiny", cluster_name="2x2", batch=2,
+                              options={"batch_search": mode, "batch_step": 2})
+        plan = make_plan(request, "sdp")
+        assert plan.prediction.feasible and plan.global_batch % 4 == 0, (mode, plan.prediction.reason)
+
+
 def test_batch_search_best_is_the_best_throughput_of_the_batches_tried(gpt2):
     """`best`: the plan's throughput is at least that of every batch in steps of 8 up to the largest
     that fits (checked exhaustively; the search itself tries a grid and refines around its best)."""

@@ -24,6 +24,7 @@ prediction and a reason naming the layer or stage that failed.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 
@@ -390,11 +391,27 @@ def _search_batch(request: PlanRequest, variant: Variant, bins: int, schedules, 
     return best
 
 
+def _batch_unit(request: PlanRequest, variant: Variant, bins: int, schedules, pps, step: int) -> int:
+    """The batch step the search walks in: `step`, or where no multiple-of-nothing batch of one step
+    can be planned (pure SDP on 16 devices cannot split 8 samples 16 ways), the smallest
+    step x 2^j (up to lcm(step, devices)) that can, so that every batch tried divides evenly."""
+    unit, limit = step, math.lcm(step, usable_devices(request))
+    while unit < limit:
+        req = replace(request, batch=unit, n_micro=None)
+        searcher = _Searcher(req, variant, bins)
+        if any(searcher.fits(p, m, sch) for p in pps for m in micro_counts(req, req.batch, p) for sch in schedules):
+            return unit
+        unit *= 2
+    return limit
+
+
 def _max_batch(request: PlanRequest, variant: Variant, bins: int, schedules, pps, step: int) -> _Result:
     """The plan of the largest multiple of `step` that fits. Algorithm 1 walks the batch up one step at
     a time until nothing fits; we find the same batch (where fitting is monotone in the batch) by
     doubling and bisection with a quick memory probe (`_Searcher.fits`), then search that batch in
     full, stepping down while the full search finds nothing (the probe is a little optimistic)."""
+    step = _batch_unit(request, variant, bins, schedules, pps, step)
+
     def probe(k: int) -> bool:
         req = replace(request, batch=k * step, n_micro=None)
         searcher = _Searcher(req, variant, bins)
@@ -433,6 +450,7 @@ def _best_batch(request: PlanRequest, variant: Variant, bins: int, schedules, pp
     the best by halving the distance to its neighbours three times (deviation: about 15 searches
     instead of up to a hundred; throughput over the batch rises and then falls once CKPT or more
     stages are needed, and the refinement finds the peak of such a curve to within a step or two)."""
+    step = _batch_unit(request, variant, bins, schedules, pps, step)
     largest = _max_batch(request, variant, bins, schedules, pps, step)
     if not np.isfinite(largest.estimate_s):
         return largest

@@ -122,7 +122,7 @@ def test_plan_and_simulate_dag_plans_on_the_command_line(tmp_path):
     r = _cli("plan", "--planner", "fddps", "--model", "resnet-tiny", "--cluster", "fddps-8xp100", "--batch", "8",
              "--out", str(out))
     assert r.returncode == 0, r.stderr
-    assert "critical path" in r.stdout and "operators" in r.stdout and "link contention" in r.stdout
+    assert "critical path" in r.stdout and "operators" in r.stdout and "simulated with link contention" in r.stdout
     saved = json.loads(out.read_text())
     assert saved["schedule"] == "dag" and saved["operators"]
     gantt, trace = tmp_path / "g.png", tmp_path / "t.json"

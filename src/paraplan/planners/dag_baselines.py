@@ -44,16 +44,20 @@ from paraplan.planners.dag_sched import (
     INF,
     ScheduleBuilder,
     bottom_levels,
+    check_links,
     critical_path_times,
     mean_costs,
     quantize,
 )
 
 
-def _eft_list_schedule(problem: DagProblem, keys: list, insertion: bool = True) -> tuple[ScheduleBuilder, dict]:
+def _eft_list_schedule(problem: DagProblem, keys: list, insertion: bool = True,
+                       links: str = "free") -> tuple[ScheduleBuilder, dict]:
     """Schedulable nodes by increasing `keys[i]`; each to the device of earliest finish (ties: earlier
-    start, lower index) among those with memory room."""
-    builder = ScheduleBuilder(problem)
+    start, lower index) among those with memory room. links="ports": the finish includes the waits
+    for the send and receive ports (dag_sched.PortLedger; ours, the published algorithms have none)."""
+    check_links(links)
+    builder = ScheduleBuilder(problem, ports=links == "ports")
     et, parents, children = builder.lists.et, builder.lists.parents, builder.lists.children
     missing = [len(p) for p in parents]
     heap = [(keys[i], i) for i in range(problem.n_nodes) if missing[i] == 0]
@@ -64,7 +68,8 @@ def _eft_list_schedule(problem: DagProblem, keys: list, insertion: bool = True) 
         _, i = heapq.heappop(heap)
         est = builder.arrivals(i)
         slots = [builder.slot(i, k, est[k], insertion) for k in range(d)]
-        fits = [k for k in range(d) if slots[k][2] >= 0]
+        fits = builder.exact_devices(i, [k for k in range(d) if slots[k][2] >= 0],  # links="free": all
+                                     [slots[k][0] + et[i][k] for k in range(d)])
         if fits:
             k = min(fits, key=lambda j: (slots[j][0] + et[i][j], slots[j][0], j))
         else:
@@ -78,24 +83,26 @@ def _eft_list_schedule(problem: DagProblem, keys: list, insertion: bool = True) 
     return builder, {"inserted": inserted}
 
 
-def schedule_heft(problem: DagProblem, *, insertion: bool = True) -> DagSchedule:
+def schedule_heft(problem: DagProblem, *, insertion: bool = True, links: str = "free") -> DagSchedule:
+    """HEFT; links="ports" books transfers on the devices' ports while choosing the earliest finish,
+    the contention-aware list scheduling of Sinnen & Sousa 2005 (not the published HEFT)."""
     t0 = time.perf_counter()
     rank_u, _ = bottom_levels(problem, mean_costs(problem))
     scale = max(rank_u)
     # rank_u(parent) >= rank_u(child), so with index tie-breaks the ready heap pops exactly HEFT's list order
     keys = [(-quantize(r, scale), i) for i, r in enumerate(rank_u)]
-    builder, stats = _eft_list_schedule(problem, keys, insertion)
+    builder, stats = _eft_list_schedule(problem, keys, insertion, links)
     return builder.result(dict(stats, search_s=time.perf_counter() - t0))
 
 
-def schedule_fastt(problem: DagProblem) -> DagSchedule:
+def schedule_fastt(problem: DagProblem, *, links: str = "free") -> DagSchedule:
     t0 = time.perf_counter()
     static = critical_path_times(problem)  # computed once, never updated: FastT's static priority
     slack = (static.lst - static.est).tolist()
     blevel = (static.dcpl - static.lst).tolist()
     scale = static.dcpl
     keys = [(quantize(slack[i], scale), -quantize(blevel[i], scale), i) for i in range(problem.n_nodes)]
-    builder, stats = _eft_list_schedule(problem, keys)
+    builder, stats = _eft_list_schedule(problem, keys, links=links)
     return builder.result(dict(stats, search_s=time.perf_counter() - t0))
 
 

@@ -51,6 +51,13 @@ Choices where the paper is ambiguous (each a deviation to keep in mind when comp
     the schedule is marked infeasible, naming the node and its bytes, and the node goes to the
     device that comes closest, so the result is still a complete, replayable schedule.
 
+Beyond the paper (ours, opt-in): `links="ports"` models the simulator's link contention while
+scheduling. Find_Slot's EST(o_i, v_k) then waits for v_k's receive port and the parents' send ports
+(dag_sched.PortLedger, whose module doc has the port model and why), and devices whose bookings the
+simulator would serve in another order are avoided; priorities, LST and DCPL keep the paper's
+contention-free estimates of the unscheduled part. The default `links="free"` is the paper's model,
+bit for bit.
+
 Incremental update (Algorithm 3 line 27). Because placed nodes never move and a node is placed only
 after all its parents: (a) a placed node's EST is final; (b) an unscheduled node's descendants are
 all unscheduled, so its blevel (mean costs) never changes and its LST = DCPL - blevel changes only
@@ -78,6 +85,7 @@ from paraplan.planners.dag_sched import (
     INF,
     ScheduleBuilder,
     bottom_levels,
+    check_links,
     critical_path_times,
     mean_costs,
     quantize,
@@ -91,11 +99,12 @@ EPS_S = 1e-12  # eq. (9)'s eps: keeps Score finite on critical nodes
 class FddpsState:
     """Algorithm 3's state between placements; `step` places one node."""
 
-    def __init__(self, problem: DagProblem, fallback: str = "lowest_priority"):
+    def __init__(self, problem: DagProblem, fallback: str = "lowest_priority", links: str = "free"):
         if fallback not in FALLBACKS:
             raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
-        self.problem, self.fallback = problem, fallback
-        self.builder = ScheduleBuilder(problem)
+        check_links(links)
+        self.problem, self.fallback, self.links = problem, fallback, links
+        self.builder = ScheduleBuilder(problem, ports=links == "ports")
         lists = problem.lists
         self.et, self.parents, self.children = lists.et, lists.parents, lists.children
         n = problem.n_nodes
@@ -172,7 +181,8 @@ class FddpsState:
         builder, et_i, d = self.builder, self.et[i], self.problem.n_devices
         est = builder.arrivals(i)
         slots = [builder.slot(i, k, est[k]) for k in range(d)]
-        fits = [k for k in range(d) if slots[k][2] >= 0]
+        fits = builder.exact_devices(i, [k for k in range(d) if slots[k][2] >= 0],  # links="free": all
+                                     [slots[k][0] + et_i[k] for k in range(d)])
         if not fits:
             self.stats["no_room"] += 1
             k = builder.no_room(i, [s[2] for s in slots])
@@ -276,10 +286,20 @@ def _expect(ok: bool, message: str) -> None:
         raise AssertionError(f"FD-DPS incremental state disagrees with the full pass: {message}")
 
 
-def schedule_fddps(problem: DagProblem, *, fallback: str = "lowest_priority", debug_check: bool = False) -> DagSchedule:
-    """FD-DPS (Algorithm 3) on `problem`; `fallback="earliest_finish"` replaces rule (4) (not the paper)."""
+def schedule_fddps(problem: DagProblem, *, fallback: str = "lowest_priority", debug_check: bool = False,
+                   links: str = "free") -> DagSchedule:
+    """FD-DPS (Algorithm 3) on `problem`; `fallback="earliest_finish"` replaces rule (4) (not the paper).
+
+    `links="ports"` (ours, not the paper's): transfers contend for each device's one send and one
+    receive port, as in the simulator; EST(o_i, v_k) of Find_Slot (eq. (11) and rules (1)-(4)) then
+    includes the waits for the ports (dag_sched.PortLedger). Everything else (priorities, LST, DCPL)
+    keeps the paper's contention-free estimates of the unscheduled part. `debug_check` compares with
+    the contention-free full pass, so it needs links="free"."""
+    check_links(links)
+    if debug_check and links != "free":
+        raise ValueError("debug_check compares against the contention-free full pass: it needs links='free'")
     t0 = time.perf_counter()
-    state = FddpsState(problem, fallback)
+    state = FddpsState(problem, fallback, links)
     while not state.done:
         state.step()
         if debug_check:

@@ -52,6 +52,7 @@ class Table:
     back_class: list  # [l][E, j]: the class of layer l-1's strategy
     classes: np.ndarray
     mem_units: np.ndarray
+    perm: np.ndarray | None = None  # the tables' column j is strategy perm[j] (columns sorted by class)
 
     @property
     def last(self) -> np.ndarray:
@@ -69,14 +70,17 @@ def dp_table(cost: np.ndarray, mem_units: np.ndarray, trans: np.ndarray | None, 
     if trans is None:
         classes = np.zeros(n_strat, dtype=np.int64)
     classes = np.arange(n_strat) if classes is None else np.asarray(classes)
-    order = np.argsort(classes, kind="stable")
-    starts = np.flatnonzero(np.r_[True, np.diff(classes[order]) != 0])
+    # columns sorted by class once, so each layer's per-class minimum reads contiguous columns
+    # instead of copying the table into class order (this loop is most of a Galvatron search)
+    perm = np.argsort(classes, kind="stable")
+    cost, mem_units, classes = cost[:, perm], mem_units[:, perm], classes[perm]
+    starts = np.flatnonzero(np.r_[True, np.diff(classes) != 0])
     energies = np.arange(budget + 1)[:, None]
     columns = np.arange(n_strat)[None, :]
     table = np.where(energies >= mem_units[0][None, :], cost[0][None, :], INF)
     tables, backs = [table], [None]
     for layer in range(1, n_layers):
-        class_low = np.minimum.reduceat(table[:, order], starts, axis=1)  # [E, K]: the cheapest of each class
+        class_low = np.minimum.reduceat(table, starts, axis=1)  # [E, K]: the cheapest of each class
         if trans is None:
             k = np.zeros((budget + 1, n_strat), dtype=np.int64)
             low = class_low[:, :1].repeat(n_strat, axis=1)
@@ -91,7 +95,7 @@ def dp_table(cost: np.ndarray, mem_units: np.ndarray, trans: np.ndarray | None, 
         table = np.where(valid, low[index, columns] + cost[layer][None, :], INF)
         tables.append(table)
         backs.append(k[index, columns])
-    return Table(tables, backs, classes, mem_units)
+    return Table(tables, backs, classes, mem_units, perm)
 
 
 def backtrack(t: Table, energy: int) -> tuple[float, tuple[int, ...]]:
@@ -107,7 +111,8 @@ def backtrack(t: Table, energy: int) -> tuple[float, tuple[int, ...]]:
         members = np.flatnonzero(t.classes == k)
         j = int(members[np.argmin(t.tables[layer - 1][energy, members])])
         choice.append(j)
-    return cost, tuple(reversed(choice))
+    perm = t.perm if t.perm is not None else np.arange(t.mem_units.shape[1])
+    return cost, tuple(int(perm[j]) for j in reversed(choice))
 
 
 def search_stage(cost: np.ndarray, forward_bytes: np.ndarray, backward_bytes: np.ndarray, trans: np.ndarray | None,

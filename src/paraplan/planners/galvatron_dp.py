@@ -49,7 +49,7 @@ class Table:
     best predecessor comes from (the strategy within the class is found again when backtracking)."""
 
     tables: list
-    back_class: list  # [l][E, j]: the class of layer l-1's strategy
+    back_class: list  # [l][E', k]: the class of layer l-1's strategy, for layer l in class k with E' units left
     classes: np.ndarray
     mem_units: np.ndarray
     perm: np.ndarray | None = None  # the tables' column j is strategy perm[j] (columns sorted by class)
@@ -76,26 +76,25 @@ def dp_table(cost: np.ndarray, mem_units: np.ndarray, trans: np.ndarray | None, 
     cost, mem_units, classes = cost[:, perm], mem_units[:, perm], classes[perm]
     starts = np.flatnonzero(np.r_[True, np.diff(classes) != 0])
     energies = np.arange(budget + 1)[:, None]
-    columns = np.arange(n_strat)[None, :]
+    column_class = (classes if trans is not None else np.zeros(n_strat, dtype=np.int64))[None, :]
     table = np.where(energies >= mem_units[0][None, :], cost[0][None, :], INF)
     tables, backs = [table], [None]
     for layer in range(1, n_layers):
         class_low = np.minimum.reduceat(table, starts, axis=1)  # [E, K]: the cheapest of each class
-        if trans is None:
-            k = np.zeros((budget + 1, n_strat), dtype=np.int64)
-            low = class_low[:, :1].repeat(n_strat, axis=1)
+        if trans is None:  # one class: the cheapest predecessor of any strategy
+            best = np.zeros((budget + 1, 1), dtype=np.int64)
+            low = class_low.min(axis=1, keepdims=True)
         else:
             total = class_low[:, :, None] + trans[layer][None, :, :]  # [E, from class, to class]
             best = np.argmin(total, axis=1)  # [E, to class]
-            low = np.take_along_axis(total, best[:, None, :], axis=1)[:, 0, :][:, classes]
-            k = best[:, classes]
+            low = total.min(axis=1)  # [E, to class]
         index = energies - mem_units[layer][None, :]
         valid = index >= 0
-        index = np.maximum(index, 0)
-        table = np.where(valid, low[index, columns] + cost[layer][None, :], INF)
+        # one gather straight from the [E, K] minima: column j reads its class at E - O(l, j)
+        table = np.where(valid, low[np.maximum(index, 0), column_class] + cost[layer][None, :], INF)
         tables.append(table)
-        backs.append(k[index, columns])
-    return Table(tables, backs, classes, mem_units, perm)
+        backs.append(best)  # the back pointer of column j at E is best[E - O(l, j), class j]
+    return Table(tables, backs, classes if trans is not None else np.zeros(n_strat, dtype=np.int64), mem_units, perm)
 
 
 def backtrack(t: Table, energy: int) -> tuple[float, tuple[int, ...]]:
@@ -106,8 +105,8 @@ def backtrack(t: Table, energy: int) -> tuple[float, tuple[int, ...]]:
         return INF, ()
     choice = [j]
     for layer in range(len(t.tables) - 1, 0, -1):
-        k = int(t.back_class[layer][energy, j])
         energy -= int(t.mem_units[layer, j])
+        k = int(t.back_class[layer][energy, t.classes[j]])
         members = np.flatnonzero(t.classes == k)
         j = int(members[np.argmin(t.tables[layer - 1][energy, members])])
         choice.append(j)

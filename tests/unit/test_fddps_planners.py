@@ -142,3 +142,21 @@ def test_plan_and_simulate_dag_plans_on_the_command_line(tmp_path):
     bad.write_text(json.dumps(saved))
     r = _cli("simulate", str(bad))
     assert r.returncode == 2 and "not an operator of" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_operator_profile_measured_here_prices_the_plan(tmp_path):
+    """`paraplan profile --operators` times every operator of the iteration on this CPU; a plan made
+    with it is priced by those times (and the profile of another model is refused in one line)."""
+    ops = tmp_path / "ops.json"
+    r = _cli("profile", "resnet-tiny", "--operators", "--repeats", "2", "--out", str(ops))
+    assert r.returncode == 0, r.stderr
+    saved = json.loads(ops.read_text())
+    assert saved["kind"] == "operator-profile" and len(saved["seconds"]) == 127
+    out = tmp_path / "p.json"
+    r = _cli("plan", "--planner", "fddps", "--model", "resnet-tiny", "--cluster", "local", "--batch", "8",
+             "--profile", str(ops), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["search"]["options"]["costs"] == "operator-profile"
+    r = _cli("plan", "--planner", "fddps", "--model", "gpt2-tiny", "--cluster", "local", "--batch", "8",
+             "--profile", str(ops), "--out", str(tmp_path / "q.json"))
+    assert r.returncode == 2 and "an operator profile of resnet-tiny" in r.stderr and "Traceback" not in r.stderr

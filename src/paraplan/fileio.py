@@ -1,4 +1,5 @@
-"""Writing files so that nothing half-written is ever left behind (every writer uses this)."""
+"""Writing files so that nothing half-written is ever left behind (every writer uses this), and
+reading JSON documents with one-line errors."""
 
 from __future__ import annotations
 
@@ -21,6 +22,19 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_json(path: str | Path, what: str, error: type[Exception]):
+    """The JSON document at `path`, or `error` with one line naming the file and what went wrong."""
+    import json
+
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what} ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}: malformed JSON: {exc}") from None
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from paraplan.costs.op_costs import OperatorProfile
 from paraplan.errors import ParaplanError
-from paraplan.fileio import atomic_write_text
+from paraplan.fileio import atomic_write_text, read_json
 
 FORMAT_VERSION = 1
 KIND = "operator-profile"
@@ -45,13 +45,7 @@ def write_operator_profile(data: dict, path: str | Path) -> None:
 
 
 def read_operator_profile(path: str | Path) -> OperatorProfile:
-    path = Path(path)
-    try:
-        d = json.loads(path.read_text())
-    except OSError as exc:
-        raise OperatorProfileError(f"{path}: cannot read operator profile ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise OperatorProfileError(f"{path}: malformed JSON: {exc}") from None
+    d = read_json(path, "operator profile", OperatorProfileError)
     if not isinstance(d, dict) or d.get("kind") != KIND:
         raise OperatorProfileError(f"{path}: not an operator profile (kind {KIND!r})")
     if d.get("format_version") != FORMAT_VERSION:

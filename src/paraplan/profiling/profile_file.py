@@ -9,7 +9,7 @@ from pathlib import Path
 
 from paraplan.costs.profile import LayerProfile, Profile, StepCheck, Timing
 from paraplan.errors import ParaplanError
-from paraplan.fileio import atomic_write_text
+from paraplan.fileio import atomic_write_text, read_json
 
 FORMAT_VERSION = 1
 
@@ -79,14 +79,7 @@ def profile_from_dict(d: object, origin: str = "profile") -> Profile:
 
 
 def read_profile(path: str | Path) -> Profile:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise ProfileFileError(f"{path}: cannot read profile ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise ProfileFileError(f"{path}: malformed JSON: {exc}") from None
-    return profile_from_dict(data, str(path))
+    return profile_from_dict(read_json(path, "profile", ProfileFileError), str(path))
 
 
 def write_profile(profile: Profile, path: str | Path) -> None:

@@ -61,12 +61,7 @@ def gantt(timeline: Timeline, path: str | Path, title: str = "", devices: list[i
         if lane == "compute" and micro >= 0 and (end - start) > span / 90:
             ax.text((start + end) / 2, y0 + height / 2, str(micro), ha="center", va="center", fontsize=7,
                     color="white")
-    ax.set_yticks(range(len(used)))
-    ax.set_yticklabels([f"device {d}" for d in used])
-    ax.invert_yaxis()
-    ax.set_xlim(0, span)
-    ax.set_xlabel("time (s)")
-    ax.set_title(title or f"iteration time {span:.4g} s")
+    _device_axes(ax, used, span, title)
     ax.legend(handles=[Patch(color=COLOURS["forward"], label="forward"),
                        Patch(color=COLOURS["backward"], label="backward"),
                        Patch(color=COLOURS["send_forward"], label="send activation"),
@@ -76,6 +71,16 @@ def gantt(timeline: Timeline, path: str | Path, title: str = "", devices: list[i
     fig.tight_layout()
     atomic_write(Path(path), lambda tmp: fig.savefig(tmp, dpi=130))
     plt.close(fig)
+
+
+def _device_axes(ax, used: list[int], span: float, title: str) -> None:
+    """One row per device, top to bottom, time along x: what both Gantt charts share."""
+    ax.set_yticks(range(len(used)))
+    ax.set_yticklabels([f"device {d}" for d in used])
+    ax.invert_yaxis()
+    ax.set_xlim(0, span)
+    ax.set_xlabel("time (s)")
+    ax.set_title(title or f"iteration time {span:.4g} s")
 
 
 def _gantt_operators(rows, span: float, path, title: str, devices) -> None:
@@ -108,12 +113,7 @@ def _gantt_operators(rows, span: float, path, title: str, devices) -> None:
         ax.broken_barh(spans, (index[device] - 0.3, 0.6), facecolors=palette[colour], linewidth=0)
     for device, spans in sends.items():
         ax.broken_barh(spans, (index[device] + 0.34 + 0.06, 0.22), facecolors=COLOURS["transfer"], linewidth=0)
-    ax.set_yticks(range(len(used)))
-    ax.set_yticklabels([f"device {d}" for d in used])
-    ax.invert_yaxis()
-    ax.set_xlim(0, span)
-    ax.set_xlabel("time (s)")
-    ax.set_title(title or f"iteration time {span:.4g} s")
+    _device_axes(ax, used, span, title)
     handles = [Patch(color=palette[k % len(palette)], label=f"layer {k}") for k in range(min(n_layers, 6))]
     ax.legend(handles=handles + [Patch(color=COLOURS["transfer"], label="transfer")],
               title=f"operators coloured by model layer ({n_layers} layers, 20 colours repeating)",

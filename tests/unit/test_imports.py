@@ -14,7 +14,7 @@ PURE = ["models/spec.py", "models/opspec.py", "costs/op_costs.py", "costs/op_mem
         "costs/collectives.py", "costs/model.py", "costs/profile.py", "planners/csimd.py", "planners/csimd_search.py",
         "planners/csimd_bound.py", "planners/fit.py", "planners/partition.py", "planners/galvatron.py",
         "planners/galvatron_dp.py", "planners/galvatron_space.py",
-        "planners/pipeline_split.py", "planners/gropipe.py", "planners/bipartition.py", "planners/bipartition_dp.py",
+        "planners/pipeline_split.py", "planners/gropipe.py", "planners/bipartition.py", "planners/bipartition_dp.py", "planners/bipartition_fit.py",
         "planners/registry.py", "planners/request.py", "planners/table.py", "simulate/engine.py", "simulate/schedules.py",
         "simulate/pipeline.py", "simulate/plan_work.py", "simulate/predict.py", "simulate/dag.py"]
 FORBIDDEN_MODULES = {"torch", "subprocess", "socket", "multiprocessing", "tomllib", "json", "pathlib", "shutil"}

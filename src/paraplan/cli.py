@@ -315,7 +315,7 @@ def _cmd_train(args) -> int:
     import os
 
     world = int(os.environ["WORLD_SIZE"]) if torchrun else (args.nproc or len(plan.devices))
-    check_before_launch(config, world, spec.n_layers)
+    check_before_launch(config, world, spec.n_layers, built.layers())
     local = load_cluster("local")
     capacities = {d: local.device(0).memory_bytes for d in range(world)}
     reason = out_of_memory_reason(plan_memory(plan, spec, capacities, device_kind=local.device(0).name)[0])

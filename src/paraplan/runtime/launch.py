@@ -85,8 +85,9 @@ def run_under_torchrun(config: TrainConfig) -> dict:
         dist.destroy_process_group()
 
 
-def check_before_launch(config: TrainConfig, world: int, n_layers: int) -> None:
-    """Refuse a plan that cannot run, before any process starts: one clear line."""
+def check_before_launch(config: TrainConfig, world: int, n_layers: int, layers=None) -> None:
+    """Refuse a plan that cannot run, before any process starts: one clear line. `layers` (the
+    model's layer list, on meta) lets plans with per-layer strategies be checked layer by layer."""
     from paraplan.errors import FieldError, ParaplanError
     from paraplan.plan.plan import check_fits
 
@@ -101,16 +102,23 @@ def check_before_launch(config: TrainConfig, world: int, n_layers: int) -> None:
         raise ParaplanError(f"the plan's devices {used} are not the ranks 0..{world - 1}")
     check_fits(plan, n_layers, world, "the world")
     counts = {len(s.devices) for s in plan.stages}
-    if len(counts) != 1 or any(s.strategies for s in plan.stages):
-        raise ParaplanError("the runtime runs pipeline x data-parallel plans: every stage needs the same number "
-                            "of devices and no per-layer strategies")
+    if len(counts) != 1:
+        raise ParaplanError("the runtime runs plans whose stages all have the same number of devices")
+    if any(s.strategies for s in plan.stages):
+        from paraplan.runtime.hybrid import hybrid_refusal
+
+        if config.checkpoint_dir:
+            raise FieldError("checkpoint_dir", "checkpoints of plans with per-layer strategies are not written yet")
+        reason = hybrid_refusal(plan, layers) if layers is not None else None
+        if reason:
+            raise ParaplanError(f"this plan cannot run: {reason}")
     if any(s.backward_layers is not None for s in plan.stages):
         raise ParaplanError("plans with separate backward ranges (Bi-Partition) do not run yet")
     for r in range(counts.pop()):
         ranks = [s.devices[r] for s in plan.stages]
         if ranks != sorted(ranks):
             raise ParaplanError(f"replica {r} runs its stages on devices {ranks}: they must increase along the pipeline")
-    n_replicas = len(plan.stages[0].devices)
+    n_replicas = 1 if any(s.strategies for s in plan.stages) else len(plan.stages[0].devices)
     if plan.global_batch % (n_replicas * plan.n_micro):
         raise ParaplanError(f"global batch {plan.global_batch} does not split into {n_replicas} replicas x "
                             f"{plan.n_micro} micro-batches")

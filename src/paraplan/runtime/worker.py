@@ -184,59 +184,95 @@ class GradSync:
         self.bucket_ready = [0] * len(self.buckets)
 
 
+@dataclass
+class RankSetup:
+    """What one rank runs, however the plan splits the work: the pipeline x data-parallel path
+    (`replica_setup`) or per-layer strategies (runtime/hybrid_rank.py)."""
+
+    module: torch.nn.Module  # the stage as the PipelineStage runs it
+    stage_index: int
+    position: int  # replica index (pipeline x dp) or position in the stage's group (hybrid)
+    pp_group: object  # this rank's pipeline: position `position` of every stage
+    named: dict[str, torch.nn.Parameter]  # this rank's parameters by their name in the whole model
+    sync: object  # .finish(): gradient reduction after the schedule
+    loss: Callable  # (stage output, micro-batch target) -> the loss to backpropagate
+    local_batch: Callable  # (inputs, targets) -> what this rank feeds the schedule
+    loss_weight: float  # how this rank's micro-batch losses count in the reported loss (summed over ranks)
+    full_state: Callable  # () -> {name: whole tensor} (collective over the stage group for hybrid)
+    writes: bool  # this rank writes the stage's parameters and checkpoint
+
+
+def replica_setup(config: TrainConfig, rank: int, device, built, layers, names, recorder) -> RankSetup:
+    plan = config.plan
+    stage_index, replica = _roles(plan, rank)
+    n_replicas = len(plan.stages[0].devices)
+    # every rank creates every group, in the same order (new_group is collective)
+    pp_groups = [dist.new_group([s.devices[r] for s in plan.stages]) for r in range(n_replicas)]
+    dp_groups = [dist.new_group(list(s.devices)) for s in plan.stages]
+    own = [m for _, _, m in layers[plan.stages[stage_index].layers.start:plan.stages[stage_index].layers.stop]]
+    materialize(own, names, config.seed, device)
+    module = StageModule(own)
+    params = list(module.parameters())
+    sync = GradSync(params, dp_groups[stage_index], n_replicas, plan.grad_sync, plan.n_micro, recorder)
+    shard = plan.global_batch // n_replicas
+
+    def local_batch(inputs, targets):
+        x = inputs[replica * shard:(replica + 1) * shard]
+        return x, None if targets is None else targets[replica * shard:(replica + 1) * shard]
+
+    def loss(out, target):
+        return built.loss(out, target) / plan.n_micro
+
+    named = {names.get(id(p)): p for p in params}
+    return RankSetup(module=module, stage_index=stage_index, position=replica, pp_group=pp_groups[replica],
+                     named=named, sync=sync, loss=loss, local_batch=local_batch, loss_weight=1.0 / n_replicas,
+                     full_state=lambda: {n: p.detach().clone() for n, p in named.items()}, writes=replica == 0)
+
+
 def train_rank(config: TrainConfig) -> dict:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from paraplan.runtime.timeline import Recorder
 
     plan = config.plan
     rank = dist.get_rank()
     device = _device()
-    stage_index, replica = _roles(plan, rank)
-    n_stages, n_replicas = plan.n_stages, len(plan.stages[0].devices)
-    # every rank creates every group, in the same order (new_group is collective)
-    pp_groups = [dist.new_group([s.devices[r] for s in plan.stages]) for r in range(n_replicas)]
-    dp_groups = [dist.new_group(list(s.devices)) for s in plan.stages]
     built, layers, names = build_layers(config.model, config.seed, config.seq_len, config.image_size,
                                         dropout=config.dropout)
-    own = [m for _, _, m in layers[plan.stages[stage_index].layers.start:plan.stages[stage_index].layers.stop]]
-    materialize(own, names, config.seed, device)
-    module = StageModule(own)
+    recorder = Recorder()
+    if any(s.strategies for s in plan.stages):
+        from paraplan.runtime.hybrid_rank import hybrid_setup
+
+        setup = hybrid_setup(config, rank, device, built, layers, names, recorder)
+    else:
+        setup = replica_setup(config, rank, device, built, layers, names, recorder)
+    stage_index, position, module = setup.stage_index, setup.position, setup.module
+    n_stages = plan.n_stages
     module.train()
     torch.manual_seed(config.seed + 1000 * stage_index)  # dropout: the same on every replica of a stage
 
     # tied weights: a parameter held by several stages has its gradient summed between them
-    held = {names.get(id(p)) for p in module.parameters()}
     tied_groups = []
-    for name in sorted(n for n in held if n is not None):
+    for name in sorted(setup.named):
         holders = [s for s, st in enumerate(plan.stages)
                    if name in _stage_param_names(layers, names, st.layers)]
         if len(holders) > 1:
-            for r in range(n_replicas):
+            for r in range(len(plan.stages[0].devices)):
                 ranks = [plan.stages[s].devices[r] for s in holders]
                 g = dist.new_group(ranks)
                 if rank in ranks:
                     tied_groups.append((name, g))
-    owner_names = _owned_names(layers, names, plan.stages[stage_index].layers)
-    params = list(module.parameters())
-    by_name = {names.get(id(p)): p for p in params}
+    owner_names = sorted(_owned_names(layers, names, plan.stages[stage_index].layers) & set(setup.named))
+    params = list(setup.named.values())
 
-    stage = PipelineStage(module, stage_index, n_stages, device, group=pp_groups[replica])
-    from paraplan.runtime.timeline import Recorder
-
-    recorder = Recorder()
+    stage = PipelineStage(module, stage_index, n_stages, device, group=setup.pp_group)
     recorder.wrap_stage(stage)
     recorder.patch_p2p()
-    n_micro = plan.n_micro
-
-    def loss(out, target):
-        return built.loss(out, target) / n_micro
-
     schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(plan.schedule)
     if schedule_cls is None:
         raise RuntimeError(f"the runtime runs gpipe and 1f1b schedules, not {plan.schedule!r}")
-    schedule = schedule_cls(stage, n_micro, loss_fn=loss, scale_grads=False)
-    sync = GradSync(params, dp_groups[stage_index], n_replicas, plan.grad_sync, n_micro, recorder)
+    schedule = schedule_cls(stage, plan.n_micro, loss_fn=setup.loss, scale_grads=False)
     optim = make_optimizer(config, params)
-    shard = plan.global_batch // n_replicas
     losses, step_times = [], []
     first_step = 0
     from paraplan.runtime.checkpoints import checkpoint_path, checkpoint_record
@@ -262,8 +298,8 @@ def train_rank(config: TrainConfig) -> dict:
         if config.step_hook is not None:
             config.step_hook(rank, step)
         inputs, targets = built.batch(plan.global_batch, seed=config.seed * 7919 + step)
-        x = inputs[replica * shard:(replica + 1) * shard].to(device)
-        y = None if targets is None else targets[replica * shard:(replica + 1) * shard].to(device)
+        x, y = setup.local_batch(inputs, targets)
+        x, y = x.to(device), None if y is None else y.to(device)
         optim.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         micro_losses: list = []
@@ -275,37 +311,36 @@ def train_rank(config: TrainConfig) -> dict:
             schedule.step(target=y, losses=micro_losses)
         else:
             schedule.step()
-        sync.finish()
+        setup.sync.finish()
         for name, g in tied_groups:
-            dist.all_reduce(by_name[name].grad, group=g)
+            dist.all_reduce(_local_grad(setup.named[name]), group=g)
         if config.clip_norm is not None:
-            sq = torch.zeros(1, device=device)
-            for p in params:
-                if p.grad is not None and names.get(id(p)) in owner_names:
-                    sq += p.grad.pow(2).sum()
-            dist.all_reduce(sq, group=pp_groups[replica])
+            from paraplan.runtime.hybrid import squared_norm
+
+            sq = squared_norm(setup.named[n] for n in owner_names).to(device)
+            dist.all_reduce(sq, group=setup.pp_group)
             coef = min(1.0, config.clip_norm / (float(sq.sqrt()) + 1e-6))
             for p in params:
                 if p.grad is not None:
                     p.grad.mul_(coef)
         optim.step()
         step_times.append(time.perf_counter() - t0)
-        step_loss = torch.tensor([sum(float(v.detach()) for v in micro_losses) if micro_losses else 0.0],
-                                 device=device)
-        dist.all_reduce(step_loss)  # only last stages contribute: sum over replicas, then average
-        losses.append(float(step_loss) / n_replicas)
+        mine = sum(float(v.detach()) for v in micro_losses) * setup.loss_weight if micro_losses else 0.0
+        step_loss = torch.tensor([mine], dtype=torch.float64, device=device)
+        dist.all_reduce(step_loss)  # only last stages contribute, each with its weight
+        losses.append(float(step_loss))
         done = step + 1
         if progress is not None:
             took = time.perf_counter() - t0
             progress.console.print(f"step {done}/{config.steps}: loss {losses[-1]:.6f}, {took * 1e3:.1f} ms, "
                                    f"{plan.global_batch / took:.1f} samples/s")
             progress.advance(bar)
-        if config.out_dir is not None and replica == 0 and stage_index == 0:
+        if config.out_dir is not None and setup.writes and stage_index == 0:
             # after every step, so that a killed or failed run keeps the losses of the steps it completed
             from paraplan.fileio import atomic_write_text
 
             atomic_write_text(Path(config.out_dir) / "losses.json", json.dumps(losses))
-        if ckpt is not None and replica == 0 and (
+        if ckpt is not None and setup.writes and (
                 done == config.steps or (config.checkpoint_every and done % config.checkpoint_every == 0)):
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"module": module.state_dict(), "optimizer": optim.state_dict(), "rng": torch.get_rng_state(),
@@ -313,15 +348,21 @@ def train_rank(config: TrainConfig) -> dict:
             os.replace(tmp, ckpt)
     if progress is not None:
         progress.stop()
-    result = {"rank": rank, "stage": stage_index, "replica": replica, "losses": losses, "step_s": step_times}
+    result = {"rank": rank, "stage": stage_index, "replica": position, "losses": losses, "step_s": step_times}
     if config.out_dir is not None:
         recorder.save(Path(config.out_dir) / f"timeline_rank{rank}.json", rank)
         (Path(config.out_dir) / f"steps_rank{rank}.json").write_text(json.dumps(step_times))
-    if config.out_dir is not None and replica == 0:
-        out = Path(config.out_dir)
-        torch.save({names.get(id(p)): p.detach().clone() for p in params}, out / f"stage{stage_index}.pt")
+        full = setup.full_state()  # collective for hybrid stages: every rank of the stage takes part
+        if setup.writes:
+            torch.save(full, Path(config.out_dir) / f"stage{stage_index}.pt")
     dist.barrier()
     return result
+
+
+def _local_grad(p: torch.nn.Parameter) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
 
 
 def _stage_param_names(layers, names, layer_range) -> set[str]:

@@ -1,0 +1,353 @@
+"""Galvatron-BMW plans for real: each layer of a pipeline stage runs under its own strategy.
+
+A stage with per-layer strategies runs on its whole device group G for every micro-batch (unlike
+the pipeline x data-parallel path, where each device of a stage is an independent pipeline replica).
+Device at position j of stage s talks to position j of the neighbouring stages (pipeline group j).
+
+Layout: one definition, shared with the simulator (`costs/strategy.py`): `LayerStrategy.order`
+lists the dimensions inner-most first; the inner-most dimension's groups are consecutive devices
+of the stage (`strategy_groups`), and the device at position j processes the micro-batch slice
+`data_rank(strategy, j)` of `data_degree` slices. Every distinct layout of the plan becomes one
+`DeviceMesh` over all stages, shape (pp, outer..., inner): reshaping a stage's device list
+row-major makes the last (inner-most) mesh dimension vary fastest, which is `strategy_groups`'s
+layout.
+
+Per layer (Galvatron-BMW §III), with the field's tools:
+  SDP    FSDP2 `fully_shard` over the sdp dimension (dp x sdp: HSDP, the 2-D mesh (dp, sdp));
+  TP     DTensor `parallelize_module` (runtime/tensor_parallel.py), before FSDP2 when both;
+  DP     replicated parameters, gradients all-reduced over the dp dimension once per iteration
+         after the schedule (`DataParallelSync`), as the simulator prices the stage's dp sync
+         (one all-reduce per iteration, `grad_allreduce_bytes`). FSDP2's `replicate` was the other
+         choice: it reduces after every micro-batch's backward unless the pipeline stage is itself
+         the FSDP root, and here the root holds layers of other strategies;
+  CKPT   `torch.utils.checkpoint` (non-reentrant) around the layer (FSDP2 re-gathers inside the
+         recomputation, as its hooks run again).
+Between neighbouring layers whose data splits differ, the activation is redistributed
+(`Regroup`, Galvatron §VI's Slice-Gather): a slice the device already holds is cut locally; a
+missing one is all-gathered over the stage group (more bytes than the minimum the simulator prices
+for some pairs; said where it applies). The same happens at the start of a stage, from the
+previous stage's last layout.
+
+Loss scaling: the last layer's devices each compute the loss of their slice; it is divided by the
+slice count D so that the slices' losses add up to the micro-batch's loss. Every data-parallel
+reduction is then a sum (FSDP2's gradient divide factor 1, our dp all-reduce a sum), whatever the
+layer's own data degree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paraplan.costs.strategy import data_rank
+from paraplan.plan.plan import LayerStrategy, Plan, Stage
+
+Layout = tuple[tuple[str, int], ...]  # LayerStrategy.dims: (dimension, degree), inner-most first
+
+
+def stage_strategies(stage: Stage) -> tuple[LayerStrategy, ...]:
+    """One strategy per layer of the stage; a stage without strategies is pure data parallel."""
+    return tuple(stage.strategy(i) for i in stage.layers)
+
+
+def replicated(group_size: int) -> LayerStrategy:
+    """What every device of a group holds when it holds the whole micro-batch (the input batch)."""
+    return LayerStrategy(tp=group_size)
+
+
+def data_rows(strategy: LayerStrategy, position: int, rows: int) -> slice:
+    """The rows of a micro-batch of `rows` samples the device at `position` processes."""
+    n = strategy.data_degree
+    r = data_rank(strategy, position)
+    return slice(r * rows // n, (r + 1) * rows // n)
+
+
+class HybridRefused(ValueError):
+    """A plan the hybrid runtime cannot run; the message names the layer and the reason."""
+
+
+# --- meshes ----------------------------------------------------------------------------------------
+
+class Meshes:
+    """One DeviceMesh per distinct layout of the plan, created in the same order on every rank
+    (mesh creation is collective)."""
+
+    def __init__(self, plan: Plan, device_type: str):
+        from torch.distributed.device_mesh import DeviceMesh
+
+        layouts = sorted({st.dims for stage in plan.stages for st in stage_strategies(stage) if st.dims})
+        self._meshes: dict[Layout, DeviceMesh] = {}
+        for layout in layouts:
+            outer_first = list(reversed(layout))
+            shape = [plan.n_stages] + [k for _, k in outer_first]
+            ranks = torch.tensor([list(s.devices) for s in plan.stages]).reshape(shape)
+            self._meshes[layout] = DeviceMesh(device_type, ranks,
+                                              mesh_dim_names=("pp", *(d for d, _ in outer_first)))
+
+    def sub(self, strategy: LayerStrategy, *dims: str):
+        """The sub-mesh of `strategy`'s layout over `dims` (outer first), for this rank."""
+        return self._meshes[strategy.dims][dims if len(dims) > 1 else dims[0]]
+
+
+# --- Slice-Gather ----------------------------------------------------------------------------------
+
+def _gather_rows(local: torch.Tensor, held: LayerStrategy, group, group_size: int) -> torch.Tensor:
+    """The whole micro-batch from every device's slice under `held` (one device per slice)."""
+    parts = [torch.empty_like(local) for _ in range(group_size)]
+    dist.all_gather(parts, local.contiguous(), group=group)
+    first = {}
+    for position in range(group_size):
+        first.setdefault(data_rank(held, position), position)
+    return torch.cat([parts[first[r]] for r in range(held.data_degree)])
+
+
+def _contained(inner: LayerStrategy, outer: LayerStrategy, group_size: int) -> bool:
+    """Whether on every device the rows it needs under `inner` lie within what it holds under `outer`
+    (uniform over the group, so that all devices take the same branch of a collective)."""
+    rows = inner.data_degree * outer.data_degree
+    for p in range(group_size):
+        a, b = data_rows(inner, p, rows), data_rows(outer, p, rows)
+        if not (b.start <= a.start and a.stop <= b.stop):
+            return False
+    return True
+
+
+class _Regroup(torch.autograd.Function):
+    """From the slices of `held` to those of `wanted` (forward), and the gradient back (backward).
+    A value held by several devices (tensor-parallel replicas) is the same on each, and so is its
+    gradient: the backward hands every holder the full gradient of its slice."""
+
+    @staticmethod
+    def forward(ctx, x, held, wanted, position, group, group_size):
+        ctx.args = (held, wanted, position, group, group_size)
+        rows = x.shape[0] * held.data_degree
+        if _contained(wanted, held, group_size):  # cut what this device has: free
+            start = data_rows(held, position, rows).start
+            cut = data_rows(wanted, position, rows)
+            return x[cut.start - start:cut.stop - start].clone()
+        return _gather_rows(x, held, group, group_size)[data_rows(wanted, position, rows)].clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        held, wanted, position, group, group_size = ctx.args
+        rows = grad.shape[0] * wanted.data_degree
+        if _contained(held, wanted, group_size):
+            start = data_rows(wanted, position, rows).start
+            cut = data_rows(held, position, rows)
+            out = grad[cut.start - start:cut.stop - start].clone()
+        else:
+            out = _gather_rows(grad, wanted, group, group_size)[data_rows(held, position, rows)].clone()
+        return out, None, None, None, None, None
+
+
+def regroup(value, held: LayerStrategy, wanted: LayerStrategy, position: int, group, group_size: int):
+    """Slice-Gather `value` (a tensor, or a tuple of them, batch-first) from `held` to `wanted`."""
+    if held.data_degree == wanted.data_degree and all(
+            data_rank(held, p) == data_rank(wanted, p) for p in range(group_size)):
+        return value
+    if isinstance(value, tuple):
+        return tuple(regroup(v, held, wanted, position, group, group_size) for v in value)
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return value
+    if not value.requires_grad:  # token ids, images: no gradient to carry back
+        with torch.no_grad():
+            return _Regroup.forward(_NoCtx(), value, held, wanted, position, group, group_size)
+    return _Regroup.apply(value, held, wanted, position, group, group_size)
+
+
+class _NoCtx:
+    args: tuple = ()
+
+
+# --- one layer under its strategy ------------------------------------------------------------------
+
+class StrategyLayer(nn.Module):
+    """A layer of the model under its strategy: its input regrouped from the previous layer's
+    layout, then the layer itself (tensor parallel / sharded inside), checkpointed if asked."""
+
+    def __init__(self, layer: nn.Module, held: LayerStrategy, strategy: LayerStrategy, position: int, group,
+                 group_size: int):
+        super().__init__()
+        self.layer = layer
+        self.held, self.strategy, self.position = held, strategy, position
+        self._group, self.group_size = group, group_size
+
+    def forward(self, x):
+        x = regroup(x, self.held, self.strategy, self.position, self._group, self.group_size)
+        if self.strategy.checkpoint:
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(self.layer, x, use_reentrant=False)
+        return self.layer(x)
+
+
+@dataclass
+class HybridStage:
+    module: nn.Module  # what the PipelineStage runs
+    layers: list[nn.Module]  # the raw layers (parameter paths as in the whole model)
+    strategies: tuple[LayerStrategy, ...]
+    last: LayerStrategy  # the layout of the stage's output
+    dp_params: list[tuple[object, list[nn.Parameter]]]  # (dp process group, parameters) for DataParallelSync
+
+
+def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Module], meshes: Meshes,
+                stage_group, param_names: dict[int, str]) -> HybridStage:
+    """Apply the stage's strategies to its (materialised) layers, in the order TP -> FSDP2 -> CKPT."""
+    from torch.distributed.fsdp import fully_shard
+
+    from paraplan.runtime.materialize import StageModule
+
+    stage = plan.stages[stage_index]
+    strategies = stage_strategies(stage)
+    group_size = len(stage.devices)
+    if stage_index == 0:
+        held = replicated(group_size)
+    else:
+        held = stage_strategies(plan.stages[stage_index - 1])[-1]
+    tp_memo: dict = {}
+    for layer, st in zip(layers, strategies, strict=True):
+        if st.tp > 1:
+            from paraplan.runtime.tensor_parallel import apply_tensor_parallel
+
+            apply_tensor_parallel(layer, meshes.sub(st, "tp"), tp_memo)
+    # FSDP2 units: layers sharing a parameter (GPT-2's wte and tied head) in one unit
+    sharded = [(i, layer) for i, (layer, st) in enumerate(zip(layers, strategies, strict=True)) if st.sdp > 1]
+    for unit in _tied_units(sharded):
+        st = strategies[unit[0]]
+        mesh = meshes.sub(st, "dp", "sdp") if st.dp > 1 else meshes.sub(st, "sdp")
+        modules = [layers[i] for i in unit]
+        fsdp = fully_shard(modules if len(modules) > 1 else modules[0], mesh=mesh)
+        for m in (fsdp if isinstance(fsdp, list) else [fsdp]):
+            m.set_gradient_divide_factor(1.0)  # a sum: the loss is already divided by the slice count
+            # plain sums on the wire: a custom factor otherwise asks for PREMUL_SUM, which gloo lacks
+            m.set_force_sum_reduction_for_comms(True)
+    dp_params: dict[int, tuple[object, list[nn.Parameter]]] = {}
+    seen: set[int] = set()
+    for layer, st in zip(layers, strategies, strict=True):
+        if st.dp > 1 and st.sdp == 1:
+            group = meshes.sub(st, "dp").get_group()
+            for p in layer.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    dp_params.setdefault(id(group), (group, []))[1].append(p)
+    wrapped, previous = [], held
+    for layer, st in zip(layers, strategies, strict=True):
+        wrapped.append(StrategyLayer(layer, previous, st, position, stage_group, group_size))
+        previous = st
+    module = StageModule(wrapped)
+    if sharded:
+        # The stage itself becomes the FSDP2 root, managing no parameter of its own: FSDP2 needs a
+        # single root above a unit of several modules (the tied embedding and head), and with the
+        # root the pipeline stage holds every unit's gradient reduction until the last micro-batch
+        # (PipelineStage.perform_reduce_grad), one reduce-scatter per layer per iteration.
+        first = strategies[sharded[0][0]]
+        mesh = meshes.sub(first, "dp", "sdp") if first.dp > 1 else meshes.sub(first, "sdp")
+        others = {p for layer, st in zip(layers, strategies, strict=True) if st.sdp == 1 for p in layer.parameters()}
+        root = fully_shard(module, mesh=mesh, ignored_params=others)
+        root.set_gradient_divide_factor(1.0)
+        root.set_force_sum_reduction_for_comms(True)
+    return HybridStage(module, layers, strategies, previous, list(dp_params.values()))
+
+
+def _tied_units(indexed: list[tuple[int, nn.Module]]) -> list[list[int]]:
+    """Layers that share a parameter, grouped (union-find over shared parameters)."""
+    owner: dict[int, int] = {}
+    parent = {i: i for i, _ in indexed}
+
+    def find(i):
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for i, layer in indexed:
+        for p in layer.parameters():
+            if id(p) in owner:
+                parent[find(i)] = find(owner[id(p)])
+            else:
+                owner[id(p)] = i
+    units: dict[int, list[int]] = {}
+    for i, _ in indexed:
+        units.setdefault(find(i), []).append(i)
+    return list(units.values())
+
+
+class DataParallelSync:
+    """The dp dimension's gradient all-reduce (a sum), once per iteration, one flattened
+    all-reduce per dp group; for tensor-parallel parameters, on their local shards."""
+
+    def __init__(self, groups: list[tuple[object, list[nn.Parameter]]], recorder=None):
+        self.groups, self.recorder = groups, recorder
+
+    def finish(self) -> None:
+        import time
+
+        start = time.time()
+        for group, params in self.groups:
+            grads = [_local(p.grad) for p in params if p.grad is not None]
+            if not grads:
+                continue
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=group)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+        if self.recorder is not None and self.groups:
+            self.recorder.add("allreduce", "allreduce", -1, start, time.time())
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def full_value(t: torch.Tensor) -> torch.Tensor:
+    """A parameter or gradient as one whole tensor (collective over its mesh for a DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def squared_norm(params: Iterable[nn.Parameter]) -> torch.Tensor:
+    """The sum of squares of the gradients' whole values (DTensors gathered: every device of the
+    stage calls this in the same order)."""
+    total = torch.zeros(())
+    for p in params:
+        if p.grad is not None:
+            total = total + full_value(p.grad).double().pow(2).sum().to(total.device)
+    return total
+
+
+def hybrid_refusal(plan: Plan, layers: list) -> str | None:
+    """Why a plan with per-layer strategies cannot run (one line naming the layer), or None.
+    `layers` is the model's (name, kind, module) list; only inspected, never run."""
+    rows = plan.global_batch // plan.n_micro
+    holders: dict[int, list[tuple[int, str, LayerStrategy]]] = {}
+    for stage in plan.stages:
+        for index, st in zip(stage.layers, stage_strategies(stage), strict=True):
+            name, _, module = layers[index]
+            where = f"layer {index} ({name}, {st})"
+            if rows % st.data_degree:
+                return (f"{where}: a micro-batch of {rows} samples does not split into {st.data_degree} "
+                        f"data-parallel slices")
+            if st.tp > 1:
+                from paraplan.runtime.tensor_parallel import tp_refusal
+
+                reason = tp_refusal(module, st.tp)
+                if reason:
+                    return f"{where}: no tensor parallelism: {reason}"
+            for p in module.parameters():
+                holders.setdefault(id(p), []).append((index, name, st))
+    for uses in holders.values():
+        layouts = {(st.dp, st.sdp, st.tp, st.order) for _, _, st in uses}
+        if len(layouts) > 1:
+            (i, a, sa), (j, b, sb) = uses[0], next(u for u in uses if (u[2].dp, u[2].sdp, u[2].tp, u[2].order)
+                                                  != (uses[0][2].dp, uses[0][2].sdp, uses[0][2].tp, uses[0][2].order))
+            return (f"layers {i} ({a}, {sa}) and {j} ({b}, {sb}) share a parameter (tied weights) and must have "
+                    f"the same strategy")
+    return None

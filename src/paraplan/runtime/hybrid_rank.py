@@ -1,0 +1,61 @@
+"""One rank of a plan with per-layer strategies (Galvatron-BMW): its stage built under
+runtime/hybrid.py's strategies, what it feeds the schedule, how its loss counts.
+
+Every device of a stage takes the whole global batch (token ids or images: small) and the stage's
+first layer cuts its own slice; the last layer's devices each compute the loss of their slice.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from paraplan.costs.strategy import data_rank
+from paraplan.runtime.hybrid import DataParallelSync, Meshes, build_stage, data_rows, full_value
+from paraplan.runtime.materialize import materialize
+from paraplan.runtime.worker import RankSetup, TrainConfig, _roles
+
+
+def hybrid_setup(config: TrainConfig, rank: int, device, built, layers, names, recorder) -> RankSetup:
+    plan = config.plan
+    stage_index, position = _roles(plan, rank)
+    group_size = len(plan.stages[0].devices)
+    # collective creation, the same order on every rank: pipelines, stage groups, then the meshes
+    pp_groups = [dist.new_group([s.devices[r] for s in plan.stages]) for r in range(group_size)]
+    stage_groups = [dist.new_group(list(s.devices)) for s in plan.stages]
+    meshes = Meshes(plan, device.type)
+    stage = plan.stages[stage_index]
+    own = [m for _, _, m in layers[stage.layers.start:stage.layers.stop]]
+    materialize(own, names, config.seed, device)
+    # each parameter's name in the whole model, by its path in its layer (paths survive TP and FSDP2)
+    paths = [{path: names[id(p)] for path, p in layer.named_parameters(remove_duplicate=False)} for layer in own]
+    hybrid = build_stage(plan, stage_index, position, own, meshes, stage_groups[stage_index], names)
+    named: dict[str, torch.nn.Parameter] = {}
+    for layer, by_path in zip(own, paths, strict=True):
+        for path, p in layer.named_parameters(remove_duplicate=False):
+            named.setdefault(by_path[path], p)
+    last = hybrid.last
+    slices = last.data_degree
+    representative = all(data_rank(last, q) != data_rank(last, position) for q in range(position))
+
+    def loss(out, target):
+        if target is not None:
+            target = target[data_rows(last, position, target.shape[0])]
+        # the slices' losses add up to the micro-batch's: every data-parallel reduction is a sum
+        return built.loss(out, target) / (plan.n_micro * slices)
+
+    def full_state() -> dict[str, torch.Tensor]:
+        state: dict[str, torch.Tensor] = {}
+        for layer, st, by_path in zip(own, hybrid.strategies, paths, strict=True):
+            if st.tp > 1:
+                from paraplan.runtime.tensor_parallel import full_parameters
+            values = full_parameters(layer) if st.tp > 1 else {
+                path: full_value(p.detach()) for path, p in layer.named_parameters(remove_duplicate=False)}
+            for path, value in values.items():
+                state.setdefault(by_path[path], value.detach().clone())
+        return state
+
+    return RankSetup(module=hybrid.module, stage_index=stage_index, position=position,
+                     pp_group=pp_groups[position], named=named, sync=DataParallelSync(hybrid.dp_params, recorder),
+                     loss=loss, local_batch=lambda inputs, targets: (inputs, targets),
+                     loss_weight=1.0 if representative else 0.0, full_state=full_state, writes=position == 0)

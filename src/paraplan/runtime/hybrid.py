@@ -85,8 +85,13 @@ class Meshes:
             outer_first = list(reversed(layout))
             shape = [plan.n_stages] + [k for _, k in outer_first]
             ranks = torch.tensor([list(s.devices) for s in plan.stages]).reshape(shape)
-            self._meshes[layout] = DeviceMesh(device_type, ranks,
-                                              mesh_dim_names=("pp", *(d for d, _ in outer_first)))
+            # the groups are fixed by which ranks share a row, not by the order of the mesh's
+            # dimensions: put them in one canonical order (dp, sdp, tp), so that HSDP's
+            # (replicate, shard) = ("dp", "sdp") slice is in ascending order for any layout
+            names = ["pp"] + [d for d, _ in outer_first]
+            canonical = ["pp"] + [d for d in ("dp", "sdp", "tp") if d in names]
+            ranks = ranks.permute([names.index(d) for d in canonical])
+            self._meshes[layout] = DeviceMesh(device_type, ranks, mesh_dim_names=tuple(canonical))
 
     def sub(self, strategy: LayerStrategy, *dims: str):
         """The sub-mesh of `strategy`'s layout over `dims` (outer first), for this rank."""

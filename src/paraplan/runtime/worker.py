@@ -239,6 +239,10 @@ def train_rank(config: TrainConfig) -> dict:
     device = _device()
     built, layers, names = build_layers(config.model, config.seed, config.seq_len, config.image_size,
                                         dropout=config.dropout)
+    # who holds and who owns each parameter, read before the stage's layers are materialised and
+    # sharded (FSDP2 and DTensor replace the parameter objects the names are keyed by)
+    stage_names = [_stage_param_names(layers, names, st.layers) for st in plan.stages]
+    owned = _owned_names(layers, names, plan.stages[_roles(plan, rank)[0]].layers)
     recorder = Recorder()
     if any(s.strategies for s in plan.stages):
         from paraplan.runtime.hybrid_rank import hybrid_setup
@@ -254,15 +258,14 @@ def train_rank(config: TrainConfig) -> dict:
     # tied weights: a parameter held by several stages has its gradient summed between them
     tied_groups = []
     for name in sorted(setup.named):
-        holders = [s for s, st in enumerate(plan.stages)
-                   if name in _stage_param_names(layers, names, st.layers)]
+        holders = [s for s in range(plan.n_stages) if name in stage_names[s]]
         if len(holders) > 1:
             for r in range(len(plan.stages[0].devices)):
                 ranks = [plan.stages[s].devices[r] for s in holders]
                 g = dist.new_group(ranks)
                 if rank in ranks:
                     tied_groups.append((name, g))
-    owner_names = sorted(_owned_names(layers, names, plan.stages[stage_index].layers) & set(setup.named))
+    owner_names = sorted(owned & set(setup.named))
     params = list(setup.named.values())
 
     stage = PipelineStage(module, stage_index, n_stages, device, group=setup.pp_group)

@@ -318,7 +318,8 @@ def _cmd_train(args) -> int:
     check_before_launch(config, world, spec.n_layers, built.layers())
     local = load_cluster("local")
     capacities = {d: local.device(0).memory_bytes for d in range(world)}
-    reason = out_of_memory_reason(plan_memory(plan, spec, capacities, device_kind=local.device(0).name)[0])
+    predicted_memory, breakdowns = plan_memory(plan, spec, capacities, device_kind=local.device(0).name)
+    reason = out_of_memory_reason(predicted_memory)
     if reason:
         raise ParaplanError(f"the plan does not fit this machine: {reason}")
     cm = _cost_model(args, spec, compare_cluster, overheads=overheads) if args.compare else None
@@ -358,7 +359,13 @@ def _cmd_train(args) -> int:
               f"{compare_cluster.name}; runtime overheads {overheads.source}); measured median "
               f"{c.measured_median_s * 1e3:.1f} ms (quartiles {c.measured_q1_s * 1e3:.1f}.."
               f"{c.measured_q3_s * 1e3:.1f}, {c.steps} steps); error {c.error:+.1%}")
-    print(f"losses, timelines and each stage's parameters written to {out_dir}")
+    from paraplan.runtime.compare import memory_comparison
+
+    for row in memory_comparison(breakdowns, out_dir):
+        print(f"rank {row.rank} (stage {row.stage}): states {row.measured_states / 2**20:.2f} MiB measured, "
+              f"{row.predicted_states / 2**20:.2f} predicted; activations {row.measured_activations / 2**20:.2f} MiB "
+              f"measured, {row.predicted_activations / 2**20:.2f} predicted")
+    print(f"losses, timelines, memory and each stage's parameters written to {out_dir}")
     return 0
 
 

@@ -131,3 +131,27 @@ def read_overheads(path: str | Path = DEFAULT_OVERHEADS) -> RuntimeOverheads:
                                 step_s=float(data["step_s"]), source=str(data.get("source", str(path))))
     except (KeyError, TypeError, ValueError) as exc:
         raise ParaplanError(f"{path}: expected rendezvous, action_s and step_s (non-negative seconds): {exc}") from None
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    """One rank: the planner's per-device prediction beside what the rank measured (bytes)."""
+
+    rank: int
+    stage: int
+    predicted_states: float  # parameters + gradients + optimizer states (costs/memory.py `states_bytes`)
+    measured_states: int
+    predicted_activations: float  # what autograd keeps, one recomputation included
+    measured_activations: int
+
+
+def memory_comparison(breakdowns, out_dir: str | Path) -> list[MemoryRow]:
+    """Predicted (`plan_memory`'s per-stage breakdowns) against each rank's `memory_rank*.json`."""
+    rows = []
+    for f in sorted(Path(out_dir).glob("memory_rank*.json"), key=lambda f: int(f.stem[len("memory_rank"):])):
+        m = json.loads(f.read_text())
+        b = breakdowns[m["stage"]]
+        rows.append(MemoryRow(rank=m["rank"], stage=m["stage"], predicted_states=b.states_bytes,
+                              measured_states=m["params"] + m["grads"] + m["optimizer"],
+                              predicted_activations=b.activation_bytes, measured_activations=m["activations"]))
+    return rows

@@ -186,6 +186,9 @@ class StrategyLayer(nn.Module):
         if self.strategy.checkpoint:
             from torch.utils.checkpoint import checkpoint
 
+            from paraplan.runtime.memory_meter import note_checkpoint_input
+
+            note_checkpoint_input(x)
             return checkpoint(self.layer, x, use_reentrant=False)
         return self.layer(x)
 

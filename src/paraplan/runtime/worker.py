@@ -23,6 +23,7 @@ whole model: squares summed over one pipeline replica (a tied weight counted onc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -37,6 +38,7 @@ import torch.distributed as dist
 from paraplan.errors import FieldError
 from paraplan.plan.plan import Plan
 from paraplan.runtime.materialize import StageModule, build_layers, materialize
+from paraplan.runtime.memory_meter import MemoryMeter, state_bytes
 
 BUCKET_BYTES = 25 * 2**20
 
@@ -277,7 +279,7 @@ def train_rank(config: TrainConfig) -> dict:
     schedule = schedule_cls(stage, plan.n_micro, loss_fn=setup.loss, scale_grads=False)
     optim = make_optimizer(config, params)
     losses, step_times = [], []
-    first_step = 0
+    first_step, memory = 0, None
     from paraplan.runtime.checkpoints import checkpoint_path, checkpoint_record
 
     ckpt = checkpoint_path(config.checkpoint_dir, stage_index) if config.checkpoint_dir else None
@@ -306,14 +308,20 @@ def train_rank(config: TrainConfig) -> dict:
         optim.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         micro_losses: list = []
-        if stage_index == 0 and stage_index == n_stages - 1:
-            schedule.step(x, target=y, losses=micro_losses)
-        elif stage_index == 0:
-            schedule.step(x)
-        elif stage_index == n_stages - 1:
-            schedule.step(target=y, losses=micro_losses)
-        else:
-            schedule.step()
+        # memory is measured on the last step: on the first, torch's pipeline stage also holds the
+        # graph of its shape-inference forward (PipelineStage._fwd_outputs_for_bwd_meta), about
+        # one micro-batch's activations more than any later step (the pack hook's cost, a few us
+        # per saved tensor, falls on one step of the median)
+        meter = MemoryMeter() if step == config.steps - 1 else None
+        with meter.watching() if meter is not None else contextlib.nullcontext():
+            if stage_index == 0 and stage_index == n_stages - 1:
+                schedule.step(x, target=y, losses=micro_losses)
+            elif stage_index == 0:
+                schedule.step(x)
+            elif stage_index == n_stages - 1:
+                schedule.step(target=y, losses=micro_losses)
+            else:
+                schedule.step()
         setup.sync.finish()
         for name, g in tied_groups:
             dist.all_reduce(_local_grad(setup.named[name]), group=g)
@@ -328,6 +336,11 @@ def train_rank(config: TrainConfig) -> dict:
                     p.grad.mul_(coef)
         optim.step()
         step_times.append(time.perf_counter() - t0)
+        if meter is not None:
+            memory = {"rank": rank, "stage": stage_index, "activations": meter.peak_activation_bytes,
+                      **state_bytes(params, optim)}
+            if device.type == "cuda":
+                memory["allocator_peak"] = torch.cuda.max_memory_allocated(device)
         mine = sum(float(v.detach()) for v in micro_losses) * setup.loss_weight if micro_losses else 0.0
         step_loss = torch.tensor([mine], dtype=torch.float64, device=device)
         dist.all_reduce(step_loss)  # only last stages contribute, each with its weight
@@ -355,6 +368,8 @@ def train_rank(config: TrainConfig) -> dict:
     if config.out_dir is not None:
         recorder.save(Path(config.out_dir) / f"timeline_rank{rank}.json", rank)
         (Path(config.out_dir) / f"steps_rank{rank}.json").write_text(json.dumps(step_times))
+        if memory is not None:
+            (Path(config.out_dir) / f"memory_rank{rank}.json").write_text(json.dumps(memory))
         full = setup.full_state()  # collective for hybrid stages: every rank of the stage takes part
         if setup.writes:
             torch.save(full, Path(config.out_dir) / f"stage{stage_index}.pt")

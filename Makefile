@@ -34,8 +34,10 @@ demo: $(STAMP)
 	$(BIN)/paraplan simulate examples/resnet-50-gropipe-2x4.json
 	$(BIN)/paraplan simulate examples/bert-huge-32-dp8.json --memory-gib 12
 
+# Two pytest workers (this machine has two cores), whole files to one worker so that a file's
+# module-scoped fixtures run once; `make test` stays under 15 minutes here.
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -115,6 +115,11 @@ def _cmd_simulate(args) -> int:
         cluster = cluster.with_memory(int(args.memory_gib * GIB))
     if args.overlap_slowdown < 1:
         raise ParaplanError(f"--overlap-slowdown must be at least 1, got {args.overlap_slowdown}")
+    from paraplan.plan.plan import check_fits
+
+    # the plan's devices against the cluster before the model is measured (seconds for a large one);
+    # its layer count is checked against the model's once it is measured
+    check_fits(plan, plan.n_layers, cluster.n_devices, cluster.name)
     built, spec = _measured_model(plan.model, args.seq_len, args.image_size)
     graph = _operator_graph(built) if plan.schedule == "dag" else None
     cm = _cost_model(args, spec, cluster, memory=MemoryConfig(), overlap_slowdown=args.overlap_slowdown,

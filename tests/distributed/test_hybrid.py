@@ -1,18 +1,29 @@
 """Plans with per-layer strategies (Galvatron-BMW) on real gloo processes, against one process of
 the same model, data and seed: after 3 steps, losses and every parameter (gathered from its shards)
 within 1e-5 relative (against max(|reference|, 1e-3): see tests/distributed/test_any_model.py).
-SGD, as in test_runtime.py: Adam turns rounding noise in zero gradients into full-size steps."""
+SGD, as in test_runtime.py: Adam turns rounding noise in zero gradients into full-size steps.
+The 2-rank and the 4-rank plans each run in one launch of the ranks (tests/distributed/many.py)."""
 
 import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from paraplan.plan.plan import LayerRange, Plan, Stage
 from paraplan.plan.plan import LayerStrategy as S
-from paraplan.runtime.launch import spawn
+from paraplan.plan.plan_file import read_plan, write_plan
 from paraplan.runtime.reference import reference_run
 from paraplan.runtime.worker import TrainConfig
+
+from .many import train_many
+
+MODELS = ["gpt2-tiny", "llama-tiny"]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
 
 
 def _plan(model, stages, n_layers=6, batch=8, micro=2, schedule="1f1b"):
@@ -24,77 +35,198 @@ def _one_stage(model, strategies, world):
     return _plan(model, (Stage(LayerRange(0, len(strategies)), tuple(range(world)), strategies=tuple(strategies)),))
 
 
-def check_against_one_process(tmp_path, plan, world, **kw):
-    config = TrainConfig(plan=plan, model=plan.model, steps=3, out_dir=str(tmp_path), dropout=False,
-                         optimizer="sgd", lr=0.1, **kw)
-    spawn(config, world)
-    losses = json.loads((tmp_path / "losses.json").read_text())
+def _planned(tmp_path, model, planner, batch, memory):
+    """A plan straight from `paraplan plan` (in this process: the command line's own code path)."""
+    from paraplan.cli import main
+
+    out = tmp_path / f"{model}-{planner}.json"
+    assert main(["plan", "--planner", planner, "--model", model, "--cluster", "local", "--batch", str(batch),
+                 "--memory", memory, "--out", str(out)]) == 0
+    return read_plan(out)
+
+
+def _config(plan, out_dir, **kw):
+    kw = {"steps": 3, "optimizer": "sgd", "lr": 0.1, **kw}
+    return TrainConfig(plan=plan, model=plan.model, out_dir=str(out_dir), dropout=False, **kw)
+
+
+# the runs of each launch: name -> (plan, extra TrainConfig fields)
+def _two_rank_plans(tmp_path):
+    plans = {}
+    for model in MODELS:
+        plans[f"sdp-{model}"] = (_one_stage(model, [S(sdp=2)] * 6, 2), {})
+        plans[f"tp-{model}"] = (_one_stage(model, [S(tp=2)] * 6, 2), {})
+    for model in MODELS + ["bert-tiny"]:
+        plans[f"bmw-{model}"] = (_planned(tmp_path, model, "galvatron-bmw", 16, "6MiB"), {})
+    for ckpt in (False, True):
+        strategies = [S(dp=2)] + [S(dp=2, checkpoint=ckpt)] * 4 + [S(dp=2)]
+        plans[f"ckpt-{ckpt}"] = (_one_stage("gpt2-tiny", strategies, 2), {"optimizer": "adam", "steps": 2})
+    return plans
+
+
+def _four_rank_plans():
+    plans = {}
+    for model in MODELS:
+        plans[f"dptp-{model}"] = (_one_stage(model, [S(dp=2, tp=2)] * 6, 4), {})
+        stages = (Stage(LayerRange(0, 3), (0, 1), strategies=(S(dp=2), S(tp=2, checkpoint=True), S(sdp=2))),
+                  Stage(LayerRange(3, 6), (2, 3), strategies=(S(tp=2), S(sdp=2, checkpoint=True), S(dp=2))))
+        plans[f"stages-{model}"] = (_plan(model, stages), {"clip_norm": 0.05})
+    hsdp = [S(dp=2, sdp=2)] * 3 + [S(dp=2, sdp=2, order="dp,sdp,tp")] * 3
+    plans["hsdp"] = (_one_stage("llama-tiny", hsdp, 4), {})
+    return plans
+
+
+def _launch(root, plans, world):
+    configs = {}
+    for name, (plan, kw) in plans.items():
+        (root / name).mkdir()
+        configs[name] = _config(plan, root / name, **kw)
+    train_many(list(configs.values()), world)
+    return configs
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    root = tmp_path_factory.mktemp("two")
+    return _launch(root, _two_rank_plans(root), 2)
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory):
+    return _launch(tmp_path_factory.mktemp("four"), _four_rank_plans(), 4)
+
+
+def check_against_one_process(config):
+    out = Path(config.out_dir)
+    losses = json.loads((out / "losses.json").read_text())
     ref_losses, ref_params = reference_run(config)
     assert losses == pytest.approx(ref_losses, rel=1e-5)
     seen = set()
-    for s in range(plan.n_stages):
-        for name, value in torch.load(tmp_path / f"stage{s}.pt").items():
+    for s in range(config.plan.n_stages):
+        for name, value in torch.load(out / f"stage{s}.pt").items():
             ref = ref_params[name]
             assert value.shape == ref.shape, name
             assert float((value - ref).norm() / ref.norm().clamp_min(1e-3)) < 1e-5, name
             seen.add(name)
     assert seen == set(ref_params)  # every parameter of the model was checked
     assert losses[-1] != losses[0]
-    return [json.loads((tmp_path / f"memory_rank{r}.json").read_text()) for r in range(world)]
+    return [json.loads((out / f"memory_rank{r}.json").read_text()) for r in range(len(config.plan.devices))]
 
 
-@pytest.mark.parametrize("model", ["gpt2-tiny", "llama-tiny"])
-def test_sharded_data_parallel_on_two_ranks(tmp_path, model):
-    """(a) SDP2 on every layer: FSDP2; GPT-2's tied embedding and head are one FSDP2 unit."""
-    memory = check_against_one_process(tmp_path, _one_stage(model, [S(sdp=2)] * 6, 2), 2)
-    full = check_states_of_one_process(model)
-    for m in memory:  # each rank holds half of the parameters (and their gradients)
-        assert m["params"] == pytest.approx(full / 2, rel=0.02)
-
-
-def check_states_of_one_process(model):
+def _parameter_bytes(model):
     from paraplan.runtime.materialize import build_layers
 
     _, layers, _ = build_layers(model)
-    seen = {}
-    for _, _, m in layers:
-        for p in m.parameters():
-            seen[id(p)] = p.numel() * 4
-    return sum(seen.values())
+    return sum({id(p): p.numel() * 4 for _, _, m in layers for p in m.parameters()}.values())
 
 
-def test_two_stages_with_different_strategies_and_checkpointing(tmp_path):
-    """(d) 2 stages x 2 devices, DP / SDP / CKPT mixed in each stage, Slice-Gather between them,
-    the tied GPT-2 weight across stages, gradient clipping over the sharded layers."""
-    stages = (Stage(LayerRange(0, 3), (0, 1), strategies=(S(dp=2), S(sdp=2, checkpoint=True), S(dp=2))),
-              Stage(LayerRange(3, 6), (2, 3), strategies=(S(sdp=2), S(dp=2, checkpoint=True), S(dp=2))))
-    check_against_one_process(tmp_path, _plan("gpt2-tiny", stages), 4, clip_norm=0.05)
+@pytest.mark.parametrize("model", MODELS)
+def test_sharded_data_parallel_on_two_ranks(two_ranks, model):
+    """(a) SDP2 on every layer: FSDP2; GPT-2's tied embedding and head are one FSDP2 unit."""
+    memory = check_against_one_process(two_ranks[f"sdp-{model}"])
+    for m in memory:  # each rank holds half of the parameters
+        assert m["params"] == pytest.approx(_parameter_bytes(model) / 2, rel=0.02)
 
 
-def test_hybrid_sharding_in_both_layouts_on_four_ranks(tmp_path):
+@pytest.mark.parametrize("model", MODELS)
+def test_tensor_parallel_on_two_ranks(two_ranks, model):
+    """(b) TP2 on every layer: vocab-parallel embedding, Megatron blocks, column-parallel head."""
+    memory = check_against_one_process(two_ranks[f"tp-{model}"])
+    full = _parameter_bytes(model)
+    for m in memory:  # the norms stay whole: a little more than half
+        assert full / 2 <= m["params"] < 0.6 * full
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_data_times_tensor_parallel_on_four_ranks(four_ranks, model):
+    """(c) DP2 x TP2: tp inner-most (devices 0,1 and 2,3 split each layer), the dp all-reduce on
+    the local shards."""
+    check_against_one_process(four_ranks[f"dptp-{model}"])
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_two_stages_with_different_strategies_and_checkpointing(four_ranks, model):
+    """(d) 2 stages x 2 devices, DP / SDP / TP / CKPT mixed in each stage, Slice-Gather between
+    them and across the stage boundary, GPT-2's tied weight across stages (the embedding and the
+    head share a strategy, as they must), gradient clipping over sharded and split layers."""
+    check_against_one_process(four_ranks[f"stages-{model}"])
+
+
+def test_hybrid_sharding_in_both_layouts_on_four_ranks(four_ranks):
     """DP2 x SDP2 (HSDP) with sdp inner-most, then with dp inner-most."""
-    strategies = [S(dp=2, sdp=2)] * 3 + [S(dp=2, sdp=2, order="dp,sdp,tp")] * 3
-    check_against_one_process(tmp_path, _one_stage("llama-tiny", strategies, 4), 4)
+    check_against_one_process(four_ranks["hsdp"])
 
 
-def test_checkpointing_lowers_the_measured_activations_as_predicted(tmp_path):
-    """The same SDP2 plan with and without CKPT on every block: the measured saved activations drop,
-    and by about what the memory model predicts."""
+@pytest.mark.parametrize("model", MODELS + ["bert-tiny"])
+def test_a_galvatron_bmw_plan_straight_from_the_planner(two_ranks, model):
+    """(e) `paraplan plan --planner galvatron-bmw` on the local cluster, memory tight enough that it
+    mixes strategies and checkpointing; BERT is used by no other distributed test."""
+    config = two_ranks[f"bmw-{model}"]
+    assert any(s.checkpoint for st in config.plan.stages for s in st.strategies)
+    check_against_one_process(config)
+
+
+def test_checkpointing_lowers_the_measured_activations_as_predicted(two_ranks):
+    """The same DP2 plan with and without CKPT on every block (Adam, the default): the measured
+    saved activations drop, by about what the memory model predicts."""
     from paraplan.costs.memory import plan_memory
     from paraplan.models import measure, source
 
     spec = measure.measure(source.build("gpt2-tiny"))
     measured, predicted = {}, {}
     for ckpt in (False, True):
-        strategies = [S(dp=2)] + [S(dp=2, checkpoint=ckpt)] * 4 + [S(dp=2)]
-        plan = _one_stage("gpt2-tiny", strategies, 2)
-        out = tmp_path / str(ckpt)
-        out.mkdir()
-        config = TrainConfig(plan=plan, model=plan.model, steps=2, out_dir=str(out), dropout=False)
-        spawn(config, 2)
-        measured[ckpt] = json.loads((out / "memory_rank0.json").read_text())["activations"]
-        _, breakdowns = plan_memory(plan, spec, {0: 2**34, 1: 2**34}, device_kind="cpu-core")
-        predicted[ckpt] = breakdowns[0].activation_bytes
-    assert measured[True] < 0.6 * measured[False]
-    saved_measured, saved_predicted = measured[False] - measured[True], predicted[False] - predicted[True]
+        config = two_ranks[f"ckpt-{ckpt}"]
+        measured[ckpt] = json.loads((Path(config.out_dir) / "memory_rank0.json").read_text())
+        _, breakdowns = plan_memory(config.plan, spec, {0: 2**34, 1: 2**34}, device_kind="cpu-core")
+        predicted[ckpt] = breakdowns[0]
+    assert measured[True]["activations"] < 0.6 * measured[False]["activations"]
+    saved_measured = measured[False]["activations"] - measured[True]["activations"]
+    saved_predicted = predicted[False].activation_bytes - predicted[True].activation_bytes
     assert saved_measured == pytest.approx(saved_predicted, rel=0.25)
+    # parameters, gradients and Adam's two moments: the planner's 16 bytes per parameter
+    states = measured[True]["params"] + measured[True]["grads"] + measured[True]["optimizer"]
+    assert states == pytest.approx(predicted[True].states_bytes, rel=0.01)
+
+
+def test_two_torchrun_nodes_run_a_hybrid_plan_like_one_process(tmp_path):
+    """The same program under torchrun, one rank per "node": TP2, SDP2 and DP2 layers."""
+    from paraplan.localnet import free_port
+
+    plan = _one_stage("llama-tiny", [S(tp=2), S(sdp=2), S(tp=2, checkpoint=True), S(dp=2), S(sdp=2), S(tp=2)], 2)
+    plan_path = tmp_path / "plan.json"
+    write_plan(plan, plan_path)
+    out = tmp_path / "out"
+    torchrun = Path(sys.executable).parent / "torchrun"
+    cmd = [str(torchrun), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "paraplan", "train", "--plan", str(plan_path),
+           "--steps", "3", "--no-dropout", "--optimizer", "sgd", "--lr", "0.1", "--out-dir", str(out)]
+    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+             for _ in range(2)]
+    results = [n.communicate(timeout=240) for n in nodes]
+    assert all(n.returncode == 0 for n in nodes), results
+    check_against_one_process(_config(plan, out))
+
+
+def test_unsupported_combinations_are_refused_before_launch(tmp_path):
+    """One line naming the layer and the reason, before any rank starts: on the command line (exit
+    status 2, nothing written), and the checks behind it."""
+    from paraplan.models import source
+    from paraplan.runtime.hybrid import hybrid_refusal
+
+    # GPT-2's wte is shared by the embedding and the head: they need one strategy
+    tied = _one_stage("gpt2-tiny", [S(tp=2)] + [S(dp=2)] * 5, 2)
+    path = tmp_path / "plan.json"
+    write_plan(tied, path)
+    res = subprocess.run([sys.executable, "-m", "paraplan", "train", "--plan", str(path), "--steps", "1",
+                          "--out-dir", str(tmp_path / "never")], capture_output=True, text=True, env=ENV, timeout=120)
+    assert res.returncode == 2 and "share a parameter" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "layers 0 (embedding" in res.stderr
+    assert not (tmp_path / "never").exists()
+    cases = {
+        "not divisible by 4": _one_stage("llama-tiny", [S(tp=4)] * 6, 4),  # 2 key/value heads
+        "convolution": _one_stage("lenet-5", [S(tp=2)] * 5, 2),
+    }
+    for needle, plan in cases.items():
+        reason = hybrid_refusal(plan, source.build(plan.model).layers())
+        assert reason and needle in reason and re.match(r"layer \d+ \(\w+, ", reason), reason
+    assert hybrid_refusal(_one_stage("llama-tiny", [S(tp=2)] * 6, 2), source.build("llama-tiny").layers()) is None

@@ -63,10 +63,14 @@ def compare_run(plan: Plan, cm: CostModel, out_dir: str | Path) -> Comparison:
         label = (f"measured: step {steps[drawn]}, {per_step[drawn] * 1e3:.1f} ms, nearest the median "
                  f"({median * 1e3:.1f} ms) of {len(measured)} steps")
     replicas = len(plan.stages[0].devices)
+    if any(s.strategies for s in plan.stages):  # Galvatron: each stage's group shares every micro-batch
+        shape = (f"{_count(plan.n_stages, 'stage')} x {replicas} devices with per-layer strategies, "
+                 f"{_count(plan.n_micro, 'micro-batch', 'micro-batches')} of {plan.micro_batch_size:g}")
+    else:
+        shape = (f"{_count(plan.n_stages, 'stage')} x {_count(replicas, 'replica')}, "
+                 f"{_count(plan.n_micro, 'micro-batch', 'micro-batches')} of {plan.micro_batch_size / replicas:g}")
     side_by_side(one_step(runs, steps[drawn]), sim.timeline, out / "compare.png",
-                 title=f"{plan.model}: {plan.schedule}, {_count(plan.n_stages, 'stage')} x {_count(replicas, 'replica')}, "
-                       f"{_count(plan.n_micro, 'micro-batch', 'micro-batches')} of {plan.micro_batch_size / replicas:g}; "
-                       f"error of the prediction {result.error:+.1%}",
+                 title=f"{plan.model}: {plan.schedule}, {shape}; error of the prediction {result.error:+.1%}",
                  measured_s=per_step[drawn], measured_label=label, predicted_s=result.predicted_s)
     return result
 

@@ -255,6 +255,11 @@ def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Mod
         first = strategies[sharded[0][0]]
         mesh = meshes.sub(first, "dp", "sdp") if first.dp > 1 else meshes.sub(first, "sdp")
         others = {p for layer, st in zip(layers, strategies, strict=True) if st.sdp == 1 for p in layer.parameters()}
+        import warnings
+
+        # the stage's output may be a view (StageModule makes it contiguous, which can return it
+        # as is): FSDP2 warns that an in-place op on it would skip its hook; nothing here does one
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         root = fully_shard(module, mesh=mesh, ignored_params=others)
         root.set_gradient_divide_factor(1.0)
         root.set_force_sum_reduction_for_comms(True)

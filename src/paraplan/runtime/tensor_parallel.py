@@ -1,0 +1,446 @@
+"""Megatron-style tensor parallelism (TP) of one layer of a zoo model, with DTensor.
+
+Megatron-LM (Shoeybi et al., 2019, Sec. 3) splits a transformer block so that each rank holds a
+slice of every weight and the block needs two all-reduces forward and two backward:
+  - attention: Q, K, V column-parallel *by heads* (each rank computes whole heads, the softmax
+    stays local), the output projection row-parallel (its partial sums are all-reduced);
+  - MLP: the first projection(s) column-parallel (the activation is element-wise), the second
+    row-parallel;
+  - the token embedding vocab-parallel (each rank looks up the ids in its rows, the partial
+    results are all-reduced), the head's projection column-parallel with its output gathered here
+    so that the loss sees whole logits; norms, position embeddings and the rest stay replicated.
+Megatron's conjugate operators f (identity forward, all-reduce backward) and g (all-reduce
+forward, identity backward) are the input/output hooks of DTensor's ColwiseParallel (input
+Replicate) and RowwiseParallel (output Replicate): a layer keeps taking and returning plain
+tensors identical on every rank, and its input gradient comes back whole on every rank.
+
+A layer's plan is read off its structure (the q/k/v/o, c_attn, fc1/fc2, ... submodules transformers
+uses); a block whose config carries the library's own plan (Llama's `base_model_tp_plan`) uses
+that. `tp_refusal` and `apply_tensor_parallel` share `_plan`: what the one accepts the other runs.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    parallelize_module,
+)
+
+from paraplan.models.adapters import T5Layer
+
+# attention attributes that count or measure heads: set to the local value (see _plan_attention)
+_HEAD_ATTRS = ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_key_value_heads",
+               "all_head_size", "inner_dim", "split_size")
+_HEAD_DIMS = ("head_dim", "attention_head_size", "key_value_proj_dim")
+_POSITIONAL = ("position", "token_type", "wpe")  # embeddings that stay replicated
+_OUTPUT_PROJECTIONS = ("proj", "lm_head", "decoder", "classifier")  # a head's last Linear
+_MLP_PAIRS = ((("c_fc",), "c_proj"), (("fc1",), "fc2"), (("gate_proj", "up_proj"), "down_proj"),
+              (("wi",), "wo"), (("wi_0", "wi_1"), "wo"), (("intermediate.dense",), "output.dense"))
+
+
+def _is_conv1d(m: nn.Module | None) -> bool:
+    # transformers' Conv1D (GPT-2): a Linear whose weight is stored (in, out)
+    return type(m).__name__ == "Conv1D" and hasattr(m, "nf") and hasattr(m, "nx")
+
+
+# --------------------------------------------------------------------------- styles of our own
+class _Conv1DColwise(ColwiseParallel):
+    """ColwiseParallel for Conv1D, whose output columns are dim 1 of its (in, out) weight. The
+    Conv1D stays (rather than a Linear with the weight transposed) so the parameter keeps its
+    layout and path; its `addmm(bias, x, W)` runs on DTensors (x Replicate, W Shard(1), bias
+    Shard(0) -> Shard(1)). `order` first permutes the output columns (GPT-2's fused QKV)."""
+
+    def __init__(self, order: torch.Tensor | None = None):
+        super().__init__()
+        self.order = order
+
+    def _partition(self, name, module, mesh):
+        if name:  # distribute_module visits submodules too; Conv1D has none
+            return
+        weight, bias = module.weight.detach(), module.bias.detach()
+        if self.order is not None:
+            weight, bias = weight[:, self.order], bias[self.order]
+            module._tp_column_order = self.order  # full_parameters undoes it
+        for pname, value, placement in (("weight", weight, Shard(1)), ("bias", bias, Shard(0))):
+            dt = distribute_tensor(value.contiguous(), mesh, [placement], src_data_rank=self.src_data_rank)
+            grad = module._parameters[pname].requires_grad
+            module.register_parameter(pname, nn.Parameter(dt, requires_grad=grad))
+
+    def _apply(self, module, mesh):
+        return _distribute(self, module, mesh)
+
+
+class _Conv1DRowwise(RowwiseParallel):
+    """RowwiseParallel for Conv1D: input rows are dim 0 of its weight; the bias stays replicated
+    (DTensor adds it once to the partial sums)."""
+
+    def _partition(self, name, module, mesh):
+        if name:
+            return
+        for pname, placement in (("weight", Shard(0)), ("bias", Replicate())):
+            p = module._parameters[pname]
+            dt = distribute_tensor(p.detach(), mesh, [placement], src_data_rank=self.src_data_rank)
+            module.register_parameter(pname, nn.Parameter(dt, requires_grad=p.requires_grad))
+
+    def _apply(self, module, mesh):
+        self.desired_input_layouts = (Shard(-1),)
+        return _distribute(self, module, mesh)
+
+
+def _distribute(style, module, mesh):
+    """What ColwiseParallel / RowwiseParallel._apply do, with our partition of a Conv1D."""
+    prepare_input = partial(style._prepare_input_fn, style.input_layouts, style.desired_input_layouts)
+    prepare_output = partial(style._prepare_output_fn, style.output_layouts, style.use_local_output)
+    return distribute_module(module, mesh, style._partition, prepare_input, prepare_output)
+
+
+class _HeadSharded(ParallelStyle):
+    """Shards a per-head table (Swin's relative_position_bias_table, (positions, heads)) on its
+    head dim and lets the module's own forward index the local shard: a pre-hook shadows the
+    parameter with `to_local()` in the instance __dict__ (found before nn.Module.__getattr__), so
+    the gradient flows back into the DTensor. (Indexing the DTensor with a plain index tensor
+    would mix DTensor and Tensor, which DTensor refuses.)"""
+
+    def __init__(self, name: str, dim: int):
+        super().__init__()
+        self.name, self.dim = name, dim
+
+    def _apply(self, module, mesh):
+        p = module._parameters[self.name]
+        dt = distribute_tensor(p.detach(), mesh, [Shard(self.dim)], src_data_rank=self.src_data_rank)
+        module._parameters[self.name] = nn.Parameter(dt, requires_grad=p.requires_grad)
+        module.register_forward_pre_hook(self._shadow)
+        module.register_forward_hook(self._unshadow)
+        return module
+
+    def _shadow(self, mod, args) -> None:
+        mod.__dict__[self.name] = mod._parameters[self.name].to_local()
+
+    def _unshadow(self, mod, args, out) -> None:  # returns None: the output stays the module's
+        mod.__dict__.pop(self.name, None)
+
+
+class _LocalHeadBias:
+    """Stands in for T5Layer._bias_owner (an `_Unregistered` holder: `.module.compute_bias`). T5
+    blocks after the first recompute the relative position bias from block 0's table; each rank
+    needs its own heads'. If block 0 runs TP on the same mesh its table is head-sharded and the bias
+    comes out local already; otherwise the whole bias is sliced here (block 0's table then gets only
+    this rank's heads' gradient from this block: run block 0 with TP too)."""
+
+    def __init__(self, owner: nn.Module, rank: int, tp: int):
+        self.module, self._owner, self._rank, self._tp = self, owner, rank, tp
+        self._full = owner.relative_attention_bias.embedding_dim  # all heads, even once sharded
+
+    def compute_bias(self, query_length, key_length, device=None, **kwargs):
+        bias = self._owner.compute_bias(query_length, key_length, device=device, **kwargs)
+        if bias.shape[1] == self._full and self._tp > 1:
+            local = self._full // self._tp
+            bias = bias[:, self._rank * local:(self._rank + 1) * local]
+        return bias
+
+
+# --------------------------------------------------------------------------- the plan of a layer
+@dataclass
+class _Plan:
+    styles: dict[str, ParallelStyle] = field(default_factory=dict)  # path in the layer -> style
+    attrs: list[tuple[nn.Module, str, int]] = field(default_factory=list)  # local head counts
+    t5_owner: nn.Module | None = None  # T5 block > 0: the bias owner to wrap
+
+
+class _Refused(Exception):
+    pass
+
+
+def _check(ok: bool, why: str) -> None:
+    if not ok:
+        raise _Refused(why)
+
+
+def _where(mod: nn.Module, path: str, sub: str = "") -> str:
+    full = ".".join(x for x in (path, sub) if x)
+    return f"{type(mod).__name__} '{full}'" if full else type(mod).__name__
+
+
+def _heads(count: int, what: str = "attention head") -> str:
+    return f"{count} {what}{'' if count == 1 else 's'}"
+
+
+def _child(m: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return m.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+def _out(m: nn.Module) -> int:
+    return m.nf if _is_conv1d(m) else m.out_features
+
+
+def _attention(mod: nn.Module):
+    """(module holding the head counts, column-parallel paths, row-parallel path) of an attention
+    recognised by its children, or None."""
+    kids = dict(mod.named_children())
+    for q, k, v, o in (("q_proj", "k_proj", "v_proj", "o_proj"), ("q", "k", "v", "o")):
+        if all(isinstance(kids.get(n), nn.Linear) for n in (q, k, v, o)):
+            return mod, [q, k, v], o
+    inner = kids.get("self")  # BERT: BertAttention(self: query/key/value, output: dense + norm)
+    if inner is not None and all(isinstance(_child(inner, n), nn.Linear) for n in ("query", "key", "value")) \
+            and isinstance(_child(mod, "output.dense"), nn.Linear):
+        return inner, ["self.query", "self.key", "self.value"], "output.dense"
+    if _is_conv1d(kids.get("c_attn")) and _is_conv1d(kids.get("c_proj")) and hasattr(mod, "split_size"):
+        return mod, ["c_attn"], "c_proj"
+    return None
+
+
+def _plan_attention(path: str, mod: nn.Module, found, tp: int, plan: _Plan, covered: set) -> None:
+    attn, cols, row = found
+    where = _where(attn, path)
+    head_dim = next((getattr(attn, a) for a in _HEAD_DIMS if isinstance(getattr(attn, a, None), int)), None)
+    _check(head_dim is not None, f"{where}: cannot tell its head size")
+    first = mod.get_submodule(cols[0])
+    if cols == ["c_attn"]:
+        # GPT-2 fuses Q, K, V in one Conv1D whose output columns are [q; k; v] (each E wide) and
+        # splits them by `split_size` = E. A plain Shard(1) would give rank 0 all of q and half of
+        # k: permute the columns to [q_0, k_0, v_0, q_1, k_1, v_1, ...] (q_r: rank r's heads) so
+        # each rank's shard is q, k, v of its own heads, and split them by E / tp locally.
+        width = attn.split_size
+        _check(_out(first) == 3 * width, f"{where}: c_attn is not a fused Q, K, V")
+        heads = kv = width // head_dim
+        c = width // tp
+        order = torch.cat([torch.arange(s * width + r * c, s * width + (r + 1) * c)
+                           for r in range(tp) for s in range(3)]) if width % tp == 0 else None
+        styles = {cols[0]: _Conv1DColwise(order), row: _Conv1DRowwise()}
+    else:
+        heads, kv = _out(first) // head_dim, _out(mod.get_submodule(cols[1])) // head_dim
+        styles = {c: ColwiseParallel() for c in cols} | {row: RowwiseParallel()}
+    _check(heads % tp == 0, f"{where}: {_heads(heads)} not divisible by {tp}")
+    _check(kv % tp == 0, f"{where}: {_heads(kv, 'key/value head')} not divisible by {tp}")
+    for sub in attn.children():  # per-head position-bias tables: sharded by heads too
+        sub_path = next(n for n, m in mod.named_modules() if m is sub)
+        if isinstance(sub, nn.Embedding) and sub.embedding_dim == heads:  # T5's relative_attention_bias
+            styles[sub_path] = ColwiseParallel()  # weight Shard(1): each rank looks up its heads' bias
+        elif isinstance(getattr(sub, "relative_position_bias_table", None), nn.Parameter):  # Swin
+            styles[sub_path] = _HeadSharded("relative_position_bias_table", 1)
+    for name, p in mod.named_parameters():
+        owner = name.rpartition(".")[0]
+        _check(p.dim() < 2 or any(owner == s or owner.startswith(s + ".") for s in styles),
+               f"{where}: parameter '{name}' {tuple(p.shape)} has no tensor-parallel plan")
+    # transformers 5.x views q/k/v as (..., -1, head_dim), so local heads need no change there;
+    # some of these attributes are read elsewhere (GPT-2 splits its fused QKV by `split_size`, T5's
+    # cross-attention builds a zero bias of shape (1, n_heads, q, k)): all get the local values
+    plan.attrs += [(attn, a, getattr(attn, a) // tp) for a in _HEAD_ATTRS
+                   if isinstance(getattr(attn, a, None), int)]
+    _add(path, mod, styles, plan, covered)
+
+
+def _add(path: str, root: nn.Module, styles: dict, plan: _Plan, covered: set) -> None:
+    for sub, style in styles.items():
+        plan.styles.setdefault(f"{path}.{sub}" if path else sub, style)
+        covered.add(id(root.get_submodule(sub)))
+
+
+def _check_width(where: str, m: nn.Module, style: ParallelStyle, tp: int) -> None:
+    if isinstance(style, RowwiseParallel):
+        n, what = (m.nx if _is_conv1d(m) else m.in_features), "input width"
+    else:
+        n, what = _out(m), "output width"
+    _check(n % tp == 0, f"{where}: {what} {n} not divisible by {tp}")
+
+
+def _library_plan(mod: nn.Module) -> dict[str, str]:
+    """The library's own TP plan ('layers.*.self_attn.q_proj': 'colwise', ...) as the paths that
+    exist in `mod` (a Llama decoder layer), or {}."""
+    plans = {}
+    for m in mod.modules():
+        plans.update(getattr(getattr(m, "config", None), "base_model_tp_plan", None) or {})
+    rests = {key.split(".*.", 1)[1]: kind for key, kind in plans.items() if ".*." in key}
+    return {rest: kind for rest, kind in rests.items() if _child(mod, rest) is not None}
+
+
+def _plan(layer: nn.Module, tp: int) -> _Plan:
+    plan, covered = _Plan(), set()
+    for path, mod in layer.named_modules():
+        if id(mod) in covered:
+            continue
+        where, found = _where(mod, path), _attention(mod)
+        library = _library_plan(mod) if found is None else {}
+        if library:  # a block whose config carries the library's TP plan (Llama): use it as it is
+            styles = {}
+            for sub, kind in library.items():
+                _check(kind in ("colwise", "rowwise"), f"{where}: TP plan '{sub}': '{kind}' not supported")
+                styles[sub] = ColwiseParallel() if kind == "colwise" else RowwiseParallel()
+                _check_width(_where(mod, path, sub), mod.get_submodule(sub), styles[sub], tp)
+            for sub_path, sub in mod.named_modules():  # head counts: checked, and made local
+                if (attention := _attention(sub)) is not None:
+                    scratch = _Plan()
+                    _plan_attention(f"{path}.{sub_path}".strip("."), sub, attention, tp, scratch, set())
+                    plan.attrs += scratch.attrs
+            _add(path, mod, styles, plan, covered)
+            covered.update(id(m) for m in mod.modules())  # the rest of the block stays replicated
+            continue
+        if found is not None:
+            _plan_attention(path, mod, found, tp, plan, covered)
+            continue
+        for firsts, second in _MLP_PAIRS:
+            subs = [_child(mod, n) for n in (*firsts, second)]
+            if all(isinstance(s, nn.Linear) or _is_conv1d(s) for s in subs):
+                conv = _is_conv1d(subs[0])
+                styles = {f: (_Conv1DColwise() if conv else ColwiseParallel()) for f in firsts}
+                styles[second] = _Conv1DRowwise() if conv else RowwiseParallel()
+                for sub, style in styles.items():
+                    _check_width(_where(mod, path, sub), mod.get_submodule(sub), style, tp)
+                _add(path, mod, styles, plan, covered)
+                break
+        name = path.rpartition(".")[2]
+        if id(mod) in covered:
+            continue
+        if isinstance(mod, nn.Embedding):
+            if any(s in name for s in _POSITIONAL):
+                continue  # position / token-type embeddings: replicated (small, used whole)
+            # vocab-parallel (Megatron's VocabParallelEmbedding): rows Shard(0), lookups all-reduced.
+            # input_layouts=Replicate(): RowwiseParallel's default, Shard(-1), would take each
+            # rank's ids for a shard of the sequence and all-gather them (torchtitan sets it too)
+            vocab = mod.num_embeddings
+            _check(vocab % tp == 0, f"{where}: vocabulary {vocab} not divisible by {tp}")
+            plan.styles[path] = RowwiseParallel(input_layouts=Replicate())
+        elif isinstance(mod, nn.Linear) and name in _OUTPUT_PROJECTIONS:
+            # a head's projection: column-parallel, output all-gathered so the loss sees all of it
+            _check(mod.out_features % tp == 0, f"{where}: {mod.out_features} outputs not divisible by {tp}")
+            plan.styles[path] = ColwiseParallel(output_layouts=Replicate())
+        elif isinstance(mod, nn.modules.conv._ConvNd):  # ViT's and Swin's patch embeddings: replicated
+            _check("patch_embed" in path, f"{where}: convolutions have no tensor-parallel plan here")
+        elif isinstance(mod, T5Layer) and mod._bias_owner is not None:
+            heads = mod._bias_owner.module.relative_attention_bias.embedding_dim
+            _check(heads % tp == 0, f"{where}: {_heads(heads)} not divisible by {tp}")
+            plan.t5_owner = mod._bias_owner.module
+        else:
+            # other Linears (Swin's patch merging, BERT's head transform) and embedding tokens
+            # (ViT's cls token and position embeddings) stay replicated; other matrices are unknown
+            own = [n for n, p in mod.named_parameters(recurse=False) if p.dim() >= 2]
+            known = isinstance(mod, nn.Linear) or _is_conv1d(mod) or "embedding" in type(mod).__name__.lower()
+            _check(known or not own, f"{where}: parameter '{own[0] if own else ''}' has no TP plan")
+    return plan
+
+
+# --------------------------------------------------------------------------- the API
+def tp_refusal(layer: nn.Module, tp: int) -> str | None:
+    """None when `layer` (the module of one entry of built.layers()) can run tensor parallel over
+    `tp` ranks, otherwise one short line saying why. Pure inspection: no process group needed."""
+    if tp < 1:
+        return f"tensor-parallel degree {tp} must be at least 1"
+    try:
+        _plan(layer, tp)
+    except _Refused as exc:
+        return str(exc)
+    return None
+
+
+def apply_tensor_parallel(layer: nn.Module, mesh: DeviceMesh, memo: dict | None = None) -> None:
+    """In place, on a materialised layer (values identical on every rank of the 1-D `mesh`), as the
+    module docstring says; the layer's input and output stay plain tensors identical on every rank.
+    `memo` (id of an original parameter -> its new parameter) keeps a parameter tied across the
+    calls that share it (GPT-2's wte: Shard(0) in the embedding and in the LM head); a tied
+    parameter that would need two different layouts raises ValueError naming it."""
+    tp = mesh.size()
+    try:
+        plan = _plan(layer, tp)
+    except _Refused as exc:
+        raise ValueError(f"no tensor parallelism over {tp} ranks: {exc}") from None
+    memo = {} if memo is None else memo
+    refs = [(path, m, n, p) for path, m in layer.named_modules(remove_duplicate=False)
+            for n, p in m._parameters.items() if p is not None]
+    for m, attr, value in plan.attrs:
+        setattr(m, attr, value)
+    # the values are identical on every rank already: each takes its shard, no broadcast
+    if (root := plan.styles.pop("", None)) is not None:  # the layer is itself an nn.Embedding
+        parallelize_module(layer, mesh, root, src_data_rank=None)
+    if plan.styles:
+        parallelize_module(layer, mesh, plan.styles, src_data_rank=None)
+    layer.register_forward_hook(_plain_outputs)
+    if plan.t5_owner is not None:
+        layer._bias_owner = _LocalHeadBias(plan.t5_owner, mesh.get_local_rank(), tp)
+    # ties: one new parameter per original one. References a style replaced go first; an untouched
+    # reference to a tensor replaced in this same layer is an alias and follows it (BERT's
+    # predictions.bias is predictions.decoder.bias); across layers the layouts must agree
+    replaced = {id(p) for _, m, n, p in refs if m._parameters[n] is not p}
+    refs.sort(key=lambda r: r[1]._parameters[r[2]] is r[3])
+    for path, m, n, p in refs:
+        new, have = m._parameters[n], memo.get(id(p))
+        if new is p and id(p) in replaced:
+            m._parameters[n] = have
+        elif have is not None and getattr(have, "_tp_source", lambda: None)() is p:  # not a reused id
+            if have is not new and _layout(have) != _layout(new):
+                raise ValueError(f"tied parameter '{f'{path}.{n}' if path else n}' would be {_layout(new)} "
+                                 f"here but is {_layout(have)} in another layer that uses it")
+            m._parameters[n] = have
+        else:
+            new._tp_source = weakref.ref(p)
+            memo[id(p)] = new
+    for p in {id(p): p for p in layer.parameters()}.values():
+        if isinstance(p, DTensor) and not hasattr(p, "_tp_grad_hook"):
+            p._tp_grad_hook = p.register_hook(partial(_grad_like_param, p.device_mesh, p.placements))
+
+
+def _grad_like_param(mesh, placements, grad):
+    """DTensor (torch 2.13) has no row-sharded strategy for the embedding's backward: a
+    vocab-parallel embedding's weight gradient comes out whole (Replicate; computed with the global
+    ids and padding_idx, so right) on every rank. Keep this rank's shard only, like the parameter
+    (a local slice, no communication), so the gradient takes the sharded parameter's memory."""
+    if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(placements):
+        return grad.redistribute(mesh, placements)
+    return grad
+
+
+def _plain_outputs(module, args, out):
+    """The styles' output collectives run with async_op=True, so a layer ending in one (Llama's
+    embedding is a bare nn.Embedding) would return an AsyncCollectiveTensor, which a pipeline's
+    send should not see. An op on it waits and returns a plain tensor; clone keeps the graph."""
+    if isinstance(out, AsyncCollectiveTensor):
+        return out.clone()
+    if isinstance(out, tuple) and any(isinstance(t, AsyncCollectiveTensor) for t in out):
+        return tuple(t.clone() if isinstance(t, AsyncCollectiveTensor) else t for t in out)
+    return out
+
+
+def _layout(p: torch.Tensor) -> str:
+    return f"sharded {list(p.placements)} over {p.device_mesh}" if isinstance(p, DTensor) else "replicated"
+
+
+def _gather(layer: nn.Module, grads: bool) -> dict[str, torch.Tensor]:
+    out, done = {}, {}
+    with torch.no_grad():
+        for path, p in layer.named_parameters(remove_duplicate=False):
+            t = p.grad if grads else p
+            if t is None:
+                continue
+            if id(p) not in done:  # a collective: every rank walks the same parameters in order
+                done[id(p)] = (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+            value = done[id(p)]
+            mod_path, _, name = path.rpartition(".")
+            order = getattr(layer.get_submodule(mod_path), "_tp_column_order", None)
+            if order is not None:  # GPT-2's fused QKV: back to the [q; k; v] column order
+                value = value.index_select(1 if name == "weight" else 0, torch.argsort(order))
+            out[path] = value
+    return out
+
+
+def full_parameters(layer: nn.Module) -> dict[str, torch.Tensor]:
+    """layer.named_parameters(remove_duplicate=False) path -> the full tensor in the original (pre-TP)
+    layout. A collective over the mesh: every rank of it must call it."""
+    return _gather(layer, grads=False)
+
+
+def full_gradients(layer: nn.Module) -> dict[str, torch.Tensor]:
+    """As full_parameters, for the gradients (parameters without one are left out)."""
+    return _gather(layer, grads=True)

@@ -1,0 +1,30 @@
+"""Several training runs in one launch of the ranks: each rank joins the process group once and
+trains the runs one after the other (every run makes its own groups and meshes), so that a test
+module pays the start of 2 or 4 Python processes with torch once, not once per plan."""
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from paraplan.localnet import free_port
+
+
+def _ranks(rank: int, world: int, port: int, configs: list) -> None:
+    from paraplan.runtime.worker import die_with_parent, train_rank
+
+    die_with_parent()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    try:
+        for config in configs:
+            train_rank(config)
+    finally:
+        dist.destroy_process_group()
+
+
+def train_many(configs: list, world: int) -> None:
+    mp.start_processes(_ranks, args=(world, free_port(), configs), nprocs=world, start_method="spawn")

@@ -57,7 +57,8 @@ def cli(*args) -> str:
 def plans(cm) -> dict:
     out = {}
     for name in PLANNERS:
-        request = PlanRequest(costs=cm, model_name=MODEL, cluster_name="local", batch=BATCH, schedule="1f1b")
+        schedule = "1f1b" if name.startswith("galvatron") else "gpipe"  # the baselines plan GPipe (the paper's)
+        request = PlanRequest(costs=cm, model_name=MODEL, cluster_name="local", batch=BATCH, schedule=schedule)
         out[name] = make_plan(request, name)
     dp = out["dp"]
     stage = dp.stages[0]

@@ -203,11 +203,13 @@ class HybridStage:
 
 
 def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Module], meshes: Meshes,
-                stage_group, param_names: dict[int, str]) -> HybridStage:
-    """Apply the stage's strategies to its (materialised) layers, in the order TP -> FSDP2 -> CKPT."""
+                stage_group, names: dict[int, str], seed: int, device) -> HybridStage:
+    """Materialise the stage's layers (still on meta) one at a time and apply each one's strategy
+    at once, in the order TP -> FSDP2 -> CKPT: a rank holds at most one layer whole (or one unit of
+    layers sharing a parameter) before it is split or sharded, never the stage."""
     from torch.distributed.fsdp import fully_shard
 
-    from paraplan.runtime.materialize import StageModule
+    from paraplan.runtime.materialize import StageModule, materialize
 
     stage = plan.stages[stage_index]
     strategies = stage_strategies(stage)
@@ -216,23 +218,25 @@ def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Mod
         held = replicated(group_size)
     else:
         held = stage_strategies(plan.stages[stage_index - 1])[-1]
+    # FSDP2 units: layers sharing a parameter (GPT-2's wte and tied head) in one unit
+    sharded = [(i, layer) for i, (layer, st) in enumerate(zip(layers, strategies, strict=True)) if st.sdp > 1]
+    unit_of = {i: unit for unit in _tied_units(sharded) for i in unit}
     tp_memo: dict = {}
-    for layer, st in zip(layers, strategies, strict=True):
+    made: dict = {}  # one materialisation for the stage: tied parameters stay tied
+    for i, (layer, st) in enumerate(zip(layers, strategies, strict=True)):
+        materialize([layer], names, seed, device, made)
         if st.tp > 1:
             from paraplan.runtime.tensor_parallel import apply_tensor_parallel
 
             apply_tensor_parallel(layer, meshes.sub(st, "tp"), tp_memo)
-    # FSDP2 units: layers sharing a parameter (GPT-2's wte and tied head) in one unit
-    sharded = [(i, layer) for i, (layer, st) in enumerate(zip(layers, strategies, strict=True)) if st.sdp > 1]
-    for unit in _tied_units(sharded):
-        st = strategies[unit[0]]
-        mesh = meshes.sub(st, "dp", "sdp") if st.dp > 1 else meshes.sub(st, "sdp")
-        modules = [layers[i] for i in unit]
-        fsdp = fully_shard(modules if len(modules) > 1 else modules[0], mesh=mesh)
-        for m in (fsdp if isinstance(fsdp, list) else [fsdp]):
-            m.set_gradient_divide_factor(1.0)  # a sum: the loss is already divided by the slice count
-            # plain sums on the wire: a custom factor otherwise asks for PREMUL_SUM, which gloo lacks
-            m.set_force_sum_reduction_for_comms(True)
+        if st.sdp > 1 and i == unit_of[i][-1]:  # the unit's last layer is materialised: shard the unit
+            mesh = meshes.sub(st, "dp", "sdp") if st.dp > 1 else meshes.sub(st, "sdp")
+            modules = [layers[j] for j in unit_of[i]]
+            fsdp = fully_shard(modules if len(modules) > 1 else modules[0], mesh=mesh)
+            for m in (fsdp if isinstance(fsdp, list) else [fsdp]):
+                m.set_gradient_divide_factor(1.0)  # a sum: the loss is already divided by the slice count
+                # plain sums on the wire: a custom factor otherwise asks for PREMUL_SUM, which gloo lacks
+                m.set_force_sum_reduction_for_comms(True)
     dp_params: dict[int, tuple[object, list[nn.Parameter]]] = {}
     seen: set[int] = set()
     for layer, st in zip(layers, strategies, strict=True):

@@ -12,7 +12,6 @@ import torch.distributed as dist
 
 from paraplan.costs.strategy import data_rank
 from paraplan.runtime.hybrid import DataParallelSync, Meshes, build_stage, data_rows, full_value
-from paraplan.runtime.materialize import materialize
 from paraplan.runtime.worker import RankSetup, TrainConfig, _roles
 
 
@@ -25,11 +24,11 @@ def hybrid_setup(config: TrainConfig, rank: int, device, built, layers, names, r
     stage_groups = [dist.new_group(list(s.devices)) for s in plan.stages]
     meshes = Meshes(plan, device.type)
     stage = plan.stages[stage_index]
-    own = [m for _, _, m in layers[stage.layers.start:stage.layers.stop]]
-    materialize(own, names, config.seed, device)
+    own = [m for _, _, m in layers[stage.layers.start:stage.layers.stop]]  # still on meta
     # each parameter's name in the whole model, by its path in its layer (paths survive TP and FSDP2)
     paths = [{path: names[id(p)] for path, p in layer.named_parameters(remove_duplicate=False)} for layer in own]
-    hybrid = build_stage(plan, stage_index, position, own, meshes, stage_groups[stage_index], names)
+    hybrid = build_stage(plan, stage_index, position, own, meshes, stage_groups[stage_index], names, config.seed,
+                         device)
     named: dict[str, torch.nn.Parameter] = {}
     for layer, by_path in zip(own, paths, strict=True):
         for path, p in layer.named_parameters(remove_duplicate=False):

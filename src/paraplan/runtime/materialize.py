@@ -63,10 +63,11 @@ def build_layers(model: str, seed: int = 0, seq_len: int | None = None, image_si
     return built, built.layers(), names
 
 
-def materialize(modules: list[nn.Module], names: dict[int, str], seed: int, device: torch.device) -> None:
-    """Give every parameter the modules use real, seeded values (tied parameters stay tied);
-    `names` learns the new parameters' names."""
-    made: dict[int, nn.Parameter] = {}
+def materialize(modules: list[nn.Module], names: dict[int, str], seed: int, device: torch.device,
+                made: dict[int, nn.Parameter] | None = None) -> None:
+    """Give every parameter the modules use real, seeded values (tied parameters stay tied, also
+    across calls that pass the same `made`); `names` learns the new parameters' names."""
+    made = {} if made is None else made
     for top in modules:
         for module in top.modules():
             for pname, p in list(module._parameters.items()):

@@ -134,11 +134,14 @@ def _describe(plan) -> str:
 
 def _figure(rows) -> None:
     fig, ax = plt.subplots(figsize=(6, 5))
-    for r in rows:
+    for i, r in enumerate(rows):
         ax.errorbar(r["measured_s"] * 1e3, r["predicted_s"] * 1e3,
-                    xerr=[[(r["measured_s"] - r["min_s"]) * 1e3], [(r["max_s"] - r["measured_s"]) * 1e3]], fmt="o")
-        ax.annotate(r["plan"], (r["measured_s"] * 1e3, r["predicted_s"] * 1e3), fontsize=8, xytext=(4, 4),
-                    textcoords="offset points")
+                    xerr=[[(r["measured_s"] - r["min_s"]) * 1e3], [(r["max_s"] - r["measured_s"]) * 1e3]], fmt="o",
+                    label=f"{r['plan']}: {r['error']:+.0%}")
+        # labels alternate above and below: plans with the same prediction (bmw = dp here) stay legible
+        ax.annotate(r["plan"], (r["measured_s"] * 1e3, r["predicted_s"] * 1e3), fontsize=8,
+                    xytext=(4, 6 if i % 2 == 0 else -12), textcoords="offset points")
+    ax.legend(fontsize=7, loc="upper left", title="error of the prediction", title_fontsize=7)
     top = max(max(r["max_s"], r["predicted_s"]) for r in rows) * 1e3 * 1.15
     ax.plot([0, top], [0, top], color="grey", linewidth=0.8)
     for k in (0.85, 1.15):

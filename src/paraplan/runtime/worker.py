@@ -295,9 +295,26 @@ def train_rank(config: TrainConfig) -> dict:
     if rank == 0 and config.log:
         from rich.progress import Progress
 
-        progress = Progress(transient=True)
+        # no refresh thread: it would compete with this rank's training for the interpreter
+        progress = Progress(transient=True, auto_refresh=False)
         progress.start()
         bar = progress.add_task("training", total=config.steps, completed=first_step)
+    pending = None  # the previous step's loss all-reduce, not waited for yet
+
+    def report(done: int, work, step_loss: torch.Tensor, took: float) -> None:
+        work.wait()
+        losses.append(float(step_loss))
+        if progress is not None:
+            progress.console.print(f"step {done}/{config.steps}: loss {losses[-1]:.6f}, {took * 1e3:.1f} ms, "
+                                   f"{plan.global_batch / took:.1f} samples/s")
+            progress.advance(bar)
+            progress.refresh()
+        if config.out_dir is not None and setup.writes and stage_index == 0:
+            # after every step, so that a killed or failed run keeps the losses of the steps it completed
+            from paraplan.fileio import atomic_write_text
+
+            atomic_write_text(Path(config.out_dir) / "losses.json", json.dumps(losses))
+
     for step in range(first_step, config.steps):
         recorder.step = step
         if config.step_hook is not None:
@@ -343,25 +360,26 @@ def train_rank(config: TrainConfig) -> dict:
                 memory["allocator_peak"] = torch.cuda.max_memory_allocated(device)
         mine = sum(float(v.detach()) for v in micro_losses) * setup.loss_weight if micro_losses else 0.0
         step_loss = torch.tensor([mine], dtype=torch.float64, device=device)
-        dist.all_reduce(step_loss)  # only last stages contribute, each with its weight
-        losses.append(float(step_loss))
+        # only last stages contribute, each with its weight; asynchronous, and reported one step
+        # later, so that the ranks do not wait for each other between steps (a bare training loop
+        # would not), except where a checkpoint or the end needs the loss now
+        work = dist.all_reduce(step_loss, async_op=True)
+        if pending is not None:
+            report(*pending)
+        pending = (step + 1, work, step_loss, time.perf_counter() - t0)
         done = step + 1
-        if progress is not None:
-            took = time.perf_counter() - t0
-            progress.console.print(f"step {done}/{config.steps}: loss {losses[-1]:.6f}, {took * 1e3:.1f} ms, "
-                                   f"{plan.global_batch / took:.1f} samples/s")
-            progress.advance(bar)
-        if config.out_dir is not None and setup.writes and stage_index == 0:
-            # after every step, so that a killed or failed run keeps the losses of the steps it completed
-            from paraplan.fileio import atomic_write_text
-
-            atomic_write_text(Path(config.out_dir) / "losses.json", json.dumps(losses))
+        if done == config.steps or (ckpt is not None and config.checkpoint_every
+                                    and done % config.checkpoint_every == 0):
+            report(*pending)
+            pending = None
         if ckpt is not None and setup.writes and (
                 done == config.steps or (config.checkpoint_every and done % config.checkpoint_every == 0)):
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"module": module.state_dict(), "optimizer": optim.state_dict(), "rng": torch.get_rng_state(),
                         "step": done, "losses": losses, "paraplan": checkpoint_record(config, stage_index)}, tmp)
             os.replace(tmp, ckpt)
+    if pending is not None:
+        report(*pending)
     if progress is not None:
         progress.stop()
     result = {"rank": rank, "stage": stage_index, "replica": position, "losses": losses, "step_s": step_times}

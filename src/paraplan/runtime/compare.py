@@ -145,7 +145,7 @@ class MemoryRow:
     stage: int
     predicted_states: float  # parameters + gradients + optimizer states (costs/memory.py `states_bytes`)
     measured_states: int
-    predicted_activations: float  # what autograd keeps, one recomputation included
+    predicted_activations: float  # what autograd keeps (Megatron's replicated TP part and one recomputation included)
     measured_activations: int
 
 
@@ -157,5 +157,6 @@ def memory_comparison(breakdowns, out_dir: str | Path) -> list[MemoryRow]:
         b = breakdowns[m["stage"]]
         rows.append(MemoryRow(rank=m["rank"], stage=m["stage"], predicted_states=b.states_bytes,
                               measured_states=m["params"] + m["grads"] + m["optimizer"],
-                              predicted_activations=b.activation_bytes, measured_activations=m["activations"]))
+                              predicted_activations=b.activation_bytes + b.tp_replicated_bytes,
+                              measured_activations=m["activations"]))
     return rows

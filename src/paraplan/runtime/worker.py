@@ -41,6 +41,7 @@ from paraplan.runtime.materialize import StageModule, build_layers, materialize
 from paraplan.runtime.memory_meter import MemoryMeter, state_bytes
 
 BUCKET_BYTES = 25 * 2**20
+REPORT_EVERY_S = 0.5  # rank 0 prints the step losses, and losses.json is rewritten, at most this often
 
 
 class Optimizer(StrEnum):
@@ -300,17 +301,23 @@ def train_rank(config: TrainConfig) -> dict:
         progress.start()
         bar = progress.add_task("training", total=config.steps, completed=first_step)
     pending = None  # the previous step's loss all-reduce, not waited for yet
+    shown = [float("-inf")]  # when the losses were last printed and written
 
     def report(done: int, work, step_loss: torch.Tensor, took: float) -> None:
         work.wait()
         losses.append(float(step_loss))
+        # printing and writing cost a few ms, which the other ranks wait for (the next step's first
+        # transfer): at most twice a second, and always at the end
+        if done < config.steps and time.monotonic() - shown[0] < REPORT_EVERY_S:
+            return
+        shown[0] = time.monotonic()
         if progress is not None:
             progress.console.print(f"step {done}/{config.steps}: loss {losses[-1]:.6f}, {took * 1e3:.1f} ms, "
                                    f"{plan.global_batch / took:.1f} samples/s")
-            progress.advance(bar)
+            progress.update(bar, completed=done)
             progress.refresh()
         if config.out_dir is not None and setup.writes and stage_index == 0:
-            # after every step, so that a killed or failed run keeps the losses of the steps it completed
+            # during the run, so that a killed or failed run keeps the losses of the steps it completed
             from paraplan.fileio import atomic_write_text
 
             atomic_write_text(Path(config.out_dir) / "losses.json", json.dumps(losses))

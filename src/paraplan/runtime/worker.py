@@ -300,17 +300,19 @@ def train_rank(config: TrainConfig) -> dict:
         progress = Progress(transient=True, auto_refresh=False)
         progress.start()
         bar = progress.add_task("training", total=config.steps, completed=first_step)
-    pending = None  # the previous step's loss all-reduce, not waited for yet
-    shown = [float("-inf")]  # when the losses were last printed and written
+    # The step losses are summed over the ranks (only last stages contribute) in one all-reduce
+    # every `every[0]` steps, not every step: a per-step all-reduce, even asynchronous, cost ~10% of
+    # a 50 ms step here (benchmarks/runtime_overhead.py). `every` is fixed after the second step,
+    # the same on every rank (from the slowest rank's step), so that the flushes stay
+    # collective: about REPORT_EVERY_S apart (the first two steps are reported at once).
+    local: list[float] = []  # this rank's weighted contributions of the steps not yet summed
+    every = [1]
 
-    def report(done: int, work, step_loss: torch.Tensor, took: float) -> None:
-        work.wait()
-        losses.append(float(step_loss))
-        # printing and writing cost a few ms, which the other ranks wait for (the next step's first
-        # transfer): at most twice a second, and always at the end
-        if done < config.steps and time.monotonic() - shown[0] < REPORT_EVERY_S:
-            return
-        shown[0] = time.monotonic()
+    def flush(done: int, took: float) -> None:
+        summed = torch.tensor(local, dtype=torch.float64, device=device)
+        dist.all_reduce(summed)
+        losses.extend(float(v) for v in summed)
+        local.clear()
         if progress is not None:
             progress.console.print(f"step {done}/{config.steps}: loss {losses[-1]:.6f}, {took * 1e3:.1f} ms, "
                                    f"{plan.global_batch / took:.1f} samples/s")
@@ -365,28 +367,21 @@ def train_rank(config: TrainConfig) -> dict:
                       **state_bytes(params, optim)}
             if device.type == "cuda":
                 memory["allocator_peak"] = torch.cuda.max_memory_allocated(device)
-        mine = sum(float(v.detach()) for v in micro_losses) * setup.loss_weight if micro_losses else 0.0
-        step_loss = torch.tensor([mine], dtype=torch.float64, device=device)
-        # only last stages contribute, each with its weight; asynchronous, and reported one step
-        # later, so that the ranks do not wait for each other between steps (a bare training loop
-        # would not), except where a checkpoint or the end needs the loss now
-        work = dist.all_reduce(step_loss, async_op=True)
-        if pending is not None:
-            report(*pending)
-        pending = (step + 1, work, step_loss, time.perf_counter() - t0)
+        local.append(sum(float(v.detach()) for v in micro_losses) * setup.loss_weight if micro_losses else 0.0)
         done = step + 1
-        if done == config.steps or (ckpt is not None and config.checkpoint_every
-                                    and done % config.checkpoint_every == 0):
-            report(*pending)
-            pending = None
-        if ckpt is not None and setup.writes and (
-                done == config.steps or (config.checkpoint_every and done % config.checkpoint_every == 0)):
+        checkpoint_due = ckpt is not None and (done == config.steps or (
+            config.checkpoint_every and done % config.checkpoint_every == 0))
+        if done == config.steps or checkpoint_due or (done - first_step - 2) % every[0] == 0 or step == first_step:
+            flush(done, step_times[-1])
+        if step == first_step + 1:  # the flush interval, from the slowest rank's second step (the first warms up)
+            slowest = torch.tensor([step_times[-1]], dtype=torch.float64, device=device)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            every[0] = max(1, min(64, int(REPORT_EVERY_S / max(float(slowest), 1e-6))))
+        if checkpoint_due and setup.writes:
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"module": module.state_dict(), "optimizer": optim.state_dict(), "rng": torch.get_rng_state(),
                         "step": done, "losses": losses, "paraplan": checkpoint_record(config, stage_index)}, tmp)
             os.replace(tmp, ckpt)
-    if pending is not None:
-        report(*pending)
     if progress is not None:
         progress.stop()
     result = {"rank": rank, "stage": stage_index, "replica": position, "losses": losses, "step_s": step_times}

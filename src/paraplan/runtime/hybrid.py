@@ -121,32 +121,32 @@ def _contained(inner: LayerStrategy, outer: LayerStrategy, group_size: int) -> b
     return True
 
 
+def _redistribute(x: torch.Tensor, held: LayerStrategy, wanted: LayerStrategy, position: int, group,
+                  group_size: int) -> torch.Tensor:
+    """This device's slice under `wanted`, from every device's slice under `held`."""
+    rows = x.shape[0] * held.data_degree
+    if _contained(wanted, held, group_size):  # cut what this device has: free
+        start = data_rows(held, position, rows).start
+        cut = data_rows(wanted, position, rows)
+        return x[cut.start - start:cut.stop - start].clone()
+    return _gather_rows(x, held, group, group_size)[data_rows(wanted, position, rows)].clone()
+
+
 class _Regroup(torch.autograd.Function):
-    """From the slices of `held` to those of `wanted` (forward), and the gradient back (backward).
-    A value held by several devices (tensor-parallel replicas) is the same on each, and so is its
-    gradient: the backward hands every holder the full gradient of its slice."""
+    """From the slices of `held` to those of `wanted` (forward), and the gradient back, the same
+    redistribution the other way (backward). A value held by several devices (tensor-parallel
+    replicas) is the same on each, and so is its gradient: every holder gets the full gradient of
+    its slice."""
 
     @staticmethod
     def forward(ctx, x, held, wanted, position, group, group_size):
         ctx.args = (held, wanted, position, group, group_size)
-        rows = x.shape[0] * held.data_degree
-        if _contained(wanted, held, group_size):  # cut what this device has: free
-            start = data_rows(held, position, rows).start
-            cut = data_rows(wanted, position, rows)
-            return x[cut.start - start:cut.stop - start].clone()
-        return _gather_rows(x, held, group, group_size)[data_rows(wanted, position, rows)].clone()
+        return _redistribute(x, held, wanted, position, group, group_size)
 
     @staticmethod
     def backward(ctx, grad):
         held, wanted, position, group, group_size = ctx.args
-        rows = grad.shape[0] * wanted.data_degree
-        if _contained(held, wanted, group_size):
-            start = data_rows(wanted, position, rows).start
-            cut = data_rows(held, position, rows)
-            out = grad[cut.start - start:cut.stop - start].clone()
-        else:
-            out = _gather_rows(grad, wanted, group, group_size)[data_rows(held, position, rows)].clone()
-        return out, None, None, None, None, None
+        return _redistribute(grad, wanted, held, position, group, group_size), None, None, None, None, None
 
 
 def regroup(value, held: LayerStrategy, wanted: LayerStrategy, position: int, group, group_size: int):
@@ -159,13 +159,8 @@ def regroup(value, held: LayerStrategy, wanted: LayerStrategy, position: int, gr
     if not isinstance(value, torch.Tensor) or value.dim() == 0:
         return value
     if not value.requires_grad:  # token ids, images: no gradient to carry back
-        with torch.no_grad():
-            return _Regroup.forward(_NoCtx(), value, held, wanted, position, group, group_size)
+        return _redistribute(value, held, wanted, position, group, group_size)
     return _Regroup.apply(value, held, wanted, position, group, group_size)
-
-
-class _NoCtx:
-    args: tuple = ()
 
 
 # --- one layer under its strategy ------------------------------------------------------------------

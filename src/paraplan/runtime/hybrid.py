@@ -45,6 +45,7 @@ from torch import nn
 
 from paraplan.costs.strategy import data_rank
 from paraplan.plan.plan import LayerStrategy, Plan, Stage
+from paraplan.runtime.memory_meter import local_value
 
 Layout = tuple[tuple[str, int], ...]  # LayerStrategy.dims: (dimension, degree), inner-most first
 
@@ -299,7 +300,7 @@ class DataParallelSync:
 
         start = time.time()
         for group, params in self.groups:
-            grads = [_local(p.grad) for p in params if p.grad is not None]
+            grads = [local_value(p.grad) for p in params if p.grad is not None]
             if not grads:
                 continue
             flat = torch.cat([g.reshape(-1) for g in grads])
@@ -310,12 +311,6 @@ class DataParallelSync:
                 offset += g.numel()
         if self.recorder is not None and self.groups:
             self.recorder.add("allreduce", "allreduce", -1, start, time.time())
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def full_value(t: torch.Tensor) -> torch.Tensor:

@@ -8,20 +8,17 @@ first layer cuts its own slice; the last layer's devices each compute the loss o
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from paraplan.costs.strategy import data_rank
 from paraplan.runtime.hybrid import DataParallelSync, Meshes, build_stage, data_rows, full_value
-from paraplan.runtime.worker import RankSetup, TrainConfig, _roles
+from paraplan.runtime.worker import RankSetup, TrainConfig, _roles, make_groups
 
 
 def hybrid_setup(config: TrainConfig, rank: int, device, built, layers, names, recorder) -> RankSetup:
     plan = config.plan
     stage_index, position = _roles(plan, rank)
-    group_size = len(plan.stages[0].devices)
     # collective creation, the same order on every rank: pipelines, stage groups, then the meshes
-    pp_groups = [dist.new_group([s.devices[r] for s in plan.stages]) for r in range(group_size)]
-    stage_groups = [dist.new_group(list(s.devices)) for s in plan.stages]
+    pp_groups, stage_groups = make_groups(plan)
     meshes = Meshes(plan, device.type)
     stage = plan.stages[stage_index]
     own = [m for _, _, m in layers[stage.layers.start:stage.layers.stop]]  # still on meta

@@ -76,14 +76,16 @@ def note_checkpoint_input(value) -> None:
             _ACTIVE[-1]._add(t)
 
 
+def local_value(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: a DTensor's local shard, any other tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def state_bytes(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """This rank's parameters, gradients and optimizer states in bytes (local shards of DTensors)."""
-
-    def local(t):
-        from torch.distributed.tensor import DTensor
-
-        return t.to_local() if isinstance(t, DTensor) else t
-
+    local = local_value
     out = {"params": 0, "grads": 0, "optimizer": 0}
     for p in params:
         out["params"] += local(p).numel() * p.element_size()

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from paraplan.errors import FieldError
 from paraplan.plan.plan import Plan
 from paraplan.runtime.materialize import StageModule, build_layers, materialize
-from paraplan.runtime.memory_meter import MemoryMeter, state_bytes
+from paraplan.runtime.memory_meter import MemoryMeter, local_value, state_bytes
 
 BUCKET_BYTES = 25 * 2**20
 REPORT_EVERY_S = 0.5  # rank 0 prints the step losses, and losses.json is rewritten, at most this often
@@ -205,13 +205,19 @@ class RankSetup:
     writes: bool  # this rank writes the stage's parameters and checkpoint
 
 
+def make_groups(plan: Plan) -> tuple[list, list]:
+    """(one pipeline group per position: position r of every stage, one group per stage), made by
+    every rank in the same order (new_group is collective)."""
+    width = len(plan.stages[0].devices)
+    pipelines = [dist.new_group([s.devices[r] for s in plan.stages]) for r in range(width)]
+    return pipelines, [dist.new_group(list(s.devices)) for s in plan.stages]
+
+
 def replica_setup(config: TrainConfig, rank: int, device, built, layers, names, recorder) -> RankSetup:
     plan = config.plan
     stage_index, replica = _roles(plan, rank)
     n_replicas = len(plan.stages[0].devices)
-    # every rank creates every group, in the same order (new_group is collective)
-    pp_groups = [dist.new_group([s.devices[r] for s in plan.stages]) for r in range(n_replicas)]
-    dp_groups = [dist.new_group(list(s.devices)) for s in plan.stages]
+    pp_groups, dp_groups = make_groups(plan)
     own = [m for _, _, m in layers[plan.stages[stage_index].layers.start:plan.stages[stage_index].layers.stop]]
     materialize(own, names, config.seed, device)
     module = StageModule(own)
@@ -350,7 +356,7 @@ def train_rank(config: TrainConfig) -> dict:
                 schedule.step()
         setup.sync.finish()
         for name, g in tied_groups:
-            dist.all_reduce(_local_grad(setup.named[name]), group=g)
+            dist.all_reduce(local_value(setup.named[name].grad), group=g)
         if config.clip_norm is not None:
             from paraplan.runtime.hybrid import squared_norm
 
@@ -395,12 +401,6 @@ def train_rank(config: TrainConfig) -> dict:
             torch.save(full, Path(config.out_dir) / f"stage{stage_index}.pt")
     dist.barrier()
     return result
-
-
-def _local_grad(p: torch.nn.Parameter) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
 
 
 def _stage_param_names(layers, names, layer_range) -> set[str]:

@@ -44,9 +44,11 @@ def test_every_layer_is_timed_forward_and_backward(profiles, name):
         assert all(p >= o for p, o in zip(layer.peak_bytes, layer.output_bytes, strict=True))
     total = [sum(layer.forward[k].median_s + layer.backward[k].median_s for layer in profile.layers) for k in (0, 1)]
     assert total[1] > 2 * total[0]  # 64 samples cost more than one
-    # the heavy layers grow with the batch on their own too
+    # the heavy layers grow with the batch on their own too. Compared on the fastest repeat: under
+    # `pytest -n 2` the other worker's gloo ranks share the 2 cores, and one contended 0.4 ms
+    # batch-1 median once outgrew a 1.8 ms batch-64 one (resnet-tiny's last block, CI stop 22)
     heavy = [layer for layer in profile.layers if layer.kind in ("block", "conv")]
-    assert heavy and all(layer.forward[1].median_s > layer.forward[0].median_s for layer in heavy)
+    assert heavy and all(layer.forward[1].min_s > layer.forward[0].min_s for layer in heavy)
 
 
 def test_profile_records_where_and_how_it_was_taken(profiles):

@@ -42,8 +42,17 @@ class GradSync(StrEnum):
     GROPIPE_DELAYED = "gropipe-delayed"  # GroPipe: a stage's all-reduce starts at its own last backward
 
 
+class SplitLayers(StrEnum):
+    """Bi-Partition: how a layer whose forward and backward run on different workers gets the
+    activations its backward needs (plan/worker_roles.py)."""
+
+    RECOMPUTE = "recompute"  # the backward owner recomputes the forward from the layer's input (what runs)
+    SEND_ACTIVATIONS = "send-activations"  # the paper's scheme: the forward owner sends the saved activations
+
+
 SCHEDULES = tuple(s.value for s in Schedule)
 GRAD_SYNCS = tuple(g.value for g in GradSync)
+SPLIT_LAYERS = tuple(x.value for x in SplitLayers)
 
 
 class PlanError(ParaplanError):
@@ -178,13 +187,14 @@ class Plan:
     stages: tuple[Stage, ...] = ()
     grad_sync: GradSync = GradSync.AFTER_BACKWARD
     operators: tuple[OperatorPlacement, ...] = ()
+    split_layers: SplitLayers = SplitLayers.RECOMPUTE  # only read when stages have backward ranges
     prediction: Prediction | None = None
     search: SearchInfo | None = None
     format_version: int = field(default=FORMAT_VERSION)
 
     def __post_init__(self):
         # plain strings become the typed choices; an unknown one is left for validate() to name
-        for name, kind in (("schedule", Schedule), ("grad_sync", GradSync)):
+        for name, kind in (("schedule", Schedule), ("grad_sync", GradSync), ("split_layers", SplitLayers)):
             value = getattr(self, name)
             if not isinstance(value, kind) and value in tuple(kind):
                 object.__setattr__(self, name, kind(value))
@@ -234,6 +244,8 @@ def validate(plan: Plan) -> Plan:
         raise PlanError(f"schedule: unknown {plan.schedule!r}; expected one of {', '.join(SCHEDULES)}")
     if plan.grad_sync not in GRAD_SYNCS:
         raise PlanError(f"grad_sync: unknown {plan.grad_sync!r}; expected one of {', '.join(GRAD_SYNCS)}")
+    if plan.split_layers not in SPLIT_LAYERS:
+        raise PlanError(f"split_layers: unknown {plan.split_layers!r}; expected one of {', '.join(SPLIT_LAYERS)}")
     if plan.global_batch % plan.n_micro:
         raise PlanError(f"n_micro: {plan.n_micro} micro-batches do not divide the global batch {plan.global_batch}")
     if plan.schedule == "dag":

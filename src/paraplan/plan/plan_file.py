@@ -53,6 +53,8 @@ def plan_to_dict(plan: Plan) -> dict:
             for s in plan.stages
         ],
     }
+    if any(s.backward_layers is not None for s in plan.stages):
+        out["split_layers"] = plan.split_layers
     if plan.operators:
         out["operators"] = [{"device": p.device, "ops": list(p.ops)} for p in plan.operators]
     if plan.prediction is not None:
@@ -184,6 +186,7 @@ def plan_from_dict(data: object, origin: str = "plan") -> Plan:
         n_layers=r.get(d, "n_layers", "", int), global_batch=r.get(d, "global_batch", "", int),
         n_micro=r.get(d, "n_micro", "", int), schedule=r.get(d, "schedule", "", str),
         grad_sync=r.get(d, "grad_sync", "", str, "after-backward"), stages=tuple(stages),
+        split_layers=r.get(d, "split_layers", "", str, "recompute"),
         operators=tuple(operators), prediction=prediction, search=search, format_version=version,
     )
     try:

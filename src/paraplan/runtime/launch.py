@@ -92,6 +92,17 @@ def check_before_launch(config: TrainConfig, world: int, n_layers: int, layers=N
     from paraplan.plan.plan import check_fits
 
     plan = config.plan
+    if plan.schedule == "dag":  # an operator placement (FD-DPS)
+        from paraplan.runtime.dag_runtime import dag_refusal
+
+        used = sorted(plan.devices)
+        if used != list(range(world)):
+            raise FieldError("nproc", f"the plan places operators on devices {used} but the world has {world} "
+                                      f"ranks (0..{world - 1}): start {len(used)}")
+        reason = dag_refusal(config)
+        if reason:
+            raise ParaplanError(f"this plan cannot run: {reason}")
+        return
     if plan.schedule not in ("gpipe", "1f1b"):
         raise ParaplanError(f"schedule '{plan.schedule}': the runtime runs gpipe and 1f1b plans")
     used = sorted(plan.devices)
@@ -113,7 +124,13 @@ def check_before_launch(config: TrainConfig, world: int, n_layers: int, layers=N
         if reason:
             raise ParaplanError(f"this plan cannot run: {reason}")
     if any(s.backward_layers is not None for s in plan.stages):
-        raise ParaplanError("plans with separate backward ranges (Bi-Partition) do not run yet")
+        from paraplan.runtime.bipartition_rank import bipartition_refusal
+
+        if config.checkpoint_dir:
+            raise FieldError("checkpoint_dir", "checkpoints of Bi-Partition plans are not written yet")
+        reason = bipartition_refusal(plan, layers) if layers is not None else None
+        if reason:
+            raise ParaplanError(f"this plan cannot run: {reason}")
     for r in range(counts.pop()):
         ranks = [s.devices[r] for s in plan.stages]
         if ranks != sorted(ranks):

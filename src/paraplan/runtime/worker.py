@@ -93,6 +93,9 @@ class TrainConfig:
 def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
     """The same optimizer for every stage and for the single-process reference."""
     optimizers = {Optimizer.ADAM: torch.optim.Adam, Optimizer.SGD: torch.optim.SGD}
+    params = list(params)
+    if not params:  # a rank that updates nothing (a Bi-Partition worker with an empty backward range)
+        params = [torch.zeros(0, requires_grad=True)]
     return optimizers[config.optimizer](params, lr=config.lr)
 
 
@@ -203,6 +206,11 @@ class RankSetup:
     loss_weight: float  # how this rank's micro-batch losses count in the reported loss (summed over ranks)
     full_state: Callable  # () -> {name: whole tensor} (collective over the stage group for hybrid)
     writes: bool  # this rank writes the stage's parameters and checkpoint
+    # a plan torch's pipelining cannot express (Bi-Partition's separate backward ranges) runs its own
+    # step: run_step(inputs, targets, micro_losses) instead of a PipelineStage schedule, and
+    # after_step() once the optimizer has stepped (runtime/bipartition_rank.py)
+    run_step: Callable | None = None
+    after_step: Callable | None = None
 
 
 def make_groups(plan: Plan) -> tuple[list, list]:
@@ -244,19 +252,29 @@ def train_rank(config: TrainConfig) -> dict:
     from paraplan.runtime.timeline import Recorder
 
     plan = config.plan
+    if plan.schedule == "dag":  # an operator placement (FD-DPS): runtime/dag_runtime.py
+        from paraplan.runtime.dag_runtime import train_dag_rank
+
+        return train_dag_rank(config)
     rank = dist.get_rank()
     device = _device()
     built, layers, names = build_layers(config.model, config.seed, config.seq_len, config.image_size,
                                         dropout=config.dropout)
     # who holds and who owns each parameter, read before the stage's layers are materialised and
     # sharded (FSDP2 and DTensor replace the parameter objects the names are keyed by)
-    stage_names = [_stage_param_names(layers, names, st.layers) for st in plan.stages]
-    owned = _owned_names(layers, names, plan.stages[_roles(plan, rank)[0]].layers)
+    # (by backward range: the worker that runs a layer's backward updates it; the forward range for
+    # every plan but Bi-Partition's)
+    stage_names = [_stage_param_names(layers, names, st.backward) for st in plan.stages]
+    owned = _owned_names(layers, names, plan.stages[_roles(plan, rank)[0]].backward)
     recorder = Recorder()
     if any(s.strategies for s in plan.stages):
         from paraplan.runtime.hybrid_rank import hybrid_setup
 
         setup = hybrid_setup(config, rank, device, built, layers, names, recorder)
+    elif any(s.backward_layers is not None for s in plan.stages):
+        from paraplan.runtime.bipartition_rank import bipartition_setup
+
+        setup = bipartition_setup(config, rank, device, built, layers, names, recorder)
     else:
         setup = replica_setup(config, rank, device, built, layers, names, recorder)
     stage_index, position, module = setup.stage_index, setup.position, setup.module
@@ -277,13 +295,15 @@ def train_rank(config: TrainConfig) -> dict:
     owner_names = sorted(owned & set(setup.named))
     params = list(setup.named.values())
 
-    stage = PipelineStage(module, stage_index, n_stages, device, group=setup.pp_group)
-    recorder.wrap_stage(stage)
-    recorder.patch_p2p()
-    schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(plan.schedule)
-    if schedule_cls is None:
-        raise RuntimeError(f"the runtime runs gpipe and 1f1b schedules, not {plan.schedule!r}")
-    schedule = schedule_cls(stage, plan.n_micro, loss_fn=setup.loss, scale_grads=False)
+    schedule = None
+    if setup.run_step is None:
+        stage = PipelineStage(module, stage_index, n_stages, device, group=setup.pp_group)
+        recorder.wrap_stage(stage)
+        recorder.patch_p2p()
+        schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(plan.schedule)
+        if schedule_cls is None:
+            raise RuntimeError(f"the runtime runs gpipe and 1f1b schedules, not {plan.schedule!r}")
+        schedule = schedule_cls(stage, plan.n_micro, loss_fn=setup.loss, scale_grads=False)
     optim = make_optimizer(config, params)
     losses, step_times = [], []
     first_step, memory = 0, None
@@ -346,7 +366,9 @@ def train_rank(config: TrainConfig) -> dict:
         # per saved tensor, falls on one step of the median)
         meter = MemoryMeter() if step == config.steps - 1 else None
         with meter.watching() if meter is not None else contextlib.nullcontext():
-            if stage_index == 0 and stage_index == n_stages - 1:
+            if schedule is None:
+                setup.run_step(x, y, micro_losses)
+            elif stage_index == 0 and stage_index == n_stages - 1:
                 schedule.step(x, target=y, losses=micro_losses)
             elif stage_index == 0:
                 schedule.step(x)
@@ -367,6 +389,8 @@ def train_rank(config: TrainConfig) -> dict:
                 if p.grad is not None:
                     p.grad.mul_(coef)
         optim.step()
+        if setup.after_step is not None:
+            setup.after_step()
         step_times.append(time.perf_counter() - t0)
         if meter is not None:
             memory = {"rank": rank, "stage": stage_index, "activations": meter.peak_activation_bytes,

@@ -64,7 +64,8 @@ def bipartition() -> dict:
             request = PlanRequest(costs=cm, model_name=model, cluster_name=cluster.name, batch=batch,
                                   n_stages=workers)
             t0 = time.perf_counter()
-            bi, bi_table = plan_bipartition(request, simulator_judge(request), check_memory=check_memory)
+            bi, bi_table = plan_bipartition(request, simulator_judge(request), check_memory=check_memory,
+                                            mode="paper")  # the paper's method (mode=runtime: bipartition_modes.py)
             search_s = time.perf_counter() - t0
             if workers > cm.model.n_layers:  # the layer-wise partition needs a layer per worker
                 print(f"Bi-Partition {model} x{workers}: more workers than its {cm.model.n_layers} layers, "

@@ -212,7 +212,7 @@ def _cmd_plan(args) -> int:
         if args.memory_gib is not None and args.memory_gib != args.memory_size:
             raise ParaplanError("give --memory or --memory-gib, not both")
         args.memory_gib = args.memory_size
-    given = {"eta": args.eta, "seed": args.seed, "method": args.method}
+    given = {"eta": args.eta, "seed": args.seed, "method": args.method, "mode": args.mode}
     if args.batch in ("max", "best"):
         if "batch_search" not in spec_of_planner.options:
             raise ParaplanError(f"--batch {args.batch}: planner {args.planner!r} plans a given batch; the Galvatron "
@@ -426,6 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory budget per device with a unit, e.g. 16GiB, 12GB, 512MiB (the same as --memory-gib)")
     p.add_argument("--eta", type=int, default=None, help="IMD weight groups (CSIMD's eta; default 1000)")
     p.add_argument("--method", default=None, help="csimd's division search: auto, imd, exact, exact-time")
+    p.add_argument("--mode", default=None, help="bipartition's cost of a layer split between two workers: runtime "
+                                                "(default: as paraplan train runs it, recomputed by its backward "
+                                                "owner) or paper (saved activations sent; cannot run in PyTorch)")
     p.add_argument("--seed", type=int, default=None, help="for the random baseline (default 0)")
     p.add_argument("--profile", default=None, help="measured profile (paraplan profile) in place of analytic costs")
     p.add_argument("--seq-len", type=int, default=None)

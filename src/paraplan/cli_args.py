@@ -12,7 +12,7 @@ from paraplan.errors import ParaplanError, UnknownNameError, require_positive
 
 # library fields (PlanRequest, TrainConfig) and the flags that set them
 FLAGS = {"batch": "--batch", "stages": "--stages", "micro_batches": "--micro-batches", "schedule": "--schedule",
-         "options.eta": "--eta", "options.seed": "--seed", "options.method": "--method", "steps": "--steps",
+         "options.eta": "--eta", "options.seed": "--seed", "options.method": "--method", "options.mode": "--mode", "steps": "--steps",
          "lr": "--lr", "timeout_s": "--timeout", "clip_norm": "--clip-norm", "optimizer": "--optimizer",
          "checkpoint_every": "--checkpoint-every", "resume": "--resume", "planner": "--planner",
          "module": "--module", "layers": "--layers", "exact_stages": "--exact-stages", "backend": "--backend", "nproc": "--nproc", "max_bytes": "--max-bytes",

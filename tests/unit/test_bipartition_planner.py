@@ -57,8 +57,9 @@ def test_empty_ranges_are_plans_that_validate_simulate_and_round_trip():
 
 def test_forward_and_backward_owners_exchange_activations_and_weights():
     cm = _cm("lenet-5", "bipartition-7vm")
-    # layer 2: forward on worker 0, backward on worker 1
-    plan = _bi_plan([((0, 3), (0, 2)), ((3, 5), (2, 5))])
+    # layer 2: forward on worker 0, backward on worker 1; the paper's scheme (the runtime's:
+    # tests/unit/test_bipartition_recompute.py)
+    plan = replace(_bi_plan([((0, 3), (0, 2)), ((3, 5), (2, 5))]), split_layers="send-activations")
     sim = simulate_plan(plan, cm)
     rows = list(sim.timeline.rows())
     micro = plan.global_batch / plan.n_micro
@@ -83,7 +84,7 @@ def test_planner_and_simulator_count_memory_the_same_way(model):
     cm = _cm(model, "gropipe-8xt4")
     config = MemoryConfig()
     request = PlanRequest(costs=cm, model_name=model, cluster_name="gropipe-8xt4", batch=64, n_stages=8)
-    plan, _ = plan_bipartition(request, simulator_judge(request))
+    plan, _ = plan_bipartition(request, simulator_judge(request), mode="paper")
     micro = plan.global_batch / plan.n_micro
     count = worker_memory(cm, micro, plan.n_micro, 8, config)
     for w, stage in enumerate(plan.stages):

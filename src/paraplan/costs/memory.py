@@ -45,6 +45,7 @@ from paraplan.costs.memory_config import GIB, MemoryConfig
 from paraplan.costs.strategy import layer_memory, param_count
 from paraplan.models.spec import ModelSpec
 from paraplan.plan.plan import DeviceMemory, LayerStrategy, Plan
+from paraplan.plan.worker_roles import worker_roles
 
 __all__ = ["GIB", "MemoryBreakdown", "MemoryConfig", "micro_batches_in_flight", "out_of_memory_reason",
            "plan_memory", "sdp_buffer_bytes", "stage_memory", "tp_replicated_bytes"]
@@ -108,6 +109,12 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
     gathered = [0.0]  # the unsharded weights of each sdp layer
     in_flight_here = micro_batches_in_flight(plan.schedule, plan.n_stages, stage_index, plan.n_micro)
     ddp = plan.grad_sync == "bucketed"
+    # Bi-Partition run as the runtime runs it (plan/worker_roles.py): a layer whose forward ran on
+    # another worker keeps no activations here between its forward and backward; its forward is
+    # recomputed just before its backward, one micro-batch at a time, from one input tensor
+    role = worker_roles(plan)[stage_index] if stage.backward_layers is not None and \
+        plan.split_layers == "recompute" else None
+    recomputed = set(role.recomputed) if role is not None else set()
     for i in sorted(held):
         layer = model.layers[i]
         tied_copy = bool(layer.shared_param_bytes) and any(o not in held for o in layer.shared_owners)
@@ -119,7 +126,8 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
             optimizer_params += params / (strategy.tp * strategy.sdp)
             in_flight = micro_batches_in_flight(plan.schedule, plan.n_stages, stage_index, plan.n_micro,
                                                 forward_owner[i])
-            activations += in_flight * m.saved_bytes
+            if i not in recomputed:
+                activations += in_flight * m.saved_bytes
             recompute = max(recompute, m.recompute_bytes)
             tp_replicated += in_flight * tp_replicated_bytes(model, i, strategy, micro, config)
             if strategy.sdp > 1:
@@ -130,6 +138,15 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
             states += m.weights_bytes
         if i in stage.layers:
             stash += m.weights_bytes
+    if role is not None:
+        for segment in (role.before, role.after):
+            if segment is not None:  # its saved activations, for one micro-batch, while its backward runs
+                recompute = max(recompute, sum(layer_memory(model, i, LayerStrategy(), micro, config).saved_bytes
+                                               for i in range(*segment)))
+        if role.graph is None and role.before is not None and role.side_input is None and role.before[0] > 0:
+            # the worker's own forward output, kept from its forward to its backward
+            activations += in_flight_here * model.layers[role.before[0] - 1].output_bytes.at(micro) * \
+                config.activation_scale
     stash_versions = plan.n_stages - stage_index - 1 if plan.schedule == "async-1f1b" else 0
     dynamic = activations + recompute  # scaled by activation_scale, which holds the allocator's share
     allocator = dynamic * config.allocator_fraction / (1.0 + config.allocator_fraction)

@@ -27,7 +27,8 @@ from paraplan.errors import FieldError
 from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, SearchInfo, Stage
 from paraplan.planners.bipartition_dp import DoesNotFit, bipartition_all
 from paraplan.planners.bipartition_dp import max_workers as most_workers
-from paraplan.planners.request import Judge, PlanRequest, divisors
+from paraplan.planners.bipartition_recompute import EXACT_LIMIT, exact_cost, recompute_all, worker_memory_recompute
+from paraplan.planners.request import Judge, OptionSpec, PlanRequest, divisors, one_of
 from paraplan.planners.table import register
 
 
@@ -76,12 +77,23 @@ def worker_memory(cm, micro: float, n_micro: int, max_workers: int, config: Memo
     return count
 
 
+MODES = ("runtime", "paper")
+
+
 def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False,
-                     check_memory: bool = True) -> tuple[Plan, list[dict]]:
+                     check_memory: bool = True, mode: str = "runtime") -> tuple[Plan, list[dict]]:
     """The best Bi-Partition Plan (or, layerwise=True, the traditional PipeDream-style one) over
     every worker count up to the request's stages (default: every device; exactly the request's
     with exact_stages) and every micro-batch count; returns it with the table of candidates
-    judged. With fewer workers than the request's stages, the plan's SearchInfo.note says why."""
+    judged. With fewer workers than the request's stages, the plan's SearchInfo.note says why.
+
+    mode="runtime" (the default: plans meant to run) costs a split layer as paraplan's runtime runs
+    it: its backward owner recomputes its forward from one received input (plan/worker_roles.py,
+    planners/bipartition_recompute.py); mode="paper" keeps the paper's scheme, the forward owner
+    sending the saved activations (what PyTorch cannot run; for studies of the paper's method)."""
+    if mode not in MODES:
+        raise FieldError("options.mode", f"unknown {mode!r}; expected one of {', '.join(MODES)}")
+    split_layers = "recompute" if mode == "runtime" else "send-activations"
     cm = request.costs
     k, batch = request.n_layers, request.batch
     max_workers = request.n_stages or request.n_devices
@@ -111,6 +123,19 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
         saved = np.concatenate(([0.0], np.cumsum([layer.saved_bytes.at(micro) for layer in layers])))
         params = np.concatenate(([0.0], np.cumsum([float(layer.param_bytes) for layer in layers])))
 
+        def runtime_cut_s(s1: int | None, s2: int | None, micro: float = micro, p: int = p,
+                          params=params) -> float:
+            # mode=runtime: the activation at the forward cut and the gradient at the backward cut,
+            # the one input the next worker recomputes from when its backward starts before its
+            # forward (x_{s2+1}, plan/worker_roles.py), and the split layers' weights (1/p per micro-batch)
+            out = link.transfer_s(layers[s1].output_bytes.at(micro)) if s1 is not None else 0.0
+            grad = link.transfer_s(layers[s2].output_grad_bytes.at(micro)) if s2 is not None else 0.0
+            lo, hi = sorted((-1 if s1 is None else s1, -1 if s2 is None else s2))
+            if hi == lo:
+                return out + grad
+            side = link.transfer_s(layers[s2].output_bytes.at(micro)) if s2 is not None and s2 < hi else 0.0
+            return out + grad + side + link.transfer_s(params[hi + 1] - params[lo + 1]) / p
+
         def cut_s(s1: int | None, s2: int | None, micro: float = micro, p: int = p, saved=saved,
                   params=params) -> float:
             # the paper's (a_s1 + a_s2) / B, each on the real link with its latency; None: nothing
@@ -128,7 +153,13 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
             split = link.transfer_s(saved[hi + 1] - saved[lo + 1]) + link.transfer_s(params[hi + 1] - params[lo + 1]) / p
             return out + grad + split
 
-        fits = None
+        fits = vector_fits = None
+        if check_memory and mode == "runtime":
+            vector_count = worker_memory_recompute(cm, micro, p, max_workers, memory)
+            capacity_arr = np.array([cm.cluster.device(w).memory_bytes for w in range(max_workers)], dtype=float)
+
+            def vector_fits(w, f0, f1, b0, b1, count=vector_count, capacity=capacity_arr):
+                return count(w, f0, f1, b0, b1) <= capacity[w]
         if check_memory:
             count = worker_memory(cm, micro, p, max_workers, memory)
             capacity = [cm.cluster.device(w).memory_bytes for w in range(max_workers)]
@@ -139,12 +170,24 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
         # them: the bottleneck per micro-batch does not see the fill and drain nor a split layer's
         # weights returning at the end of the iteration, so the judge picks between the two
         candidates, seen = [], set()
-        for kind in ("layerwise",) if layerwise else ("bipartition", "layerwise"):
+        # mode=runtime judges three sources: the exact division under the runtime's cost
+        # (bipartition_recompute.py), the paper-cost division (its bottleneck per micro-batch can
+        # still win the simulator's whole-iteration judgement), and the layer-wise one
+        kinds = ("layerwise",) if layerwise else (
+            ("recompute", "bipartition", "layerwise") if mode == "runtime" else ("bipartition", "layerwise"))
+        for kind in kinds:
             limit = min(max_workers, p, most_workers(k, layerwise=kind == "layerwise"))  # 1F1B: p >= workers
             if exactly and limit < max_workers:
                 continue
             try:
-                divisions = bipartition_all(fwd, bwd, cut_s, limit, fits=fits, layerwise=kind == "layerwise")
+                if kind == "recompute":
+                    if exact_cost(k, limit) > EXACT_LIMIT:
+                        notes["runtime_search"] = "paper-cost divisions judged (too many layers for the exact " \
+                                                  "recompute DP)"
+                        continue
+                    divisions = recompute_all(fwd, bwd, runtime_cut_s, limit, fits=vector_fits)
+                else:
+                    divisions = bipartition_all(fwd, bwd, cut_s, limit, fits=fits, layerwise=kind == "layerwise")
             except DoesNotFit:
                 continue
             for n, d in sorted(divisions.items()):
@@ -158,7 +201,7 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
                                  backward_layers=None if layerwise else LayerRange(*w.backward))
                            for i, w in enumerate(division.workers))
             plan = Plan(model=request.model_name, cluster=request.cluster_name, n_layers=k, global_batch=batch,
-                        n_micro=p, schedule="1f1b", grad_sync="none", stages=stages)
+                        n_micro=p, schedule="1f1b", grad_sync="none", stages=stages, split_layers=split_layers)
             prediction = judge(plan)
             table.append({"workers": n_workers, "n_micro": p, "division": kind, "bottleneck_s": division.bottleneck_s,
                           "iteration_s": prediction.iteration_s, "feasible": prediction.feasible,
@@ -172,7 +215,7 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
                                    f"their memory, at any micro-batch count")
     _, plan, bottleneck = best
     name = "pipedream-layerwise" if layerwise else "bipartition"
-    info = {"bottleneck_s": bottleneck, "costs": cm.source, "max_workers": max_workers, **notes}
+    info = {"bottleneck_s": bottleneck, "costs": cm.source, "max_workers": max_workers, "mode": mode, **notes}
     if exactly:
         info["exact_stages"] = True
     note = ""
@@ -207,9 +250,15 @@ def _fewer_workers_note(request: PlanRequest, name: str, plan: Plan, table: list
     return f"{name}: {workers} on {plan.n_stages} of {request.n_devices} devices — {why}; exact_stages forces {n}"
 
 
-@register("bipartition", "Bi-Partition: separate forward and backward ranges per worker (1F1B)", schedules=("1f1b",))
+_MODE = {"mode": OptionSpec("runtime", "runtime: cost split layers as paraplan train runs them (the backward owner "
+                                       "recomputes their forward) | paper: the paper's scheme (saved activations "
+                                       "sent; cannot run in PyTorch)", one_of("mode", MODES))}
+
+
+@register("bipartition", "Bi-Partition: separate forward and backward ranges per worker (1F1B)", schedules=("1f1b",),
+          options=_MODE)
 def _bipartition(request: PlanRequest, options: dict, judge: Judge) -> Plan:
-    return plan_bipartition(request, judge)[0]
+    return plan_bipartition(request, judge, mode=options.get("mode", "runtime"))[0]
 
 
 @register("pipedream-layerwise", "PipeDream's layer-wise partition (Bi-Partition's baseline, 1F1B)",

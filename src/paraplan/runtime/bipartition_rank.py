@@ -51,7 +51,7 @@ def bipartition_refusal(plan, layers) -> str | None:
     """Why this Bi-Partition plan cannot run (one line), or None. `layers`: the model's layer list."""
     if plan.split_layers != "recompute":
         return ("planned with the paper's idealised cost (its forward owners send saved activations, which "
-                "cannot cross processes in PyTorch): plan again with --option mode=runtime")
+                "cannot cross processes in PyTorch): plan again with --mode runtime")
     if any(len(s.devices) != 1 for s in plan.stages):
         return "Bi-Partition workers are one device each"
     # a parameter shared by several layers must be updated by one worker
@@ -144,7 +144,7 @@ class BipartitionStep:
     def __call__(self, x, y, micro_losses: list) -> None:
         """x, y: the whole batch (every rank reads it: the first worker feeds it, a worker whose
         recomputation starts at layer 0 reads its input, the last computes the loss)."""
-        plan, role = self.plan, self.role
+        plan = self.plan
         size = plan.global_batch // plan.n_micro
         self.works: list = []
         state: dict[int, dict] = {}

@@ -19,7 +19,7 @@ def reference_run(config: TrainConfig) -> tuple[list[float], dict[str, torch.Ten
     params = list(model.parameters())
     optim = make_optimizer(config, params)
     plan = config.plan
-    n_replicas = len(plan.stages[0].devices)
+    n_replicas = len(plan.stages[0].devices) if plan.stages else 1  # an operator placement: one replica
     shard = plan.global_batch // n_replicas
     micro = shard // plan.n_micro
     losses = []

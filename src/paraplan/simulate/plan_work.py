@@ -22,6 +22,7 @@ from paraplan.costs.collectives import ring_allreduce_s
 from paraplan.costs.model import CostModel
 from paraplan.costs.strategy import layer_time, slice_gather_s, strategy_groups, strategy_links
 from paraplan.plan.plan import Plan, PlanError, Stage, check_fits
+from paraplan.plan.worker_roles import worker_roles
 from paraplan.simulate.pipeline import PipelineWork, StageSync, StageWork, SyncBucket
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
@@ -78,9 +79,11 @@ def _output_bytes(cm: CostModel, index: int, micro: float) -> float:
 def _owner_transfers(plan: Plan, cm: CostModel, s: int, r: int, micro: float):
     """Bi-Partition: (activation sends, weight sends) of stage s, replica r, grouped by peer stage.
 
-    A layer whose forward runs here and whose backward runs on stage b sends its saved activations
-    to b with every micro-batch; a layer whose backward runs here and forward on stage a sends its
-    updated weights to a once per iteration."""
+    A layer whose backward runs here and forward on stage a sends its updated weights to a once
+    per iteration. Activations, with every micro-batch: `send-activations` (the paper's scheme): a
+    layer whose forward runs here and backward on stage b sends its saved activations to b;
+    `recompute` (what the runtime does, plan/worker_roles.py): this stage sends the one tensor a
+    later backward owner recomputes from (x_s, the output of layer s - 1) to that worker."""
     stage = plan.stages[s]
     if stage.backward_layers is None:
         return (), ()
@@ -88,9 +91,13 @@ def _owner_transfers(plan: Plan, cm: CostModel, s: int, r: int, micro: float):
     backward_owner = {i: k for k, st in enumerate(plan.stages) for i in st.backward}
     acts: dict[int, float] = {}
     weights: dict[int, float] = {}
-    for i in stage.layers:
-        if backward_owner[i] != s:
-            acts[backward_owner[i]] = acts.get(backward_owner[i], 0.0) + cm.model.layers[i].saved_bytes.at(micro)
+    if plan.split_layers == "recompute":
+        for boundary, k in worker_roles(plan)[s].side_outputs:
+            acts[k] = acts.get(k, 0.0) + _output_bytes(cm, boundary - 1, micro)
+    else:
+        for i in stage.layers:
+            if backward_owner[i] != s:
+                acts[backward_owner[i]] = acts.get(backward_owner[i], 0.0) + cm.model.layers[i].saved_bytes.at(micro)
     for i in stage.backward:
         if forward_owner[i] != s:
             weights[forward_owner[i]] = weights.get(forward_owner[i], 0.0) + cm.model.layers[i].param_bytes
@@ -119,6 +126,9 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
             costs = cm.compute(d)
             fwd = sum(float(costs.forward[i](micro)) for i in stage.layers)
             bwd = sum(float(costs.backward[i](micro)) for i in stage.backward)
+            if stage.backward_layers is not None and plan.split_layers == "recompute":
+                # the forward of every layer whose backward runs here but forward elsewhere, again
+                bwd += sum(float(costs.forward[i](micro)) for i in worker_roles(plan)[s].recomputed)
             send_f = send_b = 0.0
             if s + 1 < plan.n_stages:  # the activation entering the next stage (relayed by an empty range)
                 nxt = plan.stages[s + 1].devices[r]

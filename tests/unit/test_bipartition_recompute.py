@@ -24,7 +24,6 @@ from paraplan.planners.request import PlanRequest
 from paraplan.simulate.predict import simulate_plan
 
 
-
 def divisions(n_layers: int, n_workers: int):
     """Every ordered division with empty ranges allowed (never both of a worker's), as
     ((forward_start, forward_stop), (backward_start, backward_stop)) per worker."""

@@ -27,7 +27,12 @@ from paraplan.errors import FieldError
 from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, SearchInfo, Stage
 from paraplan.planners.bipartition_dp import DoesNotFit, bipartition_all
 from paraplan.planners.bipartition_dp import max_workers as most_workers
-from paraplan.planners.bipartition_recompute import EXACT_LIMIT, exact_cost, recompute_all, worker_memory_recompute
+from paraplan.planners.bipartition_recompute import (
+    EXACT_LIMIT,
+    exact_cost,
+    recompute_all,
+    worker_memory_recompute,
+)
 from paraplan.planners.request import Judge, OptionSpec, PlanRequest, divisors, one_of
 from paraplan.planners.table import register
 

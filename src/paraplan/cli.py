@@ -321,6 +321,10 @@ def _cmd_train(args) -> int:
 
     world = int(os.environ["WORLD_SIZE"]) if torchrun else (args.nproc or len(plan.devices))
     check_before_launch(config, world, spec.n_layers, built.layers())
+    if compare_cluster is not None:  # before the run, not after it: the comparison simulates on this cluster
+        from paraplan.plan.plan import check_fits
+
+        check_fits(plan, spec.n_layers, compare_cluster.n_devices, f"--cluster {compare_cluster.name}")
     local = load_cluster("local")
     capacities = {d: local.device(0).memory_bytes for d in range(world)}
     predicted_memory, breakdowns = plan_memory(plan, spec, capacities, device_kind=local.device(0).name)

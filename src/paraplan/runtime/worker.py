@@ -211,6 +211,7 @@ class RankSetup:
     # after_step() once the optimizer has stepped (runtime/bipartition_rank.py)
     run_step: Callable | None = None
     after_step: Callable | None = None
+    copies: tuple = ()  # parameters held but not updated here (Bi-Partition's forward-only weight copies)
 
 
 def make_groups(plan: Plan) -> tuple[list, list]:
@@ -394,7 +395,7 @@ def train_rank(config: TrainConfig) -> dict:
         step_times.append(time.perf_counter() - t0)
         if meter is not None:
             memory = {"rank": rank, "stage": stage_index, "activations": meter.peak_activation_bytes,
-                      **state_bytes(params, optim)}
+                      **state_bytes(params + list(setup.copies), optim)}
             if device.type == "cuda":
                 memory["allocator_peak"] = torch.cuda.max_memory_allocated(device)
         local.append(sum(float(v.detach()) for v in micro_losses) * setup.loss_weight if micro_losses else 0.0)

@@ -26,6 +26,7 @@ from paraplan.costs.model import analytic_cost_model  # noqa: E402
 from paraplan.errors import ParaplanError  # noqa: E402
 from paraplan.hardware import load_cluster  # noqa: E402
 from paraplan.models import measure, zoo  # noqa: E402
+from paraplan.plan.plan import LayerRange, Stage  # noqa: E402
 from paraplan.plan.worker_roles import worker_roles  # noqa: E402
 from paraplan.planners.bipartition import plan_bipartition  # noqa: E402
 from paraplan.planners.registry import simulator_judge  # noqa: E402
@@ -53,7 +54,8 @@ def main() -> None:
             for mode in ("paper", "runtime"):
                 t0 = time.perf_counter()
                 try:
-                    plan, _ = plan_bipartition(request, simulator_judge(request), check_memory=check_memory, mode=mode)
+                    plan, table = plan_bipartition(request, simulator_judge(request), check_memory=check_memory,
+                                                   mode=mode)
                 except ParaplanError as exc:
                     row[mode] = {"error": str(exc)}
                     continue
@@ -64,12 +66,28 @@ def main() -> None:
                 if mode == "paper":  # the paper's plan, run as PyTorch can run it
                     real = simulate_plan(replace(plan, split_layers="recompute", prediction=None), cm)
                     row[mode]["as_run_s"] = real.prediction.iteration_s
+                    # Bi-Partition's own division (the paper's DP, before the judge may prefer the
+                    # layer-wise one), under both costs
+                    own = [t for t in table if t["division"] == "bipartition" and t["workers"] == workers
+                           and (t["feasible"] or not check_memory)]
+                    if own:
+                        best = min(own, key=lambda t: t["iteration_s"])
+                        division = replace(plan, n_micro=best["n_micro"], prediction=None, stages=tuple(
+                            Stage(LayerRange(f0, f1), (k,), backward_layers=LayerRange(b0, b1))
+                            for k, (f0, f1, b0, b1) in enumerate(best["ranges"])))
+                        row["own_division"] = {
+                            "split_layers": split_layers(division), "paper_s": best["iteration_s"],
+                            "as_run_s": simulate_plan(replace(division, split_layers="recompute"),
+                                                      cm).prediction.iteration_s}
             rows.append(row)
             p, r = row.get("paper", {}), row.get("runtime", {})
             if "iteration_s" in p and "iteration_s" in r:
+                own = row.get("own_division")
+                own_text = (f"; Bi-Partition's own division {own['paper_s'] * 1e3:.1f} ms paper / "
+                            f"{own['as_run_s'] * 1e3:.1f} ms as run ({own['split_layers']} split)") if own else ""
                 print(f"{model} x{workers}: paper {p['iteration_s'] * 1e3:.1f} ms ({p['split_layers']} split), "
                       f"as run {p['as_run_s'] * 1e3:.1f} ms, runtime-mode plan {r['iteration_s'] * 1e3:.1f} ms "
-                      f"({r['split_layers']} split; search {r['search_s']:.2f} s)", flush=True)
+                      f"({r['split_layers']} split; search {r['search_s']:.2f} s){own_text}", flush=True)
             else:
                 print(f"{model} x{workers}: {p.get('error') or r.get('error')}", flush=True)
     (OUT / "modes.json").write_text(json.dumps(rows, indent=1))
@@ -78,9 +96,14 @@ def main() -> None:
         sub = [r for r in rows if r["model"] == model and "iteration_s" in r.get("paper", {})
                and "iteration_s" in r.get("runtime", {})]
         w = [r["workers"] for r in sub]
-        ax.plot(w, [r["paper"]["iteration_s"] * 1e3 for r in sub], "o-", label="paper's cost (idealised)")
+        ax.plot(w, [r["paper"]["iteration_s"] * 1e3 for r in sub], "o-", label="paper's scheme: saved activations sent")
         ax.plot(w, [r["paper"]["as_run_s"] * 1e3 for r in sub], "x--", label="paper's plan, as it runs")
         ax.plot(w, [r["runtime"]["iteration_s"] * 1e3 for r in sub], "s-", label="runtime-mode plan")
+        own = [r for r in sub if "own_division" in r]
+        ax.plot([r["workers"] for r in own], [r["own_division"]["paper_s"] * 1e3 for r in own], "^:", color="grey",
+                label="Bi-Partition's own division, paper's cost")
+        ax.plot([r["workers"] for r in own], [r["own_division"]["as_run_s"] * 1e3 for r in own], "v:", color="black",
+                label="the same division, as it runs")
         ax.set_title(f"{model} on bipartition-7vm")
         ax.set_xlabel("workers")
         ax.set_ylabel("predicted iteration (ms)")

@@ -210,7 +210,8 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
             prediction = judge(plan)
             table.append({"workers": n_workers, "n_micro": p, "division": kind, "bottleneck_s": division.bottleneck_s,
                           "iteration_s": prediction.iteration_s, "feasible": prediction.feasible,
-                          "reason": prediction.reason})
+                          "reason": prediction.reason,
+                          "ranges": [[*w.forward, *w.backward] for w in division.workers]})
             key = (not prediction.feasible, prediction.iteration_s)
             if best is None or key < best[0]:
                 best = (key, replace(plan, prediction=prediction), division.bottleneck_s)

@@ -65,7 +65,7 @@ def restricted(cluster, k: int):
 def run_method(cm, ref: str, batch: int, planner: str, options: dict, n_stages: int | None = None) -> dict:
     t0 = time.perf_counter()
     plan = make_plan(PlanRequest(costs=cm, model_name=ref, cluster_name=cm.cluster.name, batch=batch,
-                                 n_stages=n_stages, options=options), planner)
+                                 n_stages=n_stages, options={"runnable": False, **options}), planner)  # the paper's
     seconds = time.perf_counter() - t0
     search = dict(plan.search.options)
     transfers = simulate_plan(plan, cm).dag.timeline.type.tolist().count(TRANSFER)

@@ -177,7 +177,10 @@ def _bandwidth(cluster) -> float:
 def run_method(cm, cluster, model_ref: str, batch: int, method: str, repeats: int = 1) -> dict:
     """One planner's plan and prediction; its search seconds the median of `repeats` runs (the plans
     are deterministic, the timings on a shared machine are not)."""
-    request = PlanRequest(costs=cm, model_name=model_ref, cluster_name=cluster.name, batch=batch)
+    # the paper's evaluation: its free placement (runnable=False; what the runtime's constraint
+    # costs is benchmarks/runtime_dag.py's)
+    request = PlanRequest(costs=cm, model_name=model_ref, cluster_name=cluster.name, batch=batch,
+                          options={"runnable": False} if method != "dp" else {})
     searches, walls = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -191,7 +194,7 @@ def run_method(cm, cluster, model_ref: str, batch: int, method: str, repeats: in
            "peak_gib": max((m.peak_bytes for m in pred.memory), default=0) / 2**30}
     if method == "dp":
         return row
-    graph = search_graph(request, method == "fddps")
+    graph = search_graph(request, method == "fddps", runnable=False)
     row.update({"schedule_length_s": float(options["schedule_length_s"]), "operators": graph.n_nodes,
                 "operators_split": sum(n.name.endswith("/gather") for n in graph.nodes),
                 "split_ops": sorted({n.op for n in graph.nodes if "/part" in n.name}),

@@ -8,7 +8,7 @@ interleaved (A B C A B C ...) for ROUNDS rounds; the spread over rounds is repor
 
 Writes bench-out/runtime_bipartition/{runs.json, summary.md, predicted_vs_measured.png}
 (`make results`: results/runtime_bipartition/).
-Run: .venv/bin/python benchmarks/runtime_bipartition.py [--rounds 3] [--steps 10]
+Run: .venv/bin/python benchmarks/runtime_bipartition.py [--rounds 3] [--steps 20]
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _describe(plan) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     profile_path = OUT / "profile.json"

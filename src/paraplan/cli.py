@@ -212,7 +212,8 @@ def _cmd_plan(args) -> int:
         if args.memory_gib is not None and args.memory_gib != args.memory_size:
             raise ParaplanError("give --memory or --memory-gib, not both")
         args.memory_gib = args.memory_size
-    given = {"eta": args.eta, "seed": args.seed, "method": args.method, "mode": args.mode}
+    given = {"eta": args.eta, "seed": args.seed, "method": args.method, "mode": args.mode,
+             "runnable": args.runnable}
     if args.batch in ("max", "best"):
         if "batch_search" not in spec_of_planner.options:
             raise ParaplanError(f"--batch {args.batch}: planner {args.planner!r} plans a given batch; the Galvatron "
@@ -327,11 +328,21 @@ def _cmd_train(args) -> int:
         check_fits(plan, spec.n_layers, compare_cluster.n_devices, f"--cluster {compare_cluster.name}")
     local = load_cluster("local")
     capacities = {d: local.device(0).memory_bytes for d in range(world)}
-    predicted_memory, breakdowns = plan_memory(plan, spec, capacities, device_kind=local.device(0).name)
+    graph = None
+    if plan.schedule == "dag":  # an operator placement: its memory is counted on the operator graph
+        from paraplan.costs.model import analytic_cost_model
+        from paraplan.simulate.predict import simulate_plan
+
+        graph = _operator_graph(built)
+        predicted_memory = simulate_plan(plan, analytic_cost_model(spec, local, operators=graph)).prediction.memory
+        breakdowns = ()
+    else:
+        predicted_memory, breakdowns = plan_memory(plan, spec, capacities, device_kind=local.device(0).name)
     reason = out_of_memory_reason(predicted_memory)
     if reason:
         raise ParaplanError(f"the plan does not fit this machine: {reason}")
-    cm = _cost_model(args, spec, compare_cluster, overheads=overheads) if args.compare else None
+    cm = _cost_model(args, spec, compare_cluster, overheads=overheads,
+                     **({"operators": graph} if graph is not None else {})) if args.compare else None
     # created only now, and removed again if the run ends before writing anything into them
     created = [make_dirs(out_dir), make_dirs(args.checkpoint_dir) if args.checkpoint_dir else []]
     if not args.out_dir and (not torchrun or os.environ["RANK"] == "0"):
@@ -368,12 +379,18 @@ def _cmd_train(args) -> int:
               f"{compare_cluster.name}; runtime overheads {overheads.source}); measured median "
               f"{c.measured_median_s * 1e3:.1f} ms (quartiles {c.measured_q1_s * 1e3:.1f}.."
               f"{c.measured_q3_s * 1e3:.1f}, {c.steps} steps); error {c.error:+.1%}")
-    from paraplan.runtime.compare import memory_comparison
+    from paraplan.runtime.compare import dag_memory_comparison, memory_comparison
 
     for row in memory_comparison(breakdowns, out_dir):
         print(f"rank {row.rank} (stage {row.stage}): states {row.measured_states / 2**20:.2f} MiB measured, "
               f"{row.predicted_states / 2**20:.2f} predicted; activations {row.measured_activations / 2**20:.2f} MiB "
               f"measured, {row.predicted_activations / 2**20:.2f} predicted")
+    if plan.schedule == "dag":
+        for rank, measured, predicted in dag_memory_comparison(predicted_memory, out_dir):
+            print(f"rank {rank}: {measured / 2**20:.2f} MiB measured (parameters, gradients, optimizer states and "
+                  f"the peak of saved activations), {predicted / 2**20:.2f} MiB predicted peak")
+        print(f"losses, memory and each rank's parameters written to {out_dir}")
+        return 0
     print(f"losses, timelines, memory and each stage's parameters written to {out_dir}")
     return 0
 
@@ -430,6 +447,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory budget per device with a unit, e.g. 16GiB, 12GB, 512MiB (the same as --memory-gib)")
     p.add_argument("--eta", type=int, default=None, help="IMD weight groups (CSIMD's eta; default 1000)")
     p.add_argument("--method", default=None, help="csimd's division search: auto, imd, exact, exact-time")
+    p.add_argument("--runnable", default=None, action=argparse.BooleanOptionalAction,
+                   help="operator placements (fddps, fastt, heft, mpdps): keep every backward operator on its "
+                        "forward's device, as paraplan train needs (default); --no-runnable: the paper's free "
+                        "placement, for simulation studies")
     p.add_argument("--mode", default=None, help="bipartition's cost of a layer split between two workers: runtime "
                                                 "(default: as paraplan train runs it, recomputed by its backward "
                                                 "owner) or paper (saved activations sent; cannot run in PyTorch)")

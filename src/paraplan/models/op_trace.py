@@ -171,6 +171,18 @@ def operator_calls(built: BuiltModel, batch: int) -> dict[str, list[tuple]]:
     return {name: r.calls for name, r in zip(names, trace.recs, strict=True)}
 
 
+def forward_program(built: BuiltModel, batch: int) -> tuple[_Trace, list[str], dict]:
+    """The trace of build_op_graph at `batch` (same node names) plus what makes its forward
+    executable (runtime/dag_graph.py): every forward aten call in order as (op, args, kwargs,
+    out, node index, -1 for a view or an allocation) with the meta tensors themselves (their
+    identities say which call produced what), the batch's inputs and targets, the loss, and the
+    modules (for parameter and buffer names). Backward nodes carry `forward_of` as in the graph."""
+    program: dict = {}
+    with _no_gc():
+        trace, names = _trace(built, batch, program=program)
+    return trace, names, program
+
+
 def _signature(func, args, kwargs) -> tuple | None:
     """What a meta kernel's outputs depend on: the op, shapes, strides, dtypes and the other
     arguments (meta tensors have no values). None when an argument cannot be hashed."""
@@ -207,6 +219,8 @@ class _Recorder(TorchDispatchMode):
         self.kinds: dict[object, tuple[bool, str, object, bool]] = {}  # op -> (skip, name, FLOPs, decomposes)
         self.next_seq = torch._C._autograd._get_sequence_nr
         self.meta_cache: dict[tuple, tuple] = {}  # op signature -> (output specs, is a tuple, FLOPs)
+        # forward_program: every forward aten call as (op, args, kwargs, out, node index or -1)
+        self.program: list | None = None
 
     def _kind(self, func) -> tuple[bool, str, object, bool]:
         kind = self.kinds.get(func)
@@ -228,7 +242,10 @@ class _Recorder(TorchDispatchMode):
         if skip:
             if not self.backward:
                 self.first_op_at_seq.setdefault(self.next_seq() - 1, -1)
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if self.program is not None and not self.backward:
+                self.program.append((func, args, kwargs, out, -1))
+            return out
         ins = _tensors_in(args, kwargs)
         in_keys = [_storage_bytes(t) for t in ins]
         sig = None if func._schema.is_mutable else _signature(func, args, kwargs)
@@ -245,6 +262,8 @@ class _Recorder(TorchDispatchMode):
             if outs and not func._schema.is_mutable and {k for k, _ in out_keys} <= {k for k, _ in in_keys}:
                 if not self.backward:
                     self.first_op_at_seq.setdefault(self.next_seq() - 1, -1)
+                    if self.program is not None:
+                        self.program.append((func, args, kwargs, out, -1))
                 return out  # a view in disguise (_unsafe_view): folded into edges like any view
             flops = flop_fn(*args, **kwargs, out_val=out) if flop_fn is not None else 0
             if sig is not None and outs and len({k for k, _ in out_keys}) == len(outs) and (
@@ -265,6 +284,8 @@ class _Recorder(TorchDispatchMode):
             self.first_op_at_seq.setdefault(self.next_seq() - 1, index)
             if name in _BATCH_OPERAND and ins[_BATCH_OPERAND[name]].dim():
                 rec.rows = int(ins[_BATCH_OPERAND[name]].shape[0])
+            if self.program is not None:
+                self.program.append((func, args, kwargs, out, index))
         rec.flops += flops
         if self.record_calls:
             rec.calls.append((func, _spec_of(args), _spec_of(kwargs)))
@@ -301,8 +322,10 @@ def _module_names(built: BuiltModel, layers) -> dict[int, str]:
     return names
 
 
-def _trace(built: BuiltModel, batch: int, record_calls: bool = False) -> tuple[_Trace, list[str]]:
-    """One iteration at `batch` on meta: the recorded nodes and edges; node names are set."""
+def _trace(built: BuiltModel, batch: int, record_calls: bool = False,
+           program: dict | None = None) -> tuple[_Trace, list[str]]:
+    """One iteration at `batch` on meta: the recorded nodes and edges; node names are set.
+    `program` (a dict, filled in): the forward's aten calls and what they read (forward_program)."""
     built.module.train()  # dropout as in training
     layers = built.layers()
     names = _module_names(built, layers)
@@ -329,6 +352,8 @@ def _trace(built: BuiltModel, batch: int, record_calls: bool = False) -> tuple[_
         handles.append(m.register_forward_pre_hook(pre))
         handles.append(m.register_forward_hook(post, always_call=True))
     inputs, targets = built.batch(batch, device="meta")
+    if program is not None:
+        rec.program = []
     try:
         with rec:
             out = inputs
@@ -344,6 +369,9 @@ def _trace(built: BuiltModel, batch: int, record_calls: bool = False) -> tuple[_
         for h in handles:
             h.remove()
     n_forward = len(rec.trace.recs)
+    if program is not None:
+        program.update(calls=rec.program, inputs=inputs, targets=targets, loss=loss, modules=modules)
+        rec.program = None
     walked, order = _backward_nodes(loss, rec, bounds), []
     hook_handles = [node.register_hook(_post_hook(order, i)) for i, node in enumerate(walked)]
     rec.backward = True
@@ -479,7 +507,8 @@ def build_op_graph(built: BuiltModel, batches: tuple[int, int] = (2, 4)) -> OpGr
         nodes.append(OpNode(
             name=s.name, op=s.op, phase=s.phase, module=s.module, layer=s.layer,
             flops=_fit(s.flops, g.flops, b0, b1), bytes_accessed=_fit(s.bytes_accessed, g.bytes_accessed, b0, b1),
-            output_bytes=_fit(s.output_bytes, g.output_bytes, b0, b1), param_bytes=s.param_bytes, splittable=flag))
+            output_bytes=_fit(s.output_bytes, g.output_bytes, b0, b1), param_bytes=s.param_bytes, splittable=flag,
+            forward_of=small.recs[s.forward_of].name if s.phase == "backward" and s.forward_of >= 0 else ""))
     edges = tuple(OpEdge(src, dst, _fit(sum(small.edges[key].values()), sum(large.edges[key].values()), b0, b1))
                   for key in sorted(small.edges) for src, dst in [key])
     return OpGraph(model=built.ref or built.name, nodes=tuple(nodes), edges=edges, traced_batches=(b0, b1))

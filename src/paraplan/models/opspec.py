@@ -40,6 +40,7 @@ class OpNode:
     param_bytes: int  # parameter bytes it reads (forward) or whose gradients it writes (backward)
     # the dimension an intra-operator split may cut (FD-DPS Sec. 4.1): "batch" | "channel" | ""
     splittable: str = ""
+    forward_of: str = ""  # a backward node: the forward node whose autograd Node it is ("" for none)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ def _eft_list_schedule(problem: DagProblem, keys: list, insertion: bool = True,
         _, i = heapq.heappop(heap)
         est = builder.arrivals(i)
         slots = [builder.slot(i, k, est[k], insertion) for k in range(d)]
-        fits = builder.exact_devices(i, [k for k in range(d) if slots[k][2] >= 0],  # links="free": all
+        fits = builder.exact_devices(i, builder.allowed(i, [k for k in range(d) if slots[k][2] >= 0]),  # free: all
                                      [slots[k][0] + et[i][k] for k in range(d)])
         if fits:
             k = min(fits, key=lambda j: (slots[j][0] + et[i][j], slots[j][0], j))
@@ -187,7 +187,15 @@ def schedule_mpdps(problem: DagProblem, *, groups_per_device: int = 32) -> DagSc
         mine = members[g]
         best = None
         rooms = []
+        allowed = set(range(d))
+        for v in mine:  # runnable=true: members colocated with a node of an earlier group go to its device
+            c = builder.colocate[v] if builder.colocate is not None else -1
+            if c >= 0 and group[c] != g and builder.device[c] in allowed:
+                allowed = {builder.device[c]}
         for k in range(d):
+            if k not in allowed:
+                rooms.append(-math.inf)
+                continue
             times = _append_times(builder, lists, mine, k)
             room = builder.memory.headroom(k, times[0][0], sum(resident[v] for v in mine), sum(output[v] for v in mine))
             rooms.append(room)

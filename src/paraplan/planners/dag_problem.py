@@ -85,6 +85,10 @@ class DagProblem:
     output_bytes: np.ndarray  # [n]
     capacity_bytes: np.ndarray  # [d] (inf: no limit)
     names: tuple[str, ...] | None = None
+    # [n] int or None: the node whose device o_i must share (-1: free). A runtime that keeps an
+    # operator's backward with its forward (PyTorch's autograd) needs it; the caller also adds an
+    # edge from that node, so that it is always placed first (planners/fddps.py, runnable=true)
+    colocate: np.ndarray | None = None
 
     def __post_init__(self):
         exec_s = _frozen("exec_s", self.exec_s, np.float64, None, 2)
@@ -115,6 +119,11 @@ class DagProblem:
         for name, arr in (("resident_bytes", resident), ("output_bytes", output)):
             _check(np.isfinite(arr) & (arr >= 0), name, "must be finite and >= 0")
         _check(capacity > 0, "capacity_bytes", "must be > 0 (inf: no limit)")
+        if self.colocate is not None:
+            colocate = _frozen("colocate", self.colocate, np.int64, (n,), 1)
+            _check((colocate >= -1) & (colocate < np.arange(n)), "colocate",
+                   "must be -1 or an earlier node's index")
+            object.__setattr__(self, "colocate", colocate)
         if self.names is not None and len(self.names) != n:
             raise DagProblemError(f"names: {len(self.names)} names for {n} nodes")
         for key, value in (("exec_s", exec_s), ("edge_src", src), ("edge_dst", dst), ("edge_bytes", nbytes),

@@ -433,6 +433,7 @@ class ScheduleBuilder:
         self.reason: str | None = None
         self.placed = 0
         self.ports = PortLedger(problem) if ports else None
+        self.colocate = problem.colocate.tolist() if problem.colocate is not None else None
         # (node, per device: the transfers `arrivals` booked, how many of them invert FIFO, their seconds)
         self._pending: tuple[int, list, list[int], list[float]] | None = None
 
@@ -548,9 +549,18 @@ class ScheduleBuilder:
             room = self.memory.headroom(k, s + dur, self.resident[i], self.output[i])
         return s, g, room
 
+    def allowed(self, i: int, devices) -> list[int]:
+        """`devices` restricted to the one o_i must share with its colocated node (DagProblem.colocate)."""
+        if self.colocate is None or self.colocate[i] < 0:
+            return list(devices)
+        k = self.device[self.colocate[i]]
+        if k < 0:  # not placed yet (MP-DPS places a merged group at once): no restriction
+            return list(devices)
+        return [j for j in devices if j == k]
+
     def no_room(self, i: int, rooms: list[float]) -> int:
         """No device can take o_i: record why (the first time) and return the least-bad device."""
-        k = max(range(self.d), key=lambda j: rooms[j])
+        k = max(self.allowed(i, range(self.d)), key=lambda j: rooms[j])
         if self.reason is None:
             self.reason = (f"{self.problem.label(i)} needs {format_bytes(self.resident[i])} resident + "
                            f"{format_bytes(self.output[i])} output and no device has room (device {k} "

@@ -21,7 +21,7 @@ import numpy as np
 
 from paraplan.costs.op_costs import link_matrices, op_seconds_per_device
 from paraplan.costs.op_memory import resident_bytes
-from paraplan.models.op_split import split_operators
+from paraplan.models.op_split import PART, split_candidates, split_degree, split_operators
 from paraplan.models.opspec import OpGraph
 from paraplan.plan.plan import OperatorPlacement, Plan, SearchInfo
 from paraplan.planners.dag_baselines import schedule_fastt, schedule_heft, schedule_mpdps
@@ -32,36 +32,84 @@ from paraplan.planners.request import FieldError, Judge, OptionSpec, PlanRequest
 from paraplan.planners.table import register
 
 
-def search_graph(request: PlanRequest, split: bool) -> OpGraph:
+def search_graph(request: PlanRequest, split: bool, runnable: bool = True) -> OpGraph:
     graph = request.costs.operators
     if graph is None:
         raise FieldError("operators", "this planner places operators: it needs the model's operator graph "
                                       "(CostModel.operators, built by models/op_trace.py)")
     if split:
-        graph = split_operators(graph, request.n_stages or request.n_devices, batch=request.batch)
+        degree = request.n_stages or request.n_devices
+        if not runnable:
+            return split_operators(graph, degree, batch=request.batch)
+        # runnable: a forward and its backward are split together, in the same parts (autograd
+        # runs part k's backward where part k's forward ran): the rule's choice closed over the pairs
+        d = split_degree(degree, request.batch)
+        chosen = {graph.nodes[i].name for i in split_candidates(graph, request.batch)} if d >= 2 else set()
+        pairs = [(n.name, n.forward_of) for n in graph.nodes if n.forward_of and n.splittable == "batch"]
+        for bwd, fwd in pairs:
+            if bwd in chosen or fwd in chosen:
+                chosen |= {bwd, fwd}
+        graph = split_operators(graph, dict.fromkeys(sorted(chosen), d)) if chosen else graph
     return graph
 
 
-def dag_problem(request: PlanRequest, graph: OpGraph) -> DagProblem:
+def colocation(graph: OpGraph) -> np.ndarray:
+    """runnable=true: per node, the node whose device it must share (-1: free). A backward node goes
+    with the forward op whose autograd Node it is (part k with part k of a split); a backward node
+    of no forward op (a view's backward: no kernel) goes with its first backward parent, where the
+    runtime replays the view; the gathers stay free."""
+    index = graph.index()
+    out = np.full(graph.n_nodes, -1, dtype=np.int64)
+    first_parent = {}
+    for e in graph.edges:
+        if graph.nodes[e.src].phase == "backward":
+            first_parent.setdefault(e.dst, e.src)
+    for i, n in enumerate(graph.nodes):
+        if n.phase != "backward" or n.op == "gather":
+            continue
+        if n.forward_of:
+            head, sep, part = n.name.rpartition(PART)
+            target = f"{n.forward_of}{PART}{part}" if sep and part.isdigit() else n.forward_of
+            out[i] = index.get(target, index.get(n.forward_of, -1))
+        elif i in first_parent:
+            out[i] = first_parent[i]
+    return out
+
+
+def dag_problem(request: PlanRequest, graph: OpGraph, runnable: bool = True) -> DagProblem:
     """Definition 7's graph search space T(O', E', V', W) at the request's batch, on the first
-    `request.n_stages` devices (the workers asked for; all of them by default)."""
+    `request.n_stages` devices (the workers asked for; all of them by default). `runnable`: with
+    the colocation of `colocation` and a zero-byte edge forward -> backward where there is none,
+    so the forward is always placed first (autograd runs a backward after its forward anyway)."""
     cm, batch = request.costs, request.batch
     k = request.n_stages or request.n_devices
     alpha, beta = link_matrices(cm.cluster)
     params = np.array([n.param_bytes for n in graph.nodes], dtype=float)
     backward = np.array([n.phase == "backward" for n in graph.nodes])
     capacity = np.array([slot.spec.memory_bytes for slot in cm.cluster.devices[:k]], dtype=float)
+    src = [e.src for e in graph.edges]
+    dst = [e.dst for e in graph.edges]
+    nbytes = [e.nbytes.at(batch) for e in graph.edges]
+    colocate = None
+    if runnable:
+        colocate = colocation(graph)
+        present = set(zip(src, dst, strict=True))
+        for i, j in enumerate(colocate.tolist()):
+            if j >= 0 and (j, i) not in present:
+                src.append(j)
+                dst.append(i)
+                nbytes.append(0.0)
     return DagProblem(
         exec_s=op_seconds_per_device(graph, cm.cluster, batch, cm.operator_profile)[:, :k],
-        edge_src=np.array([e.src for e in graph.edges], dtype=np.int64),
-        edge_dst=np.array([e.dst for e in graph.edges], dtype=np.int64),
-        edge_bytes=np.array([e.nbytes.at(batch) for e in graph.edges], dtype=float),
+        edge_src=np.array(src, dtype=np.int64),
+        edge_dst=np.array(dst, dtype=np.int64),
+        edge_bytes=np.array(nbytes, dtype=float),
         link_alpha_s=alpha[:k, :k], link_bytes_per_s=beta[:k, :k],
         resident_bytes=resident_bytes(params, backward),
         output_bytes=np.array([n.output_bytes.at(batch) for n in graph.nodes], dtype=float),
         # the fixed reserve (costs/memory_config.py) is the simulator's too
         capacity_bytes=np.maximum(capacity - cm.memory.reserve_bytes, 1.0),
-        names=tuple(n.name for n in graph.nodes))
+        names=tuple(n.name for n in graph.nodes), colocate=colocate)
 
 
 def placement_plan(request: PlanRequest, graph: OpGraph, schedule: DagSchedule, name: str, seconds: float,
@@ -82,8 +130,9 @@ def _plan_with(name: str, scheduler, split: bool):
         t0 = time.perf_counter()
         if request.n_micro not in (None, 1):
             raise FieldError("micro_batches", f"{name} places one iteration's operators; it has no micro-batches")
-        graph = search_graph(request, split)
-        schedule = scheduler(dag_problem(request, graph), options)
+        runnable = bool(options.get("runnable", True))
+        graph = search_graph(request, split, runnable)
+        schedule = scheduler(dag_problem(request, graph, runnable), options)
         plan = placement_plan(request, graph, schedule, name, time.perf_counter() - t0,
                               tuple((k, v) for k, v in sorted(options.items())))
         prediction = judge(plan)
@@ -100,8 +149,24 @@ def _plan_with(name: str, scheduler, split: bool):
 # (dag_sched.PortLedger), so the schedule's own length is what the contended simulator measures
 # whenever no transfer was booked out of its first-come-first-served order (search option
 # port_inversions = 0), and close to it otherwise.
+def _boolean(name: str):
+    def check(value):
+        if not isinstance(value, bool):
+            raise FieldError(f"options.{name}", f"must be true or false, got {value!r}")
+    return check
+
+
+# runnable (ours; the paper places every node freely): PyTorch's autograd runs an operator's
+# backward where its forward ran, so a plan meant for `paraplan train` (runtime/dag_runtime.py)
+# keeps each backward node on its forward op's device; false: the paper's unconstrained placement,
+# for simulation studies (benchmarks/runtime_dag.py measures what the constraint costs)
+_RUNNABLE = {"runnable": OptionSpec(True, "keep every backward operator on its forward operator's device, as "
+                                          "PyTorch's autograd runs it (false: the paper's free placement)",
+                                    _boolean("runnable"))}
+
+
 def _links(default: str) -> dict:
-    return {"links": OptionSpec(default, "link model while scheduling: free (the paper: transfers never wait) | "
+    return {**_RUNNABLE, "links": OptionSpec(default, "link model while scheduling: free (the paper: transfers never wait) | "
                                          "ports (one send and one receive port per device, as the simulator)",
                                 one_of("links", LINKS))}
 
@@ -114,7 +179,7 @@ def _fddps_options(links: str, fallback: str = "lowest_priority") -> dict:
 
 
 _FDDPS_OPTIONS = _fddps_options("free")
-_MPDPS_OPTIONS = {"groups_per_device": OptionSpec(32, "MP-DPS node merging: groups per device",
+_MPDPS_OPTIONS = {**_RUNNABLE, "groups_per_device": OptionSpec(32, "MP-DPS node merging: groups per device",
                                                   at_least("groups_per_device", 1))}
 
 for _name, _summary, _scheduler, _split, _options in (

@@ -181,7 +181,7 @@ class FddpsState:
         builder, et_i, d = self.builder, self.et[i], self.problem.n_devices
         est = builder.arrivals(i)
         slots = [builder.slot(i, k, est[k]) for k in range(d)]
-        fits = builder.exact_devices(i, [k for k in range(d) if slots[k][2] >= 0],  # links="free": all
+        fits = builder.exact_devices(i, builder.allowed(i, [k for k in range(d) if slots[k][2] >= 0]),  # free: all
                                      [slots[k][0] + et_i[k] for k in range(d)])
         if not fits:
             self.stats["no_room"] += 1

@@ -51,7 +51,7 @@ def bipartition_refusal(plan, layers) -> str | None:
     """Why this Bi-Partition plan cannot run (one line), or None. `layers`: the model's layer list."""
     if plan.split_layers != "recompute":
         return ("planned with the paper's idealised cost (its forward owners send saved activations, which "
-                "cannot cross processes in PyTorch): plan again with --mode runtime")
+                "cannot cross processes in PyTorch): plan again with the option mode=runtime (the default)")
     if any(len(s.devices) != 1 for s in plan.stages):
         return "Bi-Partition workers are one device each"
     # a parameter shared by several layers must be updated by one worker

@@ -50,8 +50,10 @@ def compare_run(plan: Plan, cm: CostModel, out_dir: str | Path) -> Comparison:
                         measured_q3_s=q[-1], steps=len(measured))
     runs = load_runs(out_dir)
     out = Path(out_dir)
-    measured_trace(runs, out / "measured.trace.json")
     chrome_trace(sim.timeline, out / "simulated.trace.json")
+    if not runs:  # an operator placement's ranks record no timeline (runtime/dag_runtime.py): numbers only
+        return result
+    measured_trace(runs, out / "measured.trace.json")
     # draw the step the numbers are about: the measured step nearest the median (per_step[i] is the
     # i-th step of this run; the events carry absolute step numbers, which a resumed run offsets)
     steps = sorted({e["step"] for ev in runs.values() for e in ev})
@@ -160,3 +162,17 @@ def memory_comparison(breakdowns, out_dir: str | Path) -> list[MemoryRow]:
                               predicted_activations=b.activation_bytes + b.tp_replicated_bytes,
                               measured_activations=m["activations"]))
     return rows
+
+
+def dag_memory_comparison(predicted, out_dir: str | Path) -> list[tuple[int, float, float]]:
+    """(rank, measured bytes, predicted peak bytes) for an operator placement: what each rank's
+    memory_dag_rank{r}.json recorded (parameters, gradients, optimizer states, the peak of saved
+    activations) against the simulator's peak for its device (costs/op_memory.py)."""
+    by_device = {m.device: m.peak_bytes for m in predicted}
+    rows = []
+    for f in sorted(Path(out_dir).glob("memory_dag_rank*.json")):
+        m = json.loads(f.read_text())
+        measured = m["params"] + m["grads"] + m["optimizer"] + m["activations"]
+        rows.append((m["rank"], float(measured), float(by_device.get(m["rank"], 0))))
+    return sorted(rows)
+

@@ -1,0 +1,468 @@
+"""An FD-DPS operator placement ('dag' plan) made executable: which aten call each operator name
+is, what every rank runs, and which tensors cross between ranks (runtime/dag_runtime.py runs it).
+
+The forward is the one models/op_trace.py traces, recorded once more on meta at the plan's batch
+(`op_trace.forward_program`: same node names): every aten call with the meta tensors it read and
+wrote. Tensor objects become ids (`tid`), their storages become storage ids (`sk`), and a storage
+goes through versions: EXTERNAL (a parameter, buffer, input or target, present on every rank), an
+allocation call (empty_like: replayed locally wherever it is needed) or the computing call that last
+wrote it (an output, or an in-place write such as relu_ or bernoulli_). That is the trace's own
+dependency rule (op_trace tracks producers by storage), so every read of a version written on
+another rank is exactly one edge of the operator graph, and a transfer is (storage, version,
+source rank, destination rank), sent once per destination however many calls read it there.
+Views and allocations are no nodes: a rank replays the view calls it needs on its own copy of the
+storage (as the trace folds them into edges).
+
+Intra-operator splits (FD-DPS Sec. 4.1, models/op_split.py): part k runs the call on rows
+[k*rows/d, (k+1)*rows/d) of every non-parameter tensor argument whose leading dimension is the
+call's batch rows (a convolution's input, both operands of a bmm), with whole parameters; the gather
+concatenates the parts' outputs along dim 0 and becomes the writer of the call's outputs. A part
+receives the whole input storages (it slices locally): more bytes than the graph's 1/d share when
+the part's device is not the producer's.
+
+Refused here (one line each, see `analyse`): a plan whose names do not resolve or do not cover the
+graph once; a backward node away from its forward op's device (autograd runs a Node where its
+forward ran: plan with runnable=true); a split forward whose backward is not split the same way; a
+device order that overwrites a storage in place before a read of its older version on that device;
+tensors the forward creates from Python data (lift_fresh: their values are not in a meta trace).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from paraplan.models import source
+from paraplan.models.op_trace import _BATCH_OPERAND, forward_program
+
+EXTERNAL = -1  # the version of a storage before the forward writes it
+# models/op_split.py's names of a split (the import table keeps runtime off that pure unit)
+PART, GATHER = "/part", "/gather"
+
+
+def split_degrees(names) -> dict[str, int]:
+    """operator name -> number of parts, from the names of a placement (as op_split's)."""
+    degrees: dict[str, int] = {}
+    for name in names:
+        base, sep, part = name.rpartition(PART)
+        if sep and part.isdigit():
+            degrees[base] = max(degrees.get(base, 0), int(part) + 1)
+    return degrees
+
+
+class DagRefusal(Exception):
+    """The plan cannot run faithfully; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    tid: int
+
+
+# Argument and output structures: aten calls take and return tensors, scalars and (nested) tuples,
+# lists and keyword dicts. Plain recursion here (torch's pytree costs ~10 us per call: a tenth of
+# the runtime's step on the tiny models).
+def flatten(x) -> list:
+    if isinstance(x, (tuple, list)):
+        return [y for e in x for y in flatten(e)]
+    if isinstance(x, dict):
+        return [y for e in x.values() for y in flatten(e)]
+    return [x]
+
+
+def substitute(x, fn):
+    """x with every leaf replaced by fn(leaf) (a Ref, or a tensor at build time)."""
+    if isinstance(x, (Ref, torch.Tensor)):
+        return fn(x)
+    if isinstance(x, tuple):
+        return tuple(substitute(e, fn) for e in x)
+    if isinstance(x, list):
+        return [substitute(e, fn) for e in x]
+    if isinstance(x, dict):
+        return {k: substitute(v, fn) for k, v in x.items()}
+    return x
+
+
+def rebuild(template, values):
+    """The structure of `template` with its leaves taken in order from the iterator `values`."""
+    if isinstance(template, (tuple, list)):
+        return type(template)(rebuild(e, values) for e in template)
+    return next(values)
+
+
+@dataclass
+class TInfo:
+    sk: int  # storage id
+    source: str  # "call" | "input" | "target" | "param" | "buffer" | "const"
+    key: object  # creating call index | flat position | name | the constant tensor
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    view_call: int = -1  # the view call that made it (-1: the storage's base object)
+    view_arg: int = -1  # that call's argument it is a view of
+
+
+@dataclass
+class Call:
+    func: object
+    args: tuple  # tensors replaced by Ref
+    kwargs: dict
+    outs: list  # flat outputs: tid or None (non-tensors)
+    out_template: object  # the output's structure (rebuild)
+    node: int  # op_trace node index, -1 for a view or an allocation
+    kind: str  # "compute" | "view" | "alloc"
+    reads: list[int]  # tensor argument tids
+    need: dict[int, int]  # storage -> the version this call reads
+    writes: dict[int, bool] = field(default_factory=dict)  # storage -> True when it is new (an output)
+
+
+@dataclass
+class Program:
+    calls: list[Call]
+    tensors: list[TInfo]
+    names: list[str]  # op_trace node names (forward and backward)
+    forward_of: list[int]  # per node: backward -> its forward node, else -1
+    loss: tuple[int, int]  # (tid, version) of the loss
+    storage_base: list[int]  # storage -> the tid of its base object
+    rg: dict[tuple[int, int], bool]  # (storage, version) -> requires grad
+    node_call: dict[int, int]  # forward node -> its call
+    param_storages: dict[int, str]  # storage -> parameter name
+
+
+def _device_free(value):
+    """meta -> cpu in factory arguments (arange(..., device=meta))."""
+    if isinstance(value, torch.device) and value.type == "meta":
+        return torch.device("cpu")
+    return value
+
+
+def build_program(model: str, batch: int, seq_len=None, image_size=None) -> Program:
+    built = source.build(model, device="meta", seq_len=seq_len, image_size=image_size)
+    trace, names, prog = forward_program(built, batch)
+    param_names, buffer_names = {}, {}
+    # names as materialize.build_layers gives them: the whole model's, the first of tied ones
+    for m in (built.module, *prog["modules"].values()):
+        for n, p in m.named_parameters(remove_duplicate=False):
+            param_names.setdefault(id(p), n)
+        for n, b in m.named_buffers(remove_duplicate=False):
+            buffer_names.setdefault(id(b), n)
+    externals = {}
+    for source_name, value in (("input", prog["inputs"]), ("target", prog["targets"])):
+        for pos, t in enumerate(flatten(value)):
+            if isinstance(t, torch.Tensor):
+                externals[id(t)] = (source_name, pos)
+    tids: dict[int, int] = {}
+    sks: dict[int, int] = {}
+    tensors: list[TInfo] = []
+    storage_base: list[int] = []
+    keep = []
+
+    def storage(t) -> int:
+        key = t.untyped_storage()._cdata
+        if key not in sks:
+            sks[key] = len(storage_base)
+            storage_base.append(-1)
+        return sks[key]
+
+    def add(t, src, key, view_call=-1, view_arg=-1) -> int:
+        keep.append(t)
+        sk = storage(t)
+        tid = len(tensors)
+        tids[id(t)] = tid
+        tensors.append(TInfo(sk, src, key, tuple(t.shape), tuple(t.stride()), t.dtype, view_call, view_arg))
+        if storage_base[sk] < 0:
+            storage_base[sk] = tid
+        return tid
+
+    def external(t) -> int:
+        if id(t) in tids:
+            return tids[id(t)]
+        if id(t) in param_names:
+            return add(t, "param", param_names[id(t)])
+        if id(t) in buffer_names:
+            return add(t, "buffer", buffer_names[id(t)])
+        if id(t) in externals:
+            return add(t, *externals[id(t)])
+        if t.device.type != "meta":  # a constant the forward made from real data
+            return add(t, "const", t.clone())
+        raise DagRefusal("the forward reads a tensor made from Python data on meta (its values are unknown); "
+                         "the operator runtime cannot reproduce it")
+
+    calls: list[Call] = []
+    latest: dict[int, int] = {}
+    rg: dict[tuple[int, int], bool] = {}
+    node_call: dict[int, int] = {}
+    for ci, (func, args, kwargs, out, node) in enumerate(prog["calls"]):
+        name = func.__name__.split(".")[0]
+        if name in ("lift_fresh", "set_", "_local_scalar_dense"):
+            raise DagRefusal(f"the forward calls aten.{name}, which the operator runtime cannot replay")
+        reads: list[int] = []
+
+        def ref(t, reads=reads):
+            reads.append(external(t))
+            return Ref(reads[-1])
+
+        cargs = tuple(_device_free(a) for a in substitute(tuple(args), ref))
+        ckwargs = {k: _device_free(v) for k, v in substitute(dict(kwargs), ref).items()}
+        need = {tensors[t].sk: latest.get(tensors[t].sk, EXTERNAL) for t in reads}
+        for sk, v in need.items():
+            if v == EXTERNAL:
+                src = tensors[storage_base[sk]]
+                rg.setdefault((sk, v), src.source == "param")
+        in_storages = {tensors[t].sk for t in reads}
+        flat_out = flatten(out)
+        out_tensors = [o for o in flat_out if isinstance(o, torch.Tensor)]
+        if node >= 0:
+            kind = "compute"
+        elif out_tensors and all(o.untyped_storage()._cdata in sks and sks[o.untyped_storage()._cdata] in in_storages
+                                 for o in out_tensors):
+            kind = "view"
+        else:
+            kind = "alloc"
+        outs = []
+        for o in flat_out:
+            if not isinstance(o, torch.Tensor):
+                outs.append(None)
+            elif id(o) in tids:  # an in-place op returns its argument
+                outs.append(tids[id(o)])
+            elif kind == "view":
+                o_sk = sks[o.untyped_storage()._cdata]
+                arg = next(t for t in reads if tensors[t].sk == o_sk)
+                outs.append(add(o, "call", ci, ci, arg))
+            else:
+                outs.append(add(o, "call", ci))
+        call = Call(func, cargs, ckwargs, outs, substitute(out, lambda _: None), node, kind, reads, need)
+        if kind == "compute":
+            node_call[node] = ci
+            any_rg = any(rg.get((sk, v), False) for sk, v in need.items())
+            written = {}
+            for o in outs:
+                if o is not None:
+                    sk = tensors[o].sk
+                    written[sk] = sk not in in_storages
+            schema_args = func._schema.arguments
+            for i, a in enumerate(schema_args):
+                if a.alias_info is not None and a.alias_info.is_write:
+                    value = args[i] if i < len(args) else kwargs.get(a.name)
+                    for t in flatten(value):
+                        if isinstance(t, torch.Tensor):
+                            written.setdefault(tensors[tids[id(t)]].sk, False)
+            returned = {tensors[o].sk for o in outs if o is not None}
+            for sk, new in written.items():
+                floating = tensors[storage_base[sk]].dtype.is_floating_point
+                old = rg.get((sk, need.get(sk, EXTERNAL)), False) if not new else False
+                rg[(sk, ci)] = old or (any_rg and floating and sk in returned)
+                latest[sk] = ci
+            call.writes = written
+        elif kind == "alloc":
+            for o in outs:
+                if o is not None:
+                    latest[tensors[o].sk] = ci
+                    rg[(tensors[o].sk, ci)] = False
+        calls.append(call)
+    loss_tid = external(prog["loss"])
+    loss_sk = tensors[loss_tid].sk
+    forward_of = [r.forward_of for r in trace.recs]
+    params = {tensors[t].sk: tensors[t].key for t in range(len(tensors)) if tensors[t].source == "param"}
+    return Program(calls, tensors, names, forward_of, (loss_tid, latest.get(loss_sk, EXTERNAL)), storage_base, rg,
+                   node_call, params)
+
+
+# --- the plan on the program --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Item:
+    """One forward step of a rank: call `call` whole (part = -1), or part `part` of `degree`, or
+    the gather of its parts (part = -2)."""
+
+    call: int
+    part: int = -1
+    degree: int = 1
+
+
+@dataclass
+class RankWork:
+    items: list[Item]
+    recvs: dict[tuple[int, int], tuple[int, int]]  # (storage, version) -> (source rank, tag)
+    sends: dict[int, list[tuple[int, int, int]]]  # call -> [(storage, destination, tag)]
+    part_sends: dict[tuple[int, int], tuple[int, int]]  # (call, part) -> (gather rank, tag)
+    part_recvs: dict[tuple[int, int], tuple[int, int]]  # (call, part) -> (part rank, tag)
+    uses: set[int]  # storages of parameters this rank reads
+
+
+@dataclass
+class Analysis:
+    program: Program
+    world: int
+    work: list[RankWork]
+    writer_rank: dict[int, int]  # computing call -> the rank holding its outputs (the gather's for a split)
+    loss_rank: int
+    param_users: dict[str, list[int]]  # parameter name -> ranks that read it
+
+
+def _placement(plan) -> dict[str, tuple[int, int]]:
+    where = {}
+    for p in plan.operators:
+        for pos, name in enumerate(p.ops):
+            if name in where:
+                raise DagRefusal(f"operator {name} is placed twice")
+            where[name] = (p.device, pos)
+    return where
+
+
+def _base(name: str) -> str:
+    for marker in (GATHER,):
+        if name.endswith(marker):
+            return name[: -len(marker)]
+    head, sep, tail = name.rpartition(PART)
+    return head if sep and tail.isdigit() else name
+
+
+def check_colocation(names, forward_of, where: dict[str, tuple[int, int]]) -> str | None:
+    """The runnable constraint: every backward node that belongs to a forward op runs on that
+    op's device; a split forward's backward is split alike, part k with part k. None if kept."""
+    degrees = split_degrees(where)
+    for b, f in enumerate(forward_of):
+        if f < 0:
+            continue
+        bname, fname = names[b], names[f]
+        db, df = degrees.get(bname, 1), degrees.get(fname, 1)
+        if db != df:
+            return (f"backward {bname} is split in {db} but its forward {fname} in {df}: "
+                    "plan with runnable=true")
+        pairs = [(bname, fname)] if db == 1 else [(f"{bname}{PART}{k}", f"{fname}{PART}{k}") for k in range(db)]
+        for bn, fn in pairs:
+            if bn in where and fn in where and where[bn][0] != where[fn][0]:
+                return (f"backward {bn} placed on device {where[bn][0]} but its forward {fn} on device "
+                        f"{where[fn][0]}: plan with runnable=true")
+    return None
+
+
+def _check_order(work: list[RankWork], writer_rank: dict[int, int], calls: list[Call], names) -> None:
+    """Every device order must run: each item after the writers of what it reads and (a gather)
+    after its parts, on any rank (Kahn's algorithm over the items; a cycle would hang the ranks)."""
+    position = {(r, it): i for r, w in enumerate(work) for i, it in enumerate(w.items)}
+    item_of: dict[tuple[int, int], tuple[int, Item]] = {}  # (call, part) -> (rank, item)
+    for (r, it) in position:
+        item_of[(it.call, it.part)] = (r, it)
+    deps: dict[tuple[int, Item], list[tuple[int, Item]]] = {}
+    for (r, it), i in position.items():
+        before = [(r, work[r].items[i - 1])] if i else []
+        if it.part == -2:
+            before += [item_of[(it.call, k)] for k in range(it.degree)]
+        else:
+            for v in calls[it.call].need.values():
+                if v >= 0 and calls[v].kind == "compute":
+                    before.append(item_of[(v, -1)] if (v, -1) in item_of else item_of[(v, -2)])
+        deps[(r, it)] = before
+    waiting = {x: len(set(d)) for x, d in deps.items()}
+    after: dict = {}
+    for x, d in deps.items():
+        for y in set(d):
+            after.setdefault(y, []).append(x)
+    ready = [x for x, n in waiting.items() if n == 0]
+    done = 0
+    while ready:
+        x = ready.pop()
+        done += 1
+        for y in after.get(x, ()):
+            waiting[y] -= 1
+            if waiting[y] == 0:
+                ready.append(y)
+    if done < len(deps):
+        r, it = min((x for x, n in waiting.items() if n > 0), key=lambda x: (x[0], position[x]))
+        raise DagRefusal(f"device {r} runs {names[calls[it.call].node]} before an operator it reads from "
+                         "(the device orders do not run)")
+
+
+def analyse(plan, program: Program) -> Analysis:
+    where = _placement(plan)
+    names = program.names
+    known = set(names)
+    for name in where:
+        if _base(name) not in known:
+            raise DagRefusal(f"operator {name} of the plan is not in the model's operator graph (was the model changed?)")
+    degrees = split_degrees(where)
+    for i, name in enumerate(names):
+        d = degrees.get(name, 0)
+        wanted = [name] if not d else [f"{name}{PART}{k}" for k in range(d)] + [f"{name}{GATHER}"]
+        missing = [w for w in wanted if w not in where]
+        if missing:
+            raise DagRefusal(f"operator {missing[0]} is on no device of the plan")
+        if d and i in program.node_call:
+            call = program.calls[program.node_call[i]]
+            fname = call.func.__name__.split(".")[0]
+            if fname not in _BATCH_OPERAND or call.kind != "compute":
+                raise DagRefusal(f"operator {name} is split but it has no batch operand to slice")
+    reason = check_colocation(names, program.forward_of, where)
+    if reason:
+        raise DagRefusal(reason)
+    world = max(d for d, _ in where.values()) + 1
+    items: list[list[tuple[int, Item]]] = [[] for _ in range(world)]
+    writer_rank: dict[int, int] = {}
+    for node, ci in program.node_call.items():
+        name = names[node]
+        d = degrees.get(name, 0)
+        if d:
+            for k in range(d):
+                dev, pos = where[f"{name}{PART}{k}"]
+                items[dev].append((pos, Item(ci, k, d)))
+            dev, pos = where[f"{name}{GATHER}"]
+            items[dev].append((pos, Item(ci, -2, d)))
+        else:
+            dev, pos = where[name]
+            items[dev].append((pos, Item(ci)))
+        writer_rank[ci] = dev
+    ordered = [[it for _, it in sorted(lst, key=lambda x: x[0])] for lst in items]
+    calls = program.calls
+    work = [RankWork(ordered[r], {}, {}, {}, {}, set()) for r in range(world)]
+    tag = [1]
+
+    def new_tag() -> int:
+        # odd: forward, the backward's gradient goes back with tag + 1; a split part's j-th output
+        # uses tag + 2j (at most 8 outputs)
+        tag[0] += 16
+        return tag[0]
+
+    # a deterministic order of transfers: ranks, then their items
+    for r in range(world):
+        w = work[r]
+        needed_later: list[dict[int, int]] = []
+        for it in w.items:
+            needed_later.append(calls[it.call].need if it.part != -2 else {})
+        for pos, it in enumerate(w.items):
+            call = calls[it.call]
+            if it.part == -2:
+                for k in range(it.degree):
+                    src = next(dev for dev in range(world) if Item(it.call, k, it.degree) in work[dev].items)
+                    if src != r:
+                        t = new_tag()
+                        w.part_recvs[(it.call, k)] = (src, t)
+                        work[src].part_sends[(it.call, k)] = (r, t)
+            else:
+                for sk, v in call.need.items():
+                    if sk in program.param_storages:
+                        w.uses.add(sk)
+                    if v >= 0 and calls[v].kind == "compute" and writer_rank[v] != r and (sk, v) not in w.recvs:
+                        t = new_tag()
+                        src = writer_rank[v]
+                        w.recvs[(sk, v)] = (src, t)
+                        work[src].sends.setdefault(v, []).append((sk, r, t))
+            if it.part in (-1, -2):
+                for sk, new in call.writes.items():
+                    if not new:  # an in-place write: no later read on this rank may want the old version
+                        old = call.need.get(sk, EXTERNAL)
+                        for later in needed_later[pos + 1:]:
+                            if later.get(sk) == old:
+                                raise DagRefusal(f"device {r} overwrites the tensor {names[call.node]} writes in place "
+                                                 "before another of its operators reads the older value")
+    _check_order(work, writer_rank, calls, names)
+    users: dict[str, list[int]] = {}
+    for sk, pname in program.param_storages.items():
+        users[pname] = [r for r in range(world) if sk in work[r].uses]
+    loss_tid, loss_v = program.loss
+    if loss_v < 0 or calls[loss_v].kind != "compute":
+        raise DagRefusal("the loss is not computed by an operator of the plan")
+    return Analysis(program, world, work, writer_rank, writer_rank[loss_v], users)

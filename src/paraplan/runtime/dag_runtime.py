@@ -1,0 +1,417 @@
+"""Run an FD-DPS operator placement ('dag' plan) on N gloo processes, one per device of the plan.
+
+Mechanism (runtime/dag_graph.py builds the static part):
+  - Forward: every rank walks its own operators in the plan's order and runs their aten calls on
+    real tensors under autograd (the calls op_trace recorded on meta, so the names are the plan's).
+    A read of a storage version written on another rank is a blocking `recv` of the whole storage
+    from the writer, which `isend`s it right after writing it (handles kept until the step ends).
+    Each rank follows the plan's device order, and every receive is an edge of the operator graph
+    whose replay the plan passed, so the forward cannot deadlock.
+  - Backward: one `torch.autograd.backward` per rank. A transfer of a tensor that requires grad is a
+    pair of autograd Functions: `_Send` (forward: isend; backward: a blocking recv of the gradient
+    from the receiver) and `_Recv` (forward: recv; backward: isend of the gradient, zeros when the
+    tensor got none). Both give a zero scalar that joins the rank's root, so every one of them runs
+    in the backward, and the loss's rank adds the loss. The CPU autograd engine runs ready Nodes by
+    decreasing sequence number, i.e. each rank runs its backward in exactly the reverse of the order
+    its forward created Nodes; the reverse of a deadlock-free forward exchange is deadlock-free.
+    How this differs from the plan: the plan lists each backward node with a position in its
+    device's order; here autograd runs every Node on the rank of the forward op that created it
+    (which the `runnable` constraint makes the plan's device, and `dag_refusal` checks) in reverse
+    creation order, not in the plan's backward order. Views' backward Nodes (zero kernels) run on
+    the rank that replayed the view. The backward half of a split is what autograd makes of the
+    forward parts: part k's backward on part k's device; the gradient of the gathered output is
+    split by cat's backward on the gather's device and sent to the parts; the input gradients of
+    the parts come back to the input's producer, where autograd accumulates them (the graph's
+    backward gather), and the weight-gradient partials are summed by the all-reduce below.
+  - Parameters: every rank materialises the whole model with the reference's seeded init (cheap
+    for the models this runs) and uses the parameters its operators read. A parameter read on
+    several ranks (split parts, ops of one module on two devices, GPT-2's tied embedding) has its
+    gradient summed over exactly those ranks (one flattened all_reduce per group of ranks) and
+    every one of them steps its copy with the same optimizer on the same gradient, so the copies
+    stay equal without a broadcast; its owner (the lowest such rank) writes it. The simulator and
+    the FD-DPS cost model price this sum as the backward gather's additions on one device and no
+    all-reduce: the all-reduce is a real cost they do not see.
+  - Dropout off (TrainConfig.dropout=False): the plan's graph was traced with dropout (its names
+    include the mask ops), so the mask's bernoulli_(q) runs as fill_(q); the next div_(q) makes
+    the mask exactly 1 (q / q), the multiply exactly the identity.
+Outputs as train_rank's: losses.json (rank 0), steps_rank{r}.json, memory_dag_rank{r}.json (the last
+step: what autograd saved during this rank's forward, and its parameters, gradients and optimizer
+state, every rank counting the whole model's copies it uses) and stage{r}.pt (the parameters it
+owns). Not written: the timeline (runtime/timeline.py's Recorder wraps pipeline stages).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from paraplan.errors import ParaplanError
+from paraplan.models.op_trace import _BATCH_OPERAND
+from paraplan.runtime.dag_graph import (
+    EXTERNAL,
+    Analysis,
+    DagRefusal,
+    Item,
+    Ref,
+    analyse,
+    build_program,
+    flatten,
+    rebuild,
+    substitute,
+)
+from paraplan.runtime.materialize import build_layers, materialize
+from paraplan.runtime.memory_meter import MemoryMeter, state_bytes
+from paraplan.runtime.worker import TrainConfig, make_optimizer
+
+
+@functools.lru_cache(maxsize=8)
+def _program(model: str, batch: int, seq_len, image_size):
+    return build_program(model, batch, seq_len, image_size)
+
+
+def dag_analysis(config: TrainConfig) -> Analysis:
+    plan = config.plan
+    return analyse(plan, _program(config.model, plan.global_batch, config.seq_len, config.image_size))
+
+
+def dag_refusal(config: TrainConfig) -> str | None:
+    """One line saying why this 'dag' plan cannot run, or None."""
+    if config.checkpoint_dir or config.resume:
+        return "checkpoints of operator placements are not written yet"
+    try:
+        dag_analysis(config)
+    except (DagRefusal, ParaplanError) as exc:
+        return str(exc)
+    except Exception as exc:  # noqa: BLE001 - a model the analysis does not handle: one line, not a traceback
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return f"the operator runtime cannot analyse {config.model}: {type(exc).__name__}: {first}"
+    return None
+
+
+class _Recv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, anchor, shape, stride, dtype, src, tag, pending):
+        buf = torch.empty(shape, dtype=dtype)
+        dist.recv(buf, src=src, tag=tag)
+        ctx.src, ctx.tag, ctx.pending, ctx.shape, ctx.dtype = src, tag, pending, shape, dtype
+        ctx.set_materialize_grads(False)
+        if buf.stride() != tuple(stride) and buf.numel() > 1:
+            buf = torch.empty_strided(shape, stride, dtype=dtype).copy_(buf)
+        return buf, anchor.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, grad, _root):
+        g = torch.zeros(ctx.shape, dtype=ctx.dtype) if grad is None else grad.contiguous()
+        ctx.pending.append((dist.isend(g, ctx.src, tag=ctx.tag + 1), g))
+        return None, None, None, None, None, None, None
+
+
+class _Send(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, base, payload, dst, tag, pending):
+        pending.append((dist.isend(payload, dst, tag=tag), payload))
+        ctx.dst, ctx.tag, ctx.shape, ctx.dtype = dst, tag, tuple(base.shape), base.dtype
+        return base.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, _root):
+        g = torch.empty(ctx.shape, dtype=ctx.dtype)
+        dist.recv(g, src=ctx.dst, tag=ctx.tag + 1)
+        return g, None, None, None, None
+
+
+class RankStep:
+    """One rank's forward of one step: the tensors it holds and the roots of its backward."""
+
+    def __init__(self, an: Analysis, rank: int, externals: dict, dropout: bool):
+        self.an, self.rank, self.work = an, rank, an.work[rank]
+        self.p = an.program
+        self.externals = externals  # ("param" | "buffer" | "input" | "target", key) -> tensor
+        self.dropout = dropout
+        self.bases: dict[tuple[int, int], torch.Tensor] = {}
+        self.views: dict[tuple[int, int], torch.Tensor] = {}
+        self.parts: dict[tuple[int, int], list] = {}
+        self.pending: list = []
+        self.roots: list[torch.Tensor] = []
+        self.anchor = torch.zeros((), requires_grad=True)
+        self.inplace = {sk for it in self.work.items for sk, new in self.p.calls[it.call].writes.items() if not new}
+
+    # --- tensors ------------------------------------------------------------------------------
+    def _external(self, tid: int) -> torch.Tensor:
+        info = self.p.tensors[tid]
+        if info.source == "const":
+            return info.key
+        return self.externals[(info.source, info.key)]
+
+    def _recv(self, sk: int, v: int, src: int, tag: int) -> torch.Tensor:
+        info = self.p.tensors[self.p.storage_base[sk]]
+        if self.p.rg.get((sk, v), False):
+            t, root = _Recv.apply(self.anchor, info.shape, info.stride, info.dtype, src, tag, self.pending)
+            self.roots.append(root)
+            # a Function's output written in place would lose its backward: write a copy instead
+            return t.clone() if sk in self.inplace else t
+        buf = torch.empty(info.shape, dtype=info.dtype)
+        dist.recv(buf, src=src, tag=tag)
+        return buf
+
+    def base(self, sk: int, v: int) -> torch.Tensor:
+        t = self.bases.get((sk, v))
+        if t is not None:
+            return t
+        calls = self.p.calls
+        if v == EXTERNAL:
+            t = self._external(self.p.storage_base[sk])
+        elif calls[v].kind == "alloc":
+            info = self.p.tensors[self.p.storage_base[sk]]
+            t = torch.empty_strided(info.shape, info.stride, dtype=info.dtype)
+        elif (sk, v) in self.work.recvs:
+            t = self._recv(sk, v, *self.work.recvs[(sk, v)])
+        else:
+            raise RuntimeError(f"rank {self.rank}: {self.p.names[calls[v].node]}'s output is not here (plan order?)")
+        self.bases[(sk, v)] = t
+        return t
+
+    def resolve(self, tid: int, v: int) -> torch.Tensor:
+        info = self.p.tensors[tid]
+        if info.view_call < 0:
+            if info.source != "call" and v == EXTERNAL:
+                return self._external(tid)
+            return self.base(info.sk, v)
+        b = self.base(info.sk, v)
+        key = (tid, id(b))
+        hit = self.views.get(key)
+        if hit is not None:
+            return hit
+        call = self.p.calls[info.view_call]
+        tensors = self.p.tensors
+
+        def value(ref: Ref):
+            sk = tensors[ref.tid].sk
+            return self.resolve(ref.tid, v if sk == info.sk else call.need[sk])
+
+        args, kwargs = _substitute(call, value)
+        out = flatten(call.func(*args, **kwargs))
+        for o_tid, o in zip(call.outs, out, strict=True):
+            if o_tid is not None:
+                self.views[(o_tid, id(b))] = o
+        return self.views[key]
+
+    # --- operators ----------------------------------------------------------------------------
+    def run(self, item: Item) -> None:
+        ci = item.call
+        call = self.p.calls[ci]
+        if item.part == -2:
+            self._gather(item)
+            return
+        if item.part >= 0:
+            self._part(item, call)
+            return
+        args, kwargs = _substitute(call, lambda ref: self.resolve(ref.tid, call.need[self.p.tensors[ref.tid].sk]))
+        if not self.dropout and call.func.__name__.startswith("bernoulli_"):
+            out = args[0].fill_(args[1] if len(args) > 1 else kwargs.get("p", 0.5))
+        else:
+            out = call.func(*args, **kwargs)
+        self._commit(ci, out)
+
+    def _rows(self, call) -> int:
+        """The call's batch rows: the leading dimension of its batch operand (op_trace's)."""
+        return self.p.tensors[call.args[_BATCH_OPERAND[call.func.__name__.split(".")[0]]].tid].shape[0]
+
+    def _part(self, item: Item, call) -> None:
+        """Part k of a split: the call on rows [lo, hi) of every non-parameter tensor argument whose
+        leading dimension is the batch rows; parameters whole."""
+        rows = self._rows(call)
+        lo, hi = item.part * rows // item.degree, (item.part + 1) * rows // item.degree
+        tensors, params = self.p.tensors, self.p.param_storages
+
+        def value(ref: Ref):
+            info = tensors[ref.tid]
+            t = self.resolve(ref.tid, call.need[info.sk])
+            return t[lo:hi] if info.sk not in params and info.shape and info.shape[0] == rows else t
+
+        args, kwargs = _substitute(call, value)
+        outs = [o for o in flatten(call.func(*args, **kwargs)) if isinstance(o, torch.Tensor)]
+        target = self.work.part_sends.get((item.call, item.part))
+        if target is None:
+            self.parts[(item.call, item.part)] = outs
+            return
+        dst, tag = target
+        for j, o in enumerate(outs):
+            if o.requires_grad:
+                self.roots.append(_Send.apply(o, o.detach().contiguous(), dst, tag + 2 * j, self.pending))
+            else:
+                payload = o.detach().contiguous()
+                self.pending.append((dist.isend(payload, dst, tag=tag + 2 * j), payload))
+
+    def _gather(self, item: Item) -> None:
+        call = self.p.calls[item.call]
+        out_tids = [t for t in call.outs if t is not None]
+        pieces = []
+        for k in range(item.degree):
+            if (item.call, k) in self.parts:
+                pieces.append(self.parts.pop((item.call, k)))
+                continue
+            src, tag = self.work.part_recvs[(item.call, k)]
+            rows = self._rows(call)
+            lo, hi = k * rows // item.degree, (k + 1) * rows // item.degree
+            got = []
+            for j, tid in enumerate(out_tids):
+                info = self.p.tensors[tid]
+                shape = (hi - lo, *info.shape[1:])
+                stride = torch.empty(shape, device="meta").stride()
+                if self.p.rg.get((info.sk, item.call), False):
+                    t, root = _Recv.apply(self.anchor, shape, stride, info.dtype, src, tag + 2 * j, self.pending)
+                    self.roots.append(root)
+                else:
+                    t = torch.empty(shape, dtype=info.dtype)
+                    dist.recv(t, src=src, tag=tag + 2 * j)
+                got.append(t)
+            pieces.append(got)
+        whole = iter(torch.cat([p[j] for p in pieces], dim=0) for j in range(len(out_tids)))
+        flat = [next(whole) if t is not None else None for t in call.outs]
+        self._commit(item.call, rebuild(call.out_template, iter(flat)))
+
+    def _commit(self, ci: int, out) -> None:
+        call, p = self.p.calls[ci], self.p
+        flat = flatten(out)
+        for sk, new in call.writes.items():
+            if new:
+                t = next(o for o_tid, o in zip(call.outs, flat, strict=True) if o_tid == p.storage_base[sk])
+            else:
+                t = self.base(sk, call.need.get(sk, EXTERNAL))
+            self.bases[(sk, ci)] = t
+        for sk, dst, tag in self.work.sends.get(ci, ()):
+            t = self.bases[(sk, ci)]
+            payload = t.detach()
+            if not payload.is_contiguous() or sk in self.inplace:
+                payload = payload.contiguous().clone()
+            rg = p.rg.get((sk, ci), False)
+            if t.requires_grad != rg:
+                raise RuntimeError(f"{p.names[call.node]}: requires_grad {t.requires_grad}, expected {rg}")
+            if rg:
+                self.roots.append(_Send.apply(t, payload, dst, tag, self.pending))
+            else:
+                self.pending.append((dist.isend(payload, dst, tag=tag), payload))
+
+    def forward(self) -> torch.Tensor | None:
+        for item in self.work.items:
+            self.run(item)
+        if self.rank == self.an.loss_rank:
+            tid, v = self.p.loss
+            return self.resolve(tid, v)
+        return None
+
+    def backward(self, loss: torch.Tensor | None) -> None:
+        roots = self.roots + ([loss] if loss is not None else [])
+        if roots:
+            torch.autograd.backward(functools.reduce(torch.add, roots))
+        for work, _ in self.pending:
+            work.wait()
+        self.pending.clear()
+
+
+def _substitute(call, value):
+    return substitute(call.args, value), substitute(call.kwargs, value)
+
+
+def _externals(built, named: dict[str, torch.nn.Parameter], inputs, targets) -> dict:
+    ext = {("param", n): p for n, p in named.items()}
+    for n, b in built.module.named_buffers(remove_duplicate=False):
+        ext.setdefault(("buffer", n), b)
+    for kind, value in (("input", inputs), ("target", targets)):
+        for pos, t in enumerate(flatten(value)):
+            if isinstance(t, torch.Tensor):
+                ext[(kind, pos)] = t
+    return ext
+
+
+def train_dag_rank(config: TrainConfig) -> dict:
+    plan = config.plan
+    rank, world = dist.get_rank(), dist.get_world_size()
+    an = dag_analysis(config)
+    if an.world != world:
+        raise RuntimeError(f"the plan places operators on {an.world} devices, the world has {world} ranks")
+    built, layers, names = build_layers(config.model, config.seed, config.seq_len, config.image_size,
+                                        dropout=config.dropout)
+    modules = [m for _, _, m in layers]
+    materialize(modules, names, config.seed, torch.device("cpu"))  # one call: tied weights stay tied
+    named: dict[str, torch.nn.Parameter] = {}
+    for m in modules:
+        for p in m.parameters():
+            named.setdefault(names.get(id(p)), p)
+    missing = sorted(set(an.param_users) - set(named))
+    if missing:
+        raise RuntimeError(f"parameter {missing[0]} of the trace is not in the built model")
+    owner = {n: (an.param_users.get(n) or [0])[0] for n in named}
+    mine = [n for n in sorted(named) if rank in an.param_users.get(n, []) or owner[n] == rank]
+    # one group per set of ranks sharing parameters; new_group is collective: every rank, same order
+    shared: dict[tuple[int, ...], list[str]] = {}
+    for n in sorted(named):
+        users = tuple(an.param_users.get(n, []))
+        if len(users) > 1:
+            shared.setdefault(users, []).append(n)
+    groups = {users: dist.new_group(list(users)) for users in sorted(shared)}
+    params = [named[n] for n in mine]
+    optim = make_optimizer(config, params)
+    torch.manual_seed(config.seed + 1000 * rank)
+    losses, step_times, memory = [], [], None
+    for step in range(config.steps):
+        if config.step_hook is not None:
+            config.step_hook(rank, step)
+        inputs, targets = built.batch(plan.global_batch, seed=config.seed * 7919 + step)
+        optim.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        # memory on the last step, as train_rank: what autograd saves (MemoryMeter's pack hook)
+        meter = MemoryMeter() if step == config.steps - 1 else None
+        run = RankStep(an, rank, _externals(built, named, inputs, targets), config.dropout)
+        with meter.watching() if meter is not None else contextlib.nullcontext():
+            loss = run.forward()
+        run.backward(loss)
+        for users, ns in shared.items():
+            if rank in users:
+                grads = [named[n].grad if named[n].grad is not None else torch.zeros_like(named[n]) for n in ns]
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat, group=groups[users])
+                offset = 0
+                for n, g in zip(ns, grads, strict=True):
+                    named[n].grad = flat[offset:offset + g.numel()].view_as(g).clone()
+                    offset += g.numel()
+        if config.clip_norm is not None:
+            sq = torch.zeros((), dtype=torch.float64)
+            for n in mine:
+                if owner[n] == rank and named[n].grad is not None:
+                    sq += named[n].grad.detach().double().pow(2).sum()
+            dist.all_reduce(sq)
+            coef = min(1.0, config.clip_norm / (float(sq.sqrt()) + 1e-6))
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+        optim.step()
+        step_times.append(time.perf_counter() - t0)
+        if meter is not None:
+            memory = {"rank": rank, "stage": rank, "activations": meter.peak_activation_bytes,
+                      **state_bytes(params, optim)}
+        losses.append(float(loss.detach()) if loss is not None else 0.0)
+        if config.log and rank == an.loss_rank:
+            print(f"step {step + 1}/{config.steps}: loss {losses[-1]:.6f}, {step_times[-1] * 1e3:.1f} ms", flush=True)
+    summed = torch.tensor(losses, dtype=torch.float64)
+    dist.broadcast(summed, src=an.loss_rank)
+    losses = [float(v) for v in summed]
+    if config.out_dir is not None:
+        out = Path(config.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if rank == 0:
+            (out / "losses.json").write_text(json.dumps(losses))
+        (out / f"steps_rank{rank}.json").write_text(json.dumps(step_times))
+        if memory is not None:  # not memory_rank{r}.json: `paraplan train` compares those with per-stage
+            (out / f"memory_dag_rank{rank}.json").write_text(json.dumps(memory))  # predictions, which dag plans lack
+        torch.save({n: named[n].detach().clone() for n in mine if owner[n] == rank}, out / f"stage{rank}.pt")
+    dist.barrier()
+    return {"rank": rank, "stage": rank, "replica": 0, "losses": losses, "step_s": step_times, "memory": memory}
+

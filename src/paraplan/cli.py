@@ -207,13 +207,20 @@ def _cmd_plan(args) -> int:
     from paraplan.report import console, dag_table, simulation_table
     from paraplan.simulate.predict import simulate_plan
 
-    spec_of_planner = planner(args.planner)  # an unknown name fails before any work
     if args.memory_size is not None:
         if args.memory_gib is not None and args.memory_gib != args.memory_size:
             raise ParaplanError("give --memory or --memory-gib, not both")
         args.memory_gib = args.memory_size
     given = {"eta": args.eta, "seed": args.seed, "method": args.method, "mode": args.mode,
              "runnable": args.runnable}
+    if args.planner == "auto":
+        from paraplan.cli_auto import cmd_plan_auto
+
+        return cmd_plan_auto(args, given)
+    for flag, value in (("--time-limit", args.time_limit), ("--report", args.report)):
+        if value is not None:
+            raise ParaplanError(f"{flag}: only with --planner auto (the comparison of every planner)")
+    spec_of_planner = planner(args.planner)  # an unknown name fails before any work
     if args.batch in ("max", "best"):
         if "batch_search" not in spec_of_planner.options:
             raise ParaplanError(f"--batch {args.batch}: planner {args.planner!r} plans a given batch; the Galvatron "
@@ -436,7 +443,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=_batch_arg, required=True,
                    help="global batch size (samples per iteration), max: the largest that fits, or best: the "
                         "batch of the highest throughput (Galvatron planners)")
-    p.add_argument("--planner", default="csimd", help="one of the planners below")
+    p.add_argument("--planner", default="auto",
+                   help="auto (default): every planner below, each plan judged by the simulator, the best written; "
+                        "or one of them")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="auto: seconds each planner may take before its row says it timed out (default 60)")
+    p.add_argument("--report", default=None, help="auto: write an HTML report (index.html) into this directory")
     p.add_argument("--stages", type=int, default=None, help="pipeline stages (default: all devices, at most K)")
     p.add_argument("--micro-batches", type=int, default=None, help="fix the micro-batch count (GPipe-E-p)")
     p.add_argument("--exact-stages", action="store_true",

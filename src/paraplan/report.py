@@ -179,3 +179,29 @@ def dag_table(sim, cluster: Cluster, graph=None) -> Table:
         table.add_row(str(d.device), str(count), human_seconds(d.busy_s), human_seconds(d.idle_s), peak,
                       human_bytes(m.capacity_bytes))
     return table
+
+
+_STATUS_ORDER = {"ok": 0, "infeasible": 1, "failed": 2, "timeout": 3, "skipped": 4}
+
+
+def auto_table(result, title: str) -> Table:
+    """Every planner's row of `paraplan plan --planner auto` (paraplan/auto.py Comparison): feasible
+    plans fastest first, the chosen one marked, then the rest with why."""
+    t = Table(title=title)
+    for col in ("planner", "shape", "micro", "iteration", "samples/s", "peak memory (max / capacity)", "bubble",
+                "search", "verdict"):
+        t.add_column(col, justify="right" if col in ("micro", "iteration", "samples/s", "bubble", "search") else "left")
+    rows = sorted(result.rows, key=lambda r: (_STATUS_ORDER.get(r.status, 9),
+                                              r.iteration_s if r.iteration_s is not None else float("inf"), r.planner))
+    for r in rows:
+        best = r.planner == result.best
+        peak = (f"{human_bytes(max(r.peak_bytes))} / {human_bytes(max(r.capacity_bytes))}"
+                if r.peak_bytes and r.capacity_bytes else "")
+        verdict = "best" if best else ("feasible" if r.status == "ok" else f"{r.status}: {r.reason}")
+        t.add_row(("* " if best else "") + r.planner, r.shape, str(r.plan.n_micro) if r.plan else "",
+                  human_seconds(r.iteration_s) if r.iteration_s is not None else "",
+                  f"{r.throughput:.4g}" if r.throughput is not None else "", peak,
+                  f"{r.bubble:.0%}" if r.bubble is not None else "",
+                  human_seconds(r.search_s) if r.search_s is not None else "", verdict,
+                  style="bold green" if best else ("dim" if r.status in ("skipped",) else None))
+    return t

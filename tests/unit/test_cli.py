@@ -144,23 +144,24 @@ def test_written_files_respect_the_umask(tmp_path):
 
 
 def test_one_stage_is_singular(tmp_path):
-    res = run("plan", "--model", "lenet-5", "--cluster", "local", "--batch", "8", "--stages", "1",
-              "--micro-batches", "1", "--out", str(tmp_path / "p.json"))
+    res = run("plan", "--planner", "csimd", "--model", "lenet-5", "--cluster", "local", "--batch", "8", "--stages",
+              "1", "--micro-batches", "1", "--out", str(tmp_path / "p.json"))
     assert res.returncode == 0, res.stderr
     assert "1 stage [" in res.stdout and "1 micro-batch;" in res.stdout
 
 
 def test_fewer_stages_than_asked_are_explained_and_exact_stages_forces_them(tmp_path):
     """The README's own example: VGG-16 over 1 GbE runs faster on one device; the planner says so."""
-    args = ("plan", "--model", "vgg-16", "--cluster", "csimd-v100-1gbe", "--batch", "64", "--stages", "4",
-            "--out", str(tmp_path / "p.json"))
+    args = ("plan", "--planner", "csimd", "--model", "vgg-16", "--cluster", "csimd-v100-1gbe", "--batch", "64",
+            "--stages", "4", "--out", str(tmp_path / "p.json"))
     out = run(*args)
     assert out.returncode == 0, out.stderr
     assert "1 stage on 1 of 8 devices" in out.stdout and "--exact-stages forces 4" in out.stdout
     out = run(*args, "--exact-stages", "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["n_stages"] == 4
-    out = run("plan", "--model", "vgg-16", "--cluster", "csimd-v100-1gbe", "--batch", "64", "--exact-stages")
+    out = run("plan", "--planner", "csimd", "--model", "vgg-16", "--cluster", "csimd-v100-1gbe", "--batch", "64",
+              "--exact-stages")
     assert out.returncode == 2 and "--exact-stages needs --stages" in out.stderr
 
 

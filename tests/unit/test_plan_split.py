@@ -90,8 +90,8 @@ def test_a_measured_profile_drives_the_planner(tmp_path):
     assert _cli("profile", "gpt2-tiny", "--batch-sizes", "1,2,4,8", "--repeats", "2", "--warmup", "1", "--no-checks",
                 "--out", str(profile)).returncode == 0
     out = tmp_path / "plan.json"
-    res = _cli("plan", "--model", "gpt2-tiny", "--cluster", "local", "--batch", "8", "--profile", str(profile),
-               "--out", str(out), "--json")
+    res = _cli("plan", "--planner", "csimd", "--model", "gpt2-tiny", "--cluster", "local", "--batch", "8",
+               "--profile", str(profile), "--out", str(out), "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(out.read_text())["search"]["options"]["costs"].startswith("profile:")
 
@@ -103,7 +103,7 @@ def test_a_measured_profile_drives_the_planner(tmp_path):
     (("--micro-batches", "7"), "does not divide the batch 64"),
 ])
 def test_plan_cli_bad_input(tmp_path, args, needle):
-    base = {"--model": "vgg-16", "--cluster": "csimd-v100-1gbe", "--batch": "64", "--out": str(tmp_path / "p.json")}
+    base = {"--planner": "csimd", "--model": "vgg-16", "--cluster": "csimd-v100-1gbe", "--batch": "64", "--out": str(tmp_path / "p.json")}
     flat = []
     for k, v in base.items():
         if k not in args:

@@ -1,0 +1,129 @@
+"""The Python API: what `paraplan plan / simulate / train` do, callable from scripts.
+
+    import paraplan
+
+    best = paraplan.plan("gpt2-xl", "galvatron-8xtitan", batch=64, memory="16GiB")   # every planner
+    print(best.search.planner, best.prediction.iteration_s)
+    sim = paraplan.simulate(best)                     # the simulator's Simulation (timeline, memory)
+    one = paraplan.plan("vgg-16", "csimd-v100-1gbe", batch=64, planner="csimd", stages=4)
+    table = paraplan.compare("lenet-5", "local", batch=16)   # every planner's row and the lower bound
+    result = paraplan.train(paraplan.load_plan("plan.json"), steps=3)   # real processes (gloo)
+
+Errors are ParaplanError (FieldError names the argument), as the command line's one-line messages.
+The command line builds the same requests with the same functions (models/source, costs/model,
+planners/registry, auto.compare, simulate/predict, runtime/launch).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from paraplan.errors import FieldError
+from paraplan.plan.plan import Plan
+
+
+def load_plan(path: str | Path) -> Plan:
+    from paraplan.plan.plan_file import read_plan
+
+    return read_plan(path)
+
+
+def _memory_bytes(memory) -> int | None:
+    if memory is None or isinstance(memory, int):
+        return memory
+    from paraplan.cli_args import _memory_arg
+
+    try:
+        return int(_memory_arg(str(memory)) * 2**30)
+    except Exception:
+        raise FieldError("memory", f"expected bytes or a size like 16GiB, got {memory!r}") from None
+
+
+def _request(model: str, cluster: str, batch: int, *, operators: bool, memory=None, stages=None,
+             micro_batches=None, schedule=None, profile=None, seq_len=None, image_size=None, exact_stages=False,
+             options=None):
+    from paraplan.costs.model import analytic_cost_model, profile_cost_model
+    from paraplan.errors import ParaplanError
+    from paraplan.hardware import load_cluster
+    from paraplan.models import measure, source
+    from paraplan.planners.request import PlanRequest
+
+    c = load_cluster(cluster)
+    built = source.build(model, device="meta", seq_len=seq_len, image_size=image_size)
+    spec = measure.measure(built)
+    graph = None
+    if operators:
+        from paraplan.models.op_trace import build_op_graph
+
+        try:
+            graph = build_op_graph(built)
+        except ParaplanError:
+            graph = None
+    if profile is not None:
+        from paraplan.profiling.profile_file import read_profile
+
+        cm = profile_cost_model(spec, c, read_profile(profile), operators=graph)
+    else:
+        cm = analytic_cost_model(spec, c, operators=graph)
+    return PlanRequest(costs=cm, model_name=built.ref, cluster_name=cluster, batch=batch, n_stages=stages,
+                       n_micro=micro_batches, schedule=schedule, memory_bytes=_memory_bytes(memory),
+                       exact_stages=exact_stages, options=options or {})
+
+
+def compare(model: str, cluster: str, batch: int, *, time_limit: float = 60.0, planners=None, **kw):
+    """Every applicable planner on one request (paraplan/auto.py Comparison: rows, best, bound)."""
+    from paraplan.auto import compare as run
+
+    return run(_request(model, cluster, batch, operators=True, **kw), planners=planners, time_limit_s=time_limit)
+
+
+def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_limit: float = 60.0, **kw) -> Plan:
+    """The best plan (planner="auto": every planner compared) or one planner's, with the
+    simulator's prediction; raises ParaplanError when nothing fits."""
+    from paraplan.errors import ParaplanError
+
+    if planner == "auto":
+        result = compare(model, cluster, batch, time_limit=time_limit, **kw)
+        if result.best is None:
+            raise ParaplanError("no planner found a plan that fits")
+        return result.row(result.best).plan
+    from paraplan.planners.registry import make_plan, planner as spec_of
+    from paraplan.simulate.predict import simulate_plan
+
+    request = _request(model, cluster, batch, operators=spec_of(planner).needs_operators, **kw)
+    sim = simulate_plan(make_plan(request, planner), request.costs)
+    if not sim.prediction.feasible:
+        raise ParaplanError(f"{planner} found no plan that fits: its best {sim.prediction.reason}")
+    return sim.plan
+
+
+def simulate(plan_or_path: Plan | str | Path, *, cluster: str | None = None, profile=None):
+    """The simulator's Simulation of a plan (its prediction, timeline, per-device memory)."""
+    from paraplan.simulate.predict import simulate_plan
+
+    p = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
+    request = _request(p.model, cluster or p.cluster, p.global_batch, operators=p.schedule == "dag", profile=profile)
+    return simulate_plan(p, request.costs)
+
+
+def train(plan_or_path: Plan | str | Path, *, steps: int = 3, nproc: int | None = None, out_dir=None, **config):
+    """Run the plan for real on local gloo processes (one per device); returns {"losses", "step_s",
+    "out_dir"}. `config`: TrainConfig's fields (optimizer, lr, clip_norm, dropout, seed, ...)."""
+    import json
+    import tempfile
+
+    from paraplan.models import source
+    from paraplan.runtime.compare import step_times
+    from paraplan.runtime.launch import check_before_launch, spawn
+    from paraplan.runtime.worker import TrainConfig
+
+    p = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
+    out = Path(out_dir or tempfile.mkdtemp(prefix="paraplan-train-"))
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = TrainConfig(plan=p, model=config.pop("model", p.model), steps=steps, out_dir=str(out), **config)
+    built = source.build(cfg.model, device="meta", seq_len=cfg.seq_len, image_size=cfg.image_size)
+    world = nproc or len(p.devices)
+    layers = built.layers()
+    check_before_launch(cfg, world, len(layers), layers)
+    spawn(cfg, world)
+    return {"losses": json.loads((out / "losses.json").read_text()), "step_s": step_times(out), "out_dir": str(out)}

@@ -1,0 +1,114 @@
+"""`paraplan plan --planner auto`: every planner on one request, the choice by the simulator, a
+failing or timed-out planner as a row, the lower bound below every plan, the --json schema."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from paraplan import auto
+from paraplan.costs.model import analytic_cost_model
+from paraplan.hardware import load_cluster
+from paraplan.models import measure, source
+from paraplan.models.op_trace import build_op_graph
+from paraplan.planners.bound import lower_bound
+from paraplan.planners.request import PlanRequest
+from paraplan.simulate.predict import simulate_plan
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def request_and_result():
+    built = source.build("gpt2-tiny", device="meta")
+    cm = analytic_cost_model(measure.measure(built), load_cluster("galvatron-8xtitan"),
+                             operators=build_op_graph(built))
+    request = PlanRequest(costs=cm, model_name="gpt2-tiny", cluster_name="galvatron-8xtitan", batch=16)
+    return request, auto.compare(request, time_limit_s=120)
+
+
+def test_the_choice_is_the_fastest_feasible_plan_by_the_simulator(request_and_result):
+    request, result = request_and_result
+    feasible = []
+    for row in result.rows:
+        if row.status in ("ok", "infeasible"):
+            sim = simulate_plan(row.plan, request.costs)  # judged again, here: the rows are the simulator's
+            assert sim.prediction.iteration_s == pytest.approx(row.iteration_s, rel=1e-12)
+            assert sim.prediction.feasible == (row.status == "ok")
+            if sim.prediction.feasible:
+                feasible.append((sim.prediction.iteration_s, row.planner))
+    assert len(feasible) >= 10  # the families all take part
+    assert result.best == min(feasible)[1]
+    assert {r.planner for r in result.rows if r.status == "skipped"} == set(auto.NOT_COMPARED)
+    # every method family has a row with a plan
+    planned = {r.planner for r in result.rows if r.plan is not None}
+    assert {"csimd", "gropipe", "bipartition", "galvatron-bmw", "fddps"} <= planned
+
+
+def test_no_plan_beats_the_lower_bound(request_and_result):
+    request, result = request_and_result
+    bound = result.bound.iteration_s
+    assert bound > 0
+    for row in result.rows:
+        if row.status == "ok" and not row.plan.operators:  # operator placements are costed per operator
+            assert row.iteration_s >= bound * (1 - 1e-9), row.planner
+    # with a single device the bound is the batch's least work on it: a one-stage plan pays about that
+    one = lower_bound(analytic_cost_model(request.costs.model, load_cluster("local")), 16)
+    assert one.iteration_s == pytest.approx(one.work_s / 2)
+
+
+def _boom(request, judge):
+    raise RuntimeError("boom")
+
+
+def test_a_failing_and_a_slow_planner_are_rows_not_crashes(request_and_result, monkeypatch):
+    request, _ = request_and_result
+    real = auto.make_plan
+
+    def fake(req, name, judge=None):
+        if name == "gropipe":
+            raise RuntimeError("boom")
+        if name == "even":
+            time.sleep(30)
+        return real(req, name, judge)
+
+    monkeypatch.setattr(auto, "make_plan", fake)  # inherited by the forked planner processes
+    t0 = time.perf_counter()
+    result = auto.compare(request, planners=["csimd", "gropipe", "even"], time_limit_s=2)
+    assert time.perf_counter() - t0 < 20
+    assert result.row("gropipe").status == "failed" and "RuntimeError: boom" in result.row("gropipe").reason
+    assert result.row("even").status == "timeout" and "time limit (2 s)" in result.row("even").reason
+    assert result.row("csimd").status == "ok" and result.best == "csimd"
+
+
+def test_cli_json_schema_and_the_plan_written(tmp_path):
+    out = tmp_path / "best.json"
+    res = subprocess.run([sys.executable, "-m", "paraplan", "plan", "--model", "lenet-5", "--cluster", "local",
+                          "--batch", "16", "--out", str(out), "--json", "--time-limit", "60"],
+                         capture_output=True, text=True, env=ENV, timeout=300)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["schema"] == "paraplan.plan.auto/1"
+    assert set(data) == {"schema", "best", "out", "gap_to_bound", "wall_s", "lower_bound", "rows"}
+    assert set(data["lower_bound"]) == {"iteration_s", "work_s", "one_device_s", "n_devices"}
+    row_keys = {"planner", "status", "shape", "n_micro", "iteration_s", "throughput_samples_per_s", "peak_bytes",
+                "capacity_bytes", "bubble_fraction", "search_s", "reason"}
+    assert all(set(r) == row_keys for r in data["rows"])
+    best = next(r for r in data["rows"] if r["planner"] == data["best"])
+    ok = [r["iteration_s"] for r in data["rows"] if r["status"] == "ok"]
+    assert best["status"] == "ok" and best["iteration_s"] == min(ok)
+    written = json.loads(out.read_text())
+    assert written["search"]["planner"] == data["best"]
+    assert written["prediction"]["iteration_s"] == pytest.approx(best["iteration_s"], rel=1e-9)
+    assert data["gap_to_bound"] == pytest.approx(best["iteration_s"] / data["lower_bound"]["iteration_s"] - 1)
+
+
+def test_options_of_one_planner_need_that_planner(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "paraplan", "plan", "--model", "lenet-5", "--cluster", "local",
+                          "--batch", "16", "--mode", "paper", "--out", str(tmp_path / "p.json")],
+                         capture_output=True, text=True, env=ENV, timeout=120)
+    assert res.returncode == 2 and "--mode: an option of one planner; give --planner too" in res.stderr
+    assert not (tmp_path / "p.json").exists()

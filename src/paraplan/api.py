@@ -87,7 +87,8 @@ def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_li
         if result.best is None:
             raise ParaplanError("no planner found a plan that fits")
         return result.row(result.best).plan
-    from paraplan.planners.registry import make_plan, planner as spec_of
+    from paraplan.planners.registry import make_plan
+    from paraplan.planners.registry import planner as spec_of
     from paraplan.simulate.predict import simulate_plan
 
     request = _request(model, cluster, batch, operators=spec_of(planner).needs_operators, **kw)

@@ -23,7 +23,9 @@ demo: $(STAMP)
 	$(BIN)/paraplan clusters
 	$(BIN)/paraplan inspect gpt2-tiny --batch 4 --cluster local
 	mkdir -p results
-	# the main job: plan GPT-2 XL over eight V100 servers with CSIMD, then look at the plan
+	# the main job: every method on GPT-2 XL over 8 TITANs with 16 GiB each, the best plan written, a report
+	$(BIN)/paraplan plan --model gpt2-xl --cluster galvatron-8xtitan --batch 64 --memory 16GiB --out results/demo-auto.json --report results/demo-report
+	# one method on its own: CSIMD over eight V100 servers, then look at the plan
 	$(BIN)/paraplan plan --model gpt2-xl --cluster csimd-v100-10gbe --batch 64 --planner csimd --out results/demo-plan.json
 	$(BIN)/paraplan plan --model vgg-16 --cluster csimd-v100-1gbe --batch 64 --stages 4 --planner even --micro-batches 4 --out results/demo-even.json
 	$(BIN)/paraplan plan --model vgg-16 --cluster csimd-v100-1gbe --batch 64 --stages 4 --planner csimd --out results/demo-vgg.json

@@ -318,7 +318,8 @@ def _cmd_train(args) -> int:
     config = TrainConfig(plan=plan, model=model, steps=args.steps, seed=args.seed, lr=args.lr,
                          optimizer=args.optimizer, clip_norm=args.clip_norm, out_dir=out_dir, seq_len=args.seq_len,
                          image_size=args.image_size, dropout=not args.no_dropout, checkpoint_dir=args.checkpoint_dir,
-                         checkpoint_every=args.checkpoint_every, resume=args.resume, timeout_s=args.timeout, log=True)
+                         checkpoint_every=args.checkpoint_every, resume=args.resume, timeout_s=args.timeout,
+                         log=not args.json)
     if args.resume:
         check_resume(config)
     overheads = read_overheads(args.overheads) if args.overheads else read_overheads()
@@ -352,7 +353,7 @@ def _cmd_train(args) -> int:
                      **({"operators": graph} if graph is not None else {})) if args.compare else None
     # created only now, and removed again if the run ends before writing anything into them
     created = [make_dirs(out_dir), make_dirs(args.checkpoint_dir) if args.checkpoint_dir else []]
-    if not args.out_dir and (not torchrun or os.environ["RANK"] == "0"):
+    if not args.out_dir and not args.json and (not torchrun or os.environ["RANK"] == "0"):
         print(f"writing to {out_dir}", flush=True)
     try:
         if torchrun:
@@ -369,12 +370,18 @@ def _cmd_train(args) -> int:
 
     losses = _json.loads((Path(out_dir) / "losses.json").read_text())
     per_step = step_times(out_dir)
+    say = (lambda *a: None) if args.json else print  # --json: one JSON document on stdout, nothing else
+    summary: dict = {"schema": "paraplan.train/1", "out_dir": out_dir, "steps": len(losses), "losses": losses,
+                     "step_s": per_step, "median_step_s": None, "samples_per_s": None, "compare": None,
+                     "memory": []}
     if per_step:
         import statistics
 
         tail = per_step[1:] or per_step
-        print(f"{len(losses)} steps, final loss {losses[-1]:.6f}; median step {statistics.median(tail) * 1e3:.1f} ms "
-              f"({plan.global_batch / statistics.median(tail):.1f} samples/s) after the first")
+        summary["median_step_s"] = statistics.median(tail)
+        summary["samples_per_s"] = plan.global_batch / statistics.median(tail)
+        say(f"{len(losses)} steps, final loss {losses[-1]:.6f}; median step {statistics.median(tail) * 1e3:.1f} ms "
+            f"({plan.global_batch / statistics.median(tail):.1f} samples/s) after the first")
     if len(per_step) > 2:  # this run's own overheads, for later predictions (--overheads)
         try:
             write_overheads(measured_overheads(out_dir), Path(out_dir) / "overheads.json")
@@ -382,23 +389,34 @@ def _cmd_train(args) -> int:
             pass  # too few actions to read them off (e.g. a single stage with one micro-batch)
     if args.compare:
         c = compare_run(plan, cm, out_dir)
-        print(f"predicted {c.predicted_s * 1e3:.1f} ms ({'profile' if args.profile else 'analytic'} costs, cluster "
-              f"{compare_cluster.name}; runtime overheads {overheads.source}); measured median "
-              f"{c.measured_median_s * 1e3:.1f} ms (quartiles {c.measured_q1_s * 1e3:.1f}.."
-              f"{c.measured_q3_s * 1e3:.1f}, {c.steps} steps); error {c.error:+.1%}")
+        summary["compare"] = {"predicted_s": c.predicted_s, "measured_median_s": c.measured_median_s,
+                              "measured_q1_s": c.measured_q1_s, "measured_q3_s": c.measured_q3_s, "steps": c.steps,
+                              "error": c.error, "cluster": compare_cluster.name}
+        say(f"predicted {c.predicted_s * 1e3:.1f} ms ({'profile' if args.profile else 'analytic'} costs, cluster "
+            f"{compare_cluster.name}; runtime overheads {overheads.source}); measured median "
+            f"{c.measured_median_s * 1e3:.1f} ms (quartiles {c.measured_q1_s * 1e3:.1f}.."
+            f"{c.measured_q3_s * 1e3:.1f}, {c.steps} steps); error {c.error:+.1%}")
     from paraplan.runtime.compare import dag_memory_comparison, memory_comparison
 
     for row in memory_comparison(breakdowns, out_dir):
-        print(f"rank {row.rank} (stage {row.stage}): states {row.measured_states / 2**20:.2f} MiB measured, "
-              f"{row.predicted_states / 2**20:.2f} predicted; activations {row.measured_activations / 2**20:.2f} MiB "
-              f"measured, {row.predicted_activations / 2**20:.2f} predicted")
+        summary["memory"].append({"rank": row.rank, "measured_bytes": row.measured_states + row.measured_activations,
+                                  "predicted_bytes": row.predicted_states + row.predicted_activations,
+                                  "measured_states": row.measured_states, "predicted_states": row.predicted_states,
+                                  "measured_activations": row.measured_activations,
+                                  "predicted_activations": row.predicted_activations})
+        say(f"rank {row.rank} (stage {row.stage}): states {row.measured_states / 2**20:.2f} MiB measured, "
+            f"{row.predicted_states / 2**20:.2f} predicted; activations {row.measured_activations / 2**20:.2f} MiB "
+            f"measured, {row.predicted_activations / 2**20:.2f} predicted")
     if plan.schedule == "dag":
         for rank, measured, predicted in dag_memory_comparison(predicted_memory, out_dir):
-            print(f"rank {rank}: {measured / 2**20:.2f} MiB measured (parameters, gradients, optimizer states and "
-                  f"the peak of saved activations), {predicted / 2**20:.2f} MiB predicted peak")
-        print(f"losses, memory and each rank's parameters written to {out_dir}")
-        return 0
-    print(f"losses, timelines, memory and each stage's parameters written to {out_dir}")
+            summary["memory"].append({"rank": rank, "measured_bytes": measured, "predicted_bytes": predicted})
+            say(f"rank {rank}: {measured / 2**20:.2f} MiB measured (parameters, gradients, optimizer states and "
+                f"the peak of saved activations), {predicted / 2**20:.2f} MiB predicted peak")
+        say(f"losses, memory and each rank's parameters written to {out_dir}")
+    else:
+        say(f"losses, timelines, memory and each stage's parameters written to {out_dir}")
+    if args.json:
+        print(_json.dumps(summary, indent=2))
     return 0
 
 
@@ -498,6 +516,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="default: the plan's model")
     p.add_argument("--steps", type=int, default=3, help="training steps (iterations) to run")
     p.add_argument("--nproc", type=int, default=None, help="ranks to start (default: the plan's devices)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document (schema paraplan.train/1: losses, step times, memory, comparison)")
     p.add_argument("--seed", type=int, default=0, help="for the initial weights and the synthetic data")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     p.add_argument("--optimizer", default="adam", help="adam or sgd")
@@ -549,6 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-bytes", type=int, default=256 * 2**20, help="largest message, in bytes")
     p.add_argument("--cluster", default="local", help="the cluster whose links are replaced")
     p.add_argument("--out", default="cluster.toml", help="write the measured cluster file here")
+    p.add_argument("--json", action="store_true", help="print JSON (schema paraplan.profile-links/1) instead of a table")
     p.set_defaults(func=_cmd_profile_links)
     return parser
 

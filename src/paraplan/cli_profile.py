@@ -78,6 +78,13 @@ def cmd_profile_links(args) -> int:
                                   f"{args.nproc} processes): alpha {links.p2p.latency_s * 1e6:.1f} us, "
                                   f"beta {links.p2p.bandwidth_bytes_per_s / 1e9:.3f} GB/s")
     write_cluster_file(cluster, args.out)
+    if getattr(args, "json", False):
+        import json
+        from dataclasses import asdict
+
+        print(json.dumps({"schema": "paraplan.profile-links/1", "out": args.out, "backend": args.backend,
+                          "nproc": args.nproc, **{k: v for k, v in asdict(links).items()}}, indent=2))
+        return 0
     console().print(links_report(links))
     console().print(f"cluster written to {args.out}")
     return 0

@@ -1,0 +1,50 @@
+"""`--json` on every subcommand: one JSON document on stdout with a stable set of keys (a change to
+any of them is a change of schema and must change this test). train and profile-links, which start
+processes, are checked in tests/distributed/test_json_cli.py."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+def _json(*args) -> object:
+    res = subprocess.run([sys.executable, "-m", "paraplan", *args, "--json"], capture_output=True, text=True,
+                         env=ENV, timeout=300)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)  # the whole of stdout is the document
+
+
+def test_models_and_clusters():
+    models = _json("models")
+    assert isinstance(models, list) and all(set(m) == {"family", "layers", "model", "parameters", "source"}
+                                            for m in models)
+    clusters = _json("clusters")
+    assert all(set(c) == {"description", "device_types", "format_version", "name", "nodes"} for c in clusters)
+
+
+def test_inspect():
+    d = _json("inspect", "lenet-5")
+    assert set(d) == {"batch", "cluster", "device", "family", "inputs", "layers", "model", "parameters"}
+
+
+def test_plan_with_one_planner_and_simulate(tmp_path):
+    out = tmp_path / "p.json"
+    d = _json("plan", "--planner", "csimd", "--model", "lenet-5", "--cluster", "local", "--batch", "8", "--out",
+              str(out))
+    assert set(d) == {"feasible", "layers", "n_micro", "n_stages", "note", "operators_per_device", "out", "planner",
+                      "prediction", "reason", "search"}
+    s = _json("simulate", str(out))
+    assert set(s) == {"bubble_fraction", "devices", "feasible", "iteration_s", "memory", "reason",
+                      "throughput_samples_per_s"}
+    assert s["iteration_s"] == pytest.approx(d["prediction"]["iteration_s"], rel=1e-12)
+
+
+def test_profile(tmp_path):
+    d = _json("profile", "lenet-5", "--batch-sizes", "1,2", "--repeats", "2", "--warmup", "1", "--no-checks", "--out",
+              str(tmp_path / "prof.json"))
+    assert {"model", "layers", "device", "threads", "torch_version", "format_version"} <= set(d)

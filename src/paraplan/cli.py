@@ -563,6 +563,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "--batch-sizes gives the two batches of the affine fit (default 2,4)")
     p.set_defaults(func=_cmd_profile)
 
+    p = sub.add_parser("bench", help="regenerate a paper's evaluation (tables and figures) with an index page")
+    p.add_argument("kind", choices=("paper",), help="paper: the papers' reproductions")
+    p.add_argument("paper", help="csimd, gropipe, galvatron, fddps, bipartition or all")
+    p.add_argument("--out", default="results", help="the directory the reproductions and index.html go into")
+    p.set_defaults(func=_cmd_bench)
+
     p = sub.add_parser("profile-links", help="measure send/recv and all-reduce between real processes")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="torch.distributed backend")
     p.add_argument("--nproc", type=int, default=2, help="processes to start")
@@ -586,6 +592,12 @@ def _cmd_profile(args) -> int:
     from paraplan.cli_profile import cmd_profile
 
     return cmd_profile(args)
+
+
+def _cmd_bench(args) -> int:
+    from paraplan.cli_bench import cmd_bench
+
+    return cmd_bench(args)
 
 
 def _cmd_profile_links(args) -> int:

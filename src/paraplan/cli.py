@@ -451,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     from paraplan.planners.registry import PLANNERS, planner_names
 
     planner_names()
-    p = sub.add_parser("plan", help="find a plan: stages, micro-batches, groups (CSIMD, GroPipe, Bi-Partition, baselines)",
+    p = sub.add_parser("plan", help="find the best plan: every method compared (default), or one planner",
                        epilog="planners:\n" + "\n".join(f"  {n:20s} {s.summary}" for n, s in PLANNERS.items()))
     p.add_argument("--model", required=True, help="a zoo name (paraplan models), hf:TYPE?key=value&... or hf:path/config.json (a transformers config), or path/to/file.py:build_fn returning (model, sample inputs[, sample targets])")
     p.add_argument("--layers", default=None,

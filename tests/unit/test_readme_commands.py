@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
 # the table's placeholders, filled with something small that runs here in seconds
-PLACEHOLDERS = {"MODEL": "lenet-5", "M": "gpt2-tiny", "C": "local", "B": "8"}
+PLACEHOLDERS = {"MODEL": "lenet-5", "M": "gpt2-tiny", "C": "local", "B": "8", "PAPER": "bipartition"}
 # a plan a command reads (simulate plan.json, train --plan plan.json): one that trains on this machine
 PLAN_INPUT = ROOT / "examples" / "gpt2-tiny-local-1f1b-2x4.json"
 # commands left out (unless PARAPLAN_README_ALL=1), with why: the test is kept to about 40 s on two cores
@@ -31,6 +31,11 @@ SLOW: dict[str, str] = {} if os.environ.get("PARAPLAN_README_ALL") else {
     "fenced: paraplan inspect gpt3-175b --batch 1 --cluster galvatron-64xa100":
         "measuring GPT-3 175B's 98 layers on meta takes about 11 s of CPU, a quarter of this test; "
         "`inspect` runs here on lenet-5 (the table's row); PARAPLAN_README_ALL=1 runs it too",
+    "fenced: paraplan plan --model gpt2-xl --cluster galvatron-8xtitan --batch 64 --memory 16GiB --report report/":
+        "every planner on GPT-2 XL (~30 s of two cores); `make demo` runs this same command, and the table's "
+        "row runs the comparison on gpt2-tiny here",
+    "table: paraplan bench paper PAPER [--out DIR]":
+        "runs two benchmark scripts (~25 s); tests/unit/test_bench_paper.py runs exactly this command",
 }
 
 

@@ -18,8 +18,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +25,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from _paraplan_cli import cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
 
 from paraplan.costs.memory import plan_memory  # noqa: E402
 from paraplan.costs.model import profile_cost_model  # noqa: E402
@@ -46,15 +45,7 @@ MODEL = "vgg-tiny"
 BATCH = 32
 N_MICRO = 4
 WARMUP_STEPS = 2
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
 
-
-def cli(*args) -> str:
-    res = subprocess.run([sys.executable, "-m", "paraplan", *args], capture_output=True, text=True, env=ENV,
-                         timeout=900)
-    if res.returncode != 0:
-        raise RuntimeError(res.stderr)
-    return res.stdout
 
 
 def _split(ranges) -> Plan:

@@ -27,10 +27,10 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
+
+from _paraplan_cli import cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
 
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
@@ -48,19 +48,11 @@ OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "runtime_dag"
 MODEL = "vgg-tiny"
 BATCH = 16
 WARMUP_STEPS = 2
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
 # fddps_eval.py's setups: (label, zoo model, image size, batch, GPU counts)
 PAPER_SETUPS = [("vgg-16", "vgg-16", None, 64, (2, 4)), ("resnet-50", "resnet-50", None, 64, (4, 8)),
                 ("resnet-152", "resnet-152", None, 16, (4, 8)), ("nasnet-large", "nasnet-large", None, 16, (4, 8)),
                 ("nasnet-large@331", "nasnet-large", 331, 16, (4, 8))]
 
-
-def cli(*args) -> str:
-    res = subprocess.run([sys.executable, "-m", "paraplan", *args], capture_output=True, text=True, env=ENV,
-                         timeout=900)
-    if res.returncode != 0:
-        raise RuntimeError(res.stderr)
-    return res.stdout
 
 
 def spread(plan, world: int):

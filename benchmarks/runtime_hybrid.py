@@ -16,8 +16,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,6 +23,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from _paraplan_cli import cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
 
 from paraplan.costs.memory import plan_memory  # noqa: E402
 from paraplan.costs.model import profile_cost_model  # noqa: E402
@@ -42,16 +41,8 @@ OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "runtime_hybrid"
 MODEL = "gpt2-tiny"
 BATCH = 16
 WARMUP_STEPS = 2
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
 PLANNERS = ("dp", "sdp", "tp", "pp", "galvatron-bmw")
 
-
-def cli(*args) -> str:
-    res = subprocess.run([sys.executable, "-m", "paraplan", *args], capture_output=True, text=True, env=ENV,
-                         timeout=900)
-    if res.returncode != 0:
-        raise RuntimeError(res.stderr)
-    return res.stdout
 
 
 def plans(cm) -> dict:

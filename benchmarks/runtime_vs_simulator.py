@@ -13,14 +13,13 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from _paraplan_cli import cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
 
 from paraplan.costs.model import profile_cost_model  # noqa: E402
 from paraplan.hardware import load_cluster  # noqa: E402
@@ -37,7 +36,6 @@ STEPS = 14
 WARMUP_STEPS = 2
 # The runtime's own costs (per pipeline action, per step) are read off the measured timeline of the
 # demo plan (runtime/compare.py: measured_overheads) and then used to predict every plan.
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
 
 
 def pipeline(cuts, n_micro, schedule="1f1b", batch=32) -> Plan:
@@ -62,13 +60,6 @@ PLANS = {
     "dp 2x1 m=4 delayed": data_parallel(4, "gropipe-delayed"),
 }
 
-
-def cli(*args) -> str:
-    res = subprocess.run([sys.executable, "-m", "paraplan", *args], capture_output=True, text=True, env=ENV,
-                         timeout=900)
-    if res.returncode != 0:
-        raise RuntimeError(res.stderr)
-    return res.stdout
 
 
 def main() -> None:

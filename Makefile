@@ -19,22 +19,16 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/paraplan models --no-tiny
-	$(BIN)/paraplan clusters
-	$(BIN)/paraplan inspect gpt2-tiny --batch 4 --cluster local
 	mkdir -p results
-	# the main job: every method on GPT-2 XL over 8 TITANs with 16 GiB each, the best plan written, a report
+	# 1. the main job at the papers' scale: every method on GPT-2 XL over 8 TITANs with 16 GiB each,
+	#    the best plan written, the lower bound, an HTML report
 	$(BIN)/paraplan plan --model gpt2-xl --cluster galvatron-8xtitan --batch 64 --memory 16GiB --out results/demo-auto.json --report results/demo-report
-	# one method on its own: CSIMD over eight V100 servers, then look at the plan
-	$(BIN)/paraplan plan --model gpt2-xl --cluster csimd-v100-10gbe --batch 64 --planner csimd --out results/demo-plan.json
-	$(BIN)/paraplan plan --model vgg-16 --cluster csimd-v100-1gbe --batch 64 --stages 4 --planner even --micro-batches 4 --out results/demo-even.json
-	$(BIN)/paraplan plan --model vgg-16 --cluster csimd-v100-1gbe --batch 64 --stages 4 --planner csimd --out results/demo-vgg.json
-	$(BIN)/paraplan simulate results/demo-plan.json --gantt results/demo-plan.png --trace results/demo-plan.trace.json
-	$(BIN)/paraplan simulate examples/gpt2-xl-1f1b-4x8.json --gantt results/demo-1f1b.png
-	# and run a small plan for real on this machine's cores, against its prediction
-	$(BIN)/paraplan train --plan examples/gpt2-tiny-local-1f1b-2x4.json --steps 6 --compare --out-dir results/demo-train
-	$(BIN)/paraplan simulate examples/resnet-50-gropipe-2x4.json
-	$(BIN)/paraplan simulate examples/bert-huge-32-dp8.json --memory-gib 12
+	# 2. proof on real processes, on this machine: measure it once (2 cores as 2 devices), profile a small
+	#    model with deliberately uneven layers, plan it with every method, then run the chosen plan, the
+	#    even split and one process for real, interleaved, against their predictions
+	$(BIN)/paraplan calibrate --quick --devices 2 --out results/demo-local.toml
+	$(BIN)/paraplan profile examples/uneven.py:build --batch-sizes 8,16,32,64 --repeats 5 --no-checks --out results/demo-uneven-profile.json
+	$(BIN)/paraplan plan --model examples/uneven.py:build --cluster results/demo-local.toml --profile results/demo-uneven-profile.json --batch 64 --out results/demo-uneven.json --prove
 
 # Two pytest workers (this machine has two cores), whole files to one worker so that a file's
 # module-scoped fixtures run once; `make test` stays under 15 minutes here.
@@ -45,7 +39,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
 # `make bench` writes into bench-out/ (ignored); `make results` regenerates the committed results/
-BENCHMARKS := simulator_speed csimd_eval gropipe_bipartition_eval planner_speed_csimd planner_speed_bipartition \
+BENCHMARKS := fidelity simulator_speed csimd_eval gropipe_bipartition_eval planner_speed_csimd planner_speed_bipartition \
 	runtime_vs_simulator profile_nonlinearity galvatron_memory galvatron_eval galvatron_search_speed fddps_search_speed \
 	fddps_eval fddps_contention runtime_hybrid runtime_overhead bipartition_modes runtime_bipartition runtime_dag
 

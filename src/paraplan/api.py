@@ -109,22 +109,29 @@ def simulate(plan_or_path: Plan | str | Path, *, cluster: str | None = None, pro
 
 def train(plan_or_path: Plan | str | Path, *, steps: int = 3, nproc: int | None = None, out_dir=None, **config):
     """Run the plan for real on local gloo processes (one per device); returns {"losses", "step_s",
-    "out_dir"}. `config`: TrainConfig's fields (optimizer, lr, clip_norm, dropout, seed, ...)."""
+    "out_dir"}. `config`: TrainConfig's fields (optimizer, lr, clip_norm, dropout, seed, data,
+    data_dtype, ...); data="train.bin" or "samples.npz" trains on real data (docs/runtime.md)."""
     import json
     import tempfile
+    from dataclasses import replace
 
     from paraplan.models import source
     from paraplan.runtime.compare import step_times
+    from paraplan.runtime.data import check_data
     from paraplan.runtime.launch import check_before_launch, spawn
     from paraplan.runtime.worker import TrainConfig
 
     p = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
-    out = Path(out_dir or tempfile.mkdtemp(prefix="paraplan-train-"))
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = TrainConfig(plan=p, model=config.pop("model", p.model), steps=steps, out_dir=str(out), **config)
+    cfg = TrainConfig(plan=p, model=config.pop("model", p.model), steps=steps, **config)
     built = source.build(cfg.model, device="meta", seq_len=cfg.seq_len, image_size=cfg.image_size)
     world = nproc or len(p.devices)
     layers = built.layers()
     check_before_launch(cfg, world, len(layers), layers)
+    if cfg.data is not None:
+        check_data(cfg.data, cfg.data_dtype, built.inputs, cfg.model)
+    # the output directory only once every check has passed: a refused run leaves nothing behind
+    out = Path(out_dir or tempfile.mkdtemp(prefix="paraplan-train-"))
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = replace(cfg, out_dir=str(out))
     spawn(cfg, world)
     return {"losses": json.loads((out / "losses.json").read_text()), "step_s": step_times(out), "out_dir": str(out)}

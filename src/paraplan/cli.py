@@ -346,6 +346,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, default=None,
                    help="auto: seconds each planner may take before its row says it timed out (default 60)")
     p.add_argument("--report", default=None, help="auto: write an HTML report (index.html) into this directory")
+    p.add_argument("--prove", action="store_true",
+                   help="auto: then run the chosen plan, the even split and one process for real on this machine "
+                        "(interleaved rounds) and print predicted against measured and the measured speedup")
+    p.add_argument("--prove-rounds", type=int, default=3, help="--prove: rounds of the three runs")
+    p.add_argument("--prove-steps", type=int, default=12, help="--prove: training steps per run (the first 2 are "
+                                                             "warm-up)")
     p.add_argument("--stages", type=int, default=None, help="pipeline stages (default: all devices, at most K)")
     p.add_argument("--micro-batches", type=int, default=None, help="fix the micro-batch count (GPipe-E-p)")
     p.add_argument("--exact-stages", action="store_true",
@@ -397,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=None, help="ranks to start (default: the plan's devices)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON document (schema paraplan.train/1: losses, step times, memory, comparison)")
-    p.add_argument("--seed", type=int, default=0, help="for the initial weights and the synthetic data")
+    p.add_argument("--seed", type=int, default=0,
+                   help="for the initial weights and the batches (synthetic, or which --data samples)")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     p.add_argument("--optimizer", default="adam", help="adam or sgd")
     p.add_argument("--clip-norm", type=float, default=None,
@@ -416,9 +423,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=None, help="for --compare: measured costs (paraplan profile)")
     p.add_argument("--overheads", default=None,
                    help="for --compare: the runtime's overheads measured by an earlier run (its overheads.json; "
-                        "default: the measurement shipped for this kind of machine)")
+                        "default: the --cluster's own if it was calibrated, else the measurement shipped for this "
+                        "kind of machine)")
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--image-size", type=int, default=None)
+    p.add_argument("--data", default=None, metavar="PATH",
+                   help="train on real data (default: synthetic batches): a token file of flat ids (nanoGPT's "
+                        "train.bin) for a language model, or an .npz with arrays 'inputs' and 'labels' "
+                        "(docs/runtime.md)")
+    p.add_argument("--data-dtype", choices=("uint16", "uint32"), default="uint16",
+                   help="the width of each token id in a --data token file")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("profile", help="measure every layer's forward and backward time at several batch sizes")
@@ -456,6 +470,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="cluster.toml", help="write the measured cluster file here")
     p.add_argument("--json", action="store_true", help="print JSON (schema paraplan.profile-links/1) instead of a table")
     p.set_defaults(func=_cmd_profile_links)
+
+    p = sub.add_parser("calibrate", help="measure this machine once (compute, links under load, runtime "
+                                         "overheads) and write a cluster file for plan, simulate and train --compare")
+    p.add_argument("--out", default="local-calibrated.toml", help="write the calibrated cluster file here (default: %(default)s)")
+    p.add_argument("--quick", action="store_true", help="one reference model and two overhead runs (~1 minute)")
+    p.add_argument("--devices", type=int, default=None,
+                   help="devices (CPU cores, one process each) in the written cluster (default: every core)")
+    p.add_argument("--json", action="store_true", help="print JSON (schema paraplan.calibrate/1) instead of lines")
+    p.set_defaults(func=_cmd_calibrate)
     return parser
 
 
@@ -477,6 +500,12 @@ def _cmd_bench(args) -> int:
     from paraplan.cli_bench import cmd_bench
 
     return cmd_bench(args)
+
+
+def _cmd_calibrate(args) -> int:
+    from paraplan.cli_profile import cmd_calibrate
+
+    return cmd_calibrate(args)
 
 
 def _cmd_profile_links(args) -> int:

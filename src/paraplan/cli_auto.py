@@ -30,6 +30,13 @@ def cmd_plan_auto(args, given: dict) -> int:
     if args.report:
         _check_output("--report", args.report, directory=True)
     cluster = load_cluster(args.cluster)
+    if args.prove:
+        from paraplan.prove import check_runs_here
+
+        check_runs_here(cluster.n_devices, args.cluster)
+        if args.prove_steps <= 2 or args.prove_rounds < 1:
+            raise ParaplanError("--prove-steps must be more than 2 (the first two are warm-up) and --prove-rounds "
+                                f"positive; got {args.prove_steps} and {args.prove_rounds}")
     err = console(stderr=True)
     with err.status(f"measuring {args.model} on meta"):
         built, spec = _measured_model(args.model, args.seq_len, args.image_size, args.layers)
@@ -86,6 +93,10 @@ def cmd_plan_auto(args, given: dict) -> int:
                 out.print(_flags_in(best.plan.search.note))
         if args.report:
             out.print(f"report written to {args.report}/index.html")
+    if best is not None and args.prove:
+        proof = prove_best(best, request, err, args)
+        if not args.json:
+            print_proof(proof, best.planner)
     if best is None:
         failed = [r for r in result.rows if r.status == "infeasible"]
         closest = min(failed, key=lambda r: r.iteration_s) if failed else None
@@ -107,3 +118,52 @@ def auto_json(result, out: str | None, gap: float | None, plan_to_dict) -> dict:
                   "capacity_bytes": list(r.capacity_bytes), "bubble_fraction": r.bubble, "search_s": r.search_s,
                   "reason": r.reason} for r in result.rows],
     }
+
+
+def prove_best(best, request, err, args):
+    """The chosen plan, the even split over every device and one process, run for real (prove.py)."""
+    from dataclasses import replace
+
+    from paraplan.planners.registry import make_plan
+    from paraplan.prove import one_process_plan, run_interleaved
+    from paraplan.simulate.predict import simulate_plan
+
+    cm = request.costs
+    n = cm.cluster.n_devices
+    plans = {f"chosen ({best.planner})": best.plan}
+    if n > 1:
+        even = make_plan(replace(request, n_stages=min(n, cm.model.n_layers), n_micro=None, exact_stages=True),
+                         "even")
+        plans[f"even split ({even.n_stages} stages)"] = even
+    plans["one process"] = one_process_plan(best.plan)
+    judged = {name: (plan, simulate_plan(plan, cm).prediction.iteration_s) for name, plan in plans.items()}
+    with err.status("running the plans for real") as status:
+        return run_interleaved(judged, args.prove_rounds, args.prove_steps,
+                               progress=lambda text: status.update(f"running the plans for real: {text}"))
+
+
+def print_proof(proof, chosen: str) -> None:
+    from rich.table import Table
+
+    from paraplan.report import console
+
+    table = Table(title="proof on this machine: predicted against measured (median of rounds, min..max)")
+    for col in ("plan", "predicted", "measured", "error", "chosen is faster by"):
+        table.add_column(col, justify="left" if col == "plan" else "right")
+    first = proof[0]
+    for m in proof:
+        speedup = "" if m is first else f"{m.median_s / first.median_s:.2f}x"
+        table.add_row(m.name, f"{m.predicted_s * 1e3:.1f} ms",
+                      f"{m.median_s * 1e3:.1f} ms ({min(m.rounds_s) * 1e3:.1f}..{max(m.rounds_s) * 1e3:.1f})",
+                      f"{m.error:+.1%}", speedup)
+    out = console()
+    out.print(table)
+    fastest_measured = min(proof, key=lambda m: m.median_s)
+    fastest_predicted = min(proof, key=lambda m: m.predicted_s)
+    if fastest_measured is first:
+        out.print(f"the chosen plan ({chosen}) is the fastest measured: "
+                  + ", ".join(f"{m.median_s / first.median_s:.2f}x faster than {m.name}" for m in proof[1:]))
+    else:
+        out.print(f"measured, {fastest_measured.name} is faster than the chosen plan "
+                  f"({first.median_s / fastest_measured.median_s:.2f}x); the prediction ranked "
+                  f"{fastest_predicted.name} first")

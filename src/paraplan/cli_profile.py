@@ -90,6 +90,28 @@ def cmd_profile_links(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    from paraplan.calibrate import calibrate
+    from paraplan.hardware.cluster_file import write_cluster_file
+    from paraplan.report import console
+
+    _check_output("--out", args.out)
+    with console(stderr=True).status("calibrating") as status:
+        result = calibrate(quick=args.quick, devices=args.devices, progress=lambda text: status.update(f"calibrating: {text}"))
+    write_cluster_file(result.cluster, args.out, calibration=result.evidence)
+    if args.json:
+        from paraplan.hardware.cluster_file import cluster_to_dict
+
+        print(json.dumps({"schema": "paraplan.calibrate/1", "out": args.out,
+                          "cluster": cluster_to_dict(result.cluster, result.evidence)}, indent=1))
+        return 0
+    for line in result.summary:
+        console().print(line)
+    console().print(f"cluster written to {args.out}: use it as --cluster {args.out} with plan, simulate and "
+                    "train --compare")
+    return 0
+
+
 def _operator_profile(args, device, sizes) -> int:
     """Time every operator of one training iteration (profiling/operators.py) at two batches."""
     import platform

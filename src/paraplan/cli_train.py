@@ -4,7 +4,15 @@ comparison with the prediction. Split from cli.py, which keeps the argument pars
 from __future__ import annotations
 
 from paraplan.cli_args import _check_output
-from paraplan.errors import ParaplanError
+from paraplan.errors import FieldError, ParaplanError
+
+
+def _data_check(check, *args) -> None:
+    """runtime/data.py's checks name the field (data, data_dtype); here it is the flag."""
+    try:
+        check(*args)
+    except FieldError as exc:
+        raise ParaplanError(f"--{exc.field.replace('_', '-')}: {exc.detail}") from None
 
 
 def cmd_train(args) -> int:
@@ -18,6 +26,7 @@ def cmd_train(args) -> int:
     from paraplan.plan.plan_file import read_plan
     from paraplan.runtime.checkpoints import check_resume
     from paraplan.runtime.compare import measured_overheads, read_overheads, write_overheads
+    from paraplan.runtime.data import check_data, check_file
     from paraplan.runtime.launch import check_before_launch, run_under_torchrun, spawn, under_torchrun
     from paraplan.runtime.worker import TrainConfig
 
@@ -30,16 +39,27 @@ def cmd_train(args) -> int:
     _check_output("--out-dir", out_dir, directory=True)
     if args.checkpoint_dir and not args.resume:
         _check_output("--checkpoint-dir", args.checkpoint_dir, directory=True)
+    if args.data:  # the file alone first: a missing one fails before the model is measured
+        _data_check(check_file, args.data, args.data_dtype)
     config = TrainConfig(plan=plan, model=model, steps=args.steps, seed=args.seed, lr=args.lr,
                          optimizer=args.optimizer, clip_norm=args.clip_norm, out_dir=out_dir, seq_len=args.seq_len,
                          image_size=args.image_size, dropout=not args.no_dropout, checkpoint_dir=args.checkpoint_dir,
                          checkpoint_every=args.checkpoint_every, resume=args.resume, timeout_s=args.timeout,
-                         log=not args.json)
+                         log=not args.json, data=args.data, data_dtype=args.data_dtype)
     if args.resume:
         check_resume(config)
-    overheads = read_overheads(args.overheads) if args.overheads else read_overheads()
     compare_cluster = load_cluster(args.cluster or plan.cluster) if args.compare else None  # as simulate
+    # the runtime's overheads: a measurement named on the command line, else the calibrated
+    # cluster's own (paraplan calibrate), else the one shipped for this kind of machine
+    if args.overheads:
+        overheads = read_overheads(args.overheads)
+    elif compare_cluster is not None and compare_cluster.overheads is not None:
+        overheads = compare_cluster.overheads
+    else:
+        overheads = read_overheads()
     built, spec = _measured_model(model, args.seq_len, args.image_size)
+    if args.data:  # against the model, the whole file read once; before any directory or rank
+        _data_check(check_data, args.data, args.data_dtype, built.inputs, model)
     torchrun = under_torchrun()
     import os
 

@@ -11,33 +11,9 @@ from paraplan.costs.op_costs import OperatorProfile
 from paraplan.costs.profile import Profile, profile_costs
 from paraplan.costs.timefn import LayerCosts
 from paraplan.errors import ParaplanError
-from paraplan.hardware.cluster import Cluster, DeviceSpec
+from paraplan.hardware.cluster import Cluster, DeviceSpec, RuntimeOverheads  # noqa: F401  (re-exported)
 from paraplan.models.opspec import OpGraph
 from paraplan.models.spec import ModelSpec
-
-
-@dataclass(frozen=True)
-class RuntimeOverheads:
-    """What the runtime (torch.distributed.pipelining on gloo) costs beyond compute and transfers.
-
-    The papers' models have none of these; a prediction of a real run needs them. They come from a
-    measurement (`runtime/compare.py: measured_overheads`, on a recorded timeline), never from
-    constants: `source` says which.
-      rendezvous: blocking point-to-point transfers that start only once the receiver posts its
-                  receive (simulate/pipeline.py);
-      action_s:   per pipeline action (schedule bookkeeping, the autograd engine starting, p2p calls);
-      step_s:     per iteration, outside the schedule (optimizer, zeroing gradients, the loss).
-    """
-
-    rendezvous: bool = False
-    action_s: float = 0.0
-    step_s: float = 0.0
-    source: str = "none"
-
-    def __post_init__(self):
-        if self.action_s < 0 or self.step_s < 0:
-            raise ValueError(f"runtime overheads must not be negative: {self}")
-
 
 NO_OVERHEADS = RuntimeOverheads()
 
@@ -65,6 +41,10 @@ class CostModel:
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        # A calibrated cluster carries the runtime's measured overheads: used unless the caller
+        # gives its own (train --compare --overheads FILE)
+        if self.overheads is NO_OVERHEADS and self.cluster.overheads is not None:
+            object.__setattr__(self, "overheads", self.cluster.overheads)
         # One memory rule for every caller (planners, the simulator): on a cluster of CPUs the
         # CUDA-only terms (context, caching allocator) go (MemoryConfig.for_device_kind)
         kinds = {slot.spec.name for slot in self.cluster.devices}

@@ -41,7 +41,7 @@ import numpy as np
 from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.timefn import LayerCosts
-from paraplan.hardware.cluster import Cluster, LinkSpec
+from paraplan.hardware.cluster import Cluster, LinkSpec, RuntimeOverheads
 from paraplan.models.spec import ModelSpec
 from paraplan.plan.plan import LayerStrategy
 
@@ -96,15 +96,22 @@ def overlapped_s(compute_s: float, comm_s: float, slowdown: float) -> float:
 
 
 def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,
-               tp_link: LinkSpec, data_link: LinkSpec, overlap_slowdown: float | None = None) -> LayerTime:
+               tp_link: LinkSpec, data_link: LinkSpec, overlap_slowdown: float | None = None,
+               runtime: RuntimeOverheads | None = None, compute_scale: float = 1.0) -> LayerTime:
     """Time of layer `index` on one device of its group (Galvatron-BMW §V). `data_link` prices the
     SDP collectives (the link of the sdp group); with `overlap_slowdown` the backward's SDP
-    collectives overlap its compute (`overlapped_s`), else they add up."""
+    collectives overlap its compute (`overlapped_s`), else they add up. `runtime`: the measured
+    per-layer costs of the TP / SDP machinery (not in the paper: `paraplan calibrate`);
+    `compute_scale` multiplies compute (RuntimeOverheads.scale_for)."""
     layer = model.layers[index]
     local = micro_batch / strategy.data_degree
     tp, sdp = strategy.tp, strategy.sdp
-    forward = float(costs.forward[index](local)) / tp
-    backward = float(costs.backward[index](local)) / tp
+    forward = compute_scale * float(costs.forward[index](local)) / tp
+    backward = compute_scale * float(costs.backward[index](local)) / tp
+    if runtime is not None:
+        extra = (runtime.tp_layer_s if tp > 1 else 0.0) + (runtime.sdp_layer_s if sdp > 1 else 0.0)
+        forward += extra
+        backward += extra
     if tp > 1:  # Megatron: two all-reduces of the activations per pass
         forward += 2 * ring_allreduce_s(layer.output_bytes.at(local), tp, tp_link)
         backward += 2 * ring_allreduce_s(layer.output_grad_bytes.at(local), tp, tp_link)
@@ -184,7 +191,8 @@ def slice_gather_s(model: ModelSpec, index: int, a: LayerStrategy, b: LayerStrat
 
 def strategy_arrays(costs: LayerCosts, model: ModelSpec, strategies: tuple[LayerStrategy, ...], micro_batch: float,
                     cluster: Cluster, devices: tuple[int, ...], config: MemoryConfig,
-                    overlap_slowdown: float | None = None, layers: range | None = None) -> dict[str, np.ndarray]:
+                    overlap_slowdown: float | None = None, layers: range | None = None,
+                    runtime: RuntimeOverheads | None = None, compute_scale: float = 1.0) -> dict[str, np.ndarray]:
     """Every layer (of `layers`, default all) under every strategy on the group `devices`: arrays of
     shape [layer, strategy] for a dynamic program (Galvatron-BMW's): forward_s, backward_s,
     grad_allreduce_s (the dp all-reduce of the layer's gradients on its dp group's link),
@@ -196,7 +204,8 @@ def strategy_arrays(costs: LayerCosts, model: ModelSpec, strategies: tuple[Layer
     for j, st in enumerate(strategies):
         links = strategy_links(cluster, st, devices)
         for row, i in enumerate(layers):
-            t = layer_time(costs, model, i, st, micro_batch, links["tp"], links["sdp"], overlap_slowdown)
+            t = layer_time(costs, model, i, st, micro_batch, links["tp"], links["sdp"], overlap_slowdown, runtime,
+                           compute_scale)
             m = layer_memory(model, i, st, micro_batch, config)
             out["forward_s"][row, j], out["backward_s"][row, j] = t.forward_s, t.backward_s
             out["grad_allreduce_s"][row, j] = ring_allreduce_s(t.grad_allreduce_bytes, st.dp, links["dp"])

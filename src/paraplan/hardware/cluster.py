@@ -42,6 +42,43 @@ class LinkSpec:
 
 
 @dataclass(frozen=True)
+class RuntimeOverheads:
+    """What the runtime (torch.distributed.pipelining on gloo) costs beyond compute and transfers.
+
+    The papers' models have none of these; a prediction of a real run needs them. They come from a
+    measurement (`runtime/compare.py: measured_overheads` on a recorded timeline, averaged over
+    several runs by `paraplan calibrate`), never from constants: `source` says which. A cluster
+    file written by `paraplan calibrate` carries them (its [runtime] table), so that plan,
+    simulate and train --compare on that cluster predict with them.
+      rendezvous: blocking point-to-point transfers that start only once the receiver posts its
+                  receive (simulate/pipeline.py);
+      action_s:   per pipeline action (schedule bookkeeping, the autograd engine starting, p2p calls);
+      step_s:     per iteration, outside the schedule (optimizer, zeroing gradients, the loss).
+      compute_scale: a layer's time while every device of the machine computes over its time
+                  alone (CPU cores sharing caches, memory bandwidth or a host's hyperthreads); it
+                  multiplies the compute of plans that use more than one device;
+      tp_layer_s, sdp_layer_s: per layer and pass under tensor parallelism (DTensor) / sharded data
+                  parallelism (FSDP2), beyond the collectives' link time: dispatch, hooks, copies.
+    """
+
+    rendezvous: bool = False
+    action_s: float = 0.0
+    step_s: float = 0.0
+    source: str = "none"
+    compute_scale: float = 1.0
+    tp_layer_s: float = 0.0
+    sdp_layer_s: float = 0.0
+
+    def __post_init__(self):
+        if min(self.action_s, self.step_s, self.tp_layer_s, self.sdp_layer_s) < 0 or not self.compute_scale > 0:
+            raise ValueError(f"runtime overheads must not be negative: {self}")
+
+    def scale_for(self, n_devices_used: int) -> float:
+        """What multiplies compute times in a plan on `n_devices_used` devices."""
+        return self.compute_scale if n_devices_used > 1 else 1.0
+
+
+@dataclass(frozen=True)
 class NodeSpec:
     name: str
     devices: tuple[DeviceSpec, ...]
@@ -64,6 +101,8 @@ class Cluster:
     name: str
     nodes: tuple[NodeSpec, ...]
     description: str = ""
+    # the runtime's measured overheads on this cluster (`paraplan calibrate`); None: not measured
+    overheads: RuntimeOverheads | None = None
 
     @cached_property
     def devices(self) -> tuple[DeviceSlot, ...]:
@@ -104,7 +143,7 @@ class Cluster:
 
     def with_memory(self, memory_bytes: int) -> Cluster:
         """The same cluster with every device's memory set to a budget (a user's limit)."""
-        return Cluster(name=self.name, description=self.description, nodes=tuple(
+        return replace(self, nodes=tuple(
             NodeSpec(n.name, tuple(replace(d, memory_bytes=memory_bytes) for d in n.devices), n.intra_link, n.network)
             for n in self.nodes))
 

@@ -20,6 +20,18 @@
     intra_link = { bandwidth_bytes_per_s = 12e9, latency_s = 1e-5 }
     network = { bandwidth_bytes_per_s = 1.175e9, latency_s = 5e-5 }
 
+    [runtime]                              # optional: the runtime's measured overheads
+    rendezvous = true                      # (written by `paraplan calibrate`)
+    action_s = 2.5e-4
+    step_s = 5e-3
+    compute_scale = 1.1                    # optional (default 1): compute while every device computes
+    tp_layer_s = 1e-3                      # optional (default 0): per layer and pass under TP / SDP
+    sdp_layer_s = 1e-3
+    source = "how they were measured"
+
+    [calibration]                          # optional, not read back: the evidence behind the
+    ...                                    # figures above (`paraplan calibrate` writes it)
+
 Every error names the file, the field and what was expected, in one line.
 """
 
@@ -30,7 +42,7 @@ import sys
 from pathlib import Path
 
 from paraplan.errors import ParaplanError
-from paraplan.hardware.cluster import Cluster, DeviceSpec, LinkSpec, NodeSpec
+from paraplan.hardware.cluster import Cluster, DeviceSpec, LinkSpec, NodeSpec, RuntimeOverheads
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -122,7 +134,22 @@ def cluster_from_dict(data: dict, origin: str) -> Cluster:
         for c in range(count):
             nodes.append(NodeSpec(name=base if count == 1 else f"{base}{c}",
                                   devices=tuple(types[d] for d in devices), intra_link=intra, network=network))
-    return Cluster(name=name, nodes=tuple(nodes), description=str(data.get("description", "")))
+    return Cluster(name=name, nodes=tuple(nodes), description=str(data.get("description", "")),
+                   overheads=_runtime(f"{origin}: runtime", data["runtime"]) if "runtime" in data else None)
+
+
+def _runtime(where: str, table: object) -> RuntimeOverheads:
+    if not isinstance(table, dict):
+        raise ClusterFileError(f"{where}: expected a table {{ rendezvous = ..., action_s = ..., step_s = ... }}")
+    rendezvous = table.get("rendezvous", False)
+    if not isinstance(rendezvous, bool):
+        raise ClusterFileError(f"{where}.rendezvous: expected true or false, got {rendezvous!r}")
+    optional = {key: _number(where, table, key, unit, allow_zero=key != "compute_scale")
+                for key, unit in (("compute_scale", "a factor"), ("tp_layer_s", "seconds"), ("sdp_layer_s", "seconds"))
+                if key in table}
+    return RuntimeOverheads(rendezvous=rendezvous, action_s=_number(where, table, "action_s", "seconds", True),
+                            step_s=_number(where, table, "step_s", "seconds", True),
+                            source=str(table.get("source", where)), **optional)
 
 
 def read_cluster_file(path: str | Path) -> Cluster:
@@ -138,8 +165,9 @@ def read_cluster_file(path: str | Path) -> Cluster:
     return cluster_from_dict(data, str(path))
 
 
-def cluster_to_dict(cluster: Cluster) -> dict:
-    """The TOML-ready form of a cluster (nodes written one by one, device types deduplicated)."""
+def cluster_to_dict(cluster: Cluster, calibration: dict | None = None) -> dict:
+    """The TOML-ready form of a cluster (nodes written one by one, device types deduplicated);
+    `calibration`: the measurements behind it, kept in the file for the record."""
     types: dict[str, DeviceSpec] = {}
     for node in cluster.nodes:
         for d in node.devices:
@@ -148,7 +176,7 @@ def cluster_to_dict(cluster: Cluster) -> dict:
     def link(lk: LinkSpec) -> dict:
         return {"bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s, "latency_s": lk.latency_s}
 
-    return {
+    data = {
         "format_version": FORMAT_VERSION,
         "name": cluster.name,
         "description": cluster.description,
@@ -162,12 +190,20 @@ def cluster_to_dict(cluster: Cluster) -> dict:
         "nodes": [{"name": n.name, "devices": [d.name for d in n.devices], "intra_link": link(n.intra_link),
                    "network": link(n.network)} for n in cluster.nodes],
     }
+    if cluster.overheads is not None:
+        o = cluster.overheads
+        data["runtime"] = {"rendezvous": o.rendezvous, "action_s": o.action_s, "step_s": o.step_s,
+                           "compute_scale": o.compute_scale, "tp_layer_s": o.tp_layer_s, "sdp_layer_s": o.sdp_layer_s,
+                           "source": o.source}
+    if calibration:
+        data["calibration"] = calibration
+    return data
 
 
-def write_cluster_file(cluster: Cluster, path: str | Path) -> None:
+def write_cluster_file(cluster: Cluster, path: str | Path, calibration: dict | None = None) -> None:
     """Write atomically: a half-written cluster file is never left behind."""
     import tomli_w
 
     from paraplan.fileio import atomic_write_text
 
-    atomic_write_text(path, tomli_w.dumps(cluster_to_dict(cluster)))
+    atomic_write_text(path, tomli_w.dumps(cluster_to_dict(cluster, calibration)))

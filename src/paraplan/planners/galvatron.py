@@ -106,8 +106,10 @@ class _Searcher:
         key = (self.signature(devices), micro)
         if key not in self._arrays:
             strategies = variant_strategies(self.variant, len(devices))
+            # the measured runtime figures of a calibrated cluster, as the simulator charges them
             a = strategy_arrays(self.cm.compute(devices[0]), self.model, strategies, micro, self.cluster, devices,
-                                self.config, self.slow)
+                                self.config, self.slow, runtime=self.cm.overheads,
+                                compute_scale=self.cm.overheads.scale_for(self.cluster.n_devices))
             a["strategies"] = strategies
             a["extra_forward"], a["extra_backward"] = self.extra_memory(strategies, micro)
             a["allowed"] = np.array([micro == int(micro) and int(micro) % s.data_degree == 0 for s in strategies])

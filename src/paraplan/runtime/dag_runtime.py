@@ -65,6 +65,7 @@ from paraplan.runtime.dag_graph import (
     rebuild,
     substitute,
 )
+from paraplan.runtime.data import batch_source
 from paraplan.runtime.materialize import build_layers, materialize
 from paraplan.runtime.memory_meter import MemoryMeter, state_bytes
 from paraplan.runtime.worker import TrainConfig, make_optimizer
@@ -361,10 +362,11 @@ def train_dag_rank(config: TrainConfig) -> dict:
     optim = make_optimizer(config, params)
     torch.manual_seed(config.seed + 1000 * rank)
     losses, step_times, memory = [], [], None
+    batches = batch_source(built, plan.global_batch, config.seed, config.data, config.data_dtype)
     for step in range(config.steps):
         if config.step_hook is not None:
             config.step_hook(rank, step)
-        inputs, targets = built.batch(plan.global_batch, seed=config.seed * 7919 + step)
+        inputs, targets = batches(step)
         optim.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         # memory on the last step, as train_rank: what autograd saves (MemoryMeter's pack hook)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from paraplan.runtime.data import batch_source
 from paraplan.runtime.materialize import StageModule, build_layers, materialize
 from paraplan.runtime.worker import TrainConfig, make_optimizer
 
@@ -23,8 +24,9 @@ def reference_run(config: TrainConfig) -> tuple[list[float], dict[str, torch.Ten
     shard = plan.global_batch // n_replicas
     micro = shard // plan.n_micro
     losses = []
+    batches = batch_source(built, plan.global_batch, config.seed, config.data, config.data_dtype)
     for step in range(config.steps):
-        inputs, targets = built.batch(plan.global_batch, seed=config.seed * 7919 + step)
+        inputs, targets = batches(step)
         optim.zero_grad(set_to_none=True)
         total = 0.0
         # the same micro-batches as the pipeline: losses averaged over micro-batches and replicas

@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from paraplan.errors import FieldError
 from paraplan.plan.plan import Plan
+from paraplan.runtime.data import TOKEN_DTYPES, batch_source
 from paraplan.runtime.materialize import StageModule, build_layers, materialize
 from paraplan.runtime.memory_meter import MemoryMeter, local_value, state_bytes
 
@@ -63,6 +64,10 @@ class TrainConfig:
     out_dir: str | None = None  # losses and each stage's final parameters go here
     seq_len: int | None = None
     image_size: int | None = None
+    # real data (runtime/data.py): a token file (flat ids of `data_dtype`) or an .npz of inputs and
+    # labels; None: synthetic batches
+    data: str | None = None
+    data_dtype: str = "uint16"
     dropout: bool = True  # False: every dropout off (for comparisons with a single-process run)
     checkpoint_dir: str | None = None  # each stage's parameters, optimizer and RNG state go here
     checkpoint_every: int = 0  # steps between checkpoints (0: only at the end, when a dir is given)
@@ -81,6 +86,8 @@ class TrainConfig:
             raise FieldError("clip_norm", f"must be positive, got {self.clip_norm}")
         if self.checkpoint_every < 0:
             raise FieldError("checkpoint_every", f"must not be negative, got {self.checkpoint_every}")
+        if self.data_dtype not in TOKEN_DTYPES:
+            raise FieldError("data_dtype", f"unknown {self.data_dtype!r}; expected one of {', '.join(TOKEN_DTYPES)}")
         if self.resume and not self.checkpoint_dir:
             raise FieldError("resume", "needs a checkpoint directory")
         try:
@@ -268,6 +275,7 @@ def train_rank(config: TrainConfig) -> dict:
     stage_names = [_stage_param_names(layers, names, st.backward) for st in plan.stages]
     owned = _owned_names(layers, names, plan.stages[_roles(plan, rank)[0]].backward)
     recorder = Recorder()
+    batches = batch_source(built, plan.global_batch, config.seed, config.data, config.data_dtype)
     if any(s.strategies for s in plan.stages):
         from paraplan.runtime.hybrid_rank import hybrid_setup
 
@@ -355,7 +363,7 @@ def train_rank(config: TrainConfig) -> dict:
         recorder.step = step
         if config.step_hook is not None:
             config.step_hook(rank, step)
-        inputs, targets = built.batch(plan.global_batch, seed=config.seed * 7919 + step)
+        inputs, targets = batches(step)  # the whole global batch, the same on every rank
         x, y = setup.local_batch(inputs, targets)
         x, y = x.to(device), None if y is None else y.to(device)
         optim.zero_grad(set_to_none=True)

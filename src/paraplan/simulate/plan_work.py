@@ -118,17 +118,18 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
     n_replicas = counts.pop()
     micro = plan.global_batch / (plan.n_micro * n_replicas)
     layers = cm.model.layers
+    scale = cm.overheads.scale_for(len(set(plan.devices)))  # measured: every core computing at once
     replicas = []
     for r in range(n_replicas):
         row = []
         for s, stage in enumerate(plan.stages):
             d = stage.devices[r]
             costs = cm.compute(d)
-            fwd = sum(float(costs.forward[i](micro)) for i in stage.layers)
-            bwd = sum(float(costs.backward[i](micro)) for i in stage.backward)
+            fwd = scale * sum(float(costs.forward[i](micro)) for i in stage.layers)
+            bwd = scale * sum(float(costs.backward[i](micro)) for i in stage.backward)
             if stage.backward_layers is not None and plan.split_layers == "recompute":
                 # the forward of every layer whose backward runs here but forward elsewhere, again
-                bwd += sum(float(costs.forward[i](micro)) for i in worker_roles(plan)[s].recomputed)
+                bwd += scale * sum(float(costs.forward[i](micro)) for i in worker_roles(plan)[s].recomputed)
             send_f = send_b = 0.0
             if s + 1 < plan.n_stages:  # the activation entering the next stage (relayed by an empty range)
                 nxt = plan.stages[s + 1].devices[r]
@@ -151,7 +152,7 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
             group = stage.devices
             link = cm.cluster.slowest_link(group)
             costs = cm.compute(group[0])
-            bwd_times = [float(costs.backward[i](micro)) for i in stage.backward]
+            bwd_times = [scale * float(costs.backward[i](micro)) for i in stage.backward]
             n_group = len(group)
             grads = _grad_bytes(cm, stage)
             out.append(StageSync(devices=group, buckets=_buckets(
@@ -167,6 +168,7 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
     layer is priced by costs/strategy.py. The group is drawn on its first device."""
     micro = plan.global_batch / plan.n_micro
     layers = cm.model.layers
+    scale = cm.overheads.scale_for(len(set(plan.devices)))
     row, sync = [], []
     for s, stage in enumerate(plan.stages):
         lead = stage.devices[0]
@@ -177,7 +179,8 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
         for i in stage.layers:
             st = stage.strategy(i)
             links = strategy_links(cm.cluster, st, stage.devices)
-            t = layer_time(costs, cm.model, i, st, micro, links["tp"], links["sdp"], cm.overlap_slowdown)
+            t = layer_time(costs, cm.model, i, st, micro, links["tp"], links["sdp"], cm.overlap_slowdown,
+                           cm.overheads, scale)
             fwd += t.forward_s
             bwd += t.backward_s
             if i > stage.layers.start:

@@ -1,0 +1,294 @@
+"""`paraplan calibrate`: measure this machine once and describe it as a cluster file that `plan`,
+`simulate` and `train --compare` use.
+
+Three measurements, each the way training meets it (a training run keeps every core busy):
+  1. compute: reference models profiled layer by layer (profiling/profiler.py) on one core while
+     every other core runs training steps of the same model ("loaded"), and once with the other
+     cores idle; the analytic device model is fitted to the loaded times
+     (costs/calibration_fit.py), so a model never profiled is priced at this machine's rate;
+  2. links: gloo ping-pong between two processes, fitted to alpha + bytes / beta
+     (profiling/links.py), idle and while every core also runs a busy process ("loaded": a
+     transfer in a pipeline waits for a core that is computing);
+  3. the runtime's own overheads (per pipeline action, per step; runtime/compare.py) read off the
+     timelines of several real `paraplan train` runs of one plan and averaged, so one run's noise
+     does not become the model.
+Everything measured is kept in the file's [calibration] table, beside the figures it chose.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from paraplan.errors import ParaplanError
+
+REFERENCE_MODELS = ("gpt2-tiny", "vgg-tiny", "bert-tiny")  # attention + MLP, convolutions, another transformer
+QUICK_MODELS = ("gpt2-tiny",)
+BATCH_SIZES = (4, 16, 32)
+LINK_MAX_BYTES = 16 * 2**20  # the tiny models' activations are KiBs to MiBs
+# the plan whose timeline gives the overheads: the shipped measurement's plan (gpt2-tiny, 2 stages
+# of 3 layers, 1F1B, 4 micro-batches of 8)
+OVERHEAD_PLAN = dict(model="gpt2-tiny", cuts=(3,), n_micro=4, batch=32)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    cluster: object  # hardware.Cluster, the calibrated one
+    evidence: dict  # what goes into the file's [calibration] table
+    summary: list[str]  # lines for the terminal
+
+
+def _busy_model(model: str, ready, stop) -> None:
+    """A loaded core: training steps of `model` on one thread until told to stop."""
+    import torch
+
+    from paraplan.models import source
+
+    torch.set_num_threads(1)
+    built = source.build(model, device="cpu", seed=1)
+    built.module.train()
+    layers = [m for _, _, m in built.layers()]
+    x, y = built.batch(16, seed=1)
+    ready.set()
+    while not stop.is_set():
+        h = x
+        for layer in layers:
+            h = layer(h)
+        built.loss(h, y).backward()
+
+
+def _busy_matmul(ready, stop) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    a = torch.randn(256, 256)
+    ready.set()
+    while not stop.is_set():
+        a = torch.tanh(a @ a)
+
+
+class _Load:
+    """`n` busy processes for the duration of a `with` block (spawned: no inherited threads)."""
+
+    def __init__(self, n: int, model: str | None = None):
+        self.n, self.model = n, model
+
+    def __enter__(self):
+        ctx = multiprocessing.get_context("spawn")
+        self.stop = ctx.Event()
+        self.procs = []
+        for _ in range(self.n):
+            ready = ctx.Event()
+            args = (self.model, ready, self.stop) if self.model else (ready, self.stop)
+            p = ctx.Process(target=_busy_model if self.model else _busy_matmul, args=args, daemon=True)
+            p.start()
+            if not ready.wait(120):
+                raise ParaplanError("calibrate: a load process did not start")
+            self.procs.append(p)
+        time.sleep(0.5)  # let the loads reach their steady state
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for p in self.procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+        return False
+
+
+def measure_compute(models, cores: int, repeats: int, progress: Callable[[str], None]):
+    """Per reference model: (ModelSpec, idle Profile, loaded Profile)."""
+    import torch
+
+    from paraplan.models import measure, source
+    from paraplan.profiling.profiler import run_profile, workload
+
+    out = []
+    for model in models:
+        work = workload(model, torch.device("cpu"))
+        spec = measure.measure(source.build(model, device="meta"))
+        progress(f"compute: profiling {model} with the other cores idle")
+        idle = run_profile(work, torch.device("cpu"), list(BATCH_SIZES), 1, 3, repeats, step_check=False,
+                           repeat_check=False)
+        progress(f"compute: profiling {model} while {cores - 1} other core(s) train it too")
+        with _Load(cores - 1, model):
+            loaded = run_profile(work, torch.device("cpu"), list(BATCH_SIZES), 1, 3, repeats, step_check=False,
+                                 repeat_check=False)
+        out.append((spec, idle, loaded))
+    return out
+
+
+def measure_links(nproc: int, progress: Callable[[str], None]):
+    from paraplan.profiling.links import profile_links
+
+    progress(f"links: gloo ping-pong between {nproc} processes, idle")
+    idle = profile_links("gloo", nproc, LINK_MAX_BYTES)
+    progress("links: the same while every core also computes")
+    with _Load(nproc):
+        loaded = profile_links("gloo", nproc, LINK_MAX_BYTES)
+    return idle, loaded
+
+
+def _train(plan, steps: int, tmp: Path, name: str) -> Path:
+    """One real `paraplan train` run of `plan`; its output directory."""
+    from paraplan.plan.plan_file import write_plan
+
+    write_plan(plan, tmp / f"{name}.json")
+    out = tmp / name
+    res = subprocess.run([sys.executable, "-m", "paraplan", "train", "--plan", str(tmp / f"{name}.json"),
+                          "--steps", str(steps), "--out-dir", str(out)], capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ParaplanError(f"calibrate: the run of {name} failed: {last}")
+    return out
+
+
+def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]):
+    """`runs` real `paraplan train` runs of the overhead plan; each run's overheads read off its
+    timeline (steps after the first two)."""
+    from paraplan.plan.plan import LayerRange, Plan, Stage
+    from paraplan.runtime.compare import measured_overheads
+
+    cfg = OVERHEAD_PLAN
+    bounds = [0, *cfg["cuts"], 6]
+    plan = Plan(model=cfg["model"], cluster="local", n_layers=6, global_batch=cfg["batch"], n_micro=cfg["n_micro"],
+                schedule="1f1b", grad_sync="none",
+                stages=tuple(Stage(LayerRange(a, b), (i,)) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:],
+                                                                                          strict=True))))
+    measured = []
+    with tempfile.TemporaryDirectory(prefix="paraplan-calibrate-") as tmp:
+        for r in range(runs):
+            progress(f"runtime: overhead run {r + 1} of {runs} ({steps} steps of a 2-stage 1F1B plan)")
+            out = _train(plan, steps, Path(tmp), f"run{r}")
+            measured.append(measured_overheads(out))
+            shutil.rmtree(out, ignore_errors=True)
+    return measured
+
+
+def measure_strategy_costs(spec, profile, cluster, runs: int, steps: int, progress: Callable[[str], None]) -> dict:
+    """The TP (DTensor) and SDP (FSDP2) machinery's own cost per layer and pass: gpt2-tiny as one
+    stage of TP2 (and of SDP2) on every layer, run for real; the part of the measured step the
+    simulator (with everything else calibrated) does not explain, spread over layers x 2 passes."""
+    from dataclasses import replace as dc_replace
+
+    from paraplan.costs.model import profile_cost_model
+    from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, Stage
+    from paraplan.runtime.compare import step_times
+    from paraplan.simulate.predict import simulate_plan
+
+    n = spec.n_layers
+    out = {}
+    for kind, strategy in (("tp", LayerStrategy(tp=2)), ("sdp", LayerStrategy(sdp=2))):
+        plan = Plan(model=spec.ref or spec.name, cluster="local", n_layers=n, global_batch=OVERHEAD_PLAN["batch"],
+                    n_micro=1, schedule="gpipe", grad_sync="none",
+                    stages=(Stage(LayerRange(0, n), (0, 1), strategies=(strategy,) * n),))
+        predicted = simulate_plan(plan, profile_cost_model(spec, cluster, profile)).prediction.iteration_s
+        measured = []
+        with tempfile.TemporaryDirectory(prefix="paraplan-calibrate-") as tmp:
+            for r in range(runs):
+                progress(f"runtime: {kind.upper()}2 run {r + 1} of {runs} (the cost of its machinery per layer)")
+                times = step_times(_train(plan, steps, Path(tmp), f"{kind}{r}"))[2:]
+                measured.append(statistics.median(times))
+        excess = max(0.0, statistics.median(measured) - predicted)
+        out[kind] = {"measured_s": measured, "predicted_without_s": predicted, "per_layer_pass_s": excess / (2 * n)}
+    cluster = dc_replace(cluster, overheads=dc_replace(cluster.overheads, tp_layer_s=out["tp"]["per_layer_pass_s"],
+                                                      sdp_layer_s=out["sdp"]["per_layer_pass_s"]))
+    return {"cluster": cluster, "evidence": out}
+
+
+def calibrate(quick: bool = False, devices: int | None = None,
+              progress: Callable[[str], None] = lambda s: None) -> Calibration:
+    """`devices`: how many of this machine's cores the cluster has (default: all), each its own
+    process in training; the compute is measured with that many cores busy."""
+    import os
+
+    from paraplan.costs.calibration_fit import fit_compute, fitted_device, layer_samples
+    from paraplan.hardware.cluster import Cluster, LinkSpec, NodeSpec, RuntimeOverheads
+    from paraplan.hardware.presets import local_cluster
+
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        raise ParaplanError("calibrate measures links and a 2-process run: this machine has one core")
+    if devices is not None and not 2 <= devices <= cores:
+        raise ParaplanError(f"calibrate: devices must be between 2 and this machine's {cores} cores, got {devices}")
+    cores = devices or cores
+    models = QUICK_MODELS if quick else REFERENCE_MODELS
+    repeats = 5 if quick else 9
+    compute = measure_compute(models, cores, repeats, progress)
+    fit = fit_compute(layer_samples([(spec, loaded) for spec, _, loaded in compute]))
+    fit_idle = fit_compute(layer_samples([(spec, idle) for spec, idle, _ in compute]))
+
+    def total(profile, b):
+        i = profile.batch_sizes.index(b)
+        return sum(lp.forward[i].median_s + lp.backward[i].median_s for lp in profile.layers)
+
+    largest = BATCH_SIZES[-1]
+    slowdown = {spec.name: total(loaded, largest) / total(idle, largest) for spec, idle, loaded in compute}
+    idle_links, loaded_links = measure_links(2, progress)
+    runs = measure_overheads(2 if quick else 4, 10 if quick else 14, progress)
+    compute_scale = statistics.median(slowdown.values())
+    overheads = RuntimeOverheads(
+        rendezvous=True, action_s=statistics.median(o.action_s for o in runs),
+        step_s=statistics.median(o.step_s for o in runs), compute_scale=compute_scale,
+        source=f"paraplan calibrate: median of {len(runs)} runs of a 2-stage 1F1B gpt2-tiny plan on this machine; "
+               f"compute scale loaded / idle over {', '.join(models)}; TP / SDP per layer from TP2 / SDP2 runs")
+
+    base = local_cluster()
+    device = fitted_device(base.nodes[0].devices[0], fit,
+                           f"paraplan calibrate: fitted to {', '.join(models)} profiled with every core loaded "
+                           f"(peak_flops is the effective rate)")
+    link = LinkSpec(bandwidth_bytes_per_s=loaded_links.p2p.bandwidth_bytes_per_s,
+                    latency_s=loaded_links.p2p.latency_s)
+    cluster = Cluster(name="local-calibrated", overheads=overheads,
+                      description=f"this machine ({cores} CPU cores as devices, gloo on loopback), measured by "
+                                  f"paraplan calibrate on {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC",
+                      nodes=(NodeSpec(name="localhost", devices=(device,) * cores, intra_link=link, network=link),))
+    gpt2 = next((spec, idle) for spec, idle, _ in compute if spec.name == "gpt2-tiny")
+    strategies = measure_strategy_costs(gpt2[0], gpt2[1], cluster, 1 if quick else 2, 8 if quick else 10, progress)
+    cluster = strategies["cluster"]
+
+    def link_table(lp):
+        return {"latency_s": lp.p2p.latency_s, "bandwidth_bytes_per_s": lp.p2p.bandwidth_bytes_per_s,
+                "r_squared": lp.p2p.r_squared, "sizes": list(lp.sizes), "p2p_median_s": list(lp.p2p_s)}
+
+    evidence = {
+        "compute": {"models": list(models), "batch_sizes": list(BATCH_SIZES), "repeats": repeats,
+                    f"loaded_over_idle_at_batch_{largest}": slowdown,
+                    "fit_loaded": _fit_table(fit), "fit_idle": _fit_table(fit_idle)},
+        "links": {"idle": link_table(idle_links), "loaded": link_table(loaded_links),
+                  "chosen": "loaded (a pipeline's transfers meet cores that are computing)"},
+        "runtime": {"runs": [{"action_s": o.action_s, "step_s": o.step_s} for o in runs],
+                    "strategies": strategies["evidence"]},
+    }
+    summary = [
+        f"compute: effective {fit.flops_per_s / 1e9:.1f} GFLOP/s per core, {fit.kernel_overhead_s * 1e6:.1f} us per "
+        f"kernel, {fit.memory_bandwidth_bytes_per_s / 1e9:.2f} GB/s (fitted to {fit.samples} layer passes of "
+        f"{', '.join(models)} with every core loaded; median layer error {fit.median_abs_error:.0%})",
+        f"compute: loaded / idle time of a whole model at batch {largest}: "
+        + ", ".join(f"{m} {r:.2f}x" for m, r in slowdown.items()),
+        f"links: idle alpha {idle_links.p2p.latency_s * 1e6:.0f} us, beta {idle_links.p2p.bandwidth_bytes_per_s / 1e9:.2f}"
+        f" GB/s; loaded alpha {loaded_links.p2p.latency_s * 1e6:.0f} us, beta "
+        f"{loaded_links.p2p.bandwidth_bytes_per_s / 1e9:.2f} GB/s (the loaded figures are written)",
+        f"runtime: {overheads.action_s * 1e3:.2f} ms per pipeline action, {overheads.step_s * 1e3:.2f} ms per step "
+        f"(median of {len(runs)} runs: " + ", ".join(f"{o.action_s * 1e3:.2f}/{o.step_s * 1e3:.2f}" for o in runs)
+        + f" ms); compute x{compute_scale:.2f} while every core computes",
+        f"runtime: per layer and pass, TP (DTensor) {cluster.overheads.tp_layer_s * 1e3:.2f} ms, SDP (FSDP2) "
+        f"{cluster.overheads.sdp_layer_s * 1e3:.2f} ms beyond the collectives' link time",
+    ]
+    return Calibration(cluster=cluster, evidence=evidence, summary=summary)
+
+
+def _fit_table(fit) -> dict:
+    return {"flops_per_s": fit.flops_per_s, "kernel_overhead_s": fit.kernel_overhead_s,
+            "memory_bandwidth_bytes_per_s": fit.memory_bandwidth_bytes_per_s,
+            "median_abs_layer_error": fit.median_abs_error,
+            "step_errors": {m: {str(b): e for b, e in errs.items()} for m, errs in fit.step_errors.items()}}

@@ -1,0 +1,111 @@
+"""`paraplan plan --prove`: run the chosen plan, the even split and one process for real on this
+machine, interleaved, and set each measurement beside its prediction.
+
+The three plans run as real `paraplan train` processes (the command a user runs), in rounds
+(chosen, even, one, chosen, even, one, ...) so that the drift of a shared machine (10-25% over
+minutes here) hits all of them alike; each run's steps after the first two are its measurement,
+and a plan's number is the median over rounds with the spread (min..max) beside it.
+Also used by benchmarks/fidelity.py for any set of plans.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from paraplan.errors import ParaplanError
+from paraplan.plan.plan import LayerRange, Plan, Stage
+
+WARMUP_STEPS = 2
+
+
+@dataclass(frozen=True)
+class Measured:
+    name: str
+    predicted_s: float
+    rounds_s: tuple[float, ...]  # per round: the median step of that run
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.rounds_s)
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.median_s - 1.0
+
+
+def one_process_plan(like: Plan) -> Plan:
+    """The whole model on device 0, the whole batch in one micro-batch: what a user runs without
+    any planner."""
+    return Plan(model=like.model, cluster=like.cluster, n_layers=like.n_layers, global_batch=like.global_batch,
+                n_micro=1, schedule="gpipe", grad_sync="none", stages=(Stage(LayerRange(0, like.n_layers), (0,)),))
+
+
+def check_runs_here(n_devices: int, cluster_name: str) -> None:
+    cores = os.cpu_count() or 1
+    if n_devices > cores:
+        raise ParaplanError(f"the proof runs the plans on this machine, one process per device: cluster "
+                            f"{cluster_name} has {n_devices} devices, this machine {cores} cores")
+
+
+def run_plan(path: Path, steps: int, out_dir: Path, extra: tuple[str, ...] = ()) -> float:
+    """One real `paraplan train` run; its median step after the warm-up steps."""
+    from paraplan.runtime.compare import step_times
+
+    res = subprocess.run([sys.executable, "-m", "paraplan", "train", "--plan", str(path), "--steps", str(steps),
+                          "--out-dir", str(out_dir), *extra], capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ParaplanError(f"the run of {path.name} failed: {last}")
+    times = step_times(out_dir)[WARMUP_STEPS:]
+    if not times:
+        raise ParaplanError(f"the run of {path.name} recorded no steps after the warm-up")
+    return statistics.median(times)
+
+
+def run_interleaved(plans: dict[str, tuple[Plan, float]], rounds: int, steps: int,
+                    progress: Callable[[str], None] = lambda s: None, extra: tuple[str, ...] = ()) -> list[Measured]:
+    """Each plan (name -> (plan, predicted seconds)) run `rounds` times, A B C A B C ..."""
+    from paraplan.plan.plan_file import write_plan
+
+    if steps <= WARMUP_STEPS:
+        raise ParaplanError(f"need more than {WARMUP_STEPS} steps per run (the first are warm-up), got {steps}")
+    if rounds < 1:
+        raise ParaplanError(f"rounds must be positive, got {rounds}")
+    times: dict[str, list[float]] = {name: [] for name in plans}
+    with tempfile.TemporaryDirectory(prefix="paraplan-prove-") as tmp:
+        paths = {}
+        for i, (name, (plan, _)) in enumerate(plans.items()):
+            paths[name] = Path(tmp) / f"plan{i}.json"
+            write_plan(plan, paths[name])
+        for r in range(rounds):
+            for i, name in enumerate(plans):
+                progress(f"round {r + 1} of {rounds}: {name}")
+                times[name].append(run_plan(paths[name], steps, Path(tmp) / f"run{r}-{i}", extra))
+    return [Measured(name, predicted, tuple(times[name])) for name, (_, predicted) in plans.items()]
+
+
+def spearman(a, b) -> float:
+    """Spearman's rank correlation (average ranks for ties), without scipy."""
+    import numpy as np
+
+    def ranks(x):
+        x = np.asarray(x, float)
+        order = x.argsort(kind="stable")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x), dtype=float)
+        for v in np.unique(x):  # ties share their mean rank
+            r[x == v] = r[x == v].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])

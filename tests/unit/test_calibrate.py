@@ -1,0 +1,120 @@
+"""paraplan calibrate's pure parts: the compute fit, the cluster file's [runtime] table, how the
+measured runtime figures enter the cost model and the simulator; prove.py's helpers."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from paraplan.cli import main
+from paraplan.costs.calibration_fit import LayerSamples, _predict, fit_compute
+from paraplan.costs.model import RuntimeOverheads, analytic_cost_model
+from paraplan.hardware import load_cluster
+from paraplan.hardware.cluster_file import read_cluster_file, write_cluster_file
+from paraplan.models import measure, zoo
+from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, Stage
+from paraplan.prove import check_runs_here, one_process_plan, spearman
+from paraplan.simulate.predict import simulate_plan
+
+
+def _samples(e, k, m, rng, noise=0.0) -> LayerSamples:
+    n = 120
+    # log-uniform sizes: small layers (dispatch-bound) beside large ones, as in the real zoo models
+    flops = 10 ** rng.uniform(3, 8.7, n) * (rng.random(n) > 0.1)  # some rows without FLOPs (lookups)
+    traffic = 10 ** rng.uniform(3, 7.6, n)
+    ops = rng.integers(1, 40, n).astype(float)
+    s = LayerSamples(flops, traffic, ops, np.zeros(n), np.array(["m"] * n), np.full(n, 8))
+    t = _predict(s, e, k, m) * (1 + noise * rng.standard_normal(n))
+    return replace(s, seconds=t)
+
+
+@pytest.mark.parametrize("e,k,m", [(2e10, 3e-5, 1.5e9), (8e10, 5e-6, 2e10), (3e9, 1e-4, 5e8)])
+def test_the_fit_recovers_the_device_figures_that_made_the_times(e, k, m):
+    rng = np.random.default_rng(0)
+    fit = fit_compute(_samples(e, k, m, rng))
+    assert fit.flops_per_s == pytest.approx(e, rel=0.05)
+    assert fit.kernel_overhead_s == pytest.approx(k, rel=0.1)
+    assert fit.memory_bandwidth_bytes_per_s == pytest.approx(m, rel=0.1)
+    assert fit.median_abs_error < 0.03
+
+
+def test_the_fit_stays_close_under_noise():
+    rng = np.random.default_rng(1)
+    fit = fit_compute(_samples(2e10, 3e-5, 1.5e9, rng, noise=0.1))
+    assert fit.flops_per_s == pytest.approx(2e10, rel=0.15)
+    assert abs(fit.step_errors["m"][8]) < 0.05
+
+
+def test_the_runtime_table_round_trips_and_enters_the_cost_model(tmp_path):
+    o = RuntimeOverheads(rendezvous=True, action_s=3e-4, step_s=5e-3, compute_scale=1.3, tp_layer_s=1e-3,
+                         sdp_layer_s=2e-3, source="test")
+    cluster = replace(load_cluster("local"), overheads=o)
+    write_cluster_file(cluster, tmp_path / "c.toml", calibration={"note": {"x": 1.0}})
+    back = read_cluster_file(tmp_path / "c.toml")
+    assert back.overheads == o
+    spec = measure.measure(zoo.build("gpt2-tiny"))
+    assert analytic_cost_model(spec, back).overheads == o
+    mine = RuntimeOverheads(action_s=1e-3)
+    assert analytic_cost_model(spec, back, overheads=mine).overheads == mine  # the caller's wins
+    assert analytic_cost_model(spec, load_cluster("local")).overheads.step_s == 0.0  # uncalibrated: none
+
+
+def test_a_malformed_runtime_table_is_one_line(tmp_path, capsys):
+    cluster = replace(load_cluster("local"), overheads=RuntimeOverheads(action_s=1e-4))
+    write_cluster_file(cluster, tmp_path / "c.toml")
+    text = (tmp_path / "c.toml").read_text().replace("compute_scale = 1.0", "compute_scale = -2")
+    (tmp_path / "bad.toml").write_text(text)
+    assert main(["simulate", "examples/gpt2-tiny-local-1f1b-2x4.json", "--cluster", str(tmp_path / "bad.toml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runtime.compute_scale" in err[0]
+
+
+def _gpt2(n_micro, devices, strategies=()):
+    return Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=16, n_micro=n_micro, schedule="gpipe",
+                grad_sync="none", stages=(Stage(LayerRange(0, 6), devices, strategies=strategies),))
+
+
+def test_the_compute_scale_applies_to_plans_on_several_devices_only():
+    spec = measure.measure(zoo.build("gpt2-tiny"))
+    plain = analytic_cost_model(spec, load_cluster("local"))
+    scaled = analytic_cost_model(spec, replace(load_cluster("local"), overheads=RuntimeOverheads(compute_scale=2.0)))
+    one = _gpt2(1, (0,))
+    assert simulate_plan(one, scaled).prediction.iteration_s == pytest.approx(
+        simulate_plan(one, plain).prediction.iteration_s, rel=1e-12)
+    pipe = Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=16, n_micro=1, schedule="gpipe",
+                grad_sync="none", stages=(Stage(LayerRange(0, 3), (0,)), Stage(LayerRange(3, 6), (1,))))
+    # one micro-batch through two stages: compute doubles, the transfers do not
+    a, b = simulate_plan(pipe, plain).prediction.iteration_s, simulate_plan(pipe, scaled).prediction.iteration_s
+    costs = plain.compute(0)
+    compute = sum(float(costs.forward[i](16)) + float(costs.backward[i](16)) for i in range(6))
+    assert b - a == pytest.approx(compute, rel=1e-6)
+
+
+def test_tensor_parallel_layers_pay_the_measured_machinery_per_pass():
+    spec = measure.measure(zoo.build("gpt2-tiny"))
+    base = replace(load_cluster("local"), overheads=RuntimeOverheads())
+    with_tp = replace(load_cluster("local"), overheads=RuntimeOverheads(tp_layer_s=1e-3, sdp_layer_s=5e-3))
+    tp = _gpt2(1, (0, 1), (LayerStrategy(tp=2),) * 6)
+    gap = (simulate_plan(tp, analytic_cost_model(spec, with_tp)).prediction.iteration_s
+           - simulate_plan(tp, analytic_cost_model(spec, base)).prediction.iteration_s)
+    assert gap == pytest.approx(6 * 2 * 1e-3, rel=1e-6)  # 6 layers x (forward + backward), SDP not charged
+
+
+def test_spearman():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3], [5, 5, 6]) == pytest.approx(np.corrcoef([0, 1, 2], [0.5, 0.5, 2])[0, 1])
+
+
+def test_the_one_process_plan_and_the_machine_check():
+    plan = one_process_plan(_gpt2(2, (0, 1)))
+    assert plan.devices == (0,) and plan.n_micro == 1 and plan.global_batch == 16
+    with pytest.raises(Exception, match="this machine"):
+        check_runs_here(10_000, "big")
+
+
+def test_prove_on_a_cluster_larger_than_this_machine_is_one_line(capsys):
+    assert main(["plan", "--model", "gpt2-tiny", "--cluster", "galvatron-64xa100", "--batch", "8", "--prove",
+                 "--out", "/tmp/never-written-prove.json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "this machine" in err[0]

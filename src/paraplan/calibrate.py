@@ -46,8 +46,8 @@ class Calibration:
     summary: list[str]  # lines for the terminal
 
 
-def _busy_model(model: str, ready, stop) -> None:
-    """A loaded core: training steps of `model` on one thread until told to stop."""
+def _busy_model(model: str, ready, stop, go) -> None:
+    """A loaded core: training steps of `model` on one thread while `go` is set, until `stop`."""
     import torch
 
     from paraplan.models import source
@@ -59,35 +59,40 @@ def _busy_model(model: str, ready, stop) -> None:
     x, y = built.batch(16, seed=1)
     ready.set()
     while not stop.is_set():
+        if not go.wait(0.05):
+            continue
         h = x
         for layer in layers:
             h = layer(h)
         built.loss(h, y).backward()
 
 
-def _busy_matmul(ready, stop) -> None:
+def _busy_matmul(ready, stop, go) -> None:
     import torch
 
     torch.set_num_threads(1)
     a = torch.randn(256, 256)
     ready.set()
     while not stop.is_set():
-        a = torch.tanh(a @ a)
+        if go.wait(0.05):
+            a = torch.tanh(a @ a)
 
 
 class _Load:
-    """`n` busy processes for the duration of a `with` block (spawned: no inherited threads)."""
+    """`n` busy processes for the duration of a `with` block (spawned: no inherited threads);
+    `pause()` / `resume()` idle them without the cost of starting them again."""
 
     def __init__(self, n: int, model: str | None = None):
         self.n, self.model = n, model
 
     def __enter__(self):
         ctx = multiprocessing.get_context("spawn")
-        self.stop = ctx.Event()
+        self.stop, self.go = ctx.Event(), ctx.Event()
+        self.go.set()
         self.procs = []
         for _ in range(self.n):
             ready = ctx.Event()
-            args = (self.model, ready, self.stop) if self.model else (ready, self.stop)
+            args = (self.model, ready, self.stop, self.go) if self.model else (ready, self.stop, self.go)
             p = ctx.Process(target=_busy_model if self.model else _busy_matmul, args=args, daemon=True)
             p.start()
             if not ready.wait(120):
@@ -95,6 +100,14 @@ class _Load:
             self.procs.append(p)
         time.sleep(0.5)  # let the loads reach their steady state
         return self
+
+    def pause(self):
+        self.go.clear()
+        time.sleep(0.2)
+
+    def resume(self):
+        self.go.set()
+        time.sleep(0.2)
 
     def __exit__(self, *exc):
         self.stop.set()
@@ -120,11 +133,41 @@ def measure_compute(models, cores: int, repeats: int, progress: Callable[[str], 
         idle = run_profile(work, torch.device("cpu"), list(BATCH_SIZES), 1, 3, repeats, step_check=False,
                            repeat_check=False)
         progress(f"compute: profiling {model} while {cores - 1} other core(s) train it too")
-        with _Load(cores - 1, model):
+        with _Load(cores - 1, model) as load:
             loaded = run_profile(work, torch.device("cpu"), list(BATCH_SIZES), 1, 3, repeats, step_check=False,
                                  repeat_check=False)
-        out.append((spec, idle, loaded))
+            progress(f"compute: {model}'s training step with the other cores idle and busy, interleaved")
+            ratio = _contention(work, load)
+        out.append((spec, idle, loaded, ratio))
     return out
+
+
+def _contention(work, load, blocks: int = 4, steps: int = 5) -> float:
+    """A whole training step's time with the other cores busy over with them idle, in alternating
+    blocks (idle, busy, idle, busy, ...) so that the machine's drift hits both alike."""
+    import torch
+
+    layers = [m for _, _, m in work.layers]
+    x, y = work.make_batch(BATCH_SIZES[-1])
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        h = x
+        for layer in layers:
+            h = layer(h)
+        work.loss(h, y).backward()
+        return time.perf_counter() - t0
+
+    torch.set_num_threads(1)
+    idle, busy = [], []
+    for _ in range(blocks):
+        load.pause()
+        step()
+        idle += [step() for _ in range(steps)]
+        load.resume()
+        step()
+        busy += [step() for _ in range(steps)]
+    return statistics.median(busy) / statistics.median(idle)
 
 
 def measure_links(nproc: int, progress: Callable[[str], None]):
@@ -152,6 +195,34 @@ def _train(plan, steps: int, tmp: Path, name: str) -> Path:
     return out
 
 
+def measure_optimizer(cores: int, progress: Callable[[str], None]) -> dict:
+    """Adam's step plus zeroing the gradients (what `paraplan train` does after the schedule), on
+    one thread while the other cores are busy: seconds per byte of model states (parameters,
+    gradients and Adam's two moments: 16 bytes per fp32 parameter), the slope between 1M and 4M
+    parameters (the intercept, per-call overhead, is in step_s)."""
+    import torch
+
+    progress("runtime: timing the optimizer step")
+    torch.set_num_threads(1)
+    medians = {}
+    with _Load(cores - 1):
+        for n in (1_000_000, 4_000_000):
+            params = [torch.nn.Parameter(torch.randn(n // 4)) for _ in range(4)]
+            for p in params:
+                p.grad = torch.randn_like(p)
+            opt = torch.optim.Adam(params, lr=1e-3)
+            times = []
+            for r in range(12):
+                t0 = time.perf_counter()
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+                if r >= 2:
+                    times.append(time.perf_counter() - t0)
+            medians[n] = statistics.median(times)
+    per_byte = max(0.0, (medians[4_000_000] - medians[1_000_000]) / (3_000_000 * 16))
+    return {"per_byte_s": per_byte, "median_s": {str(n): t for n, t in medians.items()}}
+
+
 def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]):
     """`runs` real `paraplan train` runs of the overhead plan; each run's overheads read off its
     timeline (steps after the first two)."""
@@ -171,7 +242,7 @@ def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]):
             out = _train(plan, steps, Path(tmp), f"run{r}")
             measured.append(measured_overheads(out))
             shutil.rmtree(out, ignore_errors=True)
-    return measured
+    return measured, plan
 
 
 def measure_strategy_costs(spec, profile, cluster, runs: int, steps: int, progress: Callable[[str], None]) -> dict:
@@ -224,21 +295,26 @@ def calibrate(quick: bool = False, devices: int | None = None,
     models = QUICK_MODELS if quick else REFERENCE_MODELS
     repeats = 5 if quick else 9
     compute = measure_compute(models, cores, repeats, progress)
-    fit = fit_compute(layer_samples([(spec, loaded) for spec, _, loaded in compute]))
-    fit_idle = fit_compute(layer_samples([(spec, idle) for spec, idle, _ in compute]))
-
-    def total(profile, b):
-        i = profile.batch_sizes.index(b)
-        return sum(lp.forward[i].median_s + lp.backward[i].median_s for lp in profile.layers)
-
+    fit = fit_compute(layer_samples([(spec, loaded) for spec, _, loaded, _ in compute]))
+    fit_idle = fit_compute(layer_samples([(spec, idle) for spec, idle, _, _ in compute]))
     largest = BATCH_SIZES[-1]
-    slowdown = {spec.name: total(loaded, largest) / total(idle, largest) for spec, idle, loaded in compute}
+    slowdown = {spec.name: ratio for spec, _, _, ratio in compute}
     idle_links, loaded_links = measure_links(2, progress)
-    runs = measure_overheads(2 if quick else 4, 10 if quick else 14, progress)
+    runs, overhead_plan = measure_overheads(2 if quick else 4, 10 if quick else 14, progress)
+    optimizer = measure_optimizer(cores, progress)
     compute_scale = statistics.median(slowdown.values())
+    # the time outside the schedule includes the overhead plan's own optimizer step: take it out,
+    # it is charged per plan (RuntimeOverheads.optimizer_s_per_byte)
+    from paraplan.costs.memory import plan_memory
+    from paraplan.costs.memory_config import MemoryConfig
+
+    gpt2_spec = next(spec for spec, _, _, _ in compute if spec.name == "gpt2-tiny")
+    _, breakdown = plan_memory(overhead_plan, gpt2_spec, {0: 2**40, 1: 2**40}, MemoryConfig().for_device_kind("cpu-core"))
+    own_step = optimizer["per_byte_s"] * max(b.states_bytes for b in breakdown)
     overheads = RuntimeOverheads(
         rendezvous=True, action_s=statistics.median(o.action_s for o in runs),
-        step_s=statistics.median(o.step_s for o in runs), compute_scale=compute_scale,
+        step_s=max(0.0, statistics.median(o.step_s for o in runs) - own_step), compute_scale=compute_scale,
+        optimizer_s_per_byte=optimizer["per_byte_s"],
         source=f"paraplan calibrate: median of {len(runs)} runs of a 2-stage 1F1B gpt2-tiny plan on this machine; "
                f"compute scale loaded / idle over {', '.join(models)}; TP / SDP per layer from TP2 / SDP2 runs")
 
@@ -252,7 +328,7 @@ def calibrate(quick: bool = False, devices: int | None = None,
                       description=f"this machine ({cores} CPU cores as devices, gloo on loopback), measured by "
                                   f"paraplan calibrate on {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC",
                       nodes=(NodeSpec(name="localhost", devices=(device,) * cores, intra_link=link, network=link),))
-    gpt2 = next((spec, idle) for spec, idle, _ in compute if spec.name == "gpt2-tiny")
+    gpt2 = next((spec, idle) for spec, idle, _, _ in compute if spec.name == "gpt2-tiny")
     strategies = measure_strategy_costs(gpt2[0], gpt2[1], cluster, 1 if quick else 2, 8 if quick else 10, progress)
     cluster = strategies["cluster"]
 
@@ -262,25 +338,27 @@ def calibrate(quick: bool = False, devices: int | None = None,
 
     evidence = {
         "compute": {"models": list(models), "batch_sizes": list(BATCH_SIZES), "repeats": repeats,
-                    f"loaded_over_idle_at_batch_{largest}": slowdown,
+                    f"step_busy_over_idle_at_batch_{largest}": slowdown,
                     "fit_loaded": _fit_table(fit), "fit_idle": _fit_table(fit_idle)},
         "links": {"idle": link_table(idle_links), "loaded": link_table(loaded_links),
                   "chosen": "loaded (a pipeline's transfers meet cores that are computing)"},
         "runtime": {"runs": [{"action_s": o.action_s, "step_s": o.step_s} for o in runs],
+                    "optimizer": optimizer, "overhead_plan_own_optimizer_s": own_step,
                     "strategies": strategies["evidence"]},
     }
     summary = [
         f"compute: effective {fit.flops_per_s / 1e9:.1f} GFLOP/s per core, {fit.kernel_overhead_s * 1e6:.1f} us per "
         f"kernel, {fit.memory_bandwidth_bytes_per_s / 1e9:.2f} GB/s (fitted to {fit.samples} layer passes of "
         f"{', '.join(models)} with every core loaded; median layer error {fit.median_abs_error:.0%})",
-        f"compute: loaded / idle time of a whole model at batch {largest}: "
+        f"compute: a training step with the other cores busy / idle, at batch {largest}: "
         + ", ".join(f"{m} {r:.2f}x" for m, r in slowdown.items()),
         f"links: idle alpha {idle_links.p2p.latency_s * 1e6:.0f} us, beta {idle_links.p2p.bandwidth_bytes_per_s / 1e9:.2f}"
         f" GB/s; loaded alpha {loaded_links.p2p.latency_s * 1e6:.0f} us, beta "
         f"{loaded_links.p2p.bandwidth_bytes_per_s / 1e9:.2f} GB/s (the loaded figures are written)",
         f"runtime: {overheads.action_s * 1e3:.2f} ms per pipeline action, {overheads.step_s * 1e3:.2f} ms per step "
         f"(median of {len(runs)} runs: " + ", ".join(f"{o.action_s * 1e3:.2f}/{o.step_s * 1e3:.2f}" for o in runs)
-        + f" ms); compute x{compute_scale:.2f} while every core computes",
+        + f" ms, less {own_step * 1e3:.2f} ms of its own optimizer step); compute x{compute_scale:.2f} while every "
+        f"core computes; the optimizer {optimizer['per_byte_s'] * 16e9:.2f} ns per parameter (Adam)",
         f"runtime: per layer and pass, TP (DTensor) {cluster.overheads.tp_layer_s * 1e3:.2f} ms, SDP (FSDP2) "
         f"{cluster.overheads.sdp_layer_s * 1e3:.2f} ms beyond the collectives' link time",
     ]

@@ -27,6 +27,7 @@
     compute_scale = 1.1                    # optional (default 1): compute while every device computes
     tp_layer_s = 1e-3                      # optional (default 0): per layer and pass under TP / SDP
     sdp_layer_s = 1e-3
+    optimizer_s_per_byte = 3e-10          # optional (default 0): per byte of model states a device holds
     source = "how they were measured"
 
     [calibration]                          # optional, not read back: the evidence behind the
@@ -145,7 +146,8 @@ def _runtime(where: str, table: object) -> RuntimeOverheads:
     if not isinstance(rendezvous, bool):
         raise ClusterFileError(f"{where}.rendezvous: expected true or false, got {rendezvous!r}")
     optional = {key: _number(where, table, key, unit, allow_zero=key != "compute_scale")
-                for key, unit in (("compute_scale", "a factor"), ("tp_layer_s", "seconds"), ("sdp_layer_s", "seconds"))
+                for key, unit in (("compute_scale", "a factor"), ("tp_layer_s", "seconds"), ("sdp_layer_s", "seconds"),
+                                  ("optimizer_s_per_byte", "seconds per byte"))
                 if key in table}
     return RuntimeOverheads(rendezvous=rendezvous, action_s=_number(where, table, "action_s", "seconds", True),
                             step_s=_number(where, table, "step_s", "seconds", True),
@@ -194,7 +196,7 @@ def cluster_to_dict(cluster: Cluster, calibration: dict | None = None) -> dict:
         o = cluster.overheads
         data["runtime"] = {"rendezvous": o.rendezvous, "action_s": o.action_s, "step_s": o.step_s,
                            "compute_scale": o.compute_scale, "tp_layer_s": o.tp_layer_s, "sdp_layer_s": o.sdp_layer_s,
-                           "source": o.source}
+                           "optimizer_s_per_byte": o.optimizer_s_per_byte, "source": o.source}
     if calibration:
         data["calibration"] = calibration
     return data

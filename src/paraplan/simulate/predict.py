@@ -44,7 +44,12 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulat
         return _simulate_dag_plan(plan, cm, contention)
     work = plan_work(plan, cm)
     result = pipeline.run(work, cm.overlap_slowdown)
-    iteration = result.iteration_s + cm.overheads.step_s
+    capacities = {slot.id: slot.spec.memory_bytes for slot in cm.cluster.devices}
+    memory, breakdown = plan_memory(plan, cm.model, capacities, cm.memory)
+    # the optimizer's step after the schedule, on the device holding the most model states
+    # (a measured rate: paraplan calibrate; 0 on uncalibrated clusters, as the papers' models)
+    optimizer_s = cm.overheads.optimizer_s_per_byte * max((b.states_bytes for b in breakdown), default=0.0)
+    iteration = result.iteration_s + cm.overheads.step_s + optimizer_s
     # a stage group that computes together (Galvatron strategies) is drawn on its first device;
     # all of its devices are equally busy
     busy = result.timeline.compute_busy()
@@ -56,8 +61,6 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulat
         for d in stage.devices:
             per_device[d] = busy[lead] if lead is not None else busy[d]
     stats = tuple(DeviceStats(d, float(b), float(max(0.0, iteration - b))) for d, b in sorted(per_device.items()))
-    capacities = {slot.id: slot.spec.memory_bytes for slot in cm.cluster.devices}
-    memory, breakdown = plan_memory(plan, cm.model, capacities, cm.memory)
     reason = out_of_memory_reason(memory)
     prediction = Prediction(iteration_s=iteration, throughput_samples_per_s=plan.global_batch / iteration,
                             memory=memory, feasible=not reason, reason=reason)

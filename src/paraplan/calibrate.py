@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from paraplan.errors import ParaplanError
@@ -235,14 +235,45 @@ def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]):
                 schedule="1f1b", grad_sync="none",
                 stages=tuple(Stage(LayerRange(a, b), (i,)) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:],
                                                                                           strict=True))))
-    measured = []
+    from paraplan.runtime.compare import step_times
+
+    measured, step_medians = [], []
     with tempfile.TemporaryDirectory(prefix="paraplan-calibrate-") as tmp:
         for r in range(runs):
             progress(f"runtime: overhead run {r + 1} of {runs} ({steps} steps of a 2-stage 1F1B plan)")
             out = _train(plan, steps, Path(tmp), f"run{r}")
             measured.append(measured_overheads(out))
+            step_medians.append(statistics.median(step_times(out)[2:]))
             shutil.rmtree(out, ignore_errors=True)
-    return measured, plan
+    return measured, plan, statistics.median(step_medians)
+
+
+def effective_latency(plan, spec, profile, cluster, measured_s: float, floor_s: float) -> float:
+    """The link latency at which the simulator reproduces the overhead plan's measured step, with
+    everything else calibrated: a gloo message inside a running pipeline costs more than an idle
+    or loaded ping-pong shows (the receiving core is busy, torch's pipelining posts and waits per
+    micro-batch), and the pipeline's per-micro-batch transfers carry that cost. Never below the
+    ping-pong's `floor_s`; bisection (the simulated step grows with the latency)."""
+    from dataclasses import replace as dc_replace
+
+    from paraplan.costs.model import profile_cost_model
+    from paraplan.hardware.cluster import LinkSpec, NodeSpec
+    from paraplan.simulate.predict import simulate_plan
+
+    def predicted(alpha: float) -> float:
+        link = LinkSpec(cluster.nodes[0].intra_link.bandwidth_bytes_per_s, alpha)
+        c = dc_replace(cluster, nodes=tuple(NodeSpec(n.name, n.devices, link, link) for n in cluster.nodes))
+        return simulate_plan(plan, profile_cost_model(spec, c, profile)).prediction.iteration_s
+
+    lo, hi = floor_s, 0.05
+    if predicted(lo) >= measured_s:
+        return lo
+    if predicted(hi) < measured_s:
+        return hi
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if predicted(mid) < measured_s else (lo, mid)
+    return (lo + hi) / 2
 
 
 def measure_strategy_costs(spec, profile, cluster, runs: int, steps: int, progress: Callable[[str], None]) -> dict:
@@ -270,9 +301,13 @@ def measure_strategy_costs(spec, profile, cluster, runs: int, steps: int, progre
                 times = step_times(_train(plan, steps, Path(tmp), f"{kind}{r}"))[2:]
                 measured.append(statistics.median(times))
         excess = max(0.0, statistics.median(measured) - predicted)
-        out[kind] = {"measured_s": measured, "predicted_without_s": predicted, "per_layer_pass_s": excess / (2 * n)}
-    cluster = dc_replace(cluster, overheads=dc_replace(cluster.overheads, tp_layer_s=out["tp"]["per_layer_pass_s"],
-                                                      sdp_layer_s=out["sdp"]["per_layer_pass_s"]))
+        # TP: DTensor's cost follows the operators it dispatches (per kernel of both passes);
+        # SDP: FSDP2's follows its units (one per layer and pass)
+        per = sum(max(1, lay.forward_ops) + max(1, lay.backward_ops) for lay in spec.layers) if kind == "tp" else 2 * n
+        out[kind] = {"measured_s": measured, "predicted_without_s": predicted, "per_unit_s": excess / per,
+                     "unit": "kernel of a pass" if kind == "tp" else "layer pass"}
+    cluster = dc_replace(cluster, overheads=dc_replace(cluster.overheads, tp_kernel_s=out["tp"]["per_unit_s"],
+                                                      sdp_layer_s=out["sdp"]["per_unit_s"]))
     return {"cluster": cluster, "evidence": out}
 
 
@@ -300,7 +335,7 @@ def calibrate(quick: bool = False, devices: int | None = None,
     largest = BATCH_SIZES[-1]
     slowdown = {spec.name: ratio for spec, _, _, ratio in compute}
     idle_links, loaded_links = measure_links(2, progress)
-    runs, overhead_plan = measure_overheads(2 if quick else 4, 10 if quick else 14, progress)
+    runs, overhead_plan, overhead_step_s = measure_overheads(2 if quick else 4, 10 if quick else 14, progress)
     optimizer = measure_optimizer(cores, progress)
     compute_scale = statistics.median(slowdown.values())
     # the time outside the schedule includes the overhead plan's own optimizer step: take it out,
@@ -329,6 +364,10 @@ def calibrate(quick: bool = False, devices: int | None = None,
                                   f"paraplan calibrate on {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC",
                       nodes=(NodeSpec(name="localhost", devices=(device,) * cores, intra_link=link, network=link),))
     gpt2 = next((spec, idle) for spec, idle, _, _ in compute if spec.name == "gpt2-tiny")
+    progress("runtime: the latency of a message inside a running pipeline")
+    alpha = effective_latency(overhead_plan, gpt2[0], gpt2[1], cluster, overhead_step_s, link.latency_s)
+    link = LinkSpec(bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, latency_s=alpha)
+    cluster = replace(cluster, nodes=tuple(NodeSpec(n.name, n.devices, link, link) for n in cluster.nodes))
     strategies = measure_strategy_costs(gpt2[0], gpt2[1], cluster, 1 if quick else 2, 8 if quick else 10, progress)
     cluster = strategies["cluster"]
 
@@ -341,7 +380,9 @@ def calibrate(quick: bool = False, devices: int | None = None,
                     f"step_busy_over_idle_at_batch_{largest}": slowdown,
                     "fit_loaded": _fit_table(fit), "fit_idle": _fit_table(fit_idle)},
         "links": {"idle": link_table(idle_links), "loaded": link_table(loaded_links),
-                  "chosen": "loaded (a pipeline's transfers meet cores that are computing)"},
+                  "overhead_plan_step_s": overhead_step_s, "effective_latency_s": alpha,
+                  "chosen": "the loaded bandwidth; the latency at which the simulator reproduces the overhead plan's "
+                            "measured step (never below the loaded ping-pong's)"},
         "runtime": {"runs": [{"action_s": o.action_s, "step_s": o.step_s} for o in runs],
                     "optimizer": optimizer, "overhead_plan_own_optimizer_s": own_step,
                     "strategies": strategies["evidence"]},
@@ -354,13 +395,15 @@ def calibrate(quick: bool = False, devices: int | None = None,
         + ", ".join(f"{m} {r:.2f}x" for m, r in slowdown.items()),
         f"links: idle alpha {idle_links.p2p.latency_s * 1e6:.0f} us, beta {idle_links.p2p.bandwidth_bytes_per_s / 1e9:.2f}"
         f" GB/s; loaded alpha {loaded_links.p2p.latency_s * 1e6:.0f} us, beta "
-        f"{loaded_links.p2p.bandwidth_bytes_per_s / 1e9:.2f} GB/s (the loaded figures are written)",
+        f"{loaded_links.p2p.bandwidth_bytes_per_s / 1e9:.2f} GB/s; inside a running pipeline a message costs "
+        f"{alpha * 1e6:.0f} us (the latency written, fitted to the overhead plan's measured {overhead_step_s * 1e3:.1f} "
+        f"ms step)",
         f"runtime: {overheads.action_s * 1e3:.2f} ms per pipeline action, {overheads.step_s * 1e3:.2f} ms per step "
         f"(median of {len(runs)} runs: " + ", ".join(f"{o.action_s * 1e3:.2f}/{o.step_s * 1e3:.2f}" for o in runs)
         + f" ms, less {own_step * 1e3:.2f} ms of its own optimizer step); compute x{compute_scale:.2f} while every "
         f"core computes; the optimizer {optimizer['per_byte_s'] * 16e9:.2f} ns per parameter (Adam)",
-        f"runtime: per layer and pass, TP (DTensor) {cluster.overheads.tp_layer_s * 1e3:.2f} ms, SDP (FSDP2) "
-        f"{cluster.overheads.sdp_layer_s * 1e3:.2f} ms beyond the collectives' link time",
+        f"runtime: TP (DTensor) {cluster.overheads.tp_kernel_s * 1e6:.0f} us per kernel of a pass, SDP (FSDP2) "
+        f"{cluster.overheads.sdp_layer_s * 1e3:.2f} ms per layer and pass, beyond the collectives' link time",
     ]
     return Calibration(cluster=cluster, evidence=evidence, summary=summary)
 

@@ -46,7 +46,7 @@ def test_the_fit_stays_close_under_noise():
 
 
 def test_the_runtime_table_round_trips_and_enters_the_cost_model(tmp_path):
-    o = RuntimeOverheads(rendezvous=True, action_s=3e-4, step_s=5e-3, compute_scale=1.3, tp_layer_s=1e-3,
+    o = RuntimeOverheads(rendezvous=True, action_s=3e-4, step_s=5e-3, compute_scale=1.3, tp_kernel_s=1e-3,
                          sdp_layer_s=2e-3, source="test")
     cluster = replace(load_cluster("local"), overheads=o)
     write_cluster_file(cluster, tmp_path / "c.toml", calibration={"note": {"x": 1.0}})
@@ -93,11 +93,16 @@ def test_the_compute_scale_applies_to_plans_on_several_devices_only():
 def test_tensor_parallel_layers_pay_the_measured_machinery_per_pass():
     spec = measure.measure(zoo.build("gpt2-tiny"))
     base = replace(load_cluster("local"), overheads=RuntimeOverheads())
-    with_tp = replace(load_cluster("local"), overheads=RuntimeOverheads(tp_layer_s=1e-3, sdp_layer_s=5e-3))
+    with_tp = replace(load_cluster("local"), overheads=RuntimeOverheads(tp_kernel_s=1e-5, sdp_layer_s=5e-3))
     tp = _gpt2(1, (0, 1), (LayerStrategy(tp=2),) * 6)
     gap = (simulate_plan(tp, analytic_cost_model(spec, with_tp)).prediction.iteration_s
            - simulate_plan(tp, analytic_cost_model(spec, base)).prediction.iteration_s)
-    assert gap == pytest.approx(6 * 2 * 1e-3, rel=1e-6)  # 6 layers x (forward + backward), SDP not charged
+    kernels = sum(max(1, lay.forward_ops) + max(1, lay.backward_ops) for lay in spec.layers)
+    assert gap == pytest.approx(kernels * 1e-5, rel=1e-6)  # every kernel of both passes; SDP not charged
+    sdp = _gpt2(1, (0, 1), (LayerStrategy(sdp=2),) * 6)
+    gap = (simulate_plan(sdp, analytic_cost_model(spec, with_tp)).prediction.iteration_s
+           - simulate_plan(sdp, analytic_cost_model(spec, base)).prediction.iteration_s)
+    assert gap == pytest.approx(6 * 2 * 5e-3, rel=1e-6)  # per layer and pass
 
 
 def test_spearman():

@@ -108,10 +108,9 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
     tp, sdp = strategy.tp, strategy.sdp
     forward = compute_scale * float(costs.forward[index](local)) / tp
     backward = compute_scale * float(costs.backward[index](local)) / tp
-    if runtime is not None:
-        extra = (runtime.tp_layer_s if tp > 1 else 0.0) + (runtime.sdp_layer_s if sdp > 1 else 0.0)
-        forward += extra
-        backward += extra
+    if runtime is not None and tp > 1:  # measured by paraplan calibrate (RuntimeOverheads.tp_kernel_s)
+        forward += runtime.tp_kernel_s * max(1, layer.forward_ops)
+        backward += runtime.tp_kernel_s * max(1, layer.backward_ops)
     if tp > 1:  # Megatron: two all-reduces of the activations per pass
         forward += 2 * ring_allreduce_s(layer.output_bytes.at(local), tp, tp_link)
         backward += 2 * ring_allreduce_s(layer.output_grad_bytes.at(local), tp, tp_link)
@@ -124,6 +123,9 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
         backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)
     if strategy.checkpoint:
         backward += recompute
+    if runtime is not None and sdp > 1:  # FSDP2's machinery per unit and pass, on the CPU: not overlapped
+        forward += runtime.sdp_layer_s
+        backward += runtime.sdp_layer_s
     return LayerTime(forward_s=forward, backward_s=backward,
                      grad_allreduce_bytes=shard / sdp if strategy.dp > 1 else 0.0)
 

@@ -57,8 +57,10 @@ class RuntimeOverheads:
       compute_scale: a layer's time while every device of the machine computes over its time
                   alone (CPU cores sharing caches, memory bandwidth or a host's hyperthreads); it
                   multiplies the compute of plans that use more than one device;
-      tp_layer_s, sdp_layer_s: per layer and pass under tensor parallelism (DTensor) / sharded data
-                  parallelism (FSDP2), beyond the collectives' link time: dispatch, hooks, copies;
+      tp_kernel_s: per kernel of a tensor-parallel layer's pass (DTensor dispatches every operator
+                  of the layer: its cost grows with the kernel count), beyond the collectives' link time;
+      sdp_layer_s: per layer and pass under sharded data parallelism (FSDP2: one unit per layer,
+                  its hooks, copies and collective calls), beyond the collectives' link time;
       optimizer_s_per_byte: the optimizer's step and the zeroing of gradients, per byte of model
                   states (parameters, gradients, optimizer states) a device holds; the device
                   holding the most finishes its step last.
@@ -69,12 +71,12 @@ class RuntimeOverheads:
     step_s: float = 0.0
     source: str = "none"
     compute_scale: float = 1.0
-    tp_layer_s: float = 0.0
+    tp_kernel_s: float = 0.0
     sdp_layer_s: float = 0.0
     optimizer_s_per_byte: float = 0.0
 
     def __post_init__(self):
-        if min(self.action_s, self.step_s, self.tp_layer_s, self.sdp_layer_s, self.optimizer_s_per_byte) < 0 or not self.compute_scale > 0:
+        if min(self.action_s, self.step_s, self.tp_kernel_s, self.sdp_layer_s, self.optimizer_s_per_byte) < 0 or not self.compute_scale > 0:
             raise ValueError(f"runtime overheads must not be negative: {self}")
 
     def scale_for(self, n_devices_used: int) -> float:

@@ -25,8 +25,8 @@
     action_s = 2.5e-4
     step_s = 5e-3
     compute_scale = 1.1                    # optional (default 1): compute while every device computes
-    tp_layer_s = 1e-3                      # optional (default 0): per layer and pass under TP / SDP
-    sdp_layer_s = 1e-3
+    tp_kernel_s = 5e-5                     # optional (default 0): per kernel of a TP layer's pass
+    sdp_layer_s = 1e-3                     # optional (default 0): per layer and pass under SDP
     optimizer_s_per_byte = 3e-10          # optional (default 0): per byte of model states a device holds
     source = "how they were measured"
 
@@ -146,7 +146,7 @@ def _runtime(where: str, table: object) -> RuntimeOverheads:
     if not isinstance(rendezvous, bool):
         raise ClusterFileError(f"{where}.rendezvous: expected true or false, got {rendezvous!r}")
     optional = {key: _number(where, table, key, unit, allow_zero=key != "compute_scale")
-                for key, unit in (("compute_scale", "a factor"), ("tp_layer_s", "seconds"), ("sdp_layer_s", "seconds"),
+                for key, unit in (("compute_scale", "a factor"), ("tp_kernel_s", "seconds"), ("sdp_layer_s", "seconds"),
                                   ("optimizer_s_per_byte", "seconds per byte"))
                 if key in table}
     return RuntimeOverheads(rendezvous=rendezvous, action_s=_number(where, table, "action_s", "seconds", True),
@@ -195,7 +195,7 @@ def cluster_to_dict(cluster: Cluster, calibration: dict | None = None) -> dict:
     if cluster.overheads is not None:
         o = cluster.overheads
         data["runtime"] = {"rendezvous": o.rendezvous, "action_s": o.action_s, "step_s": o.step_s,
-                           "compute_scale": o.compute_scale, "tp_layer_s": o.tp_layer_s, "sdp_layer_s": o.sdp_layer_s,
+                           "compute_scale": o.compute_scale, "tp_kernel_s": o.tp_kernel_s, "sdp_layer_s": o.sdp_layer_s,
                            "optimizer_s_per_byte": o.optimizer_s_per_byte, "source": o.source}
     if calibration:
         data["calibration"] = calibration

@@ -1,0 +1,36 @@
+"""Run the user guide's commands (docs/guide/**.md) as written: every line starting with `$ ` in a
+```console block, one page's commands in order in a directory of its own (a later command reads
+what an earlier one wrote), the repository's examples/ beside them, .venv/bin first on PATH.
+Exit 0 and no traceback for each. Shared by test_guide_commands.py and test_guide_measure.py,
+which split the pages between the two pytest workers."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIDE = ROOT / "docs" / "guide"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
+       "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def pages() -> list[Path]:
+    return sorted(GUIDE.rglob("*.md"))
+
+
+def commands(page: Path) -> list[str]:
+    out = []
+    for block in re.findall(r"^```console\n(.*?)^```", page.read_text(), re.S | re.M):
+        out += [line[2:].strip() for line in block.splitlines() if line.startswith("$ ")]
+    return out
+
+
+def run_page(page: Path, tmp: Path) -> None:
+    (tmp / "examples").symlink_to(ROOT / "examples")
+    for command in commands(page):
+        res = subprocess.run(["bash", "-c", command], cwd=tmp, env=ENV, capture_output=True, text=True, timeout=900)
+        where = f"{page.relative_to(ROOT)}: {command}"
+        assert res.returncode == 0, f"{where}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+        assert "Traceback" not in res.stdout + res.stderr, f"{where}\n{res.stderr[-3000:]}"

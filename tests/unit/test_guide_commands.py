@@ -1,0 +1,19 @@
+"""The user guide's commands run as written (tests/unit/guide_commands.py), every page but the one
+on measuring, which test_guide_measure.py runs (so that the two pytest workers share them)."""
+
+import pytest
+from guide_commands import GUIDE, commands, pages, run_page
+
+PAGES = [p for p in pages() if p.name != "measure.md"]
+
+
+def test_the_guide_has_pages_and_commands():
+    names = {p.relative_to(GUIDE).as_posix() for p in pages()}
+    assert {"README.md", "cluster.md", "measure.md", "report.md", "torchrun.md", "methods/csimd.md",
+            "methods/gropipe.md", "methods/galvatron.md", "methods/fddps.md", "methods/bipartition.md"} <= names
+    assert all(commands(p) for p in pages()), "a guide page without a command to run"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(GUIDE).as_posix() for p in PAGES])
+def test_every_command_of_the_page_runs(page, tmp_path):
+    run_page(page, tmp_path)

@@ -1,8 +1,9 @@
-"""The user guide's commands run as written (tests/unit/guide_commands.py), every page but the one
+"""The user guide's commands run as written (tests/distributed/guide_commands.py), every page but the one
 on measuring, which test_guide_measure.py runs (so that the two pytest workers share them)."""
 
 import pytest
-from guide_commands import GUIDE, commands, pages, run_page
+
+from .guide_commands import GUIDE, commands, pages, run_page
 
 PAGES = [p for p in pages() if p.name != "measure.md"]
 

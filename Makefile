@@ -28,7 +28,7 @@ demo: $(STAMP)
 	#    even split and one process for real, interleaved, against their predictions
 	$(BIN)/paraplan calibrate --quick --devices 2 --out results/demo-local.toml
 	$(BIN)/paraplan profile examples/uneven.py:build --batch-sizes 8,16,32,64 --repeats 5 --no-checks --out results/demo-uneven-profile.json
-	$(BIN)/paraplan plan --model examples/uneven.py:build --cluster results/demo-local.toml --profile results/demo-uneven-profile.json --batch 64 --out results/demo-uneven.json --prove
+	$(BIN)/paraplan plan --model examples/uneven.py:build --cluster results/demo-local.toml --profile results/demo-uneven-profile.json --batch 64 --out results/demo-uneven.json --prove --prove-rounds 2
 
 # Two pytest workers (this machine has two cores), whole files to one worker so that a file's
 # module-scoped fixtures run once; `make test` stays under 15 minutes here.

@@ -37,6 +37,9 @@ LINK_MAX_BYTES = 16 * 2**20  # the tiny models' activations are KiBs to MiBs
 # the plan whose timeline gives the overheads: the shipped measurement's plan (gpt2-tiny, 2 stages
 # of 3 layers, 1F1B, 4 micro-batches of 8)
 OVERHEAD_PLAN = dict(model="gpt2-tiny", cuts=(3,), n_micro=4, batch=32)
+# the most a message inside a running pipeline is allowed to cost (effective_latency): twice the
+# ~1 ms gloo loopback messages measured inside pipelines here (shared/notes/runtime-on-cpu.md: 1.5 ms)
+CAP_LATENCY_S = 2e-3
 
 
 @dataclass(frozen=True)
@@ -253,7 +256,11 @@ def effective_latency(plan, spec, profile, cluster, measured_s: float, floor_s: 
     everything else calibrated: a gloo message inside a running pipeline costs more than an idle
     or loaded ping-pong shows (the receiving core is busy, torch's pipelining posts and waits per
     micro-batch), and the pipeline's per-micro-batch transfers carry that cost. Never below the
-    ping-pong's `floor_s`; bisection (the simulated step grows with the latency)."""
+    ping-pong's `floor_s`, never above `CAP_LATENCY_S`: the fit puts every millisecond the
+    simulator does not explain on the messages, so a machine that slowed down between the compute
+    measurement and the runs (this shared VM drifts by a third within minutes) would otherwise
+    turn into a latency of several ms (seen once: 5.7 ms). Bisection (the simulated step grows
+    with the latency)."""
     from dataclasses import replace as dc_replace
 
     from paraplan.costs.model import profile_cost_model
@@ -265,7 +272,7 @@ def effective_latency(plan, spec, profile, cluster, measured_s: float, floor_s: 
         c = dc_replace(cluster, nodes=tuple(NodeSpec(n.name, n.devices, link, link) for n in cluster.nodes))
         return simulate_plan(plan, profile_cost_model(spec, c, profile)).prediction.iteration_s
 
-    lo, hi = floor_s, 0.05
+    lo, hi = floor_s, max(floor_s, CAP_LATENCY_S)
     if predicted(lo) >= measured_s:
         return lo
     if predicted(hi) < measured_s:

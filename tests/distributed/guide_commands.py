@@ -27,10 +27,14 @@ def commands(page: Path) -> list[str]:
     return out
 
 
-def run_page(page: Path, tmp: Path) -> None:
+def run_page(page: Path, tmp: Path) -> list[tuple[str, int, str]]:
+    """(command, exit status, its output) for each command of the page, in order; stops at the
+    first that fails (a later command may read what it should have written)."""
     (tmp / "examples").symlink_to(ROOT / "examples")
+    ran = []
     for command in commands(page):
         res = subprocess.run(["bash", "-c", command], cwd=tmp, env=ENV, capture_output=True, text=True, timeout=900)
-        where = f"{page.relative_to(ROOT)}: {command}"
-        assert res.returncode == 0, f"{where}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
-        assert "Traceback" not in res.stdout + res.stderr, f"{where}\n{res.stderr[-3000:]}"
+        ran.append((command, res.returncode, res.stdout[-6000:] + res.stderr[-3000:]))
+        if res.returncode != 0:
+            break
+    return ran

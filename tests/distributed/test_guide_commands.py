@@ -17,4 +17,8 @@ def test_the_guide_has_pages_and_commands():
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(GUIDE).as_posix() for p in PAGES])
 def test_every_command_of_the_page_runs(page, tmp_path):
-    run_page(page, tmp_path)
+    ran = run_page(page, tmp_path)
+    assert len(ran) == len(commands(page))
+    for command, status, output in ran:
+        assert status == 0, f"{command}\n{output}"
+        assert "Traceback" not in output, f"{command}\n{output}"

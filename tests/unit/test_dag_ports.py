@@ -1,5 +1,5 @@
 """Link contention while scheduling (links="ports", ours, beyond the FD-DPS paper): the port model
-of dag_sched.PortLedger against `replay_ports` and the simulator's engine, by hand and on random
+of dag_ports.PortLedger against `replay_ports` and the simulator's engine, by hand and on random
 DAGs; transfers into (and out of) one device serialize; the contention-free default is unchanged;
 the `links` option and the `fddps-ports` planner.
 

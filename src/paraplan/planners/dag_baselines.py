@@ -55,7 +55,7 @@ def _eft_list_schedule(problem: DagProblem, keys: list, insertion: bool = True,
                        links: str = "free") -> tuple[ScheduleBuilder, dict]:
     """Schedulable nodes by increasing `keys[i]`; each to the device of earliest finish (ties: earlier
     start, lower index) among those with memory room. links="ports": the finish includes the waits
-    for the send and receive ports (dag_sched.PortLedger; ours, the published algorithms have none)."""
+    for the send and receive ports (dag_ports.PortLedger; ours, the published algorithms have none)."""
     check_links(links)
     builder = ScheduleBuilder(problem, ports=links == "ports")
     et, parents, children = builder.lists.et, builder.lists.parents, builder.lists.children

@@ -27,7 +27,7 @@ of one device, or into one device, serialize. The FD-DPS paper (and `replay`) le
 start the moment its data is ready; on real graphs with many cross-device edges that model is
 optimistic by up to 2x against the contended simulator. A tensor crosses to a device once per
 (producer, destination device, bytes), however many consumers there read it (simulate/dag.py). A schedule made with links="ports" (ours,
-beyond the paper: dag_sched.PortLedger) carries the transfer times it booked and equals
+beyond the paper: dag_ports.PortLedger) carries the transfer times it booked and equals
 `replay_ports` of its placement, order and booked transfer order.
 
 Memory rule (`device_peaks`): on device k at time tau the usage is the resident bytes of every node

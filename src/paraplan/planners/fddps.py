@@ -146,7 +146,7 @@ def _plan_with(name: str, scheduler, split: bool):
 
 # links: "free" is the paper's model (transfers never wait for each other); "ports" (ours, not the
 # paper's) models the simulator's one send and one receive port per device while scheduling
-# (dag_sched.PortLedger), so the schedule's own length is what the contended simulator measures
+# (dag_ports.PortLedger), so the schedule's own length is what the contended simulator measures
 # whenever no transfer was booked out of its first-come-first-served order (search option
 # port_inversions = 0), and close to it otherwise.
 def _boolean(name: str):

@@ -53,7 +53,7 @@ Choices where the paper is ambiguous (each a deviation to keep in mind when comp
 
 Beyond the paper (ours, opt-in): `links="ports"` models the simulator's link contention while
 scheduling. Find_Slot's EST(o_i, v_k) then waits for v_k's receive port and the parents' send ports
-(dag_sched.PortLedger, whose module doc has the port model and why), and devices whose bookings the
+(dag_ports.PortLedger, whose module doc has the port model and why), and devices whose bookings the
 simulator would serve in another order are avoided; priorities, LST and DCPL keep the paper's
 contention-free estimates of the unscheduled part. The default `links="free"` is the paper's model,
 bit for bit.
@@ -292,7 +292,7 @@ def schedule_fddps(problem: DagProblem, *, fallback: str = "lowest_priority", de
 
     `links="ports"` (ours, not the paper's): transfers contend for each device's one send and one
     receive port, as in the simulator; EST(o_i, v_k) of Find_Slot (eq. (11) and rules (1)-(4)) then
-    includes the waits for the ports (dag_sched.PortLedger). Everything else (priorities, LST, DCPL)
+    includes the waits for the ports (dag_ports.PortLedger). Everything else (priorities, LST, DCPL)
     keeps the paper's contention-free estimates of the unscheduled part. `debug_check` compares with
     the contention-free full pass, so it needs links="free"."""
     check_links(links)

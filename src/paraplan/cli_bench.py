@@ -57,18 +57,40 @@ def cmd_bench(args) -> int:
             if script in done:  # gropipe and bipartition share one script
                 continue
             t0 = time.perf_counter()
-            print(f"{name}: running benchmarks/{script}.py ...", flush=True)
-            res = subprocess.run([sys.executable, str(root / f"{script}.py"), *SCRIPT_ARGS.get(script, ())],
-                                 capture_output=True, text=True,
-                                 env={**os.environ, "PARAPLAN_BENCH_OUT": str(out), "HF_HUB_OFFLINE": "1"})
-            if res.returncode != 0:
-                last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+            print(f"{name}: running benchmarks/{script}.py (its output: {out / 'logs' / (script + '.log')}) ...",
+                  flush=True)
+            code, last = run_script(root / f"{script}.py", out, SCRIPT_ARGS.get(script, ()))
+            if code != 0:
                 raise ParaplanError(f"benchmarks/{script}.py failed: {last}")
             done.add(script)
             print(f"{name}: benchmarks/{script}.py done in {time.perf_counter() - t0:.0f} s", flush=True)
     index = write_index(out)
     print(f"index written to {index}")
     return 0
+
+
+def run_script(script: Path, out: Path, extra: tuple[str, ...]) -> tuple[int, str]:
+    """Run one benchmark script into `out`, its output (stdout and stderr) saved line by line in
+    out/logs/<script>.log and its latest line shown live (some take an hour: Galvatron's Table II
+    prints a line per cell). Returns the exit status and the last line it printed."""
+    from rich.console import Console
+
+    logs = out / "logs"
+    logs.mkdir(exist_ok=True)
+    env = {**os.environ, "PARAPLAN_BENCH_OUT": str(out), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    last = "(no output)"
+    console = Console(stderr=True)
+    with open(logs / f"{script.stem}.log", "w") as log, \
+            subprocess.Popen([sys.executable, str(script), *extra], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=env) as proc, \
+            console.status(f"{script.stem}: starting") as status:
+        for line in proc.stdout:
+            log.write(line)
+            log.flush()
+            if line.strip():
+                last = line.strip()
+                status.update(f"{script.stem}: {last[:100]}")
+    return proc.returncode, last
 
 
 def write_index(out: Path) -> Path:

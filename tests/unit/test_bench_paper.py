@@ -34,6 +34,9 @@ def test_bipartition_reproduction_with_its_index(tmp_path):
                          capture_output=True, text=True, env=ENV, timeout=600)
     assert res.returncode == 0, res.stderr
     assert (out / "bipartition_modes" / "modes.json").exists() and (out / "gropipe_bipartition" / "summary.md").exists()
+    # each script's own output is kept beside its results (some scripts run for an hour)
+    log = (out / "logs" / "bipartition_modes.log").read_text()
+    assert log.strip() and "bipartition_modes.log" in res.stdout
     page = (out / "index.html").read_text()
     parser = _Links()
     parser.feed(page)

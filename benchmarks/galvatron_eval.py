@@ -141,7 +141,8 @@ def _run_job(job: tuple) -> dict:
 
 def run_cells(path: Path, jobs: list[tuple], cms: dict, workers: int = 1) -> list[dict]:
     """Every job not already in `path`, `workers` processes at a time (search time is measured per
-    cell, so with more than one worker it includes the machine being shared)."""
+    cell, so with more than one worker it includes the machine being shared); the cells in the order
+    of `jobs`."""
     done = json.loads(path.read_text())["cells"] if path.exists() else []
     have = {(c["cluster"], c["model"], c["planner"], c["budget_gib"]) for c in done}
     todo = [j for j in jobs if j not in have]
@@ -161,6 +162,9 @@ def run_cells(path: Path, jobs: list[tuple], cms: dict, workers: int = 1) -> lis
         path.write_text(json.dumps({"cells": done}, indent=1))
     if pool is not None:
         pool.close()
+    # the jobs' order, whatever order the workers (or an earlier, resumed run) finished them in
+    order = {j: i for i, j in enumerate(jobs)}
+    done.sort(key=lambda c: order.get((c["cluster"], c["model"], c["planner"], c["budget_gib"]), len(order)))
     return done
 
 
@@ -286,6 +290,7 @@ def main() -> None:
     wanted = set(jobs3)
     cells3 = [c for c in run_cells(OUT / "table3.json", jobs3, cms, args.jobs)
               if (c["cluster"], c["model"], c["planner"], c["budget_gib"]) in wanted]
+    (OUT / "table3.json").write_text(json.dumps({"cells": cells3}, indent=1))
     lines = ["| cluster | model | memory | strategy | ours | paper |", "|---|---|---|---|---|---|"]
     for c in cells3:
         theirs = PAPER_TABLE3_BERT.get(c["budget_gib"], {}).get(c["planner"], "—") if c["model"] == "bert-huge-32" \

@@ -31,9 +31,10 @@ demo: $(STAMP)
 	$(BIN)/paraplan plan --model examples/uneven.py:build --cluster results/demo-local.toml --profile results/demo-uneven-profile.json --batch 64 --out results/demo-uneven.json --prove --prove-rounds 2
 
 # Two pytest workers (this machine has two cores), whole files to one worker so that a file's
-# module-scoped fixtures run once; `make test` stays under 15 minutes here.
+# module-scoped fixtures run once; the 15 slowest tests are listed at the end (`make test` should stay
+# under 15 minutes here).
 test: $(STAMP)
-	$(BIN)/python -m pytest tests -n 2 --dist loadfile
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile --durations=15
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

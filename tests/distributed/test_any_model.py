@@ -18,10 +18,11 @@ from paraplan.hardware import load_cluster
 from paraplan.models import measure, source
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
-from paraplan.runtime.launch import spawn
 from paraplan.runtime.reference import reference_run
 from paraplan.runtime.worker import TrainConfig
 from paraplan.simulate.predict import simulate_plan
+
+from .many import train_many
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 SMALL = "num_hidden_layers=4&hidden_size=64&num_attention_heads=4&intermediate_size=128&vocab_size=512&seq_len=32"
@@ -33,27 +34,39 @@ MODELS = {
 }
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_any_model_plans_simulates_and_trains_like_one_process(tmp_path, name):
-    built = source.build(MODELS[name])
-    spec = measure.measure(built)
-    costs = analytic_cost_model(spec, load_cluster("local"))
-    request = PlanRequest(costs=costs, model_name=built.ref, cluster_name="local", batch=8, n_stages=2, n_micro=4,
-                          schedule="1f1b")
-    plan = make_plan(request, "even")
-    assert plan.model == built.ref and plan.n_stages == 2
-    sim = simulate_plan(plan, costs)
-    assert sim.prediction.iteration_s > 0 and sim.prediction.feasible
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every model planned (even split, 2 stages, 1F1B) and simulated, then all trained in one launch
+    of the 2 ranks (tests/distributed/many.py)."""
+    root = tmp_path_factory.mktemp("any")
+    out = {}
+    for name, ref in MODELS.items():
+        built = source.build(ref)
+        spec = measure.measure(built)
+        costs = analytic_cost_model(spec, load_cluster("local"))
+        request = PlanRequest(costs=costs, model_name=built.ref, cluster_name="local", batch=8, n_stages=2,
+                              n_micro=4, schedule="1f1b")
+        plan = make_plan(request, "even")
+        (root / name).mkdir()
+        config = TrainConfig(plan=plan, model=plan.model, steps=3, out_dir=str(root / name), dropout=False,
+                             optimizer="sgd", lr=0.1)
+        out[name] = (built, plan, simulate_plan(plan, costs), config)
+    train_many([config for *_, config in out.values()], 2)
+    return out
 
-    config = TrainConfig(plan=plan, model=plan.model, steps=3, out_dir=str(tmp_path), dropout=False,
-                         optimizer="sgd", lr=0.1)
-    spawn(config, 2)
-    losses = json.loads((tmp_path / "losses.json").read_text())
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_any_model_plans_simulates_and_trains_like_one_process(runs, name):
+    built, plan, sim, config = runs[name]
+    assert plan.model == built.ref and plan.n_stages == 2
+    assert sim.prediction.iteration_s > 0 and sim.prediction.feasible
+    out = Path(config.out_dir)
+    losses = json.loads((out / "losses.json").read_text())
     ref_losses, ref_params = reference_run(config)
     assert losses == pytest.approx(ref_losses, rel=1e-5)
     seen = set()
     for stage in range(plan.n_stages):
-        for pname, value in torch.load(tmp_path / f"stage{stage}.pt").items():
+        for pname, value in torch.load(out / f"stage{stage}.pt").items():
             ref = ref_params[pname]
             error = float((value - ref).norm() / ref.norm().clamp_min(1e-3))
             assert error < 1e-5, pname

@@ -3,9 +3,6 @@ graphs, the simulator against the schedule's own critical-path length, memory ve
 and the command line."""
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
 
 import numpy as np
@@ -24,7 +21,6 @@ from paraplan.planners.request import PlanRequest
 from paraplan.simulate.predict import simulate_plan
 
 DAG_PLANNERS = ("fddps", "fddps-nosplit", "fastt", "heft", "mpdps")
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
 def four_p100s():
@@ -112,21 +108,29 @@ def test_memory_verdicts_agree_with_the_simulator(costs):
                 assert "finds no placement that fits" in plan.prediction.reason
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "paraplan", *args], capture_output=True, text=True, env=ENV,
-                          timeout=300)
+def _cli(capsys, *args):
+    """The command line in this process (its exit status and output, as a subprocess would give
+    them; the end-to-end runs of separate processes are the README's and the guide's tests)."""
+    from types import SimpleNamespace
+
+    from paraplan.cli import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
 
 
-def test_plan_and_simulate_dag_plans_on_the_command_line(tmp_path):
+def test_plan_and_simulate_dag_plans_on_the_command_line(tmp_path, capsys):
     out = tmp_path / "fd.json"
-    r = _cli("plan", "--planner", "fddps", "--model", "resnet-tiny", "--cluster", "fddps-8xp100", "--batch", "8",
+    r = _cli(capsys, "plan", "--planner", "fddps", "--model", "resnet-tiny", "--cluster", "fddps-8xp100", "--batch", "8",
              "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert "critical path" in r.stdout and "operators" in r.stdout and "simulated with link contention" in r.stdout
     saved = json.loads(out.read_text())
     assert saved["schedule"] == "dag" and saved["operators"]
     gantt, trace = tmp_path / "g.png", tmp_path / "t.json"
-    r = _cli("simulate", str(out), "--gantt", str(gantt), "--trace", str(trace), "--json")
+    r = _cli(capsys, "simulate", str(out), "--gantt", str(gantt), "--trace", str(trace), "--json")
     assert r.returncode == 0, r.stderr
     assert abs(json.loads(r.stdout)["iteration_s"] - saved["prediction"]["iteration_s"]) < 1e-9
     assert gantt.stat().st_size > 0
@@ -137,23 +141,23 @@ def test_plan_and_simulate_dag_plans_on_the_command_line(tmp_path):
     saved["operators"][0]["ops"][0] = "fwd:nowhere:mm"
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(saved))
-    r = _cli("simulate", str(bad))
+    r = _cli(capsys, "simulate", str(bad))
     assert r.returncode == 2 and "not an operator of" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_an_operator_profile_measured_here_prices_the_plan(tmp_path):
+def test_an_operator_profile_measured_here_prices_the_plan(tmp_path, capsys):
     """`paraplan profile --operators` times every operator of the iteration on this CPU; a plan made
     with it is priced by those times (and the profile of another model is refused in one line)."""
     ops = tmp_path / "ops.json"
-    r = _cli("profile", "resnet-tiny", "--operators", "--repeats", "1", "--out", str(ops))
+    r = _cli(capsys, "profile", "resnet-tiny", "--operators", "--repeats", "1", "--out", str(ops))
     assert r.returncode == 0, r.stderr
     saved = json.loads(ops.read_text())
     assert saved["kind"] == "operator-profile" and len(saved["seconds"]) == 127
     out = tmp_path / "p.json"
-    r = _cli("plan", "--planner", "fddps", "--model", "resnet-tiny", "--cluster", "local", "--batch", "8",
+    r = _cli(capsys, "plan", "--planner", "fddps", "--model", "resnet-tiny", "--cluster", "local", "--batch", "8",
              "--profile", str(ops), "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["search"]["options"]["costs"] == "operator-profile"
-    r = _cli("plan", "--planner", "fddps", "--model", "gpt2-tiny", "--cluster", "local", "--batch", "8",
+    r = _cli(capsys, "plan", "--planner", "fddps", "--model", "gpt2-tiny", "--cluster", "local", "--batch", "8",
              "--profile", str(ops), "--out", str(tmp_path / "q.json"))
     assert r.returncode == 2 and "an operator profile of resnet-tiny" in r.stderr and "Traceback" not in r.stderr

@@ -2,3 +2,18 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+# The longest files first: `make test` hands whole files to its two workers in collection order, and
+# a 3-minute file that starts last leaves one worker idle at the end (`--durations` lists them).
+LONGEST_FIRST = ("distributed/test_guide_measure.py", "unit/test_readme_commands.py",
+                 "distributed/test_guide_commands.py", "distributed/test_runtime.py",
+                 "distributed/test_every_planner_runs.py", "distributed/test_hybrid.py",
+                 "distributed/test_data_training.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        path = item.nodeid.split("::")[0]
+        return next((i for i, name in enumerate(LONGEST_FIRST) if path.endswith(name)), len(LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: the order within a file and among the rest is kept

@@ -31,10 +31,11 @@ demo: $(STAMP)
 	$(BIN)/paraplan plan --model examples/uneven.py:build --cluster results/demo-local.toml --profile results/demo-uneven-profile.json --batch 64 --out results/demo-uneven.json --prove --prove-rounds 2
 
 # Two pytest workers (this machine has two cores), whole files to one worker so that a file's
-# module-scoped fixtures run once; the 15 slowest tests are listed at the end (`make test` should stay
-# under 15 minutes here).
+# module-scoped fixtures run once, in tests/conftest.py's order (the longest files first; xdist would
+# otherwise start the files with the most tests first, and the 3-minute one-test guide page last);
+# the 15 slowest tests are listed at the end (`make test` should stay under 15 minutes here).
 test: $(STAMP)
-	$(BIN)/python -m pytest tests -n 2 --dist loadfile --durations=15
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -17,3 +17,19 @@ def pytest_collection_modifyitems(items):
         return next((i for i, name in enumerate(LONGEST_FIRST) if path.endswith(name)), len(LONGEST_FIRST))
 
     items.sort(key=rank)  # stable: the order within a file and among the rest is kept
+
+
+def run_cli_here(capsys, *args):
+    """`paraplan ARGS` in this process: its exit status and output as a subprocess would give them
+    (argparse's own refusals included). The separate-process runs are the README's and guide's tests."""
+    from types import SimpleNamespace
+
+    from paraplan.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)

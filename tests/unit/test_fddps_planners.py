@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import run_cli_here
 
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
@@ -108,29 +109,16 @@ def test_memory_verdicts_agree_with_the_simulator(costs):
                 assert "finds no placement that fits" in plan.prediction.reason
 
 
-def _cli(capsys, *args):
-    """The command line in this process (its exit status and output, as a subprocess would give
-    them; the end-to-end runs of separate processes are the README's and the guide's tests)."""
-    from types import SimpleNamespace
-
-    from paraplan.cli import main
-
-    capsys.readouterr()
-    code = main(list(args))
-    out = capsys.readouterr()
-    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
-
-
 def test_plan_and_simulate_dag_plans_on_the_command_line(tmp_path, capsys):
     out = tmp_path / "fd.json"
-    r = _cli(capsys, "plan", "--planner", "fddps", "--model", "resnet-tiny", "--cluster", "fddps-8xp100", "--batch", "8",
+    r = run_cli_here(capsys, "plan", "--planner", "fddps", "--model", "resnet-tiny", "--cluster", "fddps-8xp100", "--batch", "8",
              "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert "critical path" in r.stdout and "operators" in r.stdout and "simulated with link contention" in r.stdout
     saved = json.loads(out.read_text())
     assert saved["schedule"] == "dag" and saved["operators"]
     gantt, trace = tmp_path / "g.png", tmp_path / "t.json"
-    r = _cli(capsys, "simulate", str(out), "--gantt", str(gantt), "--trace", str(trace), "--json")
+    r = run_cli_here(capsys, "simulate", str(out), "--gantt", str(gantt), "--trace", str(trace), "--json")
     assert r.returncode == 0, r.stderr
     assert abs(json.loads(r.stdout)["iteration_s"] - saved["prediction"]["iteration_s"]) < 1e-9
     assert gantt.stat().st_size > 0
@@ -141,7 +129,7 @@ def test_plan_and_simulate_dag_plans_on_the_command_line(tmp_path, capsys):
     saved["operators"][0]["ops"][0] = "fwd:nowhere:mm"
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(saved))
-    r = _cli(capsys, "simulate", str(bad))
+    r = run_cli_here(capsys, "simulate", str(bad))
     assert r.returncode == 2 and "not an operator of" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -149,15 +137,15 @@ def test_an_operator_profile_measured_here_prices_the_plan(tmp_path, capsys):
     """`paraplan profile --operators` times every operator of the iteration on this CPU; a plan made
     with it is priced by those times (and the profile of another model is refused in one line)."""
     ops = tmp_path / "ops.json"
-    r = _cli(capsys, "profile", "resnet-tiny", "--operators", "--repeats", "1", "--out", str(ops))
+    r = run_cli_here(capsys, "profile", "resnet-tiny", "--operators", "--repeats", "1", "--out", str(ops))
     assert r.returncode == 0, r.stderr
     saved = json.loads(ops.read_text())
     assert saved["kind"] == "operator-profile" and len(saved["seconds"]) == 127
     out = tmp_path / "p.json"
-    r = _cli(capsys, "plan", "--planner", "fddps", "--model", "resnet-tiny", "--cluster", "local", "--batch", "8",
+    r = run_cli_here(capsys, "plan", "--planner", "fddps", "--model", "resnet-tiny", "--cluster", "local", "--batch", "8",
              "--profile", str(ops), "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["search"]["options"]["costs"] == "operator-profile"
-    r = _cli(capsys, "plan", "--planner", "fddps", "--model", "gpt2-tiny", "--cluster", "local", "--batch", "8",
+    r = run_cli_here(capsys, "plan", "--planner", "fddps", "--model", "gpt2-tiny", "--cluster", "local", "--batch", "8",
              "--profile", str(ops), "--out", str(tmp_path / "q.json"))
     assert r.returncode == 2 and "an operator profile of resnet-tiny" in r.stderr and "Traceback" not in r.stderr

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import run_cli_here
 
 from paraplan.costs.model import profile_cost_model
 from paraplan.costs.timefn import PiecewiseLinear
@@ -110,20 +111,6 @@ def test_alpha_beta_fit_recovers_known_values():
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
-def _cli_here(capsys, *args):
-    from types import SimpleNamespace
-
-    from paraplan.cli import main
-
-    capsys.readouterr()
-    try:
-        code = main(list(args))
-    except SystemExit as exc:  # argparse's own refusals
-        code = exc.code
-    out = capsys.readouterr()
-    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
-
-
 def _cli(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "paraplan", *args], capture_output=True, text=True, env=ENV,
                           timeout=timeout)
@@ -166,7 +153,7 @@ def test_profile_a_users_module(tmp_path):
 def test_profile_bad_input(args, needle, capsys):
     if "cuda" in args and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    res = _cli_here(capsys, *args)
+    res = run_cli_here(capsys, *args)
     assert res.returncode == 2 and needle in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
 
@@ -174,11 +161,11 @@ def test_profile_bad_input(args, needle, capsys):
 def test_simulate_with_a_measured_profile(tmp_path, capsys):
     """In this process (the other tests here run the command line as separate processes)."""
     profile = tmp_path / "gpt2-tiny.json"
-    res = _cli_here(capsys, "profile", "gpt2-tiny", "--batch-sizes", "4,8", "--repeats", "2", "--warmup", "1", "--no-checks",
+    res = run_cli_here(capsys, "profile", "gpt2-tiny", "--batch-sizes", "4,8", "--repeats", "2", "--warmup", "1", "--no-checks",
                "--out", str(profile))
     assert res.returncode == 0, res.stderr
     plan = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "gpt2-tiny-local-1f1b-2x4.json")
-    res = _cli_here(capsys, "simulate", plan, "--profile", str(profile), "--json")
+    res = run_cli_here(capsys, "simulate", plan, "--profile", str(profile), "--json")
     assert res.returncode == 0, res.stderr
     # the CLI used the profile: its prediction is the in-process one with measured costs, not the analytic one
     from paraplan.costs.model import analytic_cost_model, profile_cost_model
@@ -194,7 +181,7 @@ def test_simulate_with_a_measured_profile(tmp_path, capsys):
     assert json.loads(res.stdout)["iteration_s"] == pytest.approx(measured, rel=1e-9)
     assert measured != pytest.approx(analytic, rel=1e-3)
     lenet = tmp_path / "lenet.json"
-    assert _cli_here(capsys, "profile", "lenet-5", "--batch-sizes", "2", "--repeats", "1", "--warmup", "0", "--no-checks",
+    assert run_cli_here(capsys, "profile", "lenet-5", "--batch-sizes", "2", "--repeats", "1", "--warmup", "0", "--no-checks",
                 "--out", str(lenet)).returncode == 0
-    res = _cli_here(capsys, "simulate", plan, "--profile", str(lenet))
+    res = run_cli_here(capsys, "simulate", plan, "--profile", str(lenet))
     assert res.returncode == 2 and "measured for 'lenet-5', not 'gpt2-tiny'" in res.stderr

@@ -103,14 +103,15 @@ def results(tmp_path_factory):
     """Run every command (two at a time), each in a directory of its own."""
 
     def one(item):
-        index, (name, argv) = item
-        cwd = tmp_path_factory.mktemp(f"readme{index}")
+        cwd, (name, argv) = item
         t0 = time.perf_counter()
         res = subprocess.run([sys.executable, "-m", "paraplan", *argv], capture_output=True, text=True, env=ENV,
                              cwd=cwd, timeout=120)
         return name, (res, cwd, time.perf_counter() - t0)
 
-    todo = [(i, c) for i, c in enumerate(COMMANDS) if c[0] not in SLOW]
+    # The directories are made here, in this thread: tmp_path_factory is not thread-safe (two threads
+    # creating the worker's base directory at once raised FileExistsError on a fresh machine).
+    todo = [(tmp_path_factory.mktemp(f"readme{i}"), c) for i, c in enumerate(COMMANDS) if c[0] not in SLOW]
     # the slowest first, so that the two workers finish together
     todo.sort(key=lambda item: ("help:" in item[1][0], " train " not in item[1][0]))
     with ThreadPoolExecutor(max_workers=2) as pool:

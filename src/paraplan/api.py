@@ -39,6 +39,14 @@ def _memory_bytes(memory) -> int | None:
         raise FieldError("memory", f"expected bytes or a size like 16GiB, got {memory!r}") from None
 
 
+def _limit_to_this_machine() -> None:
+    """The simulator refuses task graphs beyond the memory this machine has free (simulate/limits.py)."""
+    from paraplan.host import available_memory_bytes
+    from paraplan.simulate.limits import set_memory_source
+
+    set_memory_source(available_memory_bytes)
+
+
 def _request(model: str, cluster: str, batch: int, *, operators: bool, memory=None, stages=None,
              micro_batches=None, schedule=None, profile=None, seq_len=None, image_size=None, exact_stages=False,
              options=None):
@@ -48,6 +56,7 @@ def _request(model: str, cluster: str, batch: int, *, operators: bool, memory=No
     from paraplan.models import measure, source
     from paraplan.planners.request import PlanRequest
 
+    _limit_to_this_machine()
     c = load_cluster(cluster)
     built = source.build(model, device="meta", seq_len=seq_len, image_size=image_size)
     spec = measure.measure(built)
@@ -127,8 +136,15 @@ def train(plan_or_path: Plan | str | Path, *, steps: int = 3, nproc: int | None 
     world = nproc or len(p.devices)
     layers = built.layers()
     check_before_launch(cfg, world, len(layers), layers)
+    from paraplan.runtime.preflight import check_model_fits_loss
+
+    check_model_fits_loss(built, p, layers, cfg.seed)
     if cfg.data is not None:
         check_data(cfg.data, cfg.data_dtype, built.inputs, cfg.model)
+    if cfg.resume:  # before launch, as `paraplan train`: the files, what they belong to, the step
+        from paraplan.runtime.checkpoints import check_resume
+
+        check_resume(cfg)
     # the output directory only once every check has passed: a refused run leaves nothing behind
     out = Path(out_dir or tempfile.mkdtemp(prefix="paraplan-train-"))
     out.mkdir(parents=True, exist_ok=True)

@@ -184,16 +184,56 @@ def measure_links(nproc: int, progress: Callable[[str], None]):
     return idle, loaded
 
 
-def _train(plan, steps: int, tmp: Path, name: str) -> Path:
-    """One real `paraplan train` run of `plan`; its output directory."""
+def _notice(line: str) -> None:
+    """A line that stays on the console (stderr), above the progress spinner."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _run_train(plan_path: Path, steps: int, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "paraplan", "train", "--plan", str(plan_path), "--steps", str(steps),
+                           "--out-dir", str(out)], capture_output=True, text=True, timeout=600)
+
+
+def _finished_steps(out: Path, steps: int, ranks: int) -> bool:
+    """Whether a run wrote everything a finished run writes: every step's loss and every rank's step
+    times and timeline (each written whole, by an atomic rename)."""
+    import json
+
+    try:
+        if len(json.loads((out / "losses.json").read_text())) != steps:
+            return False
+        for r in range(ranks):
+            if len(json.loads((out / f"steps_rank{r}.json").read_text())) != steps:
+                return False
+            json.loads((out / f"timeline_rank{r}.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+    return True
+
+
+def _train(plan, steps: int, tmp: Path, name: str, notice: Callable[[str], None] = _notice) -> Path:
+    """One real `paraplan train` run of `plan`; its output directory. A run that died after
+    finishing its steps (a rank that aborted at exit, e.g. code -6 while gloo tears down) is run once
+    more rather than ending the calibration, and the console says so."""
+    import re
+
     from paraplan.plan.plan_file import write_plan
 
     write_plan(plan, tmp / f"{name}.json")
     out = tmp / name
-    res = subprocess.run([sys.executable, "-m", "paraplan", "train", "--plan", str(tmp / f"{name}.json"),
-                          "--steps", str(steps), "--out-dir", str(out)], capture_output=True, text=True, timeout=600)
-    if res.returncode != 0:
-        last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+
+    def attempt() -> tuple[int, str]:
+        shutil.rmtree(out, ignore_errors=True)  # a retry starts from an empty directory
+        res = _run_train(tmp / f"{name}.json", steps, out)
+        return res.returncode, (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+
+    code, last = attempt()
+    if code != 0 and _finished_steps(out, steps, len(plan.devices)):
+        died = re.search(r"exited with code (-?\d+)", last)
+        notice(f"run {name} died at exit (code {died.group(1) if died else code}) after finishing its steps; "
+               "retrying once")
+        code, last = attempt()
+    if code != 0:
         raise ParaplanError(f"calibrate: the run of {name} failed: {last}")
     return out
 

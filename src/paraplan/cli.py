@@ -22,6 +22,7 @@ from paraplan.cli_args import (  # noqa: F401  (tests and callers reach them thr
     _parse_sizes,
     _Parser,
 )
+from paraplan.cli_signals import _on_sigterm, _pure_work, _Terminated
 from paraplan.errors import FieldError, ParaplanError, UnknownNameError, require_positive
 
 
@@ -124,9 +125,11 @@ def _cmd_simulate(args) -> int:
     graph = _operator_graph(built) if plan.schedule == "dag" else None
     cm = _cost_model(args, spec, cluster, memory=MemoryConfig(), overlap_slowdown=args.overlap_slowdown,
                      operators=graph)
-    sim = simulate_plan(plan, cm, contention=not args.no_contention)
-    if sim.dag is not None and not args.no_contention:  # the schedule's own length, beside the contended one
-        free = simulate_plan(plan, cm, contention=False).prediction.iteration_s
+    with _pure_work():
+        sim = simulate_plan(plan, cm, contention=not args.no_contention)
+        free = (simulate_plan(plan, cm, contention=False).prediction.iteration_s
+                if sim.dag is not None and not args.no_contention else None)
+    if free is not None:  # the schedule's own length, beside the contended one
         console(stderr=True).print(f"link contention adds {sim.prediction.iteration_s - free:.4g} s to the "
                                    f"schedule's critical-path length {free:.4g} s (--no-contention: without it)")
     if args.gantt:
@@ -243,8 +246,10 @@ def _cmd_plan(args) -> int:
                           n_stages=args.stages, n_micro=args.micro_batches, schedule=args.schedule, options=options,
                           memory_bytes=None if args.memory_gib is None else int(args.memory_gib * 2**30),
                           exact_stages=args.exact_stages)
-    with console(stderr=True).status(f"planning with {args.planner}"):
-        plan = make_plan(request, args.planner)
+    with console(stderr=True).status(f"planning with {args.planner}"), _pure_work():
+        plan = make_plan(request, args.planner, predict=False)  # simulated once, below
+        if not args.json:  # --json reports the prediction of a plan that does not fit too
+            _refuse_if_it_cannot_fit(args.planner, plan, request.costs)
         sim = simulate_plan(plan, request.costs)  # the request's costs: its memory budget included
     feasible = sim.prediction.feasible
     if feasible:
@@ -291,6 +296,24 @@ def _cmd_plan(args) -> int:
             raise ParaplanError(_flags_in(planner_reason))
         raise ParaplanError(f"{args.planner} found no plan that fits: its best {sim.prediction.reason}")
     return 0
+
+
+def _refuse_if_it_cannot_fit(planner_name: str, plan, cm) -> None:
+    """A layer plan that does not fit in memory is refused before the simulator: the memory count is
+    O(1) a stage, the simulation grows with the micro-batch count (minutes for millions, as a batch
+    of 10**12 asks for) and the answer would be the same refusal. Operator placements' memory
+    comes from their simulation."""
+    from paraplan.costs.memory import out_of_memory_reason, plan_memory
+
+    if plan.schedule == "dag":
+        return
+    planner_reason = plan.prediction.reason if plan.prediction is not None and not plan.prediction.feasible else ""
+    capacities = {slot.id: slot.spec.memory_bytes for slot in cm.cluster.devices}
+    reason = out_of_memory_reason(plan_memory(plan, cm.model, capacities, cm.memory)[0])
+    if reason:
+        if planner_reason and planner_reason != reason:  # the planner knows more (which layer fits no strategy)
+            raise ParaplanError(_flags_in(planner_reason))
+        raise ParaplanError(f"{planner_name} found no plan that fits: its best {reason}")
 
 
 def _cmd_train(args) -> int:
@@ -482,14 +505,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _Terminated(Exception):
-    """SIGTERM, turned into an exception so that cleanup (stopping the ranks) runs."""
-
-
-def _on_sigterm(signum, frame):
-    raise _Terminated()
-
-
 def _cmd_profile(args) -> int:
     from paraplan.cli_profile import cmd_profile
 
@@ -526,6 +541,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:  # bare `paraplan`: what it can do
             parser.print_help()
             return 0
+        from paraplan.host import available_memory_bytes
+        from paraplan.simulate.limits import set_memory_source
+
+        set_memory_source(available_memory_bytes)  # the simulator refuses graphs beyond the free memory
         return args.func(args)
     except UnknownNameError as exc:  # close matches only; with none, where to see the names
         where = _SEE_NAMES.get(exc.kind)

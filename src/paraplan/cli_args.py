@@ -17,7 +17,7 @@ FLAGS = {"batch": "--batch", "stages": "--stages", "micro_batches": "--micro-bat
          "checkpoint_every": "--checkpoint-every", "resume": "--resume", "planner": "--planner",
          "module": "--module", "layers": "--layers", "exact_stages": "--exact-stages", "backend": "--backend", "nproc": "--nproc", "max_bytes": "--max-bytes",
          "seq_len": "--seq-len", "image_size": "--image-size",
-         "memory_bytes": "--memory-gib"}
+         "memory_bytes": "--memory-gib", "batch_sizes": "--batch-sizes"}
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -88,8 +88,8 @@ def _memory_arg(text: str) -> float:
     if not m or m.group(2).lower() not in {**_UNITS, "": 1}:
         raise argparse.ArgumentTypeError(f"expected a size such as 16GiB or 512MiB, got {text!r}")
     value = float(m.group(1)) * (_UNITS.get(m.group(2).lower(), 2**30))
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    if not 0 < value < float("inf"):  # 400 digits read as a float are infinite
+        raise argparse.ArgumentTypeError(f"must be a positive, finite size, got {text!r}")
     return value / 2**30
 
 

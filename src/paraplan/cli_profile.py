@@ -20,7 +20,13 @@ def cmd_profile(args) -> int:
     import torch
 
     from paraplan.profiling.profile_file import write_profile
-    from paraplan.profiling.profiler import run_profile, workload
+    from paraplan.profiling.profiler import (
+        allocator_error,
+        check_batches_fit,
+        out_of_memory,
+        run_profile,
+        workload,
+    )
     from paraplan.report import console, profile_report
 
     sizes = _parse_sizes(args.batch_sizes)
@@ -35,16 +41,23 @@ def cmd_profile(args) -> int:
         raise ParaplanError("give one model: a zoo name, hf:TYPE?key=value or path/to/file.py:build_fn "
                             "(--module is the same as the model argument)")
     device = torch.device(args.device)
+    reference, layers = args.model or args.module, getattr(args, "layers", None)
     if args.operators:
         return _operator_profile(args, device, sizes)
-    work = workload(args.model or args.module, device, seq_len=args.seq_len, image_size=args.image_size,
-                    layers=getattr(args, "layers", None))
+    # the largest batch against the memory available, before real weights and batches are allocated
+    check_batches_fit(reference, device, sizes, seq_len=args.seq_len, image_size=args.image_size, layers=layers)
     steps = (args.warmup + args.repeats) * len(sizes)
-    with _progress() as progress:
-        task = progress.add_task(f"profiling {work.name} on {device}", total=steps)
-        profile = run_profile(work, device, sizes, args.threads, args.warmup, args.repeats,
-                              step_check=not args.no_checks, repeat_check=not args.no_checks,
-                              progress=lambda: progress.advance(task))
+    try:
+        work = workload(reference, device, seq_len=args.seq_len, image_size=args.image_size, layers=layers)
+        with _progress() as progress:
+            task = progress.add_task(f"profiling {work.name} on {device}", total=steps)
+            profile = run_profile(work, device, sizes, args.threads, args.warmup, args.repeats,
+                                  step_check=not args.no_checks, repeat_check=not args.no_checks,
+                                  progress=lambda: progress.advance(task))
+    except (RuntimeError, MemoryError) as exc:  # the estimate is a floor: the allocator may still refuse
+        if not out_of_memory(exc):
+            raise
+        raise allocator_error(exc, f"profiling at batch sizes up to {max(sizes):,}") from None
     write_profile(profile, args.out)
     if args.json:
         from paraplan.profiling.profile_file import profile_to_dict
@@ -119,6 +132,7 @@ def _operator_profile(args, device, sizes) -> int:
     from paraplan.models import source
     from paraplan.profiling.operator_file import operator_profile_to_dict, write_operator_profile
     from paraplan.profiling.operators import profile_operators
+    from paraplan.profiling.profiler import allocator_error, check_batches_fit, out_of_memory
     from paraplan.report import console
 
     batches = (2, 4) if args.batch_sizes == "1,2,4,8,16,32,64" else tuple(sizes)
@@ -126,10 +140,17 @@ def _operator_profile(args, device, sizes) -> int:
         raise ParaplanError(f"--batch-sizes: --operators fits a line through two batches, e.g. 2,4; got {args.batch_sizes}")
     built = source.build(args.model or args.module, device="meta", seq_len=args.seq_len, image_size=args.image_size,
                          layers=getattr(args, "layers", None))
-    with _progress() as progress:
-        task = progress.add_task(f"timing the operators of {built.name} on {device}", total=None)
-        times = profile_operators(built, batches, device, repeats=args.repeats, threads=args.threads,
-                                  progress=lambda: progress.advance(task))
+    check_batches_fit(args.model or args.module, device, batches, seq_len=args.seq_len, image_size=args.image_size,
+                      layers=getattr(args, "layers", None))
+    try:
+        with _progress() as progress:
+            task = progress.add_task(f"timing the operators of {built.name} on {device}", total=None)
+            times = profile_operators(built, batches, device, repeats=args.repeats, threads=args.threads,
+                                      progress=lambda: progress.advance(task))
+    except (RuntimeError, MemoryError) as exc:
+        if not out_of_memory(exc):
+            raise
+        raise allocator_error(exc, f"timing operators at batch {batches[1]:,}") from None
     name = platform.processor() or platform.machine() if device.type == "cpu" else __import__("torch").cuda.get_device_name()
     data = operator_profile_to_dict(times, device_name=name, threads=args.threads, repeats=args.repeats)
     write_operator_profile(data, args.out)

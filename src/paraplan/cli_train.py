@@ -6,6 +6,11 @@ from __future__ import annotations
 from paraplan.cli_args import _check_output
 from paraplan.errors import FieldError, ParaplanError
 
+# what a run writes into --out-dir (runtime/worker.py, dag_runtime.py, compare.py): each must be a
+# regular file if it is there already (writes never replace a device, a FIFO or a link)
+RUN_FILES = ("losses.json", "steps_rank*.json", "timeline_rank*.json", "memory_rank*.json", "memory_dag_rank*.json",
+             "stage*.pt", "overheads.json", "measured.trace.json", "simulated.trace.json", "compare.png")
+
 
 def _data_check(check, *args) -> None:
     """runtime/data.py's checks name the field (data, data_dtype); here it is the flag."""
@@ -21,10 +26,10 @@ def cmd_train(args) -> int:
 
     from paraplan.cli import _cost_model, _measured_model, _operator_graph
     from paraplan.costs.memory import out_of_memory_reason, plan_memory
-    from paraplan.fileio import make_dirs, remove_if_empty
+    from paraplan.fileio import make_dirs, output_problem, remove_if_empty, remove_temporaries
     from paraplan.hardware import load_cluster
     from paraplan.plan.plan_file import read_plan
-    from paraplan.runtime.checkpoints import check_resume
+    from paraplan.runtime.checkpoints import FILES, check_resume, remove_unlisted
     from paraplan.runtime.compare import measured_overheads, read_overheads, write_overheads
     from paraplan.runtime.data import check_data, check_file
     from paraplan.runtime.launch import check_before_launch, run_under_torchrun, spawn, under_torchrun
@@ -39,6 +44,10 @@ def cmd_train(args) -> int:
     _check_output("--out-dir", out_dir, directory=True)
     if args.checkpoint_dir and not args.resume:
         _check_output("--checkpoint-dir", args.checkpoint_dir, directory=True)
+    for flag, directory, names in (("--out-dir", out_dir, RUN_FILES), ("--checkpoint-dir", args.checkpoint_dir, FILES)):
+        problem = output_problem(directory, directory=True, files=names) if directory else None
+        if problem:
+            raise ParaplanError(f"{flag}: {problem}")
     if args.data:  # the file alone first: a missing one fails before the model is measured
         _data_check(check_file, args.data, args.data_dtype)
     config = TrainConfig(plan=plan, model=model, steps=args.steps, seed=args.seed, lr=args.lr,
@@ -64,7 +73,11 @@ def cmd_train(args) -> int:
     import os
 
     world = int(os.environ["WORLD_SIZE"]) if torchrun else (args.nproc or len(plan.devices))
-    check_before_launch(config, world, spec.n_layers, built.layers())
+    layers = built.layers()
+    check_before_launch(config, world, spec.n_layers, layers)
+    from paraplan.runtime.preflight import check_model_fits_loss
+
+    check_model_fits_loss(built, plan, layers, args.seed)  # the loss takes what the model returns
     if compare_cluster is not None:  # before the run, not after it: the comparison simulates on this cluster
         from paraplan.plan.plan import check_fits
 
@@ -98,6 +111,10 @@ def cmd_train(args) -> int:
         else:
             spawn(config, world)
     except BaseException:
+        if not torchrun:  # every rank is stopped: what a killed writer left half-written goes
+            remove_temporaries(out_dir)
+            if args.checkpoint_dir:
+                remove_unlisted(args.checkpoint_dir)
         for dirs in created:
             remove_if_empty(dirs)
         raise

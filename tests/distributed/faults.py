@@ -6,3 +6,46 @@ import os
 def rank1_dies_at_step2(rank: int, step: int) -> None:
     if (rank, step) == (1, 2):
         os._exit(17)  # a rank that dies without a word, as a crashed machine would
+
+
+def stage_files_meet_a_full_disk_from_step2(rank: int, step: int) -> None:
+    """From the second step on, every stage file a rank writes (its checkpoint, its parameters in
+    the output directory) meets a full disk after 4 KiB, as a disk that fills during the run. The
+    disk is injected where every atomic write opens its file (paraplan.fileio._open_temp)."""
+    if step != 1:
+        return
+    from pathlib import Path
+
+    from paraplan import fileio
+
+    real = fileio._open_temp
+
+    def open_temp(tmp: str):
+        return _FullDisk(real(tmp), 4096) if Path(tmp).name.startswith(".stage") else real(tmp)
+
+    fileio._open_temp = open_temp
+
+
+class _FullDisk:
+    def __init__(self, file, room: int):
+        self.file, self.room = file, room
+
+    def write(self, data) -> int:
+        import errno
+
+        data = bytes(data)
+        if len(data) > self.room:
+            self.file.write(data[:self.room])
+            self.room = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.file.write(data)
+
+    def flush(self):
+        self.file.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()

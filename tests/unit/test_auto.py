@@ -68,12 +68,12 @@ def test_a_failing_and_a_slow_planner_are_rows_not_crashes(request_and_result, m
     request, _ = request_and_result
     real = auto.make_plan
 
-    def fake(req, name, judge=None):
+    def fake(req, name, judge=None, **kwargs):
         if name == "gropipe":
             raise RuntimeError("boom")
         if name == "even":
             time.sleep(30)
-        return real(req, name, judge)
+        return real(req, name, judge, **kwargs)
 
     monkeypatch.setattr(auto, "make_plan", fake)  # inherited by the forked planner processes
     t0 = time.perf_counter()

@@ -17,7 +17,7 @@ import torch
 from paraplan.errors import UnknownNameError
 from paraplan.fileio import make_dirs, output_problem, remove_if_empty
 from paraplan.plan.plan_file import read_plan
-from paraplan.runtime.checkpoints import check_resume, checkpoint_path, checkpoint_record
+from paraplan.runtime.checkpoints import check_resume, checkpoint_record, write_manifest, write_stage
 from paraplan.runtime.worker import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,38 +162,40 @@ def _config(tmp_path, **kw) -> TrainConfig:
                        resume=True, **kw)
 
 
-def _save(config, stage, step=2, record=True, **changes):
+def _save(config, step=2, **changes):
+    """A checkpoint as the ranks write it: each stage's file, then the manifest (runtime/checkpoints.py)."""
+    directory = Path(config.checkpoint_dir)
+    directory.mkdir(parents=True, exist_ok=True)
     state = {"module": {}, "optimizer": {}, "rng": torch.get_rng_state(), "step": step, "losses": [1.0] * step}
-    if record:
-        state["paraplan"] = {**checkpoint_record(config, stage), **changes}
-    path = checkpoint_path(config.checkpoint_dir, stage)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(state, path)
-    return path
+    entries = [write_stage(directory, s, step, state) for s in range(2)]
+    write_manifest(directory, step, entries, {**checkpoint_record(config), **changes})
 
 
 def test_resume_check_accepts_a_complete_checkpoint(tmp_path):
     config = _config(tmp_path)
-    for s in range(2):
-        _save(config, s)
+    _save(config)
     assert check_resume(config) == 2
 
 
+def _older_paraplan(config):
+    (Path(config.checkpoint_dir) / "checkpoint.json").unlink()
+    torch.save({"weights": 1}, Path(config.checkpoint_dir) / "stage0.pt")
+
+
 @pytest.mark.parametrize("damage,needle", [
-    (lambda c: checkpoint_path(c.checkpoint_dir, 1).unlink(), "stage1.pt does not exist"),
-    (lambda c: checkpoint_path(c.checkpoint_dir, 1).write_bytes(b"PK\x03\x04 truncated"), "stage1.pt does not load"),
-    (lambda c: torch.save({"weights": 1}, checkpoint_path(c.checkpoint_dir, 0)), "stage0.pt is not a paraplan"),
-    (lambda c: _save(c, 1, record=False), "stage1.pt has no record of its plan and model"),
-    (lambda c: _save(c, 0, model="lenet-5"), "stage0.pt belongs to another run: stage 0 of 'lenet-5'"),
-    (lambda c: _save(c, 1, stages=[[0, 2], [2, 6]]), "stage1.pt belongs to another run"),
-    (lambda c: _save(c, 1, step=3), "different steps (stage0.pt at step 2, stage1.pt at step 3)"),
+    (lambda c: (Path(c.checkpoint_dir) / "stage1-step2.pt").unlink(), "stage1-step2.pt does not exist"),
+    (lambda c: (Path(c.checkpoint_dir) / "stage1-step2.pt").write_bytes(b"PK\x03\x04 truncated"),
+     "stage1-step2.pt is damaged"),
+    (lambda c: (Path(c.checkpoint_dir) / "checkpoint.json").write_text("{"), "checkpoint.json: malformed JSON"),
+    (_older_paraplan, "no checkpoint.json: a checkpoint of an older paraplan"),
+    (lambda c: _save(c, model="lenet-5"), "checkpoint.json belongs to another model: 'lenet-5'"),
+    (lambda c: _save(c, plan={"stages": [[0, 2], [2, 6]]}), "resuming under another plan is not supported yet"),
 ])
 def test_resume_check_names_the_bad_checkpoint(tmp_path, damage, needle):
     from paraplan.errors import FieldError
 
     config = _config(tmp_path)
-    for s in range(2):
-        _save(config, s)
+    _save(config)
     damage(config)
     with pytest.raises(FieldError, match=re.escape(needle)) as info:
         check_resume(config)
@@ -204,7 +206,7 @@ def test_train_resume_without_checkpoints_is_refused_before_the_ranks_start(tmp_
     (tmp_path / "ck").mkdir()
     res = run("train", "--plan", LOCAL_PLAN, "--checkpoint-dir", tmp_path / "ck", "--resume", "--out-dir",
               tmp_path / "run", timeout=30)  # it was "Connection closed by peer" after 45 s
-    refused(res, "--resume:", "stage0.pt does not exist")
+    refused(res, "--resume:", "checkpoint.json does not exist: no checkpoint was written in")
     assert not (tmp_path / "run").exists()
 
 

@@ -124,11 +124,12 @@ def cluster_from_dict(data: dict, origin: str) -> Cluster:
         if not isinstance(devices, list) or not devices:
             raise ClusterFileError(f"{where}.devices: expected a non-empty list of device type names")
         for d in devices:
-            if d not in types:
+            if not isinstance(d, str) or d not in types:
                 raise ClusterFileError(f"{where}.devices: unknown device type {d!r} (defined: {', '.join(types)})")
         count = node.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ClusterFileError(f"{where}.count: expected a positive integer, got {count!r}")
+        _check_materialisable(f"{where}.count", count, len(devices), sum(len(n.devices) for n in nodes))
         intra = _link(f"{where}.intra_link", node.get("intra_link"))
         network = _link(f"{where}.network", node.get("network"))
         base = str(node.get("name", f"node{i}"))
@@ -137,6 +138,22 @@ def cluster_from_dict(data: dict, origin: str) -> Cluster:
                                   devices=tuple(types[d] for d in devices), intra_link=intra, network=network))
     return Cluster(name=name, nodes=tuple(nodes), description=str(data.get("description", "")),
                    overheads=_runtime(f"{origin}: runtime", data["runtime"]) if "runtime" in data else None)
+
+
+BYTES_PER_DEVICE = 512  # a device's slot, its entry in its node and its share of the node (measured ~300)
+
+
+def _check_materialisable(where: str, count: int, per_node: int, so_far: int) -> None:
+    """A node count whose devices would not fit in this machine's memory is refused in one line
+    (a count of 10**12 otherwise builds nodes until the kernel kills the process)."""
+    from paraplan.host import available_memory_bytes, gib
+
+    available = available_memory_bytes()
+    devices = so_far + count * per_node
+    if available is not None and devices * BYTES_PER_DEVICE > available:
+        raise ClusterFileError(f"{where}: {count:,} nodes of {per_node} devices ({devices:,} devices in all) would "
+                               f"take ~{gib(devices * BYTES_PER_DEVICE)} to describe; this machine has "
+                               f"{gib(available)} available (at most {available // BYTES_PER_DEVICE:,} devices)")
 
 
 def _runtime(where: str, table: object) -> RuntimeOverheads:
@@ -157,13 +174,18 @@ def _runtime(where: str, table: object) -> RuntimeOverheads:
 def read_cluster_file(path: str | Path) -> Cluster:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ClusterFileError(f"{path}: cannot read cluster file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8
+        raise ClusterFileError(f"{path}: not a text (UTF-8) file: byte {exc.start} is {exc.object[exc.start]:#04x}") from None
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ClusterFileError(f"{path}: malformed TOML: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        # TOMLDecodeError is a ValueError, and so is an integer of more than 4,300 digits; arrays
+        # nested a thousand deep exhaust the parser's recursion
+        what = exc if isinstance(exc, ValueError) else "nested too deeply"
+        raise ClusterFileError(f"{path}: malformed TOML: {what}") from None
     return cluster_from_dict(data, str(path))
 
 

@@ -50,12 +50,41 @@ def _config(ref: ModelRef):
         close = difflib.get_close_matches(target, list(CONFIG_MAPPING.keys()), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise FieldError("model", f"hf: transformers has no model type {target!r}{hint}")
+    _check_counts(target, CONFIG_MAPPING[target](), data, overrides)
     try:
         config = AutoConfig.for_model(target, **data)
-    except (TypeError, ValueError) as exc:
-        raise FieldError("model", f"hf: bad config for {target}: {exc}") from None
+    except (TypeError, ValueError, *_strict_errors()) as exc:  # one line: strict errors span two
+        detail = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise FieldError("model", f"hf: bad config for {target}: {detail}") from None
     config.use_cache = False  # training: no key/value cache, and blocks then take no cache object
     return target, config
+
+
+def _strict_errors() -> tuple[type[Exception], ...]:
+    """huggingface_hub's validation error of typed configs (a float field given 1): newer versions
+    raise it from the config's constructor, and it is neither a TypeError nor a ValueError."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ()
+    return (StrictDataclassError,)
+
+
+def _check_counts(target: str, defaults, data: dict, overrides: dict) -> None:
+    """A whole number of zero or below where the config's default is a positive whole number (a
+    layer count, a width, a head count, a vocabulary: a size or a count) is an error naming the
+    key. transformers accepts n_layer=-3 and builds range(-3): no blocks at all. The rule reads the
+    default, so it covers every model type's own names without a list of them; ids and indices,
+    whose 0 is a value like any other, are left alone."""
+    for key, value in data.items():
+        if key.endswith(("_id", "_ids", "_idx", "_index")):  # token ids and indices: 0 is one (bos_token_id=0)
+            continue
+        default = getattr(defaults, key, None)
+        if (isinstance(value, int) and not isinstance(value, bool) and value <= 0
+                and isinstance(default, int) and not isinstance(default, bool) and default > 0):
+            where = "" if key in overrides else " (in the config file)"
+            raise FieldError("model", f"hf:{target}: {key} must be a positive whole number{where}, got {value} "
+                                      f"(its default is {default})")
 
 
 def _head_class(model_type: str):

@@ -273,7 +273,7 @@ def _validate_stages(plan: Plan) -> None:
             raise PlanError(f"stages[{i}].backward_layers: missing while other stages have one")
         _check_ranges([s.backward for s in plan.stages], plan.n_layers, "backward_layers", allow_empty=True)
         for i, stage in enumerate(plan.stages):
-            if not len(stage.layers) and not len(stage.backward):
+            if stage.layers.stop <= stage.layers.start and stage.backward.stop <= stage.backward.start:
                 raise PlanError(f"stages[{i}]: both the forward and the backward range are empty")
         if plan.schedule not in (Schedule.ONE_F_ONE_B, Schedule.GPIPE):
             raise PlanError(f"schedule: separate backward ranges run with gpipe or 1f1b, not {plan.schedule}")
@@ -291,11 +291,16 @@ def _validate_stages(plan: Plan) -> None:
             owner[d] = i
         if stage.strategies and stage.backward_layers is not None:
             raise PlanError(f"stages[{i}].strategies: per-layer strategies with a separate backward range")
-        if stage.strategies and len(stage.strategies) != len(stage.layers):
+        # stop - start, not len(): a hand-edited range of 10**20 layers overflows len()
+        n_layers_here = stage.layers.stop - stage.layers.start
+        if stage.strategies and len(stage.strategies) != n_layers_here:
             raise PlanError(f"stages[{i}].strategies: {len(stage.strategies)} strategies for "
-                            f"{len(stage.layers)} layers")
-        for layer in stage.layers:
-            s = stage.strategy(layer)
+                            f"{n_layers_here} layers")
+        # each strategy once; without strategies the stage's one implied strategy once (not once a
+        # layer: a hand-edited n_layers of 10**12 made this loop run for hours)
+        checked = (zip(stage.layers, stage.strategies, strict=True) if stage.strategies else
+                   [(stage.layers.start, stage.strategy(stage.layers.start))] if n_layers_here > 0 else [])
+        for layer, s in checked:
             where = f"stages[{i}].strategies[{layer - stage.layers.start}]"
             if sorted(s.order.split(",")) != sorted(STRATEGY_DIMS):
                 raise PlanError(f"{where}.order: expected the dimensions tp, sdp, dp in some order "

@@ -202,17 +202,22 @@ def plan_to_json(plan: Plan) -> str:
 def plan_from_json(text: str, origin: str = "plan") -> Plan:
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"{origin}: malformed JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        # JSONDecodeError is a ValueError, and so is an integer of more than 4,300 digits; lists
+        # nested ~100,000 deep exhaust the decoder's recursion
+        what = exc if isinstance(exc, ValueError) else "nested too deeply"
+        raise PlanError(f"{origin}: malformed JSON: {what}") from None
     return plan_from_dict(data, origin)
 
 
 def read_plan(path: str | Path) -> Plan:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PlanError(f"{path}: cannot read plan ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:  # JSON is UTF-8
+        raise PlanError(f"{path}: not a text (UTF-8) file: byte {exc.start} is {exc.object[exc.start]:#04x}") from None
     return plan_from_json(text, str(path))
 
 

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from paraplan.costs.model import CostModel
+from paraplan.planners.divisors import divisors
 
 
 @dataclass(frozen=True)
@@ -28,10 +31,6 @@ class LowerBound:
     work_s: float  # the least device-seconds of forward + backward for one iteration
     one_device_s: float  # the whole batch's forward + backward on the fastest device, in one piece
     n_devices: int
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def lower_bound(cm: CostModel, batch: int) -> LowerBound:
@@ -44,5 +43,8 @@ def lower_bound(cm: CostModel, batch: int) -> LowerBound:
     one_device = min(sum(t(c, i, batch) for i in range(cm.model.n_layers)) for c in kinds)
     # per layer, the cheapest device kind and piece size (a heterogeneous cluster may favour
     # different kinds for different layers)
-    work = sum(min(t(c, i, b) * batch / b for c in kinds for b in divisors(batch)) for i in range(cm.model.n_layers))
+    # every piece size at once (time functions take arrays): a batch can have 10**5 divisors
+    sizes = np.array(divisors(batch), dtype=float)
+    work = sum(min(float(np.min((np.asarray(c.forward[i](sizes)) + np.asarray(c.backward[i](sizes))) * batch / sizes))
+                   for c in kinds) for i in range(cm.model.n_layers))
     return LowerBound(iteration_s=work / n, work_s=work, one_device_s=one_device, n_devices=n)

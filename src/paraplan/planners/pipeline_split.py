@@ -39,6 +39,7 @@ from paraplan.planners.request import (
     OptionSpec,
     PlanRequest,
     at_least,
+    choices_near,
     divisors,
     one_of,
     whole_number,
@@ -240,7 +241,7 @@ def solve(problem: SplitProblem, planner: str, n_micro: int | None = None, optio
     exactly: exactly problem.n_stages stages."""
     if n_micro is not None and n_micro not in problem.n_micro_values:
         raise FieldError("micro_batches", f"{n_micro} does not divide the batch {problem.batch} "
-                                          f"(choose from {', '.join(map(str, problem.n_micro_values))})")
+                                          f"({choices_near(problem.batch, n_micro)})")
     defaults = {name: spec.default for name, spec in OPTIONS.get(planner, {}).items()}
     return DIVIDERS[planner](problem, n_micro, {**defaults, **(options or {})}, memory, exactly)
 

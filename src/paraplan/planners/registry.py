@@ -55,15 +55,16 @@ def simulator_judge(request: PlanRequest) -> Judge:
     return lambda plan: simulate_plan(plan, request.costs).prediction
 
 
-def make_plan(request: PlanRequest, name: str, judge: Judge | None = None) -> Plan:
-    """The named planner's Plan for the request, with the judge's prediction filled in."""
+def make_plan(request: PlanRequest, name: str, judge: Judge | None = None, *, predict: bool = True) -> Plan:
+    """The named planner's Plan for the request, with the judge's prediction filled in (predict=False:
+    only where the planner judged it itself; a caller that simulates the plan anyway saves a run)."""
     spec = planner(name)
     if request.schedule is not None and request.schedule not in spec.schedules:
         raise FieldError("schedule", f"planner {name!r} plans {', '.join(spec.schedules)}, not {request.schedule}")
     options = validated_options(name, request.options, spec.options)
     judge = judge or simulator_judge(request)
     plan = spec.fn(request, options, judge)
-    if plan.prediction is None:
+    if plan.prediction is None and predict:
         plan = replace(plan, prediction=judge(plan))
     return plan
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from paraplan.costs.model import CostModel
 from paraplan.errors import FieldError
 from paraplan.plan.plan import Plan, Prediction, Schedule
+from paraplan.planners.divisors import choices_near, divisors  # noqa: F401  (divisors: the planners' import)
 
 Judge = Callable[[Plan], Prediction]  # the one yardstick (simulate/predict.py), passed in by the registry
 
@@ -59,7 +60,7 @@ class PlanRequest:
                 raise FieldError("micro_batches", f"must be positive, got {self.n_micro}")
             if self.batch % self.n_micro:
                 raise FieldError("micro_batches", f"{self.n_micro} does not divide the batch {self.batch} "
-                                                  f"(choose from {', '.join(map(str, divisors(self.batch)))})")
+                                                  f"({choices_near(self.batch, self.n_micro)})")
         if self.schedule is not None:
             try:
                 object.__setattr__(self, "schedule", Schedule(self.schedule))
@@ -84,10 +85,6 @@ class PlanRequest:
 
     def option(self, name: str, default=None):
         return self.options.get(name, default)
-
-
-def divisors(n: int) -> tuple[int, ...]:
-    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 @dataclass(frozen=True)

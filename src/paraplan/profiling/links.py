@@ -117,9 +117,53 @@ def _worker(rank: int, nproc: int, backend: str, port: int, sizes: list[int], ou
                 samples.append(float(elapsed.item()))
         allreduce[nbytes] = samples
     if rank == 0:
-        Path(out_path).write_text(json.dumps({"p2p": p2p, "allreduce": allreduce}))
+        from paraplan.fileio import atomic_write_text  # a full disk: one line
+
+        atomic_write_text(out_path, json.dumps({"p2p": p2p, "allreduce": allreduce}))
     dist.barrier()
     dist.destroy_process_group()
+
+
+RANK_BASE_BYTES = 400 * 2**20  # a rank before its buffers: ~230 MiB resident measured (torch, gloo up), with room
+
+
+def buffer_bytes_per_rank(largest_message_bytes: int) -> int:
+    """Each rank's message buffer, and as much again for the collective's working copy (gloo's ring
+    all-reduce reduces into a second buffer of the message's size)."""
+    return 2 * largest_message_bytes
+
+
+def check_buffers_fit(backend: str, nproc: int, largest_message_bytes: int) -> None:
+    """FieldError naming max_bytes (or nproc) when the ranks' buffers would not fit in this machine's
+    available memory: checked before any process starts, so a size of 10**12 ends in one line
+    instead of every rank allocating until the kernel kills it. nccl's buffers live on the GPUs."""
+    from paraplan.host import available_memory_bytes, gib
+
+    per_rank = buffer_bytes_per_rank(largest_message_bytes)
+    if backend == "nccl":
+        import torch
+
+        for device in range(nproc):
+            free, _ = torch.cuda.mem_get_info(device)
+            if per_rank > free:
+                raise FieldError("max_bytes", f"messages up to {largest_message_bytes:,} bytes need {gib(per_rank)} "
+                                              f"on each GPU; GPU {device} has {gib(free)} free")
+        return
+    available = available_memory_bytes()
+    if available is None:
+        return
+    need = nproc * (RANK_BASE_BYTES + per_rank)
+    if need <= available:
+        return
+    if nproc * RANK_BASE_BYTES > available:
+        raise FieldError("nproc", f"{nproc} processes need ~{gib(nproc * RANK_BASE_BYTES)} before any message "
+                                  f"({gib(RANK_BASE_BYTES)} each); this machine has {gib(available)} of memory "
+                                  f"available")
+    largest_fitting = (available // nproc - RANK_BASE_BYTES) // 2
+    raise FieldError("max_bytes", f"messages up to {largest_message_bytes:,} bytes need {gib(per_rank)} of buffers in "
+                                  f"each of {nproc} processes, {gib(need)} in all with the processes themselves; this "
+                                  f"machine has {gib(available)} of memory available: at most "
+                                  f"{max(0, largest_fitting):,} bytes")
 
 
 def profile_links(backend: str = "gloo", nproc: int = 2, max_bytes: int = 256 * 2**20) -> LinkProfile:
@@ -135,6 +179,7 @@ def profile_links(backend: str = "gloo", nproc: int = 2, max_bytes: int = 256 * 
     if max_bytes < 1024:
         raise FieldError("max_bytes", f"must be at least 1024, got {max_bytes}")
     sizes = default_sizes(max_bytes)
+    check_buffers_fit(backend, nproc, sizes[-1])
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "links.json")
         mp.spawn(_worker, args=(nproc, backend, free_port(), sizes, out), nprocs=nproc, join=True)

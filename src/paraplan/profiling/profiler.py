@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from paraplan.costs.profile import LayerProfile, Profile, StepCheck
+from paraplan.errors import FieldError, ParaplanError
+from paraplan.models.spec import ModelSpec
 from paraplan.profiling.layers import profile_layers
 from paraplan.profiling.layers import step_check as measure_step_check
 
@@ -45,6 +47,52 @@ def workload(model: str, device: torch.device, seq_len: int | None = None, image
     built.module.to(device).train()
     return Workload(name=built.ref, layers=built.layers(), loss=built.loss, inputs=built.inputs.describe(),
                     make_batch=lambda b: built.batch(b, device=device, seed=b))
+
+
+def estimated_step_bytes(spec: ModelSpec, batch: int) -> float:
+    """What one profiled training step at micro-batch `batch` keeps alive at its peak, by the
+    model's own measurement (models/measure.py): weights and gradients, the batch and its targets,
+    and every layer's saved activations and output (the profiler holds them all until the backward;
+    profiling/layers.py). A floor: the backward's temporaries come on top."""
+    params = sum(layer.param_bytes for layer in spec.layers)
+    activations = sum(layer.saved_bytes.at(batch) + layer.output_bytes.at(batch) for layer in spec.layers)
+    return 2.0 * params + 2.0 * spec.input_bytes.at(batch) + activations
+
+
+def check_batches_fit(reference: str, device: torch.device, batch_sizes, seq_len: int | None = None,
+                      image_size: int | None = None, layers: str | None = None) -> None:
+    """FieldError naming the largest batch size, its estimate and the memory available, before any
+    real weight or batch is allocated: a batch of 10**12 samples otherwise ends deep in the
+    allocator. The model is measured on meta (no memory)."""
+    from paraplan.host import available_memory_bytes, gib
+    from paraplan.models import measure, source
+
+    spec = measure.measure(source.build(reference, device="meta", seq_len=seq_len, image_size=image_size,
+                                        layers=layers))
+    if device.type == "cuda":
+        available, where = torch.cuda.mem_get_info(device)[0], f"{device_name(device)} has"
+    else:
+        available, where = available_memory_bytes(), "this machine has"
+    largest = max(batch_sizes)
+    need = estimated_step_bytes(spec, largest)
+    if available is not None and need > available:
+        raise FieldError("batch_sizes", f"a training step of {spec.name} at micro-batch {largest:,} needs about "
+                                        f"{gib(need)} (weights, gradients, the batch and every layer's activations); "
+                                        f"{where} {gib(available)} available")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether an exception is an allocator's refusal (torch's or Python's), not a bug."""
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
+
+
+def allocator_error(exc: BaseException, what: str) -> ParaplanError:
+    """One line for an allocation that failed while `what` ran."""
+    first = (str(exc).splitlines() or [type(exc).__name__])[0]
+    return ParaplanError(f"out of memory while {what}: {first}")
 
 
 def zoo_workload(name: str, device: torch.device, seq_len: int | None = None,

@@ -406,14 +406,17 @@ def train_dag_rank(config: TrainConfig) -> dict:
     dist.broadcast(summed, src=an.loss_rank)
     losses = [float(v) for v in summed]
     if config.out_dir is not None:
+        # atomic: a full disk is one line, and no partial file is left
+        from paraplan.fileio import atomic_torch_save, atomic_write_text
+
         out = Path(config.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         if rank == 0:
-            (out / "losses.json").write_text(json.dumps(losses))
-        (out / f"steps_rank{rank}.json").write_text(json.dumps(step_times))
+            atomic_write_text(out / "losses.json", json.dumps(losses))
+        atomic_write_text(out / f"steps_rank{rank}.json", json.dumps(step_times))
         if memory is not None:  # not memory_rank{r}.json: `paraplan train` compares those with per-stage
-            (out / f"memory_dag_rank{rank}.json").write_text(json.dumps(memory))  # predictions, which dag plans lack
-        torch.save({n: named[n].detach().clone() for n in mine if owner[n] == rank}, out / f"stage{rank}.pt")
+            atomic_write_text(out / f"memory_dag_rank{rank}.json", json.dumps(memory))  # predictions, which dag plans lack
+        atomic_torch_save({n: named[n].detach().clone() for n in mine if owner[n] == rank}, out / f"stage{rank}.pt")
     dist.barrier()
     return {"rank": rank, "stage": rank, "replica": 0, "losses": losses, "step_s": step_times, "memory": memory}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -14,33 +15,58 @@ from paraplan.runtime.worker import TrainConfig, worker_main
 def spawn(config: TrainConfig, world: int) -> None:
     """One process per device of the plan, gloo on 127.0.0.1. Whatever ends the launch (a rank
     that dies or fails, Ctrl-C, SIGTERM), every rank is stopped before the launcher returns, and a
-    rank's failure becomes one clear line. The ranks also die with the launcher if it is killed
-    outright (worker.die_with_parent)."""
+    rank's failure becomes one clear line: `rank R failed: Type: message` from what the rank itself
+    recorded (runtime/teardown.py), the earliest failure when several ranks failed. The ranks also
+    die with the launcher if it is killed outright (worker.die_with_parent)."""
     import logging
+    import tempfile
 
     from paraplan.errors import ParaplanError
 
     # torch logs "Terminating process ..." for every survivor it stops; our one line says it all
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    context = mp.start_processes(worker_main, args=(world, free_port(), config), nprocs=world, join=False,
-                                 start_method="spawn")
-    try:
-        while not context.join():
-            pass
-    except mp.ProcessExitedException as exc:
-        raise ParaplanError(f"training stopped: rank {exc.error_index} exited with code {exc.exit_code}; "
-                            "the other ranks were stopped") from None
-    except mp.ProcessRaisedException as exc:
-        last = [line for line in str(exc).strip().splitlines() if line.strip()][-1]
-        raise ParaplanError(f"training stopped: a rank failed: {last}") from None
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-        for process in context.processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
+    with tempfile.TemporaryDirectory(prefix="paraplan-ranks-") as error_dir:
+        context = mp.start_processes(worker_main, args=(world, free_port(), config, error_dir), nprocs=world,
+                                     join=False, start_method="spawn")
+        failure = None
+        try:
+            while not context.join():
+                pass
+        except mp.ProcessExitedException as exc:
+            # a rank gone without a word (a signal, os._exit): the others' errors are its consequences
+            failure = (f"training stopped: rank {exc.error_index} exited with code {exc.exit_code}; "
+                       "the other ranks were stopped")
+        except mp.ProcessRaisedException as exc:
+            failure = exc
+        finally:
+            _stop(context.processes)
+        if isinstance(failure, mp.ProcessRaisedException):
+            failure = rank_failure(error_dir, failure.error_index, str(failure))
+        if failure is not None:
+            raise ParaplanError(failure) from None
+
+
+def _stop(processes) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+
+
+def rank_failure(error_dir, error_index: int, traceback_text: str) -> str:
+    """The line for a launch a rank's exception ended: the earliest failure the ranks recorded, or,
+    if none did (it failed before it could), the exception read off torch's traceback text."""
+    from paraplan.runtime.teardown import from_traceback, recorded_failures
+
+    recorded = recorded_failures(error_dir)
+    if recorded:
+        rank, error = recorded[0]["rank"], recorded[0]["error"]
+    else:
+        rank, error = error_index, from_traceback(traceback_text)
+    return f"training stopped: rank {rank} failed: {error}"
 
 
 def default_run_dir(root: str | Path = "runs") -> Path:
@@ -72,17 +98,22 @@ def run_under_torchrun(config: TrainConfig) -> dict:
     import torch
     import torch.distributed as dist
 
-    from paraplan.runtime.worker import train_rank
+    from paraplan.runtime.teardown import end_rank
+    from paraplan.runtime.worker import backend, train_rank
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
-    from paraplan.runtime.worker import backend
 
     dist.init_process_group(backend(), timeout=datetime.timedelta(seconds=config.timeout_s))
+    rank = dist.get_rank()
     try:
-        return train_rank(config)
-    finally:
-        dist.destroy_process_group()
+        result = train_rank(config)  # returns before the teardown: its objects are unreferenced by then
+    except BaseException:
+        with contextlib.suppress(Exception):  # the training's error is the one to report
+            end_rank(rank, finished=False)
+        raise
+    end_rank(rank, finished=True)  # in order, as spawned ranks (worker_main)
+    return result
 
 
 def check_before_launch(config: TrainConfig, world: int, n_layers: int, layers=None) -> None:

@@ -27,17 +27,22 @@ class Recorder:
                                 "end": end})
 
     def wrap_stage(self, stage) -> None:
-        fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
+        # the class's functions and a weak reference, not the stage's bound methods: those make
+        # stage -> wrapper -> stage a cycle that gc.collect() was seen not to free after FSDP2 runs,
+        # so the stage's modules, DTensors and meshes outlived the process group (runtime/teardown.py)
+        import weakref
+
+        fwd, bwd, ref = type(stage).forward_one_chunk, type(stage).backward_one_chunk, weakref.ref(stage)
 
         def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
             t0 = time.time()
-            out = fwd(fwd_chunk_id, *args, **kwargs)
+            out = fwd(ref(), fwd_chunk_id, *args, **kwargs)
             self.add("compute", "forward", fwd_chunk_id, t0, time.time())
             return out
 
         def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
             t0 = time.time()
-            out = bwd(bwd_chunk_id, *args, **kwargs)
+            out = bwd(ref(), bwd_chunk_id, *args, **kwargs)
             self.add("compute", "backward", bwd_chunk_id, t0, time.time())
             return out
 
@@ -69,7 +74,9 @@ class Recorder:
         schedules._wait_batch_p2p = _wait_batch_p2p
 
     def save(self, path: str | Path, rank: int) -> None:
-        Path(path).write_text(json.dumps({"rank": rank, "events": self.events}))
+        from paraplan.fileio import atomic_write_text
+
+        atomic_write_text(path, json.dumps({"rank": rank, "events": self.events}))
 
 
 def load_runs(out_dir: str | Path) -> dict[int, list[dict]]:

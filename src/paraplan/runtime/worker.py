@@ -316,13 +316,11 @@ def train_rank(config: TrainConfig) -> dict:
     optim = make_optimizer(config, params)
     losses, step_times = [], []
     first_step, memory = 0, None
-    from paraplan.runtime.checkpoints import checkpoint_path, checkpoint_record
+    from paraplan.runtime.checkpoints import load_stage, save_checkpoint
 
-    ckpt = checkpoint_path(config.checkpoint_dir, stage_index) if config.checkpoint_dir else None
-    if config.resume:
-        if ckpt is None or not ckpt.exists():
-            raise RuntimeError(f"resume: no checkpoint {ckpt}")
-        state = torch.load(ckpt, weights_only=False)
+    ckpt = config.checkpoint_dir
+    if config.resume:  # check_resume has checked the files (sha256) and what they belong to
+        state = load_stage(config.checkpoint_dir, stage_index)
         module.load_state_dict(state["module"])
         optim.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
@@ -357,7 +355,8 @@ def train_rank(config: TrainConfig) -> dict:
             # during the run, so that a killed or failed run keeps the losses of the steps it completed
             from paraplan.fileio import atomic_write_text
 
-            atomic_write_text(Path(config.out_dir) / "losses.json", json.dumps(losses))
+            # flushed to the disk only at the end: rewritten up to twice a second during the run
+            atomic_write_text(Path(config.out_dir) / "losses.json", json.dumps(losses), durable=done == config.steps)
 
     for step in range(first_step, config.steps):
         recorder.step = step
@@ -416,22 +415,23 @@ def train_rank(config: TrainConfig) -> dict:
             slowest = torch.tensor([step_times[-1]], dtype=torch.float64, device=device)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             every[0] = max(1, min(64, int(REPORT_EVERY_S / max(float(slowest), 1e-6))))
-        if checkpoint_due and setup.writes:
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save({"module": module.state_dict(), "optimizer": optim.state_dict(), "rng": torch.get_rng_state(),
-                        "step": done, "losses": losses, "paraplan": checkpoint_record(config, stage_index)}, tmp)
-            os.replace(tmp, ckpt)
+        if checkpoint_due:  # collective: the manifest is written once every stage's file is
+            save_checkpoint(config, stage_index, done, lambda done=done: {
+                "module": module.state_dict(), "optimizer": optim.state_dict(), "rng": torch.get_rng_state(),
+                "step": done, "losses": losses}, setup.writes)
     if progress is not None:
         progress.stop()
     result = {"rank": rank, "stage": stage_index, "replica": position, "losses": losses, "step_s": step_times}
-    if config.out_dir is not None:
+    if config.out_dir is not None:  # atomic writes (paraplan.fileio): a full disk is one line, no partial file
+        from paraplan.fileio import atomic_torch_save, atomic_write_text
+
         recorder.save(Path(config.out_dir) / f"timeline_rank{rank}.json", rank)
-        (Path(config.out_dir) / f"steps_rank{rank}.json").write_text(json.dumps(step_times))
+        atomic_write_text(Path(config.out_dir) / f"steps_rank{rank}.json", json.dumps(step_times))
         if memory is not None:
-            (Path(config.out_dir) / f"memory_rank{rank}.json").write_text(json.dumps(memory))
+            atomic_write_text(Path(config.out_dir) / f"memory_rank{rank}.json", json.dumps(memory))
         full = setup.full_state()  # collective for hybrid stages: every rank of the stage takes part
         if setup.writes:
-            torch.save(full, Path(config.out_dir) / f"stage{stage_index}.pt")
+            atomic_torch_save(full, Path(config.out_dir) / f"stage{stage_index}.pt")
     dist.barrier()
     return result
 
@@ -467,16 +467,28 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def worker_main(rank: int, world: int, port: int, config: TrainConfig) -> None:
+def worker_main(rank: int, world: int, port: int, config: TrainConfig, error_dir: str | None = None) -> None:
+    """One spawned rank. A failure's type and message go to `error_dir` for the launcher (torch hands
+    it only the traceback); the teardown releases DTensors, meshes and groups in order
+    (runtime/teardown.py)."""
     import datetime
+
+    from paraplan.runtime.teardown import end_rank, record_failure
 
     die_with_parent()
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)
-    dist.init_process_group(backend(), rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=config.timeout_s))
+    finished = False
     try:
-        train_rank(config)
-    finally:
-        dist.destroy_process_group()
+        dist.init_process_group(backend(), rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=config.timeout_s))
+        train_rank(config)  # returns before the teardown: its objects are unreferenced by then
+        finished = True
+        end_rank(rank, finished=True)
+    except BaseException as exc:
+        record_failure(error_dir, rank, exc)
+        if not finished:
+            with contextlib.suppress(Exception):  # the training's error is the one to report
+                end_rank(rank, finished=False)  # no closing barrier: the other ranks may be gone
+        raise

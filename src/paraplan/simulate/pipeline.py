@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paraplan.simulate import schedules
+from paraplan.simulate import limits, schedules
 from paraplan.simulate.engine import TaskGraph, Timeline, simulate
 
 ASYNC_ITERATIONS = 4  # iterations simulated back to back for async-1f1b; the first and last are ramps
@@ -76,12 +76,30 @@ class PipelineResult:
     iteration_s: float
 
 
+def task_count(work: PipelineWork) -> int:
+    """The tasks build_graph makes, in closed form (counted before anything is built)."""
+    n_stages = len(work.replicas[0])
+    n_micro = work.n_micro * (ASYNC_ITERATIONS if work.schedule == "async-1f1b" else 1)
+    extra_parts = sum(len(s.buckets) - 1 for s in work.sync) if work.grad_sync == "bucketed" else 0
+    count = len(work.replicas) * extra_parts + sum(len(s.buckets) for s in work.sync if len(s.devices) > 1)
+    for replica in work.replicas:
+        for s, st in enumerate(replica):
+            # a forward and a backward, the two transfers to the next stage, the activation sends
+            per_micro = 2 + (2 if s + 1 < n_stages else 0) + len(st.activation_sends)
+            count += n_micro * per_micro + len(st.weight_sends)
+    return count
+
+
 def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
     if work.schedule not in schedules.ORDERS:
         raise ValueError(f"unknown schedule {work.schedule!r}")
     n_stages = len(work.replicas[0])
     iterations = ASYNC_ITERATIONS if work.schedule == "async-1f1b" else 1
     n_micro = work.n_micro * iterations
+    # before anything is built: a graph beyond the memory available is refused in one line
+    limits.check_task_count(task_count(work), f"{work.n_micro:,} micro-batch{'es' if work.n_micro != 1 else ''} "
+                                              f"over {n_stages} stage{'s' if n_stages != 1 else ''}"
+                                              + (f" and {len(work.replicas)} replicas" if len(work.replicas) > 1 else ""))
     used = [s.device for rep in work.replicas for s in rep] + [d for s in work.sync for d in s.devices]
     graph = TaskGraph(max(work.n_devices, max(used) + 1))
     split_last = work.grad_sync == "bucketed"

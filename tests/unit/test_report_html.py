@@ -88,10 +88,10 @@ def mixed(cm):
     that crashes (inherited by the forked planner processes)."""
     real = auto.make_plan
 
-    def make_plan(request, name):
+    def make_plan(request, name, **kwargs):
         if name == "gropipe":
             raise RuntimeError("boom")
-        return real(request, name)
+        return real(request, name, **kwargs)
 
     auto.make_plan = make_plan
     try:

@@ -22,7 +22,7 @@ from paraplan.cli_args import (  # noqa: F401  (tests and callers reach them thr
     _parse_sizes,
     _Parser,
 )
-from paraplan.cli_signals import _on_sigterm, _pure_work, _Terminated
+from paraplan.cli_signals import Terminated, on_sigterm, pure_work
 from paraplan.errors import FieldError, ParaplanError, UnknownNameError, require_positive
 
 
@@ -125,7 +125,7 @@ def _cmd_simulate(args) -> int:
     graph = _operator_graph(built) if plan.schedule == "dag" else None
     cm = _cost_model(args, spec, cluster, memory=MemoryConfig(), overlap_slowdown=args.overlap_slowdown,
                      operators=graph)
-    with _pure_work():
+    with pure_work():
         sim = simulate_plan(plan, cm, contention=not args.no_contention)
         free = (simulate_plan(plan, cm, contention=False).prediction.iteration_s
                 if sim.dag is not None and not args.no_contention else None)
@@ -246,7 +246,7 @@ def _cmd_plan(args) -> int:
                           n_stages=args.stages, n_micro=args.micro_batches, schedule=args.schedule, options=options,
                           memory_bytes=None if args.memory_gib is None else int(args.memory_gib * 2**30),
                           exact_stages=args.exact_stages)
-    with console(stderr=True).status(f"planning with {args.planner}"), _pure_work():
+    with console(stderr=True).status(f"planning with {args.planner}"), pure_work():
         plan = make_plan(request, args.planner, predict=False)  # simulated once, below
         if not args.json:  # --json reports the prediction of a plan that does not fit too
             _refuse_if_it_cannot_fit(args.planner, plan, request.costs)
@@ -534,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     import threading
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        signal.signal(signal.SIGTERM, on_sigterm)
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -560,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("paraplan: interrupted", file=sys.stderr)
         return 130
-    except _Terminated:
+    except Terminated:
         print("paraplan: terminated", file=sys.stderr)
         return 143
     except BrokenPipeError:

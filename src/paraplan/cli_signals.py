@@ -2,7 +2,7 @@
 
 Where the command holds processes or half-written files, SIGTERM becomes an exception so that the
 code that holds them cleans up on the way out (the launcher stops its ranks, an atomic write removes
-its temporary file). Where it only computes (`_pure_work`: planning, simulating), the process ends
+its temporary file). Where it only computes (`pure_work`: planning, simulating), the process ends
 at once: unwinding would free what it built object by object, as slowly as it was built.
 """
 
@@ -12,26 +12,26 @@ import contextlib
 import os
 
 
-class _Terminated(BaseException):
+class Terminated(BaseException):
     """SIGTERM, turned into an exception so that cleanup (stopping the ranks, removing a half-written
     file) runs. A BaseException, as KeyboardInterrupt is: an `except Exception` on the way (a
     planner's failure kept as a table row, a user's module that fails to load) would swallow it."""
 
 
-_exit_at_once = False  # set by _pure_work(): nothing to clean up, so SIGTERM ends the process at once
+_exit_at_once = False  # set by pure_work(): nothing to clean up, so SIGTERM ends the process at once
 
 
-def _on_sigterm(signum, frame):
+def on_sigterm(signum, frame):
     if _exit_at_once:
         if os.isatty(2):  # a progress spinner hides the cursor; show it again
             os.write(2, b"\x1b[?25h\n")
         os.write(2, b"paraplan: terminated\n")
         os._exit(143)  # 128 + SIGTERM, as the shell reports a process it killed
-    raise _Terminated()
+    raise Terminated()
 
 
 @contextlib.contextmanager
-def _pure_work():
+def pure_work():
     """Around a computation that holds no processes and no half-written files (planning,
     simulating): SIGTERM there ends the process at once. Unwinding would first free
     every object it built one by one, as slowly as it built them: a simulator graph of millions of

@@ -178,7 +178,7 @@ def test_micro_batches_beyond_the_global_batch_are_refused_by_the_reader(capsys,
 def test_sigterm_cannot_be_swallowed_by_an_except_exception():
     from paraplan import cli
 
-    assert issubclass(cli._Terminated, BaseException) and not issubclass(cli._Terminated, Exception)
+    assert issubclass(cli.Terminated, BaseException) and not issubclass(cli.Terminated, Exception)
 
 
 def test_sigterm_stops_a_long_simulation_at_once_with_one_line(tmp_path):

@@ -28,7 +28,7 @@ from paraplan.hardware import load_cluster  # noqa: E402
 from paraplan.models import measure, zoo  # noqa: E402
 from paraplan.plan.plan import LayerRange, Stage  # noqa: E402
 from paraplan.plan.worker_roles import worker_roles  # noqa: E402
-from paraplan.planners.bipartition import plan_bipartition  # noqa: E402
+from paraplan.planners.bipartition.planner import plan_bipartition  # noqa: E402
 from paraplan.planners.registry import simulator_judge  # noqa: E402
 from paraplan.planners.request import PlanRequest  # noqa: E402
 from paraplan.simulate.predict import simulate_plan  # noqa: E402

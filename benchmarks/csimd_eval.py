@@ -28,8 +28,10 @@ from paraplan.costs.memory import out_of_memory_reason, plan_memory
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
-from paraplan.planners import csimd, partition
+from paraplan.planners.baselines import partition
+from paraplan.planners.csimd import algorithms as csimd
 from paraplan.planners.pipeline_split import build_problem, plan_split
+from paraplan.planners.registry import planner_names
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "csimd"
 
@@ -248,6 +250,7 @@ def figures(ex1_data, speed_data, cmp_data) -> None:
 
 def main() -> None:
     quick = "--quick" in sys.argv
+    planner_names()  # loads every planner: plan_split finds the split planners by name
     OUT.mkdir(parents=True, exist_ok=True)
     ex1_data = ex1(quick)
     (OUT / "ex1.json").write_text(json.dumps(ex1_data, indent=1))

@@ -4,14 +4,14 @@ send and one receive port; what `paraplan plan` reports as the iteration time).
 
 The FD-DPS paper's scheduler (and our faithful `fddps`) assumes transfers never wait for each other,
 so on real graphs its schedule length (eq. (10)) is far below what the contended simulator measures.
-`fddps-ports` books every transfer on the ports while scheduling (planners/dag_ports.PortLedger).
+`fddps-ports` books every transfer on the ports while scheduling (planners/fddps/ports.py `PortLedger`).
 
 For each model and 4 / 8 devices of the fddps-8xp100 preset (8 P100s, PCIe 3.0 alpha-beta links)
 this records, per method, the simulated iteration with contention (plan.prediction.iteration_s),
 the schedule's own length (search option schedule_length_s) and the simulated makespan (iteration
 minus the fixed per-step overhead) it should be compared with, the transfers and, for the port-aware
 runs, how many were booked as inversions (served in another order by the simulator: the only source
-of disagreement, see planners/dag_ports.py), plus one device's iteration (fddps-nosplit on one
+of disagreement, see planners/fddps/ports.py), plus one device's iteration (fddps-nosplit on one
 device: nothing to transfer). "(OOM)": the simulator finds the plan over a device's memory.
 
 Methods: fddps (the paper), fddps-ports (ours: fddps with links=ports), fddps-ports-ef (fddps-ports

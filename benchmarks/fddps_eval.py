@@ -55,7 +55,7 @@ from paraplan.hardware import load_cluster  # noqa: E402
 from paraplan.models import measure, zoo  # noqa: E402
 from paraplan.models.op_split import split_candidates  # noqa: E402
 from paraplan.models.op_trace import build_op_graph  # noqa: E402
-from paraplan.planners.fddps import search_graph  # noqa: E402
+from paraplan.planners.fddps.planner import search_graph  # noqa: E402
 from paraplan.planners.registry import make_plan  # noqa: E402
 from paraplan.planners.request import PlanRequest  # noqa: E402
 

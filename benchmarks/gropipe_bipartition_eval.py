@@ -19,8 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from paraplan.costs.model import analytic_cost_model  # noqa: E402
 from paraplan.hardware import load_cluster  # noqa: E402
 from paraplan.models import measure, zoo  # noqa: E402
-from paraplan.planners.bipartition import plan_bipartition  # noqa: E402
-from paraplan.planners.gropipe import plan_gropipe  # noqa: E402
+from paraplan.planners.bipartition.planner import plan_bipartition  # noqa: E402
+from paraplan.planners.gropipe.planner import plan_gropipe  # noqa: E402
 from paraplan.planners.registry import simulator_judge  # noqa: E402
 from paraplan.planners.request import PlanRequest  # noqa: E402
 

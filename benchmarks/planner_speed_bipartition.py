@@ -6,7 +6,7 @@ Run: .venv/bin/python benchmarks/planner_speed_bipartition.py [--quick]
 
 The model is a synthetic GPT-like stack (an embedding, equal blocks, a heavier head) with per-layer
 times, parameters, saved activations and outputs; links are alpha + bytes / bandwidth. Memory is
-the planner's count (planners/bipartition.py): fp32 Adam states and the saved activations of the
+the planner's count (planners/bipartition/planner.py): fp32 Adam states and the saved activations of the
 layers whose backward a worker runs, kept for the micro-batches in flight since their forward
 (bounded over all M workers, as the planner does), a weight copy for forward-only layers, a reserve.
 Four memory settings: none (fits=None); ample (fits passed, never binding: every state's best last
@@ -32,7 +32,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from paraplan.planners.bipartition_dp import DoesNotFit, bipartition_all  # noqa: E402
+from paraplan.planners.bipartition.division import DoesNotFit  # noqa: E402
+from paraplan.planners.bipartition.dp import bipartition_all  # noqa: E402
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "planner_speed"
 GOAL_S = 10.0
@@ -72,7 +73,7 @@ def link_cut(model) -> callable:
 
 
 def memory_fits(model, capacity_bytes: float, max_workers: int, counter: list[int]):
-    """The planner's memory count (planners/bipartition.py worker_memory) over prefix sums: a
+    """The planner's memory count (planners/bipartition/planner.py worker_memory) over prefix sums: a
     layer whose backward runs here costs its states and its saved activations for the micro-batches
     in flight between its forward (here, on the earliest worker before, or on the next one after)
     and this backward; a layer whose forward only runs here costs a copy of its weights."""

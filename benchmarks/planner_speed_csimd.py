@@ -31,8 +31,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from paraplan.planners import csimd, csimd_search  # noqa: E402
-from paraplan.planners.csimd import SearchMethod  # noqa: E402
+from paraplan.planners import stage_division  # noqa: E402
+from paraplan.planners.csimd import search as csimd_search  # noqa: E402
+from paraplan.planners.csimd.search import SearchMethod  # noqa: E402
 
 GOAL_S = 5.0
 CAP_S = 60.0  # the exact modes stop here; a capped cell is reported as "> CAP_S"
@@ -98,7 +99,7 @@ def describe(r: csimd_search.CrossSearchResult) -> dict:
 
 def per_p_exact(q, ps, n_stages: int) -> float:
     """exact_time for every candidate p on its own, the best T (the old default's exact work)."""
-    return min(csimd.total_time(*(x[r] for x in q), csimd_search.exact_time(*(x[r] for x in q), n_stages, p), p)
+    return min(stage_division.total_time(*(x[r] for x in q), csimd_search.exact_time(*(x[r] for x in q), n_stages, p), p)
                for r, p in enumerate(ps))
 
 

@@ -118,7 +118,7 @@ def main() -> None:
 
 
 def _describe(plan) -> str:
-    from paraplan.planners.galvatron import describe_strategies
+    from paraplan.planners.galvatron.describe import describe_strategies
 
     return "; ".join(describe_strategies(plan))
 

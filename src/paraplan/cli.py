@@ -282,7 +282,7 @@ def _cmd_plan(args) -> int:
                         f"{[list(s.devices) for s in sim.plan.stages]}, {micro}{eq8}; "
                         f"searched in {sim.plan.search.search_s:.3g} s; plan written to {args.out}")
         if any(stage.strategies for stage in sim.plan.stages):  # Galvatron: runs of one strategy
-            from paraplan.planners.galvatron import describe_strategies
+            from paraplan.planners.galvatron.describe import describe_strategies
 
             for line in describe_strategies(sim.plan):
                 console().print(f"  {line}")

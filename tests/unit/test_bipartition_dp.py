@@ -1,4 +1,4 @@
-"""Bi-Partition's dynamic program (planners/bipartition_dp.py) against brute force over every
+"""Bi-Partition's dynamic program (planners/bipartition/dp.py) against brute force over every
 ordered division, with empty ranges, worker counts, memory limits and links.
 
 The oracle enumerates the forward and backward boundaries of every division into n workers (at
@@ -15,14 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paraplan.planners.bipartition_dp import (
-    BiPartition,
-    DoesNotFit,
-    Worker,
-    bipartition,
-    bipartition_all,
-    max_workers,
-)
+from paraplan.planners.bipartition.division import BiPartition, DoesNotFit, Worker, max_workers
+from paraplan.planners.bipartition.dp import bipartition, bipartition_all
 
 FREE = lambda s1, s2: 0.0  # noqa: E731
 REL = 1e-9
@@ -111,7 +105,7 @@ def memory_model(weights, saved, capacity, stash_by_index):
 
 
 def owner_memory(weights, states, saved, capacity, n_workers, n_micro=4):
-    """The paper's (and planners/bipartition.py's) memory: a layer's activations live at its
+    """The paper's (and planners/bipartition/planner.py's) memory: a layer's activations live at its
     backward owner, for more micro-batches when its forward ran on an earlier worker; a layer whose
     forward only runs here costs a weight copy. Not monotone in the forward range: a worker that
     stops running the forward of a layer it runs the backward of needs more."""

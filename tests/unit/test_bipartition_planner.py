@@ -12,7 +12,7 @@ from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
 from paraplan.plan.plan import LayerRange, Plan, PlanError, Stage, validate
 from paraplan.plan.plan_file import plan_from_json, plan_to_json
-from paraplan.planners.bipartition import plan_bipartition, worker_memory
+from paraplan.planners.bipartition.planner import plan_bipartition, worker_memory
 from paraplan.planners.registry import simulator_judge
 from paraplan.planners.request import PlanRequest
 from paraplan.simulate.predict import simulate_plan

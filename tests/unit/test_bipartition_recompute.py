@@ -1,5 +1,5 @@
 """Bi-Partition as the runtime runs it (split_layers="recompute"): the worker roles, the exact
-dynamic program of planners/bipartition_recompute.py against brute force, the simulator's and
+dynamic program of planners/bipartition/recompute.py against brute force, the simulator's and
 the memory model's charges, and the planner's two modes."""
 
 import itertools
@@ -17,8 +17,8 @@ from paraplan.models import measure, zoo
 from paraplan.plan.plan import LayerRange, Plan, Stage
 from paraplan.plan.plan_file import plan_from_json, plan_to_json
 from paraplan.plan.worker_roles import worker_roles
-from paraplan.planners.bipartition import plan_bipartition
-from paraplan.planners.bipartition_recompute import recompute_all, worker_memory_recompute, worker_time
+from paraplan.planners.bipartition.planner import plan_bipartition
+from paraplan.planners.bipartition.recompute import recompute_all, worker_memory_recompute, worker_time
 from paraplan.planners.registry import simulator_judge
 from paraplan.planners.request import PlanRequest
 from paraplan.simulate.predict import simulate_plan

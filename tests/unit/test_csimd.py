@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 from paraplan.costs import closed_forms as cf
-from paraplan.planners import csimd, csimd_search, partition
+from paraplan.planners import stage_division
+from paraplan.planners.baselines import partition
+from paraplan.planners.csimd import algorithms as csimd
+from paraplan.planners.csimd import search as csimd_search
 
 
 def _instance(rng, k):
@@ -69,7 +72,7 @@ def test_masp_is_the_fewest_bins():
         fewest = None
         for m in range(1, k + 1):
             for c in itertools.combinations(range(k - 1), m - 1):
-                d = csimd.evaluate(*a, c)
+                d = stage_division.evaluate(*a, c)
                 if d.rho1 <= v1 and d.rho2 <= v2:
                     fewest = m
                     break
@@ -77,7 +80,7 @@ def test_masp_is_the_fewest_bins():
                 break
         assert tau == fewest if fewest else tau > k
         if fewest:
-            d = csimd.evaluate(*a, cuts)
+            d = stage_division.evaluate(*a, cuts)
             assert d.rho1 <= v1 * (1 + 1e-9) and d.rho2 <= v2 * (1 + 1e-9)
 
 
@@ -92,7 +95,7 @@ def test_odpa_equals_eq8_for_every_p():
         for r, p in enumerate(ps):
             one_by_one = cf.csimd_eq8(q[0][r], q[1][r], q[2][r], q[3][r], cuts, p)
             assert z[r] == pytest.approx(one_by_one, rel=1e-12)
-            assert z[r] == pytest.approx(csimd.total_time(q[0][r], q[1][r], q[2][r], q[3][r], cuts, p), rel=1e-12)
+            assert z[r] == pytest.approx(stage_division.total_time(q[0][r], q[1][r], q[2][r], q[3][r], cuts, p), rel=1e-12)
 
 
 def _nonlinear_instance(rng, k, batch=64):
@@ -110,11 +113,11 @@ def test_cross_search_is_never_worse_than_the_baselines():
         k, n = int(rng.integers(6, 16)), int(rng.integers(2, 5))
         q, ps = _nonlinear_instance(rng, k)
         found = csimd_search.search(*q, ps, n)
-        assert found.time_s == pytest.approx(csimd.total_time(*(x[ps.index(found.n_micro)] for x in q), found.cuts,
+        assert found.time_s == pytest.approx(stage_division.total_time(*(x[ps.index(found.n_micro)] for x in q), found.cuts,
                                                               found.n_micro))
 
         def t(cuts, p):
-            return csimd.total_time(*(x[ps.index(p)] for x in q), cuts, p)
+            return stage_division.total_time(*(x[ps.index(p)] for x in q), cuts, p)
 
         baselines = []
         for p in (1, 4, 64):  # GPipe-E-1, -4, -BS
@@ -155,9 +158,9 @@ def test_exact_time_is_the_optimum_of_eq8_for_one_p():
     for _ in range(100):
         k, n, p = int(rng.integers(2, 11)), int(rng.integers(1, 5)), int(rng.integers(1, 12))
         a = [rng.uniform(0, 10, k) for _ in range(4)]
-        best = min(csimd.total_time(*a, c, p) for m in range(1, min(n, k) + 1)
+        best = min(stage_division.total_time(*a, c, p) for m in range(1, min(n, k) + 1)
                    for c in itertools.combinations(range(k - 1), m - 1))
-        assert csimd.total_time(*a, csimd_search.exact_time(*a, n, p), p) == pytest.approx(best, rel=1e-9)
+        assert stage_division.total_time(*a, csimd_search.exact_time(*a, n, p), p) == pytest.approx(best, rel=1e-9)
 
 
 def test_the_papers_cross_search_converges_and_reports_eq8():
@@ -167,5 +170,5 @@ def test_the_papers_cross_search_converges_and_reports_eq8():
         q, ps = _nonlinear_instance(rng, k)
         r = csimd_search.cross_search(*q, ps, n, start=1, method="imd")
         row = ps.index(r.n_micro)
-        assert r.time_s == pytest.approx(csimd.total_time(*(x[row] for x in q), r.cuts, r.n_micro))
+        assert r.time_s == pytest.approx(stage_division.total_time(*(x[row] for x in q), r.cuts, r.n_micro))
         assert r.iterations >= 1

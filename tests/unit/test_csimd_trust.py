@@ -16,8 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paraplan.planners import csimd, csimd_search, partition, pipeline_split
-from paraplan.planners.csimd import SearchMethod
+from paraplan.planners import pipeline_split, stage_division
+from paraplan.planners.baselines import partition
+from paraplan.planners.csimd import algorithms as csimd
+from paraplan.planners.csimd import search as csimd_search
+from paraplan.planners.csimd.search import SearchMethod
+from paraplan.planners.registry import planner_names
+
+planner_names()  # loads every planner: pipeline_split.solve finds "csimd" by name
 
 # A hang guard for every test here (the reproductions below use 10 s); timings live in benchmarks/.
 pytestmark = pytest.mark.timeout(120)
@@ -164,7 +170,7 @@ def test_exact_rho_is_the_brute_force_optimum_of_rho(case):
     d = csimd.exact_rho(*a, n)
     assert_valid(d.cuts, len(a[0]), n)
     assert close(d.objective, partition.brute_force_rho(*a, n).objective, scale_of(*a))
-    assert d == csimd.evaluate(*a, d.cuts)
+    assert d == stage_division.evaluate(*a, d.cuts)
 
 
 @settings(deadline=None, max_examples=150)
@@ -174,8 +180,8 @@ def test_exact_time_is_the_brute_force_optimum_of_eq8(case, p):
     *a, n = case
     cuts = csimd_search.exact_time(*a, n, p)
     assert_valid(cuts, len(a[0]), n)
-    want = csimd.total_time(*a, partition.brute_force_time(*a, n, p), p)
-    assert close(csimd.total_time(*a, cuts, p), want, scale_of(*a) * p)
+    want = stage_division.total_time(*a, partition.brute_force_time(*a, n, p), p)
+    assert close(stage_division.total_time(*a, cuts, p), want, scale_of(*a) * p)
 
 
 @settings(deadline=None, max_examples=100)
@@ -187,9 +193,9 @@ def test_search_ends_valid_and_reports_eq8_for_every_method(case, method):
     r = csimd_search.search(*q, ps, n, method=method, eta=10)
     assert_valid(r.cuts, k, n)
     row = ps.index(r.n_micro)
-    assert close(r.time_s, csimd.total_time(*(x[row] for x in q), r.cuts, r.n_micro), scale_of(*q) * 8)
+    assert close(r.time_s, stage_division.total_time(*(x[row] for x in q), r.cuts, r.n_micro), scale_of(*q) * 8)
     if method in (SearchMethod.AUTO, SearchMethod.EXACT_TIME):  # the optimum over every division and p
-        optimum = min(csimd.total_time(*(x[i] for x in q), c, p)
+        optimum = min(stage_division.total_time(*(x[i] for x in q), c, p)
                       for i, p in enumerate(ps) for c in every_division(k, n))
         assert r.exact
         assert close(r.time_s, optimum, scale_of(*q) * 8)
@@ -208,13 +214,13 @@ def test_masp_ends_with_the_fewest_bins(case, f1, f2):
     # MASP lets a sum exceed a limit by csimd._TOL relative (rounding); the oracle does the same
     lim1, lim2 = v1 * (1 + csimd._TOL), v2 * (1 + csimd._TOL)
     fewest = next((len(c) + 1 for c in every_division(k, k)
-                   if (d := csimd.evaluate(*a, c)).rho1 <= lim1 and d.rho2 <= lim2), None)
+                   if (d := stage_division.evaluate(*a, c)).rho1 <= lim1 and d.rho2 <= lim2), None)
     if fewest is None:
         assert tau > k
     else:
         assert tau == fewest
         assert_valid(cuts, k, tau)
-        d = csimd.evaluate(*a, cuts)
+        d = stage_division.evaluate(*a, cuts)
         assert d.rho1 <= v1 * (1 + REL) and d.rho2 <= v2 * (1 + REL)
 
 
@@ -263,8 +269,8 @@ def test_brute_force_ends_valid_and_each_oracle_wins_its_own_objective(case, p):
     time_cuts = partition.brute_force_time(*a, n, p)
     assert_valid(rho.cuts, k, n)
     assert_valid(time_cuts, k, n)
-    assert csimd.total_time(*a, time_cuts, p) <= csimd.total_time(*a, rho.cuts, p) * (1 + REL)
-    assert rho.objective <= csimd.evaluate(*a, time_cuts).objective * (1 + REL)
+    assert stage_division.total_time(*a, time_cuts, p) <= stage_division.total_time(*a, rho.cuts, p) * (1 + REL)
+    assert rho.objective <= stage_division.evaluate(*a, time_cuts).objective * (1 + REL)
 
 
 @settings(deadline=None, max_examples=60)
@@ -322,7 +328,7 @@ def test_the_default_search_stays_fast_and_exact_at_llm_scale():
     assert r.exact and r.lower_bound_s == r.time_s
     row = ps.index(r.n_micro)
     rho_cuts = csimd.exact_rho(*(x[row] for x in q), 32).cuts
-    assert r.time_s <= csimd.total_time(*(x[row] for x in q), rho_cuts, r.n_micro) * (1 + REL)
+    assert r.time_s <= stage_division.total_time(*(x[row] for x in q), rho_cuts, r.n_micro) * (1 + REL)
 
 
 def test_a_spent_work_limit_falls_back_to_exact_rho_and_says_so():
@@ -334,7 +340,7 @@ def test_a_spent_work_limit_falls_back_to_exact_rho_and_says_so():
     assert r.time_s <= csimd.odpa(*q, (), ps).min() * (1 + REL)
     for row, p in enumerate(ps):
         a = [x[row] for x in q]
-        assert r.time_s <= csimd.total_time(*a, csimd.exact_rho(*a, 8).cuts, p) * (1 + REL)
+        assert r.time_s <= stage_division.total_time(*a, csimd.exact_rho(*a, 8).cuts, p) * (1 + REL)
     full = csimd_search.search(*q, ps, 8)
     assert full.exact and full.time_s <= r.time_s * (1 + REL)
     assert r.lower_bound_s <= full.time_s * (1 + REL)
@@ -366,11 +372,11 @@ GAP_CASE = dict(h_p=[60.0, 79, 52], h_m=[90.0, 98, 93], j_p=[53.0, 67, 66], j_m=
 
 def test_brute_force_time_finds_the_one_stage_optimum_the_rho_oracle_misses():
     a = list(GAP_CASE.values())
-    best = min((csimd.total_time(*a, partition.brute_force_time(*a, 3, p), p), p,
+    best = min((stage_division.total_time(*a, partition.brute_force_time(*a, 3, p), p), p,
                 partition.brute_force_time(*a, 3, p)) for p in (1, 2, 4))
     assert best == (377.0, 1, ())
     rho_cuts = partition.brute_force_rho(*a, 3).cuts
-    assert rho_cuts == (0, 1) and csimd.total_time(*a, rho_cuts, 1) == 736.0
+    assert rho_cuts == (0, 1) and stage_division.total_time(*a, rho_cuts, 1) == 736.0
     q = [np.array([x] * 3) for x in a]
     assert csimd_search.search(*q, [1, 2, 4], 3, method="imd", starts=[1]).time_s == 736.0  # csimd-paper
     assert csimd_search.search(*q, [1, 2, 4], 3).time_s == 377.0  # csimd
@@ -381,6 +387,6 @@ def test_brute_force_time_equals_exact_time_on_random_instances():
     for _ in range(60):
         k, n, p = int(rng.integers(1, 9)), int(rng.integers(1, 6)), int(rng.choice([1, 2, 3, 8, 64]))
         a = [rng.uniform(0, 100, k) for _ in range(4)]
-        t_brute = csimd.total_time(*a, partition.brute_force_time(*a, n, p), p)
-        t_exact = csimd.total_time(*a, csimd_search.exact_time(*a, n, p), p)
+        t_brute = stage_division.total_time(*a, partition.brute_force_time(*a, n, p), p)
+        t_exact = stage_division.total_time(*a, csimd_search.exact_time(*a, n, p), p)
         assert t_exact == pytest.approx(t_brute, rel=REL)

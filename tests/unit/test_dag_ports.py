@@ -1,5 +1,5 @@
 """Link contention while scheduling (links="ports", ours, beyond the FD-DPS paper): the port model
-of dag_ports.PortLedger against `replay_ports` and the simulator's engine, by hand and on random
+of fddps/ports.py's PortLedger against `replay_ports` and the simulator's engine, by hand and on random
 DAGs; transfers into (and out of) one device serialize; the contention-free default is unchanged;
 the `links` option and the `fddps-ports` planner.
 
@@ -24,9 +24,10 @@ from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
 from paraplan.models.op_trace import build_op_graph
 from paraplan.plan.plan import OperatorPlacement
-from paraplan.planners.dag_baselines import schedule_fastt, schedule_heft, schedule_mpdps
-from paraplan.planners.dag_problem import DagProblem, DagProblemError, port_sequences, replay, replay_ports
-from paraplan.planners.fddps_sched import schedule_fddps
+from paraplan.planners.fddps.baselines import schedule_fastt, schedule_heft, schedule_mpdps
+from paraplan.planners.fddps.dps import schedule_fddps
+from paraplan.planners.fddps.port_replay import port_sequences, replay_ports
+from paraplan.planners.fddps.problem import DagProblem, DagProblemError, replay
 from paraplan.planners.registry import make_plan, planner
 from paraplan.planners.request import PlanRequest
 from paraplan.simulate.dag import OpEdge, build_dag_graph

@@ -14,9 +14,9 @@ from paraplan.models import measure, source
 from paraplan.models.op_split import PART
 from paraplan.models.op_trace import build_op_graph
 from paraplan.plan.plan import OperatorPlacement
-from paraplan.planners.dag_baselines import schedule_fastt, schedule_heft, schedule_mpdps
-from paraplan.planners.dag_problem import DagProblem
-from paraplan.planners.fddps_sched import schedule_fddps
+from paraplan.planners.fddps.baselines import schedule_fastt, schedule_heft, schedule_mpdps
+from paraplan.planners.fddps.dps import schedule_fddps
+from paraplan.planners.fddps.problem import DagProblem
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import FieldError, PlanRequest
 from paraplan.runtime.dag_graph import DagRefusal, analyse, build_program
@@ -81,7 +81,7 @@ def test_runnable_plans_keep_every_backward_with_its_forward(costs, planner):
 
 def test_the_unconstrained_placement_is_the_paper_schedulers_own(costs):
     """runnable=false is exactly the scheduler on the plain problem (no colocation, no extra edges)."""
-    from paraplan.planners.fddps import dag_problem, search_graph
+    from paraplan.planners.fddps.planner import dag_problem, search_graph
 
     cm = costs[("resnet-tiny", "fddps-8xp100")]
     request = PlanRequest(costs=cm, model_name="resnet-tiny", cluster_name="fddps-8xp100", batch=8, n_stages=4)

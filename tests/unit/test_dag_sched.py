@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from paraplan.planners.dag_baselines import merge_nodes, schedule_fastt, schedule_heft, schedule_mpdps
-from paraplan.planners.dag_problem import DagProblem, DagProblemError, device_peaks, peak_memory, replay
-from paraplan.planners.dag_sched import critical_path_times
-from paraplan.planners.fddps_sched import schedule_fddps
+from paraplan.planners.fddps.baselines import merge_nodes, schedule_fastt, schedule_heft, schedule_mpdps
+from paraplan.planners.fddps.dps import schedule_fddps
+from paraplan.planners.fddps.list_scheduling import critical_path_times
+from paraplan.planners.fddps.problem import DagProblem, DagProblemError, device_peaks, peak_memory, replay
 
 
 def fddps_earliest_finish(problem):

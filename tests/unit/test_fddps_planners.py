@@ -15,8 +15,8 @@ from paraplan.models import measure, zoo
 from paraplan.models.op_split import split_degrees
 from paraplan.models.op_trace import build_op_graph
 from paraplan.plan.plan_file import plan_from_json, plan_to_json
-from paraplan.planners.dag_problem import replay
-from paraplan.planners.fddps import dag_problem, search_graph
+from paraplan.planners.fddps.planner import dag_problem, search_graph
+from paraplan.planners.fddps.problem import replay
 from paraplan.planners.registry import make_plan, planner
 from paraplan.planners.request import PlanRequest
 from paraplan.simulate.predict import simulate_plan

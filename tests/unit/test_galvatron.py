@@ -16,15 +16,16 @@ from paraplan.hardware.cluster import Cluster, NodeSpec
 from paraplan.models import measure, zoo
 from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, PlanError, Stage, validate
 from paraplan.plan.plan_file import plan_from_json, plan_to_dict, plan_to_json
-from paraplan.planners import galvatron as gv
-from paraplan.planners.galvatron_dp import INF, backtrack, dp_table, search_stage
-from paraplan.planners.galvatron_space import group_strategies, strategy_space
+from paraplan.planners.galvatron.describe import describe_strategies
+from paraplan.planners.galvatron.dp import INF, backtrack, dp_table, search_stage
+from paraplan.planners.galvatron.searcher import Searcher
+from paraplan.planners.galvatron.space import VARIANTS, group_strategies, strategy_space
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
 from paraplan.simulate.predict import simulate_plan
 
 GIB = 2**30
-NAMES = tuple(v.name for v in gv.VARIANTS)
+NAMES = tuple(v.name for v in VARIANTS)
 BUDGETS_MIB = (60, 20, 12)
 
 
@@ -214,7 +215,7 @@ def test_the_planner_dp_is_the_optimum_of_every_assignment(bert):
     # one stage of bert-tiny on 2 devices: DP2, SDP2, TP2, each with or without CKPT (6 strategies,
     # 6^6 assignments, enumerated at once), the planner's own cost arrays, budgets that bind
     request = PlanRequest(costs=_cost_model(bert, 1024), model_name="bert-tiny", cluster_name="2x2", batch=16)
-    searcher = gv._Searcher(request, gv.VARIANTS[-1], 512)
+    searcher = Searcher(request, VARIANTS[-1], 512)
     searcher.group = lambda n_stages, s: (0, 1)
     p = searcher.problem(2, 0, 0, bert.n_layers, 2, "gpipe")
     cost, fmem, bmem, classes, trans = p["cost"], p["forward_bytes"], p["backward_bytes"], p["classes"], 2 * p["trans"]
@@ -350,7 +351,7 @@ def test_describe_strategies():
     s = (LayerStrategy(sdp=4, tp=2, checkpoint=True),) * 3 + (LayerStrategy(dp=8),)
     plan = Plan(model="m", cluster="c", n_layers=6, global_batch=8, n_micro=1, schedule="gpipe",
                 stages=(Stage(LayerRange(0, 4), tuple(range(8)), strategies=s), Stage(LayerRange(4, 6), (8, 9))))
-    assert gv.describe_strategies(plan) == ["stage 1, layers 0-2: SDP4 x TP2 + CKPT", "stage 1, layers 3-3: DP8",
+    assert describe_strategies(plan) == ["stage 1, layers 0-2: SDP4 x TP2 + CKPT", "stage 1, layers 3-3: DP8",
                                             "stage 2, layers 4-5: DP2"]
 
 

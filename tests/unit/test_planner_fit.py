@@ -219,7 +219,7 @@ def test_gropipe_repairs_an_ampa_partition_that_does_not_fit(specs):
     budget = int(max(m.peak_bytes for m in fastest.prediction.memory) * 0.7)
     request = _request(cm, "resnet-50", n_stages=4, memory_bytes=budget)
     assert make_plan(request, "gropipe").prediction.feasible
-    from paraplan.planners.gropipe import plan_gropipe
+    from paraplan.planners.gropipe.planner import plan_gropipe
 
     plan, table = plan_gropipe(request, simulator_judge(request), shapes=[(2, 4)])
     assert not any(r["feasible"] for r in table if r["division"] == "ampa")
@@ -231,7 +231,7 @@ def test_gropipe_repairs_an_ampa_partition_that_does_not_fit(specs):
 def test_gropipe_when_nothing_fits_returns_the_closest(specs):
     cm = _cm(specs, "resnet-50", "gropipe-8xt4")
     request = _request(cm, "resnet-50", n_stages=4, memory_bytes=int(0.6 * GIB))
-    from paraplan.planners.gropipe import plan_gropipe
+    from paraplan.planners.gropipe.planner import plan_gropipe
 
     plan, table = plan_gropipe(request, simulator_judge(request), shapes=[(2, 4)])
     assert not plan.prediction.feasible and not any(r["feasible"] for r in table)

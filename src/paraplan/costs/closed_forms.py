@@ -95,7 +95,7 @@ def gropipe_dispersion(stage_s) -> float:
     """GroPipe eq. (8), as printed: PD = sum_i (T_i - mu)^k / (k mu), k the number of partitions.
 
     With an odd k the deviations keep their sign and can cancel; `gropipe_dispersion_abs` is the
-    reading AMPA uses to stop (planners/gropipe.py)."""
+    reading AMPA uses to stop (planners/gropipe/planner.py)."""
     t = np.asarray(stage_s, float)
     k, mu = len(t), t.mean()
     return float(((t - mu) ** k).sum() / (k * mu))

@@ -31,7 +31,7 @@ def peak_per_device(device: np.ndarray, start: np.ndarray, finish: np.ndarray, r
                     output: np.ndarray, edge_src: np.ndarray, edge_dst: np.ndarray, n_devices: int,
                     reserve_bytes: float = 0.0) -> np.ndarray:
     """Peak bytes per device of a timed placement (all arrays per node, edges as index arrays).
-    The one rule: planners/dag_problem.py checks schedules with it and the simulator reports it."""
+    The one rule: planners/fddps/problem.py checks schedules with it and the simulator reports it."""
     device = np.asarray(device, dtype=np.int64)
     release = np.asarray(finish, dtype=np.float64).copy()
     if len(edge_src):

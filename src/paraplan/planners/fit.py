@@ -30,7 +30,7 @@ from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.model import CostModel
 from paraplan.costs.strategy import layer_memory
 from paraplan.plan.plan import LayerStrategy
-from paraplan.planners.partition import bounds_of
+from paraplan.planners.stage_division import bounds_of
 
 _SLACK = 1 + 1e-12  # a sum equal to a limit is not lost to rounding
 

@@ -1,9 +1,13 @@
-"""Plans from CSIMD and its partition baselines: contiguous stages, one device each, GPipe.
+"""The frame of the split planners (CSIMD's, planners/csimd/planner.py, and the partition
+baselines', planners/baselines/split.py): contiguous stages, one device each, GPipe or 1F1B.
 
-Every planner here solves the same problem on the same numbers: the per-layer time functions of
-a CostModel (analytic or measured) evaluated at the micro-batch size B / p for every candidate
-micro-batch count p (the divisors of B, so micro-batches are whole), with the link between the
-first two devices pricing activations and gradients. Each returns a division and a p, judged by
+Each split planner is a `Divider` registered with `register_split`, which also puts it in the
+planner table (planners/table.py); this module writes its answer as a Plan. `DIVIDERS` holds the
+split planners registered so far (planners/registry.py loads them all). Every split planner solves
+the same problem on the same numbers: the per-layer time functions of a CostModel (analytic or
+measured) evaluated at the micro-batch size B / p for every candidate micro-batch count p (the
+divisors of B, so micro-batches are whole), with the link between the first two devices pricing
+activations and gradients. Each returns a division and a p, judged by
 CSIMD eq. (8); the Plan's prediction comes from the simulator.
 
 With a heterogeneous cluster the time functions of device 0 stand for every stage (CSIMD's IMD
@@ -23,35 +27,33 @@ exactly that many stages planned and judged the same way. exact_stages holds it 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from paraplan.costs.memory import out_of_memory_reason, plan_memory
 from paraplan.costs.model import CostModel
+from paraplan.errors import UnknownNameError
 from paraplan.plan.plan import LayerRange, Plan, SearchInfo, Stage
-from paraplan.planners import csimd, csimd_search, partition
 from paraplan.planners.fit import SplitMemory, misfit
 from paraplan.planners.request import (
     FieldError,
     Judge,
     OptionSpec,
     PlanRequest,
-    at_least,
     choices_near,
     divisors,
-    one_of,
-    whole_number,
+    validated_options,
 )
+from paraplan.planners.stage_division import bounds_of, total_time
+from paraplan.planners.table import PLANNERS as TABLE
 from paraplan.planners.table import register
-
-BRUTE_FORCE_MAX_LAYERS = 30
 
 
 @dataclass(frozen=True)
 class SplitProblem:
-    """Rows: candidate micro-batch counts; columns: layers (planners/csimd.py conventions)."""
+    """Rows: candidate micro-batch counts; columns: layers (planners/stage_division.py conventions)."""
 
     batch: int
     n_stages: int
@@ -72,7 +74,7 @@ class SplitProblem:
 
     def time_s(self, cuts, n_micro: int) -> float:
         """T(lambda, p), CSIMD eq. (8)."""
-        return csimd.total_time(*self.row(n_micro), cuts, n_micro)
+        return total_time(*self.row(n_micro), cuts, n_micro)
 
 
 def build_problem(cm: CostModel, batch: int, n_stages: int, max_micro: int | None = None) -> SplitProblem:
@@ -107,7 +109,7 @@ def split_memory(cm: CostModel, problem: SplitProblem, schedule: str) -> SplitMe
     return SplitMemory.for_micro_counts(cm, problem.batch, problem.n_micro_values, schedule, capacities)
 
 
-def _choose(problem: SplitProblem, candidates, memory: SplitMemory | None) -> tuple[tuple[int, ...], int]:
+def choose(problem: SplitProblem, candidates, memory: SplitMemory | None) -> tuple[tuple[int, ...], int]:
     """The best (cuts, p) by eq. (8) among those that fit; when none does, the one closest to
     fitting (the smallest largest peak / capacity). Without a memory check, the best by eq. (8)."""
     def key(candidate):
@@ -121,117 +123,34 @@ def _choose(problem: SplitProblem, candidates, memory: SplitMemory | None) -> tu
     return tuple(int(c) for c in cuts), p
 
 
-def _micro(problem: SplitProblem, n_micro: int | None) -> tuple[int, ...]:
+def micro_counts(problem: SplitProblem, n_micro: int | None) -> tuple[int, ...]:
+    """The candidate micro-batch counts: the fixed one, or every one of the problem."""
     return (n_micro,) if n_micro else problem.n_micro_values
 
 
-def _best_over_p(problem: SplitProblem, divide, n_micro: int | None, memory=None) -> tuple[tuple[int, ...], int]:
+def best_over_p(problem: SplitProblem, divide, n_micro: int | None, memory=None) -> tuple[tuple[int, ...], int]:
     """A division for each candidate p (or the fixed one), keeping the best T that fits."""
-    return _choose(problem, [(divide(p), p) for p in _micro(problem, n_micro)], memory)
+    return choose(problem, [(divide(p), p) for p in micro_counts(problem, n_micro)], memory)
 
 
 Divider = Callable[..., "tuple[tuple[int, ...], int, dict]"]
 # planner name -> (problem, fixed p or None, options, memory check or None, exactly) -> (cuts, p, notes)
 DIVIDERS: dict[str, Divider] = {}
+OPTIONS: dict[str, Mapping[str, OptionSpec]] = {}  # planner name -> its options
 
 
-def _csimd(problem: SplitProblem, n_micro: int | None, options: dict, memory=None, exactly: bool = False,
-           paper: bool = False):
-    # csimd-paper: Algorithm 1 as printed, IMD from p = 1: the paper's memory-blind baseline (its
-    # plan's prediction says whether it fits). csimd: every p as a start and the exact minimum of T
-    # per p where that is cheap (planners/csimd_search.py `search`), among the divisions that fit.
-    ps = problem.n_micro_values
-    q = (problem.h_p, problem.h_m, problem.j_p, problem.j_m)
-    rows = list(range(len(ps)))
-    if n_micro:  # a fixed p: only that row
-        r = ps.index(n_micro)
-        q, ps, rows = tuple(x[r:r + 1] for x in q), [n_micro], [r]
-    if memory is not None and len(rows) < len(problem.n_micro_values):
-        memory = memory.subset(rows)
-    method, starts = ("imd", [ps[0]]) if paper else (options["method"], None)
-    best = csimd_search.search(*q, ps, problem.n_stages, method=method, eta=options["eta"], starts=starts,
-                               memory=None if paper else memory, exactly=exactly)
-    notes = {"iterations": best.iterations}
-    if not paper:  # what the search proved: the optimum of eq. (8), or a lower bound on it
-        notes.update(exact=best.exact, lower_bound_s=best.lower_bound_s)
-    return best.cuts, best.n_micro, notes
+def register_split(name: str, summary: str, divider: Divider, options: Mapping[str, OptionSpec] | None = None) -> None:
+    """Add a split planner: its divider here, and the planner (GPipe or 1F1B) to the planner table."""
+    DIVIDERS[name] = divider
+    OPTIONS[name] = dict(options or {})
+    register(name, summary, schedules=("gpipe", "1f1b"), options=options)(
+        lambda request, values, judge: _plan(request, values, name, judge))
 
 
-def _with_odpa(problem: SplitProblem, cuts, n_micro: int | None, memory=None):
+def with_odpa(problem: SplitProblem, cuts, n_micro: int | None, memory=None):
     """A division fixed by its baseline; p fixed by the user or chosen by ODPA (CSIMD Algorithm 4,
     eq. (8) at every p) among the p where the division fits."""
-    return _choose(problem, [(cuts, p) for p in _micro(problem, n_micro)], memory) + ({},)
-
-
-def _random(problem: SplitProblem, n_micro: int | None, options: dict, memory=None, exactly: bool = False):
-    # GPipe-R draws its cuts and p: no search, so no memory check (its prediction says whether it fits)
-    rng = np.random.default_rng(options["seed"])
-    cuts = partition.random_cuts(problem.n_layers, problem.n_stages, rng)
-    return cuts, n_micro or int(rng.choice(problem.n_micro_values)), {"seed": options["seed"]}
-
-
-def _brute_force(problem: SplitProblem, n_micro: int | None, options: dict, memory=None, exactly: bool = False):
-    if problem.n_layers > BRUTE_FORCE_MAX_LAYERS:
-        raise FieldError("planner", f"brute-force enumerates every division: use it for at most "
-                                    f"{BRUTE_FORCE_MAX_LAYERS} layers (this model has {problem.n_layers})")
-    # the true optimum of eq. (8) among the divisions that fit: every division, every p
-    candidates = []
-    for p in _micro(problem, n_micro):
-        r = problem.n_micro_values.index(p)
-        fits = None if memory is None else (lambda cuts, r=r: memory.division_fits(r, cuts))
-        cuts = partition.brute_force_time(*problem.row(p), problem.n_stages, p, exactly=exactly, fits=fits)
-        if cuts is not None:
-            candidates.append((cuts, p))
-    if not candidates:  # nothing fits: the division closest to fitting at each p
-        for p in _micro(problem, n_micro):
-            r = problem.n_micro_values.index(p)
-            cuts = memory.least_overflow_cuts(r, problem.n_stages)
-            candidates.append((_filled(problem, cuts, p) if exactly else cuts, p))
-    return _choose(problem, candidates, memory) + ({},)
-
-
-def _filled(problem: SplitProblem, cuts, p: int) -> tuple[int, ...]:
-    return partition.fill_to(*problem.row(p), cuts, problem.n_stages, p)
-
-
-def _time_1d(problem: SplitProblem, n_micro, options, memory=None, exactly=False):
-    return _best_over_p(problem, lambda q: partition.balanced_1d(problem.row(q)[0] + problem.row(q)[2],
-                                                                 problem.n_stages, exactly), n_micro, memory) + ({},)
-
-
-def _pipedream(problem: SplitProblem, n_micro, options, memory=None, exactly=False):
-    return _best_over_p(problem, lambda q: partition.min_max_dp(*problem.row(q), problem.n_stages, exactly),
-                        n_micro, memory) + ({},)
-
-
-DIVIDERS.update({
-    "csimd": _csimd,
-    "csimd-paper": lambda pr, p, o, m=None, x=False: _csimd(pr, p, o, m, x, paper=True),
-    "even": lambda pr, p, o, m=None, x=False: _with_odpa(pr, partition.even(pr.n_layers, pr.n_stages), p, m),
-    "random": _random,
-    "params": lambda pr, p, o, m=None, x=False: _with_odpa(
-        pr, partition.balanced_1d(pr.param_bytes, pr.n_stages, x), p, m),
-    "time-1d": _time_1d,
-    "pipedream-dp": _pipedream,
-    "brute-force": _brute_force,
-})
-SUMMARIES = {
-    "csimd": "CSIMD: stages + micro-batch count; eq. (8)'s exact optimum among plans that fit, by branch and bound",
-    "csimd-paper": "CSIMD's Algorithm 1 as printed (IMD from p = 1; memory-blind, as the paper)",
-    "even": "GPipe-E: equal layer counts",
-    "random": "GPipe-R: random cuts and micro-batch count",
-    "params": "DeepSpeed: balance parameters",
-    "time-1d": "torchgpipe: balance forward + backward time",
-    "pipedream-dp": "PipeDream's min-max dynamic program",
-    "brute-force": f"every division and micro-batch count (at most {BRUTE_FORCE_MAX_LAYERS} layers): eq. (8)'s optimum",
-}
-OPTIONS = {
-    "csimd": {"eta": OptionSpec(1000, "IMD weight groups (CSIMD's eta, at least 2)", at_least("eta", 2)),
-              "method": OptionSpec("auto", "division search: auto, imd, exact (rho1 + rho2), exact-time (eq. (8))",
-                                   one_of("method", ("auto", "imd", "exact", "exact-time")))},
-    "csimd-paper": {"eta": OptionSpec(1000, "IMD weight groups (CSIMD's eta, at least 2)", at_least("eta", 2))},
-    "random": {"seed": OptionSpec(0, "random seed", whole_number("seed"))},
-}
+    return choose(problem, [(cuts, p) for p in micro_counts(problem, n_micro)], memory) + ({},)
 
 
 def solve(problem: SplitProblem, planner: str, n_micro: int | None = None, options: dict | None = None,
@@ -261,7 +180,7 @@ def _divide(request: PlanRequest, options: dict, planner: str, n_stages: int, ex
     problem = build_problem(cm, request.batch, n_stages)
     memory = split_memory(cm, problem, schedule)
     cuts, p, notes = solve(problem, planner, request.n_micro, options, memory, exactly)
-    bounds = partition.bounds_of(cuts, request.n_layers)
+    bounds = bounds_of(cuts, request.n_layers)
     stages = tuple(Stage(LayerRange(a, b), (i,)) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)))
     plan = Plan(model=request.model_name, cluster=request.cluster_name, n_layers=request.n_layers,
                 global_batch=request.batch, n_micro=p, schedule=schedule, grad_sync="none", stages=stages)
@@ -320,20 +239,11 @@ def _plan(request: PlanRequest, options: dict, planner: str, judge: Judge | None
                                            note=note))
 
 
-for _name in DIVIDERS:  # each split planner in the table (planners/registry.py)
-    register(_name, SUMMARIES[_name], schedules=("gpipe", "1f1b"), options=OPTIONS.get(_name))(
-        lambda request, options, judge, _name=_name: _plan(request, options, _name, judge))
-PLANNERS = tuple(DIVIDERS)
-
-
 def plan_split(cm: CostModel, model_name: str, cluster_name: str, batch: int, planner: str,
                n_stages: int | None = None, n_micro: int | None = None, exact_stages: bool = False,
                **options) -> Plan:
-    """One split planner on a cost model, without prediction (tests and benchmarks)."""
-    from paraplan.errors import UnknownNameError
-    from paraplan.planners.request import validated_options
-    from paraplan.planners.table import PLANNERS as TABLE
-
+    """One split planner (registered: planners/registry.py loads them all) on a cost model, without
+    prediction (tests and benchmarks)."""
     if planner not in DIVIDERS:
         raise UnknownNameError("planner", planner, list(DIVIDERS))
     request = PlanRequest(costs=cm, model_name=model_name, cluster_name=cluster_name, batch=batch,

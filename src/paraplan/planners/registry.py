@@ -22,11 +22,12 @@ from paraplan.planners.table import PlannerSpec
 
 PLANNERS = table.PLANNERS
 PLANNER_MODULES = (
-    "paraplan.planners.pipeline_split",  # csimd, csimd-paper and the partition baselines
-    "paraplan.planners.gropipe",
-    "paraplan.planners.bipartition",  # bipartition, pipedream-layerwise
-    "paraplan.planners.fddps",  # fddps, fddps-nosplit, fastt, heft, mpdps
-    "paraplan.planners.galvatron",  # dp, sdp, tp, pp, dp+tp, dp+pp, deepspeed-3d, galvatron, -base, -1f1b-biobj, -bmw
+    "paraplan.planners.csimd.planner",  # csimd, csimd-paper
+    "paraplan.planners.baselines.split",  # even, random, params, time-1d, pipedream-dp, brute-force
+    "paraplan.planners.gropipe.planner",
+    "paraplan.planners.bipartition.planner",  # bipartition, pipedream-layerwise
+    "paraplan.planners.fddps.planner",  # fddps, fddps-nosplit, fddps-ports, fastt, heft, mpdps
+    "paraplan.planners.galvatron.planner",  # dp, sdp, tp, pp, dp+tp, dp+pp, deepspeed-3d, galvatron, -base, -1f1b-biobj, -bmw
 )
 
 

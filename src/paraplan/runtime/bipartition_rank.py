@@ -14,7 +14,7 @@ it, as activation checkpointing does (plan/worker_roles.py says which tensor and
 crosses is one activation per micro-batch into a worker whose backward range starts before its
 forward range, not the saved activations of every split layer; what it costs is one more forward
 of each split layer on its backward owner. The planner and the simulator charge exactly this for
-plans with `split_layers="recompute"` (planners/bipartition.py `mode=runtime`, the default);
+plans with `split_layers="recompute"` (planners/bipartition/planner.py `mode=runtime`, the default);
 plans costed with the paper's idealised scheme (`mode=paper`) are refused before launch.
 
 Weights stay consistent as the paper's scheme has them, with 1F1B's flush making it exact: within

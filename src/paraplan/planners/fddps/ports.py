@@ -1,5 +1,5 @@
 """The send and receive ports of the DAG schedulers' devices: `PortLedger` books a partial schedule's
-transfers on them (used by dag_sched.ScheduleBuilder when links="ports").
+transfers on them (used by list_scheduling.ScheduleBuilder when links="ports").
 
 Link contention (links="ports", ours, beyond the FD-DPS paper): the paper's eqs. (6)-(11) let every
 transfer start the moment its data is ready, while the simulator (simulate/engine.py, contention on
@@ -24,7 +24,7 @@ that became ready later, which the simulator would not do. The device choice avo
 devices where o_i's transfers invert nothing are preferred, and an inverting device stays in the
 running only if its finish beats every exact device's by more than its inverted transfers last
 (a heuristic bound: serving one transfer first delays the others by about its length). Without
-inversions the schedule equals the simulator's timing bit for bit (`dag_problem.replay_ports`,
+inversions the schedule equals the simulator's timing bit for bit (`port_replay.replay_ports`,
 tests/unit/test_dag_ports.py; one caveat: transfers ready at the same instant are ordered by edge
 index here, by the engine's heap, which agrees unless zero-duration tasks chain up to that instant);
 `stats["port_inversions"]` counts them otherwise. Inversions come mostly from
@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 
-from paraplan.planners.dag_problem import DagProblem
+from paraplan.planners.fddps.problem import DagProblem
 
 INF = math.inf
 

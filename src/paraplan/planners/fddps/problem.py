@@ -20,14 +20,14 @@ node starts at max(the previous node on its device finished, every parent finish
 device, this device)). Transfers occupy no device and never wait for each other. Every scheduler
 returns start/finish times equal to `replay` of its own placement and order.
 
-`replay_ports` is the same with link contention, the simulator's default (simulate/engine.py,
-`contention=True`): every device has ONE send port and ONE receive port (full duplex); a transfer
+`replay_ports` (planners/fddps/port_replay.py) is the same with link contention, the simulator's
+default (simulate/engine.py, `contention=True`): every device has ONE send port and ONE receive port (full duplex); a transfer
 from device k to l holds k's send port and l's receive port together for w(k, l), so transfers out
 of one device, or into one device, serialize. The FD-DPS paper (and `replay`) lets every transfer
 start the moment its data is ready; on real graphs with many cross-device edges that model is
 optimistic by up to 2x against the contended simulator. A tensor crosses to a device once per
 (producer, destination device, bytes), however many consumers there read it (simulate/dag.py). A schedule made with links="ports" (ours,
-beyond the paper: dag_ports.PortLedger) carries the transfer times it booked and equals
+beyond the paper: ports.PortLedger) carries the transfer times it booked and equals
 `replay_ports` of its placement, order and booked transfer order.
 
 Memory rule (`device_peaks`): on device k at time tau the usage is the resident bytes of every node
@@ -42,7 +42,6 @@ output born at t count together at t.
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -87,7 +86,7 @@ class DagProblem:
     names: tuple[str, ...] | None = None
     # [n] int or None: the node whose device o_i must share (-1: free). A runtime that keeps an
     # operator's backward with its forward (PyTorch's autograd) needs it; the caller also adds an
-    # edge from that node, so that it is always placed first (planners/fddps.py, runnable=true)
+    # edge from that node, so that it is always placed first (planners/fddps/planner.py, runnable=true)
     colocate: np.ndarray | None = None
 
     def __post_init__(self):
@@ -216,7 +215,7 @@ class Replay(NamedTuple):
     makespan_s: float
 
 
-def _placed_order(problem: DagProblem, device, order) -> tuple[list[int], list[int]]:
+def placed_order(problem: DagProblem, device, order) -> tuple[list[int], list[int]]:
     """Validate a placement and its per-device orders: (device per node, the node before each on its
     device or -1)."""
     n, d = problem.n_nodes, problem.n_devices
@@ -244,7 +243,7 @@ def _placed_order(problem: DagProblem, device, order) -> tuple[list[int], list[i
 def replay(problem: DagProblem, device, order) -> Replay:
     """Start and finish of every node when device k runs order[k] in sequence (see the module doc)."""
     n = problem.n_nodes
-    dev, prev = _placed_order(problem, device, order)
+    dev, prev = placed_order(problem, device, order)
     lists = problem.lists
     et, parents, children, alpha, beta = lists.et, lists.parents, lists.children, lists.alpha, lists.beta
     nxt = [-1] * n
@@ -280,177 +279,6 @@ def replay(problem: DagProblem, device, order) -> Replay:
                               f"{dev[stuck]} waits for a node its device runs later)")
     start_a, finish_a = np.array(start), np.array(finish)
     return Replay(start_a, finish_a, float(finish_a.max()))
-
-
-class PortReplay(NamedTuple):
-    start_s: np.ndarray
-    finish_s: np.ndarray
-    makespan_s: float
-    transfer_start_s: np.ndarray  # per edge; NaN for an edge within one device
-    transfer_finish_s: np.ndarray
-    transfer_order: tuple[int, ...]  # the edges crossing devices, in the order they were served
-
-
-def replay_ports(problem: DagProblem, device, order, transfer_order=None) -> PortReplay:
-    """`replay` with link contention (the port model of the module doc): every device has one send
-    and one receive port; a transfer of a tensor from device k to l starts at max(its producer
-    finished, the transfer before it on k's send port finished, the one before it on l's receive
-    port finished) and holds both ports for w(k, l) = alpha + bytes / beta, even when that is 0. As
-    in simulate/dag.py, a tensor goes to a device once per (producer, destination device, bytes):
-    the edges from one producer to consumers on one device with the same bytes share a transfer.
-
-    `transfer_order` fixes the order in which the ports serve their transfers: a sequence of every
-    edge crossing devices, each port serving its transfers in the order their edges first appear
-    (what a port-aware scheduler booked: `DagSchedule.transfer_order()`). None: the simulator's rule
-    (simulate/engine.py with contention): tasks are served as they become ready, by (ready time,
-    task id), with the task ids simulate/dag.py's `build_dag_graph` gives a plan of these device
-    orders (the operators device by device in run order, then the transfers as their first edges
-    come in edge order). Compute tasks are ordered by the device orders either way, so the two
-    rules differ only in the port orders. `transfer_order` of the result: the edges crossing
-    devices, in the order their transfers were served (a shared transfer's edges together)."""
-    n, d = problem.n_nodes, problem.n_devices
-    dev, prev = _placed_order(problem, device, order)
-    lists = problem.lists
-    et, alpha, beta = lists.et, lists.alpha, lists.beta
-    src, dst, nbytes = problem.edge_src.tolist(), problem.edge_dst.tolist(), problem.edge_bytes.tolist()
-    remote = [e for e in range(problem.n_edges) if dev[src[e]] != dev[dst[e]]]
-    unit_of: dict[int, int] = {}  # edge -> its transfer (numbered as the simulator creates them)
-    index: dict[tuple[int, int, float], int] = {}
-    edges_of: list[list[int]] = []
-    for e in remote:
-        key = (src[e], dev[dst[e]], nbytes[e])
-        if key not in index:
-            index[key] = len(edges_of)
-            edges_of.append([])
-        unit_of[e] = index[key]
-        edges_of[index[key]].append(e)
-    n_units = len(edges_of)
-    u_src = [src[es[0]] for es in edges_of]
-    u_send = [dev[src[es[0]]] for es in edges_of]
-    u_recv = [dev[dst[es[0]]] for es in edges_of]
-    dur = [alpha[u_send[u]][u_recv[u]] + nbytes[edges_of[u][0]] / beta[u_send[u]][u_recv[u]] for u in range(n_units)]
-    u_start, u_end = [0.0] * n_units, [0.0] * n_units
-    start, finish = [0.0] * n, [0.0] * n
-    # the tasks: node i is task i, transfer u is task n + u
-    inputs: list[list[int]] = [[] for _ in range(n)]  # per node: the tasks its inputs come from
-    for e in range(problem.n_edges):
-        inputs[dst[e]].append(n + unit_of[e] if e in unit_of else src[e])
-    succ: list[list[int]] = [[] for _ in range(n + n_units)]
-    waiting = [0] * (n + n_units)
-    for i in range(n):
-        for t in inputs[i] + ([prev[i]] if prev[i] >= 0 else []):
-            succ[t].append(i)
-            waiting[i] += 1
-    for u in range(n_units):
-        succ[u_src[u]].append(n + u)
-        waiting[n + u] += 1
-    served: list[int] = []
-
-    def run_node(i: int, s: float) -> None:
-        start[i], finish[i] = s, s + et[i][dev[i]]
-
-    def node_ready(i: int) -> float:
-        s = finish[prev[i]] if prev[i] >= 0 else 0.0
-        for t in inputs[i]:
-            arrive = finish[t] if t < n else u_end[t - n]
-            if arrive > s:
-                s = arrive
-        return s
-
-    if transfer_order is not None:
-        chosen = [int(e) for e in transfer_order]
-        if sorted(chosen) != remote:
-            raise DagProblemError("transfer_order: must list every edge between two devices exactly once")
-        last: dict[tuple[str, int], int] = {}
-        port_prev: list[list[int]] = [[] for _ in range(n_units)]
-        seen_units: set[int] = set()
-        for e in chosen:
-            u = unit_of[e]
-            if u in seen_units:
-                continue
-            seen_units.add(u)
-            for port in (("send", u_send[u]), ("recv", u_recv[u])):
-                if port in last:
-                    port_prev[u].append(last[port])
-                    succ[n + last[port]].append(n + u)
-                    waiting[n + u] += 1
-                last[port] = u
-        stack = [t for t in range(n) if waiting[t] == 0]
-        done = 0
-        while stack:
-            t = stack.pop()
-            done += 1
-            if t < n:
-                run_node(t, node_ready(t))
-            else:
-                u = t - n
-                s = finish[u_src[u]]
-                for q in port_prev[u]:
-                    if u_end[q] > s:
-                        s = u_end[q]
-                u_start[u], u_end[u] = s, s + dur[u]
-                served.append(u)
-            for v in succ[t]:
-                waiting[v] -= 1
-                if waiting[v] == 0:
-                    stack.append(v)
-        if done < n + n_units:
-            raise DagProblemError("transfer_order: the port orders deadlock with the edges and device orders")
-    else:
-        tid = [0] * (n + n_units)  # build_dag_graph's task ids
-        for rank, i in enumerate(i for seq in order for i in seq):
-            tid[int(i)] = rank
-        for u in range(n_units):
-            tid[n + u] = n + u
-        send_free, recv_free = [0.0] * d, [0.0] * d
-        ready = [0.0] * (n + n_units)
-        heap = [(0.0, tid[t], t) for t in range(n) if waiting[t] == 0]
-        heapq.heapify(heap)
-        while heap:
-            r, _, t = heapq.heappop(heap)
-            if t < n:
-                run_node(t, r)
-                e_t = finish[t]
-            else:
-                u = t - n
-                a, b = u_send[u], u_recv[u]
-                s = r
-                if send_free[a] > s:
-                    s = send_free[a]
-                if recv_free[b] > s:
-                    s = recv_free[b]
-                e_t = s + dur[u]
-                u_start[u], u_end[u] = s, e_t
-                send_free[a] = recv_free[b] = e_t
-                served.append(u)
-            for v in succ[t]:
-                if e_t > ready[v]:
-                    ready[v] = e_t
-                waiting[v] -= 1
-                if waiting[v] == 0:
-                    heapq.heappush(heap, (ready[v], tid[v], v))
-        if any(waiting[t] for t in range(n)):
-            stuck = next(i for i in range(n) if waiting[i] > 0)
-            raise DagProblemError(f"order: the device orders deadlock with the edges ({problem.label(stuck)} on "
-                                  f"device {dev[stuck]} waits for a node its device runs later)")
-    t_start = [math.nan] * problem.n_edges
-    t_end = [math.nan] * problem.n_edges
-    for e, u in unit_of.items():
-        t_start[e], t_end[e] = u_start[u], u_end[u]
-    start_a, finish_a = np.array(start), np.array(finish)
-    return PortReplay(start_a, finish_a, float(finish_a.max()), np.array(t_start), np.array(t_end),
-                      tuple(e for u in served for e in edges_of[u]))
-
-
-def port_sequences(problem: DagProblem, device, transfer_order) -> dict[tuple[str, int], tuple[int, ...]]:
-    """Each port's transfers in the order `transfer_order` serves them: {("send" | "recv", device): edges}."""
-    dev = np.asarray(device).tolist()
-    out: dict[tuple[str, int], list[int]] = {}
-    for e in transfer_order:
-        e = int(e)
-        out.setdefault(("send", dev[int(problem.edge_src[e])]), []).append(e)
-        out.setdefault(("recv", dev[int(problem.edge_dst[e])]), []).append(e)
-    return {port: tuple(seq) for port, seq in out.items()}
 
 
 def device_peaks(problem: DagProblem, device, start_s, finish_s) -> np.ndarray:

@@ -3,23 +3,42 @@ the exact optimum of T(lambda, p) for one p by branch and bound (`exact_time`), 
 cross-search (`cross_search`), and the default `search` (branch and bound across every p, only
 among divisions that fit memory when given one).
 
-The building blocks they share (MASP, IMD, exact_rho, ODPA, eq. (8) itself) are in
-planners/csimd.py, the branch and bound for one p in planners/csimd_bound.py; this module only
-composes them.
+The building blocks they share are in planners/csimd/algorithms.py (MASP, IMD, exact_rho, ODPA)
+and planners/stage_division.py (eq. (8) itself), the branch and bound for one p in
+planners/csimd/bound.py; this module only composes them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 import numpy as np
 
-from paraplan.planners.csimd import SearchMethod, _stage_limit, _time_arrays, exact_rho, imd, odpa, total_time
-from paraplan.planners.csimd_bound import TimeSearchOutcome, _time_branch_and_bound
+from paraplan.planners.csimd.algorithms import exact_rho, imd, odpa
+from paraplan.planners.csimd.bound import TimeSearchOutcome, time_branch_and_bound
 from paraplan.planners.fit import misfit
-from paraplan.planners.partition import fill_to
+from paraplan.planners.stage_division import fill_to, stage_limit, time_arrays, total_time
 
-__all__ = ["AUTO_MAX_WORK", "CrossSearchResult", "TimeSearchOutcome", "cross_search", "exact_time", "search"]
+__all__ = ["AUTO_MAX_WORK", "CrossSearchResult", "SearchMethod", "TimeSearchOutcome", "cross_search", "exact_time",
+           "search"]
+
+
+class SearchMethod(StrEnum):
+    """How `search` divides the layers (members equal their plain strings)."""
+
+    AUTO = "auto"  # branch and bound on eq. (8) over every p, exact within a work limit (see `search`)
+    IMD = "imd"  # the paper: cross-search with IMD (Algorithms 1-4)
+    EXACT_RHO = "exact"  # cross-search with the exact minimum of rho1 + rho2 per p
+    EXACT_TIME = "exact-time"  # the exact optimum of eq. (8) over all divisions and p, no work limit
+
+    @classmethod
+    def parse(cls, value: str | SearchMethod) -> SearchMethod:
+        try:
+            return cls(value)
+        except ValueError:
+            choices = ", ".join(repr(m.value) for m in cls)
+            raise ValueError(f"unknown search method {value!r}; choose from {choices}") from None
 
 
 def exact_time(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, upper: float | None = None) -> tuple[int, ...]:
@@ -27,20 +46,20 @@ def exact_time(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, upper: float | N
 
     IMD (and `exact_rho`) minimise rho1 + rho2, which eq. (8) weighs by p - 1; eq. (8) also adds the
     communication of every cut, which they ignore, so at small p a division with cheaper cuts can
-    beat theirs. Branch and bound (`_time_branch_and_bound`) below the better of exact_rho's
+    beat theirs. Branch and bound (`bound.time_branch_and_bound`) below the better of exact_rho's
     division and a single stage, or below `upper` when that is lower (the T of a division the
     caller knows: when nothing reaches it, that division is the optimum and the better of the two
     is returned). No work limit: at a thousand layers, 64 stages and small p it can take seconds
     to minutes; `search` with SearchMethod.AUTO bounds that work.
     """
-    h_p, h_m, j_p, j_m = _time_arrays(h_p, h_m, j_p, j_m)
-    n_max = _stage_limit(n_stages, len(h_p))
+    h_p, h_m, j_p, j_m = time_arrays(h_p, h_m, j_p, j_m)
+    n_max = stage_limit(n_stages, len(h_p))
     known = [exact_rho(h_p, h_m, j_p, j_m, n_max).cuts, ()]
     incumbent = min(known, key=lambda c: total_time(h_p, h_m, j_p, j_m, c, n_micro))
     target = total_time(h_p, h_m, j_p, j_m, incumbent, n_micro)
     if upper is not None:
         target = min(target, upper)
-    found = _time_branch_and_bound(h_p, h_m, j_p, j_m, n_max, n_micro, target)
+    found = time_branch_and_bound(h_p, h_m, j_p, j_m, n_max, n_micro, target)
     if found.cuts is None:
         return incumbent
     better = total_time(h_p, h_m, j_p, j_m, found.cuts, n_micro) < total_time(h_p, h_m, j_p, j_m, incumbent, n_micro)
@@ -70,7 +89,7 @@ def cross_search(h_p, h_m, j_p, j_m, n_micro_values, n_stages: int, start: int |
     method = SearchMethod.parse(method)
     if method == SearchMethod.AUTO:
         raise ValueError("cross_search takes imd, exact or exact-time; AUTO is a `search` method")
-    q = _time_arrays(h_p, h_m, j_p, j_m, ndim=2)
+    q = time_arrays(h_p, h_m, j_p, j_m, ndim=2)
     ps = list(n_micro_values)
     if len(ps) != q[0].shape[0]:
         raise ValueError(f"{len(ps)} micro-batch counts for {q[0].shape[0]} rows of times")
@@ -115,6 +134,34 @@ def cross_search(h_p, h_m, j_p, j_m, n_micro_values, n_stages: int, start: int |
 AUTO_MAX_WORK = 2_000_000_000
 
 
+def _least_rho(q, n) -> np.ndarray:
+    """Per row: no division into n stages has a smaller rho1 + rho2."""
+    return (np.maximum(q[0].max(axis=1), q[0].sum(axis=1) / n)
+            + np.maximum(q[2].max(axis=1), q[2].sum(axis=1) / n))
+
+
+class _Incumbent:
+    """The best division found so far over every candidate p, each offer priced at every p by ODPA."""
+
+    def __init__(self, q, ps: list[int], n_max: int, exactly: bool, memory):
+        self.q, self.ps, self.n_max, self.exactly, self.memory = q, ps, n_max, exactly, memory
+        self.cuts: tuple[int, ...] | None = None
+        self.row, self.time_s = 0, np.inf
+
+    def offer(self, cuts) -> None:
+        q, ps = self.q, self.ps
+        z = odpa(*q, cuts, ps)
+        if self.exactly and len(cuts) + 1 < self.n_max:  # filled up at the p this division suits best
+            r = int(np.argmin(z))
+            cuts = fill_to(*(x[r] for x in q), cuts, self.n_max, ps[r])
+            z = odpa(*q, cuts, ps)
+        if self.memory is not None:  # only where the division fits
+            z = np.where([self.memory.division_fits(r, cuts) for r in range(len(ps))], z, np.inf)
+        r = int(np.argmin(z))
+        if z[r] < self.time_s:
+            self.cuts, self.row, self.time_s = tuple(int(c) for c in cuts), r, float(z[r])
+
+
 def _bound_every_p(q, ps: list[int], n_stages: int, max_work: float, memory=None,
                    exactly: bool = False) -> CrossSearchResult:
     """Branch and bound on eq. (8) over every division and every candidate p (AUTO, EXACT_TIME).
@@ -125,7 +172,7 @@ def _bound_every_p(q, ps: list[int], n_stages: int, max_work: float, memory=None
        first), every one priced at every p by ODPA; a p whose bound reaches the incumbent is done,
        and exact_rho's minimum of rho1 + rho2 raises that p's bound to sum + (p - 1) min rho.
     3. For the p still open, most promising first, the exact search for a division beating the
-       incumbent (`_time_branch_and_bound`); each gets an equal share of the work left, and a
+       incumbent (`bound.time_branch_and_bound`); each gets an equal share of the work left, and a
        second pass gives the work the others left unused to those that ran out. A p whose search
        never finished keeps its bound, which the result reports as `lower_bound_s`.
     With `memory` (planners/fit.py SplitMemory) only divisions that fit count: an incumbent is
@@ -134,41 +181,34 @@ def _bound_every_p(q, ps: list[int], n_stages: int, max_work: float, memory=None
     the exact searches never form a stage that does not fit (`_search_one`: GPipe's verdict
     depends on a stage's device only, 1F1B's on its distance from the last stage, searched on the
     mirrored model; 1F1B on unequal devices once per stage count). With `exactly`, divisions have
-    exactly n_stages stages (incumbents are filled up, planners/partition.py `fill_to`). When
+    exactly n_stages stages (incumbents are filled up, planners/stage_division.py `fill_to`). When
     nothing fits, the division closest to fitting (`least_overflow_cuts`) comes back with
     fits=False.
     """
     k = q[0].shape[1]
-    n_max = _stage_limit(n_stages, k)
+    n_max = stage_limit(n_stages, k)
     if exactly and n_stages > k:
         raise ValueError(f"exactly {n_stages} stages of {k} layers: a stage needs a layer")
     weights = np.asarray(ps, float) - 1
     base = q[0].sum(axis=1) + q[2].sum(axis=1)
+    bound = base + weights * _least_rho(q, n_max)  # step 1
+    best = _Incumbent(q, ps, n_max, exactly, memory)
+    order = _offer_incumbents(best, q, n_max, memory, bound, base, weights)  # step 2
+    task_bound = _task_bounds(q, order, n_max, exactly, memory, bound, base, weights)
+    searched, unresolved = _search_open(q, ps, n_max, task_bound, best, max_work, memory)  # step 3
+    if best.cuts is None:  # nothing fits (or none was found within the work): the closest to fitting
+        return _closest_to_fitting(q, ps, n_max, exactly, memory, bound, searched)
+    lower = min([best.time_s, *(task_bound[t] for t in unresolved)])
+    return CrossSearchResult(cuts=best.cuts, n_micro=ps[best.row], time_s=best.time_s, iterations=searched,
+                             exact=not unresolved, lower_bound_s=lower)
 
-    def least_rho(n):  # no division into n stages has a smaller rho1 + rho2
-        return (np.maximum(q[0].max(axis=1), q[0].sum(axis=1) / n)
-                + np.maximum(q[2].max(axis=1), q[2].sum(axis=1) / n))
 
-    bound = base + weights * least_rho(n_max)
-    least_cut = (q[1][:, :-1] + q[3][:, 1:]).min(axis=1) if k > 1 else np.zeros(len(ps))
+def _offer_incumbents(best: _Incumbent, q, n_max: int, memory, bound: np.ndarray, base, weights) -> list[int]:
+    """Step 2 of `_bound_every_p`: the single stage, the divisions that fit whenever any does and
+    exact_rho's division for each p still open offered to `best`; each p's bound raised by exact_rho
+    in place. Returns the rows worth a search, most promising first."""
     layer_times = q[0] + q[2]
-    best_cuts: tuple[int, ...] | None = None
-    best_row, best_t = 0, np.inf
-
-    def offer(cuts) -> None:
-        nonlocal best_cuts, best_row, best_t
-        z = odpa(*q, cuts, ps)
-        if exactly and len(cuts) + 1 < n_max:  # filled up at the p this division suits best
-            r = int(np.argmin(z))
-            cuts = fill_to(*(x[r] for x in q), cuts, n_max, ps[r])
-            z = odpa(*q, cuts, ps)
-        if memory is not None:  # only where the division fits
-            z = np.where([memory.division_fits(r, cuts) for r in range(len(ps))], z, np.inf)
-        r = int(np.argmin(z))
-        if z[r] < best_t:
-            best_cuts, best_row, best_t = tuple(int(c) for c in cuts), r, float(z[r])
-
-    offer(())  # the single stage (filled up to n_max with `exactly`)
+    best.offer(())  # the single stage (filled up to n_max with `exactly`)
     # the p worth a search: all, or those where some division may fit (a proof when not)
     order = [int(r) for r in np.argsort(bound, kind="stable")
              if memory is None or memory.can_fit(int(r), n_max)]
@@ -176,14 +216,21 @@ def _bound_every_p(q, ps: list[int], n_stages: int, max_work: float, memory=None
         for r in order:
             cuts = memory.fitting_cuts(r, n_max, layer_times[r])
             if cuts is not None:
-                offer(cuts)
+                best.offer(cuts)
     for r in order:
-        if bound[r] >= best_t:
+        if bound[r] >= best.time_s:
             continue
         rho = exact_rho(*(x[r] for x in q), n_max)
-        offer(rho.cuts)
+        best.offer(rho.cuts)
         # exact_rho is exact to its bisection's 1e-10; a little below keeps the bound valid
         bound[r] = max(bound[r], base[r] + weights[r] * rho.objective * (1 - 1e-9))
+    return order
+
+
+def _task_bounds(q, order: list[int], n_max: int, exactly: bool, memory, bound, base, weights) -> dict:
+    """{(row, stage count or None): lower bound} of the exact searches to run."""
+    k = q[0].shape[1]
+    least_cut = (q[1][:, :-1] + q[3][:, 1:]).min(axis=1) if k > 1 else np.zeros(len(bound))
     # the exact searches: one per p over at most n_max stages (from the last layer where 1F1B
     # counts a stage by its distance from the last), or one per p and stage count where only the
     # count tells a stage's verdict (exactly; 1F1B on unequal devices); none for a p at which
@@ -198,44 +245,52 @@ def _bound_every_p(q, ps: list[int], n_stages: int, max_work: float, memory=None
             counts = [None]
         for n in counts:
             extra = 0.0 if n is None else max(0.0, float(base[r] + (n - 1) * least_cut[r]
-                                                         + weights[r] * least_rho(n)[r]))
+                                                         + weights[r] * _least_rho(q, n)[r]))
             task_bound[(r, n)] = max(float(bound[r]), extra)
+    return task_bound
+
+
+def _search_open(q, ps: list[int], n_max: int, task_bound: dict, best: _Incumbent, max_work: float,
+                 memory) -> tuple[int, list]:
+    """Step 3 of `_bound_every_p`: the exact searches of the tasks whose bound is below the
+    incumbent, each given an equal share of the work left, then a second pass for those that ran
+    out. Returns (searches run, the tasks left unresolved)."""
     searched, work = 0, 0.0
-    unresolved = [t for t in task_bound if task_bound[t] < best_t]
+    unresolved = [t for t in task_bound if task_bound[t] < best.time_s]
     tried: dict = {}  # the work each search was given last time
     for _ in range(2):
-        tasks, unresolved = [t for t in unresolved if task_bound[t] < best_t], []
+        tasks, unresolved = [t for t in unresolved if task_bound[t] < best.time_s], []
         for i, (r, n) in enumerate(tasks):
             share = (max_work - work) / (len(tasks) - i)
-            if task_bound[(r, n)] >= best_t:
+            if task_bound[(r, n)] >= best.time_s:
                 continue
             if share <= tried.get((r, n), 0.0):  # no more work than last time: it would stop again
                 unresolved.append((r, n))
                 continue
-            found = _search_one(q, r, ps[r], n_max, n, best_t, share, memory)
+            found = _search_one(q, r, ps[r], n_max, n, best.time_s, share, memory)
             searched += 1
             work += found.work
             tried[(r, n)] = share
             if found.cuts is not None:
-                offer(found.cuts)
+                best.offer(found.cuts)
             if not found.finished:
                 unresolved.append((r, n))
         if not unresolved:
             break
-    unresolved = [t for t in unresolved if task_bound[t] < best_t]
-    if best_cuts is None:  # nothing fits (or none was found within the work): the closest to fitting
-        closest = []
-        for r in range(len(ps)):
-            cuts = memory.least_overflow_cuts(r, n_max)
-            cuts = fill_to(*(x[r] for x in q), cuts, n_max, ps[r]) if exactly else cuts
-            t = float(odpa(*(x[r:r + 1] for x in q), cuts, [ps[r]])[0])
-            closest.append((misfit(memory.overflow(r, cuts)), t, r, tuple(int(c) for c in cuts)))
-        _, t, r, cuts = min(closest)
-        return CrossSearchResult(cuts=cuts, n_micro=ps[r], time_s=t, iterations=searched, exact=False,
-                                 lower_bound_s=float(min(bound)), fits=memory.division_fits(r, cuts))
-    lower = min([best_t, *(task_bound[t] for t in unresolved)])
-    return CrossSearchResult(cuts=best_cuts, n_micro=ps[best_row], time_s=best_t, iterations=searched,
-                             exact=not unresolved, lower_bound_s=lower)
+    return searched, [t for t in unresolved if task_bound[t] < best.time_s]
+
+
+def _closest_to_fitting(q, ps: list[int], n_max: int, exactly: bool, memory, bound, searched: int) -> CrossSearchResult:
+    """Nothing fits: the division closest to fitting (`least_overflow_cuts`) at the p where it is."""
+    closest = []
+    for r in range(len(ps)):
+        cuts = memory.least_overflow_cuts(r, n_max)
+        cuts = fill_to(*(x[r] for x in q), cuts, n_max, ps[r]) if exactly else cuts
+        t = float(odpa(*(x[r:r + 1] for x in q), cuts, [ps[r]])[0])
+        closest.append((misfit(memory.overflow(r, cuts)), t, r, tuple(int(c) for c in cuts)))
+    _, t, r, cuts = min(closest)
+    return CrossSearchResult(cuts=cuts, n_micro=ps[r], time_s=t, iterations=searched, exact=False,
+                             lower_bound_s=float(min(bound)), fits=memory.division_fits(r, cuts))
 
 
 def _search_one(q, r: int, p: int, n_max: int, n: int | None, target_s: float, max_work: float,
@@ -247,18 +302,18 @@ def _search_one(q, r: int, p: int, n_max: int, n: int | None, target_s: float, m
     rho2 likewise), so the mirrored search's answer, turned back, is this one's."""
     h_p, h_m, j_p, j_m = (x[r] for x in q)
     if memory is None:
-        return _time_branch_and_bound(h_p, h_m, j_p, j_m, n or n_max, p, target_s, max_work, exactly=n is not None)
+        return time_branch_and_bound(h_p, h_m, j_p, j_m, n or n_max, p, target_s, max_work, exactly=n is not None)
     if n is not None or not memory.from_end:  # the stage's index from the first is what counts
-        return _time_branch_and_bound(h_p, h_m, j_p, j_m, n or n_max, p, target_s, max_work,
+        return time_branch_and_bound(h_p, h_m, j_p, j_m, n or n_max, p, target_s, max_work,
                                       fits=memory.stage_fits(r, n or n_max), exactly=n is not None,
                                       same_stages=memory.uneven)
     k = len(h_p)
     # mirrored arrays: the cut after mirrored layer e is the cut after layer k - 2 - e here, so it
-    # sends h_m[k - 2 - e] forward and j_m[k - 1 - e] back (csimd.py `_cut_costs`)
+    # sends h_m[k - 2 - e] forward and j_m[k - 1 - e] back (stage_division.py `cut_costs`)
     mirror_h_m = np.append(h_m[k - 2::-1], 0.0) if k > 1 else np.zeros(1)
     mirror_j_m = np.append(0.0, j_m[:0:-1]) if k > 1 else np.zeros(1)
     fits = memory.stage_fits_from_end(r, n_max)
-    found = _time_branch_and_bound(h_p[::-1].copy(), mirror_h_m, j_p[::-1].copy(), mirror_j_m, n_max, p, target_s,
+    found = time_branch_and_bound(h_p[::-1].copy(), mirror_h_m, j_p[::-1].copy(), mirror_j_m, n_max, p, target_s,
                                    max_work, fits=lambda after, first, stop: fits(after, k - stop, k - first))
     if found.cuts is None:
         return found
@@ -297,16 +352,16 @@ def search(h_p, h_m, j_p, j_m, n_micro_values, n_stages: int, method: str = Sear
     `memory` (planners/fit.py SplitMemory): AUTO and EXACT_TIME then search only the divisions
     that fit (`_bound_every_p`); the cross-search methods reproduce the paper, which ignores
     memory, and ignore it too. `exactly`: exactly n_stages stages (the cross-searches' divisions
-    are filled up, `partition.fill_to`, and p chosen again by ODPA).
+    are filled up, `stage_division.fill_to`, and p chosen again by ODPA).
     """
     method = SearchMethod.parse(method)
-    q = _time_arrays(h_p, h_m, j_p, j_m, ndim=2)
+    q = time_arrays(h_p, h_m, j_p, j_m, ndim=2)
     ps = list(n_micro_values)
     if len(ps) != q[0].shape[0]:
         raise ValueError(f"{len(ps)} micro-batch counts for {q[0].shape[0]} rows of times")
     if min(ps) < 1:
         raise ValueError(f"micro-batch counts must be at least 1, got {min(ps)}")
-    _stage_limit(n_stages, q[0].shape[1])
+    stage_limit(n_stages, q[0].shape[1])
     if method == SearchMethod.AUTO:
         return _bound_every_p(q, ps, n_stages, AUTO_MAX_WORK if max_work is None else max_work, memory, exactly)
     if method == SearchMethod.EXACT_TIME:

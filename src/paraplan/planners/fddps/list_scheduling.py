@@ -13,7 +13,7 @@ Scheduled nodes use their own ET and the real link; consecutive nodes on one dev
 zero-weight sequence edge, so with everything placed EST = `replay`'s start and DCPL = makespan.
 
 Link contention (links="ports", ours, beyond the FD-DPS paper): the transfers of a partial schedule
-booked on every device's send and receive port, planners/dag_ports.py (`PortLedger`; its module doc has
+booked on every device's send and receive port, planners/fddps/ports.py (`PortLedger`; its module doc has
 the port model, the booking rule and why).
 """
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paraplan.planners.dag_ports import PortLedger
-from paraplan.planners.dag_problem import (
+from paraplan.planners.fddps.ports import PortLedger
+from paraplan.planners.fddps.problem import (
     DagProblem,
     DagProblemError,
     DagSchedule,
@@ -98,7 +98,7 @@ def bottom_levels(problem: DagProblem, mean: MeanCosts) -> tuple[list[float], li
 @dataclass(frozen=True, eq=False)
 class CriticalPathTimes:
     est: np.ndarray  # EST(o_i), eq. (6)
-    lst: np.ndarray  # LST(o_i), eq. (7) in its standard form (see fddps_sched)
+    lst: np.ndarray  # LST(o_i), eq. (7) in its standard form (see dps.py)
     dcpl: float  # eq. (10)
     critical: np.ndarray  # eq. (8)
     path: tuple[int, ...]  # one dynamic critical path, entry to exit
@@ -221,7 +221,7 @@ class DeviceTimeline:
 
 
 class MemoryLedger:
-    """Per-device memory of a partial schedule, an upper bound of the final peak (dag_problem's
+    """Per-device memory of a partial schedule, an upper bound of the final peak (problem.py's
     rule): an output whose consumers are not all placed is alive to +inf. Releases only lower the
     usage, so a placement that fits here still fits in the finished schedule."""
 

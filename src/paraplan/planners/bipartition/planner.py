@@ -1,4 +1,4 @@
-"""Bi-Partition as a planner: the dynamic program of planners/bipartition_dp.py over a cost model,
+"""Bi-Partition as a planner: the dynamic program of planners/bipartition/dp.py over a cost model,
 every worker count up to the devices and every micro-batch count tried, each candidate judged.
 
 Per-layer times are taken at the micro-batch size; 1F1B needs at least as many micro-batches as
@@ -25,9 +25,10 @@ from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.strategy import layer_memory
 from paraplan.errors import FieldError
 from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, SearchInfo, Stage
-from paraplan.planners.bipartition_dp import DoesNotFit, bipartition_all
-from paraplan.planners.bipartition_dp import max_workers as most_workers
-from paraplan.planners.bipartition_recompute import (
+from paraplan.planners.bipartition.division import DoesNotFit
+from paraplan.planners.bipartition.division import max_workers as most_workers
+from paraplan.planners.bipartition.dp import bipartition_all
+from paraplan.planners.bipartition.recompute import (
     EXACT_LIMIT,
     exact_cost,
     recompute_all,
@@ -94,114 +95,24 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
 
     mode="runtime" (the default: plans meant to run) costs a split layer as paraplan's runtime runs
     it: its backward owner recomputes its forward from one received input (plan/worker_roles.py,
-    planners/bipartition_recompute.py); mode="paper" keeps the paper's scheme, the forward owner
+    planners/bipartition/recompute.py); mode="paper" keeps the paper's scheme, the forward owner
     sending the saved activations (what PyTorch cannot run; for studies of the paper's method)."""
     if mode not in MODES:
         raise FieldError("options.mode", f"unknown {mode!r}; expected one of {', '.join(MODES)}")
     split_layers = "recompute" if mode == "runtime" else "send-activations"
     cm = request.costs
     k, batch = request.n_layers, request.batch
-    max_workers = request.n_stages or request.n_devices
     exactly = request.exact_stages
     notes = {}
-    most = most_workers(k, layerwise=layerwise)  # a layer per worker; with empty ranges 2L parts
-    if max_workers > most:
-        if request.n_stages:
-            what = ("the layer-wise partition gives every worker at least one" if layerwise else
-                    "every worker runs at least the forward or the backward of one")
-            raise FieldError("stages", f"{what} of the {k} layers: at most {most} workers, got {max_workers}")
-        notes["idle_devices"] = max_workers - most  # said, not silently cut: more devices than work
-        max_workers = most
-    candidates = [request.n_micro] if request.n_micro else list(divisors(batch))
-    if exactly and max(candidates) < max_workers:
+    max_workers = _worker_limit(request, layerwise, notes)
+    micro_counts = [request.n_micro] if request.n_micro else list(divisors(batch))
+    if exactly and max(micro_counts) < max_workers:
         raise FieldError("stages", f"1F1B keeps every one of {max_workers} workers busy only with at least "
-                                   f"{max_workers} micro-batches; at most {max(candidates)} here")
-    link = cm.cluster.link(0, 1) if cm.cluster.n_devices > 1 else cm.cluster.nodes[0].intra_link
-    layers = cm.model.layers
-    memory = cm.memory or MemoryConfig()
+                                   f"{max_workers} micro-batches; at most {max(micro_counts)} here")
     t0 = time.perf_counter()
     table, best = [], None
-    for p in candidates:
-        micro = batch / p
-        fwd, bwd, _, _ = cm.compute(0).arrays(micro)
-
-        saved = np.concatenate(([0.0], np.cumsum([layer.saved_bytes.at(micro) for layer in layers])))
-        params = np.concatenate(([0.0], np.cumsum([float(layer.param_bytes) for layer in layers])))
-
-        def runtime_cut_s(s1: int | None, s2: int | None, micro: float = micro, p: int = p,
-                          params=params) -> float:
-            # mode=runtime: the activation at the forward cut and the gradient at the backward cut,
-            # the one input the next worker recomputes from when its backward starts before its
-            # forward (x_{s2+1}, plan/worker_roles.py), and the split layers' weights (1/p per micro-batch)
-            out = link.transfer_s(layers[s1].output_bytes.at(micro)) if s1 is not None else 0.0
-            grad = link.transfer_s(layers[s2].output_grad_bytes.at(micro)) if s2 is not None else 0.0
-            lo, hi = sorted((-1 if s1 is None else s1, -1 if s2 is None else s2))
-            if hi == lo:
-                return out + grad
-            side = link.transfer_s(layers[s2].output_bytes.at(micro)) if s2 is not None and s2 < hi else 0.0
-            return out + grad + side + link.transfer_s(params[hi + 1] - params[lo + 1]) / p
-
-        def cut_s(s1: int | None, s2: int | None, micro: float = micro, p: int = p, saved=saved,
-                  params=params) -> float:
-            # the paper's (a_s1 + a_s2) / B, each on the real link with its latency; None: nothing
-            # crosses in that direction (bipartition_dp.py). Beyond the paper's term: the layers
-            # between the two cuts have their forward on one side and their backward on the other,
-            # so their saved activations cross this boundary with every micro-batch, and their
-            # updated weights once per iteration (1/p of it per micro-batch). The paper counts on
-            # overlap to hide both; on a slow link they are the bottleneck (AlexNet's FC weights
-            # take seconds over 100 Mbps), and the simulator charges them (simulate/plan_work.py).
-            out = link.transfer_s(layers[s1].output_bytes.at(micro)) if s1 is not None else 0.0
-            grad = link.transfer_s(layers[s2].output_grad_bytes.at(micro)) if s2 is not None else 0.0
-            lo, hi = sorted((-1 if s1 is None else s1, -1 if s2 is None else s2))
-            if hi == lo:
-                return out + grad
-            split = link.transfer_s(saved[hi + 1] - saved[lo + 1]) + link.transfer_s(params[hi + 1] - params[lo + 1]) / p
-            return out + grad + split
-
-        fits = vector_fits = None
-        if check_memory and mode == "runtime":
-            vector_count = worker_memory_recompute(cm, micro, p, max_workers, memory)
-            capacity_arr = np.array([cm.cluster.device(w).memory_bytes for w in range(max_workers)], dtype=float)
-
-            def vector_fits(w, f0, f1, b0, b1, count=vector_count, capacity=capacity_arr):
-                return count(w, f0, f1, b0, b1) <= capacity[w]
-        if check_memory:
-            count = worker_memory(cm, micro, p, max_workers, memory)
-            capacity = [cm.cluster.device(w).memory_bytes for w in range(max_workers)]
-
-            def fits(w: int, fr: tuple[int, int], br: tuple[int, int], count=count, capacity=capacity) -> bool:
-                return count(w, fr, br) <= capacity[w]
-        # Bi-Partition's divisions, and (beyond the paper) its layer-wise special case judged beside
-        # them: the bottleneck per micro-batch does not see the fill and drain nor a split layer's
-        # weights returning at the end of the iteration, so the judge picks between the two
-        candidates, seen = [], set()
-        # mode=runtime judges three sources: the exact division under the runtime's cost
-        # (bipartition_recompute.py), the paper-cost division (its bottleneck per micro-batch can
-        # still win the simulator's whole-iteration judgement), and the layer-wise one
-        kinds = ("layerwise",) if layerwise else (
-            ("recompute", "bipartition", "layerwise") if mode == "runtime" else ("bipartition", "layerwise"))
-        for kind in kinds:
-            limit = min(max_workers, p, most_workers(k, layerwise=kind == "layerwise"))  # 1F1B: p >= workers
-            if exactly and limit < max_workers:
-                continue
-            try:
-                if kind == "recompute":
-                    if exact_cost(k, limit) > EXACT_LIMIT:
-                        notes["runtime_search"] = "paper-cost divisions judged (too many layers for the exact " \
-                                                  "recompute DP)"
-                        continue
-                    divisions = recompute_all(fwd, bwd, runtime_cut_s, limit, fits=vector_fits)
-                else:
-                    divisions = bipartition_all(fwd, bwd, cut_s, limit, fits=fits, layerwise=kind == "layerwise")
-            except DoesNotFit:
-                continue
-            for n, d in sorted(divisions.items()):
-                if exactly and n != max_workers:
-                    continue
-                if d.workers not in seen:  # the same division found both ways is judged once
-                    seen.add(d.workers)
-                    candidates.append((kind, n, d))
-        for kind, n_workers, division in candidates:
+    for p in micro_counts:
+        for kind, n_workers, division in _divisions(request, p, max_workers, layerwise, check_memory, mode, notes):
             stages = tuple(Stage(LayerRange(*w.forward), (i,),
                                  backward_layers=None if layerwise else LayerRange(*w.backward))
                            for i, w in enumerate(division.workers))
@@ -229,6 +140,128 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
         note = _fewer_workers_note(request, name, plan, table, check_memory)
     return replace(plan, search=SearchInfo(planner=name, search_s=time.perf_counter() - t0,
                                            options=tuple(sorted(info.items())), note=note)), table
+
+
+def _worker_limit(request: PlanRequest, layerwise: bool, notes: dict) -> int:
+    """The most workers to search: the request's stages (default: every device), at most what the
+    layers can keep busy (said in `notes` when devices are left idle)."""
+    k = request.n_layers
+    max_workers = request.n_stages or request.n_devices
+    most = most_workers(k, layerwise=layerwise)  # a layer per worker; with empty ranges 2L parts
+    if max_workers > most:
+        if request.n_stages:
+            what = ("the layer-wise partition gives every worker at least one" if layerwise else
+                    "every worker runs at least the forward or the backward of one")
+            raise FieldError("stages", f"{what} of the {k} layers: at most {most} workers, got {max_workers}")
+        notes["idle_devices"] = max_workers - most  # said, not silently cut: more devices than work
+        max_workers = most
+    return max_workers
+
+
+def _link(cm):
+    return cm.cluster.link(0, 1) if cm.cluster.n_devices > 1 else cm.cluster.nodes[0].intra_link
+
+
+def _cut_times(cm, micro: float, p: int):
+    """(runtime_cut_s, cut_s): the time charged at a boundary at micro-batch size `micro` (p
+    micro-batches) under the runtime's cost and under the paper's (bipartition/dp.py's cut_s)."""
+    link = _link(cm)
+    layers = cm.model.layers
+    saved = np.concatenate(([0.0], np.cumsum([layer.saved_bytes.at(micro) for layer in layers])))
+    params = np.concatenate(([0.0], np.cumsum([float(layer.param_bytes) for layer in layers])))
+
+    def runtime_cut_s(s1: int | None, s2: int | None) -> float:
+        # mode=runtime: the activation at the forward cut and the gradient at the backward cut,
+        # the one input the next worker recomputes from when its backward starts before its
+        # forward (x_{s2+1}, plan/worker_roles.py), and the split layers' weights (1/p per micro-batch)
+        out = link.transfer_s(layers[s1].output_bytes.at(micro)) if s1 is not None else 0.0
+        grad = link.transfer_s(layers[s2].output_grad_bytes.at(micro)) if s2 is not None else 0.0
+        lo, hi = sorted((-1 if s1 is None else s1, -1 if s2 is None else s2))
+        if hi == lo:
+            return out + grad
+        side = link.transfer_s(layers[s2].output_bytes.at(micro)) if s2 is not None and s2 < hi else 0.0
+        return out + grad + side + link.transfer_s(params[hi + 1] - params[lo + 1]) / p
+
+    def cut_s(s1: int | None, s2: int | None) -> float:
+        # the paper's (a_s1 + a_s2) / B, each on the real link with its latency; None: nothing
+        # crosses in that direction (bipartition/dp.py). Beyond the paper's term: the layers
+        # between the two cuts have their forward on one side and their backward on the other,
+        # so their saved activations cross this boundary with every micro-batch, and their
+        # updated weights once per iteration (1/p of it per micro-batch). The paper counts on
+        # overlap to hide both; on a slow link they are the bottleneck (AlexNet's FC weights
+        # take seconds over 100 Mbps), and the simulator charges them (simulate/plan_work.py).
+        out = link.transfer_s(layers[s1].output_bytes.at(micro)) if s1 is not None else 0.0
+        grad = link.transfer_s(layers[s2].output_grad_bytes.at(micro)) if s2 is not None else 0.0
+        lo, hi = sorted((-1 if s1 is None else s1, -1 if s2 is None else s2))
+        if hi == lo:
+            return out + grad
+        split = link.transfer_s(saved[hi + 1] - saved[lo + 1]) + link.transfer_s(params[hi + 1] - params[lo + 1]) / p
+        return out + grad + split
+
+    return runtime_cut_s, cut_s
+
+
+def _memory_checks(cm, micro: float, p: int, max_workers: int, check_memory: bool, mode: str):
+    """(fits, vector_fits): the paper-cost DP's check per worker and the runtime-cost DP's
+    vectorised one (None where memory is not checked)."""
+    memory = cm.memory or MemoryConfig()
+    fits = vector_fits = None
+    if check_memory and mode == "runtime":
+        vector_count = worker_memory_recompute(cm, micro, p, max_workers, memory)
+        capacity_arr = np.array([cm.cluster.device(w).memory_bytes for w in range(max_workers)], dtype=float)
+
+        def vector_fits(w, f0, f1, b0, b1, count=vector_count, capacity=capacity_arr):
+            return count(w, f0, f1, b0, b1) <= capacity[w]
+    if check_memory:
+        count = worker_memory(cm, micro, p, max_workers, memory)
+        capacity = [cm.cluster.device(w).memory_bytes for w in range(max_workers)]
+
+        def fits(w: int, fr: tuple[int, int], br: tuple[int, int], count=count, capacity=capacity) -> bool:
+            return count(w, fr, br) <= capacity[w]
+    return fits, vector_fits
+
+
+def _divisions(request: PlanRequest, p: int, max_workers: int, layerwise: bool, check_memory: bool, mode: str,
+               notes: dict) -> list[tuple[str, int, object]]:
+    """(kind, workers, division) of every division to judge at p micro-batches, each once."""
+    cm = request.costs
+    k = request.n_layers
+    exactly = request.exact_stages
+    micro = request.batch / p
+    fwd, bwd, _, _ = cm.compute(0).arrays(micro)
+    runtime_cut_s, cut_s = _cut_times(cm, micro, p)
+    fits, vector_fits = _memory_checks(cm, micro, p, max_workers, check_memory, mode)
+    # Bi-Partition's divisions, and (beyond the paper) its layer-wise special case judged beside
+    # them: the bottleneck per micro-batch does not see the fill and drain nor a split layer's
+    # weights returning at the end of the iteration, so the judge picks between the two
+    candidates, seen = [], set()
+    # mode=runtime judges three sources: the exact division under the runtime's cost
+    # (bipartition/recompute.py), the paper-cost division (its bottleneck per micro-batch can
+    # still win the simulator's whole-iteration judgement), and the layer-wise one
+    kinds = ("layerwise",) if layerwise else (
+        ("recompute", "bipartition", "layerwise") if mode == "runtime" else ("bipartition", "layerwise"))
+    for kind in kinds:
+        limit = min(max_workers, p, most_workers(k, layerwise=kind == "layerwise"))  # 1F1B: p >= workers
+        if exactly and limit < max_workers:
+            continue
+        try:
+            if kind == "recompute":
+                if exact_cost(k, limit) > EXACT_LIMIT:
+                    notes["runtime_search"] = "paper-cost divisions judged (too many layers for the exact " \
+                                              "recompute DP)"
+                    continue
+                divisions = recompute_all(fwd, bwd, runtime_cut_s, limit, fits=vector_fits)
+            else:
+                divisions = bipartition_all(fwd, bwd, cut_s, limit, fits=fits, layerwise=kind == "layerwise")
+        except DoesNotFit:
+            continue
+        for n, d in sorted(divisions.items()):
+            if exactly and n != max_workers:
+                continue
+            if d.workers not in seen:  # the same division found both ways is judged once
+                seen.add(d.workers)
+                candidates.append((kind, n, d))
+    return candidates
 
 
 def _duration(t: float) -> str:

@@ -1,6 +1,7 @@
-"""Partition baselines CSIMD is compared with, all judged on the same objective (CSIMD eq. (8)).
+"""Partition baselines the pipeline methods are compared with (CSIMD's GPipe-E, GPipe-R, DeepSpeed,
+torchgpipe and PipeDream), all judged on the same objective (CSIMD eq. (8)).
 
-Arrays follow planners/csimd.py (0-based layers; a cut after layer a costs h_m[a] forward and
+Arrays follow planners/stage_division.py (0-based layers; a cut after layer a costs h_m[a] forward and
 j_m[a + 1] backward). Each returns the `cuts` of a division; the micro-batch count is chosen by
 the caller (fixed, random, or ODPA).
 
@@ -15,7 +16,7 @@ the caller (fixed, random, or ODPA).
   also charges every cut's communication, and a rho-optimal division can take 1.95x as long
   (docs/csimd.md).
 - `brute_force_time`: every division into at most N stages, for small K: the oracle for the whole
-  of eq. (8) at one p (what `csimd_search.exact_time` and the planner's "brute-force" minimise).
+  of eq. (8) at one p (what `csimd.search.exact_time` and the planner's "brute-force" minimise).
 - `even`: equal layer counts (GPipe-E); `random_cuts`: uniform random cuts (GPipe-R);
   `balanced_1d`: the exact min-max split of one per-layer weight, used for parameter balance
   (DeepSpeed's partition_method="parameters") and for time balance (torchgpipe's balance_by_time).
@@ -29,15 +30,15 @@ from functools import cache
 
 import numpy as np
 
-from paraplan.planners.csimd import Division, _cut_costs, _stage_limit, evaluate, even_cuts, total_time
+from paraplan.planners.stage_division import Division, cut_costs, evaluate, even_cuts, stage_limit, total_time
 
-__all__ = ["balanced_1d", "bounds_of", "brute_force_rho", "brute_force_time", "even", "even_cuts", "fill_to",
-           "min_max_dp", "min_max_recursive", "random_cuts"]
+__all__ = ["balanced_1d", "brute_force_rho", "brute_force_time", "even", "min_max_dp", "min_max_recursive",
+           "random_cuts"]
 
 
 def _stage_table(h_p, h_m, j_p, j_m):
     compute = np.concatenate(([0.0], np.cumsum(np.asarray(h_p, float) + np.asarray(j_p, float))))
-    cut_f, cut_b = _cut_costs(np.asarray(h_m, float), np.asarray(j_m, float))
+    cut_f, cut_b = cut_costs(np.asarray(h_m, float), np.asarray(j_m, float))
     return compute, cut_f + cut_b
 
 
@@ -46,7 +47,7 @@ def min_max_dp(h_p, h_m, j_p, j_m, n_stages: int, exactly: bool = False) -> tupl
     are taken when they are no slower, unless `exactly` (then n_stages <= K)."""
     compute, comm = _stage_table(h_p, h_m, j_p, j_m)
     k = len(comm)
-    n_stages = _stage_limit(n_stages, k)
+    n_stages = stage_limit(n_stages, k)
     inf = np.inf
     best = np.full((n_stages + 1, k), inf)  # best[n][j]: layers 0..j in n stages
     choice = np.full((n_stages + 1, k), -1, dtype=np.int64)
@@ -70,7 +71,7 @@ def min_max_dp(h_p, h_m, j_p, j_m, n_stages: int, exactly: bool = False) -> tupl
 def min_max_recursive(h_p, h_m, j_p, j_m, n_stages: int) -> tuple[int, ...]:
     compute, comm = _stage_table(h_p, h_m, j_p, j_m)
     k = len(comm)
-    n_stages = _stage_limit(n_stages, k)
+    n_stages = stage_limit(n_stages, k)
 
     @cache
     def solve(j: int, n: int) -> tuple[float, tuple[int, ...]]:
@@ -96,7 +97,7 @@ def min_max_recursive(h_p, h_m, j_p, j_m, n_stages: int) -> tuple[int, ...]:
 
 def _divisions(n_layers: int, n_stages: int, exactly: bool = False):
     """Every division (its cuts) into at most (or exactly) n_stages stages, fewest stages first."""
-    n_stages = _stage_limit(n_stages, n_layers)
+    n_stages = stage_limit(n_stages, n_layers)
     for n in [n_stages] if exactly else range(1, n_stages + 1):
         yield from itertools.combinations(range(n_layers - 1), n - 1)
 
@@ -105,7 +106,7 @@ def brute_force_rho(h_p, h_m, j_p, j_m, n_stages: int, exactly: bool = False) ->
     """Minimum rho1 + rho2 over every division into at most (or exactly) n_stages stages.
 
     Only rho1 + rho2: eq. (8) also charges every cut's communication, so this is the oracle for IMD
-    and `csimd.exact_rho`, not for the planner (see `brute_force_time`)."""
+    and `csimd.algorithms.exact_rho`, not for the planner (see `brute_force_time`)."""
     best = None
     for cuts in _divisions(len(h_p), n_stages, exactly):
         d = evaluate(h_p, h_m, j_p, j_m, cuts)
@@ -116,7 +117,7 @@ def brute_force_rho(h_p, h_m, j_p, j_m, n_stages: int, exactly: bool = False) ->
 
 def brute_force_time(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, exactly: bool = False,
                      fits=None) -> tuple[int, ...] | None:
-    """The cuts minimising the whole of T(lambda, p) (CSIMD eq. (8), `csimd.total_time`) at
+    """The cuts minimising the whole of T(lambda, p) (CSIMD eq. (8), `stage_division.total_time`) at
     p = n_micro over every division into at most (or exactly) n_stages stages; the fewest stages
     win ties. fits(cuts) -> bool: only divisions that fit count (None when none does)."""
     best_cuts, best_t = None, np.inf
@@ -128,7 +129,7 @@ def brute_force_time(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, exactly: b
 
 
 def random_cuts(n_layers: int, n_stages: int, rng: np.random.Generator) -> tuple[int, ...]:
-    n_stages = _stage_limit(n_stages, n_layers)
+    n_stages = stage_limit(n_stages, n_layers)
     return tuple(sorted(int(c) for c in rng.choice(n_layers - 1, size=n_stages - 1, replace=False)))
 
 
@@ -141,45 +142,3 @@ def balanced_1d(weights, n_stages: int, exactly: bool = False) -> tuple[int, ...
 
 def even(n_layers: int, n_stages: int) -> tuple[int, ...]:
     return even_cuts(n_layers, n_stages)
-
-
-def bounds_of(cuts, n_layers: int) -> list[int]:
-    """[0, first layer of stage 1, ..., n_layers]: stage i holds layers bounds[i]..bounds[i + 1] - 1."""
-    return [0, *[int(c) + 1 for c in cuts], n_layers]
-
-
-def fill_to(h_p, h_m, j_p, j_m, cuts, n_stages: int, n_micro: int) -> tuple[int, ...]:
-    """The division with exactly n_stages stages (n_stages <= K) from one with fewer: while there
-    are fewer, add the one cut that raises T(lambda, p) (eq. (8)) least at p = n_micro, every
-    candidate cut priced at once. For searches that may stop below N (IMD's MASP packs into at
-    most N bins, a min-max DP takes fewer stages when no slower) when exactly N are asked for."""
-    h_p, h_m, j_p, j_m = (np.asarray(x, float) for x in (h_p, h_m, j_p, j_m))
-    k = len(h_p)
-    if not 1 <= n_stages <= k:
-        raise ValueError(f"exactly {n_stages} stages of {k} layers: a stage needs a layer")
-    p1, p2 = np.concatenate(([0.0], np.cumsum(h_p))), np.concatenate(([0.0], np.cumsum(j_p)))
-    cut_f, cut_b = _cut_costs(h_m, j_m)
-    cuts = sorted(int(c) for c in cuts)
-    while len(cuts) + 1 < n_stages:
-        b = np.array(bounds_of(cuts, k))
-        n = len(b) - 1
-        out_f = np.array([cut_f[c] for c in cuts] + [0.0])  # each stage's outgoing cut
-        out_b = np.array([cut_b[c] for c in cuts] + [0.0])
-        f = np.maximum(p1[b[1:]] - p1[b[:-1]], out_f)  # per stage: max(F^P, F^M), eq. (6)
-        g = np.maximum(p2[b[1:]] - p2[b[:-1]], out_b)
-        # the largest f (g) over the stages other than i: prefix and suffix maxima
-        before_f = np.concatenate(([0.0], np.maximum.accumulate(f)[:-1]))
-        after_f = np.concatenate((np.maximum.accumulate(f[::-1])[::-1][1:], [0.0]))
-        before_g = np.concatenate(([0.0], np.maximum.accumulate(g)[:-1]))
-        after_g = np.concatenate((np.maximum.accumulate(g[::-1])[::-1][1:], [0.0]))
-        c = np.setdiff1d(np.arange(k - 1), cuts)  # a new cut after layer c
-        i = np.searchsorted(b, c, side="right") - 1  # the stage it splits
-        start, stop = b[i], b[i + 1]
-        rho1 = np.maximum.reduce([before_f[i], after_f[i], np.maximum(p1[c + 1] - p1[start], cut_f[c]),
-                                  np.maximum(p1[stop] - p1[c + 1], out_f[i])])
-        rho2 = np.maximum.reduce([before_g[i], after_g[i], np.maximum(p2[c + 1] - p2[start], cut_b[c]),
-                                  np.maximum(p2[stop] - p2[c + 1], out_b[i])])
-        added = cut_f[c] + cut_b[c] + (n_micro - 1) * (rho1 + rho2)  # T less what every candidate shares
-        cuts = sorted([*cuts, int(c[int(np.argmin(added))])])
-        assert len(cuts) + 1 == n + 1
-    return tuple(cuts)

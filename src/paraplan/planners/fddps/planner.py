@@ -1,13 +1,13 @@
 """FD-DPS (../shared/papers/fd-dps.md) and the operator-placement baselines it is compared with,
 as planners: `fddps`, `fddps-nosplit` (the paper's D-DPS without intra-operator splitting),
-`fastt`, `heft`, `mpdps`. Data parallelism is the `dp` planner (planners/galvatron.py): one name,
+`fastt`, `heft`, `mpdps`. Data parallelism is the `dp` planner (planners/galvatron/planner.py): one name,
 one meaning.
 
 Each planner reads the model's operator graph (`request.costs.operators`, models/op_trace.py),
 splits compute-heavy operators along the batch for `fddps` (§4.1, models/op_split.py), builds
 the graph search space of Definition 7 (`dag_problem`: ET per operator and device from
 costs/op_costs.py, Definition 4's alpha-beta links, memory per costs/op_memory.py), schedules it
-(planners/fddps_sched.py, planners/dag_baselines.py) and returns a 'dag' Plan: per device the
+(planners/fddps/dps.py, planners/fddps/baselines.py) and returns a 'dag' Plan: per device the
 operators it runs, in order. The plan's prediction is the simulator's (simulate/dag.py), which
 with link contention off equals the schedule's own critical-path length (eq. (10)).
 """
@@ -24,10 +24,10 @@ from paraplan.costs.op_memory import resident_bytes
 from paraplan.models.op_split import PART, split_candidates, split_degree, split_operators
 from paraplan.models.opspec import OpGraph
 from paraplan.plan.plan import OperatorPlacement, Plan, SearchInfo
-from paraplan.planners.dag_baselines import schedule_fastt, schedule_heft, schedule_mpdps
-from paraplan.planners.dag_problem import DagProblem, DagSchedule
-from paraplan.planners.dag_sched import LINKS
-from paraplan.planners.fddps_sched import FALLBACKS, schedule_fddps
+from paraplan.planners.fddps.baselines import schedule_fastt, schedule_heft, schedule_mpdps
+from paraplan.planners.fddps.dps import FALLBACKS, schedule_fddps
+from paraplan.planners.fddps.list_scheduling import LINKS
+from paraplan.planners.fddps.problem import DagProblem, DagSchedule
 from paraplan.planners.request import FieldError, Judge, OptionSpec, PlanRequest, at_least, one_of
 from paraplan.planners.table import register
 
@@ -146,7 +146,7 @@ def _plan_with(name: str, scheduler, split: bool):
 
 # links: "free" is the paper's model (transfers never wait for each other); "ports" (ours, not the
 # paper's) models the simulator's one send and one receive port per device while scheduling
-# (dag_ports.PortLedger), so the schedule's own length is what the contended simulator measures
+# (ports.PortLedger), so the schedule's own length is what the contended simulator measures
 # whenever no transfer was booked out of its first-come-first-served order (search option
 # port_inversions = 0), and close to it otherwise.
 def _boolean(name: str):

@@ -3,7 +3,7 @@ on the same `DagProblem`, memory ledger and timing (`replay`) as FD-DPS.
 
 FastT-like (Yi et al., Middleware 2020), as FD-DPS §2.2/§5.1 describe it: "static operator priority
 according to the critical path". One EST/LST pass with mean costs, computed up front and never
-updated (dag_sched.critical_path_times with nothing placed); schedulable nodes go in order of least
+updated (list_scheduling.critical_path_times with nothing placed); schedulable nodes go in order of least
 static slack LST - EST (ties: the longer remaining path, then index), each to the device giving its
 earliest finish time with idle-slot insertion. FastT's own device rule is not spelled out in the
 FD-DPS paper; earliest finish is the DCP/HEFT family's rule and what FastT's EST/LST machinery
@@ -39,8 +39,7 @@ import time
 
 import numpy as np
 
-from paraplan.planners.dag_problem import DagProblem, DagSchedule
-from paraplan.planners.dag_sched import (
+from paraplan.planners.fddps.list_scheduling import (
     INF,
     ScheduleBuilder,
     bottom_levels,
@@ -49,13 +48,14 @@ from paraplan.planners.dag_sched import (
     mean_costs,
     quantize,
 )
+from paraplan.planners.fddps.problem import DagProblem, DagSchedule
 
 
 def _eft_list_schedule(problem: DagProblem, keys: list, insertion: bool = True,
                        links: str = "free") -> tuple[ScheduleBuilder, dict]:
     """Schedulable nodes by increasing `keys[i]`; each to the device of earliest finish (ties: earlier
     start, lower index) among those with memory room. links="ports": the finish includes the waits
-    for the send and receive ports (dag_ports.PortLedger; ours, the published algorithms have none)."""
+    for the send and receive ports (ports.PortLedger; ours, the published algorithms have none)."""
     check_links(links)
     builder = ScheduleBuilder(problem, ports=links == "ports")
     et, parents, children = builder.lists.et, builder.lists.parents, builder.lists.children

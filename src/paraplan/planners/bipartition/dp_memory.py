@@ -1,35 +1,28 @@
-"""Bi-Partition's dynamic program with memory (planners/bipartition_dp.py's module docstring, "With
+"""Bi-Partition's dynamic program with memory (planners/bipartition/dp.py's module docstring, "With
 memory"): the steps that keep only the predecessors whose worker fits — the furthest end a
 forward-only range can reach, the per-state search of fitting predecessors and the bounds one
-state passes to the next. Split from bipartition_dp.py, which holds the plain prefix DP and calls
-these where a `fits` test is given.
+state passes to the next. Split from planners/bipartition/dp.py, which holds the plain prefix DP
+and calls these where a `fits` test is given.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:
-    from paraplan.planners.bipartition_dp import FitsFn
+from paraplan.planners.bipartition.division import FitsFn, last_argmin
 
 _INF = float("inf")
 
 
-def _last_argmin(values: np.ndarray) -> int:
-    return values.size - 1 - int(np.argmin(values[::-1]))
-
-
-def _apply_fits_first(value: np.ndarray, fits: FitsFn, n_layers: int, layerwise: bool) -> None:
+def apply_fits_first(value: np.ndarray, fits: FitsFn, n_layers: int, layerwise: bool) -> None:
     if not layerwise:
-        value[_forward_reach(fits, 0, n_layers)[0] + 1:, :] = _INF
+        value[forward_reach(fits, 0, n_layers)[0] + 1:, :] = _INF
     for p1, p2 in np.argwhere(np.isfinite(value)).tolist():
         if not fits(0, (0, p1), (0, p2)):
             value[p1, p2] = _INF
 
 
-def _forward_reach(fits: FitsFn, worker: int, n_layers: int) -> np.ndarray:
+def forward_reach(fits: FitsFn, worker: int, n_layers: int) -> np.ndarray:
     """furthest[q1]: the last end p1 for which a forward-only range q1..p1-1 fits the worker.
 
     Any worker whose forward range is q1..p1-1 has p1 <= furthest[q1] (its backward range taken
@@ -55,7 +48,7 @@ def _forward_reach(fits: FitsFn, worker: int, n_layers: int) -> np.ndarray:
     return furthest
 
 
-def _apply_fits(value, parent, prefix_bottleneck, done, fits: FitsFn, worker: int, allow_empty: bool,
+def apply_fits(value, parent, prefix_bottleneck, done, fits: FitsFn, worker: int, allow_empty: bool,
                 furthest_forward: np.ndarray, mirrored: bool) -> None:
     """Keep each state's best predecessor where the last worker fits; elsewhere search the
     predecessors that fit for the best one (_best_fitting)."""
@@ -162,14 +155,14 @@ def _best_fitting(prefix_bottleneck, done, finite_from, fits: FitsFn, worker: in
                 low = middle + 1
         lowest[q1] = low
         row = values[q1 - first_q1, low - first_q2:]
-        at = _last_argmin(row)  # the larger q2 on ties: a smaller last worker
+        at = last_argmin(row)  # the larger q2 on ties: a smaller last worker
         if row[at] < best[0] or (row[at] == best[0] and q1 > best[1]):
             best = (float(row[at]), q1, low + at)
     memo.learnt(p2, lowest)
     return best if np.isfinite(best[0]) else (_INF, -1, -1)
 
 
-def _apply_fits_layerwise(value, parent, prefix_bottleneck, done, fits: FitsFn, worker: int) -> None:
+def apply_fits_layerwise(value, parent, prefix_bottleneck, done, fits: FitsFn, worker: int) -> None:
     """Layer-wise: at most L predecessors per state, tried best first until one fits."""
     parent1, parent2 = parent
     for p, _ in np.argwhere(np.isfinite(value)).tolist():

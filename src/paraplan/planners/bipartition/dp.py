@@ -1,5 +1,5 @@
 """Bi-Partition (../shared/papers/bi-partition.md), the pure dynamic program: separate forward and
-backward layer ranges per worker. The planner that turns it into Plans is planners/bipartition.py.
+backward layer ranges per worker. The planner that turns it into Plans is planners/bipartition/planner.py.
 
 The model
 ---------
@@ -78,47 +78,32 @@ non-empty ranges: the search returns 23, the optimum is 20. It is kept as the pa
 (a slow, plain-Python transcription), never the default.
 """
 
-from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from __future__ import annotations
 
 import numpy as np
 
-from paraplan.planners.bipartition_fit import (
-    _apply_fits,
-    _apply_fits_first,
-    _apply_fits_layerwise,
-    _forward_reach,
-    _last_argmin,
+from paraplan.planners.bipartition.algorithm2 import algorithm2
+from paraplan.planners.bipartition.division import (
+    BiPartition,
+    CutFn,
+    DoesNotFit,
+    FitsFn,
+    Predecessors,
+    Worker,
+    bottleneck,
+    max_workers,
+    prefix_sums,
+    read_division,
+)
+from paraplan.planners.bipartition.dp_memory import (
+    apply_fits,
+    apply_fits_first,
+    apply_fits_layerwise,
+    forward_reach,
 )
 
-CutFn = Callable[[int | None, int | None], float]
-FitsFn = Callable[[int, tuple[int, int], tuple[int, int]], bool]
-
 _INF = float("inf")
-
-
-class DoesNotFit(ValueError):
-    """No division into the asked number of workers fits the workers' memory."""
-
-
-@dataclass(frozen=True)
-class Worker:
-    forward: tuple[int, int]  # layers start..stop-1; (s, s) is an empty range
-    backward: tuple[int, int]
-
-
-@dataclass(frozen=True)
-class BiPartition:
-    workers: tuple[Worker, ...]
-    bottleneck_s: float  # the slowest worker (or link) per micro-batch in the steady state
-
-
-def max_workers(n_layers: int, layerwise: bool = False, allow_empty: bool = True) -> int:
-    """The most workers a division can use: every worker needs at least one layer's forward or
-    backward (2L parts with empty ranges allowed), or one layer each way (L) otherwise."""
-    return 2 * n_layers if allow_empty and not layerwise else n_layers
 
 
 def bipartition(forward_s, backward_s, cut_s: CutFn, n_workers: int, fits: FitsFn | None = None,
@@ -138,14 +123,14 @@ def bipartition(forward_s, backward_s, cut_s: CutFn, n_workers: int, fits: FitsF
     _check_count(n_workers, n_layers, layerwise, allow_empty)
     cuts = _cut_matrix(cut_s, n_layers, layerwise, allow_empty)
     if binary_search and not layerwise:
-        return _algorithm2(forward, backward, cuts, n_workers, fits, allow_empty)
+        return algorithm2(forward, backward, cuts, n_workers, fits, allow_empty)
     values, predecessors = _prefix_dp(forward, backward, cuts, n_workers, fits, layerwise, allow_empty,
                                       every_count=False)
     if not np.isfinite(values[n_workers - 1]):
         if fits is None:
             raise RuntimeError("bipartition: no division found without a memory limit (a bug)")
         raise DoesNotFit(f"no division of {n_layers} layers over {n_workers} workers fits their memory")
-    division = _division(predecessors, n_workers, forward, backward, cuts)
+    division = read_division(predecessors, n_workers, forward, backward, cuts)
     _check_fits(division, fits, from_end=False)
     return division
 
@@ -180,10 +165,10 @@ def bipartition_all(forward_s, backward_s, cut_s: CutFn, n_workers: int, fits: F
         if not np.isfinite(values[m - 1]):
             continue
         if fits_index_from_end:
-            divisions[m] = _unmirror(_division(predecessors, m, forward[::-1], backward[::-1], cuts[::-1, ::-1]),
+            divisions[m] = _unmirror(read_division(predecessors, m, forward[::-1], backward[::-1], cuts[::-1, ::-1]),
                                      n_layers, forward, backward, cuts)
         else:
-            divisions[m] = _division(predecessors, m, forward, backward, cuts)
+            divisions[m] = read_division(predecessors, m, forward, backward, cuts)
         _check_fits(divisions[m], fits, from_end=fits_index_from_end)
     if not divisions:
         if fits is None:
@@ -241,7 +226,7 @@ def _cut_matrix(cut_s: CutFn, n_layers: int, layerwise: bool, allow_empty: bool)
         except (TypeError, IndexError) as error:
             if s1 is None or s2 is None:
                 raise TypeError(f"cut_s({s1}, {s2}) failed: with allow_empty=True cut_s must accept None for "
-                                "a direction in which nothing crosses (see paraplan.planners.bipartition_dp)"
+                                "a direction in which nothing crosses (see paraplan.planners.bipartition.dp)"
                                 ) from error
             raise
         if np.ndim(raw) != 0:  # e.g. a numpy array indexed with None grows an axis instead of failing
@@ -261,7 +246,7 @@ def _check_fits(division: BiPartition, fits: FitsFn | None, from_end: bool) -> N
     n_workers = len(division.workers)
     for k, worker in enumerate(division.workers):
         if not fits(n_workers - 1 - k if from_end else k, worker.forward, worker.backward):
-            raise ValueError(f"fits lacks a property the search relies on (bipartition_dp's docstring, "
+            raise ValueError(f"fits lacks a property the search relies on (bipartition/dp.py's docstring, "
                              f"(a)-(c)): worker {k} of {n_workers} ({worker.forward}, {worker.backward}) "
                              "does not fit although the search, trusting them, took it to")
 
@@ -277,52 +262,26 @@ def _unmirror(division: BiPartition, n_layers: int, forward, backward, cuts) -> 
     workers = tuple(Worker(forward=(n_layers - w.forward[1], n_layers - w.forward[0]),
                            backward=(n_layers - w.backward[1], n_layers - w.backward[0]))
                     for w in reversed(division.workers))
-    return BiPartition(workers=workers, bottleneck_s=_bottleneck(workers, forward, backward, cuts))
+    return BiPartition(workers=workers, bottleneck_s=bottleneck(workers, forward, backward, cuts))
 
 
 # ---------------------------------------------------------------------------------------------
 # the exact prefix DP
 
 
-@dataclass(frozen=True)
-class _Predecessors:
-    """Each state's best predecessor for one worker count: arrays where the memory check needed
-    them anyway; otherwise found when a division is read back (a few states) from the h(q) the
-    count was solved with, so the DP itself need not track them."""
-
-    arrays: tuple[np.ndarray, np.ndarray] | None = None
-    prefix_bottleneck: np.ndarray | None = None
-    allow_empty: bool = True
-
-    def of(self, p1: int, p2: int, done: np.ndarray) -> tuple[int, int]:
-        if self.arrays is not None:
-            return int(self.arrays[0][p1, p2]), int(self.arrays[1][p1, p2])
-        if self.prefix_bottleneck is None:
-            return -1, -1
-        top1, top2 = (p1, p2) if self.allow_empty else (p1 - 1, p2 - 1)
-        if top1 < 0 or top2 < 0:
-            return -1, -1
-        candidate = np.maximum(self.prefix_bottleneck[:top1 + 1, :top2 + 1],
-                               done[p1, p2] - done[:top1 + 1, :top2 + 1])
-        if self.allow_empty:
-            candidate[p1, p2] = _INF  # a worker with nothing
-        q1, q2 = divmod(_last_argmin(candidate.ravel()), candidate.shape[1])  # ties: the largest q
-        return (q1, q2) if np.isfinite(candidate[q1, q2]) else (-1, -1)
-
-
 def _prefix_dp(forward, backward, cuts, n_workers: int, fits: FitsFn | None, layerwise: bool,
                allow_empty: bool, every_count: bool,
-               mirrored: bool = False) -> tuple[list[float], list[_Predecessors]]:
+               mirrored: bool = False) -> tuple[list[float], list[Predecessors]]:
     """V[m](L, L) for m = 1..n_workers (inf where none) and, per m, every state's best predecessor.
 
     every_count=False only needs V[n_workers](L, L), so the last count is solved at (L, L) alone.
     mirrored: the problem is the mirror image of the caller's (what memory may assume flips)."""
     n_layers = forward.size
     size = n_layers + 1
-    prefix_f, prefix_b = _prefix(forward), _prefix(backward)
+    prefix_f, prefix_b = prefix_sums(forward), prefix_sums(backward)
     done = prefix_f[:, None] + prefix_b[None, :]  # G(p): time of the layers a prefix p has run
     finals: list[float] = []
-    predecessors: list[_Predecessors] = []
+    predecessors: list[Predecessors] = []
     # one worker: everything up to p; with layerwise, only the diagonal is a state
     value = np.full((size, size), _INF)
     if layerwise:
@@ -334,9 +293,9 @@ def _prefix_dp(forward, backward, cuts, n_workers: int, fits: FitsFn | None, lay
     else:
         value[1:, 1:] = done[1:, 1:]
     if fits is not None:
-        _apply_fits_first(value, fits, n_layers, layerwise)
+        apply_fits_first(value, fits, n_layers, layerwise)
     finals.append(float(value[n_layers, n_layers]))
-    predecessors.append(_Predecessors(arrays=(np.zeros((size, size), np.int64),) * 2))  # all from (0, 0)
+    predecessors.append(Predecessors(arrays=(np.zeros((size, size), np.int64),) * 2))  # all from (0, 0)
     for m in range(2, n_workers + 1):
         worker = m - 1
         # h(q) = max(V[m-1](q), cut(q)): the first m - 1 workers ending at q, and the link after them
@@ -345,30 +304,26 @@ def _prefix_dp(forward, backward, cuts, n_workers: int, fits: FitsFn | None, lay
         if layerwise:
             value, parent = _step_layerwise(prefix_bottleneck, done, last)
             if fits is not None:
-                _apply_fits_layerwise(value, parent, prefix_bottleneck, done, fits, worker)
-            predecessors.append(_Predecessors(arrays=parent))
+                apply_fits_layerwise(value, parent, prefix_bottleneck, done, fits, worker)
+            predecessors.append(Predecessors(arrays=parent))
         elif fits is None:
             value, _ = _step(prefix_bottleneck, prefix_f, prefix_b, allow_empty, last, None, track=False)
-            predecessors.append(_Predecessors(prefix_bottleneck=prefix_bottleneck, allow_empty=allow_empty))
+            predecessors.append(Predecessors(prefix_bottleneck=prefix_bottleneck, allow_empty=allow_empty))
         else:
-            furthest_forward = _forward_reach(fits, worker, n_layers)
+            furthest_forward = forward_reach(fits, worker, n_layers)
             value, parent = _step(prefix_bottleneck, prefix_f, prefix_b, allow_empty, last, furthest_forward,
                                   track=True)
-            _apply_fits(value, parent, prefix_bottleneck, done, fits, worker, allow_empty, furthest_forward,
+            apply_fits(value, parent, prefix_bottleneck, done, fits, worker, allow_empty, furthest_forward,
                         mirrored)
-            predecessors.append(_Predecessors(arrays=parent))
+            predecessors.append(Predecessors(arrays=parent))
         finals.append(float(value[n_layers, n_layers]))
         if not np.isfinite(value).any():
             # no prefix fits this many workers: more workers cannot fit either
             for _ in range(m + 1, n_workers + 1):
                 finals.append(_INF)
-                predecessors.append(_Predecessors())
+                predecessors.append(Predecessors())
             break
     return finals, predecessors
-
-
-def _prefix(times: np.ndarray) -> np.ndarray:
-    return np.concatenate(([0.0], np.cumsum(times)))
 
 
 def _step(prefix_bottleneck: np.ndarray, prefix_f: np.ndarray, prefix_b: np.ndarray, allow_empty: bool,
@@ -452,88 +407,3 @@ def _step_layerwise(prefix_bottleneck: np.ndarray, done: np.ndarray,
     value[diagonal, diagonal] = best
     parent1[diagonal, diagonal] = best_c
     return value, (parent1, parent1.copy())
-
-
-# ---------------------------------------------------------------------------------------------
-# reading a division back
-
-
-def _division(predecessors: list[_Predecessors], n_workers: int, forward, backward, cuts) -> BiPartition:
-    n_layers = forward.size
-    prefix_f, prefix_b = _prefix(forward), _prefix(backward)
-    done = prefix_f[:, None] + prefix_b[None, :]
-    workers = []
-    p1 = p2 = n_layers
-    for m in range(n_workers, 0, -1):
-        q1, q2 = (0, 0) if m == 1 else predecessors[m - 1].of(p1, p2, done)
-        if q1 < 0 or q2 < 0:
-            raise RuntimeError(f"bipartition: broken predecessor chain at worker {m - 1} (a bug)")
-        workers.append(Worker(forward=(q1, p1), backward=(q2, p2)))
-        p1, p2 = q1, q2
-    workers.reverse()
-    return BiPartition(workers=tuple(workers), bottleneck_s=_bottleneck(workers, forward, backward, cuts))
-
-
-def _bottleneck(workers: Sequence[Worker], forward, backward, cuts) -> float:
-    prefix_f, prefix_b = _prefix(forward), _prefix(backward)
-    slowest = max(float(prefix_f[w.forward[1]] - prefix_f[w.forward[0]]
-                        + prefix_b[w.backward[1]] - prefix_b[w.backward[0]]) for w in workers)
-    links = [float(cuts[w.forward[1], w.backward[1]]) for w in workers[:-1]]
-    return max([slowest, *links])
-
-
-# ---------------------------------------------------------------------------------------------
-# the paper's Algorithm 2 (a heuristic, see the module docstring)
-
-
-def _algorithm2(forward, backward, cuts, n_workers: int, fits: FitsFn | None, allow_empty: bool) -> BiPartition:
-    """The prefix DP with Algorithm 2's binary search on s2 in place of the scan, as the paper has it."""
-    n_layers = forward.size
-    size = n_layers + 1
-    prefix_f, prefix_b = _prefix(forward), _prefix(backward)
-    ok = fits or (lambda w, fr, br: True)
-
-    def single(worker: int, q1: int, p1: int, q2: int, p2: int) -> float:
-        if (q1, q2) == (p1, p2) or not ok(worker, (q1, p1), (q2, p2)):
-            return _INF
-        return float(prefix_f[p1] - prefix_f[q1] + prefix_b[p2] - prefix_b[q2])
-
-    value = np.full((size, size), _INF)
-    first = 0 if allow_empty else 1
-    for p1 in range(first, size):
-        for p2 in range(first, size):
-            value[p1, p2] = single(0, 0, p1, 0, p2)
-    predecessors = [_Predecessors(arrays=(np.zeros((size, size), dtype=np.int64),) * 2)]
-    for m in range(2, n_workers + 1):
-        worker = m - 1
-        new = np.full((size, size), _INF)
-        parent1 = np.full((size, size), -1, dtype=np.int64)
-        parent2 = np.full((size, size), -1, dtype=np.int64)
-        low = 0 if allow_empty else m - 1  # the fewest layers m - 1 workers can hold in a direction
-        for p1 in range(low, size):
-            for p2 in range(low, size):
-                top = (_INF, -1, -1)
-                for q1 in range(low, p1 + 1 if allow_empty else p1):
-                    lo, hi = low, (p2 if allow_empty else p2 - 1)
-                    if hi < lo:
-                        continue
-                    while lo < hi:  # first q2 where the prefix is no faster than the last worker
-                        mid = (lo + hi) // 2
-                        if value[q1, mid] >= single(worker, q1, p1, mid, p2):
-                            hi = mid
-                        else:
-                            lo = mid + 1
-                    for q2 in (lo - 1, lo):
-                        if q2 < low or q2 > (p2 if allow_empty else p2 - 1):
-                            continue
-                        v = max(value[q1, q2], cuts[q1, q2], single(worker, q1, p1, q2, p2))
-                        if v < top[0]:
-                            top = (v, q1, q2)
-                new[p1, p2], parent1[p1, p2], parent2[p1, p2] = top
-        value = new
-        predecessors.append(_Predecessors(arrays=(parent1, parent2)))
-    if not np.isfinite(value[n_layers, n_layers]):
-        if fits is None:
-            raise RuntimeError("bipartition: Algorithm 2 found no division without a memory limit (a bug)")
-        raise DoesNotFit(f"Algorithm 2 found no division of {n_layers} layers over {n_workers} workers that fits")
-    return _division(predecessors, n_workers, forward, backward, cuts)

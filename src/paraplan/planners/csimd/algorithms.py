@@ -1,15 +1,9 @@
 """CSIMD (../shared/papers/csimd.md): joint pipeline partition and micro-batch count.
 
-Arrays, 0-based over the K layers (the paper counts from 1):
-    h_p[k]  forward compute of layer k                      (H^P_{k+1})
-    h_m[k]  sending layer k's output forward                (H^M_{k+1})
-    j_p[k]  backward compute of layer k                     (J^P_{k+1})
-    j_m[k]  sending the gradient of layer k's input back    (J^M_{k+1})
-A partition is the list `cuts` of the last layer of every stage but the final one (alpha_1 ..
-alpha_{N-1}, 0-based). A cut after layer a costs h_m[a] forward and j_m[a + 1] backward, eq. (7).
-For several micro-batch counts at once the arrays are 2-D: one row per candidate p. Times must be
-finite and non-negative (ValueError otherwise): every search below relies on prefix sums that
-never decrease.
+Its building blocks: MASP (Algorithm 3), IMD (Algorithm 2), the exact minimum of rho1 + rho2
+(`exact_rho`, beyond the paper) and ODPA (Algorithm 4). The objective they serve, eq. (8), and its
+array conventions (h_p, h_m, j_p, j_m per layer; `cuts`) are planners/stage_division.py's, shared
+with the partition baselines and GroPipe.
 
 Deviations from the printed pseudo-code, with eq. (8) as the truth (CSIMD eqs. (6)-(8)):
   1. Backward communication index: Algorithm 3 (line 4) and Algorithm 4 (P^(2)) use J^M at the
@@ -39,7 +33,7 @@ Deviations from the printed pseudo-code, with eq. (8) as the truth (CSIMD eqs. (
 Beyond the paper: `imd` runs all eta + 1 weights of one dichotomy step together in numpy (the
 paper's Table II slopes imply minutes at K = 50,000); `exact_rho` returns the true optimum of
 rho1 + rho2 by walking the staircase of Pareto-optimal (rho1, rho2) pairs. The searches that
-compose these blocks live in planners/csimd_search.py: `exact_time` (the true optimum of the whole
+compose these blocks live in planners/csimd/search.py: `exact_time` (the true optimum of the whole
 of eq. (8) for one p, by branch and bound), Algorithm 1's `cross_search`, and `search` with
 `SearchMethod.AUTO` (eq. (8) bounded over every candidate p at once; its docstring says what it
 guarantees).
@@ -47,100 +41,20 @@ guarantees).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import StrEnum
-
 import numpy as np
+
+from paraplan.planners.stage_division import (
+    Division,
+    cut_costs,
+    evaluate,
+    even_cuts,
+    prefix_sums,
+    stage_limit,
+    time_arrays,
+)
 
 _TOL = 1e-12  # relative slack on limits, so that a sum equal to a limit is not lost to rounding
 _MAX_HALVINGS = 2000  # a float range halves to adjacent floats in < 1100 steps; a guard, not a limit
-
-
-class SearchMethod(StrEnum):
-    """How `search` divides the layers (members equal their plain strings)."""
-
-    AUTO = "auto"  # branch and bound on eq. (8) over every p, exact within a work limit (see `search`)
-    IMD = "imd"  # the paper: cross-search with IMD (Algorithms 1-4)
-    EXACT_RHO = "exact"  # cross-search with the exact minimum of rho1 + rho2 per p
-    EXACT_TIME = "exact-time"  # the exact optimum of eq. (8) over all divisions and p, no work limit
-
-    @classmethod
-    def parse(cls, value: str | SearchMethod) -> SearchMethod:
-        try:
-            return cls(value)
-        except ValueError:
-            choices = ", ".join(repr(m.value) for m in cls)
-            raise ValueError(f"unknown search method {value!r}; choose from {choices}") from None
-
-
-@dataclass(frozen=True)
-class Division:
-    cuts: tuple[int, ...]  # last layer of each stage but the final one (0-based)
-    rho1: float  # max over stages of max(F^P, F^M)
-    rho2: float  # max over stages of max(B^P, B^M)
-
-    @property
-    def objective(self) -> float:
-        return self.rho1 + self.rho2
-
-    @property
-    def n_stages(self) -> int:
-        return len(self.cuts) + 1
-
-
-def _time_arrays(h_p, h_m, j_p, j_m, ndim: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The four time functions as float arrays, checked: same shape, at least one layer, finite, >= 0."""
-    arrays = []
-    for name, x in (("h_p", h_p), ("h_m", h_m), ("j_p", j_p), ("j_m", j_m)):
-        a = np.atleast_2d(np.asarray(x, float)) if ndim == 2 else np.asarray(x, float)
-        if a.ndim != ndim or a.shape[-1] == 0:
-            raise ValueError(f"{name}: expected a non-empty {ndim}-D array of per-layer times, got shape {a.shape}")
-        if not np.all(np.isfinite(a)) or np.any(a < 0):
-            raise ValueError(f"{name}: times must be finite and non-negative")
-        arrays.append(a)
-    if len({a.shape for a in arrays}) != 1:
-        raise ValueError(f"h_p, h_m, j_p, j_m must have one shape, got {[a.shape for a in arrays]}")
-    return arrays[0], arrays[1], arrays[2], arrays[3]
-
-
-def _stage_limit(n_stages: int, n_layers: int) -> int:
-    if n_stages < 1:
-        raise ValueError(f"need at least one stage, got {n_stages}")
-    return min(n_stages, n_layers)  # at most one stage per layer
-
-
-def _prefix(x: np.ndarray) -> np.ndarray:
-    return np.concatenate(([0.0], np.cumsum(x, dtype=float)))
-
-
-def _cut_costs(h_m: np.ndarray, j_m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Forward and backward communication of a cut after each layer; 0 after the last layer."""
-    k = len(h_m)
-    cut_f = np.zeros(k)
-    cut_b = np.zeros(k)
-    cut_f[:-1] = h_m[:-1]
-    cut_b[:-1] = j_m[1:]
-    return cut_f, cut_b
-
-
-def evaluate(h_p, h_m, j_p, j_m, cuts) -> Division:
-    """rho1 and rho2 of a division (CSIMD eq. (8))."""
-    h_p, h_m, j_p, j_m = (np.asarray(x, float) for x in (h_p, h_m, j_p, j_m))
-    bounds = [0, *[c + 1 for c in cuts], len(h_p)]
-    p1, p2 = _prefix(h_p), _prefix(j_p)
-    f = np.array([p1[b] - p1[a] for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
-    b = np.array([p2[e] - p2[a] for a, e in zip(bounds[:-1], bounds[1:], strict=True)])
-    cf = np.array([h_m[c] for c in cuts] + [0.0])
-    cb = np.array([j_m[c + 1] for c in cuts] + [0.0])
-    return Division(tuple(int(c) for c in cuts), float(np.maximum(f, cf).max()), float(np.maximum(b, cb).max()))
-
-
-def total_time(h_p, h_m, j_p, j_m, cuts, n_micro: int) -> float:
-    """T(lambda, p), CSIMD eq. (8)."""
-    d = evaluate(h_p, h_m, j_p, j_m, cuts)
-    h_m, j_m = np.asarray(h_m, float), np.asarray(j_m, float)
-    cut_comm = sum(h_m[c] + j_m[c + 1] for c in cuts)
-    return float(np.sum(h_p) + np.sum(j_p) + cut_comm + (n_micro - 1) * d.objective)
 
 
 # --------------------------------------------------------------------------- MASP (Algorithm 3)
@@ -153,8 +67,8 @@ def masp(h_p, h_m, j_p, j_m, v1: float, v2: float, max_bins: int | None = None) 
     """
     h_p, h_m, j_p, j_m = (np.asarray(x, float) for x in (h_p, h_m, j_p, j_m))
     k = len(h_p)
-    p1, p2 = _prefix(h_p), _prefix(j_p)
-    cut_f, cut_b = _cut_costs(h_m, j_m)
+    p1, p2 = prefix_sums(h_p), prefix_sums(j_p)
+    cut_f, cut_b = cut_costs(h_m, j_m)
     valid = (cut_f <= v1 * (1 + _TOL)) & (cut_b <= v2 * (1 + _TOL))
     last_valid = np.maximum.accumulate(np.where(valid, np.arange(k), -1))
     limit = max_bins + 1 if max_bins is not None else k + 1
@@ -220,13 +134,13 @@ def imd(h_p, h_m, j_p, j_m, n_stages: int, eta: int = 1000, eps: float | None = 
     with the weights (0, 1) and (1, 0) alone no division with both rho1 and rho2 positive is ever
     accepted (Property 3's error bound opt / (eta - 1) needs eta >= 2 as well).
     """
-    h_p, h_m, j_p, j_m = _time_arrays(h_p, h_m, j_p, j_m)
+    h_p, h_m, j_p, j_m = time_arrays(h_p, h_m, j_p, j_m)
     if eta < 2:
         raise ValueError(f"eta must be at least 2, got {eta}")
     k = len(h_p)
-    n_stages = _stage_limit(n_stages, k)
-    p1, p2 = _prefix(h_p), _prefix(j_p)
-    cut_f, cut_b = _cut_costs(h_m, j_m)
+    n_stages = stage_limit(n_stages, k)
+    p1, p2 = prefix_sums(h_p), prefix_sums(j_p)
+    cut_f, cut_b = cut_costs(h_m, j_m)
     weights = np.arange(eta + 1) / eta
     lower = max(h_p.max(), p1[-1] / n_stages) + max(j_p.max(), p2[-1] / n_stages)
     even = evaluate(h_p, h_m, j_p, j_m, even_cuts(k, n_stages))
@@ -263,13 +177,6 @@ def imd(h_p, h_m, j_p, j_m, n_stages: int, eta: int = 1000, eps: float | None = 
         else:
             lower = mean
     return evaluate(h_p, h_m, j_p, j_m, best)
-
-
-def even_cuts(n_layers: int, n_stages: int) -> tuple[int, ...]:
-    """Equal layer counts (GPipe-E's division); at most one stage per layer."""
-    n_stages = max(1, min(n_stages, n_layers))
-    bounds = [round(i * n_layers / n_stages) for i in range(n_stages + 1)]
-    return tuple(b - 1 for b in bounds[1:-1])
 
 
 # --------------------------------------------------------------------------- exact rho1 + rho2
@@ -313,10 +220,10 @@ def exact_rho(h_p, h_m, j_p, j_m, n_stages: int, eta_bound: int = 100) -> Divisi
     MASP returns, whose rho values are achieved exactly. Every corner has a strictly smaller rho2
     than the one before (a value some division achieves), so the walk ends, also when rho2 is 0.
     """
-    h_p, h_m, j_p, j_m = _time_arrays(h_p, h_m, j_p, j_m)
+    h_p, h_m, j_p, j_m = time_arrays(h_p, h_m, j_p, j_m)
     k = len(h_p)
-    n_stages = _stage_limit(n_stages, k)
-    cut_f, cut_b = _cut_costs(h_m, j_m)
+    n_stages = stage_limit(n_stages, k)
+    cut_f, cut_b = cut_costs(h_m, j_m)
     top1 = float(h_p.sum() + cut_f.max())
     top2 = float(j_p.sum() + cut_b.max())
     low1 = max(h_p.max(), h_p.sum() / n_stages)

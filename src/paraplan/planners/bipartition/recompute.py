@@ -8,7 +8,7 @@ forward of every layer in its backward range whose forward ran elsewhere (plan/w
     T(U) = F[f0, f1) + B[b0, b1) + F([b0, b1) \\ [f0, f1))
 
 The extra term depends on how the two ranges overlap, so T is no longer a sum of a forward and a
-backward prefix difference, and the vectorised search of planners/bipartition_dp.py (which relies
+backward prefix difference, and the vectorised search of planners/bipartition/dp.py (which relies
 on that) does not apply. This module solves the same recurrence,
 
     V[1](p) = T(0, p),   V[m](p) = min over q < p of max(V[m-1](q), cut(q), T(q, p)),
@@ -34,7 +34,7 @@ import numpy as np
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.strategy import layer_memory
 from paraplan.plan.plan import LayerStrategy
-from paraplan.planners.bipartition_dp import BiPartition, Worker
+from paraplan.planners.bipartition.division import BiPartition, Worker
 
 EXACT_LIMIT = 4e9  # (L+1)^4 x workers element-operations: above this, the paper-cost division is judged
 
@@ -83,7 +83,7 @@ def worker_memory_recompute(cm, micro: float, n_micro: int, max_workers: int, co
 
 def recompute_all(forward_s, backward_s, cut_s, n_workers: int, fits=None) -> dict[int, BiPartition]:
     """The optimal division under T(U) above for every worker count 1..n_workers that has one.
-    cut_s(s1, s2) as in bipartition_dp (None: nothing crossed in that direction yet); fits(w, f0, f1,
+    cut_s(s1, s2) as in bipartition/dp.py (None: nothing crossed in that direction yet); fits(w, f0, f1,
     b0, b1) -> bool array (broadcast), or None for no memory limit."""
     forward = np.asarray(forward_s, dtype=float)
     backward = np.asarray(backward_s, dtype=float)

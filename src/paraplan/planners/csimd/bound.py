@@ -1,18 +1,19 @@
 """CSIMD's exact search for one p (../shared/papers/csimd.md eq. (8)): the branch and bound over
-divisions behind csimd_search.py's `exact_time` and `search` (AUTO, EXACT_TIME), with an optional
+divisions behind planners/csimd/search.py's `exact_time` and `search` (AUTO, EXACT_TIME), with an optional
 per-stage memory mask (planners/fit.py) and an exact stage count.
 
-Kept apart from planners/csimd_search.py, which composes it with exact_rho, ODPA and the bound
+Kept apart from planners/csimd/search.py, which composes it with exact_rho, ODPA and the bound
 across p, so that neither module grows past a screenful of concerns.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from paraplan.planners.csimd import _cut_costs, _prefix, _stage_limit
+from paraplan.planners.stage_division import cut_costs, prefix_sums, stage_limit
 
 
 # --------------------------------------------------------------------------- exact T(lambda, p)
@@ -126,9 +127,63 @@ class _Labels:
         return tuple(reversed(cuts))
 
 
-def _time_branch_and_bound(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, target_s: float,
-                           max_work: float = np.inf, fits=None, exactly: bool = False,
-                           same_stages: bool = False) -> TimeSearchOutcome:
+class _Rest(NamedTuple):
+    """The rest of the model after a stage ending at layer e (layers e + 1 .. K - 1), indexed by e."""
+
+    n_layers: np.ndarray
+    max1: np.ndarray  # its largest forward compute
+    max2: np.ndarray  # its largest backward compute
+    sum1: np.ndarray  # its forward compute
+    sum2: np.ndarray  # its backward compute
+    cut: np.ndarray  # its cheapest cut (cut positions e + 1 .. K - 2; 0 where it has none)
+
+
+def _rest_of_model(h_p, j_p, p1, p2, cut_comm) -> _Rest:
+    k = len(h_p)
+    rest_len = k - 1 - np.arange(k)
+    rest_max1 = np.append(np.maximum.accumulate(h_p[::-1])[::-1][1:], 0.0)
+    rest_max2 = np.append(np.maximum.accumulate(j_p[::-1])[::-1][1:], 0.0)
+    rest_sum1, rest_sum2 = p1[-1] - p1[1:], p2[-1] - p2[1:]
+    # cheapest cut inside the rest (cut positions e + 1 .. K - 2)
+    inner = np.append(cut_comm[:-1], np.inf)
+    rest_cut = np.append(np.minimum.accumulate(inner[::-1])[::-1][1:], np.inf)
+    rest_cut = np.where(np.isfinite(rest_cut), rest_cut, 0.0)
+    return _Rest(rest_len, rest_max1, rest_max2, rest_sum1, rest_sum2, rest_cut)
+
+
+def _least_finish(r1, r2, rest: _Rest, e: int, rest_stages, buckets, weight: float, exactly: bool) -> np.ndarray:
+    """The least the rest of the model can add to eq. (8) after partial divisions ending at layer e
+    (their rho1, rho2 so far), over its stage counts: m - 1 of its cheapest cuts and stage maxima
+    at least max(largest layer, sum / m), a range of counts at a time (`_completion_buckets`)."""
+    finish = np.full(len(r1), np.inf)
+    for few, many in buckets:
+        if few > rest.n_layers[e]:
+            break
+        many_here = np.minimum(many, rest_stages)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            value = (few - 1) * rest.cut[e] + weight * (
+                np.maximum(r1, np.maximum(rest.max1[e], rest.sum1[e] / many_here))
+                + np.maximum(r2, np.maximum(rest.max2[e], rest.sum2[e] / many_here)))
+        usable = (rest_stages >= few) & ((rest_stages <= many) if exactly else True)
+        finish = np.where(usable, np.minimum(finish, value), finish)
+    return finish
+
+
+def _first_start(p1, p2, e: int, budget: float, weight: float, least_rho1: float, least_rho2: float,
+                 widen: float) -> int:
+    """j_lo: stages j + 1 .. e whose own compute already breaks the budget are never tried (-1: none
+    is ruled out)."""
+    if weight <= 0:
+        return -1
+    cap1 = budget / weight - least_rho2 + widen
+    cap2 = budget / weight - least_rho1 + widen
+    return max(-1, int(np.searchsorted(p1, p1[e + 1] - cap1, side="left")) - 1,
+               int(np.searchsorted(p2, p2[e + 1] - cap2, side="left")) - 1)
+
+
+def time_branch_and_bound(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, target_s: float,
+                          max_work: float = np.inf, fits=None, exactly: bool = False,
+                          same_stages: bool = False) -> TimeSearchOutcome:
     """The division into at most n_stages stages (exactly n_stages with `exactly`) minimising
     T(lambda, p) (eq. (8)) among those with T <= target_s (a known division's T; inf for none),
     or None when none reaches the target.
@@ -144,32 +199,24 @@ def _time_branch_and_bound(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, targ
     finish it cannot reach the target: the rest of the model, split into m more stages, adds at
     least m - 1 of its cheapest cuts and has stage maxima at least max(largest layer, sum / m)
     (eq. (8) term by term). Labels another label dominates are dropped too (`_undominated`).
-    Arrays must be checked (`_time_arrays`) by the caller."""
+    Arrays must be checked (`stage_division.time_arrays`) by the caller."""
     k = len(h_p)
-    n_max = _stage_limit(n_stages, k)
+    n_max = stage_limit(n_stages, k)
     if n_micro < 1:
         raise ValueError(f"need at least one micro-batch, got {n_micro}")
     if exactly and n_stages > k:
         raise ValueError(f"exactly {n_stages} stages of {k} layers: a stage needs a layer")
     same_stages = same_stages or exactly  # a label with fewer stages cannot finish like one with more
     weight = float(n_micro - 1)  # p - 1 in eq. (8)
-    p1, p2 = _prefix(h_p), _prefix(j_p)
-    cut_f, cut_b = _cut_costs(h_m, j_m)
+    p1, p2 = prefix_sums(h_p), prefix_sums(j_p)
+    cut_f, cut_b = cut_costs(h_m, j_m)
     cut_comm = cut_f + cut_b
     base = float(p1[-1] + p2[-1])  # sum of all compute, the same for every division
     slack = 1e-12 * (abs(target_s) + base)  # rounding of sums taken in another order
     budget = target_s - base + slack  # for cut communication + (p - 1)(rho1 + rho2)
     if budget < 0:
         return TimeSearchOutcome(None, True, 0)
-    # the rest of the model after a stage ending at layer e: layers e + 1 .. K - 1
-    rest_len = k - 1 - np.arange(k)
-    rest_max1 = np.append(np.maximum.accumulate(h_p[::-1])[::-1][1:], 0.0)
-    rest_max2 = np.append(np.maximum.accumulate(j_p[::-1])[::-1][1:], 0.0)
-    rest_sum1, rest_sum2 = p1[-1] - p1[1:], p2[-1] - p2[1:]
-    # cheapest cut inside the rest (cut positions e + 1 .. K - 2)
-    inner = np.append(cut_comm[:-1], np.inf)
-    rest_cut = np.append(np.minimum.accumulate(inner[::-1])[::-1][1:], np.inf)
-    rest_cut = np.where(np.isfinite(rest_cut), rest_cut, 0.0)
+    rest = _rest_of_model(h_p, j_p, p1, p2, cut_comm)
     least_rho1 = max(h_p.max(), p1[-1] / n_max)  # no division has smaller rho1 (or rho2 below)
     least_rho2 = max(j_p.max(), p2[-1] / n_max)
     buckets = _completion_buckets(n_max)
@@ -180,12 +227,7 @@ def _time_branch_and_bound(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, targ
     best_parent = -1  # the label before the final stage of the best complete division
     for e in range(k):
         last = e == k - 1
-        j_lo = -1  # stages j + 1 .. e whose own compute already breaks the budget are never tried
-        if weight > 0:
-            cap1 = budget / weight - least_rho2 + widen
-            cap2 = budget / weight - least_rho1 + widen
-            j_lo = max(-1, int(np.searchsorted(p1, p1[e + 1] - cap1, side="left")) - 1,
-                       int(np.searchsorted(p2, p2[e + 1] - cap2, side="left")) - 1)
+        j_lo = _first_start(p1, p2, e, budget, weight, least_rho1, least_rho2, widen)
         lo, hi = first[min(j_lo, e) + 1], first[e + 1]
         if lo >= hi:
             first.append(labels.size)
@@ -207,25 +249,14 @@ def _time_branch_and_bound(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, targ
         r1 = np.maximum(r1, cut_f[e])
         r2 = np.maximum(r2, cut_b[e])
         comm = labels.comm[lo:hi] + cut_comm[e]
-        rest_stages = np.minimum(n_max - stages, rest_len[e])  # stages the rest may still use
+        rest_stages = np.minimum(n_max - stages, rest.n_layers[e])  # stages the rest may still use
         alive = (rest_stages >= 1) & room
         if exactly:  # the rest must take exactly n_max - stages stages, one layer at least each
-            alive &= n_max - stages <= rest_len[e]
+            alive &= n_max - stages <= rest.n_layers[e]
         with np.errstate(divide="ignore", invalid="ignore"):
-            least1 = np.maximum(rest_max1[e], rest_sum1[e] / rest_stages)
-            least2 = np.maximum(rest_max2[e], rest_sum2[e] / rest_stages)
-        finish = np.full(hi - lo, np.inf)  # the least the rest can add, over its stage counts
-        for few, many in buckets:
-            if few > rest_len[e]:
-                break
-            many_here = np.minimum(many, rest_stages)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                value = (few - 1) * rest_cut[e] + weight * (
-                    np.maximum(r1, np.maximum(rest_max1[e], rest_sum1[e] / many_here))
-                    + np.maximum(r2, np.maximum(rest_max2[e], rest_sum2[e] / many_here)))
-            usable = (rest_stages >= few) & ((rest_stages <= many) if exactly else True)
-            finish = np.where(usable, np.minimum(finish, value), finish)
-        bound = comm + finish
+            least1 = np.maximum(rest.max1[e], rest.sum1[e] / rest_stages)
+            least2 = np.maximum(rest.max2[e], rest.sum2[e] / rest_stages)
+        bound = comm + _least_finish(r1, r2, rest, e, rest_stages, buckets, weight, exactly)
         keep = np.nonzero(alive & (bound <= budget) & np.isfinite(bound))[0]
         if len(keep):
             order = keep[np.lexsort((stages[keep], bound[keep]))]

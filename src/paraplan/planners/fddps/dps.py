@@ -12,7 +12,7 @@ Algorithm 3's loop, as implemented:
   update the edge weights, EST and LST (line 27) and repeat.
 
 Definitions, as the DCP literature (Kwok & Ahmad 1996, which FastT and FD-DPS follow) uses them:
-  ET / w of unscheduled nodes and edges: their means (dag_sched's module doc).
+  ET / w of unscheduled nodes and edges: their means (list_scheduling.py's module doc).
   EST(o_i), eq. (6): the longest path to o_i over the graph plus the sequence edges of the placed
     nodes; for a placed node it is its start time.
   LST(o_i), eq. (7): DCPL - blevel(o_i), blevel = the longest path from o_i's start to the end.
@@ -47,13 +47,13 @@ Choices where the paper is ambiguous (each a deviation to keep in mind when comp
     EST + blevel (least slack), ties in queue order, which differs only among nodes whose slack is
     within the tolerance of 0.
   * Memory (eq. (4)'s M_v < C): a device is a candidate only if the node fits its memory ledger
-    (dag_sched.MemoryLedger, an upper bound of the finished schedule's peak). If no device has room
+    (list_scheduling.MemoryLedger, an upper bound of the finished schedule's peak). If no device has room
     the schedule is marked infeasible, naming the node and its bytes, and the node goes to the
     device that comes closest, so the result is still a complete, replayable schedule.
 
 Beyond the paper (ours, opt-in): `links="ports"` models the simulator's link contention while
 scheduling. Find_Slot's EST(o_i, v_k) then waits for v_k's receive port and the parents' send ports
-(dag_ports.PortLedger, whose module doc has the port model and why), and devices whose bookings the
+(ports.PortLedger, whose module doc has the port model and why), and devices whose bookings the
 simulator would serve in another order are avoided; priorities, LST and DCPL keep the paper's
 contention-free estimates of the unscheduled part. The default `links="free"` is the paper's model,
 bit for bit.
@@ -71,7 +71,7 @@ into the children sorted once by w + blevel). The priority key EST + blevel of a
 fixed once it is schedulable, so Node_Queue is a heap. The LSTs of placed nodes (the ancestors
 the paper's update would walk) are not kept: no rule reads them once placed nodes are pinned (rule
 (4) reads the slack a node had when it was placed). Per placement: O(in-degree x d + deg log n) plus
-the slot search (idle gaps after EST(o_i, v_k), usually few). `debug_check=True` runs the full pass (dag_sched.critical_path_times) after every
+the slot search (idle gaps after EST(o_i, v_k), usually few). `debug_check=True` runs the full pass (list_scheduling.critical_path_times) after every
 placement and compares.
 """
 
@@ -80,8 +80,7 @@ from __future__ import annotations
 import heapq
 import time
 
-from paraplan.planners.dag_problem import DagProblem, DagSchedule
-from paraplan.planners.dag_sched import (
+from paraplan.planners.fddps.list_scheduling import (
     INF,
     ScheduleBuilder,
     bottom_levels,
@@ -91,6 +90,7 @@ from paraplan.planners.dag_sched import (
     quantize,
     tolerance,
 )
+from paraplan.planners.fddps.problem import DagProblem, DagSchedule
 
 FALLBACKS = ("lowest_priority", "earliest_finish")
 EPS_S = 1e-12  # eq. (9)'s eps: keeps Score finite on critical nodes
@@ -292,7 +292,7 @@ def schedule_fddps(problem: DagProblem, *, fallback: str = "lowest_priority", de
 
     `links="ports"` (ours, not the paper's): transfers contend for each device's one send and one
     receive port, as in the simulator; EST(o_i, v_k) of Find_Slot (eq. (11) and rules (1)-(4)) then
-    includes the waits for the ports (dag_ports.PortLedger). Everything else (priorities, LST, DCPL)
+    includes the waits for the ports (ports.PortLedger). Everything else (priorities, LST, DCPL)
     keeps the paper's contention-free estimates of the unscheduled part. `debug_check` compares with
     the contention-free full pass, so it needs links="free"."""
     check_links(links)

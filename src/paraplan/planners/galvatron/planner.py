@@ -1,0 +1,115 @@
+"""Galvatron-BMW (../shared/papers/galvatron-bmw.md) and the paper's comparison points, as planners.
+
+Search space: planners/galvatron/space.py (decision trees, Takeaway #3). Dynamic program and
+pipeline cost: planners/galvatron/dp.py (eq. (4), Algorithm 3, eq. (8)). The search of one request:
+planners/galvatron/searcher.py; over batches: planners/galvatron/batch.py. Per-layer costs:
+costs/strategy.py `strategy_arrays` (§V: compute split by the data and tensor degrees, TP
+all-reduces, SDP gathers, DP all-reduce, CKPT recomputation, overlap slowdown; memory eqs.
+(1)-(3) as costs/memory.py counts it) and `slice_gather_fraction` (the transformation cost R).
+
+Algorithm 1 (Galvatron-Base): for the batch (or, with `batch_search = "max"`, for batches found
+by doubling and bisection on multiples of `batch_step`), for every power-of-two PP degree P, the
+even partition, every micro-batch count tried, one dynamic program per stage; the plan with the
+least eq. (8) cost wins. Algorithm 2 (Galvatron-BMW): the same, but each (P, m, schedule) starts
+from the even and the memory-balanced partitions (under the strategies found on the even one) and
+moves the slowest stage's boundary layer to a neighbour while the paper's three limits hold (no
+stage slower than the slowest before, none over its memory, none over the largest stage memory of
+the time-balanced partition), through a queue; every partition popped is searched again.
+
+Memory verdicts: each stage's whole memory is checked in exact bytes by the dynamic program, and
+the plan once more by costs/memory.py `plan_memory` (the simulator's count); a stage that the
+latter finds over its capacity (a term the arrays do not carry) is searched again with the
+excess taken off its budget. A plan that cannot fit comes back with the judge's infeasible
+prediction and a reason naming the layer or stage that failed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from paraplan.plan.plan import Plan, SearchInfo
+from paraplan.planners.galvatron.batch import best_batch, max_batch, search_batch
+from paraplan.planners.galvatron.space import VARIANTS, Variant, pp_degrees, usable_devices
+from paraplan.planners.request import FieldError, Judge, OptionSpec, PlanRequest, at_least, one_of
+from paraplan.planners.table import register
+
+MEMORY_BINS = 512  # memory granularity: the device's capacity / 512 (32 MiB at 16 GiB), see docs/galvatron.md
+BATCH_STEP = 8  # Table II's batch step
+
+
+def _pp_choices(request: PlanRequest, variant: Variant) -> tuple[tuple[int, ...], str]:
+    """The pipeline degrees to search and a note when the request's stage count cannot be kept."""
+    n, layers = usable_devices(request), request.n_layers
+    if variant.fixed_3d:
+        allowed = (min(2, n, layers),)
+    elif variant.pp == "one":
+        allowed = (1,)
+    elif variant.pp == "all":
+        allowed = (pp_degrees(n, layers)[-1],)
+    else:
+        allowed = pp_degrees(n, layers)
+    if request.n_stages is None:
+        return allowed, ""
+    if request.exact_stages:  # held to the count: groups of the largest power of two that fits, the rest idle
+        if request.n_stages > layers:
+            raise FieldError("stages", f"{request.n_stages} stages for a model of {layers} layers")
+        return (request.n_stages,), ""
+    if variant.pp == "all" and request.n_stages in pp_degrees(n, layers):
+        return (request.n_stages,), ""
+    if request.n_stages in allowed:
+        return (request.n_stages,), ""
+    return allowed, (f"{variant.name}: {' or '.join(map(str, allowed))} pipeline stage(s) on {n} devices "
+                     f"(power-of-two degrees, at most one stage per layer), not {request.n_stages}; "
+                     f"exact_stages forces {request.n_stages}")
+
+
+def galvatron_plan(request: PlanRequest, variant: Variant, options: dict, judge: Judge) -> Plan:
+    """Plan `request` with one of the variants (Algorithm 1 or 2), optionally searching the batch."""
+    t0 = time.perf_counter()
+    schedules = (request.schedule,) if request.schedule else variant.schedules
+    schedules = tuple(str(x) for x in schedules)
+    pps, note = _pp_choices(request, variant)
+    if usable_devices(request) < request.n_devices:
+        note = "; ".join(x for x in (f"{variant.name}: uses {usable_devices(request)} of {request.n_devices} "
+                                     "devices (power-of-two groups, §III-B)", note) if x)
+    bins, step = options.get("memory_bins", MEMORY_BINS), options.get("batch_step", BATCH_STEP)
+    if options.get("batch_search", "given") == "max":
+        result = max_batch(request, variant, bins, schedules, pps, step)
+    elif options.get("batch_search", "given") == "best":
+        result = best_batch(request, variant, bins, schedules, pps, step)
+    else:
+        result = search_batch(request, variant, bins, schedules, pps)
+    plan = result.plan
+    prediction = judge(plan)
+    if not np.isfinite(result.estimate_s):
+        reason = result.reason or prediction.reason
+        if result.reason and prediction.reason:
+            reason += f" (its least-bad plan: {prediction.reason})"
+        prediction = replace(prediction, feasible=False, reason=f"{variant.name} finds nothing that fits: {reason}")
+    opts = (("costs", request.costs.source), ("memory_bins", bins), ("batch_search", options.get("batch_search", "given")),
+            ("estimate_iteration_s", float(result.estimate_s) if np.isfinite(result.estimate_s) else -1.0))
+    return replace(plan, prediction=prediction, search=SearchInfo(planner=variant.name, search_s=time.perf_counter() - t0,
+                                                                  options=opts, note=note))
+
+
+_OPTIONS = {
+    "batch_search": OptionSpec("given", "given: plan the request's batch; max: the largest batch (a multiple of "
+                               "batch_step) that fits; best: the batch of the highest throughput",
+                               one_of("batch_search", ("given", "max", "best"))),
+    "batch_step": OptionSpec(BATCH_STEP, "the step of the batch search", at_least("batch_step", 1)),
+    "memory_bins": OptionSpec(MEMORY_BINS, "memory granularity of the dynamic program: capacity / memory_bins",
+                              at_least("memory_bins", 16)),
+}
+
+
+def _register(variant: Variant) -> None:
+    @register(variant.name, variant.summary, schedules=variant.schedules, options=_OPTIONS)
+    def _planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
+        return galvatron_plan(request, variant, options, judge)
+
+
+for _variant in VARIANTS:
+    _register(_variant)

@@ -1,0 +1,1 @@
+"""GroPipe (../shared/papers/gropipe.md): AMPA and the grouped configuration search."""

@@ -89,6 +89,8 @@ def snapshot(paraplan: list[str]) -> dict:
                 entry["stderr"] = res.stderr.strip().splitlines()[-1:]
             else:
                 text = Path(target).read_text() if writes else res.stdout
+                # the checkout's own path (a cluster file's name) differs between two clones
+                text = text.replace(json.dumps(str(ROOT))[1:-1], "<repo>")
                 entry["output"] = _strip_clock(json.loads(text))
             out[name] = entry
     return out

@@ -35,13 +35,14 @@ from _paraplan_cli import cli  # noqa: E402  (benchmarks/: shared with the other
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
+from paraplan.models.op_split import PART
 from paraplan.models.op_trace import build_op_graph
 from paraplan.plan.plan import OperatorPlacement
 from paraplan.plan.plan_file import write_plan
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
 from paraplan.profiling.operator_file import read_operator_profile
-from paraplan.runtime.dag_graph import PART, build_program
+from paraplan.runtime.dag_graph import build_program
 from paraplan.simulate.predict import simulate_plan
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "runtime_dag"

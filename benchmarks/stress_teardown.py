@@ -66,7 +66,7 @@ def _run_spawn(plan, steps: int, timeout_s: float, out_dir: Path) -> str | None:
     """None when the launch ended cleanly, else its one-line failure."""
     from paraplan.errors import ParaplanError
     from paraplan.runtime.launch import spawn
-    from paraplan.runtime.worker import TrainConfig
+    from paraplan.runtime.rank_base import TrainConfig
 
     config = TrainConfig(plan=plan, model=plan.model, steps=steps, timeout_s=timeout_s, out_dir=str(out_dir))
     try:

@@ -128,7 +128,7 @@ def train(plan_or_path: Plan | str | Path, *, steps: int = 3, nproc: int | None 
     from paraplan.runtime.compare import step_times
     from paraplan.runtime.data import check_data
     from paraplan.runtime.launch import check_before_launch, spawn
-    from paraplan.runtime.worker import TrainConfig
+    from paraplan.runtime.rank_base import TrainConfig
 
     p = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
     cfg = TrainConfig(plan=p, model=config.pop("model", p.model), steps=steps, **config)

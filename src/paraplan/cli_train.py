@@ -6,7 +6,7 @@ from __future__ import annotations
 from paraplan.cli_args import _check_output
 from paraplan.errors import FieldError, ParaplanError
 
-# what a run writes into --out-dir (runtime/worker.py, dag_runtime.py, compare.py): each must be a
+# what a run writes into --out-dir (runtime/stage_loop.py, dag_runtime.py, compare.py): each must be a
 # regular file if it is there already (writes never replace a device, a FIFO or a link)
 RUN_FILES = ("losses.json", "steps_rank*.json", "timeline_rank*.json", "memory_rank*.json", "memory_dag_rank*.json",
              "stage*.pt", "overheads.json", "measured.trace.json", "simulated.trace.json", "compare.png")
@@ -33,7 +33,7 @@ def cmd_train(args) -> int:
     from paraplan.runtime.compare import measured_overheads, read_overheads, write_overheads
     from paraplan.runtime.data import check_data, check_file
     from paraplan.runtime.launch import check_before_launch, run_under_torchrun, spawn, under_torchrun
-    from paraplan.runtime.worker import TrainConfig
+    from paraplan.runtime.rank_base import TrainConfig
 
     plan = read_plan(args.plan)
     model = args.model or plan.model

@@ -13,7 +13,8 @@ from paraplan.localnet import free_port
 
 
 def _ranks(rank: int, world: int, port: int, configs: list) -> None:
-    from paraplan.runtime.worker import die_with_parent, train_rank
+    from paraplan.runtime.dispatch import train_rank
+    from paraplan.runtime.launch import die_with_parent
 
     die_with_parent()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")

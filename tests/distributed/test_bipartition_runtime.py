@@ -19,8 +19,8 @@ import torch
 from paraplan.plan.plan import LayerRange, Plan, Stage
 from paraplan.plan.plan_file import read_plan
 from paraplan.plan.worker_roles import worker_roles
+from paraplan.runtime.rank_base import TrainConfig
 from paraplan.runtime.reference import reference_run
-from paraplan.runtime.worker import TrainConfig
 
 from .many import train_many
 

@@ -19,7 +19,7 @@ from paraplan.fileio import TEMP_MARK
 from paraplan.plan.plan import LayerRange, Plan, Stage
 from paraplan.plan.plan_file import write_plan
 from paraplan.runtime.checkpoints import MANIFEST, check_resume, remove_unlisted, write_manifest, write_stage
-from paraplan.runtime.worker import TrainConfig
+from paraplan.runtime.rank_base import TrainConfig
 
 from .faults import stage_files_meet_a_full_disk_from_step2
 

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from paraplan.models.op_split import PART
+from paraplan.models.op_split import PART, split_degrees
 from paraplan.plan.plan import OperatorPlacement
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
-from paraplan.runtime.dag_graph import build_program, split_degrees
+from paraplan.runtime.dag_graph import build_program
 from paraplan.runtime.dag_runtime import dag_refusal
+from paraplan.runtime.rank_base import TrainConfig
 from paraplan.runtime.reference import reference_run
-from paraplan.runtime.worker import TrainConfig
 
 from .many import train_many
 

@@ -15,8 +15,8 @@ from paraplan.plan.plan_file import read_plan
 from paraplan.planners.registry import planner, planner_names
 from paraplan.runtime.launch import check_before_launch
 from paraplan.runtime.materialize import build_layers
+from paraplan.runtime.rank_base import TrainConfig
 from paraplan.runtime.reference import reference_run
-from paraplan.runtime.worker import TrainConfig
 
 from .many import train_many
 

@@ -17,8 +17,8 @@ import torch
 from paraplan.plan.plan import LayerRange, Plan, Stage
 from paraplan.plan.plan import LayerStrategy as S
 from paraplan.plan.plan_file import read_plan, write_plan
+from paraplan.runtime.rank_base import TrainConfig
 from paraplan.runtime.reference import reference_run
-from paraplan.runtime.worker import TrainConfig
 
 from .many import train_many
 

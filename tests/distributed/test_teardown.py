@@ -11,8 +11,8 @@ from paraplan.errors import ParaplanError
 from paraplan.plan.plan import LayerRange, Plan, Stage
 from paraplan.plan.plan_file import read_plan
 from paraplan.runtime.launch import spawn
+from paraplan.runtime.rank_base import TrainConfig
 from paraplan.runtime.teardown import RECORD_ENV
-from paraplan.runtime.worker import TrainConfig
 
 from .rank_faults import rank1_raises_a_long_error_at_step1
 

@@ -21,7 +21,7 @@ from paraplan.planners.registry import make_plan
 from paraplan.planners.request import FieldError, PlanRequest
 from paraplan.runtime.dag_graph import DagRefusal, analyse, build_program
 from paraplan.runtime.dag_runtime import dag_refusal
-from paraplan.runtime.worker import TrainConfig
+from paraplan.runtime.rank_base import TrainConfig
 
 PLANNERS = ["fddps", "fddps-nosplit", "fddps-ports", "fastt", "heft", "mpdps"]
 

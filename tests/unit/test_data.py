@@ -11,7 +11,7 @@ from paraplan.models import source
 from paraplan.plan.plan import LayerRange, Plan, Stage
 from paraplan.plan.plan_file import write_plan
 from paraplan.runtime.data import batch_source, check_data, check_file
-from paraplan.runtime.worker import TrainConfig
+from paraplan.runtime.rank_base import TrainConfig
 
 GPT2 = source.build("gpt2-tiny", device="meta")  # tokens: sequence 32, vocabulary 512
 LENET = source.build("lenet-5", device="meta")  # images: 1 x 32 x 32, 10 classes

@@ -14,7 +14,7 @@ from paraplan.models import measure, zoo
 from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, Stage
 from paraplan.planners.registry import PLANNERS, make_plan, planner_names
 from paraplan.planners.request import PlanRequest
-from paraplan.runtime.worker import TrainConfig
+from paraplan.runtime.rank_base import TrainConfig
 from paraplan.simulate.plan_work import plan_work
 from paraplan.simulate.predict import simulate_plan
 

@@ -35,7 +35,7 @@ def _first_attr(obj: object, *paths: str):
     raise AttributeError(f"{type(obj).__name__} has none of {paths}")
 
 
-def _only_tensor(out):
+def only_tensor(out):
     """Library blocks return a tensor or a tuple whose first element is the hidden states."""
     return out[0] if isinstance(out, (tuple, list)) else out
 
@@ -46,7 +46,7 @@ def causal_mask(seq_len: int, like: torch.Tensor) -> torch.Tensor:
     return full.triu(1)[None, None]
 
 
-class _Unregistered:
+class Unregistered:
     """Holds a module without registering it as a submodule, so a tied or shared module owned by
     another layer is neither counted twice nor moved twice (its owner layer carries it)."""
 
@@ -71,7 +71,7 @@ class CausalBlock(nn.Module):
     def __init__(self, block: nn.Module, rotary: nn.Module | None = None):
         super().__init__()
         self.block = block
-        self._rotary = _Unregistered(rotary) if rotary is not None else None
+        self._rotary = Unregistered(rotary) if rotary is not None else None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         seq_len = hidden.shape[1]
@@ -81,7 +81,7 @@ class CausalBlock(nn.Module):
             positions = torch.arange(seq_len, device=hidden.device)[None]
             kwargs["position_ids"] = positions
             kwargs["position_embeddings"] = self._rotary.module(hidden, positions)
-        return _only_tensor(self.block(hidden, attention_mask=mask, **kwargs))
+        return only_tensor(self.block(hidden, attention_mask=mask, **kwargs))
 
 
 class Head(nn.Module):
@@ -107,7 +107,7 @@ class PlainBlock(nn.Module):
         self.block = block
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return _only_tensor(self.block(hidden))
+        return only_tensor(self.block(hidden))
 
 
 def gpt2_layers(model: nn.Module) -> Layers:
@@ -156,7 +156,7 @@ class SwinEmbedding(nn.Module):
         self.embeddings = embeddings
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return _only_tensor(self.embeddings(pixels))
+        return only_tensor(self.embeddings(pixels))
 
 
 class SwinSpatial(nn.Module):
@@ -168,7 +168,7 @@ class SwinSpatial(nn.Module):
         self.resolution = resolution
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return _only_tensor(self.module(hidden, self.resolution))
+        return only_tensor(self.module(hidden, self.resolution))
 
 
 def _pool_tokens(hidden: torch.Tensor) -> torch.Tensor:
@@ -221,7 +221,7 @@ class T5Layer(nn.Module):
     def __init__(self, block: nn.Module, bias_owner: nn.Module | None, decoder: bool):
         super().__init__()
         self.block = block
-        self._bias_owner = _Unregistered(bias_owner) if bias_owner is not None else None
+        self._bias_owner = Unregistered(bias_owner) if bias_owner is not None else None
         self.decoder = decoder
 
     def _self_attention_bias(self, hidden: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -239,7 +239,7 @@ class T5Layer(nn.Module):
             hidden, decoder_ids = inputs
         mask, bias = self._self_attention_bias(hidden)
         kwargs = {"encoder_hidden_states": encoder_hidden} if self.decoder else {}
-        out = _only_tensor(self.block(hidden, attention_mask=mask, position_bias=bias, **kwargs))
+        out = only_tensor(self.block(hidden, attention_mask=mask, position_bias=bias, **kwargs))
         return (encoder_hidden, out) if self.decoder else (out, decoder_ids)
 
 
@@ -249,7 +249,7 @@ class T5DecoderEmbedding(nn.Module):
     def __init__(self, encoder_norm: nn.Module, encoder_dropout: nn.Module, embed: nn.Module, dropout: nn.Module):
         super().__init__()
         self.encoder_norm, self.encoder_dropout = encoder_norm, encoder_dropout
-        self._embed = _Unregistered(embed)  # the shared embedding, owned by the first layer
+        self._embed = Unregistered(embed)  # the shared embedding, owned by the first layer
         self.dropout = dropout
 
     def forward(self, inputs):

@@ -33,7 +33,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from paraplan.errors import FieldError
-from paraplan.models.adapters import _only_tensor, _Unregistered
+from paraplan.models.adapters import Unregistered, only_tensor
 
 Layers = list[tuple[str, str, nn.Module]]
 
@@ -217,7 +217,7 @@ def record(model: nn.Module, example, layers_path: str | None = None) -> Recipe:
                                   "modules after its first block, which a layer list cannot carry")
     rules = tuple(_rules(i, *calls[i], produced, model, what) for i in range(n))
     logits = getattr(out, "logits", out)
-    _ = _only_tensor(logits)
+    _ = only_tensor(logits)
     return Recipe(blocks_path, tuple(pre_paths), tuple(head_paths), rules)
 
 
@@ -279,8 +279,8 @@ class HFEmbedding(nn.Module):
     def __init__(self, model: nn.Module, pre: list[nn.Module], first_block: nn.Module):
         super().__init__()
         self.parts = nn.ModuleList(pre)  # registered: this layer owns (and moves) their parameters
-        self._model = _Unregistered(model)
-        self._first = _Unregistered(first_block)
+        self._model = Unregistered(model)
+        self._first = Unregistered(first_block)
 
     def forward(self, inputs):
         def stop(module, args, kwargs):
@@ -305,7 +305,7 @@ class HFBlock(nn.Module):
         self.block = block
         self._rules = rules
         self._config = config
-        self._producers = {path: _Unregistered(m) for path, m in producers.items()}
+        self._producers = {path: Unregistered(m) for path, m in producers.items()}
 
     def arguments(self, hidden: torch.Tensor) -> dict:
         batch, seq = hidden.shape[0], hidden.shape[1]
@@ -328,7 +328,7 @@ class HFBlock(nn.Module):
         return kwargs
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return _only_tensor(self.block(hidden, **self.arguments(hidden)))
+        return only_tensor(self.block(hidden, **self.arguments(hidden)))
 
 
 class HFHead(nn.Module):
@@ -340,7 +340,7 @@ class HFHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         for part in self.parts:
-            hidden = _only_tensor(part(hidden))
+            hidden = only_tensor(part(hidden))
         return hidden
 
 

@@ -34,7 +34,7 @@ class Schedule(StrEnum):
 
 
 class GradSync(StrEnum):
-    """When data-parallel replicas average their gradients (simulate/pipeline.py, runtime/worker.py)."""
+    """When data-parallel replicas average their gradients (simulate/pipeline.py, runtime/pipeline_rank.py)."""
 
     NONE = "none"
     AFTER_BACKWARD = "after-backward"  # one all-reduce once the whole pipeline has flushed

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from paraplan.models.built import BuiltModel
-from paraplan.models.op_trace import TensorSpec, operator_calls
+from paraplan.models.op_record import TensorSpec
+from paraplan.models.op_trace import operator_calls
 from paraplan.models.spec import Affine
 from paraplan.profiling.timing import now
 

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from paraplan.plan.worker_roles import WorkerRole, worker_roles
 from paraplan.runtime.materialize import StageModule, materialize
 from paraplan.runtime.memory_meter import note_checkpoint_input
-from paraplan.runtime.worker import RankSetup, TrainConfig
+from paraplan.runtime.rank_base import RankSetup, TrainConfig
 
 # message tags: kind * TAG_STRIDE + micro-batch
 FORWARD_TAG, GRAD_TAG, SIDE_TAG, WEIGHT_TAG = 1, 2, 3, 4

@@ -59,7 +59,7 @@ def optimizer_record(config) -> dict:
     weight decay, ...) and the clipping: the optimizer's state is only meaningful under them."""
     import torch
 
-    from paraplan.runtime.worker import make_optimizer
+    from paraplan.runtime.rank_base import make_optimizer
 
     group = make_optimizer(config, [torch.zeros(1, requires_grad=True)]).param_groups[0]
     hyper = {k: v for k, v in sorted(group.items()) if k != "params" and k not in _IMPLEMENTATION

@@ -34,21 +34,11 @@ from dataclasses import dataclass, field
 import torch
 
 from paraplan.models import source
-from paraplan.models.op_trace import _BATCH_OPERAND, forward_program
+from paraplan.models.op_record import BATCH_OPERAND
+from paraplan.models.op_split import GATHER, PART, split_degrees
+from paraplan.models.op_trace import forward_program
 
 EXTERNAL = -1  # the version of a storage before the forward writes it
-# models/op_split.py's names of a split (the import table keeps runtime off that pure unit)
-PART, GATHER = "/part", "/gather"
-
-
-def split_degrees(names) -> dict[str, int]:
-    """operator name -> number of parts, from the names of a placement (as op_split's)."""
-    degrees: dict[str, int] = {}
-    for name in names:
-        base, sep, part = name.rpartition(PART)
-        if sep and part.isdigit():
-            degrees[base] = max(degrees.get(base, 0), int(part) + 1)
-    return degrees
 
 
 class DagRefusal(Exception):
@@ -137,136 +127,162 @@ def _device_free(value):
     return value
 
 
-def build_program(model: str, batch: int, seq_len=None, image_size=None) -> Program:
-    built = source.build(model, device="meta", seq_len=seq_len, image_size=image_size)
-    trace, names, prog = forward_program(built, batch)
-    param_names, buffer_names = {}, {}
-    # names as materialize.build_layers gives them: the whole model's, the first of tied ones
-    for m in (built.module, *prog["modules"].values()):
-        for n, p in m.named_parameters(remove_duplicate=False):
-            param_names.setdefault(id(p), n)
-        for n, b in m.named_buffers(remove_duplicate=False):
-            buffer_names.setdefault(id(b), n)
-    externals = {}
-    for source_name, value in (("input", prog["inputs"]), ("target", prog["targets"])):
-        for pos, t in enumerate(flatten(value)):
-            if isinstance(t, torch.Tensor):
-                externals[id(t)] = (source_name, pos)
-    tids: dict[int, int] = {}
-    sks: dict[int, int] = {}
-    tensors: list[TInfo] = []
-    storage_base: list[int] = []
-    keep = []
+class _Tensors:
+    """The trace's tensors as they are met: tensor objects as ids (`tid`), their storages as storage
+    ids (`sk`), and what an external tensor is (a parameter or buffer by name, an input or target
+    by position, a constant by value)."""
 
-    def storage(t) -> int:
+    def __init__(self, built, prog: dict):
+        self.param_names, self.buffer_names = {}, {}
+        # names as materialize.build_layers gives them: the whole model's, the first of tied ones
+        for m in (built.module, *prog["modules"].values()):
+            for n, p in m.named_parameters(remove_duplicate=False):
+                self.param_names.setdefault(id(p), n)
+            for n, b in m.named_buffers(remove_duplicate=False):
+                self.buffer_names.setdefault(id(b), n)
+        self.externals = {}
+        for source_name, value in (("input", prog["inputs"]), ("target", prog["targets"])):
+            for pos, t in enumerate(flatten(value)):
+                if isinstance(t, torch.Tensor):
+                    self.externals[id(t)] = (source_name, pos)
+        self.tids: dict[int, int] = {}
+        self.sks: dict[int, int] = {}
+        self.tensors: list[TInfo] = []
+        self.storage_base: list[int] = []
+        self.keep = []
+
+    def storage(self, t) -> int:
         key = t.untyped_storage()._cdata
-        if key not in sks:
-            sks[key] = len(storage_base)
-            storage_base.append(-1)
-        return sks[key]
+        if key not in self.sks:
+            self.sks[key] = len(self.storage_base)
+            self.storage_base.append(-1)
+        return self.sks[key]
 
-    def add(t, src, key, view_call=-1, view_arg=-1) -> int:
-        keep.append(t)
-        sk = storage(t)
-        tid = len(tensors)
-        tids[id(t)] = tid
-        tensors.append(TInfo(sk, src, key, tuple(t.shape), tuple(t.stride()), t.dtype, view_call, view_arg))
-        if storage_base[sk] < 0:
-            storage_base[sk] = tid
+    def add(self, t, src, key, view_call=-1, view_arg=-1) -> int:
+        self.keep.append(t)
+        sk = self.storage(t)
+        tid = len(self.tensors)
+        self.tids[id(t)] = tid
+        self.tensors.append(TInfo(sk, src, key, tuple(t.shape), tuple(t.stride()), t.dtype, view_call, view_arg))
+        if self.storage_base[sk] < 0:
+            self.storage_base[sk] = tid
         return tid
 
-    def external(t) -> int:
-        if id(t) in tids:
-            return tids[id(t)]
-        if id(t) in param_names:
-            return add(t, "param", param_names[id(t)])
-        if id(t) in buffer_names:
-            return add(t, "buffer", buffer_names[id(t)])
-        if id(t) in externals:
-            return add(t, *externals[id(t)])
+    def external(self, t) -> int:
+        if id(t) in self.tids:
+            return self.tids[id(t)]
+        if id(t) in self.param_names:
+            return self.add(t, "param", self.param_names[id(t)])
+        if id(t) in self.buffer_names:
+            return self.add(t, "buffer", self.buffer_names[id(t)])
+        if id(t) in self.externals:
+            return self.add(t, *self.externals[id(t)])
         if t.device.type != "meta":  # a constant the forward made from real data
-            return add(t, "const", t.clone())
+            return self.add(t, "const", t.clone())
         raise DagRefusal("the forward reads a tensor made from Python data on meta (its values are unknown); "
                          "the operator runtime cannot reproduce it")
 
+
+def build_program(model: str, batch: int, seq_len=None, image_size=None) -> Program:
+    built = source.build(model, device="meta", seq_len=seq_len, image_size=image_size)
+    trace, names, prog = forward_program(built, batch)
+    reg = _Tensors(built, prog)
+    tensors = reg.tensors
     calls: list[Call] = []
-    latest: dict[int, int] = {}
+    latest: dict[int, int] = {}  # storage -> the call that wrote its current version
     rg: dict[tuple[int, int], bool] = {}
     node_call: dict[int, int] = {}
     for ci, (func, args, kwargs, out, node) in enumerate(prog["calls"]):
-        name = func.__name__.split(".")[0]
-        if name in ("lift_fresh", "set_", "_local_scalar_dense"):
-            raise DagRefusal(f"the forward calls aten.{name}, which the operator runtime cannot replay")
-        reads: list[int] = []
-
-        def ref(t, reads=reads):
-            reads.append(external(t))
-            return Ref(reads[-1])
-
-        cargs = tuple(_device_free(a) for a in substitute(tuple(args), ref))
-        ckwargs = {k: _device_free(v) for k, v in substitute(dict(kwargs), ref).items()}
-        need = {tensors[t].sk: latest.get(tensors[t].sk, EXTERNAL) for t in reads}
-        for sk, v in need.items():
-            if v == EXTERNAL:
-                src = tensors[storage_base[sk]]
-                rg.setdefault((sk, v), src.source == "param")
-        in_storages = {tensors[t].sk for t in reads}
-        flat_out = flatten(out)
-        out_tensors = [o for o in flat_out if isinstance(o, torch.Tensor)]
-        if node >= 0:
-            kind = "compute"
-        elif out_tensors and all(o.untyped_storage()._cdata in sks and sks[o.untyped_storage()._cdata] in in_storages
-                                 for o in out_tensors):
-            kind = "view"
-        else:
-            kind = "alloc"
-        outs = []
-        for o in flat_out:
-            if not isinstance(o, torch.Tensor):
-                outs.append(None)
-            elif id(o) in tids:  # an in-place op returns its argument
-                outs.append(tids[id(o)])
-            elif kind == "view":
-                o_sk = sks[o.untyped_storage()._cdata]
-                arg = next(t for t in reads if tensors[t].sk == o_sk)
-                outs.append(add(o, "call", ci, ci, arg))
-            else:
-                outs.append(add(o, "call", ci))
-        call = Call(func, cargs, ckwargs, outs, substitute(out, lambda _: None), node, kind, reads, need)
-        if kind == "compute":
+        call = _call(reg, ci, func, args, kwargs, out, node, latest, rg)
+        if call.kind == "compute":
             node_call[node] = ci
-            any_rg = any(rg.get((sk, v), False) for sk, v in need.items())
-            written = {}
-            for o in outs:
-                if o is not None:
-                    sk = tensors[o].sk
-                    written[sk] = sk not in in_storages
-            schema_args = func._schema.arguments
-            for i, a in enumerate(schema_args):
-                if a.alias_info is not None and a.alias_info.is_write:
-                    value = args[i] if i < len(args) else kwargs.get(a.name)
-                    for t in flatten(value):
-                        if isinstance(t, torch.Tensor):
-                            written.setdefault(tensors[tids[id(t)]].sk, False)
-            returned = {tensors[o].sk for o in outs if o is not None}
-            for sk, new in written.items():
-                floating = tensors[storage_base[sk]].dtype.is_floating_point
-                old = rg.get((sk, need.get(sk, EXTERNAL)), False) if not new else False
-                rg[(sk, ci)] = old or (any_rg and floating and sk in returned)
-                latest[sk] = ci
-            call.writes = written
-        elif kind == "alloc":
-            for o in outs:
+            _record_writes(reg, call, ci, args, kwargs, latest, rg)
+        elif call.kind == "alloc":
+            for o in call.outs:
                 if o is not None:
                     latest[tensors[o].sk] = ci
                     rg[(tensors[o].sk, ci)] = False
         calls.append(call)
-    loss_tid = external(prog["loss"])
+    loss_tid = reg.external(prog["loss"])
     loss_sk = tensors[loss_tid].sk
     forward_of = [r.forward_of for r in trace.recs]
     params = {tensors[t].sk: tensors[t].key for t in range(len(tensors)) if tensors[t].source == "param"}
-    return Program(calls, tensors, names, forward_of, (loss_tid, latest.get(loss_sk, EXTERNAL)), storage_base, rg,
-                   node_call, params)
+    return Program(calls, tensors, names, forward_of, (loss_tid, latest.get(loss_sk, EXTERNAL)), reg.storage_base,
+                   rg, node_call, params)
+
+
+def _call(reg: _Tensors, ci: int, func, args, kwargs, out, node: int, latest: dict[int, int],
+          rg: dict[tuple[int, int], bool]) -> Call:
+    """Call `ci` of the trace with its tensors as Refs, the storage versions it reads, its kind
+    and its outputs (registered); the external versions it reads enter `rg`."""
+    name = func.__name__.split(".")[0]
+    if name in ("lift_fresh", "set_", "_local_scalar_dense"):
+        raise DagRefusal(f"the forward calls aten.{name}, which the operator runtime cannot replay")
+    reads: list[int] = []
+
+    def ref(t):
+        reads.append(reg.external(t))
+        return Ref(reads[-1])
+
+    cargs = tuple(_device_free(a) for a in substitute(tuple(args), ref))
+    ckwargs = {k: _device_free(v) for k, v in substitute(dict(kwargs), ref).items()}
+    tensors, sks = reg.tensors, reg.sks
+    need = {tensors[t].sk: latest.get(tensors[t].sk, EXTERNAL) for t in reads}
+    for sk, v in need.items():
+        if v == EXTERNAL:
+            src = tensors[reg.storage_base[sk]]
+            rg.setdefault((sk, v), src.source == "param")
+    in_storages = {tensors[t].sk for t in reads}
+    flat_out = flatten(out)
+    out_tensors = [o for o in flat_out if isinstance(o, torch.Tensor)]
+    if node >= 0:
+        kind = "compute"
+    elif out_tensors and all(o.untyped_storage()._cdata in sks and sks[o.untyped_storage()._cdata] in in_storages
+                             for o in out_tensors):
+        kind = "view"
+    else:
+        kind = "alloc"
+    outs = []
+    for o in flat_out:
+        if not isinstance(o, torch.Tensor):
+            outs.append(None)
+        elif id(o) in reg.tids:  # an in-place op returns its argument
+            outs.append(reg.tids[id(o)])
+        elif kind == "view":
+            o_sk = sks[o.untyped_storage()._cdata]
+            arg = next(t for t in reads if tensors[t].sk == o_sk)
+            outs.append(reg.add(o, "call", ci, ci, arg))
+        else:
+            outs.append(reg.add(o, "call", ci))
+    return Call(func, cargs, ckwargs, outs, substitute(out, lambda _: None), node, kind, reads, need)
+
+
+def _record_writes(reg: _Tensors, call: Call, ci: int, args, kwargs, latest: dict[int, int],
+                   rg: dict[tuple[int, int], bool]) -> None:
+    """A computing call's writes: the storages it returns (new ones) or writes in place (by its
+    schema), each a new version `ci`, which requires grad when an input version does."""
+    tensors, need = reg.tensors, call.need
+    in_storages = {tensors[t].sk for t in call.reads}
+    any_rg = any(rg.get((sk, v), False) for sk, v in need.items())
+    written = {}
+    for o in call.outs:
+        if o is not None:
+            sk = tensors[o].sk
+            written[sk] = sk not in in_storages
+    schema_args = call.func._schema.arguments
+    for i, a in enumerate(schema_args):
+        if a.alias_info is not None and a.alias_info.is_write:
+            value = args[i] if i < len(args) else kwargs.get(a.name)
+            for t in flatten(value):
+                if isinstance(t, torch.Tensor):
+                    written.setdefault(tensors[reg.tids[id(t)]].sk, False)
+    returned = {tensors[o].sk for o in call.outs if o is not None}
+    for sk, new in written.items():
+        floating = tensors[reg.storage_base[sk]].dtype.is_floating_point
+        old = rg.get((sk, need.get(sk, EXTERNAL)), False) if not new else False
+        rg[(sk, ci)] = old or (any_rg and floating and sk in returned)
+        latest[sk] = ci
+    call.writes = written
 
 
 # --- the plan on the program --------------------------------------------------------------------------
@@ -394,7 +410,7 @@ def analyse(plan, program: Program) -> Analysis:
         if d and i in program.node_call:
             call = program.calls[program.node_call[i]]
             fname = call.func.__name__.split(".")[0]
-            if fname not in _BATCH_OPERAND or call.kind != "compute":
+            if fname not in BATCH_OPERAND or call.kind != "compute":
                 raise DagRefusal(f"operator {name} is split but it has no batch operand to slice")
     reason = check_colocation(names, program.forward_of, where)
     if reason:

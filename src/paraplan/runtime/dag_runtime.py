@@ -34,10 +34,10 @@ Mechanism (runtime/dag_graph.py builds the static part):
   - Dropout off (TrainConfig.dropout=False): the plan's graph was traced with dropout (its names
     include the mask ops), so the mask's bernoulli_(q) runs as fill_(q); the next div_(q) makes
     the mask exactly 1 (q / q), the multiply exactly the identity.
-Outputs as train_rank's: losses.json (rank 0), steps_rank{r}.json, memory_dag_rank{r}.json (the last
-step: what autograd saved during this rank's forward, and its parameters, gradients and optimizer
-state, every rank counting the whole model's copies it uses) and stage{r}.pt (the parameters it
-owns). Not written: the timeline (runtime/timeline.py's Recorder wraps pipeline stages).
+Outputs as the stage loop's (runtime/stage_loop.py): losses.json (rank 0), steps_rank{r}.json,
+memory_dag_rank{r}.json (the last step: what autograd saved during this rank's forward, and its
+parameters, gradients and optimizer state, every rank counting the whole model's copies it uses)
+and stage{r}.pt (the parameters it owns). Not written: the timeline (runtime/timeline.py's Recorder wraps pipeline stages).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 
 from paraplan.errors import ParaplanError
-from paraplan.models.op_trace import _BATCH_OPERAND
+from paraplan.models.op_record import BATCH_OPERAND
 from paraplan.runtime.dag_graph import (
     EXTERNAL,
     Analysis,
@@ -68,7 +68,7 @@ from paraplan.runtime.dag_graph import (
 from paraplan.runtime.data import batch_source
 from paraplan.runtime.materialize import build_layers, materialize
 from paraplan.runtime.memory_meter import MemoryMeter, state_bytes
-from paraplan.runtime.worker import TrainConfig, make_optimizer
+from paraplan.runtime.rank_base import TrainConfig, make_optimizer
 
 
 @functools.lru_cache(maxsize=8)
@@ -222,7 +222,7 @@ class RankStep:
 
     def _rows(self, call) -> int:
         """The call's batch rows: the leading dimension of its batch operand (op_trace's)."""
-        return self.p.tensors[call.args[_BATCH_OPERAND[call.func.__name__.split(".")[0]]].tid].shape[0]
+        return self.p.tensors[call.args[BATCH_OPERAND[call.func.__name__.split(".")[0]]].tid].shape[0]
 
     def _part(self, item: Item, call) -> None:
         """Part k of a split: the call on rows [lo, hi) of every non-parameter tensor argument whose
@@ -369,7 +369,7 @@ def train_dag_rank(config: TrainConfig) -> dict:
         inputs, targets = batches(step)
         optim.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
-        # memory on the last step, as train_rank: what autograd saves (MemoryMeter's pack hook)
+        # memory on the last step, as the stage loop: what autograd saves (MemoryMeter's pack hook)
         meter = MemoryMeter() if step == config.steps - 1 else None
         run = RankStep(an, rank, _externals(built, named, inputs, targets), config.dropout)
         with meter.watching() if meter is not None else contextlib.nullcontext():

@@ -1,5 +1,5 @@
 """Where a training step's global batch comes from: synthetic batches (the default; models/inputs.py)
-or real data (`paraplan train --data PATH`). Every runtime (worker.py, dag_runtime.py, the
+or real data (`paraplan train --data PATH`). Every runtime (stage_loop.py, dag_runtime.py, the
 single-process reference.py) gets its batches from `batch_source`, so a distributed run and one
 process see the same samples, and every rank reads the same global batch, then takes its part.
 

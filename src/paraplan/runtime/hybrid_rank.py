@@ -11,12 +11,12 @@ import torch
 
 from paraplan.costs.strategy import data_rank
 from paraplan.runtime.hybrid import DataParallelSync, Meshes, build_stage, data_rows, full_value
-from paraplan.runtime.worker import RankSetup, TrainConfig, _roles, make_groups
+from paraplan.runtime.rank_base import RankSetup, TrainConfig, make_groups, stage_and_position
 
 
 def hybrid_setup(config: TrainConfig, rank: int, device, built, layers, names, recorder) -> RankSetup:
     plan = config.plan
-    stage_index, position = _roles(plan, rank)
+    stage_index, position = stage_and_position(plan, rank)
     # collective creation, the same order on every rank: pipelines, stage groups, then the meshes
     pp_groups, stage_groups = make_groups(plan)
     meshes = Meshes(plan, device.type)

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch.multiprocessing as mp
 
 from paraplan.localnet import free_port
-from paraplan.runtime.worker import TrainConfig, worker_main
+from paraplan.runtime.rank_base import TrainConfig
 
 
 def spawn(config: TrainConfig, world: int) -> None:
@@ -17,7 +17,7 @@ def spawn(config: TrainConfig, world: int) -> None:
     that dies or fails, Ctrl-C, SIGTERM), every rank is stopped before the launcher returns, and a
     rank's failure becomes one clear line: `rank R failed: Type: message` from what the rank itself
     recorded (runtime/teardown.py), the earliest failure when several ranks failed. The ranks also
-    die with the launcher if it is killed outright (worker.die_with_parent)."""
+    die with the launcher if it is killed outright (die_with_parent)."""
     import logging
     import tempfile
 
@@ -54,6 +54,56 @@ def _stop(processes) -> None:
         process.join(timeout=10)
         if process.is_alive():
             process.kill()
+
+
+def die_with_parent() -> None:
+    """Linux: this process gets SIGTERM when its parent (the launcher) dies, however it dies
+    (a SIGKILL included), so a rank never trains on as an orphan. Elsewhere a no-op."""
+    import ctypes
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except OSError:
+        return
+    if os.getppid() == 1:  # the parent is already gone
+        os._exit(1)
+
+
+def worker_main(rank: int, world: int, port: int, config: TrainConfig, error_dir: str | None = None) -> None:
+    """One spawned rank. A failure's type and message go to `error_dir` for the launcher (torch hands
+    it only the traceback); the teardown releases DTensors, meshes and groups in order
+    (runtime/teardown.py)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from paraplan.runtime.dispatch import train_rank
+    from paraplan.runtime.rank_base import backend
+    from paraplan.runtime.teardown import end_rank, record_failure
+
+    die_with_parent()
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    torch.set_num_threads(1)
+    finished = False
+    try:
+        dist.init_process_group(backend(), rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=config.timeout_s))
+        train_rank(config)  # returns before the teardown: its objects are unreferenced by then
+        finished = True
+        end_rank(rank, finished=True)
+    except BaseException as exc:
+        record_failure(error_dir, rank, exc)
+        if not finished:
+            with contextlib.suppress(Exception):  # the training's error is the one to report
+                end_rank(rank, finished=False)  # no closing barrier: the other ranks may be gone
+        raise
 
 
 def rank_failure(error_dir, error_index: int, traceback_text: str) -> str:
@@ -98,8 +148,9 @@ def run_under_torchrun(config: TrainConfig) -> dict:
     import torch
     import torch.distributed as dist
 
+    from paraplan.runtime.dispatch import train_rank
+    from paraplan.runtime.rank_base import backend
     from paraplan.runtime.teardown import end_rank
-    from paraplan.runtime.worker import backend, train_rank
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)

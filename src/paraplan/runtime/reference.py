@@ -6,7 +6,7 @@ import torch
 
 from paraplan.runtime.data import batch_source
 from paraplan.runtime.materialize import StageModule, build_layers, materialize
-from paraplan.runtime.worker import TrainConfig, make_optimizer
+from paraplan.runtime.rank_base import TrainConfig, make_optimizer
 
 
 def reference_run(config: TrainConfig) -> tuple[list[float], dict[str, torch.Tensor]]:

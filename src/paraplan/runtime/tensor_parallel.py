@@ -132,7 +132,7 @@ class _HeadSharded(ParallelStyle):
 
 
 class _LocalHeadBias:
-    """Stands in for T5Layer._bias_owner (an `_Unregistered` holder: `.module.compute_bias`). T5
+    """Stands in for T5Layer._bias_owner (an `Unregistered` holder: `.module.compute_bias`). T5
     blocks after the first recompute the relative position bias from block 0's table; each rank
     needs its own heads'. If block 0 runs TP on the same mesh its table is head-sharded and the bias
     comes out local already; otherwise the whole bias is sliced here (block 0's table then gets only

@@ -1,0 +1,270 @@
+"""The training loop of every plan that runs pipeline stages (the plain pipeline, per-layer
+strategies, Bi-Partition): the rank's stage set up by its plan kind (a `RankSetup`), then the steps,
+checkpoints, reported losses and what the run writes.
+
+Pipelining uses torch.distributed.pipelining (PipelineStage + ScheduleGPipe / Schedule1F1B) with
+stages cut by us. Following shared/notes/runtime-on-cpu.md: scale_grads=False with the loss divided
+by the number of micro-batches; no DDP (its reducer breaks with several stages per rank), our own
+gradient all-reduce instead (runtime/pipeline_rank.py); a barrier before destroying the process group.
+
+A tied weight held by two stages (GPT-2's embedding and head) has its gradient summed between the
+ranks that hold it, as DeepSpeed's TiedLayerSpec does. Gradient clipping uses the norm over the
+whole model: squares summed over one pipeline replica (a tied weight counted once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from paraplan.runtime.data import batch_source
+from paraplan.runtime.materialize import build_layers
+from paraplan.runtime.memory_meter import MemoryMeter, local_value, state_bytes
+from paraplan.runtime.rank_base import RankSetup, TrainConfig, make_optimizer, rank_device, stage_and_position
+
+REPORT_EVERY_S = 0.5  # rank 0 prints the step losses, and losses.json is rewritten, at most this often
+
+# (config, rank, device, built, layers, names, recorder) -> what this rank runs
+SetupFn = Callable[..., RankSetup]
+
+
+def train_stages(config: TrainConfig, setup_fn: SetupFn) -> dict:
+    """One rank of a stage plan: `setup_fn` (the plan kind's) builds its stage, then the steps run."""
+    from paraplan.runtime.timeline import Recorder
+
+    plan = config.plan
+    rank = dist.get_rank()
+    device = rank_device()
+    built, layers, names = build_layers(config.model, config.seed, config.seq_len, config.image_size,
+                                        dropout=config.dropout)
+    # who holds and who owns each parameter, read before the stage's layers are materialised and
+    # sharded (FSDP2 and DTensor replace the parameter objects the names are keyed by)
+    # (by backward range: the worker that runs a layer's backward updates it; the forward range for
+    # every plan but Bi-Partition's)
+    stage_names = [_stage_param_names(layers, names, st.backward) for st in plan.stages]
+    owned = _owned_names(layers, names, plan.stages[stage_and_position(plan, rank)[0]].backward)
+    recorder = Recorder()
+    batches = batch_source(built, plan.global_batch, config.seed, config.data, config.data_dtype)
+    setup = setup_fn(config, rank, device, built, layers, names, recorder)
+    stage_index, module = setup.stage_index, setup.module
+    module.train()
+    torch.manual_seed(config.seed + 1000 * stage_index)  # dropout: the same on every replica of a stage
+    tied_groups = _tied_groups(plan, setup, stage_names, rank)
+    owner_names = sorted(owned & set(setup.named))
+    params = list(setup.named.values())
+    schedule = _schedule(plan, setup, device, recorder) if setup.run_step is None else None
+    optim = make_optimizer(config, params)
+    from paraplan.runtime.checkpoints import save_checkpoint
+
+    first_step, losses = _resume(config, stage_index, module, optim)
+    report = _LossReport(config, setup, device, losses, first_step, rank)
+    step_times, memory = [], None
+    for step in range(first_step, config.steps):
+        recorder.step = step
+        if config.step_hook is not None:
+            config.step_hook(rank, step)
+        inputs, targets = batches(step)  # the whole global batch, the same on every rank
+        x, y = setup.local_batch(inputs, targets)
+        x, y = x.to(device), None if y is None else y.to(device)
+        optim.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        micro_losses: list = []
+        # memory is measured on the last step: on the first, torch's pipeline stage also holds the
+        # graph of its shape-inference forward (PipelineStage._fwd_outputs_for_bwd_meta), about
+        # one micro-batch's activations more than any later step (the pack hook's cost, a few us
+        # per saved tensor, falls on one step of the median)
+        meter = MemoryMeter() if step == config.steps - 1 else None
+        with meter.watching() if meter is not None else contextlib.nullcontext():
+            _run_schedule(setup, schedule, plan.n_stages, x, y, micro_losses)
+        setup.sync.finish()
+        for name, g in tied_groups:
+            dist.all_reduce(local_value(setup.named[name].grad), group=g)
+        if config.clip_norm is not None:
+            _clip_gradients(config, setup, owner_names, params, device)
+        optim.step()
+        if setup.after_step is not None:
+            setup.after_step()
+        step_times.append(time.perf_counter() - t0)
+        if meter is not None:
+            memory = {"rank": rank, "stage": stage_index, "activations": meter.peak_activation_bytes,
+                      **state_bytes(params + list(setup.copies), optim)}
+            if device.type == "cuda":
+                memory["allocator_peak"] = torch.cuda.max_memory_allocated(device)
+        report.local.append(sum(float(v.detach()) for v in micro_losses) * setup.loss_weight if micro_losses else 0.0)
+        done = step + 1
+        checkpoint_due = config.checkpoint_dir is not None and (done == config.steps or (
+            config.checkpoint_every and done % config.checkpoint_every == 0))
+        report.after_step(step, step_times[-1], checkpoint_due)
+        if checkpoint_due:  # collective: the manifest is written once every stage's file is
+            save_checkpoint(config, stage_index, done, lambda done=done: {
+                "module": module.state_dict(), "optimizer": optim.state_dict(), "rng": torch.get_rng_state(),
+                "step": done, "losses": losses}, setup.writes)
+    report.stop()
+    result = {"rank": rank, "stage": stage_index, "replica": setup.position, "losses": losses, "step_s": step_times}
+    if config.out_dir is not None:
+        _write_outputs(config, rank, setup, recorder, step_times, memory)
+    dist.barrier()
+    return result
+
+
+def _tied_groups(plan, setup: RankSetup, stage_names: list[set[str]], rank: int) -> list[tuple[str, object]]:
+    """(name, group) for each parameter of this rank held by several stages: its gradient is summed
+    over the group. Every rank makes every group, in the same order (new_group is collective)."""
+    tied_groups = []
+    for name in sorted(setup.named):
+        holders = [s for s in range(plan.n_stages) if name in stage_names[s]]
+        if len(holders) > 1:
+            for r in range(len(plan.stages[0].devices)):
+                ranks = [plan.stages[s].devices[r] for s in holders]
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    tied_groups.append((name, g))
+    return tied_groups
+
+
+def _schedule(plan, setup: RankSetup, device, recorder):
+    """The rank's PipelineStage under the plan's schedule (GPipe or 1F1B), recorded on the timeline."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    stage = PipelineStage(setup.module, setup.stage_index, plan.n_stages, device, group=setup.pp_group)
+    recorder.wrap_stage(stage)
+    recorder.patch_p2p()
+    schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(plan.schedule)
+    if schedule_cls is None:
+        raise RuntimeError(f"the runtime runs gpipe and 1f1b schedules, not {plan.schedule!r}")
+    return schedule_cls(stage, plan.n_micro, loss_fn=setup.loss, scale_grads=False)
+
+
+def _resume(config: TrainConfig, stage_index: int, module, optim) -> tuple[int, list]:
+    """(the first step to run, the losses so far): (0, []) for a new run; when resuming, the
+    checkpoint's, its state loaded into the module, the optimizer and the RNG."""
+    if not config.resume:
+        return 0, []
+    from paraplan.runtime.checkpoints import load_stage
+
+    # check_resume has checked the files (sha256) and what they belong to
+    state = load_stage(config.checkpoint_dir, stage_index)
+    module.load_state_dict(state["module"])
+    optim.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])
+    return state["step"], list(state["losses"])
+
+
+def _run_schedule(setup: RankSetup, schedule, n_stages: int, x, y, micro_losses: list) -> None:
+    """One step's forwards and backwards: the plan kind's own step, or the pipeline schedule fed as
+    this rank's stage needs (the first takes the inputs, the last the targets and the losses)."""
+    stage_index = setup.stage_index
+    if schedule is None:
+        setup.run_step(x, y, micro_losses)
+    elif stage_index == 0 and stage_index == n_stages - 1:
+        schedule.step(x, target=y, losses=micro_losses)
+    elif stage_index == 0:
+        schedule.step(x)
+    elif stage_index == n_stages - 1:
+        schedule.step(target=y, losses=micro_losses)
+    else:
+        schedule.step()
+
+
+def _clip_gradients(config: TrainConfig, setup: RankSetup, owner_names: list[str], params, device) -> None:
+    """Scale the gradients so that the whole model's norm is at most config.clip_norm (squares
+    summed over this rank's pipeline, each parameter by its owner)."""
+    from paraplan.runtime.hybrid import squared_norm
+
+    sq = squared_norm(setup.named[n] for n in owner_names).to(device)
+    dist.all_reduce(sq, group=setup.pp_group)
+    coef = min(1.0, config.clip_norm / (float(sq.sqrt()) + 1e-6))
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(coef)
+
+
+class _LossReport:
+    """The step losses, summed over the ranks (only last stages contribute) in one all-reduce
+    every `every` steps, not every step: a per-step all-reduce, even asynchronous, cost ~10% of
+    a 50 ms step here (benchmarks/runtime_overhead.py). `every` is fixed after the second step,
+    the same on every rank (from the slowest rank's step), so that the flushes stay
+    collective: about REPORT_EVERY_S apart (the first two steps are reported at once). Rank 0
+    prints them (config.log), and losses.json is rewritten, at each flush."""
+
+    def __init__(self, config: TrainConfig, setup: RankSetup, device, losses: list, first_step: int, rank: int):
+        self.config, self.setup, self.device = config, setup, device
+        self.losses = losses  # every step's summed loss so far (the checkpoint's first when resuming)
+        self.first_step = first_step
+        self.local: list[float] = []  # this rank's weighted contributions of the steps not yet summed
+        self.every = 1
+        self.progress = None
+        if rank == 0 and config.log:
+            from rich.progress import Progress
+
+            # no refresh thread: it would compete with this rank's training for the interpreter
+            self.progress = Progress(transient=True, auto_refresh=False)
+            self.progress.start()
+            self.bar = self.progress.add_task("training", total=config.steps, completed=first_step)
+
+    def after_step(self, step: int, took: float, checkpoint_due) -> None:
+        """Flush when due (collective), and fix `every` after the second step."""
+        done, first_step = step + 1, self.first_step
+        if done == self.config.steps or checkpoint_due or (done - first_step - 2) % self.every == 0 or \
+                step == first_step:
+            self.flush(done, took)
+        if step == first_step + 1:  # the flush interval, from the slowest rank's second step (the first warms up)
+            slowest = torch.tensor([took], dtype=torch.float64, device=self.device)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            self.every = max(1, min(64, int(REPORT_EVERY_S / max(float(slowest), 1e-6))))
+
+    def flush(self, done: int, took: float) -> None:
+        config, losses = self.config, self.losses
+        summed = torch.tensor(self.local, dtype=torch.float64, device=self.device)
+        dist.all_reduce(summed)
+        losses.extend(float(v) for v in summed)
+        self.local.clear()
+        if self.progress is not None:
+            self.progress.console.print(f"step {done}/{config.steps}: loss {losses[-1]:.6f}, {took * 1e3:.1f} ms, "
+                                        f"{config.plan.global_batch / took:.1f} samples/s")
+            self.progress.update(self.bar, completed=done)
+            self.progress.refresh()
+        if config.out_dir is not None and self.setup.writes and self.setup.stage_index == 0:
+            # during the run, so that a killed or failed run keeps the losses of the steps it completed
+            from paraplan.fileio import atomic_write_text
+
+            # flushed to the disk only at the end: rewritten up to twice a second during the run
+            atomic_write_text(Path(config.out_dir) / "losses.json", json.dumps(losses), durable=done == config.steps)
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def _write_outputs(config: TrainConfig, rank: int, setup: RankSetup, recorder, step_times: list[float],
+                   memory: dict | None) -> None:
+    """The rank's timeline, step times and memory, and the stage's final parameters (its writer's)."""
+    from paraplan.fileio import atomic_torch_save, atomic_write_text
+
+    # atomic writes (paraplan.fileio): a full disk is one line, no partial file
+    recorder.save(Path(config.out_dir) / f"timeline_rank{rank}.json", rank)
+    atomic_write_text(Path(config.out_dir) / f"steps_rank{rank}.json", json.dumps(step_times))
+    if memory is not None:
+        atomic_write_text(Path(config.out_dir) / f"memory_rank{rank}.json", json.dumps(memory))
+    full = setup.full_state()  # collective for hybrid stages: every rank of the stage takes part
+    if setup.writes:
+        atomic_torch_save(full, Path(config.out_dir) / f"stage{setup.stage_index}.pt")
+
+
+def _stage_param_names(layers, names, layer_range) -> set[str]:
+    return {names.get(id(p)) for _, _, m in layers[layer_range.start:layer_range.stop] for p in m.parameters()}
+
+
+def _owned_names(layers, names, layer_range) -> set[str]:
+    """Parameters whose first user (owner) is a layer of this stage."""
+    first: dict[str, int] = {}
+    for i, (_, _, m) in enumerate(layers):
+        for p in m.parameters():
+            first.setdefault(names.get(id(p)), i)
+    return {n for n, i in first.items() if layer_range.start <= i < layer_range.stop}

@@ -109,12 +109,14 @@ def differences(a, b, path="") -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="the snapshot (JSON) to write")
+    ap.add_argument("--out", default=str(Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "plan_snapshot.json"),
+                    help="the snapshot (JSON) to write (default: bench-out/plan_snapshot.json)")
     ap.add_argument("--compare", help="a snapshot written before: print every difference, exit 1 if any")
     ap.add_argument("--paraplan", default=str(Path(sys.executable).parent / "paraplan"),
                     help="the paraplan command to snapshot")
     args = ap.parse_args()
     snap = snapshot([args.paraplan])
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(snap, indent=1, sort_keys=True) + "\n")
     print(f"{len(snap)} commands, {sum(e['exit'] == 0 for e in snap.values())} exit 0: {args.out}")
     if args.compare:

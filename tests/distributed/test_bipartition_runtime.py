@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paraplan_process import run_paraplan
 
 from paraplan.plan.plan import LayerRange, Plan, Stage
 from paraplan.plan.plan_file import read_plan
@@ -132,8 +133,8 @@ def test_a_plan_costed_with_the_papers_scheme_is_refused_before_launch(tmp_path)
 
     plan_path = tmp_path / "plan.json"
     write_plan(replace(TWO["lenet-below"], split_layers="send-activations"), plan_path)
-    res = subprocess.run([sys.executable, "-m", "paraplan", "train", "--plan", str(plan_path), "--steps", "1",
-                          "--out-dir", str(tmp_path / "run")], env=ENV, capture_output=True, text=True, timeout=120)
+    res = run_paraplan("train", "--plan", str(plan_path), "--steps", "1",
+                          "--out-dir", str(tmp_path / "run"), env=ENV, timeout=120)
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "paper's idealised cost" in res.stderr
     assert not (tmp_path / "run").exists()

@@ -4,12 +4,11 @@ and its steps equal the single-process reference reading the same file."""
 import json
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
+from paraplan_process import run_paraplan
 
 from paraplan.plan.plan import LayerRange, Plan, Stage
 from paraplan.plan.plan_file import write_plan
@@ -35,9 +34,9 @@ def run(tmp_path_factory):
     plan = tmp / "plan.json"
     write_plan(PLAN, plan)
     out = tmp / "out"
-    res = subprocess.run([sys.executable, "-m", "paraplan", "train", "--plan", str(plan), "--data", str(data),
-                          "--steps", str(STEPS), "--no-dropout", "--lr", "1e-3", "--out-dir", str(out), "--json"],
-                         capture_output=True, text=True, env=ENV, timeout=180)
+    res = run_paraplan("train", "--plan", str(plan), "--data", str(data),
+                          "--steps", str(STEPS), "--no-dropout", "--lr", "1e-3", "--out-dir", str(out), "--json",
+                         env=ENV, timeout=180)
     assert res.returncode == 0, res.stderr
     return data, json.loads(res.stdout)["losses"]
 

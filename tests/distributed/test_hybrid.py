@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paraplan_process import run_paraplan
 
 from paraplan.plan.plan import LayerRange, Plan, Stage
 from paraplan.plan.plan import LayerStrategy as S
@@ -217,8 +218,8 @@ def test_unsupported_combinations_are_refused_before_launch(tmp_path):
     tied = _one_stage("gpt2-tiny", [S(tp=2)] + [S(dp=2)] * 5, 2)
     path = tmp_path / "plan.json"
     write_plan(tied, path)
-    res = subprocess.run([sys.executable, "-m", "paraplan", "train", "--plan", str(path), "--steps", "1",
-                          "--out-dir", str(tmp_path / "never")], capture_output=True, text=True, env=ENV, timeout=120)
+    res = run_paraplan("train", "--plan", str(path), "--steps", "1",
+                          "--out-dir", str(tmp_path / "never"), env=ENV, timeout=120)
     assert res.returncode == 2 and "share a parameter" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and "layers 0 (embedding" in res.stderr
     assert not (tmp_path / "never").exists()

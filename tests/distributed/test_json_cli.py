@@ -3,14 +3,14 @@ profile-links (paraplan.profile-links/1): one JSON document on stdout, nothing e
 
 import json
 import os
-import subprocess
-import sys
+
+from paraplan_process import run_paraplan
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
 
 
 def _run(*args):
-    res = subprocess.run([sys.executable, "-m", "paraplan", *args], capture_output=True, text=True, env=ENV,
+    res = run_paraplan(*args, env=ENV,
                          timeout=300)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
@@ -18,9 +18,9 @@ def _run(*args):
 
 def test_train_json(tmp_path):
     plan = tmp_path / "p.json"
-    subprocess.run([sys.executable, "-m", "paraplan", "plan", "--planner", "even", "--model", "lenet-5", "--cluster",
-                    "local", "--batch", "8", "--stages", "2", "--micro-batches", "2", "--out", str(plan)],
-                   check=True, capture_output=True, env=ENV, timeout=300)
+    run_paraplan("plan", "--planner", "even", "--model", "lenet-5", "--cluster",
+                    "local", "--batch", "8", "--stages", "2", "--micro-batches", "2", "--out", str(plan),
+                   check=True, env=ENV, timeout=300)
     d = _run("train", "--plan", str(plan), "--steps", "3", "--out-dir", str(tmp_path / "run"), "--json", "--compare")
     assert set(d) == {"schema", "out_dir", "steps", "losses", "step_s", "median_step_s", "samples_per_s", "compare",
                       "memory"}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paraplan_process import run_paraplan
 
 from paraplan.plan.plan import LayerRange, Plan, Stage
 from paraplan.plan.plan_file import write_plan
@@ -135,18 +136,17 @@ def test_two_torchrun_nodes_match_one_process(tmp_path):
 def test_train_refuses_plans_that_do_not_fit(tmp_path, change, needle):
     plan_path = tmp_path / "plan.json"
     write_plan(GPT2_2, plan_path)
-    args = [sys.executable, "-m", "paraplan", "train", "--plan", str(plan_path)]
+    args = ["train", "--plan", str(plan_path)]
     for k, v in change.items():
         args += [f"--{k}", v]
-    res = subprocess.run(args, capture_output=True, text=True, env=ENV, timeout=120)
+    res = run_paraplan(*args, env=ENV, timeout=120)
     assert res.returncode == 2 and needle in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
 
 
 def _train(plan_path, *extra, env=None, timeout=180):
-    args = [sys.executable, "-m", "paraplan", "train", "--plan", str(plan_path), "--no-dropout", "--optimizer",
-            "sgd", "--lr", "0.1", *extra]
-    return subprocess.run(args, capture_output=True, text=True, env={**ENV, **(env or {})}, timeout=timeout)
+    args = ["train", "--plan", str(plan_path), "--no-dropout", "--optimizer", "sgd", "--lr", "0.1", *extra]
+    return run_paraplan(*args, env={**ENV, **(env or {})}, timeout=timeout)
 
 
 def test_checkpoint_and_resume_give_the_same_losses(tmp_path):

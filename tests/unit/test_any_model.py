@@ -3,12 +3,11 @@ module, and the command line with models the zoo does not have."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from paraplan_process import run_paraplan
 
 from paraplan.costs.model import profile_cost_model
 from paraplan.costs.profile import LayerProfile, Profile, Timing
@@ -155,7 +154,7 @@ def test_a_profile_of_another_model_is_refused():
 
 # --------------------------------------------------------------------------- every subcommand takes any model
 def _run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "paraplan", *args], capture_output=True, text=True, env=ENV,
+    return run_paraplan(*args, env=ENV,
                           cwd=cwd, timeout=180)
 
 

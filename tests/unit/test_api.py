@@ -3,10 +3,9 @@ on the same inputs."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from paraplan_process import run_paraplan
 
 import paraplan
 from paraplan.errors import ParaplanError
@@ -16,7 +15,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "paraplan", *args], capture_output=True, text=True, env=ENV,
+    return run_paraplan(*args, env=ENV,
                           timeout=300)
 
 

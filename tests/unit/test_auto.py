@@ -3,11 +3,10 @@ failing or timed-out planner as a row, the lower bound below every plan, the --j
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
+from paraplan_process import run_paraplan
 
 from paraplan import auto
 from paraplan.costs.model import analytic_cost_model
@@ -86,9 +85,9 @@ def test_a_failing_and_a_slow_planner_are_rows_not_crashes(request_and_result, m
 
 def test_cli_json_schema_and_the_plan_written(tmp_path):
     out = tmp_path / "best.json"
-    res = subprocess.run([sys.executable, "-m", "paraplan", "plan", "--model", "lenet-5", "--cluster", "local",
-                          "--batch", "16", "--out", str(out), "--json", "--time-limit", "60"],
-                         capture_output=True, text=True, env=ENV, timeout=300)
+    res = run_paraplan("plan", "--model", "lenet-5", "--cluster", "local",
+                          "--batch", "16", "--out", str(out), "--json", "--time-limit", "60",
+                         env=ENV, timeout=300)
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert data["schema"] == "paraplan.plan.auto/1"
@@ -107,8 +106,8 @@ def test_cli_json_schema_and_the_plan_written(tmp_path):
 
 
 def test_options_of_one_planner_need_that_planner(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "paraplan", "plan", "--model", "lenet-5", "--cluster", "local",
-                          "--batch", "16", "--mode", "paper", "--out", str(tmp_path / "p.json")],
-                         capture_output=True, text=True, env=ENV, timeout=120)
+    res = run_paraplan("plan", "--model", "lenet-5", "--cluster", "local",
+                          "--batch", "16", "--mode", "paper", "--out", str(tmp_path / "p.json"),
+                         env=ENV, timeout=120)
     assert res.returncode == 2 and "--mode: an option of one planner; give --planner too" in res.stderr
     assert not (tmp_path / "p.json").exists()

@@ -2,10 +2,10 @@
 that shows what they wrote (Bi-Partition's: ~25 s, the quickest of the five papers)."""
 
 import os
-import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
+
+from paraplan_process import run_paraplan
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
@@ -30,8 +30,8 @@ class _Links(HTMLParser):
 
 def test_bipartition_reproduction_with_its_index(tmp_path):
     out = tmp_path / "results"
-    res = subprocess.run([sys.executable, "-m", "paraplan", "bench", "paper", "bipartition", "--out", str(out)],
-                         capture_output=True, text=True, env=ENV, timeout=600)
+    res = run_paraplan("bench", "paper", "bipartition", "--out", str(out),
+                         env=ENV, timeout=600)
     assert res.returncode == 0, res.stderr
     assert (out / "bipartition_modes" / "modes.json").exists() and (out / "gropipe_bipartition" / "summary.md").exists()
     # each script's own output is kept beside its results (some scripts run for an hour)
@@ -48,7 +48,7 @@ def test_bipartition_reproduction_with_its_index(tmp_path):
 
 
 def test_unknown_paper_is_one_line(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "paraplan", "bench", "paper", "nope", "--out", str(tmp_path / "r")],
-                         capture_output=True, text=True, env=ENV, timeout=120)
+    res = run_paraplan("bench", "paper", "nope", "--out", str(tmp_path / "r"),
+                         env=ENV, timeout=120)
     assert res.returncode == 2 and "unknown paper 'nope'" in res.stderr and res.stderr.count("\n") == 1
     assert not Path(tmp_path / "r").exists()

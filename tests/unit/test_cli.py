@@ -2,10 +2,9 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from paraplan_process import run_paraplan
 
 from paraplan.models import zoo
 
@@ -14,7 +13,7 @@ EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 
 
 def run(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "paraplan", *args], capture_output=True, text=True, env=ENV,
+    return run_paraplan(*args, env=ENV,
                           timeout=timeout)
 
 

@@ -8,11 +8,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from paraplan_process import run_paraplan
 
 from paraplan.errors import UnknownNameError
 from paraplan.fileio import make_dirs, output_problem, remove_if_empty
@@ -27,8 +27,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
 def run(*args, cwd=None, env=None, timeout=60):
-    return subprocess.run([sys.executable, "-m", "paraplan", *map(str, args)], capture_output=True, text=True,
-                          env={**ENV, **(env or {})}, cwd=cwd, timeout=timeout)
+    return run_paraplan(*args, env={**ENV, **(env or {})}, cwd=cwd, timeout=timeout)
 
 
 def refused(res, *needles):

@@ -3,13 +3,12 @@
 import itertools
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from paraplan_process import run_paraplan
 
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
@@ -157,7 +156,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 ])
 def test_plan_cli_for_gropipe_and_bipartition(tmp_path, args):
     out = tmp_path / "plan.json"
-    res = subprocess.run([sys.executable, "-m", "paraplan", "plan", *args, "--out", str(out), "--json"],
-                         capture_output=True, text=True, env=ENV, timeout=300)
+    res = run_paraplan("plan", *args, "--out", str(out), "--json",
+                         env=ENV, timeout=300)
     assert res.returncode == 0, res.stderr
     assert json.loads(out.read_text())["prediction"]["iteration_s"] > 0

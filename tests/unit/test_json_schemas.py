@@ -4,17 +4,15 @@ processes, are checked in tests/distributed/test_json_cli.py."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from paraplan_process import run_paraplan
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
 def _json(*args) -> object:
-    res = subprocess.run([sys.executable, "-m", "paraplan", *args, "--json"], capture_output=True, text=True,
-                         env=ENV, timeout=300)
+    res = run_paraplan(*args, "--json", env=ENV, timeout=300)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)  # the whole of stdout is the document
 

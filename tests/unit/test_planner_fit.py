@@ -11,12 +11,11 @@ when it did not fit, the baselines their fastest micro-batch count, gropipe AMPA
 import itertools
 import json
 import os
-import subprocess
-import sys
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from paraplan_process import run_paraplan
 
 from paraplan.costs.memory import out_of_memory_reason, plan_memory, stage_memory
 from paraplan.costs.model import analytic_cost_model
@@ -174,10 +173,10 @@ def test_nothing_fits_gives_the_closest_plan_with_an_infeasible_prediction(specs
 
 def test_plan_cli_says_no_plan_fits_in_one_line(tmp_path):
     out = tmp_path / "plan.json"
-    res = subprocess.run([sys.executable, "-m", "paraplan", "plan", "--model", "csimd-cnn-8", "--cluster",
+    res = run_paraplan("plan", "--model", "csimd-cnn-8", "--cluster",
                           "csimd-v100-1gbe", "--batch", "64", "--stages", "4", "--planner", "csimd",
-                          "--memory-gib", "0.6", "--out", str(out), "--json"],
-                         capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+                          "--memory-gib", "0.6", "--out", str(out), "--json",
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
     assert res.returncode == 2 and "found no plan that fits" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()
     assert json.loads(res.stdout)["feasible"] is False

@@ -2,10 +2,9 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from paraplan_process import run_paraplan
 
 from paraplan.costs.model import RuntimeOverheads, analytic_cost_model
 from paraplan.errors import FieldError, ParaplanError
@@ -22,7 +21,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "paraplan", *args], capture_output=True, text=True, env=ENV,
+    return run_paraplan(*args, env=ENV,
                           timeout=300)
 
 

@@ -2,13 +2,12 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 from conftest import run_cli_here
+from paraplan_process import run_paraplan
 
 from paraplan.costs.model import profile_cost_model
 from paraplan.costs.timefn import PiecewiseLinear
@@ -112,7 +111,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
 def _cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "paraplan", *args], capture_output=True, text=True, env=ENV,
+    return run_paraplan(*args, env=ENV,
                           timeout=timeout)
 
 

@@ -1,0 +1,93 @@
+"""`paraplan ARGS` as a process of its own, forked from a warm one.
+
+The command-line tests want what a user gets: a separate process, its exit status, its stdout and
+stderr at the file-descriptor level, its own working directory and environment, signals and a
+timeout. Starting `python -m paraplan` for each costs 4-6 s of one core in imports (torch,
+transformers, torch.distributed.tensor), most of the suite's time. So the process is forked from a
+multiprocessing forkserver that imported those modules once (per pytest worker) and has run no
+kernel (so no thread pool is copied into the child); the child sets its directory and environment,
+points fds 1 and 2 at files and runs `paraplan.cli.main` as `python -m paraplan` would
+(src/paraplan/__main__.py). What a command itself starts (ranks, the comparison's processes) is
+started as it is for a user.
+
+The README's and the user guide's commands still start `python -m paraplan` / `paraplan` as
+written (tests/unit/test_readme_commands.py, tests/distributed/guide_commands.py), so the real
+entry points stay covered.
+"""
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+
+# what every command imports anyway; a name that fails to import is skipped by the forkserver
+PRELOAD = ["paraplan.cli", "paraplan.models.measure", "paraplan.models.zoo", "transformers.modeling_utils",
+           "torch.distributed.tensor", "numpy", "matplotlib.pyplot"]
+_context = None
+
+
+def _forkserver():
+    global _context
+    if _context is None:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(PRELOAD)
+        _context = context
+    return _context
+
+
+def _child(args: list[str], cwd: str, env: dict, out_path: str, err_path: str) -> None:
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out_path), (2, err_path)):
+        target = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdout = open(1, "w", closefd=False, buffering=1)  # noqa: SIM115 (lives until os._exit)
+    sys.stderr = open(2, "w", closefd=False, buffering=1)  # noqa: SIM115
+    sys.argv = [os.path.join(os.path.dirname(sys.executable), "paraplan"), *args]
+    code = 1
+    try:
+        from paraplan.cli import main
+
+        code = main(args)
+    except SystemExit as exc:  # argparse's refusals and --help
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code if isinstance(code, int) else 1)
+
+
+def run_paraplan(*args, cwd=None, env=None, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
+    """Like `subprocess.run([sys.executable, "-m", "paraplan", *args], capture_output=True,
+    text=True, cwd=cwd, env=env, timeout=timeout, check=check)`, from a warm process."""
+    args = [str(a) for a in args]
+    env = dict(os.environ if env is None else env)
+    with tempfile.TemporaryDirectory(prefix="paraplan-cli-") as tmp:
+        out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
+        for path in (out_path, err_path):
+            open(path, "w").close()
+        process = _forkserver().Process(target=_child, args=(args, str(cwd or os.getcwd()), env, out_path, err_path))
+        process.start()
+        process.join(timeout)
+        if process.is_alive():
+            process.kill()
+            process.join()
+            raise subprocess.TimeoutExpired([sys.executable, "-m", "paraplan", *args], timeout)
+        with open(out_path) as out, open(err_path) as err:
+            done = subprocess.CompletedProcess([sys.executable, "-m", "paraplan", *args], process.exitcode,
+                                               out.read(), err.read())
+    if check:
+        done.check_returncode()
+    return done

@@ -89,6 +89,8 @@ def snapshot(paraplan: list[str]) -> dict:
                 entry["stderr"] = res.stderr.strip().splitlines()[-1:]
             else:
                 text = Path(target).read_text() if writes else res.stdout
+                # the checkout's own path (a cluster file's name) differs between two clones
+                text = text.replace(json.dumps(str(ROOT))[1:-1], "<repo>")
                 entry["output"] = _strip_clock(json.loads(text))
             out[name] = entry
     return out
@@ -101,18 +103,20 @@ def differences(a, b, path="") -> list[str]:
             found += differences(a[k], b[k], f"{path}/{k}")
         return found
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")]
     return [] if a == b else [f"{path}: {json.dumps(a)[:120]} != {json.dumps(b)[:120]}"]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="the snapshot (JSON) to write")
+    ap.add_argument("--out", default=str(Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "plan_snapshot.json"),
+                    help="the snapshot (JSON) to write (default: bench-out/plan_snapshot.json, as the other benchmarks)")
     ap.add_argument("--compare", help="a snapshot written before: print every difference, exit 1 if any")
     ap.add_argument("--paraplan", default=str(Path(sys.executable).parent / "paraplan"),
                     help="the paraplan command to snapshot")
     args = ap.parse_args()
     snap = snapshot([args.paraplan])
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(snap, indent=1, sort_keys=True) + "\n")
     print(f"{len(snap)} commands, {sum(e['exit'] == 0 for e in snap.values())} exit 0: {args.out}")
     if args.compare:

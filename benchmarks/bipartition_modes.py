@@ -22,16 +22,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from paraplan.costs.model import analytic_cost_model  # noqa: E402
 from paraplan.errors import ParaplanError  # noqa: E402
 from paraplan.hardware import load_cluster  # noqa: E402
-from paraplan.models import measure, zoo  # noqa: E402
 from paraplan.plan.plan import LayerRange, Stage  # noqa: E402
 from paraplan.plan.worker_roles import worker_roles  # noqa: E402
 from paraplan.planners.bipartition.planner import plan_bipartition  # noqa: E402
 from paraplan.planners.registry import simulator_judge  # noqa: E402
 from paraplan.planners.request import PlanRequest  # noqa: E402
 from paraplan.simulate.predict import simulate_plan  # noqa: E402
+from paraplan.workload import workload  # noqa: E402
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "bipartition_modes"
 SETUPS = [("lenet-5", None, 64, True), ("alexnet", 64, 64, True), ("vgg-16", 32, 128, False)]  # as Fig. 8
@@ -46,7 +45,8 @@ def main() -> None:
     cluster = load_cluster("bipartition-7vm")
     rows = []
     for model, image, batch, check_memory in SETUPS:
-        cm = analytic_cost_model(measure.measure(zoo.build(model, image_size=image)), cluster)
+        cm = workload(model, cluster, image_size=image).costs
+        # one request per worker count over the same costs, the model named as the paper names it
         for workers in range(2, 8):
             request = PlanRequest(costs=cm, model_name=model, cluster_name=cluster.name, batch=batch,
                                   n_stages=workers, exact_stages=True)

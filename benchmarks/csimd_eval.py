@@ -25,13 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from paraplan.costs.memory import out_of_memory_reason, plan_memory
-from paraplan.costs.model import analytic_cost_model
-from paraplan.hardware import load_cluster
-from paraplan.models import measure, zoo
 from paraplan.planners.baselines import partition
 from paraplan.planners.csimd import algorithms as csimd
 from paraplan.planners.pipeline_split import build_problem, plan_split
 from paraplan.planners.registry import planner_names
+from paraplan.workload import cost_model, workload
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "csimd"
 
@@ -113,10 +111,9 @@ def _compare(model: str, cluster: str, batch: int, n_stages: int, seq_len=None) 
     term, so CSIMD and the baselines all divide memory-blind (a cluster with unbounded memory; our
     csimd otherwise searches only divisions that fit). Whether each plan fits the real V100s is
     recorded beside it, with what memory-aware csimd ("csimd-fit") does on the real cluster."""
-    spec = measure.measure(zoo.build(model, seq_len=seq_len))
-    real = load_cluster(cluster)
-    cm_real = analytic_cost_model(spec, real)
-    cm = analytic_cost_model(spec, real.with_memory(2 ** 62))  # memory-blind, as eq. (8)
+    on_real = workload(model, cluster, seq_len=seq_len)
+    spec, cm_real = on_real.spec, on_real.costs
+    cm = cost_model(spec, on_real.cluster.with_memory(2 ** 62))  # memory-blind, as eq. (8)
     n_stages = min(n_stages, spec.n_layers)
     problem = build_problem(cm, batch, n_stages)
     times, fits = {}, {}

@@ -33,14 +33,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
-from paraplan.models import measure, zoo
-from paraplan.models.op_trace import build_op_graph
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
 from paraplan.simulate.engine import TRANSFER
 from paraplan.simulate.predict import simulate_plan
+from paraplan.workload import cost_model, workload
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "fddps_contention"
 CLUSTER = "fddps-8xp100"
@@ -84,14 +82,13 @@ def main(models=MODELS) -> dict:
     base = load_cluster(CLUSTER)
     rows = []
     for name, batch in models:
-        built = zoo.build(name)
-        spec, graph = measure.measure(built), build_op_graph(built)
-        for k in DEVICES:
-            cm = replace(analytic_cost_model(spec, restricted(base, k)), operators=graph)
-            row = {"model": built.ref, "batch": batch, "devices": k, "methods": {}}
+        w = workload(name, base, operators="required")
+        for k in DEVICES:  # the same model and operator graph on the first k devices
+            cm = cost_model(w.spec, restricted(base, k), operators=w.operators)
+            row = {"model": w.built.ref, "batch": batch, "devices": k, "methods": {}}
             for label, (planner, options) in METHODS.items():
-                row["methods"][label] = run_method(cm, built.ref, batch, planner, options)
-            row["methods"]["one-device"] = run_method(cm, built.ref, batch, "fddps-nosplit", {}, n_stages=1)
+                row["methods"][label] = run_method(cm, w.built.ref, batch, planner, options)
+            row["methods"]["one-device"] = run_method(cm, w.built.ref, batch, "fddps-nosplit", {}, n_stages=1)
             rows.append(row)
             print(_line(row), flush=True)
     result = {"cluster": CLUSTER, "contention": True, "machine": platform.machine(),

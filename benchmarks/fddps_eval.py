@@ -49,15 +49,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
-from paraplan.costs.model import analytic_cost_model  # noqa: E402
 from paraplan.costs.op_costs import op_seconds_per_device  # noqa: E402
 from paraplan.hardware import load_cluster  # noqa: E402
-from paraplan.models import measure, zoo  # noqa: E402
+from paraplan.models import zoo  # noqa: E402
 from paraplan.models.op_split import split_candidates  # noqa: E402
 from paraplan.models.op_trace import build_op_graph  # noqa: E402
 from paraplan.planners.fddps.planner import search_graph  # noqa: E402
 from paraplan.planners.registry import make_plan  # noqa: E402
 from paraplan.planners.request import PlanRequest  # noqa: E402
+from paraplan.workload import cost_model, measured_model, operator_graph  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fddps_search_speed as synthetic  # noqa: E402
@@ -206,12 +206,12 @@ def table5() -> tuple[list[dict], dict]:
     base = load_cluster(CLUSTER)
     rows, graphs = [], {}
     for label, model, image, batch, gpus, paper in SETUPS:
+        # workload.py's steps one by one: Table III's columns time the measurement and the trace apart
         t0 = time.perf_counter()
-        built = zoo.build(model, image_size=image)
-        spec = measure.measure(built)
+        built, spec = measured_model(model, image_size=image)
         measure_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        graph = build_op_graph(built)
+        graph = operator_graph(built)
         graph_s = time.perf_counter() - t0
         forward = sum(n.phase == "forward" for n in graph.nodes)
         graphs[label] = {"model": model, "image_size": built.inputs.image_size, "batch": batch, "paper_row": paper,
@@ -222,13 +222,13 @@ def table5() -> tuple[list[dict], dict]:
               f"measure {measure_s:.1f} s, op graph {graph_s:.1f} s", flush=True)
         single = {}
         one = cut(base, 1)
-        cm1 = replace(analytic_cost_model(spec, one), operators=graph)
+        cm1 = cost_model(spec, one, operators=graph)
         for method in ("fddps", "dp"):  # fddps on one GPU: every operator in turn, the sum of their times
             single[method] = run_method(cm1, one, built.ref, batch, method)
         extra = (8,) if label == "vgg-16" else ()  # Figure 5 wants every real graph on 8 GPUs
         for k in gpus + extra:
             cluster = cut(base, k)
-            cm = replace(analytic_cost_model(spec, cluster), operators=graph)
+            cm = cost_model(spec, cluster, operators=graph)
             methods = {m: run_method(cm, cluster, built.ref, batch, m, REPEATS) for m in ("dp",) + OP_METHODS}
             # TF-Slim's clones (train_image_classifier --num_clones) each take --batch_size samples: DP with
             # the batch per GPU, k x batch in all
@@ -244,6 +244,7 @@ def table5() -> tuple[list[dict], dict]:
 
 
 def table6() -> list[dict]:
+    # its own code: only the operator graph and its device times, no measured layers or cost model
     built = zoo.build("vgg-16")
     graph = build_op_graph(built)
     cluster = load_cluster(CLUSTER)

@@ -28,13 +28,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from _paraplan_cli import cli  # noqa: E402
 
-from paraplan.costs.model import profile_cost_model  # noqa: E402
-from paraplan.hardware import load_cluster  # noqa: E402
-from paraplan.models import measure, zoo  # noqa: E402
 from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, Stage  # noqa: E402
-from paraplan.profiling.profile_file import read_profile  # noqa: E402
 from paraplan.prove import run_interleaved, spearman  # noqa: E402
 from paraplan.simulate.predict import simulate_plan  # noqa: E402
+from paraplan.workload import workload  # noqa: E402
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "fidelity"
 MODEL = "llama-tiny"  # not one of the calibration's models
@@ -80,8 +77,7 @@ def main() -> None:
         print(cli("calibrate", "--out", str(cluster_path)), flush=True)
     profile_path = OUT / f"{MODEL}-profile.json"
     cli("profile", MODEL, "--batch-sizes", "2,4,8,16,32", "--repeats", "9", "--out", str(profile_path))
-    cm = profile_cost_model(measure.measure(zoo.build(MODEL)), load_cluster(str(cluster_path)),
-                            read_profile(profile_path))
+    cm = workload(MODEL, cluster_path, profile=profile_path).costs
     judged = {name: (plan, simulate_plan(plan, cm).prediction.iteration_s) for name, plan in PLANS.items()}
     predicted = [p for _, p in judged.values()]
     print("predicted: " + ", ".join(f"{n} {p * 1e3:.1f} ms" for n, (_, p) in judged.items())

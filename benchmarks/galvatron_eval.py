@@ -27,11 +27,10 @@ import time
 from pathlib import Path
 
 from paraplan.costs.memory_config import GIB
-from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
-from paraplan.models import measure, zoo
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
+from paraplan.workload import workload
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "galvatron_eval"
 MODELS = ("bert-huge-32", "bert-huge-48", "vit-huge-32", "vit-huge-48", "t5-large-32", "t5-large-48",
@@ -265,7 +264,7 @@ def main() -> None:
     cms = {}
     titan = load_cluster("galvatron-8xtitan")
     for model in models:
-        cms[("galvatron-8xtitan", model)] = analytic_cost_model(measure.measure(zoo.build(model)), titan)
+        cms[("galvatron-8xtitan", model)] = workload(model, titan).costs  # one request per cell over them
     jobs = [("galvatron-8xtitan", m, p, b) for b in budgets for m in models for p, _ in ROWS]
     cells = run_cells(OUT / "table2.json", jobs, cms, args.jobs)
     summary = ranking_summary(cells, models, budgets)
@@ -284,8 +283,7 @@ def main() -> None:
     for cluster_name, model, budgets3 in (("galvatron-16xa100", "bert-huge-32", (8, 16)),
                                           ("galvatron-64xa100", "llama2-7b", (None,))):
         if (cluster_name, model) not in cms:
-            cms[(cluster_name, model)] = analytic_cost_model(measure.measure(zoo.build(model)),
-                                                             load_cluster(cluster_name))
+            cms[(cluster_name, model)] = workload(model, cluster_name).costs
         jobs3 += [(cluster_name, model, p, b) for b in budgets3 for p, _ in ROWS]
     wanted = set(jobs3)
     cells3 = [c for c in run_cells(OUT / "table3.json", jobs3, cms, args.jobs)

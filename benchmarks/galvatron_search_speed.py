@@ -22,12 +22,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from paraplan.costs.memory_config import GIB
-from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
-from paraplan.models import measure, zoo
 from paraplan.planners.registry import make_plan
-from paraplan.planners.request import PlanRequest
+from paraplan.sizes import gib_bytes
+from paraplan.workload import cost_model, measured_model, plan_request
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out"))
 REPEATS = 3
@@ -51,10 +49,9 @@ def cluster_of(n_devices: int):
 
 
 def time_plan(spec, cluster, batch: int, memory_gib: float | None, bins: int = 512) -> dict:
-    cm = analytic_cost_model(spec, cluster)
-    request = PlanRequest(costs=cm, model_name=spec.name, cluster_name=cluster.name, batch=batch,
-                          memory_bytes=None if memory_gib is None else int(memory_gib * GIB),
-                          options={"memory_bins": bins})
+    # a spec and a cluster of its own (longer(), cluster_of()): workload.py's steps from the cost model on
+    request = plan_request(cost_model(spec, cluster), model_name=spec.name, cluster_name=cluster.name, batch=batch,
+                           memory=None if memory_gib is None else gib_bytes(memory_gib), options={"memory_bins": bins})
     t0 = time.perf_counter()
     plan = make_plan(request, PLANNER)
     return {"seconds": time.perf_counter() - t0, "feasible": plan.prediction.feasible,
@@ -78,13 +75,13 @@ def measure_points(points: list[tuple[str, dict, tuple]]) -> list[dict]:
 
 
 def main() -> None:
-    bert = measure.measure(zoo.build("bert-huge-32"))
+    _, bert = measured_model("bert-huge-32")
     titan = load_cluster("galvatron-8xtitan")
     print("targets", flush=True)
     targets = measure_points([
         ("bert-huge-32, 8 TITAN, 16 GB, batch 64", {"target_s": 10}, (bert, titan, 64, 16)),
     ])
-    llama = measure.measure(zoo.build("llama2-70b"))
+    _, llama = measured_model("llama2-70b")
     targets += measure_points([
         ("llama2-70b, 64 A100 40 GB, batch 64", {"target_s": 60}, (llama, load_cluster("galvatron-64xa100"), 64, None)),
     ]) if REPEATS else []

@@ -16,13 +16,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from paraplan.costs.model import analytic_cost_model  # noqa: E402
 from paraplan.hardware import load_cluster  # noqa: E402
-from paraplan.models import measure, zoo  # noqa: E402
 from paraplan.planners.bipartition.planner import plan_bipartition  # noqa: E402
 from paraplan.planners.gropipe.planner import plan_gropipe  # noqa: E402
 from paraplan.planners.registry import simulator_judge  # noqa: E402
 from paraplan.planners.request import PlanRequest  # noqa: E402
+from paraplan.workload import workload  # noqa: E402
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "gropipe_bipartition"
 SHAPES = [(2, 2), (2, 3), (2, 4), (3, 2), (4, 2)]  # the paper's (N groups, k stages)
@@ -38,7 +37,7 @@ def gropipe() -> dict:
     cluster = load_cluster("gropipe-8xt4")
     out = {}
     for model in PAPER_PEAK:
-        cm = analytic_cost_model(measure.measure(zoo.build(model)), cluster)
+        cm = workload(model, cluster).costs  # one request per shape and batch over the same costs
         rows = []
         for n, k in SHAPES + EXTRA:
             batch = 256 if 256 % n == 0 else 264  # N = 3 cannot split 256 samples evenly: 264 = 3 x 88
@@ -59,7 +58,7 @@ def bipartition() -> dict:
     setups = [("lenet-5", None, 64, True), ("alexnet", 64, 64, True), ("vgg-16", 32, 128, False)]
     rows = []
     for model, image, batch, check_memory in setups:
-        cm = analytic_cost_model(measure.measure(zoo.build(model, image_size=image)), cluster)
+        cm = workload(model, cluster, image_size=image).costs  # the model named as the paper names it
         for workers in range(2, 8):
             request = PlanRequest(costs=cm, model_name=model, cluster_name=cluster.name, batch=batch,
                                   n_stages=workers)

@@ -110,7 +110,7 @@ def differences(a, b, path="") -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "plan_snapshot.json"),
-                    help="the snapshot (JSON) to write (default: bench-out/plan_snapshot.json)")
+                    help="the snapshot (JSON) to write (default: bench-out/plan_snapshot.json, as the other benchmarks)")
     ap.add_argument("--compare", help="a snapshot written before: print every difference, exit 1 if any")
     ap.add_argument("--paraplan", default=str(Path(sys.executable).parent / "paraplan"),
                     help="the paraplan command to snapshot")

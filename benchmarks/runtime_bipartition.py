@@ -28,17 +28,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 from _paraplan_cli import cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
 
 from paraplan.costs.memory import plan_memory  # noqa: E402
-from paraplan.costs.model import profile_cost_model  # noqa: E402
-from paraplan.hardware import load_cluster  # noqa: E402
-from paraplan.models import measure, zoo  # noqa: E402
 from paraplan.plan.plan import LayerRange, Plan, Stage  # noqa: E402
 from paraplan.plan.plan_file import write_plan  # noqa: E402
 from paraplan.plan.worker_roles import worker_roles  # noqa: E402
 from paraplan.planners.registry import make_plan  # noqa: E402
-from paraplan.planners.request import PlanRequest  # noqa: E402
-from paraplan.profiling.profile_file import read_profile  # noqa: E402
 from paraplan.runtime.compare import memory_comparison, read_overheads  # noqa: E402
 from paraplan.simulate.predict import simulate_plan  # noqa: E402
+from paraplan.workload import workload  # noqa: E402
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "runtime_bipartition"
 MODEL = "vgg-tiny"
@@ -55,9 +51,7 @@ def _split(ranges) -> Plan:
                                                for k, (f, b) in enumerate(ranges)))
 
 
-def plans(cm) -> dict:
-    request = PlanRequest(costs=cm, model_name=MODEL, cluster_name="local", batch=BATCH, n_stages=2,
-                          exact_stages=True)
+def plans(request) -> dict:
     return {"planner": replace(make_plan(request, "bipartition"), prediction=None),
             "split below": _split([((0, 9), (0, 8)), ((9, 16), (8, 16))]),
             "split above": _split([((0, 7), (0, 9)), ((7, 16), (9, 16))])}
@@ -79,9 +73,10 @@ def main() -> None:
     profile_path = OUT / "profile.json"
     if not profile_path.exists():
         cli("profile", MODEL, "--batch-sizes", "1,2,4,8,16,32", "--repeats", "15", "--out", str(profile_path))
-    spec = measure.measure(zoo.build(MODEL))
-    cm = profile_cost_model(spec, load_cluster("local"), read_profile(profile_path), overheads=read_overheads())
-    todo = plans(cm)
+    w = workload(MODEL, "local", batch=BATCH, stages=2, exact_stages=True, profile=profile_path,
+                 overheads=read_overheads())
+    spec, cm = w.spec, w.costs
+    todo = plans(w.request)
     measured: dict[str, list[float]] = {name: [] for name in todo}
     memory: dict[str, list] = {}
     for r in range(args.rounds):

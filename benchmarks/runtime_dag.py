@@ -32,18 +32,15 @@ from pathlib import Path
 
 from _paraplan_cli import cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
 
-from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
-from paraplan.models import measure, zoo
 from paraplan.models.op_split import PART
-from paraplan.models.op_trace import build_op_graph
 from paraplan.plan.plan import OperatorPlacement
 from paraplan.plan.plan_file import write_plan
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
-from paraplan.profiling.operator_file import read_operator_profile
 from paraplan.runtime.dag_graph import build_program
 from paraplan.simulate.predict import simulate_plan
+from paraplan.workload import cost_model, measured_model, operator_graph, workload
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "runtime_dag"
 MODEL = "vgg-tiny"
@@ -93,12 +90,9 @@ def measured_vs_predicted(rounds: int, steps: int) -> list[dict]:
     profile_path = OUT / "operators.json"
     if not profile_path.exists():
         cli("profile", MODEL, "--operators", "--out", str(profile_path))
-    built = zoo.build(MODEL)
-    spec = measure.measure(built)
-    cluster = load_cluster("local")
-    cm = analytic_cost_model(spec, cluster, operator_profile=read_operator_profile(profile_path),
-                             source="operator-profile", operators=build_op_graph(built))
-    fddps = make_plan(PlanRequest(costs=cm, model_name=MODEL, cluster_name="local", batch=BATCH), "fddps")
+    w = workload(MODEL, "local", batch=BATCH, profile=profile_path, operators="required")  # an operator profile
+    cm = w.costs
+    fddps = make_plan(w.request, "fddps")
     todo = {"fddps (runnable)": fddps, "spread by hand": spread(fddps, 2), "one device": one_device(fddps)}
     measured: dict[str, list[float]] = {name: [] for name in todo}
     for r in range(rounds):
@@ -129,13 +123,12 @@ def constraint_cost(quick: bool) -> list[dict]:
     base = load_cluster("fddps-8xp100")
     rows = []
     for label, model, image, batch, gpus in PAPER_SETUPS[:2] if quick else PAPER_SETUPS:
-        built = zoo.build(model, image_size=image)
-        spec = measure.measure(built)
-        graph = build_op_graph(built)
+        built, spec = measured_model(model, image_size=image)  # then one cost model per device count
+        graph = operator_graph(built)
         for k in gpus:
             node = base.nodes[0]
             cluster = replace(base, name=f"{base.name}-{k}", nodes=(replace(node, devices=node.devices[:k]),))
-            cm = replace(analytic_cost_model(spec, cluster), operators=graph)
+            cm = cost_model(spec, cluster, operators=graph)
             for method in ("fddps", "fddps-nosplit"):
                 row = {"setup": label, "gpus": k, "batch": batch, "planner": method}
                 for runnable in (False, True):

@@ -21,14 +21,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from _paraplan_cli import cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
 
-from paraplan.costs.model import profile_cost_model  # noqa: E402
 from paraplan.hardware import load_cluster  # noqa: E402
-from paraplan.models import measure, zoo  # noqa: E402
 from paraplan.plan.plan import LayerRange, Plan, Stage  # noqa: E402
 from paraplan.plan.plan_file import write_plan  # noqa: E402
-from paraplan.profiling.profile_file import read_profile  # noqa: E402
 from paraplan.runtime.compare import measured_overheads  # noqa: E402
 from paraplan.simulate.predict import simulate_plan  # noqa: E402
+from paraplan.workload import cost_model, measured_model  # noqa: E402
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "runtime"
 MODEL = "gpt2-tiny"
@@ -67,8 +65,7 @@ def main() -> None:
     profile_path, cluster_path = OUT / "profile.json", OUT / "cluster.toml"
     cli("profile", MODEL, "--batch-sizes", "1,2,4,8,16,32,64", "--repeats", "15", "--out", str(profile_path))
     cli("profile-links", "--out", str(cluster_path))
-    spec = measure.measure(zoo.build(MODEL))
-    profile = read_profile(profile_path)
+    _, spec = measured_model(MODEL)
     # the demo plan first: its timeline gives the runtime's overheads
     write_plan(PLANS["1f1b 3+3 m=4 (demo)"], OUT / "plan.json")
     shutil.rmtree(OUT / "calibration", ignore_errors=True)
@@ -79,7 +76,7 @@ def main() -> None:
           f"{step_overhead_s * 1e3:.2f} ms per step", flush=True)
     # two link models: the idle ping-pong just measured, and the `local` preset's 1.5 ms latency
     # (shared/notes: what gloo shows while both cores compute)
-    models = {key: profile_cost_model(spec, load_cluster(c), profile, overheads=overheads)
+    models = {key: cost_model(spec, load_cluster(c), profile=profile_path, overheads=overheads)
               for key, c in (("measured_links", str(cluster_path)), ("local_preset", "local"))}
     rows = []
     for name, plan in PLANS.items():

@@ -10,15 +10,14 @@
     result = paraplan.train(paraplan.load_plan("plan.json"), steps=3)   # real processes (gloo)
 
 Errors are ParaplanError (FieldError names the argument), as the command line's one-line messages.
-The command line builds the same requests with the same functions (models/source, costs/model,
-planners/registry, auto.compare, simulate/predict, runtime/launch).
+The command line builds the same requests with the same functions (workload.py: the model measured,
+its cost model and request; planners/registry, auto.compare, simulate/predict, runtime/launch).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from paraplan.errors import FieldError
 from paraplan.plan.plan import Plan
 
 
@@ -26,17 +25,6 @@ def load_plan(path: str | Path) -> Plan:
     from paraplan.plan.plan_file import read_plan
 
     return read_plan(path)
-
-
-def _memory_bytes(memory) -> int | None:
-    if memory is None or isinstance(memory, int):
-        return memory
-    from paraplan.cli_args import _memory_arg
-
-    try:
-        return int(_memory_arg(str(memory)) * 2**30)
-    except Exception:
-        raise FieldError("memory", f"expected bytes or a size like 16GiB, got {memory!r}") from None
 
 
 def _limit_to_this_machine() -> None:
@@ -50,33 +38,15 @@ def _limit_to_this_machine() -> None:
 def _request(model: str, cluster: str, batch: int, *, operators: bool, memory=None, stages=None,
              micro_batches=None, schedule=None, profile=None, seq_len=None, image_size=None, exact_stages=False,
              options=None):
-    from paraplan.costs.model import analytic_cost_model, profile_cost_model
-    from paraplan.errors import ParaplanError
-    from paraplan.hardware import load_cluster
-    from paraplan.models import measure, source
-    from paraplan.planners.request import PlanRequest
+    """The PlanRequest of the keywords (paraplan/workload.py, as the command line builds it); the
+    operator graph, where asked, only where the model can be traced."""
+    from paraplan.workload import workload
 
     _limit_to_this_machine()
-    c = load_cluster(cluster)
-    built = source.build(model, device="meta", seq_len=seq_len, image_size=image_size)
-    spec = measure.measure(built)
-    graph = None
-    if operators:
-        from paraplan.models.op_trace import build_op_graph
-
-        try:
-            graph = build_op_graph(built)
-        except ParaplanError:
-            graph = None
-    if profile is not None:
-        from paraplan.profiling.profile_file import read_profile
-
-        cm = profile_cost_model(spec, c, read_profile(profile), operators=graph)
-    else:
-        cm = analytic_cost_model(spec, c, operators=graph)
-    return PlanRequest(costs=cm, model_name=built.ref, cluster_name=cluster, batch=batch, n_stages=stages,
-                       n_micro=micro_batches, schedule=schedule, memory_bytes=_memory_bytes(memory),
-                       exact_stages=exact_stages, options=options or {})
+    return workload(model, cluster, batch=batch, profile=profile, memory=memory, seq_len=seq_len,
+                    image_size=image_size, operators="optional" if operators else None, stages=stages,
+                    micro_batches=micro_batches, schedule=schedule, exact_stages=exact_stages,
+                    options=options).request
 
 
 def compare(model: str, cluster: str, batch: int, *, time_limit: float = 60.0, planners=None, **kw):

@@ -176,9 +176,9 @@ def test_micro_batches_beyond_the_global_batch_are_refused_by_the_reader(capsys,
 
 
 def test_sigterm_cannot_be_swallowed_by_an_except_exception():
-    from paraplan import cli
+    from paraplan.cli import ui
 
-    assert issubclass(cli.Terminated, BaseException) and not issubclass(cli.Terminated, Exception)
+    assert issubclass(ui.Terminated, BaseException) and not issubclass(ui.Terminated, Exception)
 
 
 def test_sigterm_stops_a_long_simulation_at_once_with_one_line(tmp_path):

@@ -21,7 +21,7 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paraplan.cli_args import _batch_arg, _memory_arg, _parse_sizes
+from paraplan.cli.args import batch_arg, memory_arg, parse_sizes
 from paraplan.errors import ParaplanError
 from paraplan.hardware.cluster import Cluster
 from paraplan.hardware.cluster_file import cluster_from_dict, cluster_to_dict, read_cluster_file
@@ -241,19 +241,19 @@ def _parsed_or_refused(parse, text):
 @FUZZ
 @given(text=SIZE_TEXT)
 def test_a_memory_size_is_positive_and_finite_or_refused(text):
-    gib = _parsed_or_refused(_memory_arg, text)
+    gib = _parsed_or_refused(memory_arg, text)
     assert gib is None or (0 < gib < math.inf)
 
 
 @FUZZ
 @given(text=st.one_of(SIZE_TEXT, st.sampled_from(["max", "best", "MAX", "1e3", "0x10", "10**12"])))
 def test_a_batch_is_a_whole_number_max_or_best_or_refused(text):
-    batch = _parsed_or_refused(_batch_arg, text)
+    batch = _parsed_or_refused(batch_arg, text)
     assert batch is None or batch in ("max", "best") or isinstance(batch, int)
 
 
 @FUZZ
 @given(text=st.one_of(SIZE_TEXT, st.lists(st.integers(), max_size=5).map(lambda xs: ",".join(map(str, xs)))))
 def test_batch_sizes_are_positive_whole_numbers_or_refused(text):
-    sizes = _parsed_or_refused(_parse_sizes, text)
+    sizes = _parsed_or_refused(parse_sizes, text)
     assert sizes is None or (sizes and all(isinstance(s, int) and s > 0 for s in sizes) and sizes == sorted(sizes))

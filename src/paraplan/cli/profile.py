@@ -1,22 +1,47 @@
 """`paraplan profile` (layers, or with --operators every operator of an iteration) and
-`paraplan profile-links`: the commands that measure this machine. Split from cli.py, which
-dispatches to them."""
+`paraplan profile-links`: the commands that measure this machine's compute and links."""
 
 from __future__ import annotations
 
 import json
 
-from paraplan.cli_args import _check_output, _parse_sizes
+from paraplan.cli.args import JSON_HELP, LAYERS_HELP, MODEL_HELP, add_sizes, check_output, parse_sizes
+from paraplan.cli.ui import progress_task
 from paraplan.errors import ParaplanError, require_positive
 
 
-def _progress():
-    from paraplan.cli import _progress as progress
+def add_profile(sub) -> None:
+    p = sub.add_parser("profile", help="measure every layer's forward and backward time at several batch sizes")
+    p.add_argument("model", nargs="?", default=None, help=MODEL_HELP)
+    p.add_argument("--module", default=None, help="the same as the model argument (kept for older scripts)")
+    p.add_argument("--layers", default=None, help=LAYERS_HELP)
+    p.add_argument("--batch-sizes", default="1,2,4,8,16,32,64", help="micro-batch sizes to time, comma-separated")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run the layers")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 gives stable medians)")
+    p.add_argument("--repeats", type=int, default=10, help="timed runs per layer and size (the median is kept)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed runs first")
+    add_sizes(p)
+    p.add_argument("--no-checks", action="store_true", help="skip the step and repeatability checks")
+    p.add_argument("--out", default="profile.json", help="write the profile JSON here")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.add_argument("--operators", action="store_true",
+                   help="time every operator of one training iteration (FD-DPS planners) instead of the layers; "
+                        "--batch-sizes gives the two batches of the affine fit (default 2,4)")
+    p.set_defaults(func=run)
 
-    return progress()
+
+def add_profile_links(sub) -> None:
+    p = sub.add_parser("profile-links", help="measure send/recv and all-reduce between real processes")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="torch.distributed backend")
+    p.add_argument("--nproc", type=int, default=2, help="processes to start")
+    p.add_argument("--max-bytes", type=int, default=256 * 2**20, help="largest message, in bytes")
+    p.add_argument("--cluster", default="local", help="the cluster whose links are replaced")
+    p.add_argument("--out", default="cluster.toml", help="write the measured cluster file here")
+    p.add_argument("--json", action="store_true", help="print JSON (schema paraplan.profile-links/1) instead of a table")
+    p.set_defaults(func=run_links)
 
 
-def cmd_profile(args) -> int:
+def run(args) -> int:
     import torch
 
     from paraplan.profiling.profile_file import write_profile
@@ -29,12 +54,12 @@ def cmd_profile(args) -> int:
     )
     from paraplan.report import console, profile_report
 
-    sizes = _parse_sizes(args.batch_sizes)
+    sizes = parse_sizes(args.batch_sizes)
     require_positive(args.threads, "--threads")
     require_positive(args.repeats, "--repeats")
     if args.warmup < 0:
         raise ParaplanError(f"--warmup must not be negative, got {args.warmup}")
-    _check_output("--out", args.out)
+    check_output("--out", args.out)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ParaplanError("--device cuda: no GPU is visible on this machine")
     if (args.model is None) == (args.module is None):
@@ -49,11 +74,10 @@ def cmd_profile(args) -> int:
     steps = (args.warmup + args.repeats) * len(sizes)
     try:
         work = workload(reference, device, seq_len=args.seq_len, image_size=args.image_size, layers=layers)
-        with _progress() as progress:
-            task = progress.add_task(f"profiling {work.name} on {device}", total=steps)
+        with progress_task(f"profiling {work.name} on {device}", steps) as advance:
             profile = run_profile(work, device, sizes, args.threads, args.warmup, args.repeats,
                                   step_check=not args.no_checks, repeat_check=not args.no_checks,
-                                  progress=lambda: progress.advance(task))
+                                  progress=advance)
     except (RuntimeError, MemoryError) as exc:  # the estimate is a floor: the allocator may still refuse
         if not out_of_memory(exc):
             raise
@@ -67,61 +91,6 @@ def cmd_profile(args) -> int:
         for renderable in profile_report(profile):
             console().print(renderable)
         console().print(f"profile written to {args.out}")
-    return 0
-
-
-def cmd_profile_links(args) -> int:
-    from dataclasses import replace
-
-    from paraplan.hardware import load_cluster
-    from paraplan.hardware.cluster import Cluster, LinkSpec
-    from paraplan.hardware.cluster_file import write_cluster_file
-    from paraplan.profiling.links import profile_links
-    from paraplan.report import console, links_report
-
-    _check_output("--out", args.out)
-    base = load_cluster(args.cluster)
-    with console(stderr=True).status(f"measuring {args.backend} links between {args.nproc} processes"):
-        links = profile_links(args.backend, args.nproc, args.max_bytes)
-    measured = LinkSpec(bandwidth_bytes_per_s=links.p2p.bandwidth_bytes_per_s, latency_s=links.p2p.latency_s)
-    nodes = tuple(replace(n, intra_link=measured, network=measured if len(base.nodes) == 1 else n.network)
-                  for n in base.nodes)
-    cluster = Cluster(name=f"{base.name}-measured", nodes=nodes,
-                      description=f"{base.description}; links measured by paraplan profile-links ({args.backend}, "
-                                  f"{args.nproc} processes): alpha {links.p2p.latency_s * 1e6:.1f} us, "
-                                  f"beta {links.p2p.bandwidth_bytes_per_s / 1e9:.3f} GB/s")
-    write_cluster_file(cluster, args.out)
-    if getattr(args, "json", False):
-        import json
-        from dataclasses import asdict
-
-        print(json.dumps({"schema": "paraplan.profile-links/1", "out": args.out, "backend": args.backend,
-                          "nproc": args.nproc, **{k: v for k, v in asdict(links).items()}}, indent=2))
-        return 0
-    console().print(links_report(links))
-    console().print(f"cluster written to {args.out}")
-    return 0
-
-
-def cmd_calibrate(args) -> int:
-    from paraplan.calibrate import calibrate
-    from paraplan.hardware.cluster_file import write_cluster_file
-    from paraplan.report import console
-
-    _check_output("--out", args.out)
-    with console(stderr=True).status("calibrating") as status:
-        result = calibrate(quick=args.quick, devices=args.devices, progress=lambda text: status.update(f"calibrating: {text}"))
-    write_cluster_file(result.cluster, args.out, calibration=result.evidence)
-    if args.json:
-        from paraplan.hardware.cluster_file import cluster_to_dict
-
-        print(json.dumps({"schema": "paraplan.calibrate/1", "out": args.out,
-                          "cluster": cluster_to_dict(result.cluster, result.evidence)}, indent=1))
-        return 0
-    for line in result.summary:
-        console().print(line)
-    console().print(f"cluster written to {args.out}: use it as --cluster {args.out} with plan, simulate and "
-                    "train --compare")
     return 0
 
 
@@ -143,10 +112,9 @@ def _operator_profile(args, device, sizes) -> int:
     check_batches_fit(args.model or args.module, device, batches, seq_len=args.seq_len, image_size=args.image_size,
                       layers=getattr(args, "layers", None))
     try:
-        with _progress() as progress:
-            task = progress.add_task(f"timing the operators of {built.name} on {device}", total=None)
+        with progress_task(f"timing the operators of {built.name} on {device}", None) as advance:
             times = profile_operators(built, batches, device, repeats=args.repeats, threads=args.threads,
-                                      progress=lambda: progress.advance(task))
+                                      progress=advance)
     except (RuntimeError, MemoryError) as exc:
         if not out_of_memory(exc):
             raise
@@ -163,4 +131,36 @@ def _operator_profile(args, device, sizes) -> int:
                         f"{total[1] * 1e3:.2f} ms at batch {batches[1]}"
                         + (f"; {len(times.unmeasured)} could not be timed (priced 0)" if times.unmeasured else "")
                         + f"; profile written to {args.out}")
+    return 0
+
+
+def run_links(args) -> int:
+    from dataclasses import replace
+
+    from paraplan.hardware import load_cluster
+    from paraplan.hardware.cluster import Cluster, LinkSpec
+    from paraplan.hardware.cluster_file import write_cluster_file
+    from paraplan.profiling.links import profile_links
+    from paraplan.report import console, links_report
+
+    check_output("--out", args.out)
+    base = load_cluster(args.cluster)
+    with console(stderr=True).status(f"measuring {args.backend} links between {args.nproc} processes"):
+        links = profile_links(args.backend, args.nproc, args.max_bytes)
+    measured = LinkSpec(bandwidth_bytes_per_s=links.p2p.bandwidth_bytes_per_s, latency_s=links.p2p.latency_s)
+    nodes = tuple(replace(n, intra_link=measured, network=measured if len(base.nodes) == 1 else n.network)
+                  for n in base.nodes)
+    cluster = Cluster(name=f"{base.name}-measured", nodes=nodes,
+                      description=f"{base.description}; links measured by paraplan profile-links ({args.backend}, "
+                                  f"{args.nproc} processes): alpha {links.p2p.latency_s * 1e6:.1f} us, "
+                                  f"beta {links.p2p.bandwidth_bytes_per_s / 1e9:.3f} GB/s")
+    write_cluster_file(cluster, args.out)
+    if getattr(args, "json", False):
+        from dataclasses import asdict
+
+        print(json.dumps({"schema": "paraplan.profile-links/1", "out": args.out, "backend": args.backend,
+                          "nproc": args.nproc, **{k: v for k, v in asdict(links).items()}}, indent=2))
+        return 0
+    console().print(links_report(links))
+    console().print(f"cluster written to {args.out}")
     return 0

@@ -1,15 +1,56 @@
 """`paraplan train`: run a plan for real (runtime/), then print the measured steps, memory and the
-comparison with the prediction. Split from cli.py, which keeps the argument parsing."""
+comparison with the prediction. Every check runs before the ranks start."""
 
 from __future__ import annotations
 
-from paraplan.cli_args import _check_output
+from paraplan.cli.args import add_sizes, check_output
+from paraplan.cli.ui import BARS
 from paraplan.errors import FieldError, ParaplanError
 
 # what a run writes into --out-dir (runtime/stage_loop.py, dag_runtime.py, compare.py): each must be a
 # regular file if it is there already (writes never replace a device, a FIFO or a link)
 RUN_FILES = ("losses.json", "steps_rank*.json", "timeline_rank*.json", "memory_rank*.json", "memory_dag_rank*.json",
              "stage*.pt", "overheads.json", "measured.trace.json", "simulated.trace.json", "compare.png")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="run a plan for real with torch.distributed (gloo on the CPU)")
+    p.add_argument("--plan", required=True, help="plan JSON file (paraplan plan)")
+    p.add_argument("--model", default=None, help="default: the plan's model")
+    p.add_argument("--steps", type=int, default=3, help="training steps (iterations) to run")
+    p.add_argument("--nproc", type=int, default=None, help="ranks to start (default: the plan's devices)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document (schema paraplan.train/1: losses, step times, memory, comparison)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="for the initial weights and the batches (synthetic, or which --data samples)")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate")
+    p.add_argument("--optimizer", default="adam", help="adam or sgd")
+    p.add_argument("--clip-norm", type=float, default=None,
+                   help="clip gradients to this norm over the whole model (default: no clipping)")
+    p.add_argument("--no-dropout", action="store_true", help="turn dropout off (to compare with one process)")
+    p.add_argument("--out-dir", default=None,
+                   help="losses.json, timelines and stage<i>.pt go here (default: ./runs/<date>-<time>)")
+    p.add_argument("--checkpoint-dir", default=None, help="save each stage's parameters and optimizer state here")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: only at the end)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint-dir (every stage's checkpoint is checked first)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds before a rank gives up on a dead peer")
+    p.add_argument("--compare", action="store_true", help="predicted vs measured iteration time, both timelines")
+    p.add_argument("--cluster", default=None,
+                   help="for --compare: the cluster to simulate on (default: the plan's cluster)")
+    p.add_argument("--profile", default=None, help="for --compare: measured costs (paraplan profile)")
+    p.add_argument("--overheads", default=None,
+                   help="for --compare: the runtime's overheads measured by an earlier run (its overheads.json; "
+                        "default: the --cluster's own if it was calibrated, else the measurement shipped for this "
+                        "kind of machine)")
+    add_sizes(p)
+    p.add_argument("--data", default=None, metavar="PATH",
+                   help="train on real data (default: synthetic batches): a token file of flat ids (nanoGPT's "
+                        "train.bin) for a language model, or an .npz with arrays 'inputs' and 'labels' "
+                        "(docs/runtime.md)")
+    p.add_argument("--data-dtype", choices=("uint16", "uint32"), default="uint16",
+                   help="the width of each token id in a --data token file")
+    p.set_defaults(func=run)
 
 
 def _data_check(check, *args) -> None:
@@ -20,34 +61,48 @@ def _data_check(check, *args) -> None:
         raise ParaplanError(f"--{exc.field.replace('_', '-')}: {exc.detail}") from None
 
 
-def cmd_train(args) -> int:
-    import json as _json
-    from pathlib import Path
-
-    from paraplan.cli import _cost_model, _measured_model, _operator_graph
-    from paraplan.costs.memory import out_of_memory_reason, plan_memory
-    from paraplan.fileio import make_dirs, output_problem, remove_if_empty, remove_temporaries
-    from paraplan.hardware import load_cluster
+def run(args) -> int:
     from paraplan.plan.plan_file import read_plan
-    from paraplan.runtime.checkpoints import FILES, check_resume, remove_unlisted
-    from paraplan.runtime.compare import measured_overheads, read_overheads, write_overheads
-    from paraplan.runtime.data import check_data, check_file
-    from paraplan.runtime.launch import check_before_launch, run_under_torchrun, spawn, under_torchrun
-    from paraplan.runtime.rank_base import TrainConfig
+    from paraplan.runtime.launch import default_run_dir
+    from paraplan.workload import cost_model, measured_model
 
     plan = read_plan(args.plan)
     model = args.model or plan.model
-    from paraplan.runtime.launch import default_run_dir
-
     out_dir = args.out_dir or str(default_run_dir())  # ./runs/<date>-<time>, printed
     # every check before any work: where results go, the comparison's cluster, the checkpoints
-    _check_output("--out-dir", out_dir, directory=True)
+    _check_outputs(args, out_dir)
+    config = _config(args, plan, model, out_dir)
+    compare_cluster, overheads = _comparison(args, plan)
+    built, spec = measured_model(model, seq_len=args.seq_len, image_size=args.image_size, watch=BARS)
+    world, torchrun = _check_model(args, config, plan, model, built, spec, compare_cluster)
+    predicted_memory, breakdowns, graph = _predicted_memory(plan, built, spec, world)
+    cm = cost_model(spec, compare_cluster, profile=args.profile, overheads=overheads,
+                    **({"operators": graph} if graph is not None else {})) if args.compare else None
+    if not _launch(args, config, world, out_dir, torchrun):
+        return 0  # a torchrun rank other than 0: rank 0 reports
+    _report(args, plan, out_dir, cm, compare_cluster, overheads, predicted_memory, breakdowns)
+    return 0
+
+
+def _check_outputs(args, out_dir: str) -> None:
+    from paraplan.fileio import output_problem
+    from paraplan.runtime.checkpoints import FILES
+
+    check_output("--out-dir", out_dir, directory=True)
     if args.checkpoint_dir and not args.resume:
-        _check_output("--checkpoint-dir", args.checkpoint_dir, directory=True)
+        check_output("--checkpoint-dir", args.checkpoint_dir, directory=True)
     for flag, directory, names in (("--out-dir", out_dir, RUN_FILES), ("--checkpoint-dir", args.checkpoint_dir, FILES)):
         problem = output_problem(directory, directory=True, files=names) if directory else None
         if problem:
             raise ParaplanError(f"{flag}: {problem}")
+
+
+def _config(args, plan, model: str, out_dir: str):
+    """The run's TrainConfig (validated once), after the data file and before the checkpoints."""
+    from paraplan.runtime.checkpoints import check_resume
+    from paraplan.runtime.data import check_file
+    from paraplan.runtime.rank_base import TrainConfig
+
     if args.data:  # the file alone first: a missing one fails before the model is measured
         _data_check(check_file, args.data, args.data_dtype)
     config = TrainConfig(plan=plan, model=model, steps=args.steps, seed=args.seed, lr=args.lr,
@@ -57,49 +112,82 @@ def cmd_train(args) -> int:
                          log=not args.json, data=args.data, data_dtype=args.data_dtype)
     if args.resume:
         check_resume(config)
+    return config
+
+
+def _comparison(args, plan):
+    """--compare's cluster (as simulate: the plan's by default) and the runtime's overheads: a
+    measurement named on the command line, else the calibrated cluster's own (paraplan
+    calibrate), else the one shipped for this kind of machine."""
+    from paraplan.hardware import load_cluster
+    from paraplan.runtime.compare import read_overheads
+
     compare_cluster = load_cluster(args.cluster or plan.cluster) if args.compare else None  # as simulate
-    # the runtime's overheads: a measurement named on the command line, else the calibrated
-    # cluster's own (paraplan calibrate), else the one shipped for this kind of machine
     if args.overheads:
         overheads = read_overheads(args.overheads)
     elif compare_cluster is not None and compare_cluster.overheads is not None:
         overheads = compare_cluster.overheads
     else:
         overheads = read_overheads()
-    built, spec = _measured_model(model, args.seq_len, args.image_size)
+    return compare_cluster, overheads
+
+
+def _check_model(args, config, plan, model: str, built, spec, compare_cluster) -> tuple[int, bool]:
+    """The data, the ranks and the loss against the built model; the comparison's cluster against
+    the plan. Returns the world size and whether torchrun started this process."""
+    import os
+
+    from paraplan.runtime.data import check_data
+    from paraplan.runtime.launch import check_before_launch, under_torchrun
+    from paraplan.runtime.preflight import check_model_fits_loss
+
     if args.data:  # against the model, the whole file read once; before any directory or rank
         _data_check(check_data, args.data, args.data_dtype, built.inputs, model)
     torchrun = under_torchrun()
-    import os
-
     world = int(os.environ["WORLD_SIZE"]) if torchrun else (args.nproc or len(plan.devices))
     layers = built.layers()
     check_before_launch(config, world, spec.n_layers, layers)
-    from paraplan.runtime.preflight import check_model_fits_loss
-
     check_model_fits_loss(built, plan, layers, args.seed)  # the loss takes what the model returns
     if compare_cluster is not None:  # before the run, not after it: the comparison simulates on this cluster
         from paraplan.plan.plan import check_fits
 
         check_fits(plan, spec.n_layers, compare_cluster.n_devices, f"--cluster {compare_cluster.name}")
+    return world, torchrun
+
+
+def _predicted_memory(plan, built, spec, world: int):
+    """The plan's memory on this machine, refused before launch when it does not fit; an operator
+    placement's is counted on the operator graph (returned too, for the comparison)."""
+    from paraplan.costs.memory import out_of_memory_reason, plan_memory
+    from paraplan.hardware import load_cluster
+    from paraplan.workload import cost_model, operator_graph
+
     local = load_cluster("local")
     capacities = {d: local.device(0).memory_bytes for d in range(world)}
     graph = None
     if plan.schedule == "dag":  # an operator placement: its memory is counted on the operator graph
-        from paraplan.costs.model import analytic_cost_model
         from paraplan.simulate.predict import simulate_plan
 
-        graph = _operator_graph(built)
-        predicted_memory = simulate_plan(plan, analytic_cost_model(spec, local, operators=graph)).prediction.memory
+        graph = operator_graph(built, watch=BARS)
+        predicted_memory = simulate_plan(plan, cost_model(spec, local, operators=graph)).prediction.memory
         breakdowns = ()
     else:
         predicted_memory, breakdowns = plan_memory(plan, spec, capacities, device_kind=local.device(0).name)
     reason = out_of_memory_reason(predicted_memory)
     if reason:
         raise ParaplanError(f"the plan does not fit this machine: {reason}")
-    cm = _cost_model(args, spec, compare_cluster, overheads=overheads,
-                     **({"operators": graph} if graph is not None else {})) if args.compare else None
-    # created only now, and removed again if the run ends before writing anything into them
+    return predicted_memory, breakdowns, graph
+
+
+def _launch(args, config, world: int, out_dir: str, torchrun: bool) -> bool:
+    """Start the ranks (or, under torchrun, be one); False on a torchrun rank other than 0. The
+    directories are created only now, and removed again if the run ends before writing anything."""
+    import os
+
+    from paraplan.fileio import make_dirs, remove_if_empty, remove_temporaries
+    from paraplan.runtime.checkpoints import remove_unlisted
+    from paraplan.runtime.launch import run_under_torchrun, spawn
+
     created = [make_dirs(out_dir), make_dirs(args.checkpoint_dir) if args.checkpoint_dir else []]
     if not args.out_dir and not args.json and (not torchrun or os.environ["RANK"] == "0"):
         print(f"writing to {out_dir}", flush=True)
@@ -107,7 +195,7 @@ def cmd_train(args) -> int:
         if torchrun:
             run_under_torchrun(config)
             if int(os.environ["RANK"]) != 0:
-                return 0
+                return False
         else:
             spawn(config, world)
     except BaseException:
@@ -118,17 +206,25 @@ def cmd_train(args) -> int:
         for dirs in created:
             remove_if_empty(dirs)
         raise
-    from paraplan.runtime.compare import compare_run, step_times
+    return True
 
-    losses = _json.loads((Path(out_dir) / "losses.json").read_text())
+
+def _report(args, plan, out_dir: str, cm, compare_cluster, overheads, predicted_memory, breakdowns) -> None:
+    """The measured steps, the run's own overheads (overheads.json), the comparison with the
+    prediction and the memory per rank: lines, or with --json one document (paraplan.train/1)."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    from paraplan.runtime.compare import compare_run, measured_overheads, step_times, write_overheads
+
+    losses = json.loads((Path(out_dir) / "losses.json").read_text())
     per_step = step_times(out_dir)
     say = (lambda *a: None) if args.json else print  # --json: one JSON document on stdout, nothing else
     summary: dict = {"schema": "paraplan.train/1", "out_dir": out_dir, "steps": len(losses), "losses": losses,
                      "step_s": per_step, "median_step_s": None, "samples_per_s": None, "compare": None,
                      "memory": []}
     if per_step:
-        import statistics
-
         tail = per_step[1:] or per_step
         summary["median_step_s"] = statistics.median(tail)
         summary["samples_per_s"] = plan.global_batch / statistics.median(tail)
@@ -148,6 +244,12 @@ def cmd_train(args) -> int:
             f"{compare_cluster.name}; runtime overheads {overheads.source}); measured median "
             f"{c.measured_median_s * 1e3:.1f} ms (quartiles {c.measured_q1_s * 1e3:.1f}.."
             f"{c.measured_q3_s * 1e3:.1f}, {c.steps} steps); error {c.error:+.1%}")
+    _report_memory(plan, out_dir, predicted_memory, breakdowns, summary, say)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+
+
+def _report_memory(plan, out_dir: str, predicted_memory, breakdowns, summary: dict, say) -> None:
     from paraplan.runtime.compare import dag_memory_comparison, memory_comparison
 
     for row in memory_comparison(breakdowns, out_dir):
@@ -167,6 +269,3 @@ def cmd_train(args) -> int:
         say(f"losses, memory and each rank's parameters written to {out_dir}")
     else:
         say(f"losses, timelines, memory and each stage's parameters written to {out_dir}")
-    if args.json:
-        print(_json.dumps(summary, indent=2))
-    return 0

@@ -1,7 +1,7 @@
-"""The command line's argument types and early checks, and the map from library fields to flags.
+"""The command line's argument types and early checks, the parser class, and the map from library
+fields to flags.
 
-Split from cli.py (which parses, calls the library and prints): everything here runs before any
-measurement, planning or training, so bad input costs nothing.
+Everything here runs before any measurement, planning or training, so bad input costs nothing.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from paraplan.errors import ParaplanError, UnknownNameError, require_positive
+from paraplan.sizes import SizeError, size_gib
 
 # library fields (PlanRequest, TrainConfig) and the flags that set them
 FLAGS = {"batch": "--batch", "stages": "--stages", "micro_batches": "--micro-batches", "schedule": "--schedule",
@@ -19,8 +20,23 @@ FLAGS = {"batch": "--batch", "stages": "--stages", "micro_batches": "--micro-bat
          "seq_len": "--seq-len", "image_size": "--image-size",
          "memory_bytes": "--memory-gib", "batch_sizes": "--batch-sizes"}
 
+# where each kind of name is listed (an unknown name with no close match points here)
+SEE_NAMES = {"model": "paraplan models", "cluster": "paraplan clusters", "planner": "paraplan plan --help"}
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+# the help of the arguments several commands share
+MODEL_HELP = ("a zoo name (paraplan models), hf:TYPE?key=value&... or hf:path/config.json (a transformers config), "
+              "or path/to/file.py:build_fn returning (model, sample inputs[, sample targets])")
+LAYERS_HELP = "dotted path of the model's list of repeated blocks, where paraplan cannot find it (e.g. model.blocks)"
+JSON_HELP = "print JSON instead of a table"
+
+
+def add_sizes(parser: argparse.ArgumentParser) -> None:
+    """--seq-len and --image-size: the model's input sizes, where it has them."""
+    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--image-size", type=int, default=None)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Every option's help ends with its default, where it has one worth showing (not None, not
     False) and the help does not already say it; descriptions and epilogs keep their lines."""
 
@@ -33,16 +49,12 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-# where each kind of name is listed (an unknown name with no close match points here)
-_SEE_NAMES = {"model": "paraplan models", "cluster": "paraplan clusters", "planner": "paraplan plan --help"}
-
-
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and still exit status 2), and every option's help
     shows its default."""
 
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", _HelpFormatter)
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
@@ -51,7 +63,7 @@ class _Parser(argparse.ArgumentParser):
         raise ParaplanError(f"{sub}: {message}" if sub else message)
 
 
-def _check_output(flag: str, path, *, directory: bool = False, figure: bool = False) -> None:
+def check_output(flag: str, path, *, directory: bool = False, figure: bool = False) -> None:
     """An output that cannot be written is refused now, in one line, not after the measuring,
     planning or training (a figure's extension too: matplotlib picks the format from it)."""
     from paraplan.fileio import output_problem
@@ -65,7 +77,7 @@ def _check_output(flag: str, path, *, directory: bool = False, figure: bool = Fa
         raise ParaplanError(f"{flag}: {problem}")
 
 
-def _batch_arg(text: str):
+def batch_arg(text: str):
     """A whole number of samples, "max" (the planner searches the largest batch that fits) or "best"
     (the batch of the highest throughput)."""
     if text in ("max", "best"):
@@ -76,29 +88,20 @@ def _batch_arg(text: str):
         raise argparse.ArgumentTypeError(f"expected a whole number, max or best, got {text!r}") from None
 
 
-_UNITS = {"gib": 2**30, "gb": 2**30, "g": 2**30, "mib": 2**20, "mb": 2**20, "m": 2**20, "tib": 2**40, "tb": 2**40}
+def memory_arg(text: str) -> float:
+    """'16GiB' -> 16.0 (GiB), read by sizes.py; a refusal is argparse's one-line usage error."""
+    try:
+        return size_gib(text)
+    except SizeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _memory_arg(text: str) -> float:
-    """'16GiB' -> 16.0 (GiB). GB is read as GiB, as the papers' tables mean it (a 24 GB TITAN holds
-    24 GiB of memory)."""
-    import re
-
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).lower() not in {**_UNITS, "": 1}:
-        raise argparse.ArgumentTypeError(f"expected a size such as 16GiB or 512MiB, got {text!r}")
-    value = float(m.group(1)) * (_UNITS.get(m.group(2).lower(), 2**30))
-    if not 0 < value < float("inf"):  # 400 digits read as a float are infinite
-        raise argparse.ArgumentTypeError(f"must be a positive, finite size, got {text!r}")
-    return value / 2**30
-
-
-def _flags_in(text: str) -> str:
+def flags_in(text: str) -> str:
     """A planner's note names request fields (exact_stages); on the command line they are flags."""
     return text.replace("exact_stages", "--exact-stages")
 
 
-def _check_plan_sizes(args) -> None:
+def check_plan_sizes(args) -> None:
     """The request's sizes, checked before the model is measured (PlanRequest checks them again
     against the cluster, which needs the measurement)."""
     from paraplan.plan.plan import Schedule
@@ -116,7 +119,8 @@ def _check_plan_sizes(args) -> None:
         require_positive(args.memory_gib, "--memory-gib")
 
 
-def _parse_sizes(text: str) -> list[int]:
+def parse_sizes(text: str) -> list[int]:
+    """--batch-sizes: '1,2,4' -> [1, 2, 4], sorted, each positive."""
     try:
         sizes = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from paraplan.cli.args import check_output
 from paraplan.errors import ParaplanError
 
 # paper -> (benchmark scripts, what each writes under the output directory)
@@ -34,20 +35,26 @@ TITLES = {"csimd": "CSIMD (pipeline partition and micro-batches)", "gropipe": "G
 
 
 def benchmarks_dir() -> Path:
-    root = Path(__file__).resolve().parents[2] / "benchmarks"
+    root = Path(__file__).resolve().parents[3] / "benchmarks"
     if not (root / "csimd_eval.py").exists():
         raise ParaplanError("bench paper runs the benchmark scripts of a source checkout (benchmarks/ beside src/); "
                             f"none at {root}")
     return root
 
 
-def cmd_bench(args) -> int:
-    from paraplan.cli_args import _check_output
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="regenerate a paper's evaluation (tables and figures) with an index page")
+    p.add_argument("kind", choices=("paper",), help="paper: the papers' reproductions")
+    p.add_argument("paper", help="csimd, gropipe, galvatron, fddps, bipartition or all")
+    p.add_argument("--out", default="results", help="the directory the reproductions and index.html go into")
+    p.set_defaults(func=run)
 
+
+def run(args) -> int:
     names = list(PAPERS) if args.paper == "all" else [args.paper]
     if args.paper != "all" and args.paper not in PAPERS:
         raise ParaplanError(f"unknown paper {args.paper!r}; expected one of {', '.join(PAPERS)}, all")
-    _check_output("--out", args.out, directory=True)
+    check_output("--out", args.out, directory=True)
     root = benchmarks_dir()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,41 @@
+"""`paraplan calibrate`: this machine measured once (calibrate.py) into a cluster file for plan,
+simulate and train --compare."""
+
+from __future__ import annotations
+
+import json
+
+from paraplan.cli.args import check_output
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure this machine once (compute, links under load, runtime "
+                                         "overheads) and write a cluster file for plan, simulate and train --compare")
+    p.add_argument("--out", default="local-calibrated.toml", help="write the calibrated cluster file here (default: %(default)s)")
+    p.add_argument("--quick", action="store_true", help="one reference model and two overhead runs (~1 minute)")
+    p.add_argument("--devices", type=int, default=None,
+                   help="devices (CPU cores, one process each) in the written cluster (default: every core)")
+    p.add_argument("--json", action="store_true", help="print JSON (schema paraplan.calibrate/1) instead of lines")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from paraplan.calibrate import calibrate
+    from paraplan.hardware.cluster_file import write_cluster_file
+    from paraplan.report import console
+
+    check_output("--out", args.out)
+    with console(stderr=True).status("calibrating") as status:
+        result = calibrate(quick=args.quick, devices=args.devices, progress=lambda text: status.update(f"calibrating: {text}"))
+    write_cluster_file(result.cluster, args.out, calibration=result.evidence)
+    if args.json:
+        from paraplan.hardware.cluster_file import cluster_to_dict
+
+        print(json.dumps({"schema": "paraplan.calibrate/1", "out": args.out,
+                          "cluster": cluster_to_dict(result.cluster, result.evidence)}, indent=1))
+        return 0
+    for line in result.summary:
+        console().print(line)
+    console().print(f"cluster written to {args.out}: use it as --cluster {args.out} with plan, simulate and "
+                    "train --compare")
+    return 0

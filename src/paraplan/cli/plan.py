@@ -1,0 +1,398 @@
+"""`paraplan plan`: every method compared (--planner auto, the default: one table, the best feasible
+plan written, the lower bound and the winner's gap to it; paraplan/auto.py), or one planner's plan
+with the simulator's prediction."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from paraplan.cli.args import (
+    JSON_HELP,
+    LAYERS_HELP,
+    MODEL_HELP,
+    add_sizes,
+    batch_arg,
+    check_output,
+    check_plan_sizes,
+    flags_in,
+    memory_arg,
+)
+from paraplan.cli.ui import BARS, Bars, pure_work
+from paraplan.errors import ParaplanError
+
+
+def add_parser(sub) -> None:
+    from paraplan.planners.registry import PLANNERS, planner_names
+
+    planner_names()
+    p = sub.add_parser("plan", help="find the best plan: every method compared (default), or one planner",
+                       epilog="planners:\n" + "\n".join(f"  {n:20s} {s.summary}" for n, s in PLANNERS.items()))
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--layers", default=None, help=LAYERS_HELP)
+    p.add_argument("--cluster", required=True, help="preset name or TOML file (`paraplan clusters`)")
+    p.add_argument("--batch", type=batch_arg, required=True,
+                   help="global batch size (samples per iteration), max: the largest that fits, or best: the "
+                        "batch of the highest throughput (Galvatron planners)")
+    p.add_argument("--planner", default="auto",
+                   help="auto (default): every planner below, each plan judged by the simulator, the best written; "
+                        "or one of them")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="auto: seconds each planner may take before its row says it timed out (default 60)")
+    p.add_argument("--report", default=None, help="auto: write an HTML report (index.html) into this directory")
+    p.add_argument("--prove", action="store_true",
+                   help="auto: then run the chosen plan, the even split and one process for real on this machine "
+                        "(interleaved rounds) and print predicted against measured and the measured speedup")
+    p.add_argument("--prove-rounds", type=int, default=3, help="--prove: rounds of the three runs")
+    p.add_argument("--prove-steps", type=int, default=12, help="--prove: training steps per run (the first 2 are "
+                                                             "warm-up)")
+    p.add_argument("--stages", type=int, default=None, help="pipeline stages (default: all devices, at most K)")
+    p.add_argument("--micro-batches", type=int, default=None, help="fix the micro-batch count (GPipe-E-p)")
+    p.add_argument("--exact-stages", action="store_true",
+                   help="use exactly --stages stages (workers), even where fewer would be faster")
+    p.add_argument("--schedule", default=None, help="gpipe or 1f1b (default: the planner's own)")
+    p.add_argument("--memory-gib", type=float, default=None, help="memory budget per device (default: the device's)")
+    p.add_argument("--memory", type=memory_arg, default=None, dest="memory_size",
+                   help="memory budget per device with a unit, e.g. 16GiB, 12GB, 512MiB (the same as --memory-gib)")
+    p.add_argument("--eta", type=int, default=None, help="IMD weight groups (CSIMD's eta; default 1000)")
+    p.add_argument("--method", default=None, help="csimd's division search: auto, imd, exact, exact-time")
+    p.add_argument("--runnable", default=None, action=argparse.BooleanOptionalAction,
+                   help="operator placements (fddps, fastt, heft, mpdps): keep every backward operator on its "
+                        "forward's device, as paraplan train needs (default); --no-runnable: the paper's free "
+                        "placement, for simulation studies")
+    p.add_argument("--mode", default=None, help="bipartition's cost of a layer split between two workers: runtime "
+                                                "(default: as paraplan train runs it, recomputed by its backward "
+                                                "owner) or paper (saved activations sent; cannot run in PyTorch)")
+    p.add_argument("--seed", type=int, default=None, help="for the random baseline (default 0)")
+    p.add_argument("--profile", default=None, help="measured profile (paraplan profile) in place of analytic costs")
+    add_sizes(p)
+    p.add_argument("--out", default="plan.json", help="write the plan (with its prediction) here")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.memory_size is not None:
+        if args.memory_gib is not None and args.memory_gib != args.memory_size:
+            raise ParaplanError("give --memory or --memory-gib, not both")
+        args.memory_gib = args.memory_size
+    given = {"eta": args.eta, "seed": args.seed, "method": args.method, "mode": args.mode,
+             "runnable": args.runnable}
+    if args.planner == "auto":
+        return run_auto(args, given)
+    return run_one(args, given)
+
+
+def _workload(args, cluster, *, batch, operators: str | None, watch, options=None):
+    """The request of the flags: the model measured on the cluster, its costs, its limits."""
+    from paraplan.sizes import gib_bytes
+    from paraplan.workload import workload
+
+    return workload(args.model, cluster, cluster_name=args.cluster, batch=batch, profile=args.profile,
+                    memory=None if args.memory_gib is None else gib_bytes(args.memory_gib), seq_len=args.seq_len,
+                    image_size=args.image_size, layers=args.layers, operators=operators, stages=args.stages,
+                    micro_batches=args.micro_batches, schedule=args.schedule, exact_stages=args.exact_stages,
+                    options=options, watch=watch)
+
+
+def _options(args, given: dict) -> tuple[object, dict]:
+    """The one planner's table entry and its options from the flags, every one checked before any work."""
+    from paraplan.planners.registry import planner
+    from paraplan.planners.request import validated_options
+
+    for flag, value in (("--time-limit", args.time_limit), ("--report", args.report)):
+        if value is not None:
+            raise ParaplanError(f"{flag}: only with --planner auto (the comparison of every planner)")
+    spec_of_planner = planner(args.planner)  # an unknown name fails before any work
+    if args.batch in ("max", "best"):
+        if "batch_search" not in spec_of_planner.options:
+            raise ParaplanError(f"--batch {args.batch}: planner {args.planner!r} plans a given batch; the Galvatron "
+                                "planners search it (e.g. --planner galvatron-bmw)")
+        given["batch_search"] = args.batch
+    for k, v in given.items():
+        if v is not None and k not in spec_of_planner.options:
+            raise ParaplanError(f"--{k}: planner {args.planner!r} has no such option")
+    options = {k: v for k, v in given.items() if v is not None and k in spec_of_planner.options}
+    validated_options(args.planner, options, spec_of_planner.options)  # values too, before any work
+    return spec_of_planner, options
+
+
+def run_one(args, given: dict) -> int:
+    """--planner NAME: that planner's plan, simulated, written when it fits."""
+    from paraplan.plan.plan_file import write_plan
+    from paraplan.planners.registry import make_plan
+    from paraplan.report import console
+    from paraplan.simulate.predict import simulate_plan
+
+    spec_of_planner, options = _options(args, given)
+    check_plan_sizes(args)
+    check_output("--out", args.out)
+    # max / best: the planner searches from the smallest step
+    batch = 1 if args.batch in ("max", "best") else args.batch
+    request = _workload(args, args.cluster, batch=batch, options=options, watch=BARS,
+                        operators="required" if spec_of_planner.needs_operators else None).request
+    with console(stderr=True).status(f"planning with {args.planner}"), pure_work():
+        plan = make_plan(request, args.planner, predict=False)  # simulated once, below
+        if not args.json:  # --json reports the prediction of a plan that does not fit too
+            _refuse_if_it_cannot_fit(args.planner, plan, request.costs)
+        sim = simulate_plan(plan, request.costs)  # the request's costs: its memory budget included
+    feasible = sim.prediction.feasible
+    if feasible:
+        write_plan(sim.plan, args.out)
+    if args.json:
+        _print_one_json(args, sim, feasible)
+    elif feasible and sim.dag is not None:
+        _print_placement(args, sim, request.costs.cluster)
+    elif feasible:
+        _print_stages(args, sim, request.costs.cluster)
+    if not feasible:
+        planner_reason = plan.prediction.reason if plan.prediction is not None else ""
+        if planner_reason and planner_reason != sim.prediction.reason:  # the planner knows more (which layer fits no strategy)
+            raise ParaplanError(flags_in(planner_reason))
+        raise ParaplanError(f"{args.planner} found no plan that fits: its best {sim.prediction.reason}")
+    return 0
+
+
+def _print_one_json(args, sim, feasible: bool) -> None:
+    from paraplan.plan.plan_file import plan_to_dict
+
+    d = plan_to_dict(sim.plan)
+    print(json.dumps({"planner": args.planner, "out": args.out if feasible else None, "feasible": feasible,
+                      "reason": sim.prediction.reason, "n_stages": sim.plan.n_stages,
+                      "n_micro": sim.plan.n_micro, "layers": [s["layers"] for s in d["stages"]],
+                      "operators_per_device": {str(p.device): len(p.ops) for p in sim.plan.operators},
+                      "prediction": d["prediction"], "search": d["search"],
+                      "note": flags_in(sim.plan.search.note)}, indent=2))
+
+
+def _print_placement(args, sim, cluster) -> None:
+    """An operator placement: its table, the schedule's own length beside the contended one."""
+    from paraplan.report import console, dag_table
+
+    console().print(dag_table(sim, cluster))
+    length = dict(sim.plan.search.options).get("schedule_length_s")
+    gap = (f"; the schedule's own length {length:.4g} s, simulated with link contention "
+           f"{sim.prediction.iteration_s:.4g} s ({sim.prediction.iteration_s / length - 1:+.1%})" if length else "")
+    console().print(f"{args.planner}: searched in {sim.plan.search.search_s:.3g} s{gap}; plan written to {args.out}")
+    if sim.plan.search.note:
+        console().print(flags_in(sim.plan.search.note))
+
+
+def _print_stages(args, sim, cluster) -> None:
+    """A plan of stages: its table, its shape in one line, a Galvatron plan's runs of one strategy."""
+    from paraplan.report import console, simulation_table
+
+    console().print(simulation_table(sim, cluster))
+    opts = dict(sim.plan.search.options)
+    eq8 = f"; eq. (8) {opts['eq8_time_s']:.6g} s" if "eq8_time_s" in opts else ""
+    ranges = [f"{s.layers}" + (f" (backward {s.backward_layers})" if s.backward_layers else "")
+              for s in sim.plan.stages]
+    stages = f"{sim.plan.n_stages} stage{'s' if sim.plan.n_stages != 1 else ''}"
+    micro = f"{sim.plan.n_micro} micro-batch{'es' if sim.plan.n_micro != 1 else ''}"
+    console().print(f"{args.planner}: {stages} {ranges} on devices "
+                    f"{[list(s.devices) for s in sim.plan.stages]}, {micro}{eq8}; "
+                    f"searched in {sim.plan.search.search_s:.3g} s; plan written to {args.out}")
+    if any(stage.strategies for stage in sim.plan.stages):  # Galvatron: runs of one strategy
+        from paraplan.planners.galvatron.describe import describe_strategies
+
+        for line in describe_strategies(sim.plan):
+            console().print(f"  {line}")
+        console().print(f"  global batch {sim.plan.global_batch}, {sim.plan.n_micro} micro-batches, "
+                        f"{sim.prediction.throughput_samples_per_s:.4g} samples/s predicted")
+    if sim.plan.search.note:  # fewer stages than asked, and why
+        console().print(flags_in(sim.plan.search.note))
+
+
+def _refuse_if_it_cannot_fit(planner_name: str, plan, cm) -> None:
+    """A layer plan that does not fit in memory is refused before the simulator: the memory count is
+    O(1) a stage, the simulation grows with the micro-batch count (minutes for millions, as a batch
+    of 10**12 asks for) and the answer would be the same refusal. Operator placements' memory
+    comes from their simulation."""
+    from paraplan.costs.memory import out_of_memory_reason, plan_memory
+
+    if plan.schedule == "dag":
+        return
+    planner_reason = plan.prediction.reason if plan.prediction is not None and not plan.prediction.feasible else ""
+    capacities = {slot.id: slot.spec.memory_bytes for slot in cm.cluster.devices}
+    reason = out_of_memory_reason(plan_memory(plan, cm.model, capacities, cm.memory)[0])
+    if reason:
+        if planner_reason and planner_reason != reason:  # the planner knows more (which layer fits no strategy)
+            raise ParaplanError(flags_in(planner_reason))
+        raise ParaplanError(f"{planner_name} found no plan that fits: its best {reason}")
+
+
+class _Comparing(Bars):
+    """The comparison's spinners: one while the model is built and measured (its bar inside), one
+    while its operators are traced (for the operator-placement planners)."""
+
+    def __init__(self, err):
+        self.err = err
+
+    def measuring(self, reference: str):
+        return self.err.status(f"measuring {reference} on meta")
+
+    def tracing(self, built):
+        return self.err.status("tracing the operator graph (for the operator-placement planners)")
+
+
+def _check_auto(args, given: dict) -> None:
+    if args.batch in ("max", "best"):
+        raise ParaplanError(f"--batch {args.batch}: the comparison of every planner is at a given batch; the "
+                            "Galvatron planners search it (e.g. --planner galvatron-bmw --batch max)")
+    for k, v in given.items():
+        if v is not None:
+            raise ParaplanError(f"--{k}: an option of one planner; give --planner too")
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise ParaplanError(f"--time-limit: must be positive, got {args.time_limit}")
+    check_plan_sizes(args)
+    check_output("--out", args.out)
+    if args.report:
+        check_output("--report", args.report, directory=True)
+
+
+def run_auto(args, given: dict) -> int:
+    """--planner auto: every planner on the same request (auto.py), the best feasible plan written."""
+    from paraplan.hardware import load_cluster
+    from paraplan.plan.plan_file import write_plan
+    from paraplan.report import console
+
+    _check_auto(args, given)
+    cluster = load_cluster(args.cluster)
+    if args.prove:
+        from paraplan.prove import check_runs_here
+
+        check_runs_here(cluster.n_devices, args.cluster)
+        if args.prove_steps <= 2 or args.prove_rounds < 1:
+            raise ParaplanError("--prove-steps must be more than 2 (the first two are warm-up) and --prove-rounds "
+                                f"positive; got {args.prove_steps} and {args.prove_rounds}")
+    err = console(stderr=True)
+    w = _workload(args, cluster, batch=args.batch, operators="optional", watch=_Comparing(err))
+    request = w.request
+    result = _compare(request, err, args.time_limit, args.json)
+    best = result.row(result.best) if result.best else None
+    if best is not None:
+        write_plan(best.plan, args.out)
+    if args.report:
+        from paraplan.report_html import write_report
+
+        write_report(result, request.costs, args.report)  # its memory budget included, as the rows were judged
+    gap = best.iteration_s / result.bound.iteration_s - 1 if best is not None else None
+    if args.json:
+        from paraplan.plan.plan_file import plan_to_dict
+
+        print(json.dumps(auto_json(result, args.out if best else None, gap, plan_to_dict), indent=2))
+    else:
+        _print_comparison(args, result, best, gap, w.built.ref)
+    if best is not None and args.prove:
+        proof = prove_best(best, request, err, args)
+        if not args.json:
+            print_proof(proof, best.planner)
+    if best is None:
+        failed = [r for r in result.rows if r.status == "infeasible"]
+        closest = min(failed, key=lambda r: r.iteration_s) if failed else None
+        raise ParaplanError("no planner found a plan that fits" + (
+            f"; the fastest, {closest.planner}: {closest.reason}" if closest else ""))
+    return 0
+
+
+def _compare(request, err, time_limit: float | None, quiet: bool):
+    """auto.compare with a bar of the planners done on stderr (none with --json)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from paraplan.auto import compare
+    from paraplan.planners.registry import planner_names
+
+    total = len(planner_names())
+    with Progress(TextColumn("comparing planners"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=err, transient=True,
+                  disable=quiet) as progress:
+        task = progress.add_task("", total=total)
+
+        def on_row(row) -> None:
+            progress.update(task, advance=1, description=f"{row.planner}: {row.status}")
+
+        return compare(request, time_limit_s=time_limit or 60.0, on_row=on_row)
+
+
+def _print_comparison(args, result, best, gap, model_ref: str) -> None:
+    from paraplan.report import auto_table, console
+
+    out = console()
+    out.print(auto_table(result, f"{model_ref} on {args.cluster}, global batch {args.batch}"))
+    b = result.bound
+    out.print(f"lower bound {b.iteration_s * 1e3:.4g} ms: the least forward + backward work "
+              f"({b.work_s * 1e3:.4g} device-ms, every layer at its cheapest piece size) spread over "
+              f"{b.n_devices} devices; the whole batch on one device takes {b.one_device_s * 1e3:.4g} ms")
+    if best is not None:
+        out.print(f"best: {best.planner} ({best.shape}), {best.iteration_s * 1e3:.4g} ms per iteration, "
+                  f"{best.throughput:.4g} samples/s, {gap:+.1%} above the lower bound; compared "
+                  f"{sum(r.status in ('ok', 'infeasible') for r in result.rows)} plans in {result.wall_s:.1f} s; "
+                  f"plan written to {args.out}")
+        if best.plan.search and best.plan.search.note:
+            out.print(flags_in(best.plan.search.note))
+    if args.report:
+        out.print(f"report written to {args.report}/index.html")
+
+
+def auto_json(result, out: str | None, gap: float | None, plan_to_dict) -> dict:
+    """The stable schema of `paraplan plan --planner auto --json` (version 1)."""
+    return {
+        "schema": "paraplan.plan.auto/1",
+        "best": result.best, "out": out, "gap_to_bound": gap, "wall_s": result.wall_s,
+        "lower_bound": {"iteration_s": result.bound.iteration_s, "work_s": result.bound.work_s,
+                        "one_device_s": result.bound.one_device_s, "n_devices": result.bound.n_devices},
+        "rows": [{"planner": r.planner, "status": r.status, "shape": r.shape,
+                  "n_micro": r.plan.n_micro if r.plan else None, "iteration_s": r.iteration_s,
+                  "throughput_samples_per_s": r.throughput, "peak_bytes": list(r.peak_bytes),
+                  "capacity_bytes": list(r.capacity_bytes), "bubble_fraction": r.bubble, "search_s": r.search_s,
+                  "reason": r.reason} for r in result.rows],
+    }
+
+
+def prove_best(best, request, err, args):
+    """The chosen plan, the even split over every device and one process, run for real (prove.py)."""
+    from dataclasses import replace
+
+    from paraplan.planners.registry import make_plan
+    from paraplan.prove import one_process_plan, run_interleaved
+    from paraplan.simulate.predict import simulate_plan
+
+    cm = request.costs
+    n = cm.cluster.n_devices
+    plans = {f"chosen ({best.planner})": best.plan}
+    if n > 1:
+        even = make_plan(replace(request, n_stages=min(n, cm.model.n_layers), n_micro=None, exact_stages=True),
+                         "even")
+        plans[f"even split ({even.n_stages} stages)"] = even
+    plans["one process"] = one_process_plan(best.plan)
+    judged = {name: (plan, simulate_plan(plan, cm).prediction.iteration_s) for name, plan in plans.items()}
+    with err.status("running the plans for real") as status:
+        return run_interleaved(judged, args.prove_rounds, args.prove_steps,
+                               progress=lambda text: status.update(f"running the plans for real: {text}"))
+
+
+def print_proof(proof, chosen: str) -> None:
+    from rich.table import Table
+
+    from paraplan.report import console
+
+    table = Table(title="proof on this machine: predicted against measured (median of rounds, min..max)")
+    for col in ("plan", "predicted", "measured", "error", "chosen is faster by"):
+        table.add_column(col, justify="left" if col == "plan" else "right")
+    first = proof[0]
+    for m in proof:
+        speedup = "" if m is first else f"{m.median_s / first.median_s:.2f}x"
+        table.add_row(m.name, f"{m.predicted_s * 1e3:.1f} ms",
+                      f"{m.median_s * 1e3:.1f} ms ({min(m.rounds_s) * 1e3:.1f}..{max(m.rounds_s) * 1e3:.1f})",
+                      f"{m.error:+.1%}", speedup)
+    out = console()
+    out.print(table)
+    fastest_measured = min(proof, key=lambda m: m.median_s)
+    fastest_predicted = min(proof, key=lambda m: m.predicted_s)
+    if fastest_measured is first:
+        out.print(f"the chosen plan ({chosen}) is the fastest measured: "
+                  + ", ".join(f"{m.median_s / first.median_s:.2f}x faster than {m.name}" for m in proof[1:]))
+    else:
+        out.print(f"measured, {fastest_measured.name} is faster than the chosen plan "
+                  f"({first.median_s / fastest_measured.median_s:.2f}x); the prediction ranked "
+                  f"{fastest_predicted.name} first")

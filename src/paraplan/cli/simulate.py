@@ -1,0 +1,99 @@
+"""`paraplan simulate`: a plan's predicted iteration time and memory, its Gantt chart and trace."""
+
+from __future__ import annotations
+
+import json
+
+from paraplan.cli.args import JSON_HELP, add_sizes, check_output
+from paraplan.cli.ui import BARS, pure_work
+from paraplan.errors import ParaplanError, require_positive
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("simulate", help="predict a plan's iteration time and memory with the simulator")
+    p.add_argument("plan", help="plan JSON file")
+    p.add_argument("--cluster", default=None, help="preset or TOML file (default: the plan's cluster)")
+    p.add_argument("--gantt", default=None,
+                   help="write a Gantt chart here; the extension picks the format (.png, .svg, .pdf, ...)")
+    p.add_argument("--trace", default=None, help="write a Chrome trace JSON here (opens in Perfetto)")
+    p.add_argument("--out", default=None, help="write the plan with its prediction here")
+    p.add_argument("--memory-gib", type=float, default=None, help="memory budget per device (default: the device's)")
+    p.add_argument("--no-contention", action="store_true",
+                   help="operator placements: transfers never wait for a busy link (the schedule's own model)")
+    p.add_argument("--overlap-slowdown", type=float, default=1.0,
+                   help="slowdown of compute and communication overlapping on one device (Galvatron: 1.3; "
+                        "1: none)")
+    add_sizes(p)
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.add_argument("--profile", default=None, help="measured profile (paraplan profile) in place of analytic costs")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from paraplan.hardware import load_cluster
+    from paraplan.plan.plan import check_fits
+    from paraplan.plan.plan_file import read_plan, write_plan
+    from paraplan.report import console
+    from paraplan.simulate.predict import simulate_plan
+    from paraplan.sizes import gib_bytes
+    from paraplan.workload import workload
+
+    for flag, path, figure in (("--gantt", args.gantt, True), ("--trace", args.trace, False),
+                               ("--out", args.out, False)):
+        if path:
+            check_output(flag, path, figure=figure)
+    plan = read_plan(args.plan)
+    cluster = load_cluster(args.cluster or plan.cluster)
+    if args.memory_gib is not None:
+        require_positive(args.memory_gib, "--memory-gib")
+        cluster = cluster.with_memory(gib_bytes(args.memory_gib))
+    if args.overlap_slowdown < 1:
+        raise ParaplanError(f"--overlap-slowdown must be at least 1, got {args.overlap_slowdown}")
+    # the plan's devices against the cluster before the model is measured (seconds for a large one);
+    # its layer count is checked against the model's once it is measured
+    check_fits(plan, plan.n_layers, cluster.n_devices, cluster.name)
+    w = workload(plan.model, cluster, profile=args.profile, overlap_slowdown=args.overlap_slowdown,
+                 seq_len=args.seq_len, image_size=args.image_size,
+                 operators="required" if plan.schedule == "dag" else None, watch=BARS)
+    with pure_work():
+        sim = simulate_plan(plan, w.costs, contention=not args.no_contention)
+        free = (simulate_plan(plan, w.costs, contention=False).prediction.iteration_s
+                if sim.dag is not None and not args.no_contention else None)
+    if free is not None:  # the schedule's own length, beside the contended one
+        console(stderr=True).print(f"link contention adds {sim.prediction.iteration_s - free:.4g} s to the "
+                                   f"schedule's critical-path length {free:.4g} s (--no-contention: without it)")
+    _write_figures(args, plan, sim, cluster)
+    if args.out:
+        write_plan(sim.plan, args.out)
+    _print(args, sim, cluster)
+    return 0
+
+
+def _write_figures(args, plan, sim, cluster) -> None:
+    """--gantt and --trace."""
+    from paraplan.simulate.export import chrome_trace, gantt
+
+    if args.gantt:
+        what = (f"{sum(len(p.ops) for p in plan.operators)} operators on {len(plan.operators)} devices"
+                if plan.schedule == "dag" else f"{plan.n_stages} stages, {plan.n_micro} micro-batches")
+        gantt(sim.timeline, args.gantt, title=f"{plan.model} on {cluster.name}: {plan.schedule}, {what}, "
+              f"iteration {sim.prediction.iteration_s:.4g} s")
+    if args.trace:
+        names = ({int(t): n.name for t, n in zip(sim.dag.tasks, sim.dag.graph.nodes, strict=True)}
+                 if sim.dag is not None else None)
+        chrome_trace(sim.timeline, args.trace, name=f"{plan.model} {plan.schedule}", task_names=names)
+
+
+def _print(args, sim, cluster) -> None:
+    from paraplan.plan.plan_file import plan_to_dict
+    from paraplan.report import console, dag_table, simulation_table
+
+    if args.json:
+        out = plan_to_dict(sim.plan)["prediction"]
+        out.update(bubble_fraction=sim.bubble_fraction,
+                   devices=[{"device": d.device, "busy_s": d.busy_s, "idle_s": d.idle_s} for d in sim.devices])
+        print(json.dumps(out, indent=2))
+    elif sim.dag is not None:
+        console().print(dag_table(sim, cluster))
+    else:
+        console().print(simulation_table(sim, cluster))

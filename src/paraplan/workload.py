@@ -1,0 +1,165 @@
+"""From what a person asks for to what the planners and the simulator take: one way for everyone.
+
+A request names a model (a zoo name, hf:..., path/to/file.py:build_fn; models/ref.py) with its
+size overrides (seq_len, image_size, the dotted path of its blocks), a cluster (a preset name, a
+TOML file or a Cluster already loaded; a calibrated cluster file carries the runtime's measured
+overheads), where compute times come from (analytic, a layer profile or an operator profile from
+`paraplan profile`, measured overheads in place of the cluster's) and, for planning, a global
+batch, a memory budget ('16GiB' or bytes; sizes.py) and limits. `workload` builds the model on
+meta, measures it, traces its operator graph where asked, builds the CostModel and the
+PlanRequest, and hands them back together (`Workload`).
+
+The command line (paraplan/cli), the Python API (api.py) and the benchmarks build their requests
+here. The steps are public as well, for callers that check something between them (`paraplan
+train` checks its data file against the built model before any cost model; `paraplan inspect`
+needs no cost model). Nothing here prints: a `Watch` is how a caller shows the slow steps (the
+command line's progress bar and spinners); by default nothing is shown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from paraplan.errors import ParaplanError
+from paraplan.sizes import memory_bytes
+
+if TYPE_CHECKING:
+    from paraplan.costs.model import CostModel
+    from paraplan.hardware.cluster import Cluster, RuntimeOverheads
+    from paraplan.models.built import BuiltModel
+    from paraplan.models.opspec import OpGraph
+    from paraplan.models.spec import ModelSpec
+    from paraplan.planners.request import PlanRequest
+
+# the operator graph of an iteration: not traced (None), traced or the error raised ("required"),
+# traced where the model can be traced, else None ("optional": the comparison of every planner
+# skips the operator-placement planners then, and says why)
+OPERATORS = (None, "required", "optional")
+
+
+def _nothing() -> None:
+    pass
+
+
+class Watch:
+    """What a caller shows while a workload is built; every hook is a context manager, and by
+    default none shows anything."""
+
+    def measuring(self, reference: str):
+        """Around building and measuring the model."""
+        return contextlib.nullcontext()
+
+    def progress(self, description: str, total: int):
+        """Around the measurement itself; its value is called once per step (`total` of them)."""
+        return contextlib.nullcontext(_nothing)
+
+    def tracing(self, built: BuiltModel):
+        """Around tracing the operator graph."""
+        return contextlib.nullcontext()
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model built on meta and measured, on a cluster, with its costs and (when a batch was
+    given) the planning request. `request.costs` carries the memory budget (its cluster's
+    capacities replaced); `costs` is the cluster's own."""
+
+    built: BuiltModel
+    spec: ModelSpec
+    cluster: Cluster
+    costs: CostModel
+    operators: OpGraph | None = None
+    request: PlanRequest | None = None
+
+
+def measured_model(reference: str, *, seq_len: int | None = None, image_size: int | None = None,
+                   layers: str | None = None, watch: Watch | None = None) -> tuple[BuiltModel, ModelSpec]:
+    """Build any model reference on meta (models/source.py) and measure it (models/measure.py)."""
+    from paraplan.models import measure, source
+
+    if watch is None:
+        built = source.build(reference, device="meta", seq_len=seq_len, image_size=image_size, layers=layers)
+        return built, measure.measure(built)
+    with watch.measuring(reference):
+        built = source.build(reference, device="meta", seq_len=seq_len, image_size=image_size, layers=layers)
+        with watch.progress(f"measuring {built.name} on meta", 2 * measure.count_layers(built)) as advance:
+            return built, measure.measure(built, progress=advance)
+
+
+def operator_graph(built: BuiltModel, *, optional: bool = False, watch: Watch | None = None) -> OpGraph | None:
+    """The operator graph of one training iteration, traced on meta (models/op_trace.py). A model
+    that cannot be traced raises, or with `optional` gives None."""
+    from paraplan.models.op_trace import build_op_graph
+
+    try:
+        with watch.tracing(built) if watch is not None else contextlib.nullcontext():
+            return build_op_graph(built)
+    except ParaplanError:
+        if not optional:
+            raise
+        return None
+
+
+def cost_model(spec: ModelSpec, cluster: Cluster, *, profile: str | Path | None = None, **kwargs) -> CostModel:
+    """The CostModel of a measured model on a cluster: analytic, or from a profile file (a layer
+    profile replaces the layers' compute times; an operator profile prices the operators and
+    leaves the layers analytic). `kwargs`: CostModel's (operators, overheads, overlap_slowdown, ...)."""
+    from paraplan.costs.model import analytic_cost_model, profile_cost_model
+
+    if profile:
+        from paraplan.profiling.operator_file import is_operator_profile, read_operator_profile
+        from paraplan.profiling.profile_file import read_profile
+
+        if is_operator_profile(profile):  # measured operator times; layers stay analytic
+            measured = read_operator_profile(profile)
+            if measured.model != (spec.ref or spec.name):
+                raise ParaplanError(f"{profile}: an operator profile of {measured.model}, not {spec.ref or spec.name}")
+            return analytic_cost_model(spec, cluster, operator_profile=measured, source="operator-profile", **kwargs)
+
+        return profile_cost_model(spec, cluster, read_profile(profile), **kwargs)
+    return analytic_cost_model(spec, cluster, **kwargs)
+
+
+def plan_request(costs: CostModel, *, model_name: str, cluster_name: str, batch: int, memory=None,
+                 stages: int | None = None, micro_batches: int | None = None, schedule=None,
+                 exact_stages: bool = False, options=None) -> PlanRequest:
+    """The PlanRequest over a cost model; `memory`: None, bytes or a size such as '16GiB'."""
+    from paraplan.planners.request import PlanRequest
+
+    return PlanRequest(costs=costs, model_name=model_name, cluster_name=cluster_name, batch=batch, n_stages=stages,
+                       n_micro=micro_batches, schedule=schedule, memory_bytes=memory_bytes(memory),
+                       exact_stages=exact_stages, options=options or {})
+
+
+def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = None, cluster_name: str | None = None,
+             profile: str | Path | None = None, overheads: RuntimeOverheads | None = None,
+             overlap_slowdown: float | None = None, memory=None, seq_len: int | None = None,
+             image_size: int | None = None, layers: str | None = None, operators: str | None = None,
+             stages: int | None = None, micro_batches: int | None = None, schedule=None, exact_stages: bool = False,
+             options=None, watch: Watch | None = None) -> Workload:
+    """The cluster loaded (unless it is one already), the model built and measured, its operator
+    graph traced (`operators`: see OPERATORS), its cost model and, with a `batch`, the PlanRequest
+    (its model named by the built reference, its cluster by `cluster_name`, by default the name or
+    file as given). `overheads` replace the cluster's (a calibrated one carries its own)."""
+    from paraplan.hardware import Cluster, load_cluster
+
+    if operators not in OPERATORS:
+        raise ValueError(f"operators: expected one of {OPERATORS}, got {operators!r}")
+    if isinstance(cluster, Cluster):
+        loaded, name = cluster, cluster_name or cluster.name
+    else:
+        loaded, name = load_cluster(str(cluster)), cluster_name or str(cluster)
+    built, spec = measured_model(model, seq_len=seq_len, image_size=image_size, layers=layers, watch=watch)
+    graph = operator_graph(built, optional=operators == "optional", watch=watch) if operators else None
+    extra = {key: value for key, value in (("overheads", overheads), ("overlap_slowdown", overlap_slowdown))
+             if value is not None}
+    costs = cost_model(spec, loaded, profile=profile, operators=graph, **extra)
+    request = None
+    if batch is not None:
+        request = plan_request(costs, model_name=built.ref, cluster_name=name, batch=batch, memory=memory,
+                               stages=stages, micro_batches=micro_batches, schedule=schedule,
+                               exact_stages=exact_stages, options=options)
+    return Workload(built=built, spec=spec, cluster=loaded, costs=costs, operators=graph, request=request)

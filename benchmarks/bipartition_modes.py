@@ -24,12 +24,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from paraplan.errors import ParaplanError  # noqa: E402
 from paraplan.hardware import load_cluster  # noqa: E402
-from paraplan.plan.plan import LayerRange, Stage  # noqa: E402
-from paraplan.plan.worker_roles import worker_roles  # noqa: E402
 from paraplan.planners.bipartition.planner import plan_bipartition  # noqa: E402
 from paraplan.planners.registry import simulator_judge  # noqa: E402
 from paraplan.planners.request import PlanRequest  # noqa: E402
-from paraplan.simulate.predict import simulate_plan  # noqa: E402
+from paraplan.plans.plan import LayerRange, Stage  # noqa: E402
+from paraplan.plans.worker_roles import worker_roles  # noqa: E402
+from paraplan.simulator.predict import simulate_plan  # noqa: E402
 from paraplan.workload import workload  # noqa: E402
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "bipartition_modes"

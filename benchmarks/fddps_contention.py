@@ -1,5 +1,5 @@
 """FD-DPS with link contention modelled (links="ports", ours) against the paper's FD-DPS, HEFT and one
-device, judged by the simulator WITH contention (simulate/engine.py's default: every device has one
+device, judged by the simulator WITH contention (simulator/engine.py's default: every device has one
 send and one receive port; what `paraplan plan` reports as the iteration time).
 
 The FD-DPS paper's scheduler (and our faithful `fddps`) assumes transfers never wait for each other,
@@ -36,8 +36,8 @@ from pathlib import Path
 from paraplan.hardware import load_cluster
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
-from paraplan.simulate.engine import TRANSFER
-from paraplan.simulate.predict import simulate_plan
+from paraplan.simulator.engine import TRANSFER
+from paraplan.simulator.predict import simulate_plan
 from paraplan.workload import cost_model, workload
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "fddps_contention"

@@ -28,9 +28,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from _paraplan_cli import cli  # noqa: E402
 
-from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, Stage  # noqa: E402
-from paraplan.prove import run_interleaved, spearman  # noqa: E402
-from paraplan.simulate.predict import simulate_plan  # noqa: E402
+from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage  # noqa: E402
+from paraplan.runtime.prove import run_interleaved, spearman  # noqa: E402
+from paraplan.simulator.predict import simulate_plan  # noqa: E402
 from paraplan.workload import workload  # noqa: E402
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "fidelity"

@@ -28,7 +28,7 @@ from pathlib import Path
 from paraplan.costs.memory import GIB, MemoryConfig, plan_memory
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
-from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, Stage
+from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
 
 MODELS = ("bert-huge-32", "bert-huge-48", "vit-huge-32", "vit-huge-48", "t5-large-32", "t5-large-48",
           "swin-huge-32", "swin-huge-48")

@@ -28,12 +28,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from _paraplan_cli import cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
 
 from paraplan.costs.memory import plan_memory  # noqa: E402
-from paraplan.plan.plan import LayerRange, Plan, Stage  # noqa: E402
-from paraplan.plan.plan_file import write_plan  # noqa: E402
-from paraplan.plan.worker_roles import worker_roles  # noqa: E402
 from paraplan.planners.registry import make_plan  # noqa: E402
+from paraplan.plans.plan import LayerRange, Plan, Stage  # noqa: E402
+from paraplan.plans.plan_file import write_plan  # noqa: E402
+from paraplan.plans.worker_roles import worker_roles  # noqa: E402
 from paraplan.runtime.compare import memory_comparison, read_overheads  # noqa: E402
-from paraplan.simulate.predict import simulate_plan  # noqa: E402
+from paraplan.simulator.predict import simulate_plan  # noqa: E402
 from paraplan.workload import workload  # noqa: E402
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "runtime_bipartition"

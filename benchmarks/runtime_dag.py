@@ -34,12 +34,12 @@ from _paraplan_cli import cli  # noqa: E402  (benchmarks/: shared with the other
 
 from paraplan.hardware import load_cluster
 from paraplan.models.op_split import PART
-from paraplan.plan.plan import OperatorPlacement
-from paraplan.plan.plan_file import write_plan
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
+from paraplan.plans.plan import OperatorPlacement
+from paraplan.plans.plan_file import write_plan
 from paraplan.runtime.dag_graph import build_program
-from paraplan.simulate.predict import simulate_plan
+from paraplan.simulator.predict import simulate_plan
 from paraplan.workload import cost_model, measured_model, operator_graph, workload
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "runtime_dag"

@@ -32,7 +32,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
 
 
 def _plans():
-    from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, Stage
+    from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
 
     pipeline = Plan(model=MODEL, cluster="local", n_layers=6, global_batch=BATCH, n_micro=4, schedule="1f1b",
                     grad_sync="none", stages=(Stage(LayerRange(0, 3), (0,)), Stage(LayerRange(3, 6), (1,))))
@@ -47,7 +47,7 @@ def bare_rank(rank: int, world: int, port: int, plan_path: str, steps: int, out:
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    from paraplan.plan.plan_file import read_plan
+    from paraplan.plans.plan_file import read_plan
     from paraplan.runtime.materialize import StageModule, build_layers, materialize
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
@@ -101,7 +101,7 @@ def bare_rank(rank: int, world: int, port: int, plan_path: str, steps: int, out:
 def _bare(plan_path: Path, steps: int, out: Path) -> None:
     import torch.multiprocessing as mp
 
-    from paraplan.localnet import free_port
+    from paraplan.system.localnet import free_port
 
     mp.start_processes(bare_rank, args=(2, free_port(), str(plan_path), steps, str(out)), nprocs=2,
                        start_method="spawn")
@@ -121,7 +121,7 @@ def _median_step(out: Path, steps: int) -> float:
 
 
 def main() -> None:
-    from paraplan.plan.plan_file import write_plan
+    from paraplan.plans.plan_file import write_plan
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=4)

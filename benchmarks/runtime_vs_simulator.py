@@ -22,10 +22,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 from _paraplan_cli import cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
 
 from paraplan.hardware import load_cluster  # noqa: E402
-from paraplan.plan.plan import LayerRange, Plan, Stage  # noqa: E402
-from paraplan.plan.plan_file import write_plan  # noqa: E402
+from paraplan.plans.plan import LayerRange, Plan, Stage  # noqa: E402
+from paraplan.plans.plan_file import write_plan  # noqa: E402
 from paraplan.runtime.compare import measured_overheads  # noqa: E402
-from paraplan.simulate.predict import simulate_plan  # noqa: E402
+from paraplan.simulator.predict import simulate_plan  # noqa: E402
 from paraplan.workload import cost_model, measured_model  # noqa: E402
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "runtime"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paraplan.simulate.pipeline import PipelineWork, StageWork, run
+from paraplan.simulator.pipeline import PipelineWork, StageWork, run
 
 GOAL_S = 2.0
 

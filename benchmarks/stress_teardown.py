@@ -36,8 +36,8 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
 
 
 def _plans() -> dict[str, list]:
-    from paraplan.plan.plan import LayerRange, Plan, Stage
-    from paraplan.plan.plan import LayerStrategy as S
+    from paraplan.plans.plan import LayerRange, Plan, Stage
+    from paraplan.plans.plan import LayerStrategy as S
 
     def one_stage(strategies, n_micro=1):
         return Plan(model=MODEL, cluster="local", n_layers=6, global_batch=BATCH, n_micro=n_micro, schedule="gpipe",
@@ -79,7 +79,7 @@ def _run_spawn(plan, steps: int, timeout_s: float, out_dir: Path) -> str | None:
 
 
 def _run_cli(plan, steps: int, timeout_s: float, out_dir: Path) -> str | None:
-    from paraplan.plan.plan_file import write_plan
+    from paraplan.plans.plan_file import write_plan
 
     plan_path = out_dir.parent / f"{out_dir.name}.json"
     write_plan(plan, plan_path)

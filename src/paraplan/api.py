@@ -11,26 +11,26 @@
 
 Errors are ParaplanError (FieldError names the argument), as the command line's one-line messages.
 The command line builds the same requests with the same functions (workload.py: the model measured,
-its cost model and request; planners/registry, auto.compare, simulate/predict, runtime/launch).
+its cost model and request; planners/registry, auto.compare, simulator/predict, runtime/launch).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from paraplan.plan.plan import Plan
+from paraplan.plans.plan import Plan
 
 
 def load_plan(path: str | Path) -> Plan:
-    from paraplan.plan.plan_file import read_plan
+    from paraplan.plans.plan_file import read_plan
 
     return read_plan(path)
 
 
 def _limit_to_this_machine() -> None:
-    """The simulator refuses task graphs beyond the memory this machine has free (simulate/limits.py)."""
-    from paraplan.host import available_memory_bytes
-    from paraplan.simulate.limits import set_memory_source
+    """The simulator refuses task graphs beyond the memory this machine has free (simulator/limits.py)."""
+    from paraplan.simulator.limits import set_memory_source
+    from paraplan.system.host import available_memory_bytes
 
     set_memory_source(available_memory_bytes)
 
@@ -50,8 +50,8 @@ def _request(model: str, cluster: str, batch: int, *, operators: bool, memory=No
 
 
 def compare(model: str, cluster: str, batch: int, *, time_limit: float = 60.0, planners=None, **kw):
-    """Every applicable planner on one request (paraplan/auto.py Comparison: rows, best, bound)."""
-    from paraplan.auto import compare as run
+    """Every applicable planner on one request (paraplan/planners/auto.py Comparison: rows, best, bound)."""
+    from paraplan.planners.auto import compare as run
 
     return run(_request(model, cluster, batch, operators=True, **kw), planners=planners, time_limit_s=time_limit)
 
@@ -68,7 +68,7 @@ def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_li
         return result.row(result.best).plan
     from paraplan.planners.registry import make_plan
     from paraplan.planners.registry import planner as spec_of
-    from paraplan.simulate.predict import simulate_plan
+    from paraplan.simulator.predict import simulate_plan
 
     request = _request(model, cluster, batch, operators=spec_of(planner).needs_operators, **kw)
     sim = simulate_plan(make_plan(request, planner), request.costs)
@@ -79,7 +79,7 @@ def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_li
 
 def simulate(plan_or_path: Plan | str | Path, *, cluster: str | None = None, profile=None):
     """The simulator's Simulation of a plan (its prediction, timeline, per-device memory)."""
-    from paraplan.simulate.predict import simulate_plan
+    from paraplan.simulator.predict import simulate_plan
 
     p = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
     request = _request(p.model, cluster or p.cluster, p.global_batch, operators=p.schedule == "dag", profile=profile)

@@ -11,12 +11,12 @@ def rank1_dies_at_step2(rank: int, step: int) -> None:
 def stage_files_meet_a_full_disk_from_step2(rank: int, step: int) -> None:
     """From the second step on, every stage file a rank writes (its checkpoint, its parameters in
     the output directory) meets a full disk after 4 KiB, as a disk that fills during the run. The
-    disk is injected where every atomic write opens its file (paraplan.fileio._open_temp)."""
+    disk is injected where every atomic write opens its file (paraplan.system.fileio._open_temp)."""
     if step != 1:
         return
     from pathlib import Path
 
-    from paraplan import fileio
+    from paraplan.system import fileio
 
     real = fileio._open_temp
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from paraplan.localnet import free_port
+from paraplan.system.localnet import free_port
 
 
 def _ranks(rank: int, world: int, port: int, configs: list) -> None:

@@ -20,7 +20,7 @@ from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
 from paraplan.runtime.rank_base import TrainConfig
 from paraplan.runtime.reference import reference_run
-from paraplan.simulate.predict import simulate_plan
+from paraplan.simulator.predict import simulate_plan
 
 from .many import train_many
 

@@ -1,6 +1,6 @@
 """Bi-Partition plans (separate forward and backward ranges per worker) on real gloo processes,
 against one process of the same model, data and seed: after 3 steps, losses and every parameter
-within 1e-5 relative. The plans cover every role a worker can have (plan/worker_roles.py): a
+within 1e-5 relative. The plans cover every role a worker can have (plans/worker_roles.py): a
 layer's forward and backward on different workers recomputed below the worker's own graph (its
 input sent by the forward owner), on top of it (from its own output), with no graph at all (an
 empty forward range), from the model's input, and workers with an empty backward range; plus
@@ -17,9 +17,9 @@ import pytest
 import torch
 from paraplan_process import run_paraplan
 
-from paraplan.plan.plan import LayerRange, Plan, Stage
-from paraplan.plan.plan_file import read_plan
-from paraplan.plan.worker_roles import worker_roles
+from paraplan.plans.plan import LayerRange, Plan, Stage
+from paraplan.plans.plan_file import read_plan
+from paraplan.plans.worker_roles import worker_roles
 from paraplan.runtime.rank_base import TrainConfig
 from paraplan.runtime.reference import reference_run
 
@@ -129,7 +129,7 @@ def test_the_planners_split_plan_trains_from_the_command_line(tmp_path):
 def test_a_plan_costed_with_the_papers_scheme_is_refused_before_launch(tmp_path):
     from dataclasses import replace
 
-    from paraplan.plan.plan_file import write_plan
+    from paraplan.plans.plan_file import write_plan
 
     plan_path = tmp_path / "plan.json"
     write_plan(replace(TWO["lenet-below"], split_layers="send-activations"), plan_path)

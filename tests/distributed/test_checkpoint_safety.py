@@ -15,11 +15,11 @@ import torch
 from conftest import run_cli_here
 
 from paraplan.errors import FieldError
-from paraplan.fileio import TEMP_MARK
-from paraplan.plan.plan import LayerRange, Plan, Stage
-from paraplan.plan.plan_file import write_plan
+from paraplan.plans.plan import LayerRange, Plan, Stage
+from paraplan.plans.plan_file import write_plan
 from paraplan.runtime.checkpoints import MANIFEST, check_resume, remove_unlisted, write_manifest, write_stage
 from paraplan.runtime.rank_base import TrainConfig
+from paraplan.system.fileio import TEMP_MARK
 
 from .faults import stage_files_meet_a_full_disk_from_step2
 

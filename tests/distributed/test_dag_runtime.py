@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from paraplan.models.op_split import PART, split_degrees
-from paraplan.plan.plan import OperatorPlacement
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
+from paraplan.plans.plan import OperatorPlacement
 from paraplan.runtime.dag_graph import build_program
 from paraplan.runtime.dag_runtime import dag_refusal
 from paraplan.runtime.rank_base import TrainConfig

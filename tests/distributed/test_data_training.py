@@ -10,8 +10,8 @@ import pytest
 import torch
 from paraplan_process import run_paraplan
 
-from paraplan.plan.plan import LayerRange, Plan, Stage
-from paraplan.plan.plan_file import write_plan
+from paraplan.plans.plan import LayerRange, Plan, Stage
+from paraplan.plans.plan_file import write_plan
 from paraplan.runtime.rank_base import TrainConfig
 from paraplan.runtime.reference import reference_run
 

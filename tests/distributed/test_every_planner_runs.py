@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from paraplan.errors import ParaplanError
-from paraplan.plan.plan_file import read_plan
 from paraplan.planners.registry import planner, planner_names
+from paraplan.plans.plan_file import read_plan
 from paraplan.runtime.launch import check_before_launch
 from paraplan.runtime.materialize import build_layers
 from paraplan.runtime.rank_base import TrainConfig

@@ -15,9 +15,9 @@ import pytest
 import torch
 from paraplan_process import run_paraplan
 
-from paraplan.plan.plan import LayerRange, Plan, Stage
-from paraplan.plan.plan import LayerStrategy as S
-from paraplan.plan.plan_file import read_plan, write_plan
+from paraplan.plans.plan import LayerRange, Plan, Stage
+from paraplan.plans.plan import LayerStrategy as S
+from paraplan.plans.plan_file import read_plan, write_plan
 from paraplan.runtime.rank_base import TrainConfig
 from paraplan.runtime.reference import reference_run
 
@@ -191,7 +191,7 @@ def test_checkpointing_lowers_the_measured_activations_as_predicted(two_ranks):
 
 def test_two_torchrun_nodes_run_a_hybrid_plan_like_one_process(tmp_path):
     """The same program under torchrun, one rank per "node": TP2, SDP2 and DP2 layers."""
-    from paraplan.localnet import free_port
+    from paraplan.system.localnet import free_port
 
     plan = _one_stage("llama-tiny", [S(tp=2), S(sdp=2), S(tp=2, checkpoint=True), S(dp=2), S(sdp=2), S(tp=2)], 2)
     plan_path = tmp_path / "plan.json"

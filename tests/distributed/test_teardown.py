@@ -8,8 +8,8 @@ import json
 import pytest
 
 from paraplan.errors import ParaplanError
-from paraplan.plan.plan import LayerRange, Plan, Stage
-from paraplan.plan.plan_file import read_plan
+from paraplan.plans.plan import LayerRange, Plan, Stage
+from paraplan.plans.plan_file import read_plan
 from paraplan.runtime.launch import spawn
 from paraplan.runtime.rank_base import TrainConfig
 from paraplan.runtime.teardown import RECORD_ENV

@@ -21,9 +21,9 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from paraplan.localnet import free_port
 from paraplan.runtime.materialize import build_layers
 from paraplan.runtime.tensor_parallel import tp_refusal
+from paraplan.system.localnet import free_port
 
 MODELS = ["gpt2-tiny", "llama-tiny", "bert-tiny", "vit-tiny", "t5-tiny", "swin-tiny"]
 BATCH, LR, TOL = 4, 0.1, 1e-5

@@ -9,7 +9,7 @@ from paraplan_process import run_paraplan
 
 import paraplan
 from paraplan.errors import ParaplanError
-from paraplan.plan.plan_file import plan_to_dict
+from paraplan.plans.plan_file import plan_to_dict
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 

@@ -8,14 +8,14 @@ import time
 import pytest
 from paraplan_process import run_paraplan
 
-from paraplan import auto
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, source
 from paraplan.models.op_trace import build_op_graph
+from paraplan.planners import auto
 from paraplan.planners.bound import lower_bound
 from paraplan.planners.request import PlanRequest
-from paraplan.simulate.predict import simulate_plan
+from paraplan.simulator.predict import simulate_plan
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 

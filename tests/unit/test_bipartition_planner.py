@@ -10,12 +10,12 @@ from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
-from paraplan.plan.plan import LayerRange, Plan, PlanError, Stage, validate
-from paraplan.plan.plan_file import plan_from_json, plan_to_json
 from paraplan.planners.bipartition.planner import plan_bipartition, worker_memory
 from paraplan.planners.registry import simulator_judge
 from paraplan.planners.request import PlanRequest
-from paraplan.simulate.predict import simulate_plan
+from paraplan.plans.plan import LayerRange, Plan, PlanError, Stage, validate
+from paraplan.plans.plan_file import plan_from_json, plan_to_json
+from paraplan.simulator.predict import simulate_plan
 
 
 def _cm(model, cluster, **build):
@@ -113,7 +113,7 @@ def _count_layer_by_layer(cm, plan, w, config):
     import math
 
     from paraplan.costs.strategy import layer_memory
-    from paraplan.plan.plan import LayerStrategy
+    from paraplan.plans.plan import LayerStrategy
 
     stage, m_total, micro = plan.stages[w], 8, plan.global_batch / plan.n_micro
     held = set(stage.layers) | set(stage.backward)

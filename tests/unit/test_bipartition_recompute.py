@@ -14,14 +14,14 @@ from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
-from paraplan.plan.plan import LayerRange, Plan, Stage
-from paraplan.plan.plan_file import plan_from_json, plan_to_json
-from paraplan.plan.worker_roles import worker_roles
 from paraplan.planners.bipartition.planner import plan_bipartition
 from paraplan.planners.bipartition.recompute import recompute_all, worker_memory_recompute, worker_time
 from paraplan.planners.registry import simulator_judge
 from paraplan.planners.request import PlanRequest
-from paraplan.simulate.predict import simulate_plan
+from paraplan.plans.plan import LayerRange, Plan, Stage
+from paraplan.plans.plan_file import plan_from_json, plan_to_json
+from paraplan.plans.worker_roles import worker_roles
+from paraplan.simulator.predict import simulate_plan
 
 
 def divisions(n_layers: int, n_workers: int):

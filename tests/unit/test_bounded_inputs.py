@@ -145,7 +145,7 @@ def test_a_simulation_beyond_the_free_memory_is_refused_naming_the_limit(guarded
 def test_the_task_count_checked_before_building_is_the_graph_built():
     import itertools
 
-    from paraplan.simulate.pipeline import (
+    from paraplan.simulator.pipeline import (
         PipelineWork,
         StageSync,
         StageWork,

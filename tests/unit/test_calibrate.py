@@ -1,5 +1,5 @@
 """paraplan calibrate's pure parts: the compute fit, the cluster file's [runtime] table, how the
-measured runtime figures enter the cost model and the simulator; prove.py's helpers."""
+measured runtime figures enter the cost model and the simulator; runtime/prove.py's helpers."""
 
 from dataclasses import replace
 
@@ -12,9 +12,9 @@ from paraplan.costs.model import RuntimeOverheads, analytic_cost_model
 from paraplan.hardware import load_cluster
 from paraplan.hardware.cluster_file import read_cluster_file, write_cluster_file
 from paraplan.models import measure, zoo
-from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, Stage
-from paraplan.prove import check_runs_here, one_process_plan, spearman
-from paraplan.simulate.predict import simulate_plan
+from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
+from paraplan.runtime.prove import check_runs_here, one_process_plan, spearman
+from paraplan.simulator.predict import simulate_plan
 
 
 def _samples(e, k, m, rng, noise=0.0) -> LayerSamples:

@@ -132,7 +132,7 @@ def test_usage_errors_have_one_prefix():
 
 def test_written_files_respect_the_umask(tmp_path):
     # atomic writes went through mkstemp, which left every plan, trace and profile 0600
-    from paraplan.fileio import atomic_write_text
+    from paraplan.system.fileio import atomic_write_text
 
     old = os.umask(0o022)
     try:

@@ -15,10 +15,10 @@ import torch
 from paraplan_process import run_paraplan
 
 from paraplan.errors import UnknownNameError
-from paraplan.fileio import make_dirs, output_problem, remove_if_empty
-from paraplan.plan.plan_file import read_plan
+from paraplan.plans.plan_file import read_plan
 from paraplan.runtime.checkpoints import check_resume, checkpoint_record, write_manifest, write_stage
 from paraplan.runtime.rank_base import TrainConfig
+from paraplan.system.fileio import make_dirs, output_problem, remove_if_empty
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

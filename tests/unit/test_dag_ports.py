@@ -23,16 +23,16 @@ from paraplan.errors import FieldError
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
 from paraplan.models.op_trace import build_op_graph
-from paraplan.plan.plan import OperatorPlacement
 from paraplan.planners.fddps.baselines import schedule_fastt, schedule_heft, schedule_mpdps
 from paraplan.planners.fddps.dps import schedule_fddps
 from paraplan.planners.fddps.port_replay import port_sequences, replay_ports
 from paraplan.planners.fddps.problem import DagProblem, DagProblemError, replay
 from paraplan.planners.registry import make_plan, planner
 from paraplan.planners.request import PlanRequest
-from paraplan.simulate.dag import OpEdge, build_dag_graph
-from paraplan.simulate.engine import simulate
-from paraplan.simulate.predict import simulate_plan
+from paraplan.plans.plan import OperatorPlacement
+from paraplan.simulator.dag import OpEdge, build_dag_graph
+from paraplan.simulator.engine import simulate
+from paraplan.simulator.predict import simulate_plan
 
 
 def problem_of(exec_s, edges, *, alpha=0.0, beta=math.inf, capacity=math.inf):
@@ -68,7 +68,7 @@ PORT_IDS = ["fddps", "fddps-ef", "heft", "fastt"]
 
 
 def engine_run(problem, device, order):
-    """The simulator with contention on the plan (device, order): simulate/dag.py builds the task
+    """The simulator with contention on the plan (device, order): simulator/dag.py builds the task
     graph exactly as for a real plan; the links are priced by the problem's own alpha-beta."""
     names = [f"op{i}" for i in range(problem.n_nodes)]
     placement = [OperatorPlacement(k, tuple(names[i] for i in seq)) for k, seq in enumerate(order) if seq]
@@ -120,7 +120,7 @@ def test_a_port_aware_schedule_is_its_port_replay(scheduler, seed):
 
 @pytest.mark.parametrize("seed", range(30))
 def test_the_fifo_port_replay_is_the_simulator_engine(seed):
-    """replay_ports without a transfer order is simulate/engine.py with contention, bit for bit, on any
+    """replay_ports without a transfer order is simulator/engine.py with contention, bit for bit, on any
     placement and order (here random ones and the free-links FD-DPS schedule)."""
     problem = random_problem(100 + seed, 10, 3, shared=seed % 2 == 0)
     rng = np.random.default_rng(seed)

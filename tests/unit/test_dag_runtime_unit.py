@@ -13,12 +13,12 @@ from paraplan.hardware.presets import load_cluster
 from paraplan.models import measure, source
 from paraplan.models.op_split import PART
 from paraplan.models.op_trace import build_op_graph
-from paraplan.plan.plan import OperatorPlacement
 from paraplan.planners.fddps.baselines import schedule_fastt, schedule_heft, schedule_mpdps
 from paraplan.planners.fddps.dps import schedule_fddps
 from paraplan.planners.fddps.problem import DagProblem
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import FieldError, PlanRequest
+from paraplan.plans.plan import OperatorPlacement
 from paraplan.runtime.dag_graph import DagRefusal, analyse, build_program
 from paraplan.runtime.dag_runtime import dag_refusal
 from paraplan.runtime.rank_base import TrainConfig

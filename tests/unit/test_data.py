@@ -8,8 +8,8 @@ import torch
 from paraplan.cli import main
 from paraplan.errors import FieldError
 from paraplan.models import source
-from paraplan.plan.plan import LayerRange, Plan, Stage
-from paraplan.plan.plan_file import write_plan
+from paraplan.plans.plan import LayerRange, Plan, Stage
+from paraplan.plans.plan_file import write_plan
 from paraplan.runtime.data import batch_source, check_data, check_file
 from paraplan.runtime.rank_base import TrainConfig
 

@@ -10,10 +10,10 @@ from paraplan.costs.model import analytic_cost_model
 from paraplan.errors import FieldError
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
-from paraplan.plan.plan import SearchInfo
-from paraplan.plan.plan_file import plan_from_json, plan_to_dict, plan_to_json
 from paraplan.planners.registry import make_plan, planner, planner_names
 from paraplan.planners.request import PlanRequest
+from paraplan.plans.plan import SearchInfo
+from paraplan.plans.plan_file import plan_from_json, plan_to_dict, plan_to_json
 
 GIB = 2**30
 

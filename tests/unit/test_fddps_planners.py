@@ -14,12 +14,12 @@ from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
 from paraplan.models.op_split import split_degrees
 from paraplan.models.op_trace import build_op_graph
-from paraplan.plan.plan_file import plan_from_json, plan_to_json
 from paraplan.planners.fddps.planner import dag_problem, search_graph
 from paraplan.planners.fddps.problem import replay
 from paraplan.planners.registry import make_plan, planner
 from paraplan.planners.request import PlanRequest
-from paraplan.simulate.predict import simulate_plan
+from paraplan.plans.plan_file import plan_from_json, plan_to_json
+from paraplan.simulator.predict import simulate_plan
 
 DAG_PLANNERS = ("fddps", "fddps-nosplit", "fastt", "heft", "mpdps")
 

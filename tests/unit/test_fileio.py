@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import run_cli_here
 
-from paraplan import fileio
-from paraplan.fileio import (
+from paraplan.system import fileio
+from paraplan.system.fileio import (
     WriteError,
     atomic_torch_save,
     atomic_write,

@@ -26,8 +26,8 @@ from paraplan.errors import ParaplanError
 from paraplan.hardware.cluster import Cluster
 from paraplan.hardware.cluster_file import cluster_from_dict, cluster_to_dict, read_cluster_file
 from paraplan.hardware.presets import load_cluster
-from paraplan.plan.plan import Plan
-from paraplan.plan.plan_file import plan_from_dict, plan_from_json, plan_to_json, read_plan
+from paraplan.plans.plan import Plan
+from paraplan.plans.plan_file import plan_from_dict, plan_from_json, plan_to_json, read_plan
 
 FUZZ = settings(derandomize=True, max_examples=250, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

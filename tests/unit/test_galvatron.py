@@ -14,15 +14,15 @@ from paraplan.errors import FieldError
 from paraplan.hardware import load_cluster
 from paraplan.hardware.cluster import Cluster, NodeSpec
 from paraplan.models import measure, zoo
-from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, PlanError, Stage, validate
-from paraplan.plan.plan_file import plan_from_json, plan_to_dict, plan_to_json
 from paraplan.planners.galvatron.describe import describe_strategies
 from paraplan.planners.galvatron.dp import INF, backtrack, dp_table, search_stage
 from paraplan.planners.galvatron.searcher import Searcher
 from paraplan.planners.galvatron.space import VARIANTS, group_strategies, strategy_space
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
-from paraplan.simulate.predict import simulate_plan
+from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, PlanError, Stage, validate
+from paraplan.plans.plan_file import plan_from_json, plan_to_dict, plan_to_json
+from paraplan.simulator.predict import simulate_plan
 
 GIB = 2**30
 NAMES = tuple(v.name for v in VARIANTS)
@@ -111,7 +111,7 @@ def _cost_model(spec, memory_mib: float):
 
 def test_the_simulator_adds_slice_gather_between_different_strategies(gpt2):
     from paraplan.costs.strategy import layer_time, strategy_links
-    from paraplan.simulate.plan_work import plan_work
+    from paraplan.simulator.plan_work import plan_work
 
     cm = analytic_cost_model(gpt2, _small_cluster())
     n, group = gpt2.n_layers, (0, 1, 2, 3)

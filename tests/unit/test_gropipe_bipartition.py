@@ -13,12 +13,12 @@ from paraplan_process import run_paraplan
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
-from paraplan.plan.plan import validate
 from paraplan.planners.bipartition.dp import bipartition
 from paraplan.planners.bipartition.planner import plan_bipartition
 from paraplan.planners.gropipe.planner import ampa, normalise, plan_gropipe
 from paraplan.planners.registry import simulator_judge
 from paraplan.planners.request import PlanRequest
+from paraplan.plans.plan import validate
 
 
 def _request(cm, model, cluster, batch, **kw):

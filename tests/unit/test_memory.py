@@ -4,7 +4,7 @@ import pytest
 
 from paraplan.costs.memory import GIB, MemoryConfig, out_of_memory_reason, plan_memory, stage_memory
 from paraplan.models import measure, zoo
-from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, Stage
+from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
 
 
 @pytest.fixture(scope="module")

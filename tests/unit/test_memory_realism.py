@@ -8,7 +8,7 @@ from paraplan.costs.strategy import layer_memory
 from paraplan.hardware import load_cluster
 from paraplan.hardware.presets import local_cluster
 from paraplan.models import measure, zoo
-from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, Stage
+from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from paraplan.plan.plan import (
+from paraplan.plans.plan import (
     DeviceMemory,
     LayerRange,
     LayerStrategy,
@@ -17,7 +17,7 @@ from paraplan.plan.plan import (
     check_fits,
     validate,
 )
-from paraplan.plan.plan_file import plan_from_json, plan_to_dict, plan_to_json, read_plan, write_plan
+from paraplan.plans.plan_file import plan_from_json, plan_to_dict, plan_to_json, read_plan, write_plan
 
 PREDICTION = Prediction(iteration_s=0.25, throughput_samples_per_s=256.0,
                         memory=(DeviceMemory(0, 10 * 2**30, 16 * 2**30), DeviceMemory(1, 17 * 2**30, 16 * 2**30)),

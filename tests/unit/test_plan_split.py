@@ -10,10 +10,10 @@ from paraplan.costs.model import analytic_cost_model
 from paraplan.errors import ParaplanError
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
-from paraplan.plan.plan import validate
 from paraplan.planners.pipeline_split import DIVIDERS, build_problem, plan_split
 from paraplan.planners.registry import planner_names
-from paraplan.simulate.predict import simulate_plan
+from paraplan.plans.plan import validate
+from paraplan.simulator.predict import simulate_plan
 
 planner_names()  # loads every planner, the split planners among them (pipeline_split.DIVIDERS)
 PLANNERS = tuple(DIVIDERS)

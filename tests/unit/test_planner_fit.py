@@ -22,11 +22,11 @@ from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
 from paraplan.hardware.cluster import Cluster, NodeSpec
 from paraplan.models import measure, zoo
-from paraplan.plan.plan import LayerRange, Plan, Stage
 from paraplan.planners.pipeline_split import build_problem
 from paraplan.planners.registry import make_plan, simulator_judge
 from paraplan.planners.request import PlanRequest
-from paraplan.simulate.predict import simulate_plan
+from paraplan.plans.plan import LayerRange, Plan, Stage
+from paraplan.simulator.predict import simulate_plan
 
 GIB = 2**30
 REL = 1e-9

@@ -10,12 +10,12 @@ from paraplan.costs.model import RuntimeOverheads, analytic_cost_model
 from paraplan.errors import FieldError, ParaplanError
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
-from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, Stage
 from paraplan.planners.registry import PLANNERS, make_plan, planner_names
 from paraplan.planners.request import PlanRequest
+from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
 from paraplan.runtime.rank_base import TrainConfig
-from paraplan.simulate.plan_work import plan_work
-from paraplan.simulate.predict import simulate_plan
+from paraplan.simulator.plan_work import plan_work
+from paraplan.simulator.predict import simulate_plan
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 

@@ -9,9 +9,9 @@ from paraplan.costs import closed_forms as cf
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
-from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, PlanError, Stage
-from paraplan.simulate.engine import KINDS
-from paraplan.simulate.predict import simulate_plan
+from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, PlanError, Stage
+from paraplan.simulator.engine import KINDS
+from paraplan.simulator.predict import simulate_plan
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from conftest import run_cli_here
 
 from paraplan.errors import ParaplanError
 from paraplan.models import source
-from paraplan.plan.plan import LayerRange, Plan, Stage
-from paraplan.plan.plan_file import write_plan
+from paraplan.plans.plan import LayerRange, Plan, Stage
+from paraplan.plans.plan_file import write_plan
 from paraplan.runtime.preflight import check_model_fits_loss
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,11 +15,11 @@ from paraplan.errors import ParaplanError
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, zoo
 from paraplan.models.adapters import decompose
-from paraplan.plan.plan import LayerRange, Plan, Stage
+from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.profiling.links import fit_alpha_beta
 from paraplan.profiling.profile_file import profile_from_dict, profile_to_dict, read_profile, write_profile
 from paraplan.profiling.profiler import run_profile, zoo_workload
-from paraplan.simulate.predict import simulate_plan
+from paraplan.simulator.predict import simulate_plan
 
 CPU = torch.device("cpu")
 SIZES = [1, 64]
@@ -170,9 +170,9 @@ def test_simulate_with_a_measured_profile(tmp_path, capsys):
     from paraplan.costs.model import analytic_cost_model, profile_cost_model
     from paraplan.hardware import load_cluster
     from paraplan.models import measure, zoo
-    from paraplan.plan.plan_file import read_plan
+    from paraplan.plans.plan_file import read_plan
     from paraplan.profiling.profile_file import read_profile
-    from paraplan.simulate.predict import simulate_plan
+    from paraplan.simulator.predict import simulate_plan
 
     spec, cluster, p = measure.measure(zoo.build("gpt2-tiny")), load_cluster("local"), read_plan(plan)
     measured = simulate_plan(p, profile_cost_model(spec, cluster, read_profile(profile))).prediction.iteration_s

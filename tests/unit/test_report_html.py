@@ -9,13 +9,13 @@ from html.parser import HTMLParser
 import matplotlib.image
 import pytest
 
-from paraplan import auto
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, source
 from paraplan.models.op_trace import build_op_graph
+from paraplan.planners import auto
 from paraplan.planners.request import PlanRequest
-from paraplan.report_html import fmt_bytes, fmt_time, write_report
+from paraplan.report.html import fmt_bytes, fmt_time, write_report
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PNG = b"\x89PNG\r\n\x1a\n"

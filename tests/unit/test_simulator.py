@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paraplan.costs import closed_forms as cf
-from paraplan.simulate import schedules
-from paraplan.simulate.engine import TaskGraph, simulate
-from paraplan.simulate.pipeline import PipelineWork, StageSync, StageWork, SyncBucket, run
+from paraplan.simulator import schedules
+from paraplan.simulator.engine import TaskGraph, simulate
+from paraplan.simulator.pipeline import PipelineWork, StageSync, StageWork, SyncBucket, run
 
 
 def _pipeline(f_p, f_m, b_p, b_m, schedule="gpipe"):
@@ -237,8 +237,8 @@ def test_collective_formulas():
 
 # --------------------------------------------------------------------------- operator DAGs (FD-DPS)
 def test_diamond_dag_by_hand():
-    from paraplan.plan.plan import OperatorPlacement
-    from paraplan.simulate.dag import OpEdge, simulate_dag
+    from paraplan.plans.plan import OperatorPlacement
+    from paraplan.simulator.dag import OpEdge, simulate_dag
 
     # a -> b -> d and a -> c -> d; c runs on device 1, the rest on device 0
     placement = (OperatorPlacement(0, ("a", "b", "d")), OperatorPlacement(1, ("c",)))
@@ -254,8 +254,8 @@ def test_diamond_dag_by_hand():
 
 
 def test_dag_order_that_contradicts_a_dependency_is_an_error():
-    from paraplan.plan.plan import OperatorPlacement, PlanError
-    from paraplan.simulate.dag import OpEdge, build_dag_graph
+    from paraplan.plans.plan import OperatorPlacement, PlanError
+    from paraplan.simulator.dag import OpEdge, build_dag_graph
 
     with pytest.raises(PlanError, match="runs 'b' before 'a'"):
         build_dag_graph((OperatorPlacement(0, ("b", "a")),), [OpEdge("a", "b", 0)], lambda o, d: 1.0,
@@ -266,8 +266,8 @@ def test_dag_order_that_contradicts_a_dependency_is_an_error():
 
 
 def test_a_tensor_goes_to_a_device_once_however_many_read_it_there():
-    from paraplan.plan.plan import OperatorPlacement
-    from paraplan.simulate.dag import OpEdge, simulate_dag
+    from paraplan.plans.plan import OperatorPlacement
+    from paraplan.simulator.dag import OpEdge, simulate_dag
 
     # a on device 0 feeds b and c on device 1: one transfer of 1 s, not two in a row (with contention)
     placement = (OperatorPlacement(0, ("a",)), OperatorPlacement(1, ("b", "c")))

@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:  # bare `paraplan`: what it can do
             parser.print_help()
             return 0
-        from paraplan.host import available_memory_bytes
-        from paraplan.simulate.limits import set_memory_source
+        from paraplan.simulator.limits import set_memory_source
+        from paraplan.system.host import available_memory_bytes
 
         set_memory_source(available_memory_bytes)  # the simulator refuses graphs beyond the free memory
         return args.func(args)

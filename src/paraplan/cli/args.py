@@ -66,11 +66,11 @@ class Parser(argparse.ArgumentParser):
 def check_output(flag: str, path, *, directory: bool = False, figure: bool = False) -> None:
     """An output that cannot be written is refused now, in one line, not after the measuring,
     planning or training (a figure's extension too: matplotlib picks the format from it)."""
-    from paraplan.fileio import output_problem
+    from paraplan.system.fileio import output_problem
 
     problem = output_problem(path, directory=directory)
     if problem is None and figure:
-        from paraplan.simulate.export import figure_format_problem
+        from paraplan.simulator.export import figure_format_problem
 
         problem = figure_format_problem(path)
     if problem:
@@ -104,7 +104,7 @@ def flags_in(text: str) -> str:
 def check_plan_sizes(args) -> None:
     """The request's sizes, checked before the model is measured (PlanRequest checks them again
     against the cluster, which needs the measurement)."""
-    from paraplan.plan.plan import Schedule
+    from paraplan.plans.plan import Schedule
 
     if args.batch not in ("max", "best") and args.batch < 1:
         raise ParaplanError(f"--batch: must be a positive whole number, got {args.batch}")

@@ -136,7 +136,7 @@ def write_index(out: Path) -> Path:
                                                  f"{html.escape(f.relative_to(out).as_posix())}</a>" for f in data)
                          + "</p>")
     parts.append("</body></html>")
-    from paraplan.fileio import atomic_write_text
+    from paraplan.system.fileio import atomic_write_text
 
     index = out / "index.html"
     atomic_write_text(index, "\n".join(parts))

@@ -1,4 +1,4 @@
-"""`paraplan calibrate`: this machine measured once (calibrate.py) into a cluster file for plan,
+"""`paraplan calibrate`: this machine measured once (profiling/calibrate.py) into a cluster file for plan,
 simulate and train --compare."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from paraplan.calibrate import calibrate
     from paraplan.hardware.cluster_file import write_cluster_file
-    from paraplan.report import console
+    from paraplan.profiling.calibrate import calibrate
+    from paraplan.report.tables import console
 
     check_output("--out", args.out)
     with console(stderr=True).status("calibrating") as status:

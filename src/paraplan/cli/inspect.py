@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from paraplan.costs.analytic import analytic_costs
     from paraplan.hardware import load_cluster
-    from paraplan.report import console, layers_table
+    from paraplan.report.tables import console, layers_table
     from paraplan.workload import measured_model
 
     require_positive(args.batch, "--batch")

@@ -23,7 +23,7 @@ def add_clusters(sub) -> None:
 
 def run_models(args) -> int:
     from paraplan.models import zoo
-    from paraplan.report import console, models_table
+    from paraplan.report.tables import console, models_table
 
     rows = []
     names = zoo.names(include_tiny=not args.no_tiny)
@@ -43,7 +43,7 @@ def run_models(args) -> int:
 
 def run_clusters(args) -> int:
     from paraplan.hardware import load_cluster, preset_names
-    from paraplan.report import clusters_table, console
+    from paraplan.report.tables import clusters_table, console
 
     clusters = [load_cluster(n) for n in preset_names()]
     if args.json:

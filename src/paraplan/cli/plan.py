@@ -1,5 +1,5 @@
 """`paraplan plan`: every method compared (--planner auto, the default: one table, the best feasible
-plan written, the lower bound and the winner's gap to it; paraplan/auto.py), or one planner's plan
+plan written, the lower bound and the winner's gap to it; paraplan/planners/auto.py), or one planner's plan
 with the simulator's prediction."""
 
 from __future__ import annotations
@@ -119,10 +119,10 @@ def _options(args, given: dict) -> tuple[object, dict]:
 
 def run_one(args, given: dict) -> int:
     """--planner NAME: that planner's plan, simulated, written when it fits."""
-    from paraplan.plan.plan_file import write_plan
     from paraplan.planners.registry import make_plan
-    from paraplan.report import console
-    from paraplan.simulate.predict import simulate_plan
+    from paraplan.plans.plan_file import write_plan
+    from paraplan.report.tables import console
+    from paraplan.simulator.predict import simulate_plan
 
     spec_of_planner, options = _options(args, given)
     check_plan_sizes(args)
@@ -154,7 +154,7 @@ def run_one(args, given: dict) -> int:
 
 
 def _print_one_json(args, sim, feasible: bool) -> None:
-    from paraplan.plan.plan_file import plan_to_dict
+    from paraplan.plans.plan_file import plan_to_dict
 
     d = plan_to_dict(sim.plan)
     print(json.dumps({"planner": args.planner, "out": args.out if feasible else None, "feasible": feasible,
@@ -167,7 +167,7 @@ def _print_one_json(args, sim, feasible: bool) -> None:
 
 def _print_placement(args, sim, cluster) -> None:
     """An operator placement: its table, the schedule's own length beside the contended one."""
-    from paraplan.report import console, dag_table
+    from paraplan.report.tables import console, dag_table
 
     console().print(dag_table(sim, cluster))
     length = dict(sim.plan.search.options).get("schedule_length_s")
@@ -180,7 +180,7 @@ def _print_placement(args, sim, cluster) -> None:
 
 def _print_stages(args, sim, cluster) -> None:
     """A plan of stages: its table, its shape in one line, a Galvatron plan's runs of one strategy."""
-    from paraplan.report import console, simulation_table
+    from paraplan.report.tables import console, simulation_table
 
     console().print(simulation_table(sim, cluster))
     opts = dict(sim.plan.search.options)
@@ -251,15 +251,15 @@ def _check_auto(args, given: dict) -> None:
 
 
 def run_auto(args, given: dict) -> int:
-    """--planner auto: every planner on the same request (auto.py), the best feasible plan written."""
+    """--planner auto: every planner on the same request (planners/auto.py), the best feasible plan written."""
     from paraplan.hardware import load_cluster
-    from paraplan.plan.plan_file import write_plan
-    from paraplan.report import console
+    from paraplan.plans.plan_file import write_plan
+    from paraplan.report.tables import console
 
     _check_auto(args, given)
     cluster = load_cluster(args.cluster)
     if args.prove:
-        from paraplan.prove import check_runs_here
+        from paraplan.runtime.prove import check_runs_here
 
         check_runs_here(cluster.n_devices, args.cluster)
         if args.prove_steps <= 2 or args.prove_rounds < 1:
@@ -273,12 +273,12 @@ def run_auto(args, given: dict) -> int:
     if best is not None:
         write_plan(best.plan, args.out)
     if args.report:
-        from paraplan.report_html import write_report
+        from paraplan.report.html import write_report
 
         write_report(result, request.costs, args.report)  # its memory budget included, as the rows were judged
     gap = best.iteration_s / result.bound.iteration_s - 1 if best is not None else None
     if args.json:
-        from paraplan.plan.plan_file import plan_to_dict
+        from paraplan.plans.plan_file import plan_to_dict
 
         print(json.dumps(auto_json(result, args.out if best else None, gap, plan_to_dict), indent=2))
     else:
@@ -299,7 +299,7 @@ def _compare(request, err, time_limit: float | None, quiet: bool):
     """auto.compare with a bar of the planners done on stderr (none with --json)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from paraplan.auto import compare
+    from paraplan.planners.auto import compare
     from paraplan.planners.registry import planner_names
 
     total = len(planner_names())
@@ -315,7 +315,7 @@ def _compare(request, err, time_limit: float | None, quiet: bool):
 
 
 def _print_comparison(args, result, best, gap, model_ref: str) -> None:
-    from paraplan.report import auto_table, console
+    from paraplan.report.tables import auto_table, console
 
     out = console()
     out.print(auto_table(result, f"{model_ref} on {args.cluster}, global batch {args.batch}"))
@@ -350,12 +350,12 @@ def auto_json(result, out: str | None, gap: float | None, plan_to_dict) -> dict:
 
 
 def prove_best(best, request, err, args):
-    """The chosen plan, the even split over every device and one process, run for real (prove.py)."""
+    """The chosen plan, the even split over every device and one process, run for real (runtime/prove.py)."""
     from dataclasses import replace
 
     from paraplan.planners.registry import make_plan
-    from paraplan.prove import one_process_plan, run_interleaved
-    from paraplan.simulate.predict import simulate_plan
+    from paraplan.runtime.prove import one_process_plan, run_interleaved
+    from paraplan.simulator.predict import simulate_plan
 
     cm = request.costs
     n = cm.cluster.n_devices
@@ -374,7 +374,7 @@ def prove_best(best, request, err, args):
 def print_proof(proof, chosen: str) -> None:
     from rich.table import Table
 
-    from paraplan.report import console
+    from paraplan.report.tables import console
 
     table = Table(title="proof on this machine: predicted against measured (median of rounds, min..max)")
     for col in ("plan", "predicted", "measured", "error", "chosen is faster by"):

@@ -52,7 +52,7 @@ def run(args) -> int:
         run_profile,
         workload,
     )
-    from paraplan.report import console, profile_report
+    from paraplan.report.tables import console, profile_report
 
     sizes = parse_sizes(args.batch_sizes)
     require_positive(args.threads, "--threads")
@@ -102,7 +102,7 @@ def _operator_profile(args, device, sizes) -> int:
     from paraplan.profiling.operator_file import operator_profile_to_dict, write_operator_profile
     from paraplan.profiling.operators import profile_operators
     from paraplan.profiling.profiler import allocator_error, check_batches_fit, out_of_memory
-    from paraplan.report import console
+    from paraplan.report.tables import console
 
     batches = (2, 4) if args.batch_sizes == "1,2,4,8,16,32,64" else tuple(sizes)
     if len(batches) != 2 or batches[0] >= batches[1]:
@@ -141,7 +141,7 @@ def run_links(args) -> int:
     from paraplan.hardware.cluster import Cluster, LinkSpec
     from paraplan.hardware.cluster_file import write_cluster_file
     from paraplan.profiling.links import profile_links
-    from paraplan.report import console, links_report
+    from paraplan.report.tables import console, links_report
 
     check_output("--out", args.out)
     base = load_cluster(args.cluster)

@@ -31,10 +31,10 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from paraplan.hardware import load_cluster
-    from paraplan.plan.plan import check_fits
-    from paraplan.plan.plan_file import read_plan, write_plan
-    from paraplan.report import console
-    from paraplan.simulate.predict import simulate_plan
+    from paraplan.plans.plan import check_fits
+    from paraplan.plans.plan_file import read_plan, write_plan
+    from paraplan.report.tables import console
+    from paraplan.simulator.predict import simulate_plan
     from paraplan.sizes import gib_bytes
     from paraplan.workload import workload
 
@@ -71,7 +71,7 @@ def run(args) -> int:
 
 def _write_figures(args, plan, sim, cluster) -> None:
     """--gantt and --trace."""
-    from paraplan.simulate.export import chrome_trace, gantt
+    from paraplan.simulator.export import chrome_trace, gantt
 
     if args.gantt:
         what = (f"{sum(len(p.ops) for p in plan.operators)} operators on {len(plan.operators)} devices"
@@ -85,8 +85,8 @@ def _write_figures(args, plan, sim, cluster) -> None:
 
 
 def _print(args, sim, cluster) -> None:
-    from paraplan.plan.plan_file import plan_to_dict
-    from paraplan.report import console, dag_table, simulation_table
+    from paraplan.plans.plan_file import plan_to_dict
+    from paraplan.report.tables import console, dag_table, simulation_table
 
     if args.json:
         out = plan_to_dict(sim.plan)["prediction"]

@@ -62,7 +62,7 @@ def _data_check(check, *args) -> None:
 
 
 def run(args) -> int:
-    from paraplan.plan.plan_file import read_plan
+    from paraplan.plans.plan_file import read_plan
     from paraplan.runtime.launch import default_run_dir
     from paraplan.workload import cost_model, measured_model
 
@@ -85,8 +85,8 @@ def run(args) -> int:
 
 
 def _check_outputs(args, out_dir: str) -> None:
-    from paraplan.fileio import output_problem
     from paraplan.runtime.checkpoints import FILES
+    from paraplan.system.fileio import output_problem
 
     check_output("--out-dir", out_dir, directory=True)
     if args.checkpoint_dir and not args.resume:
@@ -149,7 +149,7 @@ def _check_model(args, config, plan, model: str, built, spec, compare_cluster) -
     check_before_launch(config, world, spec.n_layers, layers)
     check_model_fits_loss(built, plan, layers, args.seed)  # the loss takes what the model returns
     if compare_cluster is not None:  # before the run, not after it: the comparison simulates on this cluster
-        from paraplan.plan.plan import check_fits
+        from paraplan.plans.plan import check_fits
 
         check_fits(plan, spec.n_layers, compare_cluster.n_devices, f"--cluster {compare_cluster.name}")
     return world, torchrun
@@ -166,7 +166,7 @@ def _predicted_memory(plan, built, spec, world: int):
     capacities = {d: local.device(0).memory_bytes for d in range(world)}
     graph = None
     if plan.schedule == "dag":  # an operator placement: its memory is counted on the operator graph
-        from paraplan.simulate.predict import simulate_plan
+        from paraplan.simulator.predict import simulate_plan
 
         graph = operator_graph(built, watch=BARS)
         predicted_memory = simulate_plan(plan, cost_model(spec, local, operators=graph)).prediction.memory
@@ -184,9 +184,9 @@ def _launch(args, config, world: int, out_dir: str, torchrun: bool) -> bool:
     directories are created only now, and removed again if the run ends before writing anything."""
     import os
 
-    from paraplan.fileio import make_dirs, remove_if_empty, remove_temporaries
     from paraplan.runtime.checkpoints import remove_unlisted
     from paraplan.runtime.launch import run_under_torchrun, spawn
+    from paraplan.system.fileio import make_dirs, remove_if_empty, remove_temporaries
 
     created = [make_dirs(out_dir), make_dirs(args.checkpoint_dir) if args.checkpoint_dir else []]
     if not args.out_dir and not args.json and (not torchrun or os.environ["RANK"] == "0"):

@@ -24,7 +24,7 @@ def progress():
     output and error messages stay one clean line."""
     from rich.progress import Progress
 
-    from paraplan.report import console
+    from paraplan.report.tables import console
 
     err = console(stderr=True)
     return Progress(transient=True, console=err, disable=not err.is_terminal)
@@ -46,7 +46,7 @@ class Bars(Watch):
         return progress_task(description, total)
 
     def tracing(self, built):
-        from paraplan.report import console
+        from paraplan.report.tables import console
 
         return console(stderr=True).status(f"tracing the operators of {built.name} on meta")
 

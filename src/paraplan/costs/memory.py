@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from paraplan.costs.memory_config import GIB, MemoryConfig
 from paraplan.costs.strategy import layer_memory, param_count
 from paraplan.models.spec import ModelSpec
-from paraplan.plan.plan import DeviceMemory, LayerStrategy, Plan
-from paraplan.plan.worker_roles import worker_roles
+from paraplan.plans.plan import DeviceMemory, LayerStrategy, Plan
+from paraplan.plans.worker_roles import worker_roles
 
 __all__ = ["GIB", "MemoryBreakdown", "MemoryConfig", "micro_batches_in_flight", "out_of_memory_reason",
            "plan_memory", "sdp_buffer_bytes", "stage_memory", "tp_replicated_bytes"]
@@ -109,7 +109,7 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
     gathered = [0.0]  # the unsharded weights of each sdp layer
     in_flight_here = micro_batches_in_flight(plan.schedule, plan.n_stages, stage_index, plan.n_micro)
     ddp = plan.grad_sync == "bucketed"
-    # Bi-Partition run as the runtime runs it (plan/worker_roles.py): a layer whose forward ran on
+    # Bi-Partition run as the runtime runs it (plans/worker_roles.py): a layer whose forward ran on
     # another worker keeps no activations here between its forward and backward; its forward is
     # recomputed just before its backward, one micro-batch at a time, from one input tensor
     role = worker_roles(plan)[stage_index] if stage.backward_layers is not None and \

@@ -1,6 +1,6 @@
 """One layer's time and memory under a `LayerStrategy` (dp / sdp / tp degrees, checkpointing).
 
-The one place that prices a layer's strategy: the simulator's stages (simulate/plan_work.py), the
+The one place that prices a layer's strategy: the simulator's stages (simulator/plan_work.py), the
 memory model (costs/memory.py) and the planners' memory checks (Bi-Partition) all call it, so they
 cannot disagree; Galvatron-BMW's dynamic program will read the same numbers as `[layer, strategy]`
 arrays (`strategy_arrays`).
@@ -43,7 +43,7 @@ from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.timefn import LayerCosts
 from paraplan.hardware.cluster import Cluster, LinkSpec, RuntimeOverheads
 from paraplan.models.spec import ModelSpec
-from paraplan.plan.plan import LayerStrategy
+from paraplan.plans.plan import LayerStrategy
 
 _NO_LINK = LinkSpec(bandwidth_bytes_per_s=float("inf"), latency_s=0.0)
 

@@ -51,7 +51,7 @@ class RuntimeOverheads:
     file written by `paraplan calibrate` carries them (its [runtime] table), so that plan,
     simulate and train --compare on that cluster predict with them.
       rendezvous: blocking point-to-point transfers that start only once the receiver posts its
-                  receive (simulate/pipeline.py);
+                  receive (simulator/pipeline.py);
       action_s:   per pipeline action (schedule bookkeeping, the autograd engine starting, p2p calls);
       step_s:     per iteration, outside the schedule (optimizer, zeroing gradients, the loss).
       compute_scale: a layer's time while every device of the machine computes over its time

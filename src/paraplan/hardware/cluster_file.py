@@ -146,7 +146,7 @@ BYTES_PER_DEVICE = 512  # a device's slot, its entry in its node and its share o
 def _check_materialisable(where: str, count: int, per_node: int, so_far: int) -> None:
     """A node count whose devices would not fit in this machine's memory is refused in one line
     (a count of 10**12 otherwise builds nodes until the kernel kills the process)."""
-    from paraplan.host import available_memory_bytes, gib
+    from paraplan.system.host import available_memory_bytes, gib
 
     available = available_memory_bytes()
     devices = so_far + count * per_node
@@ -228,6 +228,6 @@ def write_cluster_file(cluster: Cluster, path: str | Path, calibration: dict | N
     """Write atomically: a half-written cluster file is never left behind."""
     import tomli_w
 
-    from paraplan.fileio import atomic_write_text
+    from paraplan.system.fileio import atomic_write_text
 
     atomic_write_text(path, tomli_w.dumps(cluster_to_dict(cluster, calibration)))

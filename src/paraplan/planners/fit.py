@@ -29,8 +29,8 @@ from paraplan.costs.memory import micro_batches_in_flight
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.model import CostModel
 from paraplan.costs.strategy import layer_memory
-from paraplan.plan.plan import LayerStrategy
 from paraplan.planners.stage_division import bounds_of
+from paraplan.plans.plan import LayerStrategy
 
 _SLACK = 1 + 1e-12  # a sum equal to a limit is not lost to rounding
 

@@ -35,7 +35,6 @@ import numpy as np
 from paraplan.costs.memory import out_of_memory_reason, plan_memory
 from paraplan.costs.model import CostModel
 from paraplan.errors import UnknownNameError
-from paraplan.plan.plan import LayerRange, Plan, SearchInfo, Stage
 from paraplan.planners.fit import SplitMemory, misfit
 from paraplan.planners.request import (
     FieldError,
@@ -49,6 +48,7 @@ from paraplan.planners.request import (
 from paraplan.planners.stage_division import bounds_of, total_time
 from paraplan.planners.table import PLANNERS as TABLE
 from paraplan.planners.table import register
+from paraplan.plans.plan import LayerRange, Plan, SearchInfo, Stage
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ import importlib
 from dataclasses import replace
 
 from paraplan.errors import UnknownNameError
-from paraplan.plan.plan import Plan, Prediction
 from paraplan.planners import table
 from paraplan.planners.request import FieldError, Judge, PlanRequest, validated_options
 from paraplan.planners.table import PlannerSpec
+from paraplan.plans.plan import Plan, Prediction
 
 PLANNERS = table.PLANNERS
 PLANNER_MODULES = (
@@ -51,7 +51,7 @@ def planner(name: str) -> PlannerSpec:
 
 def simulator_judge(request: PlanRequest) -> Judge:
     """The simulator as a judge of candidate plans under the request's cost model."""
-    from paraplan.simulate.predict import simulate_plan
+    from paraplan.simulator.predict import simulate_plan
 
     return lambda plan: simulate_plan(plan, request.costs).prediction
 

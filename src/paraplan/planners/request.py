@@ -13,10 +13,10 @@ from dataclasses import dataclass, field, replace
 
 from paraplan.costs.model import CostModel
 from paraplan.errors import FieldError
-from paraplan.plan.plan import Plan, Prediction, Schedule
 from paraplan.planners.divisors import choices_near, divisors  # noqa: F401  (divisors: the planners' import)
+from paraplan.plans.plan import Plan, Prediction, Schedule
 
-Judge = Callable[[Plan], Prediction]  # the one yardstick (simulate/predict.py), passed in by the registry
+Judge = Callable[[Plan], Prediction]  # the one yardstick (simulator/predict.py), passed in by the registry
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from paraplan.plan.plan import Plan, Schedule
 from paraplan.planners.request import Judge, OptionSpec, PlanRequest
+from paraplan.plans.plan import Plan, Schedule
 
 PlannerFn = Callable[[PlanRequest, Mapping[str, object], Judge], Plan]  # (request, options, judge) -> Plan
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from paraplan.errors import FieldError
-from paraplan.localnet import free_port
+from paraplan.system.localnet import free_port
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def _worker(rank: int, nproc: int, backend: str, port: int, sizes: list[int], ou
                 samples.append(float(elapsed.item()))
         allreduce[nbytes] = samples
     if rank == 0:
-        from paraplan.fileio import atomic_write_text  # a full disk: one line
+        from paraplan.system.fileio import atomic_write_text  # a full disk: one line
 
         atomic_write_text(out_path, json.dumps({"p2p": p2p, "allreduce": allreduce}))
     dist.barrier()
@@ -137,7 +137,7 @@ def check_buffers_fit(backend: str, nproc: int, largest_message_bytes: int) -> N
     """FieldError naming max_bytes (or nproc) when the ranks' buffers would not fit in this machine's
     available memory: checked before any process starts, so a size of 10**12 ends in one line
     instead of every rank allocating until the kernel kills it. nccl's buffers live on the GPUs."""
-    from paraplan.host import available_memory_bytes, gib
+    from paraplan.system.host import available_memory_bytes, gib
 
     per_rank = buffer_bytes_per_rank(largest_message_bytes)
     if backend == "nccl":

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from paraplan.costs.op_costs import OperatorProfile
 from paraplan.errors import ParaplanError
-from paraplan.fileio import atomic_write_text, read_json
+from paraplan.system.fileio import atomic_write_text, read_json
 
 FORMAT_VERSION = 1
 KIND = "operator-profile"

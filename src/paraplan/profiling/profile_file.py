@@ -9,7 +9,7 @@ from pathlib import Path
 
 from paraplan.costs.profile import LayerProfile, Profile, StepCheck, Timing
 from paraplan.errors import ParaplanError
-from paraplan.fileio import atomic_write_text, read_json
+from paraplan.system.fileio import atomic_write_text, read_json
 
 FORMAT_VERSION = 1
 

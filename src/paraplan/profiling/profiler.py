@@ -64,8 +64,8 @@ def check_batches_fit(reference: str, device: torch.device, batch_sizes, seq_len
     """FieldError naming the largest batch size, its estimate and the memory available, before any
     real weight or batch is allocated: a batch of 10**12 samples otherwise ends deep in the
     allocator. The model is measured on meta (no memory)."""
-    from paraplan.host import available_memory_bytes, gib
     from paraplan.models import measure, source
+    from paraplan.system.host import available_memory_bytes, gib
 
     spec = measure.measure(source.build(reference, device="meta", seq_len=seq_len, image_size=image_size,
                                         layers=layers))

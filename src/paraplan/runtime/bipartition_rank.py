@@ -10,7 +10,7 @@
 Where this differs from the paper, and why: the paper's forward owner sends the layer's saved
 activations to the backward owner. PyTorch's autograd graph cannot cross processes, so the
 backward owner rebuilds the graph by recomputing the layer's forward from the tensor that enters
-it, as activation checkpointing does (plan/worker_roles.py says which tensor and from whom). What
+it, as activation checkpointing does (plans/worker_roles.py says which tensor and from whom). What
 crosses is one activation per micro-batch into a worker whose backward range starts before its
 forward range, not the saved activations of every split layer; what it costs is one more forward
 of each split layer on its backward owner. The planner and the simulator charge exactly this for
@@ -37,7 +37,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from paraplan.plan.worker_roles import WorkerRole, worker_roles
+from paraplan.plans.worker_roles import WorkerRole, worker_roles
 from paraplan.runtime.materialize import StageModule, materialize
 from paraplan.runtime.memory_meter import note_checkpoint_input
 from paraplan.runtime.rank_base import RankSetup, TrainConfig
@@ -119,7 +119,7 @@ class BipartitionStep:
     """Runs one step's schedule on this worker: its forwards and backwards in the plan's order."""
 
     def __init__(self, config: TrainConfig, role: WorkerRole, layers: _Layers, shapes, built, device, recorder):
-        from paraplan.simulate.schedules import ORDERS
+        from paraplan.simulator.schedules import ORDERS
 
         self.config, self.role, self.layers, self.shapes, self.built, self.device, self.recorder = \
             config, role, layers, shapes, built, device, recorder

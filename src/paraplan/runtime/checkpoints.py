@@ -100,7 +100,7 @@ def save_checkpoint(config, stage: int, step: int, state, writes: bool) -> None:
 
 def write_stage(directory: Path, stage: int, step: int, state: dict) -> dict:
     """One stage's file, atomically; its manifest entry (name, size, sha256 of the bytes written)."""
-    from paraplan.fileio import atomic_torch_save
+    from paraplan.system.fileio import atomic_torch_save
 
     name = stage_file(stage, step)
     digest, size = atomic_torch_save(state, Path(directory) / name)
@@ -109,7 +109,7 @@ def write_stage(directory: Path, stage: int, step: int, state: dict) -> dict:
 
 def write_manifest(directory: Path, step: int, entries: list[dict], record: dict) -> None:
     """The manifest, written last and atomically: from now on the checkpoint is these files."""
-    from paraplan.fileio import atomic_write_text
+    from paraplan.system.fileio import atomic_write_text
 
     manifest = {"format": FORMAT, "version": RECORD_VERSION, "step": step,
                 "stages": sorted(entries, key=lambda e: e["stage"]), "record": record}
@@ -128,7 +128,7 @@ def load_stage(checkpoint_dir: str | Path, stage: int) -> dict:
 def remove_unlisted(checkpoint_dir: str | Path) -> None:
     """After a failed run: the stage files of a save that did not complete (its manifest was never
     written) and the temporaries of killed writers. What the manifest lists stays."""
-    from paraplan.fileio import remove_temporaries
+    from paraplan.system.fileio import remove_temporaries
 
     directory = Path(checkpoint_dir)
     remove_temporaries(directory)
@@ -149,7 +149,7 @@ def check_resume(config) -> int:
     at a step below config.steps. Returns that step; raises FieldError("resume" or "steps", ...)
     in one line naming the file or what differs."""
     from paraplan.errors import FieldError
-    from paraplan.fileio import not_regular, read_json
+    from paraplan.system.fileio import not_regular, read_json
 
     def refuse(detail: str, field: str = "resume"):
         raise FieldError(field, detail)
@@ -224,7 +224,7 @@ def _compare(found: dict, expected: dict, path: Path, refuse) -> None:
 
 
 def _check_file(directory: Path, stage: int, entry: dict, manifest: Path, refuse) -> None:
-    from paraplan.fileio import not_regular
+    from paraplan.system.fileio import not_regular
 
     if entry["stage"] != stage or Path(entry["file"]).name != entry["file"]:
         refuse(f"{manifest}: field 'stages' entry {stage} must name stage {stage}'s file in {directory}, got {entry}")

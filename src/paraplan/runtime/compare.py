@@ -9,10 +9,10 @@ from pathlib import Path
 
 from paraplan.costs.model import CostModel, RuntimeOverheads
 from paraplan.errors import ParaplanError
-from paraplan.plan.plan import Plan
+from paraplan.plans.plan import Plan
 from paraplan.runtime.timeline import load_runs, measured_trace, one_step, side_by_side
-from paraplan.simulate.export import chrome_trace
-from paraplan.simulate.predict import simulate_plan
+from paraplan.simulator.export import chrome_trace
+from paraplan.simulator.predict import simulate_plan
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def measured_overheads(out_dir: str | Path, skip_steps: int = 2) -> RuntimeOverh
 
 
 def write_overheads(overheads: RuntimeOverheads, path: str | Path) -> None:
-    from paraplan.fileio import atomic_write_text
+    from paraplan.system.fileio import atomic_write_text
 
     atomic_write_text(path, json.dumps({"format_version": OVERHEADS_VERSION, "rendezvous": overheads.rendezvous,
                                         "action_s": overheads.action_s, "step_s": overheads.step_s,

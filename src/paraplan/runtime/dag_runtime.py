@@ -407,7 +407,7 @@ def train_dag_rank(config: TrainConfig) -> dict:
     losses = [float(v) for v in summed]
     if config.out_dir is not None:
         # atomic: a full disk is one line, and no partial file is left
-        from paraplan.fileio import atomic_torch_save, atomic_write_text
+        from paraplan.system.fileio import atomic_torch_save, atomic_write_text
 
         out = Path(config.out_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,7 @@ import torch.distributed as dist
 from torch import nn
 
 from paraplan.costs.strategy import data_rank
-from paraplan.plan.plan import LayerStrategy, Plan, Stage
+from paraplan.plans.plan import LayerStrategy, Plan, Stage
 from paraplan.runtime.memory_meter import local_value
 
 Layout = tuple[tuple[str, int], ...]  # LayerStrategy.dims: (dimension, degree), inner-most first

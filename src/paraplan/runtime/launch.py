@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from paraplan.localnet import free_port
 from paraplan.runtime.rank_base import TrainConfig
+from paraplan.system.localnet import free_port
 
 # The ranks start from a forkserver that imported the runtime once per launching process, not
 # each importing torch, torch.distributed and transformers anew (`spawn`: 4-6 s of a core per rank,
@@ -234,7 +234,7 @@ def check_before_launch(config: TrainConfig, world: int, n_layers: int, layers=N
     """Refuse a plan that cannot run, before any process starts: one clear line. `layers` (the
     model's layer list, on meta) lets plans with per-layer strategies be checked layer by layer."""
     from paraplan.errors import FieldError, ParaplanError
-    from paraplan.plan.plan import check_fits
+    from paraplan.plans.plan import check_fits
 
     plan = config.plan
     if plan.schedule == "dag":  # an operator placement (FD-DPS)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from paraplan.errors import FieldError
-from paraplan.plan.plan import Plan
+from paraplan.plans.plan import Plan
 from paraplan.runtime.data import TOKEN_DTYPES
 
 

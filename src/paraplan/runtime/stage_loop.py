@@ -232,7 +232,7 @@ class _LossReport:
             self.progress.refresh()
         if config.out_dir is not None and self.setup.writes and self.setup.stage_index == 0:
             # during the run, so that a killed or failed run keeps the losses of the steps it completed
-            from paraplan.fileio import atomic_write_text
+            from paraplan.system.fileio import atomic_write_text
 
             # flushed to the disk only at the end: rewritten up to twice a second during the run
             atomic_write_text(Path(config.out_dir) / "losses.json", json.dumps(losses), durable=done == config.steps)
@@ -245,9 +245,9 @@ class _LossReport:
 def _write_outputs(config: TrainConfig, rank: int, setup: RankSetup, recorder, step_times: list[float],
                    memory: dict | None) -> None:
     """The rank's timeline, step times and memory, and the stage's final parameters (its writer's)."""
-    from paraplan.fileio import atomic_torch_save, atomic_write_text
+    from paraplan.system.fileio import atomic_torch_save, atomic_write_text
 
-    # atomic writes (paraplan.fileio): a full disk is one line, no partial file
+    # atomic writes (paraplan.system.fileio): a full disk is one line, no partial file
     recorder.save(Path(config.out_dir) / f"timeline_rank{rank}.json", rank)
     atomic_write_text(Path(config.out_dir) / f"steps_rank{rank}.json", json.dumps(step_times))
     if memory is not None:

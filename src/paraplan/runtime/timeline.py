@@ -74,7 +74,7 @@ class Recorder:
         schedules._wait_batch_p2p = _wait_batch_p2p
 
     def save(self, path: str | Path, rank: int) -> None:
-        from paraplan.fileio import atomic_write_text
+        from paraplan.system.fileio import atomic_write_text
 
         atomic_write_text(path, json.dumps({"rank": rank, "events": self.events}))
 
@@ -95,7 +95,7 @@ def one_step(runs: dict[int, list[dict]], step: int) -> dict[int, list[dict]]:
 
 
 def measured_trace(runs: dict[int, list[dict]], path: str | Path) -> None:
-    from paraplan.fileio import atomic_write_text
+    from paraplan.system.fileio import atomic_write_text
 
     tids = {"compute": 0, "comm": 1, "allreduce": 2}
     t0 = min((e["start"] for ev in runs.values() for e in ev), default=0.0)
@@ -125,8 +125,8 @@ def side_by_side(step_events: dict[int, list[dict]], simulated, path: str | Path
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from paraplan.fileio import atomic_write
-    from paraplan.simulate.export import COLOURS
+    from paraplan.simulator.export import COLOURS
+    from paraplan.system.fileio import atomic_write
 
     colours = {**COLOURS, "comm": "#DD8452", "allreduce": "#8172B3"}
     outside = {"facecolor": "#DDDDDD", "edgecolor": "#999999", "hatch": "//", "linewidth": 0}

@@ -24,7 +24,6 @@ import numpy as np
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.strategy import layer_memory
 from paraplan.errors import FieldError
-from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, SearchInfo, Stage
 from paraplan.planners.bipartition.division import DoesNotFit
 from paraplan.planners.bipartition.division import max_workers as most_workers
 from paraplan.planners.bipartition.dp import bipartition_all
@@ -36,6 +35,7 @@ from paraplan.planners.bipartition.recompute import (
 )
 from paraplan.planners.request import Judge, OptionSpec, PlanRequest, divisors, one_of
 from paraplan.planners.table import register
+from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, SearchInfo, Stage
 
 
 def worker_memory(cm, micro: float, n_micro: int, max_workers: int, config: MemoryConfig):
@@ -94,7 +94,7 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
     judged. With fewer workers than the request's stages, the plan's SearchInfo.note says why.
 
     mode="runtime" (the default: plans meant to run) costs a split layer as paraplan's runtime runs
-    it: its backward owner recomputes its forward from one received input (plan/worker_roles.py,
+    it: its backward owner recomputes its forward from one received input (plans/worker_roles.py,
     planners/bipartition/recompute.py); mode="paper" keeps the paper's scheme, the forward owner
     sending the saved activations (what PyTorch cannot run; for studies of the paper's method)."""
     if mode not in MODES:
@@ -173,7 +173,7 @@ def _cut_times(cm, micro: float, p: int):
     def runtime_cut_s(s1: int | None, s2: int | None) -> float:
         # mode=runtime: the activation at the forward cut and the gradient at the backward cut,
         # the one input the next worker recomputes from when its backward starts before its
-        # forward (x_{s2+1}, plan/worker_roles.py), and the split layers' weights (1/p per micro-batch)
+        # forward (x_{s2+1}, plans/worker_roles.py), and the split layers' weights (1/p per micro-batch)
         out = link.transfer_s(layers[s1].output_bytes.at(micro)) if s1 is not None else 0.0
         grad = link.transfer_s(layers[s2].output_grad_bytes.at(micro)) if s2 is not None else 0.0
         lo, hi = sorted((-1 if s1 is None else s1, -1 if s2 is None else s2))
@@ -189,7 +189,7 @@ def _cut_times(cm, micro: float, p: int):
         # so their saved activations cross this boundary with every micro-batch, and their
         # updated weights once per iteration (1/p of it per micro-batch). The paper counts on
         # overlap to hide both; on a slow link they are the bottleneck (AlexNet's FC weights
-        # take seconds over 100 Mbps), and the simulator charges them (simulate/plan_work.py).
+        # take seconds over 100 Mbps), and the simulator charges them (simulator/plan_work.py).
         out = link.transfer_s(layers[s1].output_bytes.at(micro)) if s1 is not None else 0.0
         grad = link.transfer_s(layers[s2].output_grad_bytes.at(micro)) if s2 is not None else 0.0
         lo, hi = sorted((-1 if s1 is None else s1, -1 if s2 is None else s2))

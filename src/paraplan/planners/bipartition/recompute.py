@@ -3,7 +3,7 @@
 The paper's worker time is T(U) = F(forward range) + B(backward range) (eqs. (2)-(3)); its forward
 owner sends a split layer's saved activations to the backward owner. PyTorch cannot move an
 autograd graph between processes, so paraplan's runtime has the backward owner recompute the
-forward of every layer in its backward range whose forward ran elsewhere (plan/worker_roles.py):
+forward of every layer in its backward range whose forward ran elsewhere (plans/worker_roles.py):
 
     T(U) = F[f0, f1) + B[b0, b1) + F([b0, b1) \\ [f0, f1))
 
@@ -33,8 +33,8 @@ import numpy as np
 
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.strategy import layer_memory
-from paraplan.plan.plan import LayerStrategy
 from paraplan.planners.bipartition.division import BiPartition, Worker
+from paraplan.plans.plan import LayerStrategy
 
 EXACT_LIMIT = 4e9  # (L+1)^4 x workers element-operations: above this, the paper-cost division is judged
 

@@ -8,7 +8,7 @@ splits compute-heavy operators along the batch for `fddps` (§4.1, models/op_spl
 the graph search space of Definition 7 (`dag_problem`: ET per operator and device from
 costs/op_costs.py, Definition 4's alpha-beta links, memory per costs/op_memory.py), schedules it
 (planners/fddps/dps.py, planners/fddps/baselines.py) and returns a 'dag' Plan: per device the
-operators it runs, in order. The plan's prediction is the simulator's (simulate/dag.py), which
+operators it runs, in order. The plan's prediction is the simulator's (simulator/dag.py), which
 with link contention off equals the schedule's own critical-path length (eq. (10)).
 """
 
@@ -23,13 +23,13 @@ from paraplan.costs.op_costs import link_matrices, op_seconds_per_device
 from paraplan.costs.op_memory import resident_bytes
 from paraplan.models.op_split import PART, split_candidates, split_degree, split_operators
 from paraplan.models.opspec import OpGraph
-from paraplan.plan.plan import OperatorPlacement, Plan, SearchInfo
 from paraplan.planners.fddps.baselines import schedule_fastt, schedule_heft, schedule_mpdps
 from paraplan.planners.fddps.dps import FALLBACKS, schedule_fddps
 from paraplan.planners.fddps.list_scheduling import LINKS
 from paraplan.planners.fddps.problem import DagProblem, DagSchedule
 from paraplan.planners.request import FieldError, Judge, OptionSpec, PlanRequest, at_least, one_of
 from paraplan.planners.table import register
+from paraplan.plans.plan import OperatorPlacement, Plan, SearchInfo
 
 
 def search_graph(request: PlanRequest, split: bool, runnable: bool = True) -> OpGraph:

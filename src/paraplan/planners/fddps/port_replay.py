@@ -1,5 +1,5 @@
 """`replay_ports`: the timing of a DAG schedule with link contention, the simulator's default
-(planners/fddps/problem.py's module doc has the port model; simulate/engine.py, `contention=True`).
+(planners/fddps/problem.py's module doc has the port model; simulator/engine.py, `contention=True`).
 Every device has ONE send port and ONE receive port; a transfer from device k to l holds both for
 w(k, l). A schedule made with links="ports" (planners/fddps/ports.py `PortLedger`) equals
 `replay_ports` of its placement, order and booked transfer order.
@@ -30,14 +30,14 @@ def replay_ports(problem: DagProblem, device, order, transfer_order=None) -> Por
     and one receive port; a transfer of a tensor from device k to l starts at max(its producer
     finished, the transfer before it on k's send port finished, the one before it on l's receive
     port finished) and holds both ports for w(k, l) = alpha + bytes / beta, even when that is 0. As
-    in simulate/dag.py, a tensor goes to a device once per (producer, destination device, bytes):
+    in simulator/dag.py, a tensor goes to a device once per (producer, destination device, bytes):
     the edges from one producer to consumers on one device with the same bytes share a transfer.
 
     `transfer_order` fixes the order in which the ports serve their transfers: a sequence of every
     edge crossing devices, each port serving its transfers in the order their edges first appear
     (what a port-aware scheduler booked: `DagSchedule.transfer_order()`). None: the simulator's rule
-    (simulate/engine.py with contention): tasks are served as they become ready, by (ready time,
-    task id), with the task ids simulate/dag.py's `build_dag_graph` gives a plan of these device
+    (simulator/engine.py with contention): tasks are served as they become ready, by (ready time,
+    task id), with the task ids simulator/dag.py's `build_dag_graph` gives a plan of these device
     orders (the operators device by device in run order, then the transfers as their first edges
     come in edge order). Compute tasks are ordered by the device orders either way, so the two
     rules differ only in the port orders. `transfer_order` of the result: the edges crossing

@@ -2,7 +2,7 @@
 transfers on them (used by list_scheduling.ScheduleBuilder when links="ports").
 
 Link contention (links="ports", ours, beyond the FD-DPS paper): the paper's eqs. (6)-(11) let every
-transfer start the moment its data is ready, while the simulator (simulate/engine.py, contention on
+transfer start the moment its data is ready, while the simulator (simulator/engine.py, contention on
 by default) gives every device one send port and one receive port and serializes the transfers on
 each. On real graphs the contended iteration of a contention-free schedule is often 2x its own
 length. `PortLedger` books transfers the way contention-aware list scheduling does (Sinnen & Sousa,
@@ -11,7 +11,7 @@ considered for v_k, each incoming transfer from a parent on another device is bo
 the parent's finish on the parent device's send port and v_k's receive port; EST(o_i, v_k) (the
 slot search and the device choice) includes those waits, and the chosen device's bookings are
 committed with o_i. Booked transfers never move, like placed nodes. As in the simulator
-(simulate/dag.py), a tensor goes to a device once per (producer, destination device, bytes): later
+(simulator/dag.py), a tensor goes to a device once per (producer, destination device, bytes): later
 consumers there share the booked transfer. A zero-length transfer still waits for busy ports.
 
 Where the booking starts is the simulator's rule: its ports serve transfers first come, first

@@ -15,18 +15,18 @@
 Nodes come in topological order (every edge has src < dst), which also proves the graph acyclic.
 
 `replay` is the list-scheduling semantics the project's simulator uses for operator plans
-(simulate/dag.py) with link contention off: each device runs its nodes in the given order and a
+(simulator/dag.py) with link contention off: each device runs its nodes in the given order and a
 node starts at max(the previous node on its device finished, every parent finished + w(parent's
 device, this device)). Transfers occupy no device and never wait for each other. Every scheduler
 returns start/finish times equal to `replay` of its own placement and order.
 
 `replay_ports` (planners/fddps/port_replay.py) is the same with link contention, the simulator's
-default (simulate/engine.py, `contention=True`): every device has ONE send port and ONE receive port (full duplex); a transfer
+default (simulator/engine.py, `contention=True`): every device has ONE send port and ONE receive port (full duplex); a transfer
 from device k to l holds k's send port and l's receive port together for w(k, l), so transfers out
 of one device, or into one device, serialize. The FD-DPS paper (and `replay`) lets every transfer
 start the moment its data is ready; on real graphs with many cross-device edges that model is
 optimistic by up to 2x against the contended simulator. A tensor crosses to a device once per
-(producer, destination device, bytes), however many consumers there read it (simulate/dag.py). A schedule made with links="ports" (ours,
+(producer, destination device, bytes), however many consumers there read it (simulator/dag.py). A schedule made with links="ports" (ours,
 beyond the paper: ports.PortLedger) carries the transfer times it booked and equals
 `replay_ports` of its placement, order and booked transfer order.
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from paraplan.plan.plan import LayerStrategy, Plan
+from paraplan.plans.plan import LayerStrategy, Plan
 
 
 def describe_strategies(plan: Plan) -> list[str]:

@@ -30,11 +30,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from paraplan.plan.plan import Plan, SearchInfo
 from paraplan.planners.galvatron.batch import best_batch, max_batch, search_batch
 from paraplan.planners.galvatron.space import VARIANTS, Variant, pp_degrees, usable_devices
 from paraplan.planners.request import FieldError, Judge, OptionSpec, PlanRequest, at_least, one_of
 from paraplan.planners.table import register
+from paraplan.plans.plan import Plan, SearchInfo
 
 MEMORY_BINS = 512  # memory granularity: the device's capacity / 512 (32 MiB at 16 GiB), see docs/galvatron.md
 BATCH_STEP = 8  # Table II's batch step

@@ -15,10 +15,10 @@ from paraplan.costs import memory as memory_model
 from paraplan.costs.memory import micro_batches_in_flight, plan_memory
 from paraplan.costs.memory_config import GIB, MemoryConfig
 from paraplan.costs.strategy import data_rank, param_count, slice_gather_fraction, strategy_arrays
-from paraplan.plan.plan import LayerRange, Plan, Stage
 from paraplan.planners.galvatron.dp import INF, partition_min_max, pipeline_cost, search_stage
 from paraplan.planners.galvatron.space import Variant, even_partition, usable_devices, variant_strategies
 from paraplan.planners.request import PlanRequest
+from paraplan.plans.plan import LayerRange, Plan, Stage
 
 
 def _size(nbytes: float) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from itertools import permutations
 
 from paraplan.errors import FieldError
-from paraplan.plan.plan import LayerStrategy
+from paraplan.plans.plan import LayerStrategy
 
 DIMS = ("dp", "sdp", "tp")
 

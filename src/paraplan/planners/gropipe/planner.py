@@ -39,11 +39,11 @@ from dataclasses import replace
 import numpy as np
 
 from paraplan.costs import closed_forms as cf
-from paraplan.plan.plan import LayerRange, Plan, Prediction, SearchInfo, Stage
 from paraplan.planners.fit import SplitMemory, StageMemory, misfit
 from paraplan.planners.request import FieldError, Judge, PlanRequest
 from paraplan.planners.stage_division import fill_to
 from paraplan.planners.table import register
+from paraplan.plans.plan import LayerRange, Plan, Prediction, SearchInfo, Stage
 
 
 def normalise(times) -> np.ndarray:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paraplan.errors import ParaplanError
-from paraplan.plan.plan import LayerRange, Plan, Stage
+from paraplan.plans.plan import LayerRange, Plan, Stage
 
 WARMUP_STEPS = 2
 
@@ -73,7 +73,7 @@ def run_plan(path: Path, steps: int, out_dir: Path, extra: tuple[str, ...] = ())
 def run_interleaved(plans: dict[str, tuple[Plan, float]], rounds: int, steps: int,
                     progress: Callable[[str], None] = lambda s: None, extra: tuple[str, ...] = ()) -> list[Measured]:
     """Each plan (name -> (plan, predicted seconds)) run `rounds` times, A B C A B C ..."""
-    from paraplan.plan.plan_file import write_plan
+    from paraplan.plans.plan_file import write_plan
 
     if steps <= WARMUP_STEPS:
         raise ParaplanError(f"need more than {WARMUP_STEPS} steps per run (the first are warm-up), got {steps}")

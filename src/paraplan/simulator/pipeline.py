@@ -1,7 +1,7 @@
 """Pipeline schedules as task graphs: replicas x stages x micro-batches, plus gradient sync.
 
 Input is plain numbers per stage (`StageWork`), so the builder is tested with hand-made values
-(CSIMD eq. (6) on random instances) and fed by `simulate/plan_work.py` for real plans.
+(CSIMD eq. (6) on random instances) and fed by `simulator/plan_work.py` for real plans.
 
 Gradient synchronisation across replicas (data parallelism), after the last backward:
   - "after-backward": each stage's all-reduce waits for the whole pipeline to flush (every
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paraplan.simulate import limits, schedules
-from paraplan.simulate.engine import TaskGraph, Timeline, simulate
+from paraplan.simulator import limits, schedules
+from paraplan.simulator.engine import TaskGraph, Timeline, simulate
 
 ASYNC_ITERATIONS = 4  # iterations simulated back to back for async-1f1b; the first and last are ramps
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from paraplan.fileio import atomic_write
-from paraplan.simulate.engine import Timeline
+from paraplan.simulator.engine import Timeline
+from paraplan.system.fileio import atomic_write
 
 COLOURS = {"forward": "#4C72B0", "backward": "#55A868", "backward_part": "#55A868", "send_forward": "#DD8452",
            "send_backward": "#C44E52", "allreduce": "#8172B3", "allgather": "#8172B3", "reducescatter": "#8172B3",

@@ -217,7 +217,7 @@ def _train(plan, steps: int, tmp: Path, name: str, notice: Callable[[str], None]
     more rather than ending the calibration, and the console says so."""
     import re
 
-    from paraplan.plan.plan_file import write_plan
+    from paraplan.plans.plan_file import write_plan
 
     write_plan(plan, tmp / f"{name}.json")
     out = tmp / name
@@ -269,7 +269,7 @@ def measure_optimizer(cores: int, progress: Callable[[str], None]) -> dict:
 def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]):
     """`runs` real `paraplan train` runs of the overhead plan; each run's overheads read off its
     timeline (steps after the first two)."""
-    from paraplan.plan.plan import LayerRange, Plan, Stage
+    from paraplan.plans.plan import LayerRange, Plan, Stage
     from paraplan.runtime.compare import measured_overheads
 
     cfg = OVERHEAD_PLAN
@@ -305,7 +305,7 @@ def effective_latency(plan, spec, profile, cluster, measured_s: float, floor_s: 
 
     from paraplan.costs.model import profile_cost_model
     from paraplan.hardware.cluster import LinkSpec, NodeSpec
-    from paraplan.simulate.predict import simulate_plan
+    from paraplan.simulator.predict import simulate_plan
 
     def predicted(alpha: float) -> float:
         link = LinkSpec(cluster.nodes[0].intra_link.bandwidth_bytes_per_s, alpha)
@@ -330,9 +330,9 @@ def measure_strategy_costs(spec, profile, cluster, runs: int, steps: int, progre
     from dataclasses import replace as dc_replace
 
     from paraplan.costs.model import profile_cost_model
-    from paraplan.plan.plan import LayerRange, LayerStrategy, Plan, Stage
+    from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
     from paraplan.runtime.compare import step_times
-    from paraplan.simulate.predict import simulate_plan
+    from paraplan.simulator.predict import simulate_plan
 
     n = spec.n_layers
     out = {}

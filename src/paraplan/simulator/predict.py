@@ -9,11 +9,11 @@ import numpy as np
 from paraplan.costs.memory import MemoryBreakdown, out_of_memory_reason, plan_memory
 from paraplan.costs.model import CostModel
 from paraplan.models.op_split import split_as_named
-from paraplan.plan.plan import DeviceMemory, Plan, PlanError, Prediction
-from paraplan.simulate import pipeline
-from paraplan.simulate.dag import DagRun, run_dag_plan
-from paraplan.simulate.engine import Timeline
-from paraplan.simulate.plan_work import plan_work
+from paraplan.plans.plan import DeviceMemory, Plan, PlanError, Prediction
+from paraplan.simulator import pipeline
+from paraplan.simulator.dag import DagRun, run_dag_plan
+from paraplan.simulator.engine import Timeline
+from paraplan.simulator.plan_work import plan_work
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Simulation:
     devices: tuple[DeviceStats, ...]
     memory: tuple[MemoryBreakdown, ...]
     bubble_fraction: float  # 1 - busy / (devices x iteration time), over the devices the plan uses
-    dag: DagRun | None = None  # 'dag' plans: per-device operators, busy time, memory (simulate/dag.py)
+    dag: DagRun | None = None  # 'dag' plans: per-device operators, busy time, memory (simulator/dag.py)
 
     @property
     def prediction(self) -> Prediction:

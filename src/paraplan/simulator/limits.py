@@ -6,14 +6,14 @@ every half minute for hours before the kernel killed it. The simulator counts th
 closed form) and refuses a graph that would not fit in the memory available, naming the limit.
 
 Pure: the edge that knows the machine (the command line, the Python API) hands in the function
-that reads the available memory (`paraplan.host`); without one there is no limit.
+that reads the available memory (`paraplan.system.host`); without one there is no limit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from paraplan.plan.plan import PlanError
+from paraplan.plans.plan import PlanError
 
 # Measured: ~600 bytes a task at the peak of simulate_plan (the graph's lists, the engine's state
 # and the Timeline's arrays; 1.2M tasks of a GPipe plan on gpt2-tiny). Rounded up for the per-stage
@@ -26,7 +26,7 @@ _memory_source: Callable[[], int | None] | None = None
 def set_memory_source(available_bytes: Callable[[], int | None] | None) -> None:
     """The function telling how many bytes this process can still allocate (None: no limit), asked
     each time a graph is about to be built: what is free then is what the graph may take.
-    Process-wide: forked planner processes (paraplan/auto.py) inherit it."""
+    Process-wide: forked planner processes (paraplan/planners/auto.py) inherit it."""
     global _memory_source
     _memory_source = available_bytes
 

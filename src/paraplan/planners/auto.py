@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from paraplan.errors import ParaplanError
-from paraplan.plan.plan import Plan
-from paraplan.plan.worker_roles import worker_roles
 from paraplan.planners.bound import LowerBound, lower_bound
 from paraplan.planners.registry import make_plan, planner, planner_names
 from paraplan.planners.request import PlanRequest
+from paraplan.plans.plan import Plan
+from paraplan.plans.worker_roles import worker_roles
 
 SLOW_FIRST = ("bipartition", "fddps-ports", "fddps", "galvatron-bmw", "galvatron-1f1b-biobj", "fddps-nosplit",
               "gropipe", "mpdps", "galvatron-base", "fastt", "heft", "galvatron")
@@ -104,7 +104,7 @@ def _run_one(name: str, request: PlanRequest, conn) -> None:
     """In the child: plan, simulate, send back a Row (or the failure as one line)."""
     import signal
 
-    from paraplan.simulate.predict import simulate_plan
+    from paraplan.simulator.predict import simulate_plan
 
     # the child holds nothing to clean up: SIGTERM (from the parent's exit) ends it, instead of the
     # parent's handler turning it into an exception that would end as a traceback on stderr

@@ -6,8 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from paraplan.fileio import atomic_write_text
-from paraplan.plan.plan import (
+from paraplan.plans.plan import (
     DEFAULT_ORDER,
     FORMAT_VERSION,
     DeviceMemory,
@@ -21,6 +20,7 @@ from paraplan.plan.plan import (
     Stage,
     validate,
 )
+from paraplan.system.fileio import atomic_write_text
 
 
 def _strategy_to_dict(x: LayerStrategy) -> dict:

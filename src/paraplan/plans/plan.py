@@ -34,7 +34,7 @@ class Schedule(StrEnum):
 
 
 class GradSync(StrEnum):
-    """When data-parallel replicas average their gradients (simulate/pipeline.py, runtime/pipeline_rank.py)."""
+    """When data-parallel replicas average their gradients (simulator/pipeline.py, runtime/pipeline_rank.py)."""
 
     NONE = "none"
     AFTER_BACKWARD = "after-backward"  # one all-reduce once the whole pipeline has flushed
@@ -44,7 +44,7 @@ class GradSync(StrEnum):
 
 class SplitLayers(StrEnum):
     """Bi-Partition: how a layer whose forward and backward run on different workers gets the
-    activations its backward needs (plan/worker_roles.py)."""
+    activations its backward needs (plans/worker_roles.py)."""
 
     RECOMPUTE = "recompute"  # the backward owner recomputes the forward from the layer's input (what runs)
     SEND_ACTIVATIONS = "send-activations"  # the paper's scheme: the forward owner sends the saved activations

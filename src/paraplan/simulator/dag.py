@@ -19,8 +19,8 @@ import numpy as np
 from paraplan.costs.op_costs import op_seconds_per_device
 from paraplan.costs.op_memory import peak_per_device, resident_bytes
 from paraplan.models.opspec import OpGraph
-from paraplan.plan.plan import OperatorPlacement, Plan, PlanError
-from paraplan.simulate.engine import TaskGraph, Timeline, simulate
+from paraplan.plans.plan import OperatorPlacement, Plan, PlanError
+from paraplan.simulator.engine import TaskGraph, Timeline, simulate
 
 
 @dataclass(frozen=True)

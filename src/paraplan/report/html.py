@@ -4,7 +4,7 @@ base64 data URLs, the stylesheet is inline, nothing is fetched and no script run
 
 What it shows: the verdict (the chosen plan, its gap to the lower bound, the runner-up), every
 planner's row, the winner's and runner-up's timelines (the simulator's own Gantt drawing,
-simulate/export.py), their memory per device, the per-layer strategies (Galvatron family) or
+simulator/export.py), their memory per device, the per-layer strategies (Galvatron family) or
 forward/backward ranges (Bi-Partition) where a plan has them, and every feasible plan against the
 lower bound. Numbers come from the Comparison's rows (judged with the request's cost model,
 memory budget included); plans are simulated again here only for their timelines.
@@ -19,10 +19,10 @@ import tempfile
 from pathlib import Path
 
 from paraplan.errors import ParaplanError
-from paraplan.fileio import atomic_write_text, make_dirs
-from paraplan.plan.worker_roles import worker_roles
-from paraplan.simulate.export import gantt
-from paraplan.simulate.predict import simulate_plan
+from paraplan.plans.worker_roles import worker_roles
+from paraplan.simulator.export import gantt
+from paraplan.simulator.predict import simulate_plan
+from paraplan.system.fileio import atomic_write_text, make_dirs
 
 STATUS_ORDER = {"ok": 0, "infeasible": 1, "failed": 2, "timeout": 3, "skipped": 4}
 BLUE, GREEN, GREY, RED, ORANGE = "#4C72B0", "#55A868", "#9aa4b1", "#C44E52", "#DD8452"

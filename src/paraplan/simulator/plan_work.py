@@ -21,9 +21,9 @@ from __future__ import annotations
 from paraplan.costs.collectives import ring_allreduce_s
 from paraplan.costs.model import CostModel
 from paraplan.costs.strategy import layer_time, slice_gather_s, strategy_groups, strategy_links
-from paraplan.plan.plan import Plan, PlanError, Stage, check_fits
-from paraplan.plan.worker_roles import worker_roles
-from paraplan.simulate.pipeline import PipelineWork, StageSync, StageWork, SyncBucket
+from paraplan.plans.plan import Plan, PlanError, Stage, check_fits
+from paraplan.plans.worker_roles import worker_roles
+from paraplan.simulator.pipeline import PipelineWork, StageSync, StageWork, SyncBucket
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
 
@@ -82,7 +82,7 @@ def _owner_transfers(plan: Plan, cm: CostModel, s: int, r: int, micro: float):
     A layer whose backward runs here and forward on stage a sends its updated weights to a once
     per iteration. Activations, with every micro-batch: `send-activations` (the paper's scheme): a
     layer whose forward runs here and backward on stage b sends its saved activations to b;
-    `recompute` (what the runtime does, plan/worker_roles.py): this stage sends the one tensor a
+    `recompute` (what the runtime does, plans/worker_roles.py): this stage sends the one tensor a
     later backward owner recomputes from (x_s, the output of layer s - 1) to that worker."""
     stage = plan.stages[s]
     if stage.backward_layers is None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from paraplan.plan.plan import Schedule
+from paraplan.plans.plan import Schedule
 
 
 class Computation(StrEnum):

@@ -155,7 +155,7 @@ def console(stderr: bool = False) -> Console:
 
 def dag_table(sim, cluster: Cluster, graph=None) -> Table:
     """An operator-placement plan (FD-DPS): per device its operators, busy time and memory, and
-    the critical path (simulate/dag.py)."""
+    the critical path (simulator/dag.py)."""
     pred, plan, run = sim.prediction, sim.plan, sim.dag
     verdict = "fits in memory" if pred.feasible else f"[bold red]{pred.reason}[/]"
     n_ops = sum(len(p.ops) for p in plan.operators)
@@ -185,7 +185,7 @@ _STATUS_ORDER = {"ok": 0, "infeasible": 1, "failed": 2, "timeout": 3, "skipped":
 
 
 def auto_table(result, title: str) -> Table:
-    """Every planner's row of `paraplan plan --planner auto` (paraplan/auto.py Comparison): feasible
+    """Every planner's row of `paraplan plan --planner auto` (paraplan/planners/auto.py Comparison): feasible
     plans fastest first, the chosen one marked, then the rest with why."""
     t = Table(title=title)
     for col in ("planner", "shape", "micro", "iteration", "samples/s", "peak memory (max / capacity)", "bubble",

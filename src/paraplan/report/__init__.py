@@ -1,0 +1,2 @@
+"""What people read: rich tables and number formats (tables.py), the HTML report of a comparison
+(html.py)."""

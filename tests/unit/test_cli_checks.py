@@ -43,31 +43,33 @@ def refused(res, *needles):
 
 @pytest.mark.parametrize("args,needles", [
     # the model does not exist either: the output is refused first, before the model is even looked up
-    (("plan", "--model", "no-such-model", "--cluster", "local", "--batch", "8", "--out", "/nonexistent/p.json"),
-     ("--out: directory /nonexistent does not exist",)),
+    (("plan", "--model", "no-such-model", "--cluster", "local", "--batch", "8", "--out", "{tmp}/missing/p.json"),
+     ("--out: directory {tmp}/missing does not exist",)),
     (("plan", "--model", "gpt2-tiny", "--cluster", "local", "--batch", "8", "--out", "{tmp}"),
      ("--out:", "is a directory")),
     (("simulate", str(LOCAL_PLAN), "--gantt", "{tmp}/g.txt"), ("--gantt:", "'.txt' is not a figure format", ".png", ".svg")),
     (("simulate", str(LOCAL_PLAN), "--gantt", "{tmp}/g"), ("--gantt:", "no extension")),
-    (("simulate", str(LOCAL_PLAN), "--trace", "/nonexistent/t.json"), ("--trace: directory /nonexistent",)),
-    (("simulate", str(LOCAL_PLAN), "--out", "/nonexistent/p.json"), ("--out: directory /nonexistent",)),
+    (("simulate", str(LOCAL_PLAN), "--trace", "{tmp}/missing/t.json"), ("--trace: directory {tmp}/missing",)),
+    (("simulate", str(LOCAL_PLAN), "--out", "{tmp}/missing/p.json"), ("--out: directory {tmp}/missing",)),
     (("train", "--plan", str(LOCAL_PLAN), "--out-dir", "{tmp}/file/run"), ("--out-dir:", "is not a directory")),
     (("train", "--plan", str(LOCAL_PLAN), "--checkpoint-dir", "{tmp}/file"), ("--checkpoint-dir:", "not a directory")),
-    (("profile", "no-such-model", "--out", "/nonexistent/p.json"), ("--out: directory /nonexistent",)),
-    (("profile-links", "--out", "/nonexistent/c.toml"), ("--out: directory /nonexistent",)),
+    (("profile", "no-such-model", "--out", "{tmp}/missing/p.json"), ("--out: directory {tmp}/missing",)),
+    (("profile-links", "--out", "{tmp}/missing/c.toml"), ("--out: directory {tmp}/missing",)),
 ])
 def test_outputs_are_checked_before_the_work(tmp_path, args, needles):
+    # a missing directory of the test's own: an absolute /nonexistent is created by any root process
+    # that writes there, and a concurrent run then found it
     (tmp_path / "file").write_text("not a directory")
     res = run(*(a.replace("{tmp}", str(tmp_path)) for a in args), cwd=tmp_path)
-    refused(res, *needles)
+    refused(res, *(n.replace("{tmp}", str(tmp_path)) for n in needles))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written, no directory made
 
 
-def test_output_problem():
+def test_output_problem(tmp_path):
     assert output_problem("p.json") is None
-    assert "does not exist" in output_problem("/nonexistent/p.json")
+    assert "does not exist" in output_problem(str(tmp_path / "missing" / "p.json"))
     assert "is a directory" in output_problem("/")
-    assert output_problem("/nonexistent/a/b", directory=True) is None  # created on demand
+    assert output_problem(str(tmp_path / "missing" / "a" / "b"), directory=True) is None  # created on demand
     assert "is not a directory" in output_problem(__file__ + "/x", directory=True)
     assert "exists and is not a directory" in output_problem(__file__, directory=True)
 

@@ -16,36 +16,13 @@ def stage_files_meet_a_full_disk_from_step2(rank: int, step: int) -> None:
         return
     from pathlib import Path
 
+    from full_disk import FullDisk  # tests/, on the ranks' sys.path as on the launcher's
+
     from paraplan.system import fileio
 
     real = fileio._open_temp
 
     def open_temp(tmp: str):
-        return _FullDisk(real(tmp), 4096) if Path(tmp).name.startswith(".stage") else real(tmp)
+        return FullDisk(real(tmp), 4096) if Path(tmp).name.startswith(".stage") else real(tmp)
 
     fileio._open_temp = open_temp
-
-
-class _FullDisk:
-    def __init__(self, file, room: int):
-        self.file, self.room = file, room
-
-    def write(self, data) -> int:
-        import errno
-
-        data = bytes(data)
-        if len(data) > self.room:
-            self.file.write(data[:self.room])
-            self.room = 0
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self.room -= len(data)
-        return self.file.write(data)
-
-    def flush(self):
-        self.file.flush()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.file.close()

@@ -105,7 +105,7 @@ def guarded(tmp_path_factory):
     return results
 
 
-def _one_line(result, *words):
+def assert_one_line(result, *words):
     assert result is not None, "the command did not end within the time and memory limits"
     rc, err = result
     assert rc == 2, f"exit status {rc}: {err}"
@@ -133,12 +133,12 @@ def test_divisors_factor_instead_of_counting():
 
 
 def test_csimd_on_a_batch_of_10_to_the_12_is_refused_for_its_memory(guarded):
-    _one_line(guarded.get("plan_csimd"), "csimd found no plan that fits", "out of memory")
+    assert_one_line(guarded.get("plan_csimd"), "csimd found no plan that fits", "out of memory")
 
 
 # --------------------------------------------------------------- 2. 10**9 micro-batches to simulate
 def test_a_simulation_beyond_the_free_memory_is_refused_naming_the_limit(guarded):
-    _one_line(guarded.get("simulate_micro"), "n_micro: 1,000,000,000 micro-batches", "simulator tasks",
+    assert_one_line(guarded.get("simulate_micro"), "n_micro: 1,000,000,000 micro-batches", "simulator tasks",
               "memory available hold at most")
 
 
@@ -217,12 +217,12 @@ def _rss_bytes(pid: int) -> int:
 
 # ---------------------------------------------------------------- 3. message buffers of 10**12 bytes
 def test_profile_links_refuses_buffers_beyond_the_free_memory_before_any_rank(guarded):
-    line = _one_line(guarded.get("profile_links"), "--max-bytes", "available")
+    line = assert_one_line(guarded.get("profile_links"), "--max-bytes", "available")
     assert "274,877,906,944 bytes" in line  # the largest message, 256 GiB: 4**k KiB below 10**12
 
 
 def test_a_node_count_beyond_the_free_memory_is_refused(guarded):
-    _one_line(guarded.get("cluster_count"), "nodes[0].count: 1,000,000,000,000 nodes", "available")
+    assert_one_line(guarded.get("cluster_count"), "nodes[0].count: 1,000,000,000,000 nodes", "available")
 
 
 # ---------------------------------------------------------------------- 4. profiling a huge batch

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli_here
+from full_disk import FullDisk
 
 from paraplan.system import fileio
 from paraplan.system.fileio import (
@@ -124,39 +125,13 @@ def test_a_target_that_appears_during_the_write_is_not_replaced(tmp_path):
     assert stat.S_ISFIFO(path.lstat().st_mode) and [p.name for p in tmp_path.iterdir()] == ["out.json"]
 
 
-class _FullDisk:
-    """A file on a disk that fills after `room` bytes: the write that crosses it raises ENOSPC (or
-    the quota's EDQUOT), having written what fitted, as write(2) does."""
-
-    def __init__(self, tmp: str, room: int, code: int = errno.ENOSPC):
-        self.file, self.room, self.code = open(tmp, "wb"), room, code
-
-    def write(self, data) -> int:
-        data = bytes(data)
-        if len(data) > self.room:
-            self.file.write(data[:self.room])
-            self.room = 0
-            raise OSError(self.code, os.strerror(self.code))
-        self.room -= len(data)
-        return self.file.write(data)
-
-    def flush(self):
-        self.file.flush()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.file.close()
-
-
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT], ids=["ENOSPC", "EDQUOT"])
 def test_a_full_disk_is_one_line_and_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch, code):
     # was: torch.save straight to the name gave "[enforce fail at inline_container.cc:672] ...
     # unexpected pos" and left a truncated file; a text write, an OSError traceback
     import torch
 
-    monkeypatch.setattr(fileio, "_open_temp", lambda tmp: _FullDisk(tmp, 4096, code))
+    monkeypatch.setattr(fileio, "_open_temp", lambda tmp: FullDisk(open(tmp, "wb"), 4096, code))
     text, weights = tmp_path / "losses.json", tmp_path / "stage0.pt"
     text.write_text("old")
     weights.write_text("old")
@@ -184,7 +159,7 @@ def test_a_full_disk_met_when_flushing_to_the_disk_is_one_line_too(tmp_path, mon
 
 
 def test_a_full_disk_through_the_cli_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(fileio, "_open_temp", lambda tmp: _FullDisk(tmp, 10))
+    monkeypatch.setattr(fileio, "_open_temp", lambda tmp: FullDisk(open(tmp, "wb"), 10))
     out = tmp_path / "p.json"
     res = run_cli_here(capsys, "plan", "--planner", "csimd", "--model", "lenet-5", "--cluster", "local", "--batch",
                        "8", "--stages", "1", "--micro-batches", "1", "--out", str(out))

@@ -102,7 +102,7 @@ def mutated_plans(draw):
     return _mutated(draw, draw(st.sampled_from(PLANS)), JSON_VALUES)
 
 
-def _plan_or_error(read):
+def assert_plan_or_one_line(read):
     try:
         plan = read()
     except ParaplanError as exc:
@@ -115,27 +115,27 @@ def _plan_or_error(read):
 
 def test_the_base_plans_are_valid():
     for doc in PLANS:
-        assert _plan_or_error(lambda doc=doc: plan_from_dict(doc)) is not None
+        assert assert_plan_or_one_line(lambda doc=doc: plan_from_dict(doc)) is not None
 
 
 @FUZZ
 @given(doc=mutated_plans())
 def test_a_mutated_plan_document_is_a_plan_or_one_line(doc):
-    _plan_or_error(lambda: plan_from_dict(doc, "p.json"))
+    assert_plan_or_one_line(lambda: plan_from_dict(doc, "p.json"))
 
 
 @FUZZ
 @given(doc=mutated_plans())
 def test_a_mutated_plan_file_is_a_plan_or_one_line(doc):
     text = json.dumps(doc, allow_nan=True)  # NaN and Infinity as Python's json writes them
-    _plan_or_error(lambda: plan_from_json(text, "p.json"))
+    assert_plan_or_one_line(lambda: plan_from_json(text, "p.json"))
 
 
 @FUZZ
 @given(text=st.one_of(st.text(max_size=200), st.sampled_from(["[" * 200_000, '{"a":' * 100_000, "9" * 5000,
                                                               '{"format_version": 1e999}', "\ufeff{}"])))
 def test_any_text_is_a_plan_or_one_line(text):
-    _plan_or_error(lambda: plan_from_json(text, "p.json"))
+    assert_plan_or_one_line(lambda: plan_from_json(text, "p.json"))
 
 
 @FUZZ
@@ -143,7 +143,7 @@ def test_any_text_is_a_plan_or_one_line(text):
 def test_any_bytes_in_a_plan_file_are_a_plan_or_one_line(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("plan") / "p.json"
     path.write_bytes(data)
-    _plan_or_error(lambda: read_plan(path))
+    assert_plan_or_one_line(lambda: read_plan(path))
 
 
 def test_a_plan_with_more_layers_than_a_c_long_is_refused_in_one_line():
@@ -171,7 +171,7 @@ TOML_VALUES = st.recursive(  # TOML has no null, and a table's keys are strings
     max_leaves=12)
 
 
-def _cluster_or_error(read):
+def assert_cluster_or_one_line(read):
     try:
         cluster = read()
     except ParaplanError as exc:
@@ -198,7 +198,7 @@ def mutated_clusters(draw):
 @given(doc=mutated_clusters())
 def test_a_mutated_cluster_document_is_a_cluster_or_one_line(doc):
     if isinstance(doc, dict):  # what tomllib gives: always a table at the top
-        _cluster_or_error(lambda: cluster_from_dict(doc, "c.toml"))
+        assert_cluster_or_one_line(lambda: cluster_from_dict(doc, "c.toml"))
 
 
 @FUZZ
@@ -212,7 +212,7 @@ def test_a_mutated_cluster_file_is_a_cluster_or_one_line(tmp_path_factory, doc):
         return
     path = tmp_path_factory.mktemp("cluster") / "c.toml"
     path.write_text(text)
-    _cluster_or_error(lambda: read_cluster_file(path))
+    assert_cluster_or_one_line(lambda: read_cluster_file(path))
 
 
 @FUZZ
@@ -221,7 +221,7 @@ def test_a_mutated_cluster_file_is_a_cluster_or_one_line(tmp_path_factory, doc):
 def test_any_bytes_in_a_cluster_file_are_a_cluster_or_one_line(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("cluster") / "c.toml"
     path.write_bytes(data)
-    _cluster_or_error(lambda: read_cluster_file(path))
+    assert_cluster_or_one_line(lambda: read_cluster_file(path))
 
 
 # ---------------------------------------------------------------------------- command-line sizes

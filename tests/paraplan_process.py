@@ -21,9 +21,12 @@ import subprocess
 import sys
 import tempfile
 
+from paraplan.runtime.launch import RANK_MODULES
+
 # what every command imports anyway; a name that fails to import is skipped by the forkserver
-PRELOAD = ["paraplan.cli", "paraplan.models.measure", "paraplan.models.zoo", "transformers.modeling_utils",
-           "torch.distributed.tensor", "numpy", "matplotlib.pyplot"]
+# (one forkserver per process: the runtime's ranks start from it too, so its modules are here)
+PRELOAD = ["paraplan.cli", "paraplan.models.measure", "paraplan.models.zoo", "numpy", "matplotlib.pyplot",
+           *RANK_MODULES]
 _context = None
 
 

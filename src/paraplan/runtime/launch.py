@@ -11,13 +11,33 @@ import torch.multiprocessing as mp
 from paraplan.runtime.rank_base import TrainConfig
 from paraplan.system.localnet import free_port
 
+# The ranks start from a forkserver that imported the runtime once per launching process, not
+# each importing torch, torch.distributed and transformers anew (`spawn`: 4-6 s of a core per rank,
+# most of a short run's start). The server has run no kernel, so no thread pool is copied into a
+# rank; cwd and sys.path are set as for `spawn`, and the launcher's environment is passed and applied
+# (a forked rank would otherwise see the server's, as of its start). PARAPLAN_START_METHOD=spawn
+# starts each rank as a fresh interpreter instead.
+RANK_MODULES = ["paraplan.runtime.dispatch", "paraplan.runtime.teardown", "transformers.modeling_utils",
+                "torch.distributed.tensor", "torch.distributed.pipelining", "torch.distributed.fsdp"]
+
+
+def start_method() -> str:
+    method = os.environ.get("PARAPLAN_START_METHOD", "forkserver")
+    if method not in ("forkserver", "spawn"):
+        from paraplan.errors import ParaplanError
+
+        raise ParaplanError(f"PARAPLAN_START_METHOD: 'forkserver' or 'spawn', got {method!r}")
+    if method == "forkserver":
+        mp.set_forkserver_preload(RANK_MODULES)  # no effect once this process's server runs
+    return method
+
 
 def spawn(config: TrainConfig, world: int) -> None:
     """One process per device of the plan, gloo on 127.0.0.1. Whatever ends the launch (a rank
     that dies or fails, Ctrl-C, SIGTERM), every rank is stopped before the launcher returns, and a
     rank's failure becomes one clear line: `rank R failed: Type: message` from what the rank itself
     recorded (runtime/teardown.py), the earliest failure when several ranks failed. The ranks also
-    die with the launcher if it is killed outright (die_with_parent)."""
+    die with the launcher if it is killed outright (die_with_parent, die_with_launcher)."""
     import logging
     import tempfile
 
@@ -26,8 +46,8 @@ def spawn(config: TrainConfig, world: int) -> None:
     # torch logs "Terminating process ..." for every survivor it stops; our one line says it all
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="paraplan-ranks-") as error_dir:
-        context = mp.start_processes(worker_main, args=(world, free_port(), config, error_dir), nprocs=world,
-                                     join=False, start_method="spawn")
+        context = mp.start_processes(worker_main, args=(world, free_port(), config, error_dir, dict(os.environ), os.getpid()),
+                                     nprocs=world, join=False, start_method=start_method())
         failure = None
         try:
             while not context.join():
@@ -74,11 +94,52 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def worker_main(rank: int, world: int, port: int, config: TrainConfig, error_dir: str | None = None) -> None:
-    """One spawned rank. A failure's type and message go to `error_dir` for the launcher (torch hands
+def die_with_launcher(launcher_pid: int) -> None:
+    """This rank gets SIGTERM when the launcher dies, however it dies. A rank started from the
+    forkserver is the server's child, not the launcher's, and the server outlives the launcher while
+    its children hold its 'alive' pipe (multiprocessing hands every child that pipe), so the parent's
+    death signal alone would leave the ranks training on; a thread watches the launcher itself
+    (a pidfd: woken at its exit, no polling)."""
+    import select
+    import signal
+    import threading
+    import time
+
+    try:
+        pidfd = os.pidfd_open(launcher_pid)
+    except ProcessLookupError:  # already gone
+        os._exit(1)
+    except (AttributeError, OSError):  # not Linux >= 5.3: poll
+        pidfd = None
+
+    def watch() -> None:
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+        else:
+            while True:
+                time.sleep(0.5)
+                try:
+                    os.kill(launcher_pid, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="paraplan-launcher-watch", daemon=True).start()
+
+
+def worker_main(rank: int, world: int, port: int, config: TrainConfig, error_dir: str | None = None,
+                environ: dict[str, str] | None = None, launcher_pid: int | None = None) -> None:
+    """One started rank. A failure's type and message go to `error_dir` for the launcher (torch hands
     it only the traceback); the teardown releases DTensors, meshes and groups in order
-    (runtime/teardown.py)."""
+    (runtime/teardown.py). `environ`: the launcher's environment, which a rank forked from the
+    forkserver would otherwise not see."""
     import datetime
+
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
 
     import torch
     import torch.distributed as dist
@@ -88,6 +149,8 @@ def worker_main(rank: int, world: int, port: int, config: TrainConfig, error_dir
     from paraplan.runtime.teardown import end_rank, record_failure
 
     die_with_parent()
+    if launcher_pid is not None:
+        die_with_launcher(launcher_pid)
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)

@@ -2,13 +2,21 @@
 ```console block, one page's commands in order in a directory of its own (a later command reads
 what an earlier one wrote), the repository's examples/ beside them, .venv/bin first on PATH.
 Exit 0 and no traceback for each. Shared by test_guide_commands.py and test_guide_measure.py,
-which split the pages between the two pytest workers."""
+which split the pages between the two pytest workers.
+
+A plain `paraplan ARGS` line (no shell syntax) runs as a process forked from a warm one
+(tests/paraplan_process.py: the same argv, directory, environment, exit status and output, without
+4-6 s of imports each); anything else (torchrun, a loop) runs in bash as written.
+tests/unit/test_readme_commands.py starts the installed entry points themselves."""
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+from paraplan_process import run_paraplan
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "guide"
@@ -33,7 +41,11 @@ def run_page(page: Path, tmp: Path) -> list[tuple[str, int, str]]:
     (tmp / "examples").symlink_to(ROOT / "examples")
     ran = []
     for command in commands(page):
-        res = subprocess.run(["bash", "-c", command], cwd=tmp, env=ENV, capture_output=True, text=True, timeout=900)
+        if re.fullmatch(r"paraplan [^|;&<>$`()\\]*", command):
+            res = run_paraplan(*shlex.split(command)[1:], cwd=tmp, env=ENV, timeout=900)
+        else:
+            res = subprocess.run(["bash", "-c", command], cwd=tmp, env=ENV, capture_output=True, text=True,
+                                 timeout=900)
         ran.append((command, res.returncode, res.stdout[-6000:] + res.stderr[-3000:]))
         if res.returncode != 0:
             break

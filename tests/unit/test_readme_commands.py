@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from paraplan_process import run_paraplan
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """The user guide's page on profiling and calibrating runs as written: profile, calibrate --quick,
-plan with --prove (real processes), about 2.5 minutes on this machine."""
+plan with --prove (real processes), about 1.5 minutes on a quiet machine here (calibrate --quick about 50 s of it)."""
 
 from .guide_commands import GUIDE, commands, run_page
 

@@ -91,33 +91,13 @@ def train(plan_or_path: Plan | str | Path, *, steps: int = 3, nproc: int | None 
     "out_dir"}. `config`: TrainConfig's fields (optimizer, lr, clip_norm, dropout, seed, data,
     data_dtype, ...); data="train.bin" or "samples.npz" trains on real data (docs/runtime.md)."""
     import json
-    import tempfile
-    from dataclasses import replace
 
-    from paraplan.models import source
     from paraplan.runtime.compare import step_times
-    from paraplan.runtime.data import check_data
-    from paraplan.runtime.launch import check_before_launch, spawn
+    from paraplan.runtime.launch import launch_checked
     from paraplan.runtime.rank_base import TrainConfig
 
     p = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
-    cfg = TrainConfig(plan=p, model=config.pop("model", p.model), steps=steps, **config)
-    built = source.build(cfg.model, device="meta", seq_len=cfg.seq_len, image_size=cfg.image_size)
-    world = nproc or len(p.devices)
-    layers = built.layers()
-    check_before_launch(cfg, world, len(layers), layers)
-    from paraplan.runtime.preflight import check_model_fits_loss
-
-    check_model_fits_loss(built, p, layers, cfg.seed)
-    if cfg.data is not None:
-        check_data(cfg.data, cfg.data_dtype, built.inputs, cfg.model)
-    if cfg.resume:  # before launch, as `paraplan train`: the files, what they belong to, the step
-        from paraplan.runtime.checkpoints import check_resume
-
-        check_resume(cfg)
-    # the output directory only once every check has passed: a refused run leaves nothing behind
-    out = Path(out_dir or tempfile.mkdtemp(prefix="paraplan-train-"))
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = replace(cfg, out_dir=str(out))
-    spawn(cfg, world)
+    cfg = TrainConfig(plan=p, model=config.pop("model", p.model), steps=steps,
+                      out_dir=None if out_dir is None else str(out_dir), **config)
+    out = launch_checked(cfg, nproc)  # a temporary directory when none is given
     return {"losses": json.loads((out / "losses.json").read_text()), "step_s": step_times(out), "out_dir": str(out)}

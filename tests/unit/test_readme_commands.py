@@ -38,7 +38,7 @@ SLOW: dict[str, str] = {} if os.environ.get("PARAPLAN_README_ALL") else {
         "every planner on GPT-2 XL (~30 s of two cores); `make demo` runs this same command, and the table's "
         "row runs the comparison on gpt2-tiny here",
     "table: paraplan calibrate [--quick] [--devices N] [--out local-calibrated.toml]":
-        "measures this machine for about 3 minutes (the full calibration; --quick: about 1); tests/distributed/test_guide_measure.py runs `calibrate --quick` "
+        "the synopsis without its options is the full calibration (minutes of both cores); tests/distributed/test_guide_measure.py runs `calibrate --quick` "
         "as the user guide writes it, and make demo runs it too",
     "table: paraplan plan --model M --cluster C --batch B --prove [--prove-rounds 3]":
         "nine real training runs after the comparison (~1 minute); tests/distributed/test_guide_measure.py runs "

@@ -195,19 +195,14 @@ def _run_train(plan_path: Path, steps: int, out: Path) -> subprocess.CompletedPr
     returned as the status and error line a `paraplan train` process would give. Not a process of
     its own: the calibration's runs then start their ranks from one warm forkserver instead of each
     paying a fresh interpreter and a fresh server (~10 s of a core per run here)."""
-    from paraplan.models import source
     from paraplan.plans.plan_file import read_plan
-    from paraplan.runtime.launch import check_before_launch, spawn
+    from paraplan.runtime.launch import launch_checked
     from paraplan.runtime.rank_base import TrainConfig
 
     argv = ["paraplan", "train", "--plan", str(plan_path), "--steps", str(steps), "--out-dir", str(out)]
     try:
         plan = read_plan(plan_path)
-        config = TrainConfig(plan=plan, model=plan.model, steps=steps, out_dir=str(out))
-        layers = source.build(plan.model, device="meta").layers()
-        check_before_launch(config, len(plan.devices), len(layers), layers)
-        out.mkdir(parents=True, exist_ok=True)
-        spawn(config, len(plan.devices))
+        launch_checked(TrainConfig(plan=plan, model=plan.model, steps=steps, out_dir=str(out)))
     except ParaplanError as exc:
         return subprocess.CompletedProcess(argv, 2, "", f"paraplan: {exc}\n")
     return subprocess.CompletedProcess(argv, 0, "", "")

@@ -286,3 +286,37 @@ def check_before_launch(config: TrainConfig, world: int, n_layers: int, layers=N
                             f"{plan.n_micro} micro-batches")
     if plan.schedule == "1f1b" and plan.n_micro < plan.n_stages:
         raise ParaplanError(f"1F1B needs at least as many micro-batches ({plan.n_micro}) as stages ({plan.n_stages})")
+
+
+def launch_checked(config: TrainConfig, world: int | None = None) -> Path:
+    """A plan's training run from this process, as `paraplan.train` and `paraplan train` run it
+    once their arguments are read: every check that can be made before a rank starts (the plan
+    against the world and the model, the model's output against its loss, the data file, a
+    checkpoint to resume), then the output directory (only then: a refused run leaves nothing),
+    then the ranks; returns the output directory (a new temporary one if the config names none).
+    Calibrate and `--prove` launch their runs this way rather than as `paraplan
+    train` processes, so that their ranks fork from this process's one warm forkserver."""
+    from paraplan.models import source
+    from paraplan.runtime.preflight import check_model_fits_loss
+
+    world = world or len(config.plan.devices)
+    built = source.build(config.model, device="meta", seq_len=config.seq_len, image_size=config.image_size)
+    layers = built.layers()
+    check_before_launch(config, world, len(layers), layers)
+    check_model_fits_loss(built, config.plan, layers, config.seed)
+    if config.data is not None:
+        from paraplan.runtime.data import check_data
+
+        check_data(config.data, config.data_dtype, built.inputs, config.model)
+    if config.resume:
+        from paraplan.runtime.checkpoints import check_resume
+
+        check_resume(config)
+    if config.out_dir is None:
+        import tempfile
+        from dataclasses import replace
+
+        config = replace(config, out_dir=tempfile.mkdtemp(prefix="paraplan-train-"))
+    Path(config.out_dir).mkdir(parents=True, exist_ok=True)
+    spawn(config, world)
+    return Path(config.out_dir)

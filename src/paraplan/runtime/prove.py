@@ -1,7 +1,9 @@
 """`paraplan plan --prove`: run the chosen plan, the even split and one process for real on this
 machine, interleaved, and set each measurement beside its prediction.
 
-The three plans run as real `paraplan train` processes (the command a user runs), in rounds
+The three plans run for real as `paraplan train` runs them (runtime/launch.py's launch_checked: the
+same checks, ranks and files; launched from this process, so that every run's ranks fork from one
+warm forkserver rather than each run paying a fresh interpreter and server), in rounds
 (chosen, even, one, chosen, even, one, ...) so that the drift of a shared machine (10-25% over
 minutes here) hits all of them alike; each run's steps after the first two are its measurement,
 and a plan's number is the median over rounds with the spread (min..max) beside it.
@@ -12,8 +14,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,16 +54,19 @@ def check_runs_here(n_devices: int, cluster_name: str) -> None:
                             f"{cluster_name} has {n_devices} devices, this machine {cores} cores")
 
 
-def run_plan(path: Path, steps: int, out_dir: Path, extra: tuple[str, ...] = ()) -> float:
-    """One real `paraplan train` run; its median step after the warm-up steps."""
+def run_plan(path: Path, steps: int, out_dir: Path) -> float:
+    """One real training run of the plan file, as `paraplan train --plan PATH --steps STEPS`; its
+    median step after the warm-up steps."""
+    from paraplan.plans.plan_file import read_plan
     from paraplan.runtime.compare import step_times
+    from paraplan.runtime.launch import launch_checked
+    from paraplan.runtime.rank_base import TrainConfig
 
-    res = subprocess.run([sys.executable, "-m", "paraplan", "train", "--plan", str(path), "--steps", str(steps),
-                          "--out-dir", str(out_dir), *extra], capture_output=True, text=True, timeout=900,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if res.returncode != 0:
-        last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ParaplanError(f"the run of {path.name} failed: {last}")
+    plan = read_plan(path)
+    try:
+        launch_checked(TrainConfig(plan=plan, model=plan.model, steps=steps, out_dir=str(out_dir)))
+    except ParaplanError as exc:
+        raise ParaplanError(f"the run of {path.name} failed: {exc}") from None
     times = step_times(out_dir)[WARMUP_STEPS:]
     if not times:
         raise ParaplanError(f"the run of {path.name} recorded no steps after the warm-up")
@@ -71,7 +74,7 @@ def run_plan(path: Path, steps: int, out_dir: Path, extra: tuple[str, ...] = ())
 
 
 def run_interleaved(plans: dict[str, tuple[Plan, float]], rounds: int, steps: int,
-                    progress: Callable[[str], None] = lambda s: None, extra: tuple[str, ...] = ()) -> list[Measured]:
+                    progress: Callable[[str], None] = lambda s: None) -> list[Measured]:
     """Each plan (name -> (plan, predicted seconds)) run `rounds` times, A B C A B C ..."""
     from paraplan.plans.plan_file import write_plan
 
@@ -88,7 +91,7 @@ def run_interleaved(plans: dict[str, tuple[Plan, float]], rounds: int, steps: in
         for r in range(rounds):
             for i, name in enumerate(plans):
                 progress(f"round {r + 1} of {rounds}: {name}")
-                times[name].append(run_plan(paths[name], steps, Path(tmp) / f"run{r}-{i}", extra))
+                times[name].append(run_plan(paths[name], steps, Path(tmp) / f"run{r}-{i}"))
     return [Measured(name, predicted, tuple(times[name])) for name, (_, predicted) in plans.items()]
 
 

@@ -9,7 +9,8 @@ all alike):
   mixed  alternately a 2-stage 1F1B pipeline (no DTensor) and one stage whose layers mix TP, SDP
          (with checkpointing) and DP, as Galvatron-BMW's plans do.
 Each run is `paraplan.runtime.launch.spawn` (the path `paraplan train` takes): two new rank
-processes that train, tear down and exit; with --cli each run is a whole `paraplan train` process.
+processes (forked from this process's forkserver, as `paraplan train`'s are; PARAPLAN_START_METHOD=spawn
+for fresh interpreters) that train, tear down and exit; with --cli each run is a whole `paraplan train` process.
 Optionally L `paraplan calibrate --quick --devices 2` in a row (--calibrates): their exit status and
 any "died at exit ... retrying once" line they printed.
 
@@ -145,7 +146,8 @@ def main() -> int:
                               "max_s": max(r["seconds"] for r in mine)}
     failures = [r for r in runs if not r["ok"]]
     result = {"schema": "paraplan.bench.stress_teardown/1", "model": MODEL, "batch": BATCH, "steps": args.steps,
-              "via": "paraplan train" if args.cli else "runtime.launch.spawn", "runs": runs,
+              "via": "paraplan train" if args.cli else "runtime.launch.spawn",
+              "rank_start_method": os.environ.get("PARAPLAN_START_METHOD", "forkserver"), "runs": runs,
               "per_kind": per_kind, "failures": len(failures), "calibrate": calibrates,
               "calibrate_failures": sum(not c["ok"] for c in calibrates),
               "calibrate_retries": sum(len(c["retries"]) for c in calibrates),

@@ -25,7 +25,7 @@ from paraplan.models import measure, zoo
 from paraplan.planners.pipeline_split import build_problem
 from paraplan.planners.registry import make_plan, simulator_judge
 from paraplan.planners.request import PlanRequest
-from paraplan.plans.plan import LayerRange, Plan, Stage
+from paraplan.plans.plan import DeviceMemory, LayerRange, Plan, Stage
 from paraplan.simulator.predict import simulate_plan
 
 GIB = 2**30
@@ -54,18 +54,33 @@ def _split(n_layers, cuts, p, batch, schedule, groups=None):
                                                for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))))
 
 
-def _every_split(cm, batch, n_stages, schedule):
-    """(cuts, p, eq. (8) time, fits, largest peak / capacity) of every division into at most
-    n_stages stages at every micro-batch count, by the simulator's memory count."""
+def _every_split_peaks(cm, batch, n_stages, schedule):
+    """(cuts, p, eq. (8) time, {device: peak bytes}) of every division into at most n_stages
+    stages at every micro-batch count, by the simulator's memory count. The peaks do not depend on
+    the devices' capacities, so a test that tries several budgets enumerates once (_judged)."""
     k = cm.model.n_layers
     problem = build_problem(cm, batch, min(n_stages, k))
     capacities = {d.id: d.spec.memory_bytes for d in cm.cluster.devices}
+    out = []
     for n in range(1, min(n_stages, k) + 1):
         for cuts in itertools.combinations(range(k - 1), n - 1):
             for p in problem.n_micro_values:
                 memory, _ = plan_memory(_split(k, cuts, p, batch, schedule), cm.model, capacities, cm.memory)
-                over = max(m.peak_bytes / m.capacity_bytes for m in memory)
-                yield cuts, p, problem.time_s(cuts, p), not out_of_memory_reason(memory), over
+                out.append((cuts, p, problem.time_s(cuts, p), {m.device: m.peak_bytes for m in memory}))
+    return out
+
+
+def _judged(peaks, cm):
+    """(cuts, p, eq. (8) time, fits, largest peak / capacity) of each division, against `cm`'s
+    devices (DeviceMemory.fits: peak <= capacity, as out_of_memory_reason reads it)."""
+    capacities = {d.id: d.spec.memory_bytes for d in cm.cluster.devices}
+    for cuts, p, time_s, peak in peaks:
+        memory = [DeviceMemory(device=d, peak_bytes=b, capacity_bytes=capacities[d]) for d, b in peak.items()]
+        yield cuts, p, time_s, not out_of_memory_reason(tuple(memory)), max(b / capacities[d] for d, b in peak.items())
+
+
+def _every_split(cm, batch, n_stages, schedule):
+    return _judged(_every_split_peaks(cm, batch, n_stages, schedule), cm)
 
 
 def _eq8(plan):
@@ -141,6 +156,7 @@ def test_csimd_is_the_brute_force_optimum_among_plans_that_fit(specs, model, sch
     fastest = make_plan(_request(cm, model, n_stages=4, schedule=schedule), "csimd")
     peak = max(m.peak_bytes for m in fastest.prediction.memory)
     reserve = cm.memory.reserve_bytes  # the tiny models are mostly reserve: squeeze what is above it
+    peaks = _every_split_peaks(cm, 64, 4, schedule)
     for fraction in (0.95, 0.8, 0.6, 0.45, 0.3):
         budget = int(reserve + (peak - reserve) * fraction)
         costs = cm
@@ -150,7 +166,7 @@ def test_csimd_is_the_brute_force_optimum_among_plans_that_fit(specs, model, sch
         else:
             request = _request(costs, model, n_stages=4, schedule=schedule, memory_bytes=budget)
         plan = make_plan(request, "csimd")
-        every = list(_every_split(request.costs, 64, 4, schedule))
+        every = list(_judged(peaks, request.costs))
         fitting = [t for _, _, t, fits, _ in every if fits]
         if fitting:
             assert plan.prediction.feasible, (fraction, plan.prediction.reason)

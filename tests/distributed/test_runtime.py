@@ -150,17 +150,19 @@ def _train(plan_path, *extra, env=None, timeout=180):
 
 
 def test_checkpoint_and_resume_give_the_same_losses(tmp_path):
-    plan_path = tmp_path / "plan.json"
-    write_plan(GPT2_2, plan_path)
-    whole = _train(plan_path, "--steps", "4", "--out-dir", str(tmp_path / "a"))
-    assert whole.returncode == 0, whole.stderr
-    first = _train(plan_path, "--steps", "2", "--checkpoint-dir", str(tmp_path / "ck"), "--out-dir", str(tmp_path / "b"))
-    assert first.returncode == 0, first.stderr
-    rest = _train(plan_path, "--steps", "4", "--checkpoint-dir", str(tmp_path / "ck"), "--resume",
-                  "--out-dir", str(tmp_path / "c"))
-    assert rest.returncode == 0, rest.stderr
+    """4 steps at once against 2, a checkpoint, and 2 more resumed from it. Through the Python API
+    (the same launch_checked as `paraplan train`; its ranks fork from this process's warm
+    forkserver): test_checkpoint_safety.py resumes with the command line's --checkpoint-dir --resume."""
+    import paraplan
+
+    options = dict(dropout=False, optimizer="sgd", lr=0.1)
+    whole = paraplan.train(GPT2_2, steps=4, out_dir=tmp_path / "a", **options)
+    paraplan.train(GPT2_2, steps=2, out_dir=tmp_path / "b", checkpoint_dir=str(tmp_path / "ck"), **options)
+    rest = paraplan.train(GPT2_2, steps=4, out_dir=tmp_path / "c", checkpoint_dir=str(tmp_path / "ck"), resume=True,
+                          **options)
     a = json.loads((tmp_path / "a" / "losses.json").read_text())
     c = json.loads((tmp_path / "c" / "losses.json").read_text())
+    assert a == whole["losses"] and c == rest["losses"]
     assert len(a) == len(c) == 4 and c == pytest.approx(a, rel=1e-7)
 
 

@@ -318,5 +318,7 @@ def launch_checked(config: TrainConfig, world: int | None = None) -> Path:
 
         config = replace(config, out_dir=tempfile.mkdtemp(prefix="paraplan-train-"))
     Path(config.out_dir).mkdir(parents=True, exist_ok=True)
+    if config.checkpoint_dir:  # as `paraplan train` makes it (the ranks write into it)
+        Path(config.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     spawn(config, world)
     return Path(config.out_dir)

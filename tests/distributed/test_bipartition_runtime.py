@@ -9,8 +9,6 @@ SGD, as test_hybrid.py; Adam where memory is compared."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -112,15 +110,13 @@ def test_the_planners_split_plan_trains_from_the_command_line(tmp_path):
     runtime-mode plan splits a layer) then `paraplan train --plan plan.json --steps 3`, which also
     prints each rank's memory measured beside the prediction."""
     plan_path, out = tmp_path / "plan.json", tmp_path / "run"
-    run = [sys.executable, "-m", "paraplan"]
-    subprocess.run(run + ["plan", "--planner", "bipartition", "--model", "lenet-5", "--cluster", "bipartition-7vm",
-                          "--batch", "16", "--stages", "3", "--exact-stages", "--out", str(plan_path)],
-                   check=True, env=ENV, capture_output=True, timeout=300)
+    run_paraplan("plan", "--planner", "bipartition", "--model", "lenet-5", "--cluster", "bipartition-7vm",
+                 "--batch", "16", "--stages", "3", "--exact-stages", "--out", str(plan_path),
+                 check=True, env=ENV, timeout=300)
     plan = read_plan(plan_path)
     assert plan.split_layers == "recompute" and any(r.recomputed for r in worker_roles(plan))
-    res = subprocess.run(run + ["train", "--plan", str(plan_path), "--steps", "3", "--no-dropout", "--optimizer",
-                                "sgd", "--lr", "0.1", "--out-dir", str(out)],
-                         env=ENV, capture_output=True, text=True, timeout=300)
+    res = run_paraplan("train", "--plan", str(plan_path), "--steps", "3", "--no-dropout", "--optimizer",
+                       "sgd", "--lr", "0.1", "--out-dir", str(out), env=ENV, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "rank 2 (stage 2): states" in res.stdout
     check_against_one_process(_config(plan, out), out)

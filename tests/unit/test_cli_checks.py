@@ -347,3 +347,34 @@ def test_compare_png_draws_the_median_step_with_one_predicted_number(tmp_path, m
     assert seen["xmax"] == pytest.approx([0.11, c.predicted_s])
     assert {"forward", "backward", "all-reduce"} <= set(seen["legends"])
     assert "1 replica," in seen["suptitle"]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where mkdir fails for everyone")
+def test_an_output_directory_that_cannot_be_made_is_refused_before_any_work(tmp_path):
+    """Permissions pass under /proc (root, or a mount that refuses mkdir); the check makes and
+    removes a probe directory instead of trusting them. Was: a traceback after planning or launch,
+    with the plan already written."""
+    plan_out = tmp_path / "plan.json"
+    res = run("plan", "--model", "gpt2-tiny", "--cluster", "local", "--batch", "8", "--report",
+              "/proc/nonexistent/report", "--out", plan_out)
+    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0, res.stderr
+    assert "--report: cannot create /proc/nonexistent/report" in res.stderr and not plan_out.exists()
+    res = run("train", "--plan", LOCAL_PLAN, "--steps", "1", "--out-dir", "/proc/nonexistent/run")
+    assert res.returncode == 2 and "--out-dir: cannot create /proc/nonexistent/run" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and list(tmp_path.iterdir()) == []  # no probe left behind
+
+
+def test_make_dirs_that_fails_halfway_removes_what_it_made(tmp_path, monkeypatch):
+    from paraplan.system.fileio import WriteError
+
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if self.name == "c":
+            raise OSError(30, "Read-only file system")
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    with pytest.raises(WriteError, match=r"cannot create the directory .*/a/b/c: Read-only file system"):
+        make_dirs(tmp_path / "a" / "b" / "c" / "d")
+    assert list(tmp_path.iterdir()) == []

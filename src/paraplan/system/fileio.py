@@ -235,6 +235,10 @@ def output_problem(path: str | Path, *, directory: bool = False, files: Iterable
             return f"cannot create {path}: {ancestor} is not a directory"
         if not os.access(ancestor, os.W_OK | os.X_OK):
             return f"cannot create {path}: directory {ancestor} is not writable"
+        try:  # permissions are not the whole story (/proc, a read-only mount): make one and remove it
+            os.rmdir(tempfile.mkdtemp(prefix=".paraplan-probe-", dir=ancestor))
+        except OSError as exc:
+            return f"cannot create {path}: {exc.strerror or exc}"
         return None
     if path.is_dir() and not path.is_symlink():
         return f"{path} is a directory"
@@ -276,7 +280,11 @@ def make_dirs(path: str | Path) -> list[Path]:
         path = path.parent
     created = []
     for d in reversed(missing):
-        d.mkdir(exist_ok=True)
+        try:
+            d.mkdir(exist_ok=True)
+        except OSError as exc:  # e.g. under /proc, which a permission check of the parent passes
+            remove_if_empty(created)
+            raise WriteError(f"cannot create the directory {d}: {exc.strerror or exc}") from None
         created.append(d)
     return created
 

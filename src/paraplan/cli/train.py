@@ -186,14 +186,9 @@ def _launch(args, config, world: int, out_dir: str, torchrun: bool) -> bool:
 
     from paraplan.runtime.checkpoints import remove_unlisted
     from paraplan.runtime.launch import run_under_torchrun, spawn
-    from paraplan.system.fileio import make_dirs, remove_if_empty, remove_temporaries
+    from paraplan.system.fileio import make_dirs_all, remove_if_empty, remove_temporaries
 
-    created = [make_dirs(out_dir)]
-    try:
-        created.append(make_dirs(args.checkpoint_dir) if args.checkpoint_dir else [])
-    except ParaplanError:  # nothing half-made: the output directory goes too
-        remove_if_empty(created[0])
-        raise
+    created = make_dirs_all(out_dir, args.checkpoint_dir or None)
     if not args.out_dir and not args.json and (not torchrun or os.environ["RANK"] == "0"):
         print(f"writing to {out_dir}", flush=True)
     try:

@@ -298,6 +298,7 @@ def launch_checked(config: TrainConfig, world: int | None = None) -> Path:
     train` processes, so that their ranks fork from this process's one warm forkserver."""
     from paraplan.models import source
     from paraplan.runtime.preflight import check_model_fits_loss
+    from paraplan.system.fileio import make_dirs_all
 
     world = world or len(config.plan.devices)
     built = source.build(config.model, device="meta", seq_len=config.seq_len, image_size=config.image_size)
@@ -317,8 +318,6 @@ def launch_checked(config: TrainConfig, world: int | None = None) -> Path:
         from dataclasses import replace
 
         config = replace(config, out_dir=tempfile.mkdtemp(prefix="paraplan-train-"))
-    Path(config.out_dir).mkdir(parents=True, exist_ok=True)
-    if config.checkpoint_dir:  # as `paraplan train` makes it (the ranks write into it)
-        Path(config.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    make_dirs_all(config.out_dir, config.checkpoint_dir or None)  # as `paraplan train` makes them
     spawn(config, world)
     return Path(config.out_dir)

@@ -289,6 +289,22 @@ def make_dirs(path: str | Path) -> list[Path]:
     return created
 
 
+def make_dirs_all(*paths: str | Path | None) -> list[list[Path]]:
+    """make_dirs of each path given (None skipped), all or none: when one fails, what the earlier
+    ones made is removed again. One list of created directories per path, for remove_if_empty."""
+    created: list[list[Path]] = []
+    for path in paths:
+        if path is None:
+            continue
+        try:
+            created.append(make_dirs(path))
+        except ParaplanError:
+            for dirs in created:
+                remove_if_empty(dirs)
+            raise
+    return created
+
+
 def remove_if_empty(created: list[Path]) -> None:
     """Remove directories made by make_dirs that are still empty, innermost first."""
     for d in reversed(created):

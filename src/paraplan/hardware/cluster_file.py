@@ -44,6 +44,7 @@ from pathlib import Path
 
 from paraplan.errors import ParaplanError
 from paraplan.hardware.cluster import Cluster, DeviceSpec, LinkSpec, NodeSpec, RuntimeOverheads
+from paraplan.system.fileio import read_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -173,12 +174,7 @@ def _runtime(where: str, table: object) -> RuntimeOverheads:
 
 def read_cluster_file(path: str | Path) -> Cluster:
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ClusterFileError(f"{path}: cannot read cluster file ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:  # TOML is UTF-8
-        raise ClusterFileError(f"{path}: not a text (UTF-8) file: byte {exc.start} is {exc.object[exc.start]:#04x}") from None
+    text = read_text(path, "cluster file", ClusterFileError)  # TOML is UTF-8
     try:
         data = tomllib.loads(text)
     except (ValueError, RecursionError) as exc:

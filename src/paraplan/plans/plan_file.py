@@ -20,7 +20,7 @@ from paraplan.plans.plan import (
     Stage,
     validate,
 )
-from paraplan.system.fileio import atomic_write_text
+from paraplan.system.fileio import atomic_write_text, read_text
 
 
 def _strategy_to_dict(x: LayerStrategy) -> dict:
@@ -211,14 +211,7 @@ def plan_from_json(text: str, origin: str = "plan") -> Plan:
 
 
 def read_plan(path: str | Path) -> Plan:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PlanError(f"{path}: cannot read plan ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:  # JSON is UTF-8
-        raise PlanError(f"{path}: not a text (UTF-8) file: byte {exc.start} is {exc.object[exc.start]:#04x}") from None
-    return plan_from_json(text, str(path))
+    return plan_from_json(read_text(path, "plan", PlanError), str(path))  # JSON is UTF-8
 
 
 def write_plan(plan: Plan, path: str | Path) -> None:

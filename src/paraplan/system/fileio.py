@@ -192,6 +192,18 @@ def remove_temporaries(directory: str | Path) -> None:
             entry.unlink(missing_ok=True)
 
 
+def read_text(path: str | Path, what: str, error: type[Exception]) -> str:
+    """The UTF-8 text at `path` (plan JSON, cluster TOML), or `error` with one line naming the file
+    and what went wrong."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what} ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not a text (UTF-8) file: byte {exc.start} is {exc.object[exc.start]:#04x}") from None
+
+
 def read_json(path: str | Path, what: str, error: type[Exception]):
     """The JSON document at `path`, or `error` with one line naming the file and what went wrong."""
     import json

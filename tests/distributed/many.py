@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from paraplan.system.localnet import free_port
+from paraplan.system.processes import start_method
 
 
 def _ranks(rank: int, world: int, port: int, configs: list) -> None:
@@ -28,4 +29,5 @@ def _ranks(rank: int, world: int, port: int, configs: list) -> None:
 
 
 def train_many(configs: list, world: int) -> None:
-    mp.start_processes(_ranks, args=(world, free_port(), configs), nprocs=world, start_method="spawn")
+    # from the warm forkserver, as `paraplan train` starts its ranks (system/processes.py)
+    mp.start_processes(_ranks, args=(world, free_port(), configs), nprocs=world, start_method=start_method())

@@ -24,6 +24,7 @@ from torch.distributed.tensor import DTensor
 from paraplan.runtime.materialize import build_layers
 from paraplan.runtime.tensor_parallel import tp_refusal
 from paraplan.system.localnet import free_port
+from paraplan.system.processes import start_method
 
 MODELS = ["gpt2-tiny", "llama-tiny", "bert-tiny", "vit-tiny", "t5-tiny", "swin-tiny"]
 BATCH, LR, TOL = 4, 0.1, 1e-5
@@ -173,7 +174,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp")
-    mp.start_processes(_worker, args=(2, free_port(), str(out)), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(_worker, args=(2, free_port(), str(out)), nprocs=2, join=True, start_method=start_method())
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 

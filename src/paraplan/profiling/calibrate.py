@@ -82,14 +82,17 @@ def _busy_matmul(ready, stop, go) -> None:
 
 
 class _Load:
-    """`n` busy processes for the duration of a `with` block (spawned: no inherited threads);
+    """`n` busy processes for the duration of a `with` block (from the warm forkserver, or spawned
+    with PARAPLAN_START_METHOD=spawn: either way no inherited threads);
     `pause()` / `resume()` idle them without the cost of starting them again."""
 
     def __init__(self, n: int, model: str | None = None):
         self.n, self.model = n, model
 
     def __enter__(self):
-        ctx = multiprocessing.get_context("spawn")
+        from paraplan.system.processes import start_method
+
+        ctx = multiprocessing.get_context(start_method())
         self.stop, self.go = ctx.Event(), ctx.Event()
         self.go.set()
         self.procs = []

@@ -170,6 +170,8 @@ def profile_links(backend: str = "gloo", nproc: int = 2, max_bytes: int = 256 * 
     import torch
     import torch.multiprocessing as mp
 
+    from paraplan.system.processes import start_method
+
     if backend not in ("gloo", "nccl"):
         raise FieldError("backend", f"expected gloo or nccl, got {backend!r}")
     if nproc < 2:
@@ -182,7 +184,10 @@ def profile_links(backend: str = "gloo", nproc: int = 2, max_bytes: int = 256 * 
     check_buffers_fit(backend, nproc, sizes[-1])
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "links.json")
-        mp.spawn(_worker, args=(nproc, backend, free_port(), sizes, out), nprocs=nproc, join=True)
+        # from the warm forkserver the ranks of a plan start from (system/processes.py), not fresh
+        # interpreters: 4-8 s of a core each here, twice per `calibrate`
+        mp.start_processes(_worker, args=(nproc, backend, free_port(), sizes, out), nprocs=nproc, join=True,
+                           start_method=start_method())
         data = json.loads(Path(out).read_text())
     p2p = [statistics.median(data["p2p"][str(n)]) for n in sizes]
     spread = [(max(data["p2p"][str(n)]) - min(data["p2p"][str(n)])) / statistics.median(data["p2p"][str(n)])

@@ -10,26 +10,11 @@ import torch.multiprocessing as mp
 
 from paraplan.runtime.rank_base import TrainConfig
 from paraplan.system.localnet import free_port
+from paraplan.system.processes import WARM_MODULES, start_method
 
-# The ranks start from a forkserver that imported the runtime once per launching process, not
-# each importing torch, torch.distributed and transformers anew (`spawn`: 4-6 s of a core per rank,
-# most of a short run's start). The server has run no kernel, so no thread pool is copied into a
-# rank; cwd and sys.path are set as for `spawn`, and the launcher's environment is passed and applied
-# (a forked rank would otherwise see the server's, as of its start). PARAPLAN_START_METHOD=spawn
-# starts each rank as a fresh interpreter instead.
-RANK_MODULES = ["paraplan.runtime.dispatch", "paraplan.runtime.teardown", "transformers.modeling_utils",
-                "torch.distributed.tensor", "torch.distributed.pipelining", "torch.distributed.fsdp"]
-
-
-def start_method() -> str:
-    method = os.environ.get("PARAPLAN_START_METHOD", "forkserver")
-    if method not in ("forkserver", "spawn"):
-        from paraplan.errors import ParaplanError
-
-        raise ParaplanError(f"PARAPLAN_START_METHOD: 'forkserver' or 'spawn', got {method!r}")
-    if method == "forkserver":
-        mp.set_forkserver_preload(RANK_MODULES)  # no effect once this process's server runs
-    return method
+# The ranks start from a forkserver that imported the runtime once per launching process
+# (system/processes.py); the launcher's environment is passed and applied in each rank.
+RANK_MODULES = WARM_MODULES
 
 
 def spawn(config: TrainConfig, world: int) -> None:

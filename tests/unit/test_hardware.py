@@ -17,6 +17,8 @@ PRESETS = {
     "galvatron-64xa100": (64, 8, "a100-40gb"),
     "fddps-8xp100": (8, 1, "p100-16gb"),
     "bipartition-7vm": (7, 7, "vm-1core"),
+    "dgx-a100-80gb": (16, 2, "a100-80gb"),
+    "dgx-h100-80gb": (16, 2, "h100-80gb"),
 }
 
 
@@ -33,6 +35,76 @@ def test_every_preset_is_listed_and_local_exists():
     assert set(PRESETS) | {"local"} == set(preset_names())
     local = load_cluster("local")
     assert local.n_devices >= 1
+
+
+# the vendors' dense peaks per dtype (datasheets), TFLOP/s; a dtype left out is one the chip lacks
+VENDOR_PEAKS = {
+    "dgx-a100-80gb": {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312},
+    "galvatron-16xa100": {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312},
+    "dgx-h100-80gb": {"fp32": 67, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+    "galvatron-8xtitan": {"fp32": 16.3, "fp16": 130},
+    "csimd-v100-10gbe": {"fp32": 14, "fp16": 112},
+    "gropipe-8xt4": {"fp32": 8.1, "fp16": 65},
+    "fddps-8xp100": {"fp32": 9.3, "fp16": 18.7},
+}
+
+
+@pytest.mark.parametrize("name", VENDOR_PEAKS)
+def test_presets_carry_the_vendors_peak_per_dtype(name):
+    spec = load_cluster(name).devices[0].spec
+    assert {k: v / 1e12 for k, v in spec.peaks.items()} == pytest.approx(VENDOR_PEAKS[name])
+
+
+@pytest.mark.parametrize("name, precision", [("galvatron-8xtitan", "bf16"), ("csimd-v100-10gbe", "tf32"),
+                                             ("gropipe-8xt4", "bf16"), ("fddps-8xp100", "bf16")])
+def test_a_device_without_the_dtype_refuses_it_in_one_line(name, precision):
+    from paraplan.hardware.cluster import PrecisionError
+
+    with pytest.raises(PrecisionError, match=f"has no {precision} .it computes in") as info:
+        load_cluster(name).check_precision(precision)
+    assert "\n" not in str(info.value)
+
+
+def test_default_precision_bf16_for_the_new_presets_fp32_for_the_papers():
+    assert {n: load_cluster(n).default_precision for n in PRESETS} == {
+        n: "bf16" if n.startswith("dgx-") else "fp32" for n in PRESETS}
+
+
+@pytest.mark.parametrize("nodes", [1, 4, 384])
+def test_the_dgx_presets_take_any_node_count(nodes):
+    c = load_cluster(f"dgx-h100-80gb?nodes={nodes}")
+    assert c.n_devices == 8 * nodes and len(c.nodes) == nodes
+    if nodes > 1:  # NVLink inside a node, one NDR port per GPU between nodes
+        assert c.link(0, 7).bandwidth_bytes_per_s > 300e9 and c.link(0, 8).bandwidth_bytes_per_s < 50e9
+
+
+@pytest.mark.parametrize("name", ["dgx-a100-80gb?nodes=0", "dgx-a100-80gb?nodes=x", "dgx-a100-80gb?gpus=8",
+                                  "dgx-a100-80gb?nodes=100000", "bipartition-7vm?nodes=3x"])
+def test_a_bad_node_count_is_one_line(name):
+    with pytest.raises(ParaplanError, match="nodes=N"):
+        load_cluster(name)
+
+
+def test_peaks_per_dtype_in_a_cluster_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(HETERO.replace("peak_flops = 20e12", "peak_flops = { fp32 = 20e12, bf16 = 160e12 }")
+                    .replace('name = "mixed"', 'name = "mixed"\ndefault_precision = "fp32"'))
+    c = read_cluster_file(path)
+    assert c.device(0).peak_for("bf16") == 160e12 and c.device(0).peak_for("fp32") == 20e12
+    write_cluster_file(c, tmp_path / "again.toml")
+    assert read_cluster_file(tmp_path / "again.toml").device(0).peaks == c.device(0).peaks
+    for edit, message in [("{ fp32 = 20e12, bf17 = 1e12 }", "peak_flops.bf17: unknown dtype"),
+                          ("{ bf16 = 1e12 }", "peak_flops.fp32: missing"),
+                          ("{ fp32 = 20e12, bf16 = -1.0 }", "peak_flops.bf16: expected a positive number")]:
+        path.write_text(HETERO.replace("peak_flops = 20e12", f"peak_flops = {edit}"))
+        with pytest.raises(ClusterFileError, match=message):
+            read_cluster_file(path)
+    path.write_text(HETERO.replace('name = "mixed"', 'name = "mixed"\ndefault_precision = "bf16"'))
+    with pytest.raises(ClusterFileError, match="default_precision: mixed: big has no bf16"):
+        read_cluster_file(path)
+    path.write_text(HETERO.replace('name = "mixed"', 'name = "mixed"\ndefault_precision = "int8"'))
+    with pytest.raises(ClusterFileError, match="default_precision: expected one of fp32, tf32, bf16, fp16"):
+        read_cluster_file(path)
 
 
 def test_network_speeds_of_the_csimd_presets():

@@ -22,7 +22,7 @@ def test_models_and_clusters():
     assert isinstance(models, list) and all(set(m) == {"family", "layers", "model", "parameters", "source"}
                                             for m in models)
     clusters = _json("clusters")
-    assert all(set(c) == {"description", "device_types", "format_version", "name", "nodes"} for c in clusters)
+    assert all(set(c) == {"default_precision", "description", "device_types", "format_version", "name", "nodes"} for c in clusters)
 
 
 def test_inspect():

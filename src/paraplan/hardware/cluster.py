@@ -11,13 +11,15 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from itertools import pairwise
 
+from paraplan.errors import ParaplanError
+
 
 @dataclass(frozen=True)
 class DeviceSpec:
     """One accelerator (or CPU core) type, for the analytic compute model in costs/analytic.py."""
 
     name: str
-    peak_flops: float  # FLOP/s at the training precision (fp32 unless the preset says otherwise)
+    peak_flops: float  # FLOP/s in fp32 (the one figure a version-1 cluster file gives)
     memory_bandwidth_bytes_per_s: float
     memory_bytes: int
     kernel_overhead_s: float  # launch + framework dispatch per aten kernel
@@ -26,6 +28,33 @@ class DeviceSpec:
     # leave the device under-filled, so time is not proportional to batch (CSIMD Fig. 1).
     half_efficiency_flops: float
     source: str = ""
+    # the peaks of the other dtypes the device computes in, (dtype, FLOP/s) sorted by dtype
+    # (precision.py: tf32, bf16, fp16); a dtype missing here the device does not have (no bf16 on a
+    # V100, T4, P100 or TITAN RTX), and a plan in it is refused
+    other_peaks: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def peaks(self) -> dict[str, float]:
+        """FLOP/s per dtype the device computes in, fp32 included."""
+        return {"fp32": self.peak_flops, **dict(self.other_peaks)}
+
+    def peak_for(self, precision: str) -> float:
+        """The peak a plan in `precision` computes at (precision.peak_key); a dtype the device does
+        not have raises PrecisionError naming the device and the dtypes it has."""
+        from paraplan.precision import peak_key
+
+        key = peak_key(precision)
+        if key not in self.peaks:
+            raise PrecisionError(f"{self.name} has no {key} (it computes in {', '.join(sorted(self.peaks))})")
+        return self.peaks[key]
+
+    def for_precision(self, precision: str) -> DeviceSpec:
+        """The device as a cost model in `precision` sees it: its peak in that dtype."""
+        return replace(self, peak_flops=self.peak_for(precision))
+
+
+class PrecisionError(ParaplanError):
+    """A plan or request in a precision a device does not compute in."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +138,9 @@ class Cluster:
     description: str = ""
     # the runtime's measured overheads on this cluster (`paraplan calibrate`); None: not measured
     overheads: RuntimeOverheads | None = None
+    # the precision a request on this cluster trains in unless it names one (precision.py): fp32 for
+    # the papers' testbeds, bf16 for the A100-80GB / H100-80GB presets
+    default_precision: str = "fp32"
 
     @cached_property
     def devices(self) -> tuple[DeviceSlot, ...]:
@@ -152,6 +184,18 @@ class Cluster:
         return replace(self, nodes=tuple(
             NodeSpec(n.name, tuple(replace(d, memory_bytes=memory_bytes) for d in n.devices), n.intra_link, n.network)
             for n in self.nodes))
+
+    def check_precision(self, precision: str) -> None:
+        """Raise PrecisionError (one line, naming the cluster and the device type) unless every
+        device computes in `precision`."""
+        seen = set()
+        for slot in self.devices:
+            if slot.spec.name not in seen:
+                seen.add(slot.spec.name)
+                try:
+                    slot.spec.peak_for(precision)
+                except PrecisionError as exc:
+                    raise PrecisionError(f"{self.name}: {exc}") from None
 
     def device_types(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -4,8 +4,12 @@
     name = "my-cluster"
     description = "..."
 
+    default_precision = "fp32"             # optional (default fp32): fp32 | tf32 | bf16 | fp16
+
     [device_types.v100-32gb]
-    peak_flops = 14.0e12                  # FLOP/s
+    peak_flops = 14.0e12                  # FLOP/s in fp32, or a table per dtype the device has:
+                                          # { fp32 = 14e12, fp16 = 112e12 } (fp32 required; a
+                                          # dtype left out is one the device refuses)
     memory_bandwidth_bytes_per_s = 900e9
     memory_gib = 32
     kernel_overhead_s = 1.0e-5
@@ -43,7 +47,14 @@ import sys
 from pathlib import Path
 
 from paraplan.errors import ParaplanError
-from paraplan.hardware.cluster import Cluster, DeviceSpec, LinkSpec, NodeSpec, RuntimeOverheads
+from paraplan.hardware.cluster import (
+    Cluster,
+    DeviceSpec,
+    LinkSpec,
+    NodeSpec,
+    PrecisionError,
+    RuntimeOverheads,
+)
 from paraplan.system.fileio import read_text
 
 if sys.version_info >= (3, 11):
@@ -86,14 +97,30 @@ def _link(where: str, table: object) -> LinkSpec:
                     latency_s=_number(where, table, "latency_s", "seconds", allow_zero=True))
 
 
+def _peaks(where: str, table: dict) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """`peak_flops`: one number (fp32) or a table per dtype; (fp32 peak, the other dtypes' peaks)."""
+    from paraplan.precision import PRECISIONS
+
+    value = table.get("peak_flops")
+    if not isinstance(value, dict):
+        return _number(where, table, "peak_flops", "FLOP/s, or a table { fp32 = ..., bf16 = ... }"), ()
+    for key in value:
+        if key not in PRECISIONS:
+            raise ClusterFileError(f"{where}.peak_flops.{key}: unknown dtype; expected any of {', '.join(PRECISIONS)}")
+    fp32 = _number(f"{where}.peak_flops", value, "fp32", "FLOP/s; every device computes in fp32")
+    return fp32, tuple(sorted((key, _number(f"{where}.peak_flops", value, key, "FLOP/s"))
+                              for key in value if key != "fp32"))
+
+
 def _device(where: str, name: str, table: object) -> DeviceSpec:
     if not isinstance(table, dict):
         raise ClusterFileError(f"{where}: expected a table of device figures")
-    values = {key: _number(where, table, key, unit) for key, unit in _DEVICE_FIELDS.items()}
+    fp32, other_peaks = _peaks(where, table)
+    values = {key: _number(where, table, key, unit) for key, unit in _DEVICE_FIELDS.items() if key != "peak_flops"}
     if values["max_efficiency"] > 1:
         raise ClusterFileError(f"{where}.max_efficiency: expected a fraction in (0, 1], got {values['max_efficiency']}")
     return DeviceSpec(
-        name=name, peak_flops=values["peak_flops"],
+        name=name, peak_flops=fp32, other_peaks=other_peaks,
         memory_bandwidth_bytes_per_s=values["memory_bandwidth_bytes_per_s"],
         memory_bytes=int(values["memory_gib"] * GIB), kernel_overhead_s=values["kernel_overhead_s"],
         max_efficiency=values["max_efficiency"], half_efficiency_flops=values["half_efficiency_flops"],
@@ -137,8 +164,23 @@ def cluster_from_dict(data: dict, origin: str) -> Cluster:
         for c in range(count):
             nodes.append(NodeSpec(name=base if count == 1 else f"{base}{c}",
                                   devices=tuple(types[d] for d in devices), intra_link=intra, network=network))
-    return Cluster(name=name, nodes=tuple(nodes), description=str(data.get("description", "")),
-                   overheads=_runtime(f"{origin}: runtime", data["runtime"]) if "runtime" in data else None)
+    cluster = Cluster(name=name, nodes=tuple(nodes), description=str(data.get("description", "")),
+                      overheads=_runtime(f"{origin}: runtime", data["runtime"]) if "runtime" in data else None,
+                      default_precision=_default_precision(origin, data))
+    try:
+        cluster.check_precision(cluster.default_precision)
+    except PrecisionError as exc:
+        raise ClusterFileError(f"{origin}: default_precision: {exc}") from None
+    return cluster
+
+
+def _default_precision(origin: str, data: dict) -> str:
+    from paraplan.precision import PRECISIONS
+
+    value = data.get("default_precision", "fp32")
+    if value not in PRECISIONS:
+        raise ClusterFileError(f"{origin}: default_precision: expected one of {', '.join(PRECISIONS)}, got {value!r}")
+    return value
 
 
 BYTES_PER_DEVICE = 512  # a device's slot, its entry in its node and its share of the node (measured ~300)
@@ -200,8 +242,9 @@ def cluster_to_dict(cluster: Cluster, calibration: dict | None = None) -> dict:
         "format_version": FORMAT_VERSION,
         "name": cluster.name,
         "description": cluster.description,
+        "default_precision": cluster.default_precision,
         "device_types": {
-            name: {"peak_flops": d.peak_flops, "memory_bandwidth_bytes_per_s": d.memory_bandwidth_bytes_per_s,
+            name: {"peak_flops": d.peaks if d.other_peaks else d.peak_flops, "memory_bandwidth_bytes_per_s": d.memory_bandwidth_bytes_per_s,
                    "memory_gib": d.memory_bytes / GIB, "kernel_overhead_s": d.kernel_overhead_s,
                    "max_efficiency": d.max_efficiency, "half_efficiency_flops": d.half_efficiency_flops,
                    "source": d.source}

@@ -1,6 +1,7 @@
 """Cluster presets (one TOML file per paper testbed, shipped in presets/) and `local`.
 
-`load_cluster(name_or_path)` takes a preset name or the path of a user's TOML file.
+`load_cluster(name_or_path)` takes a preset name or the path of a user's TOML file. A preset of
+identical nodes takes another node count as `NAME?nodes=N` (dgx-h100-80gb?nodes=128: 1,024 GPUs).
 """
 
 from __future__ import annotations
@@ -25,16 +26,39 @@ def preset_names() -> list[str]:
     return sorted(_preset_files()) + [LOCAL]
 
 
+MAX_PRESET_NODES = 4096
+
+
 def load_cluster(name_or_path: str) -> Cluster:
     if name_or_path == LOCAL:
         return local_cluster()
     files = _preset_files()
-    if name_or_path in files:
-        path = files[name_or_path]
-        return cluster_from_dict(tomllib.loads(path.read_text()), f"preset {name_or_path}")
+    name, _, query = name_or_path.partition("?")
+    if name in files and (query or name == name_or_path):
+        data = tomllib.loads(files[name].read_text())
+        if query:
+            data = _with_nodes(data, name, query)
+        return cluster_from_dict(data, f"preset {name_or_path}")
     if name_or_path.endswith(".toml") or os.sep in name_or_path:
         return read_cluster_file(name_or_path)
     raise UnknownNameError("cluster", name_or_path, preset_names())
+
+
+def _with_nodes(data: dict, name: str, query: str) -> dict:
+    """The preset's one node table repeated N times (`nodes=N`), the cluster named NAME?nodes=N."""
+    from paraplan.errors import ParaplanError
+
+    key, _, value = query.partition("=")
+    if key != "nodes" or not value.isdigit() or not 1 <= int(value) <= MAX_PRESET_NODES:
+        raise ParaplanError(f"cluster {name}?{query}: expected {name}?nodes=N with N a whole number of nodes "
+                            f"from 1 to {MAX_PRESET_NODES}")
+    if len(data["nodes"]) != 1:
+        raise ParaplanError(f"cluster {name}?{query}: {name} lists {len(data['nodes'])} kinds of node; "
+                            "a node count applies to presets of one kind")
+    nodes = int(value)
+    devices = len(data["nodes"][0]["devices"])
+    return {**data, "name": f"{name}?nodes={nodes}", "nodes": [{**data["nodes"][0], "count": nodes}],
+            "description": f"{data.get('description', '')} ({nodes} nodes, {nodes * devices} devices)"}
 
 
 def _total_memory_bytes() -> int:
@@ -53,14 +77,15 @@ def local_cluster() -> Cluster:
 
     The core figures are assumptions until `paraplan profile` measures the real ones: ~2.5 GHz
     with AVX2 FMA (32 fp32 FLOP/cycle, 80 GFLOP/s peak), eager PyTorch at ~25% of it, ~10 us of
-    dispatch per aten kernel. Loopback gloo was measured at ~1.5 ms per message and ~2.2 GB/s
+    dispatch per aten kernel. bf16 and fp16 are given the fp32 peak: torch runs them on a CPU
+    (autocast, oneDNN), and a core without AVX512-BF16 / AMX computes them in fp32 units. Loopback gloo was measured at ~1.5 ms per message and ~2.2 GB/s
     (shared/notes/runtime-on-cpu.md). Memory is split evenly between the cores.
     """
     cores = os.cpu_count() or 1
     core = DeviceSpec(
         name="cpu-core", peak_flops=80.0e9, memory_bandwidth_bytes_per_s=10.0e9,
         memory_bytes=_total_memory_bytes() // cores, kernel_overhead_s=1.0e-5, max_efficiency=0.25,
-        half_efficiency_flops=1.0e5,
+        half_efficiency_flops=1.0e5, other_peaks=(("bf16", 80.0e9), ("fp16", 80.0e9)),
         source="assumed core figures; gloo loopback measured (runtime-on-cpu notes)",
     )
     loopback = LinkSpec(bandwidth_bytes_per_s=2.2e9, latency_s=1.5e-3)

@@ -50,7 +50,7 @@ def plans(cm) -> dict:
         out[name] = make_plan(request, name)
     dp = out["dp"]
     stage = dp.stages[0]
-    checkpointed = tuple(replace(s, checkpoint=i not in (0, len(stage.strategies) - 1))
+    checkpointed = tuple(replace(s, recompute="none" if i in (0, len(stage.strategies) - 1) else "full")
                          for i, s in enumerate(stage.strategies or (LayerStrategy(dp=2),) * dp.n_layers))
     out["dp + ckpt"] = replace(dp, stages=(replace(stage, strategies=checkpointed),), prediction=None, search=None)
     return out

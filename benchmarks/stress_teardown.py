@@ -47,7 +47,7 @@ def _plans() -> dict[str, list]:
     pipeline = Plan(model=MODEL, cluster="local", n_layers=6, global_batch=BATCH, n_micro=2, schedule="1f1b",
                     grad_sync="none", stages=(Stage(LayerRange(0, 3), (0,)), Stage(LayerRange(3, 6), (1,))))
     # GPT-2's embedding (layer 0) and head (layer 5) share a weight: the same strategy
-    mixed = one_stage([S(tp=2), S(sdp=2), S(sdp=2, checkpoint=True), S(dp=2), S(tp=2, checkpoint=True), S(tp=2)],
+    mixed = one_stage([S(tp=2), S(sdp=2), S(sdp=2, recompute="full"), S(dp=2), S(tp=2, recompute="full"), S(tp=2)],
                       n_micro=2)
     return {"tp": [one_stage([S(tp=2)] * 6)], "sdp": [one_stage([S(sdp=2)] * 6)], "mixed": [pipeline, mixed]}
 

@@ -37,7 +37,7 @@ def _limit_to_this_machine() -> None:
 
 def _request(model: str, cluster: str, batch: int, *, operators: bool, memory=None, stages=None,
              micro_batches=None, schedule=None, profile=None, seq_len=None, image_size=None, exact_stages=False,
-             options=None):
+             options=None, precision=None):
     """The PlanRequest of the keywords (paraplan/workload.py, as the command line builds it); the
     operator graph, where asked, only where the model can be traced."""
     from paraplan.workload import workload
@@ -46,7 +46,7 @@ def _request(model: str, cluster: str, batch: int, *, operators: bool, memory=No
     return workload(model, cluster, batch=batch, profile=profile, memory=memory, seq_len=seq_len,
                     image_size=image_size, operators="optional" if operators else None, stages=stages,
                     micro_batches=micro_batches, schedule=schedule, exact_stages=exact_stages,
-                    options=options).request
+                    options=options, precision=precision).request
 
 
 def compare(model: str, cluster: str, batch: int, *, time_limit: float = 60.0, planners=None, **kw):
@@ -58,7 +58,8 @@ def compare(model: str, cluster: str, batch: int, *, time_limit: float = 60.0, p
 
 def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_limit: float = 60.0, **kw) -> Plan:
     """The best plan (planner="auto": every planner compared) or one planner's, with the
-    simulator's prediction; raises ParaplanError when nothing fits."""
+    simulator's prediction; raises ParaplanError when nothing fits. precision="bf16" (fp32, tf32,
+    bf16, fp16; default: the cluster's default_precision) and the other keywords of compare()."""
     from paraplan.errors import ParaplanError
 
     if planner == "auto":
@@ -82,7 +83,8 @@ def simulate(plan_or_path: Plan | str | Path, *, cluster: str | None = None, pro
     from paraplan.simulator.predict import simulate_plan
 
     p = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
-    request = _request(p.model, cluster or p.cluster, p.global_batch, operators=p.schedule == "dag", profile=profile)
+    request = _request(p.model, cluster or p.cluster, p.global_batch, operators=p.schedule == "dag", profile=profile,
+                       precision=p.precision)
     return simulate_plan(p, request.costs)
 
 

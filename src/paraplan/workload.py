@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from paraplan.errors import ParaplanError
+from paraplan.errors import FieldError, ParaplanError
 from paraplan.sizes import memory_bytes
 
 if TYPE_CHECKING:
@@ -103,11 +103,29 @@ def operator_graph(built: BuiltModel, *, optional: bool = False, watch: Watch | 
         return None
 
 
-def cost_model(spec: ModelSpec, cluster: Cluster, *, profile: str | Path | None = None, **kwargs) -> CostModel:
+def check_precision(cluster: Cluster, precision: str | None) -> str:
+    """The precision a request on `cluster` trains in (its default_precision unless given), every
+    device computing in it; else one line (FieldError for an unknown name, PrecisionError naming
+    the device)."""
+    from paraplan.precision import parse_precision
+
+    try:
+        chosen = str(parse_precision(precision or cluster.default_precision))
+    except ValueError as exc:
+        raise FieldError("precision", str(exc)) from None
+    cluster.check_precision(chosen)
+    return chosen
+
+
+def cost_model(spec: ModelSpec, cluster: Cluster, *, profile: str | Path | None = None, precision: str | None = None,
+               **kwargs) -> CostModel:
     """The CostModel of a measured model on a cluster: analytic, or from a profile file (a layer
     profile replaces the layers' compute times; an operator profile prices the operators and
-    leaves the layers analytic). `kwargs`: CostModel's (operators, overheads, overlap_slowdown, ...)."""
+    leaves the layers analytic). `precision`: what the plans train in (precision.py; default the
+    cluster's default_precision). `kwargs`: CostModel's (operators, overheads, overlap_slowdown, ...)."""
     from paraplan.costs.model import analytic_cost_model, profile_cost_model
+
+    kwargs["precision"] = check_precision(cluster, precision)
 
     if profile:
         from paraplan.profiling.operator_file import is_operator_profile, read_operator_profile
@@ -139,7 +157,7 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
              overlap_slowdown: float | None = None, memory=None, seq_len: int | None = None,
              image_size: int | None = None, layers: str | None = None, operators: str | None = None,
              stages: int | None = None, micro_batches: int | None = None, schedule=None, exact_stages: bool = False,
-             options=None, watch: Watch | None = None) -> Workload:
+             options=None, watch: Watch | None = None, precision: str | None = None) -> Workload:
     """The cluster loaded (unless it is one already), the model built and measured, its operator
     graph traced (`operators`: see OPERATORS), its cost model and, with a `batch`, the PlanRequest
     (its model named by the built reference, its cluster by `cluster_name`, by default the name or
@@ -152,11 +170,12 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
         loaded, name = cluster, cluster_name or cluster.name
     else:
         loaded, name = load_cluster(str(cluster)), cluster_name or str(cluster)
+    check_precision(loaded, precision)  # before any measurement
     built, spec = measured_model(model, seq_len=seq_len, image_size=image_size, layers=layers, watch=watch)
     graph = operator_graph(built, optional=operators == "optional", watch=watch) if operators else None
     extra = {key: value for key, value in (("overheads", overheads), ("overlap_slowdown", overlap_slowdown))
              if value is not None}
-    costs = cost_model(spec, loaded, profile=profile, operators=graph, **extra)
+    costs = cost_model(spec, loaded, profile=profile, operators=graph, precision=precision, **extra)
     request = None
     if batch is not None:
         request = plan_request(costs, model_name=built.ref, cluster_name=name, batch=batch, memory=memory,

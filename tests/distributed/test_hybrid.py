@@ -60,7 +60,7 @@ def _two_rank_plans(tmp_path):
     for model in MODELS + ["bert-tiny"]:
         plans[f"bmw-{model}"] = (_planned(tmp_path, model, "galvatron-bmw", 16, "6MiB"), {})
     for ckpt in (False, True):
-        strategies = [S(dp=2)] + [S(dp=2, checkpoint=ckpt)] * 4 + [S(dp=2)]
+        strategies = [S(dp=2)] + [S(dp=2, recompute="full" if ckpt else "none")] * 4 + [S(dp=2)]
         plans[f"ckpt-{ckpt}"] = (_one_stage("gpt2-tiny", strategies, 2), {"optimizer": "adam", "steps": 2})
     return plans
 
@@ -69,8 +69,8 @@ def _four_rank_plans():
     plans = {}
     for model in MODELS:
         plans[f"dptp-{model}"] = (_one_stage(model, [S(dp=2, tp=2)] * 6, 4), {})
-        stages = (Stage(LayerRange(0, 3), (0, 1), strategies=(S(dp=2), S(tp=2, checkpoint=True), S(sdp=2))),
-                  Stage(LayerRange(3, 6), (2, 3), strategies=(S(tp=2), S(sdp=2, checkpoint=True), S(dp=2))))
+        stages = (Stage(LayerRange(0, 3), (0, 1), strategies=(S(dp=2), S(tp=2, recompute="full"), S(sdp=2))),
+                  Stage(LayerRange(3, 6), (2, 3), strategies=(S(tp=2), S(sdp=2, recompute="full"), S(dp=2))))
         plans[f"stages-{model}"] = (_plan(model, stages), {"clip_norm": 0.05})
     hsdp = [S(dp=2, sdp=2)] * 3 + [S(dp=2, sdp=2, order="dp,sdp,tp")] * 3
     plans["hsdp"] = (_one_stage("llama-tiny", hsdp, 4), {})
@@ -193,7 +193,7 @@ def test_two_torchrun_nodes_run_a_hybrid_plan_like_one_process(tmp_path):
     """The same program under torchrun, one rank per "node": TP2, SDP2 and DP2 layers."""
     from paraplan.system.localnet import free_port
 
-    plan = _one_stage("llama-tiny", [S(tp=2), S(sdp=2), S(tp=2, checkpoint=True), S(dp=2), S(sdp=2), S(tp=2)], 2)
+    plan = _one_stage("llama-tiny", [S(tp=2), S(sdp=2), S(tp=2, recompute="full"), S(dp=2), S(sdp=2), S(tp=2)], 2)
     plan_path = tmp_path / "plan.json"
     write_plan(plan, plan_path)
     out = tmp_path / "out"

@@ -116,7 +116,7 @@ def test_plan_and_simulate_dag_plans_on_the_command_line(tmp_path, capsys):
     assert r.returncode == 0, r.stderr
     assert "critical path" in r.stdout and "operators" in r.stdout and "simulated with link contention" in r.stdout
     saved = json.loads(out.read_text())
-    assert saved["schedule"] == "dag" and saved["operators"]
+    assert saved["schedule"]["kind"] == "dag" and saved["operators"]
     gantt, trace = tmp_path / "g.png", tmp_path / "t.json"
     r = run_cli_here(capsys, "simulate", str(out), "--gantt", str(gantt), "--trace", str(trace), "--json")
     assert r.returncode == 0, r.stderr

@@ -64,7 +64,7 @@ def test_the_order_is_the_layout():
 
 
 def test_plan_files_keep_the_order_and_old_files_load():
-    strategies = (LayerStrategy(dp=2, tp=2, order="dp,tp,sdp"), LayerStrategy(sdp=4, checkpoint=True))
+    strategies = (LayerStrategy(dp=2, tp=2, order="dp,tp,sdp"), LayerStrategy(sdp=4, recompute="full"))
     plan = Plan(model="m", cluster="c", n_layers=2, global_batch=8, n_micro=1, schedule="gpipe",
                 stages=(Stage(LayerRange(0, 2), (0, 1, 2, 3), strategies=strategies),))
     data = plan_to_dict(plan)
@@ -348,7 +348,7 @@ def test_stage_counts_are_held_or_explained(gpt2):
 
 
 def test_describe_strategies():
-    s = (LayerStrategy(sdp=4, tp=2, checkpoint=True),) * 3 + (LayerStrategy(dp=8),)
+    s = (LayerStrategy(sdp=4, tp=2, recompute="full"),) * 3 + (LayerStrategy(dp=8),)
     plan = Plan(model="m", cluster="c", n_layers=6, global_batch=8, n_micro=1, schedule="gpipe",
                 stages=(Stage(LayerRange(0, 4), tuple(range(8)), strategies=s), Stage(LayerRange(4, 6), (8, 9))))
     assert describe_strategies(plan) == ["stage 1, layers 0-2: SDP4 x TP2 + CKPT", "stage 1, layers 3-3: DP8",

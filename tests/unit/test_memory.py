@@ -41,12 +41,12 @@ def test_states_are_16_bytes_per_parameter_and_shard_with_sdp_and_tp(bert):
     assert stage_memory(sharded, bert, 0).states_bytes == pytest.approx(16 * bert.param_count / 8)
 
 
-def _pipeline(spec, schedule, n_micro, n_stages=4, checkpoint=False):
+def _pipeline(spec, schedule, n_micro, n_stages=4, recompute="none"):
     cuts = [round(i * spec.n_layers / n_stages) for i in range(n_stages + 1)]
     stages = []
     for s in range(n_stages):
         rng = LayerRange(cuts[s], cuts[s + 1])
-        strategies = (LayerStrategy(checkpoint=checkpoint),) * len(rng) if checkpoint else ()
+        strategies = (LayerStrategy(recompute=recompute),) * len(rng) if recompute != "none" else ()
         stages.append(Stage(rng, (s,), strategies=strategies))
     return Plan(model=spec.name, cluster="x", n_layers=spec.n_layers, global_batch=8 * n_micro, n_micro=n_micro,
                 schedule=schedule, grad_sync="none", stages=tuple(stages))
@@ -63,7 +63,7 @@ def test_gpipe_keeps_every_micro_batch_and_1f1b_keeps_stages_minus_index():
 
 def test_checkpointing_keeps_only_boundaries(bert):
     full = stage_memory(_pipeline(bert, "gpipe", 4), bert, 1)
-    ckpt = stage_memory(_pipeline(bert, "gpipe", 4, checkpoint=True), bert, 1)
+    ckpt = stage_memory(_pipeline(bert, "gpipe", 4, recompute="full"), bert, 1)
     assert ckpt.activation_bytes < full.activation_bytes / 5
 
 

@@ -100,7 +100,7 @@ def test_megatron_holds_the_norm_and_linear_inputs_whole(tiny):
     assert b.tp_replicated_bytes == pytest.approx(want)
     assert stage_memory(_group(tiny, LayerStrategy(dp=4)), tiny, 0).tp_replicated_bytes == 0
     # checkpointed layers keep only their input (costs/strategy.py); nothing whole to add
-    assert stage_memory(_group(tiny, LayerStrategy(tp=tp, checkpoint=True)), tiny, 0).tp_replicated_bytes == 0
+    assert stage_memory(_group(tiny, LayerStrategy(tp=tp, recompute="full")), tiny, 0).tp_replicated_bytes == 0
 
 
 def test_fsdp_holds_two_gathered_layers_and_one_unsharded_gradient(tiny):

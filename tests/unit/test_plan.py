@@ -38,7 +38,7 @@ def gropipe_plan() -> Plan:  # N=2 groups x k=4 stages, delayed asynchronous all
 
 
 def galvatron_plan() -> Plan:  # per-layer hybrid strategies over 4-device stages
-    s0 = tuple(LayerStrategy(dp=2, tp=2) if i < 10 else LayerStrategy(sdp=4, checkpoint=True) for i in range(17))
+    s0 = tuple(LayerStrategy(dp=2, tp=2) if i < 10 else LayerStrategy(sdp=4, recompute="full") for i in range(17))
     s1 = tuple(LayerStrategy(tp=4) for _ in range(17))
     return Plan(model="bert-huge-32", cluster="galvatron-8xtitan", n_layers=34, global_batch=64, n_micro=4,
                 schedule="1f1b", grad_sync="bucketed",
@@ -72,7 +72,36 @@ def test_round_trip_through_json(make, tmp_path):
     path = tmp_path / "plan.json"
     write_plan(plan, path)
     assert read_plan(path) == plan
-    assert json.loads(path.read_text())["format_version"] == 1
+    assert json.loads(path.read_text())["format_version"] == 2
+
+
+def test_version_2_fields_round_trip():
+    from dataclasses import replace
+
+    plan = galvatron_plan()
+    stage = plan.stages[0]
+    richer = tuple(replace(x, recompute="selective", zero=1 if x.dp > 1 else 0, sequence_parallel=x.tp > 1)
+                   for x in stage.strategies)
+    plan = replace(plan, precision="bf16", stages=(replace(stage, strategies=richer), *plan.stages[1:]))
+    again = plan_from_json(plan_to_json(plan))
+    assert again == plan and again.precision == "bf16"
+    assert {x.recompute for x in again.stages[0].strategies} == {"selective"}
+    data = json.loads(plan_to_json(plan))
+    assert data["precision"] == "bf16" and data["schedule"] == {"kind": str(plan.schedule), "virtual_stages": 1}
+
+
+def test_a_version_1_file_loads_unchanged_as_fp32():
+    """Version 1: `schedule` a string, `checkpoint` per strategy, no precision: the same plan, fp32,
+    full recomputation where checkpoint was true."""
+    data = plan_to_dict(galvatron_plan())
+    v1 = {**data, "format_version": 1, "schedule": data["schedule"]["kind"]}
+    v1.pop("precision")
+    for stage in v1["stages"]:
+        for x in stage.get("strategies", []):
+            x["checkpoint"] = x.pop("recompute") == "full"
+    loaded = plan_from_json(json.dumps(v1))
+    assert loaded == galvatron_plan() and loaded.precision == "fp32"
+    assert any(x.checkpoint for s in loaded.stages for x in s.strategies)  # the fixture checkpoints some layers
 
 
 def test_round_trip_keeps_prediction_and_search():
@@ -105,8 +134,28 @@ def _broken(edit) -> str:
     (lambda d: d["stages"][2].update(devices=[0]), "stages[2].devices: device 0 used twice (also in stages[0])"),
     (lambda d: d["stages"][0].update(devices=[]), "stages[0].devices: a stage needs at least one device"),
     (lambda d: d["stages"][0].update(devices="0"), "stages[0].devices: expected a list"),
-    (lambda d: d.update(format_version=2), "format_version: expected 1, got 2"),
-    (lambda d: d.update(schedule="zigzag"), "schedule: unknown 'zigzag'"),
+    (lambda d: d.update(format_version=3), "format_version: expected 1 or 2, got 3"),
+    (lambda d: d.update(format_version=True), "format_version: expected 1 or 2, got True"),
+    (lambda d: d["schedule"].update(kind="zigzag"), "schedule: unknown 'zigzag'"),
+    (lambda d: d.update(schedule="1f1b"), "schedule: expected the record {kind, virtual_stages"),
+    (lambda d: d["schedule"].update(virtual_stages=2), "schedule.virtual_stages: interleaved schedules are not"),
+    (lambda d: d["schedule"].update(stage_ranks=[0, 0, 1]), "schedule.stage_ranks: with one chunk per rank"),
+    (lambda d: d["schedule"].update(stage_ranks=["a"]), "schedule.stage_ranks: expected a list of pipeline ranks"),
+    (lambda d: d["schedule"].update(actions=[["F0.0"], ["B0.0"], []]), "schedule.actions: a per-rank order"),
+    (lambda d: d["schedule"].update(actions=[[1]]), "schedule.actions: expected one list of action names"),
+    (lambda d: d.update(precision="fp8"), "precision: unknown 'fp8'; expected one of fp32, tf32, bf16, fp16"),
+    (lambda d: d["stages"][0].update(strategies=[{"recompute": "some"}] * 20),
+     "stages[0].strategies[0].recompute: unknown 'some'; expected one of none, selective, full"),
+    (lambda d: d["stages"][0].update(strategies=[{"checkpoint": True}] * 20),
+     "stages[0].strategies[0].checkpoint: version 2 says recompute"),
+    (lambda d: d["stages"][0].update(strategies=[{"zero": 1}] * 20),
+     "stages[0].strategies[0].zero: ZeRO-1 shards over the dp replicas, and dp is 1"),
+    (lambda d: d["stages"][0].update(strategies=[{"zero": 3}] * 20),
+     "stages[0].strategies[0].zero: expected one of 0, 1, 2 (ZeRO-3 is the sdp degree)"),
+    (lambda d: d["stages"][0].update(strategies=[{"sequence_parallel": True}] * 20),
+     "stages[0].strategies[0].sequence_parallel: splits over the tp ranks, and tp is 1"),
+    (lambda d: d["stages"][0].update(strategies=[{"cp": 2}] * 20),
+     "stages[0].strategies[0].cp: context parallelism is not modelled or run yet"),
     (lambda d: d.update(grad_sync="sometimes"), "grad_sync: unknown 'sometimes'"),
     (lambda d: d.update(n_micro=7), "n_micro: 7 micro-batches do not divide the global batch 64"),
     (lambda d: d.update(global_batch=0), "global_batch: must be at least 1"),
@@ -115,7 +164,7 @@ def _broken(edit) -> str:
     (lambda d: d["stages"][0].update(strategies=[{"dp": 2}] * 20), "dp*sdp*tp = 2 but the stage has 1 devices"),
     (lambda d: d["stages"][0].update(strategies=[{"dp": 1}] * 3), "stages[0].strategies: 3 strategies for 20 layers"),
     (lambda d: d["stages"][0].update(backward_layers=[0, 10]), "stages[1].backward_layers: missing"),
-    (lambda d: d.update(stages=[], schedule="gpipe"), "stages: schedule 'gpipe' needs at least one stage"),
+    (lambda d: d.update(stages=[], schedule={"kind": "gpipe"}), "stages: schedule 'gpipe' needs at least one stage"),
     (lambda d: d.update(prediction={"iteration_s": 1, "throughput_samples_per_s": 2,
                                     "memory": [{"device": 5, "peak_bytes": 1, "capacity_bytes": 2}]}),
      "prediction.memory[0].device: device 5 is not used"),

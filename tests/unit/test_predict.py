@@ -98,7 +98,7 @@ def test_hybrid_strategies_cost_what_galvatron_says():
     dp = simulate_plan(one_stage(LayerStrategy(dp=8)), cm).prediction
     tp = simulate_plan(one_stage(LayerStrategy(tp=8)), cm).prediction
     sdp = simulate_plan(one_stage(LayerStrategy(sdp=8)), cm).prediction
-    ckpt = simulate_plan(one_stage(LayerStrategy(dp=8, checkpoint=True)), cm).prediction
+    ckpt = simulate_plan(one_stage(LayerStrategy(dp=8, recompute="full")), cm).prediction
     # the compute of 8 samples spread 8 ways is the same; what differs is communication
     assert tp.iteration_s > dp.iteration_s  # activations all-reduced on every layer over PCIe
     assert sdp.iteration_s > dp.iteration_s  # weights gathered for each pass

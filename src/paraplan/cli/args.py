@@ -17,7 +17,7 @@ FLAGS = {"batch": "--batch", "stages": "--stages", "micro_batches": "--micro-bat
          "lr": "--lr", "timeout_s": "--timeout", "clip_norm": "--clip-norm", "optimizer": "--optimizer",
          "checkpoint_every": "--checkpoint-every", "resume": "--resume", "planner": "--planner",
          "module": "--module", "layers": "--layers", "exact_stages": "--exact-stages", "backend": "--backend", "nproc": "--nproc", "max_bytes": "--max-bytes",
-         "seq_len": "--seq-len", "image_size": "--image-size",
+         "seq_len": "--seq-len", "image_size": "--image-size", "precision": "--precision",
          "memory_bytes": "--memory-gib", "batch_sizes": "--batch-sizes"}
 
 # where each kind of name is listed (an unknown name with no close match points here)
@@ -28,6 +28,15 @@ MODEL_HELP = ("a zoo name (paraplan models), hf:TYPE?key=value&... or hf:path/co
               "or path/to/file.py:build_fn returning (model, sample inputs[, sample targets])")
 LAYERS_HELP = "dotted path of the model's list of repeated blocks, where paraplan cannot find it (e.g. model.blocks)"
 JSON_HELP = "print JSON instead of a table"
+
+
+def add_precision(parser: argparse.ArgumentParser) -> None:
+    """--precision: what the plans train in."""
+    from paraplan.precision import PRECISIONS
+
+    parser.add_argument("--precision", default=None, choices=PRECISIONS,
+                        help="fp32, tf32 (TF32 matmuls), bf16 or fp16 (mixed precision: 16-bit compute, fp32 master "
+                             "weights and optimizer states); default: the cluster's default_precision")
 
 
 def add_sizes(parser: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ from paraplan.cli.args import (
     JSON_HELP,
     LAYERS_HELP,
     MODEL_HELP,
+    add_precision,
     add_sizes,
     batch_arg,
     check_output,
@@ -66,6 +67,7 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="for the random baseline (default 0)")
     p.add_argument("--profile", default=None, help="measured profile (paraplan profile) in place of analytic costs")
     add_sizes(p)
+    add_precision(p)
     p.add_argument("--out", default="plan.json", help="write the plan (with its prediction) here")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(func=run)
@@ -92,7 +94,7 @@ def _workload(args, cluster, *, batch, operators: str | None, watch, options=Non
                     memory=None if args.memory_gib is None else gib_bytes(args.memory_gib), seq_len=args.seq_len,
                     image_size=args.image_size, layers=args.layers, operators=operators, stages=args.stages,
                     micro_batches=args.micro_batches, schedule=args.schedule, exact_stages=args.exact_stages,
-                    options=options, watch=watch)
+                    options=options, watch=watch, precision=args.precision)
 
 
 def _options(args, given: dict) -> tuple[object, dict]:
@@ -282,7 +284,7 @@ def run_auto(args, given: dict) -> int:
 
         print(json.dumps(auto_json(result, args.out if best else None, gap, plan_to_dict), indent=2))
     else:
-        _print_comparison(args, result, best, gap, w.built.ref)
+        _print_comparison(args, result, best, gap, w.built.ref, w.costs.precision)
     if best is not None and args.prove:
         proof = prove_best(best, request, err, args)
         if not args.json:
@@ -314,11 +316,11 @@ def _compare(request, err, time_limit: float | None, quiet: bool):
         return compare(request, time_limit_s=time_limit or 60.0, on_row=on_row)
 
 
-def _print_comparison(args, result, best, gap, model_ref: str) -> None:
+def _print_comparison(args, result, best, gap, model_ref: str, precision: str) -> None:
     from paraplan.report.tables import auto_table, console
 
     out = console()
-    out.print(auto_table(result, f"{model_ref} on {args.cluster}, global batch {args.batch}"))
+    out.print(auto_table(result, f"{model_ref} on {args.cluster} in {precision}, global batch {args.batch}"))
     b = result.bound
     out.print(f"lower bound {b.iteration_s * 1e3:.4g} ms: the least forward + backward work "
               f"({b.work_s * 1e3:.4g} device-ms, every layer at its cheapest piece size) spread over "

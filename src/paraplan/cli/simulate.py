@@ -36,7 +36,7 @@ def run(args) -> int:
     from paraplan.report.tables import console
     from paraplan.simulator.predict import simulate_plan
     from paraplan.sizes import gib_bytes
-    from paraplan.workload import workload
+    from paraplan.workload import check_precision, workload
 
     for flag, path, figure in (("--gantt", args.gantt, True), ("--trace", args.trace, False),
                                ("--out", args.out, False)):
@@ -52,8 +52,9 @@ def run(args) -> int:
     # the plan's devices against the cluster before the model is measured (seconds for a large one);
     # its layer count is checked against the model's once it is measured
     check_fits(plan, plan.n_layers, cluster.n_devices, cluster.name)
+    check_precision(cluster, plan.precision)
     w = workload(plan.model, cluster, profile=args.profile, overlap_slowdown=args.overlap_slowdown,
-                 seq_len=args.seq_len, image_size=args.image_size,
+                 seq_len=args.seq_len, image_size=args.image_size, precision=plan.precision,
                  operators="required" if plan.schedule == "dag" else None, watch=BARS)
     with pure_work():
         sim = simulate_plan(plan, w.costs, contention=not args.no_contention)

@@ -76,7 +76,7 @@ def run(args) -> int:
     built, spec = measured_model(model, seq_len=args.seq_len, image_size=args.image_size, watch=BARS)
     world, torchrun = _check_model(args, config, plan, model, built, spec, compare_cluster)
     predicted_memory, breakdowns, graph = _predicted_memory(plan, built, spec, world)
-    cm = cost_model(spec, compare_cluster, profile=args.profile, overheads=overheads,
+    cm = cost_model(spec, compare_cluster, profile=args.profile, overheads=overheads, precision=plan.precision,
                     **({"operators": graph} if graph is not None else {})) if args.compare else None
     if not _launch(args, config, world, out_dir, torchrun):
         return 0  # a torchrun rank other than 0: rank 0 reports
@@ -169,7 +169,8 @@ def _predicted_memory(plan, built, spec, world: int):
         from paraplan.simulator.predict import simulate_plan
 
         graph = operator_graph(built, watch=BARS)
-        predicted_memory = simulate_plan(plan, cost_model(spec, local, operators=graph)).prediction.memory
+        predicted_memory = simulate_plan(plan, cost_model(spec, local, operators=graph,
+                                                                precision=plan.precision)).prediction.memory
         breakdowns = ()
     else:
         predicted_memory, breakdowns = plan_memory(plan, spec, capacities, device_kind=local.device(0).name)

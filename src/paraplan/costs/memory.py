@@ -13,7 +13,10 @@ Per device of a stage:
                   has one forward and one backward per stage per cycle, and a pass moves one stage per
                   half cycle), plus one checkpointed layer's recomputation;
   weight stash  = async 1F1B (PipeDream) keeps n_stages - stage - 1 older weight versions;
-  reserve       = the CUDA context, cuBLAS workspace and NCCL buffers: once per device, 0 on a CPU.
+  reserve       = the CUDA context, cuBLAS workspace and NCCL buffers: once per device, 0 on a CPU;
+  compute copies  mixed precision (bf16 / fp16): autocast's 16-bit copy of every weight the device
+                runs forward (costs/memory_config.py: compute_copy_bytes_per_param); the states stay
+                fp32, and the activations are the model's in its compute dtype (CostModel.precision).
 A tied weight used on a stage that does not hold its owner (GPT-2's head) is a second copy there.
 
 What a real PyTorch run holds beyond those (costs/memory_config.py names the source of each):
@@ -65,6 +68,7 @@ class MemoryBreakdown:
     sdp_buffer_bytes: float = 0.0  # FSDP / ZeRO-3 gathered weights and unsharded gradient
     ddp_bucket_bytes: float = 0.0  # DDP's flat gradient copy
     optimizer_step_bytes: float = 0.0  # Adam's step temporaries (counted at the step, not the forward)
+    compute_copy_bytes: float = 0.0  # mixed precision: autocast's 16-bit copies of the weights run forward here
 
     @property
     def forward_peak_bytes(self) -> float:
@@ -72,7 +76,7 @@ class MemoryBreakdown:
         parameter that does not exist yet while the activations peak (zero_grad sets it to None), and
         the buckets stand in its place; both are alive only once the activations are freed (the step)."""
         return (self.states_bytes + self.activation_bytes + self.allocator_bytes + self.stash_bytes
-                + self.reserve_bytes + self.tp_replicated_bytes + self.sdp_buffer_bytes)
+                + self.reserve_bytes + self.tp_replicated_bytes + self.sdp_buffer_bytes + self.compute_copy_bytes)
 
     @property
     def step_peak_bytes(self) -> float:
@@ -105,7 +109,7 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
     forward_owner = {i: s for s, st in enumerate(plan.stages) for i in st.layers}
     held = set(stage.layers) | set(stage.backward)
     states = stash = activations = recompute = 0.0
-    tp_replicated = ddp_grads = optimizer_params = 0.0
+    tp_replicated = ddp_grads = optimizer_params = compute_copies = 0.0
     gathered = [0.0]  # the unsharded weights of each sdp layer
     in_flight_here = micro_batches_in_flight(plan.schedule, plan.n_stages, stage_index, plan.n_micro)
     ddp = plan.grad_sync == "bucketed"
@@ -138,6 +142,8 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
             states += m.weights_bytes
         if i in stage.layers:
             stash += m.weights_bytes
+            if strategy.sdp == 1:  # FSDP's gathered weights are already 16-bit (sdp_buffer_bytes)
+                compute_copies += params / strategy.tp * config.compute_copy_bytes_per_param
     if role is not None:
         for segment in (role.before, role.after):
             if segment is not None:  # its saved activations, for one micro-batch, while its backward runs
@@ -156,7 +162,8 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
                            allocator_bytes=allocator, tp_replicated_bytes=tp_replicated,
                            sdp_buffer_bytes=sdp_buffer_bytes(gathered, config),
                            ddp_bucket_bytes=ddp_grads * config.grad_bytes_per_param * config.ddp_bucket_fraction,
-                           optimizer_step_bytes=optimizer_params * config.optimizer_step_bytes_per_param)
+                           optimizer_step_bytes=optimizer_params * config.optimizer_step_bytes_per_param,
+                           compute_copy_bytes=compute_copies)
 
 
 def tp_replicated_bytes(model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,
@@ -175,7 +182,9 @@ def sdp_buffer_bytes(gathered: list[float], config: MemoryConfig) -> float:
     """FSDP / ZeRO-3: `sdp_gathered_layers` largest unsharded layers' weights, and one unsharded
     gradient of the largest, from `gathered` (parameters per layer after tp)."""
     largest = sorted(gathered, reverse=True)
-    weights = sum(largest[:config.sdp_gathered_layers]) * config.param_bytes_per_param
+    # gathered in the compute dtype in mixed precision (FSDP2's MixedPrecisionPolicy(param_dtype))
+    weights = sum(largest[:config.sdp_gathered_layers]) * (config.compute_copy_bytes_per_param
+                                                           or config.param_bytes_per_param)
     return weights + largest[0] * config.grad_bytes_per_param
 
 

@@ -52,11 +52,25 @@ class MemoryConfig:
     # Transformer Models", eq. (2): sbh(10 + 24/t + 5as/(ht)), the 10 sbh not divided by t): four
     # tensors the size of the block's output (in fp32), capped at the layer's saved bytes.
     tp_replicated_outputs: float = 4.0
+    # Mixed precision (bf16 / fp16) as paraplan's runtime runs it: fp32 modules under autocast, so
+    # the states stay fp32 (4 + 4 + 8 = 16 bytes per parameter with Adam) and autocast keeps a 16-bit
+    # copy of every weight a forward casts (its cache lives as long as the saved tensors that use
+    # it): 2 bytes per parameter of the layers a device runs forward, filed under parameters.
+    compute_copy_bytes_per_param: float = 0.0
 
     @property
     def activation_scale(self) -> float:
         """What costs/strategy.py multiplies measured saved bytes by: dtype and allocator."""
         return self.activation_dtype_scale * (1.0 + self.allocator_fraction)
+
+    def for_precision(self, precision: str) -> MemoryConfig:
+        """The terms a plan in `precision` adds (precision.py): the 16-bit weight copies of mixed
+        precision; FSDP's gathered weights in the compute dtype (MixedPrecisionPolicy(param_dtype))."""
+        from paraplan.precision import element_bytes, is_mixed
+
+        if not is_mixed(precision):
+            return replace(self, compute_copy_bytes_per_param=0.0)
+        return replace(self, compute_copy_bytes_per_param=float(element_bytes(precision)))
 
     def for_device_kind(self, kind: str | None) -> MemoryConfig:
         """The terms that apply on a device of this kind (DeviceSpec.name): a CPU has no CUDA context

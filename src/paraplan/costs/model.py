@@ -37,10 +37,21 @@ class CostModel:
     # by models/op_trace.py; None where only layers are needed
     operators: OpGraph | None = None
     operator_profile: OperatorProfile | None = None  # measured operator times (else the device model)
+    # what the plans train in (precision.py): the devices' peak in that dtype, activations and what
+    # crosses links at its element size (the model in its compute dtype: `analytic_cost_model`),
+    # the low-precision weight copies in memory (MemoryConfig.for_precision)
+    precision: str = "fp32"
     # device type -> LayerCosts; not an init field, so dataclasses.replace() starts a fresh one
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        from paraplan.precision import element_bytes
+
+        self.cluster.check_precision(self.precision)  # a device without the dtype: one line
+        if self.model.compute_dtype_bytes != element_bytes(self.precision):
+            raise ValueError(f"the model computes in {self.model.compute_dtype_bytes}-byte activations, a {self.precision} "
+                             "cost model needs model.in_compute_dtype(element_bytes(precision))")
+        object.__setattr__(self, "memory", self.memory.for_precision(self.precision))
         # A calibrated cluster carries the runtime's measured overheads: used unless the caller
         # gives its own (train --compare --overheads FILE)
         if self.overheads is NO_OVERHEADS and self.cluster.overheads is not None:
@@ -54,18 +65,26 @@ class CostModel:
     def compute(self, device_id: int) -> LayerCosts:
         spec = self.cluster.device(device_id)
         if spec.name not in self._cache:
-            self._cache[spec.name] = self.compute_costs(spec)
+            self._cache[spec.name] = self.compute_costs(spec.for_precision(self.precision))
         return self._cache[spec.name]
 
 
-def analytic_cost_model(model: ModelSpec, cluster: Cluster, **kwargs) -> CostModel:
+def analytic_cost_model(model: ModelSpec, cluster: Cluster, precision: str = "fp32", **kwargs) -> CostModel:
+    """The device model's compute at the cluster's peak in `precision`, the activations at its element size."""
+    from paraplan.precision import element_bytes
+
+    model = model.in_compute_dtype(element_bytes(precision))
     link = cluster.nodes[0].intra_link  # unused for compute; transfers use cluster.link(a, b)
-    return CostModel(model, cluster, lambda spec: analytic_costs(model, spec, link), **kwargs)
+    return CostModel(model, cluster, lambda spec: analytic_costs(model, spec, link), precision=precision, **kwargs)
 
 
 def profile_cost_model(model: ModelSpec, cluster: Cluster, profile: Profile, **kwargs) -> CostModel:
     """Measured compute times for every device of the cluster (the profile's device stands for
-    all of them); transfers still priced from the cluster's links."""
+    all of them); transfers still priced from the cluster's links. Profiles are measured in fp32
+    (paraplan profile), so they price fp32 plans only."""
+    if kwargs.get("precision", "fp32") != "fp32":
+        raise ParaplanError(f"a layer profile is measured in fp32 and prices fp32 plans; plan in fp32 with it, or in "
+                            f"{kwargs['precision']} without it (analytic compute)")
     identity = model.ref or model.name
     if profile.model != identity:
         raise ParaplanError(f"the profile was measured for {profile.model!r}, not {identity!r}; profile this model "

@@ -117,7 +117,9 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
     recompute = forward  # with tp, the recomputation repeats the forward's all-reduces (§III-A)
     shard = layer.param_bytes / tp
     if sdp > 1:  # ZeRO-3: gather the weights for each pass, scatter the gradients after the backward
-        gather = ring_allgather_s(shard, sdp, data_link)
+        # in mixed precision the weights are gathered in the compute dtype and the gradients reduced
+        # in fp32 (FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32))
+        gather = ring_allgather_s(shard * model.compute_dtype_bytes / model.dtype_bytes, sdp, data_link)
         forward += gather
         comm = gather + ring_reducescatter_s(shard, sdp, data_link)
         backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)

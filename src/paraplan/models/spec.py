@@ -11,7 +11,7 @@ position bias); `per_sample` is the slope.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,9 @@ class Affine:
 
     def at(self, batch: float) -> float:
         return self.fixed + self.per_sample * batch
+
+    def scaled(self, factor: float) -> Affine:
+        return Affine(self.fixed * factor, self.per_sample * factor)
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,23 @@ class ModelSpec:
     dtype_bytes: int = 4
     notes: tuple[str, ...] = field(default_factory=tuple)
     ref: str = ""  # the model reference it was built from (models/ref.py); identifies it for profiles
+    # bytes of one activation element as a plan computes it: dtype_bytes as measured, 2 in mixed
+    # precision (`in_compute_dtype`); parameters keep dtype_bytes (the fp32 master weights)
+    compute_dtype_bytes: int = 4
+
+    def in_compute_dtype(self, element_bytes: int) -> ModelSpec:
+        """The model as a plan computing in `element_bytes`-byte activations sees it: every layer's
+        saved tensors, output and output gradient scaled from the measured dtype (the parameters and
+        the input batch are not: fp32 master weights, token ids). An approximation where a layer
+        keeps some tensors in fp32 under autocast (norm statistics, the loss's log-softmax), which
+        costs/transformer_memory.py counts tensor by tensor."""
+        factor = element_bytes / self.compute_dtype_bytes
+        if factor == 1:
+            return self
+        layers = tuple(replace(layer, saved_bytes=layer.saved_bytes.scaled(factor),
+                               output_bytes=layer.output_bytes.scaled(factor),
+                               output_grad_bytes=layer.output_grad_bytes.scaled(factor)) for layer in self.layers)
+        return replace(self, layers=layers, compute_dtype_bytes=element_bytes)
 
     @property
     def n_layers(self) -> int:

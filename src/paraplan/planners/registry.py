@@ -53,7 +53,9 @@ def simulator_judge(request: PlanRequest) -> Judge:
     """The simulator as a judge of candidate plans under the request's cost model."""
     from paraplan.simulator.predict import simulate_plan
 
-    return lambda plan: simulate_plan(plan, request.costs).prediction
+    # a planner's candidates are in the request's precision (make_plan stamps the result)
+    precision = request.costs.precision
+    return lambda plan: simulate_plan(replace(plan, precision=precision), request.costs).prediction
 
 
 def make_plan(request: PlanRequest, name: str, judge: Judge | None = None, *, predict: bool = True) -> Plan:
@@ -64,7 +66,7 @@ def make_plan(request: PlanRequest, name: str, judge: Judge | None = None, *, pr
         raise FieldError("schedule", f"planner {name!r} plans {', '.join(spec.schedules)}, not {request.schedule}")
     options = validated_options(name, request.options, spec.options)
     judge = judge or simulator_judge(request)
-    plan = spec.fn(request, options, judge)
+    plan = replace(spec.fn(request, options, judge), precision=request.costs.precision)
     if plan.prediction is None and predict:
         plan = replace(plan, prediction=judge(plan))
     return plan

@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from paraplan.errors import ParaplanError
+from paraplan.precision import PRECISIONS, Precision
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # a version-1 file loads unchanged, as fp32 (docs/plan-format.md)
 
 
 class Schedule(StrEnum):
@@ -80,27 +82,56 @@ STRATEGY_DIMS = ("tp", "sdp", "dp")  # the default layout, inner-most first
 DEFAULT_ORDER = ",".join(STRATEGY_DIMS)
 
 
+class Recompute(StrEnum):
+    """What a layer keeps for its backward and what it runs again (Korthikanti et al. 2022)."""
+
+    NONE = "none"  # every saved tensor is kept
+    SELECTIVE = "selective"  # the attention core (QK^T, softmax, its dropout, attention over V) runs again
+    FULL = "full"  # only the layer's input is kept; its forward runs again in the backward (v1: checkpoint)
+
+
+RECOMPUTES = tuple(r.value for r in Recompute)
+ZERO_STAGES = (0, 1, 2)  # over a layer's dp replicas; ZeRO-3 is the sdp degree
+
+
 @dataclass(frozen=True)
 class LayerStrategy:
     """Galvatron-BMW's per-layer choice (§III): data parallel, sharded data parallel (ZeRO-3 /
-    FSDP), tensor parallel degrees, and activation checkpointing."""
+    FSDP), tensor parallel degrees, and activation checkpointing; with today's training's
+    refinements (format version 2): recomputation none / selective / full, the ZeRO stage of the
+    dp replicas, sequence parallelism with TP, and a context-parallel degree.
+
+    State sharding per layer: DP (zero 0: every dp replica holds all the states), ZeRO-1 (zero 1:
+    the optimizer states sharded over the dp replicas), ZeRO-2 (zero 2: the gradients too), ZeRO-3
+    / FSDP (the `sdp` degree: parameters, gradients and optimizer states sharded sdp ways, as in
+    version 1). dp and sdp together are hybrid sharding: sharded sdp ways, replicated dp ways."""
 
     dp: int = 1
     sdp: int = 1
     tp: int = 1
-    checkpoint: bool = False
     # How the group's devices are laid out, inner-most dimension first: the inner-most dimension's
     # groups are consecutive devices (on the fastest links, Galvatron Takeaway #1). The default is
     # the layout plans assumed before the field existed (tp innermost, then sdp, then dp). Kept
     # canonical: dimensions of degree 1 go last in the default order, so equal layouts compare equal.
     order: str = DEFAULT_ORDER
+    recompute: str = Recompute.NONE  # Recompute: none | selective | full
+    zero: int = 0  # the ZeRO stage over the dp replicas: 0, 1 or 2 (ZERO_STAGES)
+    sequence_parallel: bool = False  # with tp > 1: the norms, dropouts and residuals split over the tp ranks
+    cp: int = 1  # context parallel degree (1 until "Today's training II" runs it)
 
     def __post_init__(self):
+        if not isinstance(self.recompute, Recompute) and self.recompute in RECOMPUTES:
+            object.__setattr__(self, "recompute", Recompute(self.recompute))  # an unknown one: validate() names it
         dims = self.order.split(",")
         if sorted(dims) == sorted(STRATEGY_DIMS):  # a malformed order is left for validate() to name
             degree = {"dp": self.dp, "sdp": self.sdp, "tp": self.tp}
             canonical = [d for d in dims if degree[d] > 1] + [d for d in STRATEGY_DIMS if degree[d] <= 1]
             object.__setattr__(self, "order", ",".join(canonical))
+
+    @property
+    def checkpoint(self) -> bool:
+        """Full recomputation (version 1's `checkpoint`, Galvatron's CKPT)."""
+        return self.recompute == Recompute.FULL
 
     @property
     def dims(self) -> tuple[tuple[str, int], ...]:
@@ -109,13 +140,19 @@ class LayerStrategy:
         return tuple((d, degree[d]) for d in self.order.split(",") if degree.get(d, 1) > 1)
 
     def __str__(self) -> str:
-        """'SDP4 x TP2 + CKPT': outer-most dimension first (the last named is on the fastest links)."""
-        text = " x ".join(f"{d.upper()}{k}" for d, k in reversed(self.dims)) or "1 device"
-        return text + (" + CKPT" if self.checkpoint else "")
+        """'SDP4 x TP2 + CKPT': outer-most dimension first (the last named is on the fastest links);
+        ZeRO-1/2 on the dp dimension as 'DP4 (ZeRO-2)', sequence parallelism as 'TP2+SP', selective
+        recomputation as '+ SEL'."""
+        def name(d, k):
+            extra = f" (ZeRO-{self.zero})" if d == "dp" and self.zero else "+SP" if d == "tp" and self.sequence_parallel else ""
+            return f"{d.upper()}{k}{extra}"
+
+        text = " x ".join(name(d, k) for d, k in reversed(self.dims)) or "1 device"
+        return text + {"full": " + CKPT", "selective": " + SEL"}.get(self.recompute, "")
 
     @property
     def degree(self) -> int:
-        return self.dp * self.sdp * self.tp
+        return self.dp * self.sdp * self.tp * self.cp
 
     @property
     def data_degree(self) -> int:
@@ -191,10 +228,19 @@ class Plan:
     prediction: Prediction | None = None
     search: SearchInfo | None = None
     format_version: int = field(default=FORMAT_VERSION)
+    # format version 2 (docs/plan-format.md)
+    precision: Precision = Precision.FP32  # what the plan trains in (precision.py); version 1 files: fp32
+    # The schedule record beside `schedule` (its kind): model chunks per pipeline rank (interleaved
+    # 1F1B: virtual_stages > 1, stage i on rank stage_ranks[i]), and optionally every rank's order of
+    # actions. Today's gpipe / 1f1b / async-1f1b: 1 chunk, stage i on rank i, the kind's own order.
+    virtual_stages: int = 1
+    stage_ranks: tuple[int, ...] = ()  # () = stage i on pipeline rank i
+    actions: tuple[tuple[str, ...], ...] = ()  # per pipeline rank: "F<micro>.<stage>" / "B<micro>.<stage>"
 
     def __post_init__(self):
         # plain strings become the typed choices; an unknown one is left for validate() to name
-        for name, kind in (("schedule", Schedule), ("grad_sync", GradSync), ("split_layers", SplitLayers)):
+        for name, kind in (("schedule", Schedule), ("grad_sync", GradSync), ("split_layers", SplitLayers),
+                           ("precision", Precision)):
             value = getattr(self, name)
             if not isinstance(value, kind) and value in tuple(kind):
                 object.__setattr__(self, name, kind(value))
@@ -235,8 +281,10 @@ def _check_ranges(ranges: list[LayerRange], n_layers: int, name: str, allow_empt
 
 def validate(plan: Plan) -> Plan:
     """Check the plan on its own terms; return it unchanged or raise PlanError naming the field."""
-    if plan.format_version != FORMAT_VERSION:
-        raise PlanError(f"format_version: expected {FORMAT_VERSION}, got {plan.format_version}")
+    if plan.format_version not in READABLE_VERSIONS:
+        raise PlanError(f"format_version: expected {' or '.join(map(str, READABLE_VERSIONS))}, got {plan.format_version}")
+    if plan.precision not in PRECISIONS:
+        raise PlanError(f"precision: unknown {plan.precision!r}; expected one of {', '.join(PRECISIONS)}")
     for name in ("n_layers", "global_batch", "n_micro"):
         if getattr(plan, name) < 1:
             raise PlanError(f"{name}: must be at least 1, got {getattr(plan, name)}")
@@ -254,6 +302,7 @@ def validate(plan: Plan) -> Plan:
         raise PlanError(f"stages: schedule '{plan.schedule}' needs at least one stage")
     if plan.stages:
         _validate_stages(plan)
+    _validate_schedule_record(plan)
     if plan.prediction is not None:
         used = set(plan.devices)
         for i, m in enumerate(plan.prediction.memory):
@@ -305,12 +354,35 @@ def _validate_stages(plan: Plan) -> None:
             if sorted(s.order.split(",")) != sorted(STRATEGY_DIMS):
                 raise PlanError(f"{where}.order: expected the dimensions tp, sdp, dp in some order "
                                 f"(inner-most first, comma-separated), got {s.order!r}")
-            if min(s.dp, s.sdp, s.tp) < 1:
-                raise PlanError(f"{where}: degrees must be at least 1, got dp={s.dp} sdp={s.sdp} tp={s.tp}")
+            if min(s.dp, s.sdp, s.tp, s.cp) < 1:
+                raise PlanError(f"{where}: degrees must be at least 1, got dp={s.dp} sdp={s.sdp} tp={s.tp} cp={s.cp}")
+            if s.cp != 1:
+                raise PlanError(f"{where}.cp: context parallelism is not modelled or run yet (cp must be 1, got {s.cp})")
+            if s.recompute not in RECOMPUTES:
+                raise PlanError(f"{where}.recompute: unknown {s.recompute!r}; expected one of {', '.join(RECOMPUTES)}")
+            if s.zero not in ZERO_STAGES:
+                raise PlanError(f"{where}.zero: expected one of 0, 1, 2 (ZeRO-3 is the sdp degree), got {s.zero!r}")
+            if s.zero and s.dp < 2:
+                raise PlanError(f"{where}.zero: ZeRO-{s.zero} shards over the dp replicas, and dp is {s.dp}")
+            if s.sequence_parallel and s.tp < 2:
+                raise PlanError(f"{where}.sequence_parallel: splits over the tp ranks, and tp is {s.tp}")
             if s.degree != len(stage.devices):
                 raise PlanError(f"{where}: dp*sdp*tp = {s.degree} but the stage has {len(stage.devices)} devices")
             if micro % s.data_degree:
                 raise PlanError(f"{where}: a micro-batch of {micro} samples does not split {s.data_degree} ways")
+
+
+def _validate_schedule_record(plan: Plan) -> None:
+    """The schedule record (format version 2): chunks per rank, stage -> rank, per-rank actions."""
+    if plan.virtual_stages != 1:
+        raise PlanError(f"schedule.virtual_stages: interleaved schedules are not modelled or run yet (1, got "
+                        f"{plan.virtual_stages})")
+    if plan.stage_ranks and tuple(plan.stage_ranks) != tuple(range(plan.n_stages)):
+        raise PlanError(f"schedule.stage_ranks: with one chunk per rank stage i runs on rank i "
+                        f"({list(range(plan.n_stages))}), got {list(plan.stage_ranks)}")
+    if plan.actions:
+        raise PlanError("schedule.actions: a per-rank order of actions is not run yet; leave it out and the "
+                        f"schedule's own order ({plan.schedule}) is used")
 
 
 def _validate_operators(plan: Plan) -> None:
@@ -328,6 +400,36 @@ def _validate_operators(plan: Plan) -> None:
             if op in seen_ops:
                 raise PlanError(f"operators[{i}].ops: operator {op!r} also placed by operators[{seen_ops[op]}]")
             seen_ops[op] = i
+
+
+# version 2's strategies beyond version 1's, each with the field that uses it first (the simulator
+# and the runtime refuse, in one line, what they do not model or run yet: `refuse_features`)
+FEATURES = ("precision", "zero", "sequence_parallel", "selective")
+
+
+def features_used(plan: Plan) -> dict[str, str]:
+    """Which of FEATURES the plan uses, each with where (a field path and its value)."""
+    found: dict[str, str] = {}
+    if plan.precision != Precision.FP32:
+        found["precision"] = f"precision: {plan.precision}"
+    for i, stage in enumerate(plan.stages):
+        for j, x in enumerate(stage.strategies):
+            where = f"stages[{i}].strategies[{j}]"
+            if x.zero:
+                found.setdefault("zero", f"{where}.zero: {x.zero}")
+            if x.sequence_parallel:
+                found.setdefault("sequence_parallel", f"{where}.sequence_parallel: true")
+            if x.recompute == Recompute.SELECTIVE:
+                found.setdefault("selective", f"{where}.recompute: selective")
+    return found
+
+
+def refuse_features(plan: Plan, supported: frozenset[str] | set[str], what: str) -> None:
+    """PlanError naming the first feature the plan uses that `what` (e.g. "the simulator") does not
+    support yet."""
+    for feature, where in features_used(plan).items():
+        if feature not in supported:
+            raise PlanError(f"{where}: {what} does not support this yet (issue 29, Today's training I)")
 
 
 def check_fits(plan: Plan, n_layers: int, n_devices: int, cluster_name: str = "the cluster") -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from paraplan.plans.plan import (
     DEFAULT_ORDER,
     FORMAT_VERSION,
+    READABLE_VERSIONS,
     DeviceMemory,
     LayerRange,
     LayerStrategy,
@@ -24,9 +25,12 @@ from paraplan.system.fileio import atomic_write_text, read_text
 
 
 def _strategy_to_dict(x: LayerStrategy) -> dict:
-    out = {"dp": x.dp, "sdp": x.sdp, "tp": x.tp, "checkpoint": x.checkpoint}
+    out = {"dp": x.dp, "sdp": x.sdp, "tp": x.tp, "recompute": str(x.recompute)}
     if x.order != LayerStrategy(dp=x.dp, sdp=x.sdp, tp=x.tp).order:  # optional: the default layout is left out
         out["order"] = x.order
+    # optional, left out at their defaults: the ZeRO stage of the dp replicas, sequence parallelism, cp
+    out.update({k: v for k, v in (("zero", x.zero), ("sequence_parallel", x.sequence_parallel), ("cp", x.cp))
+                if v != getattr(LayerStrategy, k)})
     return out
 
 
@@ -41,7 +45,10 @@ def plan_to_dict(plan: Plan) -> dict:
         "n_layers": plan.n_layers,
         "global_batch": plan.global_batch,
         "n_micro": plan.n_micro,
-        "schedule": plan.schedule,
+        "precision": str(plan.precision),
+        "schedule": {"kind": str(plan.schedule), "virtual_stages": plan.virtual_stages,
+                     **({"stage_ranks": list(plan.stage_ranks)} if plan.stage_ranks else {}),
+                     **({"actions": [list(a) for a in plan.actions]} if plan.actions else {})},
         "grad_sync": plan.grad_sync,
         "stages": [
             {
@@ -129,8 +136,8 @@ def plan_from_dict(data: object, origin: str = "plan") -> Plan:
     r = _Reader(origin)
     d = r.table(data, "top level")
     version = d.get("format_version")
-    if version != FORMAT_VERSION:
-        r.fail("format_version", f"expected {FORMAT_VERSION}, got {version!r}")
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
+        r.fail("format_version", f"expected {' or '.join(map(str, READABLE_VERSIONS))}, got {version!r}")
     stages = []
     for i, s in enumerate(r.get(d, "stages", "", list, [])):
         w = f"stages[{i}]."
@@ -139,10 +146,7 @@ def plan_from_dict(data: object, origin: str = "plan") -> Plan:
         for j, x in enumerate(r.get(s, "strategies", w, list, [])):
             wx = f"{w}strategies[{j}]."
             x = r.table(x, wx[:-1])
-            strategies.append(LayerStrategy(dp=r.get(x, "dp", wx, int, 1), sdp=r.get(x, "sdp", wx, int, 1),
-                                            tp=r.get(x, "tp", wx, int, 1),
-                                            checkpoint=r.get(x, "checkpoint", wx, bool, False),
-                                            order=r.get(x, "order", wx, str, DEFAULT_ORDER)))
+            strategies.append(_strategy(r, x, wx, version))
         backward = s.get("backward_layers")
         stages.append(Stage(
             layers=r.layer_range(r.get(s, "layers", w, list), f"{w}layers"),
@@ -181,18 +185,53 @@ def plan_from_dict(data: object, origin: str = "plan") -> Plan:
                 r.fail(f"search.options.{k}", f"expected a string, number or boolean, got {v!r}")
         search = SearchInfo(planner=r.get(s, "planner", "search.", str), search_s=r.get(s, "search_s", "search.", float),
                             options=tuple(sorted(options.items())), note=r.get(s, "note", "search.", str, ""))
+    model, cluster = r.get(d, "model", "", str), r.get(d, "cluster", "", str)
+    n_layers, global_batch, n_micro = (r.get(d, key, "", int) for key in ("n_layers", "global_batch", "n_micro"))
+    schedule = _schedule(r, d, version)
     plan = Plan(
-        model=r.get(d, "model", "", str), cluster=r.get(d, "cluster", "", str),
-        n_layers=r.get(d, "n_layers", "", int), global_batch=r.get(d, "global_batch", "", int),
-        n_micro=r.get(d, "n_micro", "", int), schedule=r.get(d, "schedule", "", str),
+        model=model, cluster=cluster, n_layers=n_layers, global_batch=global_batch, n_micro=n_micro,
+        schedule=schedule["kind"],
         grad_sync=r.get(d, "grad_sync", "", str, "after-backward"), stages=tuple(stages),
         split_layers=r.get(d, "split_layers", "", str, "recompute"),
-        operators=tuple(operators), prediction=prediction, search=search, format_version=version,
+        operators=tuple(operators), prediction=prediction, search=search, format_version=FORMAT_VERSION,
+        precision=r.get(d, "precision", "", str, "fp32") if version >= 2 else "fp32",
+        virtual_stages=schedule["virtual_stages"], stage_ranks=schedule["stage_ranks"], actions=schedule["actions"],
     )
     try:
         return validate(plan)
     except PlanError as exc:
         raise PlanError(f"{origin}: {exc}") from None
+
+
+def _strategy(r: _Reader, x: dict, wx: str, version: int) -> LayerStrategy:
+    """One layer's strategy; version 1 says `checkpoint` (true: full recomputation), version 2
+    `recompute` (none | selective | full) and adds zero, sequence_parallel and cp."""
+    common = dict(dp=r.get(x, "dp", wx, int, 1), sdp=r.get(x, "sdp", wx, int, 1), tp=r.get(x, "tp", wx, int, 1),
+                  order=r.get(x, "order", wx, str, DEFAULT_ORDER))
+    if version == 1:
+        return LayerStrategy(**common, recompute="full" if r.get(x, "checkpoint", wx, bool, False) else "none")
+    if "checkpoint" in x:
+        r.fail(f"{wx}checkpoint", "version 2 says recompute (none | selective | full) instead")
+    return LayerStrategy(**common, recompute=r.get(x, "recompute", wx, str, "none"), zero=r.get(x, "zero", wx, int, 0),
+                         sequence_parallel=r.get(x, "sequence_parallel", wx, bool, False), cp=r.get(x, "cp", wx, int, 1))
+
+
+def _schedule(r: _Reader, d: dict, version: int) -> dict:
+    """Version 1: `schedule` is the kind. Version 2: the record {kind, virtual_stages, stage_ranks,
+    actions}."""
+    if version == 1 or isinstance(d.get("schedule"), str):
+        if version >= 2:
+            r.fail("schedule", "expected the record {kind, virtual_stages, stage_ranks, actions} of version 2")
+        return {"kind": r.get(d, "schedule", "", str), "virtual_stages": 1, "stage_ranks": (), "actions": ()}
+    rec = r.table(r.get(d, "schedule", "", dict), "schedule")
+    ranks = r.get(rec, "stage_ranks", "schedule.", list, [])
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in ranks):
+        r.fail("schedule.stage_ranks", f"expected a list of pipeline ranks, got {ranks!r}")
+    actions = r.get(rec, "actions", "schedule.", list, [])
+    if not all(isinstance(a, list) and all(isinstance(v, str) for v in a) for a in actions):
+        r.fail("schedule.actions", "expected one list of action names per pipeline rank")
+    return {"kind": r.get(rec, "kind", "schedule.", str), "virtual_stages": r.get(rec, "virtual_stages", "schedule.", int, 1),
+            "stage_ranks": tuple(ranks), "actions": tuple(tuple(a) for a in actions)}
 
 
 def plan_to_json(plan: Plan) -> str:

@@ -48,7 +48,7 @@ def render(result, cm) -> str:
     model, cluster, batch = _identity(result, cm)
     sims = _Simulations(cm)
     parts = [f"<h1>{_e(model)} on {_e(cluster)}, global batch {_e(batch)}</h1>",
-             f'<p class="meta">{_e(_cluster_line(cm))} · {len(result.rows)} planners compared in '
+             f'<p class="meta">{_e(_cluster_line(cm))} · in {_e(cm.precision)} · {len(result.rows)} planners compared in '
              f"{result.wall_s:.1f} s · {_e(cm.source)} costs</p>",
              f'<div class="verdict {"" if best else "none"}">{_verdict(result, best, second)}</div>',
              "<h2>Every planner</h2>", _table(result)]

@@ -85,7 +85,7 @@ def layers_table(spec: ModelSpec, costs: LayerCosts, batch: int, device_name: st
 def simulation_table(sim, cluster: Cluster) -> Table:
     pred, plan = sim.prediction, sim.plan
     verdict = "fits in memory" if pred.feasible else f"[bold red]{pred.reason}[/]"
-    table = Table(title=f"{plan.model} on {cluster.name}: {plan.schedule}, {plan.n_stages} stages, {plan.n_micro} "
+    table = Table(title=f"{plan.model} on {cluster.name} in {plan.precision}: {plan.schedule}, {plan.n_stages} stages, {plan.n_micro} "
                         f"micro-batches of {plan.micro_batch_size:g}, grad sync {plan.grad_sync}\n"
                         f"iteration {human_seconds(pred.iteration_s)}, {pred.throughput_samples_per_s:.4g} samples/s, "
                         f"bubble {sim.bubble_fraction:.1%}; {verdict}")

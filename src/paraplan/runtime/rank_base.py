@@ -22,6 +22,9 @@ from paraplan.errors import FieldError
 from paraplan.plans.plan import Plan
 from paraplan.runtime.data import TOKEN_DTYPES
 
+# the version-2 plan features (plans/plan.py: FEATURES) the runtime runs so far
+RUNS: frozenset[str] = frozenset()
+
 
 class Optimizer(StrEnum):
     ADAM = "adam"
@@ -57,6 +60,12 @@ class TrainConfig:
     step_hook: Callable[[int, int], None] | None = None
 
     def __post_init__(self):
+        from paraplan.plans.plan import PlanError, refuse_features
+
+        try:
+            refuse_features(self.plan, RUNS, "the runtime")
+        except PlanError as exc:
+            raise FieldError("plan", str(exc)) from None
         for name in ("steps", "lr", "timeout_s"):
             if not getattr(self, name) > 0:
                 raise FieldError(name, f"must be positive, got {getattr(self, name)}")

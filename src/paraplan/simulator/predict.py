@@ -9,7 +9,7 @@ import numpy as np
 from paraplan.costs.memory import MemoryBreakdown, out_of_memory_reason, plan_memory
 from paraplan.costs.model import CostModel
 from paraplan.models.op_split import split_as_named
-from paraplan.plans.plan import DeviceMemory, Plan, PlanError, Prediction
+from paraplan.plans.plan import DeviceMemory, Plan, PlanError, Prediction, refuse_features
 from paraplan.simulator import pipeline
 from paraplan.simulator.dag import DagRun, run_dag_plan
 from paraplan.simulator.engine import Timeline
@@ -37,9 +37,16 @@ class Simulation:
         return self.plan.prediction
 
 
+# the version-2 plan features (plans/plan.py: FEATURES) the simulator models so far
+MODELLED: frozenset[str] = frozenset({"precision"})
+
+
 def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulation:
     """`contention` (operator-placement plans only): transfers wait for busy ports; without it the
     makespan is the schedule's own critical-path length (FD-DPS eq. (10))."""
+    refuse_features(plan, MODELLED, "the simulator")
+    if plan.precision != cm.precision:
+        raise PlanError(f"precision: the plan trains in {plan.precision} but the cost model prices {cm.precision}")
     if plan.schedule == "dag":
         return _simulate_dag_plan(plan, cm, contention)
     work = plan_work(plan, cm)

@@ -67,7 +67,7 @@ def group_strategies(group_size: int, prune: bool = True, checkpoint: bool = Tru
                 trees.append(LayerStrategy(dp=degree.get("dp", 1), sdp=degree.get("sdp", 1),
                                            tp=degree.get("tp", 1), order=order))
     flags = (False, True) if checkpoint else (False,)
-    return tuple(LayerStrategy(dp=t.dp, sdp=t.sdp, tp=t.tp, checkpoint=c, order=t.order) for c in flags for t in trees)
+    return tuple(LayerStrategy(dp=t.dp, sdp=t.sdp, tp=t.tp, recompute="full" if c else "none", order=t.order) for c in flags for t in trees)
 
 
 def pp_degrees(n_devices: int, n_layers: int | None = None) -> tuple[int, ...]:

@@ -2,7 +2,8 @@
 
 Per device of a stage:
   model states  = the states of every layer whose backward (and update) the stage runs, sharded by
-                  tp x sdp (costs/strategy.py: fp32 Adam, 16 bytes per parameter by default);
+                  tp x sdp (costs/strategy.py: fp32 Adam, 16 bytes per parameter by default), with
+                  ZeRO-1/2 the optimizer states / and gradients sharded over the dp replicas too;
                   Bi-Partition: a layer whose forward runs here but whose backward runs elsewhere
                   costs only a copy of its latest weights (the paper's "partial copy");
   activations   = for each layer whose backward runs here, its saved tensors (costs/strategy.py) times
@@ -127,7 +128,8 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
         params = param_count(model, i, tied_copy)
         if i in stage.backward:
             states += m.states_bytes
-            optimizer_params += params / (strategy.tp * strategy.sdp)
+            # ZeRO-1/2: each dp replica steps 1/dp of the optimizer states
+            optimizer_params += params / (strategy.tp * strategy.sdp * (strategy.dp if strategy.zero else 1))
             in_flight = micro_batches_in_flight(plan.schedule, plan.n_stages, stage_index, plan.n_micro,
                                                 forward_owner[i])
             if i not in recomputed:
@@ -136,7 +138,7 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
             tp_replicated += in_flight * tp_replicated_bytes(model, i, strategy, micro, config)
             if strategy.sdp > 1:
                 gathered.append(params / strategy.tp)
-            if ddp and strategy.dp > 1:
+            if ddp and strategy.dp > 1 and strategy.zero < 2:  # ZeRO-2 reduce-scatters, no full buckets
                 ddp_grads += params / (strategy.tp * strategy.sdp)
         else:  # Bi-Partition: forward only here; the backward owner updates and sends the weights back
             states += m.weights_bytes

@@ -14,9 +14,14 @@ Time (Galvatron-BMW §V, on one device of the group, at the stage's micro-batch 
                reduce-scatter of its gradients after the backward, over the data group;
   checkpoint   the forward runs again inside the backward;
   dp           the gradient all-reduce is not in the layer's time: it is the stage's sync, issued
-               by the schedule (`grad_allreduce_bytes`).
+               by the schedule (`grad_allreduce_bytes`); ZeRO-1/2 replace it by a reduce-scatter of
+               the gradients and an all-gather of the updated parameters, the same volume on a ring
+               (ZeRO §7.2.1: "the same communication volume as baseline data parallelism"), so the
+               same time here.
 Memory per device:
   states       params x state_bytes_per_param / (tp x sdp)  (fp32 Adam: 16 bytes per parameter);
+               ZeRO-1 / ZeRO-2 over the dp replicas keep 1/dp of the optimizer states / and of the
+               gradients (`state_bytes_per_param`);
   weights      params x param_bytes_per_param / (tp x sdp)  (a weight copy: stash, or Bi-Partition's
                forward-only owner, which keeps only the latest weights);
   saved        what one micro-batch in flight keeps for the backward: the layer's saved tensors at the
@@ -71,6 +76,18 @@ def param_count(model: ModelSpec, index: int, tied_copy: bool) -> float:
     return (layer.param_bytes + extra) / model.dtype_bytes
 
 
+def state_bytes_per_param(strategy: LayerStrategy, config: MemoryConfig) -> float:
+    """Model-state bytes per parameter on one device of the group, before the tp x sdp split:
+    ZeRO §3.1 over the layer's dp replicas (Rajbhandari et al. 2020): ZeRO-1 keeps 1/dp of the
+    optimizer states, ZeRO-2 1/dp of the gradients too (the parameters stay whole: ZeRO-3 is sdp).
+    Optimizer states = state_bytes_per_param - param_bytes_per_param - grad_bytes_per_param (8 for
+    Adam's momentum and variance; fp32 master weights are the parameters here, costs/memory_config.py)."""
+    param, grad = config.param_bytes_per_param, config.grad_bytes_per_param
+    optimizer = config.state_bytes_per_param - param - grad
+    dp = strategy.dp
+    return param + (grad / dp if strategy.zero >= 2 else grad) + (optimizer / dp if strategy.zero >= 1 else optimizer)
+
+
 def layer_memory(model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,
                  config: MemoryConfig, tied_copy: bool = False) -> LayerMemory:
     """Memory of layer `index` on one device of its group; `micro_batch` is the batch entering the group."""
@@ -78,12 +95,13 @@ def layer_memory(model: ModelSpec, index: int, strategy: LayerStrategy, micro_ba
     params = param_count(model, index, tied_copy)
     shards = strategy.tp * strategy.sdp
     local = micro_batch / strategy.data_degree
+    states = params * state_bytes_per_param(strategy, config) / shards
     saved = layer.saved_bytes.at(local) * config.activation_scale / strategy.tp
     recompute = 0.0
     if strategy.checkpoint:
         previous = model.layers[index - 1].output_bytes if index > 0 else model.input_bytes
         saved, recompute = previous.at(local) * config.activation_scale / strategy.tp, saved
-    return LayerMemory(states_bytes=params * config.state_bytes_per_param / shards,
+    return LayerMemory(states_bytes=states,
                        weights_bytes=params * config.param_bytes_per_param / shards,
                        saved_bytes=saved, recompute_bytes=recompute)
 

@@ -18,7 +18,7 @@ part of its gradient, over the stage group's slowest link (costs/strategy.py `sl
 
 from __future__ import annotations
 
-from paraplan.costs.collectives import ring_allreduce_s
+from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
 from paraplan.costs.model import CostModel
 from paraplan.costs.strategy import layer_time, slice_gather_s, strategy_groups, strategy_links
 from paraplan.plans.plan import Plan, PlanError, Stage, check_fits
@@ -189,7 +189,8 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
                     f, b = slice_gather_s(cm.model, i, before, st, micro, group_link)
                     fwd += f
                     bwd += b
-            per_layer.append((t.grad_allreduce_bytes, t.backward_s, st.dp, strategy_groups(st, stage.devices)["dp"]))
+            per_layer.append((t.grad_allreduce_bytes, t.backward_s, st.dp, strategy_groups(st, stage.devices)["dp"],
+                              st.zero))
         send_f = send_b = 0.0
         if s + 1 < plan.n_stages:
             nxt = plan.stages[s + 1].devices[0]
@@ -208,15 +209,36 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
                              backward_layers=(stage.backward.start, stage.backward.stop)))
 
         def allreduce(a: int, b: int, per_layer=per_layer) -> float:
-            """dp all-reduce of layers a..b-1: one ring per distinct dp group."""
-            groups: dict[tuple[int, ...], float] = {}
-            for nbytes, _, dp, group in per_layer[a:b]:
+            """dp all-reduce of layers a..b-1: one ring per distinct dp group; ZeRO-1/2 layers
+            reduce-scatter instead (their all-gather follows the optimizer step: `zero_gather_s`)."""
+            groups: dict[tuple[tuple[int, ...], bool], float] = {}
+            for nbytes, _, dp, group, zero in per_layer[a:b]:
                 if dp > 1:
-                    groups[group] = groups.get(group, 0.0) + nbytes
-            return sum(ring_allreduce_s(nbytes, len(g), cm.cluster.slowest_link(g)) for g, nbytes in groups.items())
+                    groups[group, zero > 0] = groups.get((group, zero > 0), 0.0) + nbytes
+            return sum((ring_reducescatter_s if zero else ring_allreduce_s)(nbytes, len(g), cm.cluster.slowest_link(g))
+                       for (g, zero), nbytes in groups.items())
 
         sync.append(StageSync(devices=stage.devices, buckets=_buckets(
             plan.grad_sync, [x[0] for x in per_layer], [x[1] for x in per_layer], allreduce)))
     return PipelineWork(schedule=plan.schedule, n_micro=plan.n_micro, replicas=(tuple(row),), grad_sync=plan.grad_sync,
                         sync=tuple(sync) if plan.grad_sync != "none" else (), n_devices=cm.cluster.n_devices,
                         rendezvous=cm.overheads.rendezvous)
+
+
+def zero_gather_s(plan: Plan, cm: CostModel) -> float:
+    """ZeRO-1/2 (ZeRO §5.1-5.2): after the optimizer step each dp replica has updated its 1/dp of
+    the parameters, and an all-gather over the dp group gives every replica all of them; the
+    slowest stage's gather, after the schedule (the reduce-scatter that replaced the all-reduce is
+    in the schedule's sync). 0 without ZeRO-1/2."""
+    worst = 0.0
+    for stage in plan.stages:
+        if not stage.strategies:
+            continue
+        groups: dict[tuple[int, ...], float] = {}
+        for i in stage.layers:
+            st = stage.strategy(i)
+            if st.zero and st.dp > 1:
+                group = strategy_groups(st, stage.devices)["dp"]
+                groups[group] = groups.get(group, 0.0) + cm.model.layers[i].param_bytes / (st.tp * st.sdp)
+        worst = max(worst, sum(ring_allgather_s(nbytes, len(g), cm.cluster.slowest_link(g)) for g, nbytes in groups.items()))
+    return worst

@@ -13,7 +13,7 @@ from paraplan.plans.plan import DeviceMemory, Plan, PlanError, Prediction, refus
 from paraplan.simulator import pipeline
 from paraplan.simulator.dag import DagRun, run_dag_plan
 from paraplan.simulator.engine import Timeline
-from paraplan.simulator.plan_work import plan_work
+from paraplan.simulator.plan_work import plan_work, zero_gather_s
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Simulation:
 
 
 # the version-2 plan features (plans/plan.py: FEATURES) the simulator models so far
-MODELLED: frozenset[str] = frozenset({"precision"})
+MODELLED: frozenset[str] = frozenset({"precision", "zero"})
 
 
 def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulation:
@@ -56,7 +56,7 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulat
     # the optimizer's step after the schedule, on the device holding the most model states
     # (a measured rate: paraplan calibrate; 0 on uncalibrated clusters, as the papers' models)
     optimizer_s = cm.overheads.optimizer_s_per_byte * max((b.states_bytes for b in breakdown), default=0.0)
-    iteration = result.iteration_s + cm.overheads.step_s + optimizer_s
+    iteration = result.iteration_s + cm.overheads.step_s + optimizer_s + zero_gather_s(plan, cm)
     # a stage group that computes together (Galvatron strategies) is drawn on its first device;
     # all of its devices are equally busy
     busy = result.timeline.compute_busy()

@@ -1,0 +1,73 @@
+"""ZeRO-1 and ZeRO-2 over a layer's data-parallel replicas (issue 29, item 3) in the memory model
+and the simulator, against the ZeRO paper's own accounting (Rajbhandari et al. 2020, §3.1, §5,
+§7.2.1), written from the paper: per parameter and replica, with Adam, parameters P, gradients G
+and optimizer states K bytes, N_d replicas:
+    DP      P + G + K;  ZeRO-1  P + G + K/N_d;  ZeRO-2  P + (G + K)/N_d;  ZeRO-3  (P + G + K)/N_d.
+paraplan's runtime keeps fp32 parameters (the master weights) and fp32 gradients: P = G = 4, K = 8
+(momentum and variance). The communication: ZeRO-1/2 reduce-scatter the gradients and all-gather
+the parameters, "the same communication volume as baseline data parallelism" (§7.2.1).
+"""
+
+from dataclasses import replace
+
+import pytest
+
+from paraplan.hardware import load_cluster
+from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
+from paraplan.simulator.predict import simulate_plan
+from paraplan.workload import cost_model, measured_model
+
+P, G, K = 4.0, 4.0, 8.0
+N_D = 8
+
+
+@pytest.fixture(scope="module")
+def setup():
+    spec = measured_model("gpt2-tiny")[1]
+    return spec, cost_model(spec, load_cluster("dgx-a100-80gb"), precision="fp32")
+
+
+def _plan(spec, strategy: LayerStrategy, grad_sync="after-backward") -> Plan:
+    return Plan(model="gpt2-tiny", cluster="dgx-a100-80gb", n_layers=spec.n_layers, global_batch=64, n_micro=1,
+                schedule="1f1b", grad_sync=grad_sync,
+                stages=(Stage(LayerRange(0, spec.n_layers), tuple(range(N_D)),
+                              strategies=(strategy,) * spec.n_layers),))
+
+
+@pytest.mark.parametrize("strategy, per_param", [
+    (LayerStrategy(dp=N_D), P + G + K),
+    (LayerStrategy(dp=N_D, zero=1), P + G + K / N_D),
+    (LayerStrategy(dp=N_D, zero=2), P + (G + K) / N_D),
+    (LayerStrategy(sdp=N_D), (P + G + K) / N_D),
+])
+def test_states_per_replica_are_the_papers(setup, strategy, per_param):
+    spec, cm = setup
+    psi = sum(layer.param_bytes for layer in spec.layers) / spec.dtype_bytes
+    memory = simulate_plan(_plan(spec, strategy), cm).memory[0]
+    assert memory.states_bytes == pytest.approx(psi * per_param, rel=1e-12)
+
+
+def test_zero_2_has_no_full_gradient_buckets(setup):
+    spec, cm = setup
+    dp, zero1, zero2 = (simulate_plan(_plan(spec, LayerStrategy(dp=N_D, zero=z), "bucketed"), cm).memory[0]
+                        for z in (0, 1, 2))
+    assert dp.ddp_bucket_bytes == zero1.ddp_bucket_bytes > 0 and zero2.ddp_bucket_bytes == 0
+
+
+def test_zero_moves_the_same_bytes_as_data_parallelism(setup):
+    """Reduce-scatter + all-gather = all-reduce on a ring: with the sync after the backward (nothing
+    to overlap) and no measured optimizer cost, ZeRO-1 and ZeRO-2 take the time of plain DP."""
+    spec, cm = setup
+    times = [simulate_plan(_plan(spec, LayerStrategy(dp=N_D, zero=z)), cm).prediction.iteration_s for z in (0, 1, 2)]
+    assert times[1] == pytest.approx(times[0], rel=1e-12) and times[2] == pytest.approx(times[0], rel=1e-12)
+    single = simulate_plan(replace(_plan(spec, LayerStrategy(dp=N_D)), grad_sync="none"), cm).prediction.iteration_s
+    assert times[0] > single  # the sync is priced at all
+
+
+def test_zero_needs_data_parallel_replicas():
+    from paraplan.plans.plan import PlanError, validate
+
+    spec_plan = Plan(model="m", cluster="c", n_layers=1, global_batch=4, n_micro=1, schedule="1f1b",
+                     stages=(Stage(LayerRange(0, 1), (0, 1), strategies=(LayerStrategy(tp=2, zero=1),)),))
+    with pytest.raises(PlanError, match="ZeRO-1 shards over the dp replicas, and dp is 1"):
+        validate(spec_plan)

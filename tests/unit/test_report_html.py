@@ -29,7 +29,9 @@ class Page(HTMLParser):
         super().__init__()
         self.imgs: list[str] = []
         self.urls: list[str] = []
-        self.rows: list[dict] = []  # tbody rows: class and cell texts
+        self.rows: list[dict] = []  # the comparison table's rows (the first tbody): class and cell texts
+        self.peak_rows: list[dict] = []  # the chosen plan's memory at each peak, by category (a later tbody)
+        self._tbodies = 0
         self.verdict = ""
         self._in_tbody = self._in_verdict = 0
         self._cell: list[str] | None = None
@@ -47,8 +49,9 @@ class Page(HTMLParser):
             self.scripts += 1
         elif tag == "tbody":
             self._in_tbody = 1
+            self._tbodies += 1
         elif tag == "tr" and self._in_tbody:
-            self.rows.append({"class": a.get("class", ""), "cells": []})
+            (self.rows if self._tbodies == 1 else self.peak_rows).append({"class": a.get("class", ""), "cells": []})
         elif tag == "td" and self._in_tbody:
             self._cell = []
         elif tag == "div" and "verdict" in a.get("class", ""):
@@ -60,7 +63,7 @@ class Page(HTMLParser):
         if tag == "tbody":
             self._in_tbody = 0
         elif tag == "td" and self._cell is not None:
-            self.rows[-1]["cells"].append("".join(self._cell).strip())
+            (self.rows if self._tbodies == 1 else self.peak_rows)[-1]["cells"].append("".join(self._cell).strip())
             self._cell = None
         elif tag == "div" and self._in_verdict:
             self._in_verdict -= 1
@@ -150,6 +153,9 @@ def test_the_table_has_every_row_sorted_with_the_best_highlighted(mixed, mixed_p
     assert "boom" in page.rows[-1]["cells"][-1]
     best = mixed.row(mixed.best)
     assert page.rows[0]["cells"][4] == fmt_time(best.iteration_s)
+    # the chosen plan's memory at each stage's peak, by category: heaviest first, one row per stage
+    assert len(page.peak_rows) == best.plan.n_stages
+    assert all(r["cells"][2] in ("forward/backward", "optimizer step") for r in page.peak_rows)
 
 
 def test_the_verdict_names_the_winner_and_the_runner_up(mixed, mixed_page):

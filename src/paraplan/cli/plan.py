@@ -182,9 +182,11 @@ def _print_placement(args, sim, cluster) -> None:
 
 def _print_stages(args, sim, cluster) -> None:
     """A plan of stages: its table, its shape in one line, a Galvatron plan's runs of one strategy."""
-    from paraplan.report.tables import console, simulation_table
+    from paraplan.report.tables import console, memory_table, simulation_table
 
     console().print(simulation_table(sim, cluster))
+    if sim.memory:
+        console().print(memory_table(sim))
     opts = dict(sim.plan.search.options)
     eq8 = f"; eq. (8) {opts['eq8_time_s']:.6g} s" if "eq8_time_s" in opts else ""
     ranges = [f"{s.layers}" + (f" (backward {s.backward_layers})" if s.backward_layers else "")

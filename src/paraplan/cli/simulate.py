@@ -87,7 +87,7 @@ def _write_figures(args, plan, sim, cluster) -> None:
 
 def _print(args, sim, cluster) -> None:
     from paraplan.plans.plan_file import plan_to_dict
-    from paraplan.report.tables import console, dag_table, simulation_table
+    from paraplan.report.tables import console, dag_table, memory_table, simulation_table
 
     if args.json:
         out = plan_to_dict(sim.plan)["prediction"]
@@ -98,3 +98,5 @@ def _print(args, sim, cluster) -> None:
         console().print(dag_table(sim, cluster))
     else:
         console().print(simulation_table(sim, cluster))
+        if sim.memory:
+            console().print(memory_table(sim))

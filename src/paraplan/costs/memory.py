@@ -70,6 +70,10 @@ class MemoryBreakdown:
     ddp_bucket_bytes: float = 0.0  # DDP's flat gradient copy
     optimizer_step_bytes: float = 0.0  # Adam's step temporaries (counted at the step, not the forward)
     compute_copy_bytes: float = 0.0  # mixed precision: autocast's 16-bit copies of the weights run forward here
+    # the states' parts (states_bytes = param_state_bytes + grad_bytes + optimizer_bytes)
+    param_state_bytes: float = 0.0
+    grad_bytes: float = 0.0
+    optimizer_bytes: float = 0.0
 
     @property
     def forward_peak_bytes(self) -> float:
@@ -88,6 +92,22 @@ class MemoryBreakdown:
     @property
     def peak_bytes(self) -> float:
         return max(self.forward_peak_bytes, self.step_peak_bytes)
+
+    def at_peak(self) -> tuple[str, tuple[tuple[str, float], ...]]:
+        """The moment of this device's peak ("forward/backward" or "optimizer step") and what it
+        holds then, by category, largest first; the bytes sum to `peak_bytes`."""
+        states = (("parameters", self.param_state_bytes), ("gradients", self.grad_bytes),
+                  ("optimizer states", self.optimizer_bytes))
+        common = (*states, ("weight stash", self.stash_bytes), ("CUDA context and libraries", self.reserve_bytes))
+        if self.forward_peak_bytes >= self.step_peak_bytes:
+            moment, parts = "forward/backward", (*common, ("16-bit weight copies", self.compute_copy_bytes),
+                                                ("activations", self.activation_bytes + self.tp_replicated_bytes),
+                                                ("communication buffers", self.sdp_buffer_bytes),
+                                                ("allocator reserve", self.allocator_bytes))
+        else:
+            moment, parts = "optimizer step", (*common, ("communication buffers", self.ddp_bucket_bytes),
+                                              ("optimizer temporaries", self.optimizer_step_bytes))
+        return moment, tuple(sorted(((n, b) for n, b in parts if b > 0), key=lambda x: -x[1]))
 
 
 def micro_batches_in_flight(schedule: str, n_stages: int, stage: int, n_micro: int,
@@ -110,6 +130,7 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
     forward_owner = {i: s for s, st in enumerate(plan.stages) for i in st.layers}
     held = set(stage.layers) | set(stage.backward)
     states = stash = activations = recompute = 0.0
+    param_states = grads = optimizer_states = 0.0
     tp_replicated = ddp_grads = optimizer_params = compute_copies = 0.0
     gathered = [0.0]  # the unsharded weights of each sdp layer
     in_flight_here = micro_batches_in_flight(plan.schedule, plan.n_stages, stage_index, plan.n_micro)
@@ -128,6 +149,8 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
         params = param_count(model, i, tied_copy)
         if i in stage.backward:
             states += m.states_bytes
+            param_states, grads, optimizer_states = (param_states + m.param_bytes, grads + m.grad_bytes,
+                                                     optimizer_states + m.optimizer_bytes)
             # ZeRO-1/2: each dp replica steps 1/dp of the optimizer states
             optimizer_params += params / (strategy.tp * strategy.sdp * (strategy.dp if strategy.zero else 1))
             in_flight = micro_batches_in_flight(plan.schedule, plan.n_stages, stage_index, plan.n_micro,
@@ -142,6 +165,7 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
                 ddp_grads += params / (strategy.tp * strategy.sdp)
         else:  # Bi-Partition: forward only here; the backward owner updates and sends the weights back
             states += m.weights_bytes
+            param_states += m.weights_bytes
         if i in stage.layers:
             stash += m.weights_bytes
             if strategy.sdp == 1:  # FSDP's gathered weights are already 16-bit (sdp_buffer_bytes)
@@ -165,7 +189,8 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
                            sdp_buffer_bytes=sdp_buffer_bytes(gathered, config),
                            ddp_bucket_bytes=ddp_grads * config.grad_bytes_per_param * config.ddp_bucket_fraction,
                            optimizer_step_bytes=optimizer_params * config.optimizer_step_bytes_per_param,
-                           compute_copy_bytes=compute_copies)
+                           compute_copy_bytes=compute_copies, param_state_bytes=param_states, grad_bytes=grads,
+                           optimizer_bytes=optimizer_states)
 
 
 def tp_replicated_bytes(model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,

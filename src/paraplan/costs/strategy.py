@@ -62,10 +62,13 @@ class LayerTime:
 
 @dataclass(frozen=True)
 class LayerMemory:
-    states_bytes: float
+    states_bytes: float  # param_bytes + grad_bytes + optimizer_bytes
     weights_bytes: float
     saved_bytes: float  # per micro-batch in flight
     recompute_bytes: float
+    param_bytes: float = 0.0  # the parameters as held (fp32: the master weights in mixed precision)
+    grad_bytes: float = 0.0
+    optimizer_bytes: float = 0.0
 
 
 def param_count(model: ModelSpec, index: int, tied_copy: bool) -> float:
@@ -82,10 +85,15 @@ def state_bytes_per_param(strategy: LayerStrategy, config: MemoryConfig) -> floa
     optimizer states, ZeRO-2 1/dp of the gradients too (the parameters stay whole: ZeRO-3 is sdp).
     Optimizer states = state_bytes_per_param - param_bytes_per_param - grad_bytes_per_param (8 for
     Adam's momentum and variance; fp32 master weights are the parameters here, costs/memory_config.py)."""
+    return sum(state_parts_per_param(strategy, config))
+
+
+def state_parts_per_param(strategy: LayerStrategy, config: MemoryConfig) -> tuple[float, float, float]:
+    """(parameters, gradients, optimizer states) of `state_bytes_per_param`."""
     param, grad = config.param_bytes_per_param, config.grad_bytes_per_param
     optimizer = config.state_bytes_per_param - param - grad
     dp = strategy.dp
-    return param + (grad / dp if strategy.zero >= 2 else grad) + (optimizer / dp if strategy.zero >= 1 else optimizer)
+    return param, grad / dp if strategy.zero >= 2 else grad, optimizer / dp if strategy.zero >= 1 else optimizer
 
 
 def layer_memory(model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,
@@ -95,13 +103,15 @@ def layer_memory(model: ModelSpec, index: int, strategy: LayerStrategy, micro_ba
     params = param_count(model, index, tied_copy)
     shards = strategy.tp * strategy.sdp
     local = micro_batch / strategy.data_degree
-    states = params * state_bytes_per_param(strategy, config) / shards
+    param_b, grad_b, optimizer_b = state_parts_per_param(strategy, config)
+    states = params * (param_b + grad_b + optimizer_b) / shards
     saved = layer.saved_bytes.at(local) * config.activation_scale / strategy.tp
     recompute = 0.0
     if strategy.checkpoint:
         previous = model.layers[index - 1].output_bytes if index > 0 else model.input_bytes
         saved, recompute = previous.at(local) * config.activation_scale / strategy.tp, saved
-    return LayerMemory(states_bytes=states,
+    return LayerMemory(states_bytes=states, param_bytes=params * param_b / shards, grad_bytes=params * grad_b / shards,
+                       optimizer_bytes=params * optimizer_b / shards,
                        weights_bytes=params * config.param_bytes_per_param / shards,
                        saved_bytes=saved, recompute_bytes=recompute)
 

@@ -68,6 +68,7 @@ def render(result, cm) -> str:
         parts += [f"<figure>{_img(_memory_figure(r, sims), f'memory of {r.planner}')}"
                   f"<figcaption>{_e(r.planner)}</figcaption></figure>" for r in memory_rows]
         parts.append("</div>")
+        parts.append(_peak_table(memory_rows[0], sims))
     parts.append(_structure_section(ranked, shown))
     parts.append(_bound_section(result, ranked, best))
     return PAGE.format(title=_e(f"paraplan: {model} on {cluster}"), css=CSS, body="\n".join(parts))
@@ -237,6 +238,31 @@ def _gantt_html(row, sims) -> str:
     return figure
 
 
+def _peak_table(row, sims) -> str:
+    """What each stage's devices hold at the instant of their peak, by category, heaviest first
+    (MemoryBreakdown.at_peak: the parts sum to the peak); '' where the simulator has no breakdown."""
+    from paraplan.report.tables import MEMORY_CATEGORIES, human_bytes
+
+    if row.plan is None or row.plan.schedule == "dag":
+        return ""
+    sim = sims(row)
+    if isinstance(sim, str) or not sim.memory:
+        return ""
+    rows = sorted(sim.memory, key=lambda b: -b.peak_bytes)
+    used = [c for c in MEMORY_CATEGORIES if any(dict(b.at_peak()[1]).get(c, 0) > 0 for b in rows)]
+    head = ("stage", "devices", "at", *used, "peak")
+    lines = [f"<h3>{_e(row.planner)}: memory at each device's peak, by category</h3>",
+             "<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
+    for b in rows:
+        moment, parts = b.at_peak()
+        parts = dict(parts)
+        devices = row.plan.stages[b.stage].devices
+        cells = (str(b.stage), f"{devices[0]}..{devices[-1]}" if len(devices) > 1 else str(devices[0]), moment,
+                 *(human_bytes(parts[c]) if c in parts else "" for c in used), human_bytes(b.peak_bytes))
+        lines.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+    return "\n".join(lines) + "</tbody></table>"
+
+
 def _memory_figure(row, sims) -> bytes:
     """Peak per device, split into model states / activations / the rest where the simulator's
     breakdown covers every device (layer plans), with each device's capacity as a tick."""
@@ -267,7 +293,8 @@ def _memory_figure(row, sims) -> bytes:
 
 
 def _breakdown(row, sims, devices, size: int) -> dict[str, list[float]] | None:
-    """States / activations / other (buffers, reserve, allocator) per device in `size` units, or None where the
+    """States / activations / other (buffers, reserve, allocator) per device in `size` units at the
+    instant of its peak (they sum to it), or None where the
     simulator gives no per-device breakdown (operator placements) or it does not match the peaks."""
     if row.plan is None or row.plan.schedule == "dag":
         return None
@@ -280,10 +307,17 @@ def _breakdown(row, sims, devices, size: int) -> dict[str, list[float]] | None:
     if set(by_device) != set(devices) or len(devices) != len(row.peak_bytes) or any(
             abs(by_device[d].peak_bytes - p) > 0.01 * p for d, p in zip(devices, row.peak_bytes, strict=True)):
         return None
-    states = [by_device[d].states_bytes / size for d in devices]
-    acts = [by_device[d].activation_bytes / size for d in devices]
-    other = [max(0.0, p / size - s - a) for p, s, a in zip(row.peak_bytes, states, acts, strict=True)]
-    return {"model states": states, "activations": acts, "other": other}
+    # what each device holds at the instant of its peak (MemoryBreakdown.at_peak), in three bars
+    groups = {"parameters": "model states", "16-bit weight copies": "model states", "gradients": "model states",
+              "optimizer states": "model states", "activations": "activations"}
+    out: dict[str, list[float]] = {"model states": [], "activations": [], "other": []}
+    for d in devices:
+        totals = dict.fromkeys(out, 0.0)
+        for name, nbytes in by_device[d].at_peak()[1]:
+            totals[groups.get(name, "other")] += nbytes / size
+        for key in out:
+            out[key].append(totals[key])
+    return out
 
 
 def _structure_section(ranked: list, shown: list) -> str:

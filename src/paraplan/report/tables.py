@@ -103,6 +103,29 @@ def simulation_table(sim, cluster: Cluster) -> Table:
     return table
 
 
+MEMORY_CATEGORIES = ("parameters", "16-bit weight copies", "gradients", "optimizer states", "activations",
+                     "communication buffers", "allocator reserve", "CUDA context and libraries", "weight stash",
+                     "optimizer temporaries")
+
+
+def memory_table(sim) -> Table:
+    """What each stage's devices hold at the instant of their peak (costs/memory.py:
+    MemoryBreakdown.at_peak), by category, heaviest first; each row sums to its peak."""
+    rows = sorted(sim.memory, key=lambda b: -b.peak_bytes)
+    used = [c for c in MEMORY_CATEGORIES if any(dict(b.at_peak()[1]).get(c, 0) > 0 for b in rows)]
+    table = Table(title="memory at each device's peak, by category (every device of a stage holds the same)")
+    for col in ("stage", "devices", "at", *used, "peak"):
+        table.add_column(col, justify="right")
+    for b in rows:
+        moment, parts = b.at_peak()
+        parts = dict(parts)
+        devices = sim.plan.stages[b.stage].devices
+        shown = ",".join(map(str, devices)) if len(devices) <= 4 else f"{devices[0]}..{devices[-1]} ({len(devices)})"
+        table.add_row(str(b.stage), shown, moment, *(human_bytes(parts[c]) if c in parts else "" for c in used),
+                      human_bytes(b.peak_bytes))
+    return table
+
+
 def profile_report(profile) -> list:
     sizes = profile.batch_sizes
     table = Table(title=f"{profile.model} on {profile.device_name} ({profile.device}, {profile.threads} thread"

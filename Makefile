@@ -47,7 +47,8 @@ lint: $(STAMP)
 # `make bench` writes into bench-out/ (ignored); `make results` regenerates the committed results/
 BENCHMARKS := fidelity simulator_speed csimd_eval gropipe_bipartition_eval planner_speed_csimd planner_speed_bipartition \
 	runtime_vs_simulator profile_nonlinearity galvatron_memory galvatron_eval galvatron_search_speed fddps_search_speed \
-	fddps_eval fddps_contention runtime_hybrid runtime_overhead bipartition_modes runtime_bipartition runtime_dag
+	fddps_eval fddps_contention runtime_hybrid runtime_overhead bipartition_modes runtime_bipartition runtime_dag \
+	literature_memory
 
 define run_benchmarks
 	mkdir -p $(1)

@@ -1,5 +1,5 @@
-"""ZeRO-1 and ZeRO-2 over a layer's data-parallel replicas (issue 29, item 3) in the memory model
-and the simulator, against the ZeRO paper's own accounting (Rajbhandari et al. 2020, §3.1, §5,
+"""ZeRO-1 and ZeRO-2 over a layer's data-parallel replicas (issue 29, item 3), and sequence
+parallelism, in the memory model and the simulator, against the ZeRO paper's own accounting (Rajbhandari et al. 2020, §3.1, §5,
 §7.2.1), written from the paper: per parameter and replica, with Adam, parameters P, gradients G
 and optimizer states K bytes, N_d replicas:
     DP      P + G + K;  ZeRO-1  P + G + K/N_d;  ZeRO-2  P + (G + K)/N_d;  ZeRO-3  (P + G + K)/N_d.
@@ -71,3 +71,24 @@ def test_zero_needs_data_parallel_replicas():
                      stages=(Stage(LayerRange(0, 1), (0, 1), strategies=(LayerStrategy(tp=2, zero=1),)),))
     with pytest.raises(PlanError, match="ZeRO-1 shards over the dp replicas, and dp is 1"):
         validate(spec_plan)
+
+
+def test_sequence_parallelism_splits_what_tensor_parallelism_keeps_whole(setup):
+    """Korthikanti et al. §4.2.2: with sequence parallelism the norms' and dropouts' tensors, whole
+    on every tp rank under plain TP, are split tp ways too; the all-reduces become a reduce-scatter
+    and an all-gather of the same tensors, the same time on a ring."""
+    spec, cm = setup
+    tp = simulate_plan(_plan(spec, LayerStrategy(tp=N_D)), cm)
+    sp = simulate_plan(_plan(spec, LayerStrategy(tp=N_D, sequence_parallel=True)), cm)
+    assert tp.memory[0].tp_replicated_bytes > 0 and sp.memory[0].tp_replicated_bytes == 0
+    assert sp.memory[0].activation_bytes == tp.memory[0].activation_bytes
+    assert sp.memory[0].peak_bytes == pytest.approx(tp.memory[0].peak_bytes - tp.memory[0].tp_replicated_bytes)
+    assert sp.prediction.iteration_s == pytest.approx(tp.prediction.iteration_s, rel=1e-12)
+
+
+def test_what_the_simulator_does_not_model_yet_is_one_line(setup):
+    from paraplan.plans.plan import PlanError
+
+    spec, cm = setup
+    with pytest.raises(PlanError, match=r"stages\[0\].strategies\[0\].recompute: selective: the simulator does not"):
+        simulate_plan(_plan(spec, LayerStrategy(dp=N_D, recompute="selective")), cm)

@@ -26,7 +26,7 @@ What a real PyTorch run holds beyond those (costs/memory_config.py names the sou
                 agree); shown apart in the breakdown;
   tp replicas   Megatron (tp > 1) holds the inputs of the layer norms and column-parallel linears
                 whole on every rank: (1 - 1/tp) x `tp_replicated_outputs` x the layer's output,
-                per micro-batch in flight;
+                per micro-batch in flight; none with sequence parallelism, which splits them too;
   sdp buffers   FSDP / ZeRO-3 (sdp > 1): the gathered weights of `sdp_gathered_layers` layers (the one
                 computing and the one prefetched) and one unsharded gradient, the largest of the stage;
   ddp buckets   DDP (grad_sync "bucketed", dp > 1): a flat copy of the gradients of the dp layers.
@@ -197,7 +197,9 @@ def tp_replicated_bytes(model: ModelSpec, index: int, strategy: LayerStrategy, m
                         config: MemoryConfig) -> float:
     """Per micro-batch in flight: the part of layer `index`'s saved tensors that Megatron holds whole
     on every tp rank, beyond the 1/tp share costs/strategy.py counts (0 without tp)."""
-    if strategy.tp <= 1 or strategy.checkpoint:
+    if strategy.tp <= 1 or strategy.checkpoint or strategy.sequence_parallel:
+        # sequence parallelism splits those tensors along the sequence over the tp ranks too
+        # (Korthikanti et al. 2022 §4.2.2, eq. (4): sbh(34/t + 5as/(ht)))
         return 0.0
     layer = model.layers[index]
     local = micro_batch / strategy.data_degree

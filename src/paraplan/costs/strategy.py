@@ -9,7 +9,9 @@ Time (Galvatron-BMW §V, on one device of the group, at the stage's micro-batch 
   compute      forward(b / (dp x sdp)) / tp and backward(...) / tp (Megatron splits a layer's
                matrix products tp ways);
   tp           two all-reduces of the layer's activations per pass (Megatron: one after the
-               attention, one after the MLP), ring over the tp group;
+               attention, one after the MLP), ring over the tp group; with sequence parallelism
+               each becomes a reduce-scatter and an all-gather of the same tensor, the same time on
+               a ring (Korthikanti et al. 2022 §4.2.2), so it is priced the same;
   sdp          ZeRO-3 / FSDP: an all-gather of the layer's parameter shard before each pass and a
                reduce-scatter of its gradients after the backward, over the data group;
   checkpoint   the forward runs again inside the backward;

@@ -129,3 +129,19 @@ def test_the_runtime_refuses_a_bf16_plan_until_it_runs_one():
 
     with pytest.raises(FieldError, match="precision: bf16: the runtime does not support this yet"):
         TrainConfig(plan=replace(_plan("bf16"), cluster="local"), model="gpt2-tiny")
+
+
+@pytest.mark.parametrize("stages", [2, 3, 6])
+def test_the_planners_fast_count_agrees_with_the_simulator_in_bf16(stages):
+    """planners/fit.py (what the split planners check plans with) counts the 16-bit weight copies as
+    the memory model does: the same peaks as the simulator, stage by stage."""
+    import paraplan
+    from paraplan.planners.fit import StageMemory
+    from paraplan.workload import workload
+
+    plan = paraplan.plan("gpt2-tiny", "dgx-a100-80gb", 8, planner="even", stages=stages)
+    fast = StageMemory(workload("gpt2-tiny", "dgx-a100-80gb", batch=8).request.costs,
+                       plan.global_batch / plan.n_micro, plan.n_micro, plan.schedule)
+    peaks = fast.division_peaks([s.layers.stop - 1 for s in plan.stages[:-1]])
+    assert list(peaks) == pytest.approx([b.peak_bytes for b in paraplan.simulate(plan).memory], rel=1e-12)
+    assert plan.precision == "bf16"

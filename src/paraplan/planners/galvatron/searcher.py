@@ -78,6 +78,13 @@ class Searcher:
                                 compute_scale=self.cm.overheads.scale_for(self.cluster.n_devices))
             a["strategies"] = strategies
             a["extra_forward"], a["extra_backward"] = self.extra_memory(strategies, micro)
+            # mixed precision: autocast's 16-bit weight copies stay with the states (costs/memory.py;
+            # an sdp layer's gathered weights are already 16-bit: extra_memory)
+            copy = getattr(self.config, "compute_copy_bytes_per_param", 0.0)
+            if copy:
+                a["states_bytes"] = a["states_bytes"] + np.array(
+                    [[param_count(self.model, i, False) / st.tp * copy if st.sdp == 1 else 0.0 for st in strategies]
+                     for i in range(self.model.n_layers)])
             a["allowed"] = np.array([micro == int(micro) and int(micro) % s.data_degree == 0 for s in strategies])
             layouts: dict = {}
             classes = [layouts.setdefault((s.data_degree, tuple(data_rank(s, p) for p in range(len(devices)))),
@@ -96,7 +103,9 @@ class Searcher:
         n = self.model.n_layers
         forward, backward = np.zeros((n, len(strategies))), np.zeros((n, len(strategies)))
         replicated = getattr(memory_model, "tp_replicated_bytes", None)
-        gathered = getattr(self.config, "sdp_gathered_layers", 0) * getattr(self.config, "param_bytes_per_param", 0) \
+        gathered_weight = getattr(self.config, "compute_copy_bytes_per_param", 0.0) or \
+            getattr(self.config, "param_bytes_per_param", 0)  # 16-bit in mixed precision, as costs/memory.py
+        gathered = getattr(self.config, "sdp_gathered_layers", 0) * gathered_weight \
             + getattr(self.config, "grad_bytes_per_param", 0)
         for j, st in enumerate(strategies):
             for i in range(n):

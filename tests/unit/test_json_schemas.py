@@ -37,9 +37,16 @@ def test_plan_with_one_planner_and_simulate(tmp_path):
     assert set(d) == {"feasible", "layers", "n_micro", "n_stages", "note", "operators_per_device", "out", "planner",
                       "prediction", "reason", "search"}
     s = _json("simulate", str(out))
-    assert set(s) == {"bubble_fraction", "devices", "feasible", "iteration_s", "memory", "reason",
-                      "throughput_samples_per_s"}
+    assert set(s) == {"bubble_fraction", "devices", "feasible", "iteration_s", "memory", "memory_at_peak", "precision",
+                      "reason", "throughput_samples_per_s"}
     assert s["iteration_s"] == pytest.approx(d["prediction"]["iteration_s"], rel=1e-12)
+    assert s["precision"] == "fp32"  # local's default
+    peaks = {m["device"]: m["peak_bytes"] for m in s["memory"]}
+    for row in s["memory_at_peak"]:
+        assert sum(row["parts"].values()) == pytest.approx(row["peak_bytes"])
+        assert round(row["peak_bytes"]) == peaks[row["devices"][0]]
+    assert [r["peak_bytes"] for r in s["memory_at_peak"]] == sorted((r["peak_bytes"] for r in s["memory_at_peak"]),
+                                                                    reverse=True)
 
 
 def test_profile(tmp_path):

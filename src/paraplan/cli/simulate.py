@@ -91,8 +91,12 @@ def _print(args, sim, cluster) -> None:
 
     if args.json:
         out = plan_to_dict(sim.plan)["prediction"]
-        out.update(bubble_fraction=sim.bubble_fraction,
-                   devices=[{"device": d.device, "busy_s": d.busy_s, "idle_s": d.idle_s} for d in sim.devices])
+        out.update(bubble_fraction=sim.bubble_fraction, precision=str(sim.plan.precision),
+                   devices=[{"device": d.device, "busy_s": d.busy_s, "idle_s": d.idle_s} for d in sim.devices],
+                   # what each stage's devices hold at their peak, by category, heaviest first (layer plans)
+                   memory_at_peak=[{"stage": b.stage, "devices": list(sim.plan.stages[b.stage].devices),
+                                    "at": b.at_peak()[0], "parts": dict(b.at_peak()[1]), "peak_bytes": b.peak_bytes}
+                                   for b in sorted(sim.memory, key=lambda b: -b.peak_bytes)])
         print(json.dumps(out, indent=2))
     elif sim.dag is not None:
         console().print(dag_table(sim, cluster))

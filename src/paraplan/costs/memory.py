@@ -51,8 +51,14 @@ from paraplan.models.spec import ModelSpec
 from paraplan.plans.plan import DeviceMemory, LayerStrategy, Plan
 from paraplan.plans.worker_roles import worker_roles
 
-__all__ = ["GIB", "MemoryBreakdown", "MemoryConfig", "micro_batches_in_flight", "out_of_memory_reason",
+__all__ = ["GIB", "MEMORY_CATEGORIES", "MemoryBreakdown", "MemoryConfig", "micro_batches_in_flight", "out_of_memory_reason",
            "plan_memory", "sdp_buffer_bytes", "stage_memory", "tp_replicated_bytes"]
+
+
+# what MemoryBreakdown.at_peak names, in the order tables show them
+MEMORY_CATEGORIES = ("parameters", "16-bit weight copies", "gradients", "optimizer states", "activations",
+                     "communication buffers", "allocator reserve", "CUDA context and libraries", "weight stash",
+                     "optimizer temporaries")
 
 
 @dataclass(frozen=True)

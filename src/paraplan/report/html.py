@@ -241,7 +241,7 @@ def _gantt_html(row, sims) -> str:
 def _peak_table(row, sims) -> str:
     """What each stage's devices hold at the instant of their peak, by category, heaviest first
     (MemoryBreakdown.at_peak: the parts sum to the peak); '' where the simulator has no breakdown."""
-    from paraplan.report.tables import MEMORY_CATEGORIES, human_bytes
+    from paraplan.costs.memory import MEMORY_CATEGORIES
 
     if row.plan is None or row.plan.schedule == "dag":
         return ""
@@ -258,7 +258,7 @@ def _peak_table(row, sims) -> str:
         parts = dict(parts)
         devices = row.plan.stages[b.stage].devices
         cells = (str(b.stage), f"{devices[0]}..{devices[-1]}" if len(devices) > 1 else str(devices[0]), moment,
-                 *(human_bytes(parts[c]) if c in parts else "" for c in used), human_bytes(b.peak_bytes))
+                 *(fmt_bytes(parts[c]) if c in parts else "" for c in used), fmt_bytes(b.peak_bytes))
         lines.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
     return "\n".join(lines) + "</tbody></table>"
 

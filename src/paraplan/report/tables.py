@@ -103,14 +103,11 @@ def simulation_table(sim, cluster: Cluster) -> Table:
     return table
 
 
-MEMORY_CATEGORIES = ("parameters", "16-bit weight copies", "gradients", "optimizer states", "activations",
-                     "communication buffers", "allocator reserve", "CUDA context and libraries", "weight stash",
-                     "optimizer temporaries")
-
-
 def memory_table(sim) -> Table:
     """What each stage's devices hold at the instant of their peak (costs/memory.py:
     MemoryBreakdown.at_peak), by category, heaviest first; each row sums to its peak."""
+    from paraplan.costs.memory import MEMORY_CATEGORIES
+
     rows = sorted(sim.memory, key=lambda b: -b.peak_bytes)
     used = [c for c in MEMORY_CATEGORIES if any(dict(b.at_peak()[1]).get(c, 0) > 0 for b in rows)]
     table = Table(title="memory at each device's peak, by category (every device of a stage holds the same)")

@@ -43,8 +43,3 @@ def is_mixed(precision: str) -> bool:
 def element_bytes(precision: str) -> int:
     """Bytes of one activation or compute-weight element: 2 in mixed precision, else 4."""
     return 2 if is_mixed(precision) else 4
-
-
-def peak_key(precision: str) -> str:
-    """Which of a device's per-dtype peaks a plan in `precision` computes at."""
-    return str(Precision(precision).value)

@@ -36,7 +36,7 @@ def run(args) -> int:
     from paraplan.report.tables import console
     from paraplan.simulator.predict import simulate_plan
     from paraplan.sizes import gib_bytes
-    from paraplan.workload import check_precision, workload
+    from paraplan.workload import workload
 
     for flag, path, figure in (("--gantt", args.gantt, True), ("--trace", args.trace, False),
                                ("--out", args.out, False)):
@@ -52,7 +52,6 @@ def run(args) -> int:
     # the plan's devices against the cluster before the model is measured (seconds for a large one);
     # its layer count is checked against the model's once it is measured
     check_fits(plan, plan.n_layers, cluster.n_devices, cluster.name)
-    check_precision(cluster, plan.precision)
     w = workload(plan.model, cluster, profile=args.profile, overlap_slowdown=args.overlap_slowdown,
                  seq_len=args.seq_len, image_size=args.image_size, precision=plan.precision,
                  operators="required" if plan.schedule == "dag" else None, watch=BARS)
@@ -87,16 +86,14 @@ def _write_figures(args, plan, sim, cluster) -> None:
 
 def _print(args, sim, cluster) -> None:
     from paraplan.plans.plan_file import plan_to_dict
-    from paraplan.report.tables import console, dag_table, memory_table, simulation_table
+    from paraplan.report.tables import console, dag_table, memory_at_peak, memory_table, simulation_table
 
     if args.json:
         out = plan_to_dict(sim.plan)["prediction"]
         out.update(bubble_fraction=sim.bubble_fraction, precision=str(sim.plan.precision),
                    devices=[{"device": d.device, "busy_s": d.busy_s, "idle_s": d.idle_s} for d in sim.devices],
                    # what each stage's devices hold at their peak, by category, heaviest first (layer plans)
-                   memory_at_peak=[{"stage": b.stage, "devices": list(sim.plan.stages[b.stage].devices),
-                                    "at": b.at_peak()[0], "parts": dict(b.at_peak()[1]), "peak_bytes": b.peak_bytes}
-                                   for b in sorted(sim.memory, key=lambda b: -b.peak_bytes)])
+                   memory_at_peak=memory_at_peak(sim))
         print(json.dumps(out, indent=2))
     elif sim.dag is not None:
         console().print(dag_table(sim, cluster))

@@ -51,7 +51,7 @@ from paraplan.models.spec import ModelSpec
 from paraplan.plans.plan import DeviceMemory, LayerStrategy, Plan
 from paraplan.plans.worker_roles import worker_roles
 
-__all__ = ["GIB", "MEMORY_CATEGORIES", "MemoryBreakdown", "MemoryConfig", "micro_batches_in_flight", "out_of_memory_reason",
+__all__ = ["GIB", "MEMORY_CATEGORIES", "MemoryBreakdown", "MemoryConfig", "PeakRow", "by_category", "micro_batches_in_flight", "out_of_memory_reason",
            "plan_memory", "sdp_buffer_bytes", "stage_memory", "tp_replicated_bytes"]
 
 
@@ -116,6 +116,26 @@ class MemoryBreakdown:
         return moment, tuple(sorted(((n, b) for n, b in parts if b > 0), key=lambda x: -x[1]))
 
 
+@dataclass(frozen=True)
+class PeakRow:
+    """One stage's device at its peak: the moment and the bytes by category (`at_peak`)."""
+
+    breakdown: MemoryBreakdown
+    moment: str
+    parts: dict[str, float]
+
+
+def by_category(breakdowns) -> tuple[tuple[str, ...], tuple[PeakRow, ...]]:
+    """The categories any device holds at its peak (in MEMORY_CATEGORIES order) and every stage's
+    row, heaviest first: what the command line's table, the HTML report and `simulate --json` show."""
+    rows = []
+    for b in sorted(breakdowns, key=lambda b: -b.peak_bytes):
+        moment, parts = b.at_peak()
+        rows.append(PeakRow(b, moment, dict(parts)))
+    used = tuple(c for c in MEMORY_CATEGORIES if any(c in r.parts for r in rows))
+    return used, tuple(rows)
+
+
 def micro_batches_in_flight(schedule: str, n_stages: int, stage: int, n_micro: int,
                             forward_stage: int | None = None) -> int:
     """Micro-batches whose activations wait on `stage` for their backward; `forward_stage` is where
@@ -174,8 +194,7 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
             param_states += m.weights_bytes
         if i in stage.layers:
             stash += m.weights_bytes
-            if strategy.sdp == 1:  # FSDP's gathered weights are already 16-bit (sdp_buffer_bytes)
-                compute_copies += params / strategy.tp * config.compute_copy_bytes_per_param
+            compute_copies += m.copy_bytes
     if role is not None:
         for segment in (role.before, role.after):
             if segment is not None:  # its saved activations, for one micro-batch, while its backward runs

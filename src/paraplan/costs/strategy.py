@@ -23,7 +23,7 @@ Time (Galvatron-BMW §V, on one device of the group, at the stage's micro-batch 
 Memory per device:
   states       params x state_bytes_per_param / (tp x sdp)  (fp32 Adam: 16 bytes per parameter);
                ZeRO-1 / ZeRO-2 over the dp replicas keep 1/dp of the optimizer states / and of the
-               gradients (`state_bytes_per_param`);
+               gradients (`state_parts_per_param`);
   weights      params x param_bytes_per_param / (tp x sdp)  (a weight copy: stash, or Bi-Partition's
                forward-only owner, which keeps only the latest weights);
   saved        what one micro-batch in flight keeps for the backward: the layer's saved tensors at the
@@ -71,6 +71,9 @@ class LayerMemory:
     param_bytes: float = 0.0  # the parameters as held (fp32: the master weights in mixed precision)
     grad_bytes: float = 0.0
     optimizer_bytes: float = 0.0
+    # mixed precision: autocast's 16-bit copy of the weights, on a device that runs the layer forward
+    # (0 under sdp: FSDP's gathered weights are already 16-bit, costs/memory.py: sdp_buffer_bytes)
+    copy_bytes: float = 0.0
 
 
 def param_count(model: ModelSpec, index: int, tied_copy: bool) -> float:
@@ -81,17 +84,13 @@ def param_count(model: ModelSpec, index: int, tied_copy: bool) -> float:
     return (layer.param_bytes + extra) / model.dtype_bytes
 
 
-def state_bytes_per_param(strategy: LayerStrategy, config: MemoryConfig) -> float:
-    """Model-state bytes per parameter on one device of the group, before the tp x sdp split:
-    ZeRO §3.1 over the layer's dp replicas (Rajbhandari et al. 2020): ZeRO-1 keeps 1/dp of the
-    optimizer states, ZeRO-2 1/dp of the gradients too (the parameters stay whole: ZeRO-3 is sdp).
-    Optimizer states = state_bytes_per_param - param_bytes_per_param - grad_bytes_per_param (8 for
-    Adam's momentum and variance; fp32 master weights are the parameters here, costs/memory_config.py)."""
-    return sum(state_parts_per_param(strategy, config))
-
-
 def state_parts_per_param(strategy: LayerStrategy, config: MemoryConfig) -> tuple[float, float, float]:
-    """(parameters, gradients, optimizer states) of `state_bytes_per_param`."""
+    """Model-state bytes per parameter on one device of the group, before the tp x sdp split, as
+    (parameters, gradients, optimizer states): ZeRO §3.1 over the layer's dp replicas (Rajbhandari
+    et al. 2020): ZeRO-1 keeps 1/dp of the optimizer states, ZeRO-2 1/dp of the gradients too (the
+    parameters stay whole: ZeRO-3 is sdp). Optimizer states = state_bytes_per_param -
+    param_bytes_per_param - grad_bytes_per_param (8 for Adam's momentum and variance; fp32 master
+    weights are the parameters here, costs/memory_config.py)."""
     param, grad = config.param_bytes_per_param, config.grad_bytes_per_param
     optimizer = config.state_bytes_per_param - param - grad
     dp = strategy.dp
@@ -115,7 +114,8 @@ def layer_memory(model: ModelSpec, index: int, strategy: LayerStrategy, micro_ba
     return LayerMemory(states_bytes=states, param_bytes=params * param_b / shards, grad_bytes=params * grad_b / shards,
                        optimizer_bytes=params * optimizer_b / shards,
                        weights_bytes=params * config.param_bytes_per_param / shards,
-                       saved_bytes=saved, recompute_bytes=recompute)
+                       saved_bytes=saved, recompute_bytes=recompute,
+                       copy_bytes=params / strategy.tp * config.compute_copy_bytes_per_param if strategy.sdp == 1 else 0.0)
 
 
 def overlapped_s(compute_s: float, comm_s: float, slowdown: float) -> float:
@@ -230,11 +230,11 @@ def strategy_arrays(costs: LayerCosts, model: ModelSpec, strategies: tuple[Layer
     """Every layer (of `layers`, default all) under every strategy on the group `devices`: arrays of
     shape [layer, strategy] for a dynamic program (Galvatron-BMW's): forward_s, backward_s,
     grad_allreduce_s (the dp all-reduce of the layer's gradients on its dp group's link),
-    states_bytes, saved_bytes, recompute_bytes."""
+    states_bytes, saved_bytes, recompute_bytes, copy_bytes."""
     layers = range(model.n_layers) if layers is None else layers
     n, s = len(layers), len(strategies)
     out = {key: np.zeros((n, s)) for key in ("forward_s", "backward_s", "grad_allreduce_s", "states_bytes",
-                                              "saved_bytes", "recompute_bytes")}
+                                              "saved_bytes", "recompute_bytes", "copy_bytes")}
     for j, st in enumerate(strategies):
         links = strategy_links(cluster, st, devices)
         for row, i in enumerate(layers):
@@ -245,4 +245,5 @@ def strategy_arrays(costs: LayerCosts, model: ModelSpec, strategies: tuple[Layer
             out["grad_allreduce_s"][row, j] = ring_allreduce_s(t.grad_allreduce_bytes, st.dp, links["dp"])
             out["states_bytes"][row, j], out["saved_bytes"][row, j] = m.states_bytes, m.saved_bytes
             out["recompute_bytes"][row, j] = m.recompute_bytes
+            out["copy_bytes"][row, j] = m.copy_bytes
     return out

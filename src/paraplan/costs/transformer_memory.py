@@ -38,7 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RECOMPUTE = ("none", "selective", "full")
+from paraplan.plans.plan import RECOMPUTES
+
 ATTENTION = ("eager", "sdpa")
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
@@ -87,8 +88,8 @@ def activation_tensors(shape: TransformerShape, micro_batch: int, element_bytes:
                        sequence_parallel: bool = False, recompute: str = "none") -> tuple[SavedTensor, ...]:
     """What one layer keeps for its backward, per micro-batch, on one of `tp` ranks (the module
     docstring lists the tensors and their sources)."""
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute: expected one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    if recompute not in RECOMPUTES:
+        raise ValueError(f"recompute: expected one of {', '.join(RECOMPUTES)}, got {recompute!r}")
     s, b, a = shape.seq_len, micro_batch, shape.heads
     e, sbh, ffn = element_bytes, s * b * shape.hidden, shape.intermediate
     mask = 1.0 if shape.dropout else 0.0

@@ -39,11 +39,12 @@ class DeviceSpec:
         return {"fp32": self.peak_flops, **dict(self.other_peaks)}
 
     def peak_for(self, precision: str) -> float:
-        """The peak a plan in `precision` computes at (precision.peak_key); a dtype the device does
-        not have raises PrecisionError naming the device and the dtypes it has."""
-        from paraplan.precision import peak_key
+        """The peak a plan in `precision` computes at (each precision has its dtype's peak: tf32 the
+        TF32 tensor cores'); a dtype the device does not have raises PrecisionError naming the
+        device and the dtypes it has."""
+        from paraplan.precision import Precision
 
-        key = peak_key(precision)
+        key = str(Precision(precision))
         if key not in self.peaks:
             raise PrecisionError(f"{self.name} has no {key} (it computes in {', '.join(sorted(self.peaks))})")
         return self.peaks[key]

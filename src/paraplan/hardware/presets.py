@@ -10,7 +10,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from paraplan.errors import UnknownNameError
+from paraplan.errors import ParaplanError, UnknownNameError
 from paraplan.hardware.cluster import Cluster, DeviceSpec, LinkSpec, NodeSpec
 from paraplan.hardware.cluster_file import cluster_from_dict, read_cluster_file, tomllib
 
@@ -46,8 +46,6 @@ def load_cluster(name_or_path: str) -> Cluster:
 
 def _with_nodes(data: dict, name: str, query: str) -> dict:
     """The preset's one node table repeated N times (`nodes=N`), the cluster named NAME?nodes=N."""
-    from paraplan.errors import ParaplanError
-
     key, _, value = query.partition("=")
     if key != "nodes" or not value.isdigit() or not 1 <= int(value) <= MAX_PRESET_NODES:
         raise ParaplanError(f"cluster {name}?{query}: expected {name}?nodes=N with N a whole number of nodes "
@@ -78,7 +76,8 @@ def local_cluster() -> Cluster:
     The core figures are assumptions until `paraplan profile` measures the real ones: ~2.5 GHz
     with AVX2 FMA (32 fp32 FLOP/cycle, 80 GFLOP/s peak), eager PyTorch at ~25% of it, ~10 us of
     dispatch per aten kernel. bf16 and fp16 are given the fp32 peak: torch runs them on a CPU
-    (autocast, oneDNN), and a core without AVX512-BF16 / AMX computes them in fp32 units. Loopback gloo was measured at ~1.5 ms per message and ~2.2 GB/s
+    (autocast, oneDNN), and a core without AVX512-BF16 / AMX computes them in fp32 units.
+    Loopback gloo was measured at ~1.5 ms per message and ~2.2 GB/s
     (shared/notes/runtime-on-cpu.md). Memory is split evenly between the cores.
     """
     cores = os.cpu_count() or 1

@@ -55,8 +55,7 @@ class StageMemory:
         self.schedule = str(schedule)
         self.reserve = float(config.reserve_bytes)
         # mixed precision: autocast's 16-bit weight copies count with the states (costs/memory.py)
-        copies = config.compute_copy_bytes_per_param / config.param_bytes_per_param
-        self.states = _prefix([m.states_bytes + m.param_bytes * copies for m in per_layer])
+        self.states = _prefix([m.states_bytes + m.copy_bytes for m in per_layer])
         self.saved = _prefix([m.saved_bytes for m in per_layer])
         self.weights = _prefix([m.weights_bytes for m in per_layer])
         # (layer, owners, extra states, extra weights) of a tied weight held without its owner
@@ -64,8 +63,8 @@ class StageMemory:
         for i, layer in enumerate(model.layers):
             if layer.shared_param_bytes:
                 copy = layer_memory(model, i, strategy, micro, config, tied_copy=True)
-                self.tied.append((i, tuple(layer.shared_owners), (copy.states_bytes + copy.param_bytes * copies)
-                                  - (per_layer[i].states_bytes + per_layer[i].param_bytes * copies),
+                self.tied.append((i, tuple(layer.shared_owners), (copy.states_bytes + copy.copy_bytes)
+                                  - (per_layer[i].states_bytes + per_layer[i].copy_bytes),
                                   copy.weights_bytes - per_layer[i].weights_bytes))
         self._counts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._running: dict[tuple[float, float], np.ndarray] = {}

@@ -241,24 +241,22 @@ def _gantt_html(row, sims) -> str:
 def _peak_table(row, sims) -> str:
     """What each stage's devices hold at the instant of their peak, by category, heaviest first
     (MemoryBreakdown.at_peak: the parts sum to the peak); '' where the simulator has no breakdown."""
-    from paraplan.costs.memory import MEMORY_CATEGORIES
+    from paraplan.costs.memory import by_category
 
     if row.plan is None or row.plan.schedule == "dag":
         return ""
     sim = sims(row)
     if isinstance(sim, str) or not sim.memory:
         return ""
-    rows = sorted(sim.memory, key=lambda b: -b.peak_bytes)
-    used = [c for c in MEMORY_CATEGORIES if any(dict(b.at_peak()[1]).get(c, 0) > 0 for b in rows)]
+    used, rows = by_category(sim.memory)
     head = ("stage", "devices", "at", *used, "peak")
     lines = [f"<h3>{_e(row.planner)}: memory at each device's peak, by category</h3>",
              "<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
-    for b in rows:
-        moment, parts = b.at_peak()
-        parts = dict(parts)
-        devices = row.plan.stages[b.stage].devices
-        cells = (str(b.stage), f"{devices[0]}..{devices[-1]}" if len(devices) > 1 else str(devices[0]), moment,
-                 *(fmt_bytes(parts[c]) if c in parts else "" for c in used), fmt_bytes(b.peak_bytes))
+    for r in rows:
+        devices = row.plan.stages[r.breakdown.stage].devices
+        cells = (str(r.breakdown.stage), f"{devices[0]}..{devices[-1]}" if len(devices) > 1 else str(devices[0]),
+                 r.moment, *(fmt_bytes(r.parts[c]) if c in r.parts else "" for c in used),
+                 fmt_bytes(r.breakdown.peak_bytes))
         lines.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
     return "\n".join(lines) + "</tbody></table>"
 

@@ -106,21 +106,26 @@ def simulation_table(sim, cluster: Cluster) -> Table:
 def memory_table(sim) -> Table:
     """What each stage's devices hold at the instant of their peak (costs/memory.py:
     MemoryBreakdown.at_peak), by category, heaviest first; each row sums to its peak."""
-    from paraplan.costs.memory import MEMORY_CATEGORIES
+    from paraplan.costs.memory import by_category
 
-    rows = sorted(sim.memory, key=lambda b: -b.peak_bytes)
-    used = [c for c in MEMORY_CATEGORIES if any(dict(b.at_peak()[1]).get(c, 0) > 0 for b in rows)]
+    used, rows = by_category(sim.memory)
     table = Table(title="memory at each device's peak, by category (every device of a stage holds the same)")
     for col in ("stage", "devices", "at", *used, "peak"):
         table.add_column(col, justify="right")
-    for b in rows:
-        moment, parts = b.at_peak()
-        parts = dict(parts)
-        devices = sim.plan.stages[b.stage].devices
+    for r in rows:
+        devices = sim.plan.stages[r.breakdown.stage].devices
         shown = ",".join(map(str, devices)) if len(devices) <= 4 else f"{devices[0]}..{devices[-1]} ({len(devices)})"
-        table.add_row(str(b.stage), shown, moment, *(human_bytes(parts[c]) if c in parts else "" for c in used),
-                      human_bytes(b.peak_bytes))
+        table.add_row(str(r.breakdown.stage), shown, r.moment,
+                      *(human_bytes(r.parts[c]) if c in r.parts else "" for c in used), human_bytes(r.breakdown.peak_bytes))
     return table
+
+
+def memory_at_peak(sim) -> list[dict]:
+    """`memory_table`'s rows as JSON (`paraplan simulate --json`)."""
+    from paraplan.costs.memory import by_category
+
+    return [{"stage": r.breakdown.stage, "devices": list(sim.plan.stages[r.breakdown.stage].devices), "at": r.moment,
+             "parts": r.parts, "peak_bytes": r.breakdown.peak_bytes} for r in by_category(sim.memory)[1]]
 
 
 def profile_report(profile) -> list:

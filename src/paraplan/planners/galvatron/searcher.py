@@ -78,13 +78,8 @@ class Searcher:
                                 compute_scale=self.cm.overheads.scale_for(self.cluster.n_devices))
             a["strategies"] = strategies
             a["extra_forward"], a["extra_backward"] = self.extra_memory(strategies, micro)
-            # mixed precision: autocast's 16-bit weight copies stay with the states (costs/memory.py;
-            # an sdp layer's gathered weights are already 16-bit: extra_memory)
-            copy = getattr(self.config, "compute_copy_bytes_per_param", 0.0)
-            if copy:
-                a["states_bytes"] = a["states_bytes"] + np.array(
-                    [[param_count(self.model, i, False) / st.tp * copy if st.sdp == 1 else 0.0 for st in strategies]
-                     for i in range(self.model.n_layers)])
+            # mixed precision: autocast's 16-bit weight copies stay with the states (costs/memory.py)
+            a["states_bytes"] = a["states_bytes"] + a["copy_bytes"]
             a["allowed"] = np.array([micro == int(micro) and int(micro) % s.data_degree == 0 for s in strategies])
             layouts: dict = {}
             classes = [layouts.setdefault((s.data_degree, tuple(data_rank(s, p) for p in range(len(devices)))),

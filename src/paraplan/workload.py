@@ -76,17 +76,42 @@ class Workload:
 
 
 def measured_model(reference: str, *, seq_len: int | None = None, image_size: int | None = None,
-                   layers: str | None = None, watch: Watch | None = None) -> tuple[BuiltModel, ModelSpec]:
-    """Build any model reference on meta (models/source.py) and measure it (models/measure.py)."""
+                   layers: str | None = None, watch: Watch | None = None,
+                   precision: str = "fp32", attention: str = "math") -> tuple[BuiltModel, ModelSpec]:
+    """Build any model reference on meta (models/source.py) and measure it (models/measure.py) as
+    a plan in `precision` runs it (mixed precision: under autocast's casts), its scaled-dot-product
+    attention kept as `attention` says (`attention_kernel`)."""
     from paraplan.models import measure, source
 
     if watch is None:
         built = source.build(reference, device="meta", seq_len=seq_len, image_size=image_size, layers=layers)
-        return built, measure.measure(built)
+        return built, measure.measure(built, precision=precision, attention=attention)
     with watch.measuring(reference):
         built = source.build(reference, device="meta", seq_len=seq_len, image_size=image_size, layers=layers)
         with watch.progress(f"measuring {built.name} on meta", 2 * measure.count_layers(built)) as advance:
-            return built, measure.measure(built, progress=advance)
+            return built, measure.measure(built, progress=advance, precision=precision, attention=attention)
+
+
+def attention_kernel(cluster: Cluster, precision: str) -> str:
+    """How the plan's run keeps PyTorch's scaled-dot-product attention (models/measure.py: ATTENTION).
+    On a CPU, what torch does here: its flash kernel without dropout, the math path with it. On
+    GPUs in mixed precision, today's fused kernels (flash / memory-efficient: no s x s tensor); in
+    fp32 and tf32 the eager attention of the papers' testbeds, whose reproductions keep fp32
+    (HF models of 2021-22 stored the s x s softmax and its dropout mask), which meta measures."""
+    from paraplan.costs.memory_config import is_cpu
+    from paraplan.precision import is_mixed
+
+    if all(is_cpu(slot.spec.name) for slot in cluster.devices):
+        return "cpu"
+    return "fused" if is_mixed(precision) else "math"
+
+
+def attention_here() -> str:
+    """The attention kernel of a run on this machine (`paraplan train`): its GPUs' fused kernels, or
+    the CPU's choice."""
+    import torch
+
+    return "fused" if torch.cuda.is_available() else "cpu"
 
 
 def operator_graph(built: BuiltModel, *, optional: bool = False, watch: Watch | None = None) -> OpGraph | None:
@@ -170,8 +195,9 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
         loaded, name = cluster, cluster_name or cluster.name
     else:
         loaded, name = load_cluster(str(cluster)), cluster_name or str(cluster)
-    check_precision(loaded, precision)  # before any measurement
-    built, spec = measured_model(model, seq_len=seq_len, image_size=image_size, layers=layers, watch=watch)
+    precision = check_precision(loaded, precision)  # before any measurement
+    built, spec = measured_model(model, seq_len=seq_len, image_size=image_size, layers=layers, watch=watch,
+                                 precision=precision, attention=attention_kernel(loaded, precision))
     graph = operator_graph(built, optional=operators == "optional", watch=watch) if operators else None
     extra = {key: value for key, value in (("overheads", overheads), ("overlap_slowdown", overlap_slowdown))
              if value is not None}

@@ -26,3 +26,18 @@ def stage_files_meet_a_full_disk_from_step2(rank: int, step: int) -> None:
         return FullDisk(real(tmp), 4096) if Path(tmp).name.startswith(".stage") else real(tmp)
 
     fileio._open_temp = open_temp
+
+
+def one_gradient_sync_dropped(rank: int, step: int) -> None:
+    """Before the second step, the replicas' next gradient all-reduce is skipped on every rank (once):
+    the negative control of the mixed-precision comparison (tests/distributed/test_mixed_precision.py)."""
+    if step != 1:
+        return
+    from paraplan.runtime.pipeline_rank import GradSync
+
+    real = GradSync.finish
+
+    def skipped(self):
+        GradSync.finish = real  # the next step synchronises again
+
+    GradSync.finish = skipped

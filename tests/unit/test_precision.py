@@ -74,19 +74,22 @@ def test_the_plan_and_the_cost_model_must_agree(gpt2):
 
 
 # The examples/ plans (version-1 files) simulated by commit 16a3703, before format version 2 and
-# precision in the cost model: (iteration seconds, every device's peak bytes)
+# precision in the cost model: (iteration seconds, every device's peak bytes). The last stage's
+# peaks were re-pinned when the memory model gained the loss's saved tensors (the log-softmax,
+# models/measure.py), a change of the model, not of the format; the times are 16a3703's (GroPipe's
+# ResNet-50 plan moved by 3e-6 relative with its last stage's memory).
 TODAY = {
-    "bert-huge-32-dp8.json": (0.5635332070733857, (14881202080, 14881202080, 14881202080, 14881202080, 14881202080, 14881202080, 14881202080, 14881202080)),
-    "gpt2-tiny-local-1f1b-2x4.json": (0.06688618036363636, (11844096, 6985728)),
-    "gpt2-xl-1f1b-4x8.json": (1.579258807594839, (13736463667, 11781152563, 9423840051, 8609427251)),
-    "gpt2-xl-gpipe-4x8.json": (1.579258807594839, (19721029222, 19864811315, 18378046669, 18238243226)),
+    "bert-huge-32-dp8.json": (0.5635332070733857, (14953092209, 14953092209, 14953092209, 14953092209, 14953092209, 14953092209, 14953092209, 14953092209)),
+    "gpt2-tiny-local-1f1b-2x4.json": (0.06688618036363636, (11844096, 7512068)),
+    "gpt2-xl-1f1b-4x8.json": (1.579258807594839, (13736463667, 11781152563, 9423840051, 8727797253)),
+    "gpt2-xl-gpipe-4x8.json": (1.579258807594839, (19721029222, 19864811315, 18378046669, 19185203237)),
     "resnet-50-fddps-8xp100.json": (0.5178490917799703, (8480004384, 1624082432, 783857920, 783857920, 783857920, 783857920, 758675712, 741013768)),
-    "resnet-50-gropipe-2x4.json": (0.244163171584127, (4963521741, 4963521741, 2165939610, 2165939610, 1081294848, 1081294848, 923930240, 923930240)),
+    "resnet-50-gropipe-2x4.json": (0.24416397323412695, (4963521741, 4963521741, 2165939610, 2165939610, 1081294848, 1081294848, 924003992, 924003992)),
 }
 
 
 @pytest.mark.parametrize("name", TODAY)
-def test_version_1_files_load_as_fp32_with_todays_prediction(name):
+def test_version_1_files_load_as_fp32_with_todays_prediction(name, tmp_path):
     import json
 
     from paraplan.workload import workload
@@ -100,6 +103,13 @@ def test_version_1_files_load_as_fp32_with_todays_prediction(name):
     iteration, peaks = TODAY[name]
     assert sim.prediction.iteration_s == pytest.approx(iteration, rel=1e-9)
     assert tuple(m.peak_bytes for m in sim.prediction.memory) == peaks
+    # and written again as version 2 (fp32 spelled out), the same prediction to the bit
+    from paraplan.plans.plan_file import write_plan
+
+    again = tmp_path / name
+    write_plan(plan, again)
+    assert json.loads(again.read_text())["format_version"] == 2
+    assert simulate_plan(read_plan(again), w.costs).prediction == sim.prediction
 
 
 def test_plan_takes_precision_and_the_cluster_default(capsys, tmp_path):
@@ -123,12 +133,13 @@ def test_a_device_without_the_dtype_is_one_line_before_any_work(capsys, tmp_path
     assert not (tmp_path / "p.json").exists()
 
 
-def test_the_runtime_refuses_a_bf16_plan_until_it_runs_one():
+def test_the_runtime_takes_bf16_and_refuses_fp16_in_one_line():
     from paraplan.errors import FieldError
     from paraplan.runtime.rank_base import TrainConfig
 
-    with pytest.raises(FieldError, match="precision: bf16: the runtime does not support this yet"):
-        TrainConfig(plan=replace(_plan("bf16"), cluster="local"), model="gpt2-tiny")
+    TrainConfig(plan=replace(_plan("bf16"), cluster="local"), model="gpt2-tiny")
+    with pytest.raises(FieldError, match="precision fp16: the runtime trains fp32, tf32, bf16; fp16 needs a loss scaler"):
+        TrainConfig(plan=replace(_plan("fp16"), cluster="local"), model="gpt2-tiny")
 
 
 @pytest.mark.parametrize("stages", [2, 3, 6])

@@ -64,7 +64,7 @@ def _data_check(check, *args) -> None:
 def run(args) -> int:
     from paraplan.plans.plan_file import read_plan
     from paraplan.runtime.launch import default_run_dir
-    from paraplan.workload import cost_model, measured_model
+    from paraplan.workload import attention_here, cost_model, measured_model
 
     plan = read_plan(args.plan)
     model = args.model or plan.model
@@ -73,7 +73,9 @@ def run(args) -> int:
     _check_outputs(args, out_dir)
     config = _config(args, plan, model, out_dir)
     compare_cluster, overheads = _comparison(args, plan)
-    built, spec = measured_model(model, seq_len=args.seq_len, image_size=args.image_size, watch=BARS)
+    # measured as this machine's ranks will run it: the plan's precision, PyTorch's attention kernel here
+    built, spec = measured_model(model, seq_len=args.seq_len, image_size=args.image_size, watch=BARS,
+                                 precision=plan.precision, attention=attention_here())
     world, torchrun = _check_model(args, config, plan, model, built, spec, compare_cluster)
     predicted_memory, breakdowns, graph = _predicted_memory(plan, built, spec, world)
     cm = cost_model(spec, compare_cluster, profile=args.profile, overheads=overheads, precision=plan.precision,

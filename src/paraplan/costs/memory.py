@@ -80,6 +80,8 @@ class MemoryBreakdown:
     param_state_bytes: float = 0.0
     grad_bytes: float = 0.0
     optimizer_bytes: float = 0.0
+    # the part of activation_bytes that is one checkpointed layer's recomputation (during its backward)
+    recompute_bytes: float = 0.0
 
     @property
     def forward_peak_bytes(self) -> float:
@@ -215,7 +217,7 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
                            ddp_bucket_bytes=ddp_grads * config.grad_bytes_per_param * config.ddp_bucket_fraction,
                            optimizer_step_bytes=optimizer_params * config.optimizer_step_bytes_per_param,
                            compute_copy_bytes=compute_copies, param_state_bytes=param_states, grad_bytes=grads,
-                           optimizer_bytes=optimizer_states)
+                           optimizer_bytes=optimizer_states, recompute_bytes=recompute / (1.0 + config.allocator_fraction))
 
 
 def tp_replicated_bytes(model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,

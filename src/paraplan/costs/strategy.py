@@ -111,6 +111,11 @@ def layer_memory(model: ModelSpec, index: int, strategy: LayerStrategy, micro_ba
     if strategy.checkpoint:
         previous = model.layers[index - 1].output_bytes if index > 0 else model.input_bytes
         saved, recompute = previous.at(local) * config.activation_scale / strategy.tp, saved
+    elif strategy.recompute == "selective":
+        # Korthikanti et al. 2022 §5: the attention core's tensors are not kept; they exist again,
+        # for one layer at a time, while its backward recomputes them
+        core = layer.attention_core_bytes.at(local) * config.activation_scale / strategy.tp
+        saved, recompute = saved - core, core
     return LayerMemory(states_bytes=states, param_bytes=params * param_b / shards, grad_bytes=params * grad_b / shards,
                        optimizer_bytes=params * optimizer_b / shards,
                        weights_bytes=params * config.param_bytes_per_param / shards,
@@ -127,16 +132,18 @@ def overlapped_s(compute_s: float, comm_s: float, slowdown: float) -> float:
 
 def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,
                tp_link: LinkSpec, data_link: LinkSpec, overlap_slowdown: float | None = None,
-               runtime: RuntimeOverheads | None = None, compute_scale: float = 1.0) -> LayerTime:
+               runtime: RuntimeOverheads | None = None, compute_scale: float = 1.0,
+               dp_link: LinkSpec | None = None) -> LayerTime:
     """Time of layer `index` on one device of its group (Galvatron-BMW §V). `data_link` prices the
     SDP collectives (the link of the sdp group); with `overlap_slowdown` the backward's SDP
     collectives overlap its compute (`overlapped_s`), else they add up. `runtime`: the measured
     per-layer costs of the TP / SDP machinery (not in the paper: `paraplan calibrate`);
-    `compute_scale` multiplies compute (RuntimeOverheads.scale_for)."""
+    `compute_scale` multiplies compute (RuntimeOverheads.scale_for). `dp_link`: the dp group's
+    link, for ZeRO-2's reduce-scatter after every micro-batch's backward."""
     layer = model.layers[index]
     local = micro_batch / strategy.data_degree
     tp, sdp = strategy.tp, strategy.sdp
-    forward = compute_scale * float(costs.forward[index](local)) / tp
+    forward = forward_compute = compute_scale * float(costs.forward[index](local)) / tp
     backward = compute_scale * float(costs.backward[index](local)) / tp
     if runtime is not None and tp > 1:  # measured by paraplan calibrate (RuntimeOverheads.tp_kernel_s)
         forward += runtime.tp_kernel_s * max(1, layer.forward_ops)
@@ -145,6 +152,11 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
         forward += 2 * ring_allreduce_s(layer.output_bytes.at(local), tp, tp_link)
         backward += 2 * ring_allreduce_s(layer.output_grad_bytes.at(local), tp, tp_link)
     recompute = forward  # with tp, the recomputation repeats the forward's all-reduces (§III-A)
+    if strategy.recompute == "selective":
+        # only the attention core runs again (no communication: it is local to each tp rank), at
+        # the layer's measured compute rate: its share of the layer's forward FLOPs
+        flops = layer.forward_flops.at(local)
+        recompute = (forward_compute * layer.attention_core_flops.at(local) / flops) if flops > 0 else 0.0
     shard = layer.param_bytes / tp
     if sdp > 1:  # ZeRO-3: gather the weights for each pass, scatter the gradients after the backward
         # in mixed precision the weights are gathered in the compute dtype and the gradients reduced
@@ -153,13 +165,37 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
         forward += gather
         comm = gather + ring_reducescatter_s(shard, sdp, data_link)
         backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)
-    if strategy.checkpoint:
+    dp_sync_bytes = shard / sdp if strategy.dp > 1 else 0.0
+    if strategy.zero >= 2 and strategy.dp > 1:
+        # ZeRO-2 (as DeepSpeed's stage 2 and runtime/zero.py): each micro-batch's gradients are
+        # reduce-scattered as its backward ends, overlapping the backward; nothing is left for the
+        # end-of-step sync (the all-gather after the optimizer step: simulator/plan_work.zero_gather_s)
+        comm = ring_reducescatter_s(dp_sync_bytes, strategy.dp, dp_link or data_link)
+        backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)
+        dp_sync_bytes = 0.0
+    if strategy.recompute != "none":
         backward += recompute
     if runtime is not None and sdp > 1:  # FSDP2's machinery per unit and pass, on the CPU: not overlapped
         forward += runtime.sdp_layer_s
         backward += runtime.sdp_layer_s
-    return LayerTime(forward_s=forward, backward_s=backward,
-                     grad_allreduce_bytes=shard / sdp if strategy.dp > 1 else 0.0)
+    return LayerTime(forward_s=forward, backward_s=backward, grad_allreduce_bytes=dp_sync_bytes)
+
+
+def dp_sync_s(strategy: LayerStrategy, sync_bytes: float, dp_link: LinkSpec) -> float:
+    """The dp gradient sync of a layer after its last backward (it may overlap that backward): the
+    all-reduce of its gradients, a reduce-scatter with ZeRO-1; nothing with ZeRO-2, whose
+    reduce-scatters are in every backward (`layer_time`)."""
+    if strategy.dp <= 1 or not sync_bytes:
+        return 0.0
+    return (ring_reducescatter_s if strategy.zero else ring_allreduce_s)(sync_bytes, strategy.dp, dp_link)
+
+
+def zero_gather_layer_s(model: ModelSpec, index: int, strategy: LayerStrategy, dp_link: LinkSpec) -> float:
+    """ZeRO-1/2: the all-gather of the layer's updated parameters after the optimizer step, which
+    nothing overlaps (simulator/plan_work.py: zero_gather_s); 0 otherwise."""
+    if strategy.dp <= 1 or not strategy.zero:
+        return 0.0
+    return ring_allgather_s(model.layers[index].param_bytes / (strategy.tp * strategy.sdp), strategy.dp, dp_link)
 
 
 def strategy_groups(strategy: LayerStrategy, devices: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
@@ -229,20 +265,21 @@ def strategy_arrays(costs: LayerCosts, model: ModelSpec, strategies: tuple[Layer
                     runtime: RuntimeOverheads | None = None, compute_scale: float = 1.0) -> dict[str, np.ndarray]:
     """Every layer (of `layers`, default all) under every strategy on the group `devices`: arrays of
     shape [layer, strategy] for a dynamic program (Galvatron-BMW's): forward_s, backward_s,
-    grad_allreduce_s (the dp all-reduce of the layer's gradients on its dp group's link),
-    states_bytes, saved_bytes, recompute_bytes, copy_bytes."""
+    grad_allreduce_s (the dp all-reduce of the layer's gradients on its dp group's link; ZeRO:
+    `dp_sync_s`), after_step_s (ZeRO-1/2's parameter all-gather after the step), states_bytes, saved_bytes, recompute_bytes, copy_bytes."""
     layers = range(model.n_layers) if layers is None else layers
     n, s = len(layers), len(strategies)
-    out = {key: np.zeros((n, s)) for key in ("forward_s", "backward_s", "grad_allreduce_s", "states_bytes",
-                                              "saved_bytes", "recompute_bytes", "copy_bytes")}
+    out = {key: np.zeros((n, s)) for key in ("forward_s", "backward_s", "grad_allreduce_s", "after_step_s",
+                                              "states_bytes", "saved_bytes", "recompute_bytes", "copy_bytes")}
     for j, st in enumerate(strategies):
         links = strategy_links(cluster, st, devices)
         for row, i in enumerate(layers):
             t = layer_time(costs, model, i, st, micro_batch, links["tp"], links["sdp"], overlap_slowdown, runtime,
-                           compute_scale)
+                           compute_scale, dp_link=links["dp"])
             m = layer_memory(model, i, st, micro_batch, config)
             out["forward_s"][row, j], out["backward_s"][row, j] = t.forward_s, t.backward_s
-            out["grad_allreduce_s"][row, j] = ring_allreduce_s(t.grad_allreduce_bytes, st.dp, links["dp"])
+            out["grad_allreduce_s"][row, j] = dp_sync_s(st, t.grad_allreduce_bytes, links["dp"])
+            out["after_step_s"][row, j] = zero_gather_layer_s(model, i, st, links["dp"])
             out["states_bytes"][row, j], out["saved_bytes"][row, j] = m.states_bytes, m.saved_bytes
             out["recompute_bytes"][row, j] = m.recompute_bytes
             out["copy_bytes"][row, j] = m.copy_bytes

@@ -11,10 +11,22 @@ Each quantity is measured at two batch sizes and fitted as fixed + per_sample * 
 Definition of "saved bytes" (compared with Galvatron Table I in docs/models.md): the tensors
 autograd keeps for this layer's backward, the layer's own input included when an op saves it,
 parameters excluded, each underlying storage counted once.
+
+Mixed precision (`precision` bf16 / fp16): the layers are measured as the runtime runs them,
+under autocast (runtime/mixed_precision.py). Autocast does not act on meta tensors, so
+`_Autocast16` does its work one level up, where autograd sees it: the floating inputs of the ops
+autocast runs in 16 bits (its lower-precision list, common to the CPU and CUDA: linear, matmul
+and the mm family, convolutions, scaled-dot-product attention, einsum) are cast first. What a
+layer keeps is then what autocast keeps: 16-bit matmul inputs and outputs, an fp32 residual
+stream, fp32 norms of fp32 inputs. Autocast's 16-bit weight copies are saved too; they are not
+activations (the memory model counts them once per weight: LayerMemory.copy_bytes). CUDA's
+autocast also runs softmax, log-softmax and the norms in fp32 whatever their input; that list is not
+emulated (an eager attention's softmax is counted in 16 bits, as the CPU keeps it).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -63,20 +75,183 @@ def _detach_inputs(value):
     return value
 
 
-def _measure_once(layer: nn.Module, x, params: set[int]) -> tuple[object, dict[str, int]]:
+class _Autocast16(torch.overrides.TorchFunctionMode):
+    """Autocast's casts, made where autograd records them (it works on meta, autocast does not)."""
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+        f = torch.nn.functional
+        self.lower = {f.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
+                      torch.mm, torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm,
+                      torch.baddbmm, torch.Tensor.baddbmm, torch.addbmm, torch.Tensor.addbmm, f.conv1d, f.conv2d,
+                      f.conv3d, f.conv_transpose1d, f.conv_transpose2d, f.conv_transpose3d,
+                      f.scaled_dot_product_attention, torch.einsum, f.prelu}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.lower:
+            args, kwargs = self._cast(args), {k: self._cast(v) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+    def _cast(self, value):
+        if isinstance(value, torch.Tensor):
+            return value.to(self.dtype) if value.dtype == torch.float32 else value
+        if isinstance(value, (tuple, list)):
+            return type(value)(self._cast(v) for v in value)
+        return value
+
+
+class _AttentionCore(TorchDispatchMode):
+    """Finds a layer's attention core as aten sees it: the sizes s of every softmax over a
+    [..., s, s] tensor (the attention probabilities), and the matmuls that make such a tensor
+    (QK^T) or take one (attention over V), with their FLOPs. A fused attention kernel (SDPA's
+    flash or memory-efficient paths) shows no softmax: it keeps no s x s tensor to recompute."""
+
+    _SOFTMAX = {"_softmax", "softmax", "_safe_softmax"}
+    _MATMUL = {"bmm", "mm", "baddbmm", "addmm"}
+
+    def __init__(self):
+        super().__init__()
+        self.sizes: set[int] = set()
+        self.matmuls: list[tuple[tuple[int, ...], tuple[int, ...], float]] = []  # (first input, output, flops)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.__name__.split(".")[0]
+        if _FUSED[0]:
+            return out
+        if name in self._SOFTMAX and args[0].dim() >= 3 and args[0].shape[-1] == args[0].shape[-2]:
+            self.sizes.add(int(args[0].shape[-1]))
+        elif name in self._MATMUL and isinstance(out, torch.Tensor):
+            a = args[1] if name in ("baddbmm", "addmm") else args[0]
+            k = a.shape[-1]
+            self.matmuls.append((tuple(a.shape), tuple(out.shape), 2.0 * out.numel() * k))
+        return out
+
+    def flops(self) -> float:
+        def square(shape):
+            return len(shape) >= 2 and shape[-1] == shape[-2] and shape[-1] in self.sizes
+
+        return sum(f for a, out, f in self.matmuls if square(out) or square(a))
+
+    def kept(self, shape: tuple[int, ...]) -> bool:
+        return len(shape) >= 3 and shape[-1] == shape[-2] and shape[-1] in self.sizes
+
+
+_FUSED = [0]  # > 0 while a fused attention runs its math inside (`_FusedAttention`): not a core to find
+
+
+class _FusedAttention(torch.autograd.Function):
+    """PyTorch's scaled-dot-product attention as a GPU runs it (the flash and memory-efficient
+    kernels): it keeps q, k, v, its output and one fp32 log-sum-exp per row, never the s x s
+    probabilities, and its backward recomputes them. On meta SDPA takes its math path, which keeps
+    them; this stands in for it when the plan's devices are GPUs."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, dropout_p, is_causal, scale, enable_gqa):
+        _FUSED[0] += 1
+        try:
+            with torch.no_grad():
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                    enable_gqa=enable_gqa)
+        finally:
+            _FUSED[0] -= 1
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        ctx.save_for_backward(q, k, v, out, lse, *(() if mask is None else (mask,)))
+        ctx.args = (dropout_p, is_causal, scale, enable_gqa)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, _, _, *mask = ctx.saved_tensors
+        dropout_p, is_causal, scale, enable_gqa = ctx.args
+        _FUSED[0] += 1
+        try:
+            with torch.enable_grad():
+                leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    *leaves, attn_mask=mask[0] if mask else None, dropout_p=dropout_p, is_causal=is_causal,
+                    scale=scale, enable_gqa=enable_gqa)
+                grads = torch.autograd.grad(out, leaves, grad)
+        finally:
+            _FUSED[0] -= 1
+        return (*grads, None, None, None, None, None)
+
+
+def _fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return _FusedAttention.apply(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+ATTENTION = ("math", "fused", "cpu")
+
+
+class _SdpaKernel(torch.overrides.TorchFunctionMode):
+    """torch.nn.functional.scaled_dot_product_attention as the run's kernel keeps it: "fused"
+    (a GPU's flash / memory-efficient kernels), "cpu" (PyTorch's CPU flash kernel when there is no
+    dropout, else its math path, as observed here), "math" (what meta measures; an eager attention's
+    tensors)."""
+
+    def __init__(self, attention: str):
+        super().__init__()
+        self.attention = attention
+        # while SDPA's math path runs: the ids of its inputs (q, k, v, mask); every other tensor it
+        # saves is its attention core's (what a checkpoint around it would stop keeping)
+        self.inputs: set[int] | None = None
+        self.input_bytes = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
+            if self.attention == "fused" or (self.attention == "cpu" and not dropout):
+                return _fused_sdpa(*args, **kwargs)
+            tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+            self.inputs = {id(t) for t in tensors}
+            # a checkpoint around the attention keeps its inputs instead
+            self.input_bytes += sum(t.numel() * t.element_size() for t in tensors)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.inputs = None
+        return func(*args, **kwargs)
+
+    def in_core(self, base: torch.Tensor) -> bool:
+        return self.inputs is not None and id(base) not in self.inputs
+
+
+def _is_weight_copy(t: torch.Tensor) -> bool:
+    """A 16-bit copy of a parameter (a cast whose input is a leaf autograd accumulates into)."""
+    fn = t.grad_fn
+    return fn is not None and type(fn).__name__ == "ToCopyBackward0" and bool(fn.next_functions) and \
+        type(fn.next_functions[0][0]).__name__ == "AccumulateGrad"
+
+
+def _measure_once(layer: nn.Module, x, params: set[int], compute_dtype: torch.dtype | None = None,
+                  attention: str = "math") -> tuple[object, dict[str, int]]:
     x = _detach_inputs(x)
     saved: dict[int, int] = {}
+    shapes: dict[int, tuple[int, ...]] = {}
     keep_alive: list[torch.Tensor] = []  # ids are only unique while the objects live
+
+    in_sdpa: set[int] = set()  # saved inside SDPA's math path, not its inputs: its attention core
 
     def pack(t: torch.Tensor):
         base = t._base if t._base is not None else t
-        if id(base) not in params and id(t) not in params:
+        if id(base) not in params and id(t) not in params and not _is_weight_copy(base):
             keep_alive.append(base)
             saved[id(base)] = base.numel() * base.element_size()
+            shapes[id(base)] = tuple(base.shape)
+            if sdpa.in_core(base) and sdpa.in_core(t):
+                in_sdpa.add(id(base))
         return t
 
     kernels = _KernelCounter()
-    with FlopCounterMode(display=False) as fwd_flops, kernels, \
+    core = _AttentionCore()
+    cast = _Autocast16(compute_dtype) if compute_dtype is not None else contextlib.nullcontext()
+    sdpa = fused = _SdpaKernel(attention)
+    with FlopCounterMode(display=False) as fwd_flops, kernels, core, fused, cast, \
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = layer(x)
     fwd_kernels = kernels.count
@@ -91,6 +266,11 @@ def _measure_once(layer: nn.Module, x, params: set[int]) -> tuple[object, dict[s
         "out_bytes": nbytes(y),
         "out_grad_bytes": float_nbytes(y),
         "saved_bytes": sum(saved.values()),
+        # SDPA's math path: what it saves (its own fp32 copies of q, k, v included) less the inputs a
+        # checkpoint around it keeps instead; an eager attention: its s x s tensors (Korthikanti's 5as^2b)
+        "core_bytes": max(0, sum(b for key, b in saved.items() if key in in_sdpa) - (sdpa.input_bytes if in_sdpa else 0))
+        + sum(b for key, b in saved.items() if key not in in_sdpa and core.kept(shapes[key])),
+        "core_flops": core.flops(),
         "fwd_ops": fwd_kernels,
         "bwd_ops": bwd_kernels.count,
     }
@@ -137,8 +317,32 @@ def _fit(small: float, large: float) -> Affine:
     return Affine(fixed=fixed, per_sample=max(0.0, per_sample))
 
 
+def _loss_saved_bytes(loss, out, targets, compute_dtype: torch.dtype | None) -> int:
+    """What `loss(out, targets)` keeps for its backward (under the same casts as the layers)."""
+    out = _detach_inputs(out)
+    saved: dict[int, int] = {}
+    keep_alive: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor):
+        base = t._base if t._base is not None else t
+        keep_alive.append(base)
+        saved[id(base)] = base.numel() * base.element_size()
+        return t
+
+    cast = _Autocast16(compute_dtype) if compute_dtype is not None else contextlib.nullcontext()
+    try:
+        with cast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss(out, targets)
+    except (RuntimeError, ValueError, TypeError):
+        # an output the loss cannot take is the run's pre-flight check to report (runtime/preflight.py),
+        # in one line before launch; measuring goes on without the loss's tensors
+        return 0
+    return sum(saved.values())
+
+
 def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSpec, name: str = "model",
-                   family: str = "sequential", progress=None, batch=None) -> ModelSpec:
+                   family: str = "sequential", progress=None, batch=None, compute_dtype: torch.dtype | None = None,
+                   loss=None, attention: str = "math") -> ModelSpec:
     """`batch(b, device)` makes (inputs, targets) for b samples (default: from the InputSpec)."""
     """Measure an ordered list of (name, kind, module), on the device its parameters live on."""
     layers = list(layers)
@@ -165,7 +369,7 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
     per_batch: list[list[dict[str, int]]] = []
     input_bytes = []
     for batch in _FIT_BATCHES:
-        x, _ = batch_fn(batch, device) if batch_fn is not None else make_batch(inputs, batch, device=device)
+        x, targets = batch_fn(batch, device) if batch_fn is not None else make_batch(inputs, batch, device=device)
         input_bytes.append(nbytes(x))
         stats = []
         measured: dict[tuple, tuple[object, dict[str, int]]] = {}
@@ -176,12 +380,17 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
             if key is not None and key in measured:
                 x, s = measured[key]
             else:
-                x, s = _measure_once(module, x, params)
+                x, s = _measure_once(module, x, params, compute_dtype, attention)
                 if key is not None:
                     measured[key] = (x, s)
             stats.append(s)
             if progress is not None:
                 progress()
+        if loss is not None and stats:
+            # the loss keeps its own tensors until the backward (the log-softmax of the logits, in
+            # fp32 under autocast: 4 bytes x sequence x vocabulary per sample): the last layer's
+            stats[-1] = {**stats[-1], "saved_bytes": stats[-1]["saved_bytes"] +
+                         _loss_saved_bytes(loss, x, targets, compute_dtype)}
         per_batch.append(stats)
 
     specs = []
@@ -197,19 +406,29 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
             output_grad_bytes=_fit(small["out_grad_bytes"], large["out_grad_bytes"]),
             saved_bytes=_fit(small["saved_bytes"], large["saved_bytes"]),
             forward_ops=small["fwd_ops"], backward_ops=small["bwd_ops"],
+            attention_core_bytes=_fit(small["core_bytes"], large["core_bytes"]),
+            attention_core_flops=_fit(small["core_flops"], large["core_flops"]),
         ))
     return ModelSpec(name=name, family=family, layers=tuple(specs), inputs=inputs,
-                     input_bytes=_fit(*input_bytes))
+                     input_bytes=_fit(*input_bytes),
+                     compute_dtype_bytes=4 if compute_dtype is None else torch.finfo(compute_dtype).bits // 8)
 
 
-def measure(built: BuiltModel, progress=None) -> ModelSpec:
+def measure(built: BuiltModel, progress=None, precision: str = "fp32", attention: str = "math") -> ModelSpec:
     """Measure a zoo model (built on any device; measurement itself runs on meta copies of the
-    shapes, so a model built on "meta" is the cheap way)."""
+    shapes, so a model built on "meta" is the cheap way), as a plan in `precision` runs it, its
+    scaled-dot-product attention kept as `attention` says (`_SdpaKernel`: "fused", "cpu", "math")."""
+    if attention not in ATTENTION:
+        raise ValueError(f"attention: expected one of {ATTENTION}, got {attention!r}")
+    from paraplan.precision import Precision
+
+    compute_dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(precision)
     if next(iter(built.module.parameters()), torch.empty(0, device="meta")).device.type != "meta":
         built = _meta_copy(built)
     built.module.train()  # dropout and friends as in training, so saved tensors are what training keeps
     spec = measure_layers(built.layers(), built.inputs, built.name, built.family, progress,
-                          batch=lambda b, device: built.batch(b, device=device))
+                          batch=lambda b, device: built.batch(b, device=device), compute_dtype=compute_dtype,
+                          loss=built.loss, attention=attention)
     return replace(spec, ref=built.ref or built.name)
 
 

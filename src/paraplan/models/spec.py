@@ -49,6 +49,12 @@ class LayerSpec:
     saved_bytes: Affine  # what autograd keeps for this layer's backward (inputs it saves included)
     forward_ops: int  # aten kernels launched by one forward (for per-kernel overheads)
     backward_ops: int
+    # the attention core (Korthikanti et al. 2022 §5: QK^T, softmax, its dropout, attention over V):
+    # what of saved_bytes it keeps (the [.., s, s] tensors) and its forward FLOPs, which selective
+    # recomputation trades for each other; 0 where the layer has no materialised attention (none, or
+    # a fused kernel that keeps no s x s tensor)
+    attention_core_bytes: Affine = Affine(0.0, 0.0)
+    attention_core_flops: Affine = Affine(0.0, 0.0)
 
     @property
     def flops_per_sample(self) -> float:
@@ -104,6 +110,7 @@ class ModelSpec:
         if factor == 1:
             return self
         layers = tuple(replace(layer, saved_bytes=layer.saved_bytes.scaled(factor),
+                               attention_core_bytes=layer.attention_core_bytes.scaled(factor),
                                output_bytes=layer.output_bytes.scaled(factor),
                                output_grad_bytes=layer.output_grad_bytes.scaled(factor)) for layer in self.layers)
         return replace(self, layers=layers, compute_dtype_bytes=element_bytes)

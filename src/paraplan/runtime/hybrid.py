@@ -20,13 +20,19 @@ Per layer (Galvatron-BMW §III), with the field's tools:
          (one all-reduce per iteration, `grad_allreduce_bytes`). FSDP2's `replicate` was the other
          choice: it reduces after every micro-batch's backward unless the pipeline stage is itself
          the FSDP root, and here the root holds layers of other strategies;
+  ZeRO   DP with ZeRO-1 / ZeRO-2 over the dp dimension: runtime/zero.py (reduce-scatter, sharded
+         optimizer step, all-gather);
   CKPT   `torch.utils.checkpoint` (non-reentrant) around the layer (FSDP2 re-gathers inside the
-         recomputation, as its hooks run again).
+         recomputation, as its hooks run again); selective recomputation checkpoints only the
+         attention core (runtime/selective.py).
 Between neighbouring layers whose data splits differ, the activation is redistributed
 (`Regroup`, Galvatron §VI's Slice-Gather): a slice the device already holds is cut locally; a
 missing one is all-gathered over the stage group (more bytes than the minimum the simulator prices
 for some pairs; said where it applies). The same happens at the start of a stage, from the
 previous stage's last layout.
+
+Mixed precision: runtime/mixed_precision.py (autocast around the step; FSDP2's
+MixedPrecisionPolicy on the SDP layers).
 
 Loss scaling: the last layer's devices each compute the loss of their slice; it is divided by the
 slice count D so that the slices' losses add up to the micro-batch's loss. Every data-parallel
@@ -195,7 +201,7 @@ class HybridStage:
     layers: list[nn.Module]  # the raw layers (parameter paths as in the whole model)
     strategies: tuple[LayerStrategy, ...]
     last: LayerStrategy  # the layout of the stage's output
-    dp_params: list[tuple[object, list[nn.Parameter]]]  # (dp process group, parameters) for DataParallelSync
+    dp_params: list[tuple[object, int, list[nn.Parameter]]]  # (dp process group, ZeRO stage, parameters)
 
 
 def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Module], meshes: Meshes,
@@ -206,6 +212,9 @@ def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Mod
     from torch.distributed.fsdp import fully_shard
 
     from paraplan.runtime.materialize import StageModule, materialize
+    from paraplan.runtime.mixed_precision import fsdp_policy
+
+    policy = fsdp_policy(plan.precision)
 
     stage = plan.stages[stage_index]
     strategies = stage_strategies(stage)
@@ -221,6 +230,10 @@ def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Mod
     made: dict = {}  # one materialisation for the stage: tied parameters stay tied
     for i, (layer, st) in enumerate(zip(layers, strategies, strict=True)):
         materialize([layer], names, seed, device, made)
+        if st.recompute == "selective":  # the attention core under a checkpoint (runtime/selective.py)
+            from paraplan.runtime.selective import apply_selective
+
+            apply_selective(layer)
         if st.tp > 1:
             from paraplan.runtime.tensor_parallel import apply_tensor_parallel
 
@@ -228,12 +241,12 @@ def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Mod
         if st.sdp > 1 and i == unit_of[i][-1]:  # the unit's last layer is materialised: shard the unit
             mesh = meshes.sub(st, "dp", "sdp") if st.dp > 1 else meshes.sub(st, "sdp")
             modules = [layers[j] for j in unit_of[i]]
-            fsdp = fully_shard(modules if len(modules) > 1 else modules[0], mesh=mesh)
+            fsdp = fully_shard(modules if len(modules) > 1 else modules[0], mesh=mesh, mp_policy=policy)
             for m in (fsdp if isinstance(fsdp, list) else [fsdp]):
                 m.set_gradient_divide_factor(1.0)  # a sum: the loss is already divided by the slice count
                 # plain sums on the wire: a custom factor otherwise asks for PREMUL_SUM, which gloo lacks
                 m.set_force_sum_reduction_for_comms(True)
-    dp_params: dict[int, tuple[object, list[nn.Parameter]]] = {}
+    dp_params: dict[tuple[int, int], tuple[object, int, list[nn.Parameter]]] = {}
     seen: set[int] = set()
     for layer, st in zip(layers, strategies, strict=True):
         if st.dp > 1 and st.sdp == 1:
@@ -241,7 +254,7 @@ def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Mod
             for p in layer.parameters():
                 if id(p) not in seen:
                     seen.add(id(p))
-                    dp_params.setdefault(id(group), (group, []))[1].append(p)
+                    dp_params.setdefault((id(group), st.zero), (group, st.zero, []))[2].append(p)
     wrapped, previous = [], held
     for layer, st in zip(layers, strategies, strict=True):
         wrapped.append(StrategyLayer(layer, previous, st, position, stage_group, group_size))
@@ -290,14 +303,35 @@ def _tied_units(indexed: list[tuple[int, nn.Module]]) -> list[list[int]]:
 
 class DataParallelSync:
     """The dp dimension's gradient all-reduce (a sum), once per iteration, one flattened
-    all-reduce per dp group; for tensor-parallel parameters, on their local shards."""
+    all-reduce per dp group; for tensor-parallel parameters, on their local shards. Layers with
+    ZeRO-1/2 go to runtime/zero.py's `ZeroSync`, one per (dp group, stage): the optimizer steps
+    its `views` instead of those parameters (`optimizer_params`), and `gather` follows the step."""
 
-    def __init__(self, groups: list[tuple[object, list[nn.Parameter]]], recorder=None):
-        self.groups, self.recorder = groups, recorder
+    def __init__(self, groups: list[tuple[object, int, list[nn.Parameter]]], recorder=None):
+        from paraplan.runtime.zero import ZeroSync
+
+        self.groups = [(group, params) for group, zero, params in groups if not zero]
+        self.zero = [ZeroSync(group, params, zero, recorder) for group, zero, params in groups if zero]
+        self.recorder = recorder
+
+    def optimizer_params(self, params: list[nn.Parameter]) -> list[nn.Parameter]:
+        """What the optimizer steps: `params`, with ZeRO's parameters replaced by its owned views."""
+        sharded = {id(p) for z in self.zero for p in z.params}
+        return [p for p in params if id(p) not in sharded] + [v for z in self.zero for v in z.views]
+
+    def held_grad_bytes(self) -> int:
+        """Gradient bytes held outside the parameters' .grad (ZeRO-2's accumulators)."""
+        return sum(z.held_grad_bytes() for z in self.zero)
+
+    def gather(self) -> None:
+        for z in self.zero:
+            z.gather()
 
     def finish(self) -> None:
         import time
 
+        for z in self.zero:
+            z.finish()
         start = time.time()
         for group, params in self.groups:
             grads = [local_value(p.grad) for p in params if p.grad is not None]
@@ -342,6 +376,8 @@ def hybrid_refusal(plan: Plan, layers: list) -> str | None:
             if rows % st.data_degree:
                 return (f"{where}: a micro-batch of {rows} samples does not split into {st.data_degree} "
                         f"data-parallel slices")
+            if st.zero and st.sdp > 1:
+                return f"{where}: ZeRO-{st.zero} over the dp replicas of a sharded (sdp) layer is not run"
             if st.tp > 1:
                 from paraplan.runtime.tensor_parallel import tp_refusal
 
@@ -350,7 +386,12 @@ def hybrid_refusal(plan: Plan, layers: list) -> str | None:
                     return f"{where}: no tensor parallelism: {reason}"
             for p in module.parameters():
                 holders.setdefault(id(p), []).append((index, name, st))
+    stage_of = {i: s for s, stage in enumerate(plan.stages) for i in stage.layers}
     for uses in holders.values():
+        if any(st.zero for _, _, st in uses) and len({stage_of[i] for i, _, _ in uses}) > 1:
+            i, name, st = uses[0]
+            return (f"layer {i} ({name}, {st}): a weight tied across stages with ZeRO-{st.zero} is not run (its "
+                    f"gradient is summed between stages after ZeRO's reduce-scatter)")
         layouts = {(st.dp, st.sdp, st.tp, st.order) for _, _, st in uses}
         if len(layouts) > 1:
             (i, a, sa), (j, b, sb) = uses[0], next(u for u in uses if (u[2].dp, u[2].sdp, u[2].tp, u[2].order)

@@ -51,7 +51,10 @@ def hybrid_setup(config: TrainConfig, rank: int, device, built, layers, names, r
                 state.setdefault(by_path[path], value.detach().clone())
         return state
 
+    sync = DataParallelSync(hybrid.dp_params, recorder)
     return RankSetup(module=hybrid.module, stage_index=stage_index, position=position,
-                     pp_group=pp_groups[position], named=named, sync=DataParallelSync(hybrid.dp_params, recorder),
+                     pp_group=pp_groups[position], named=named, sync=sync,
+                     optimizer_params=sync.optimizer_params if sync.zero else None,
+                     after_step=sync.gather if sync.zero else None, extra_grad_bytes=sync.held_grad_bytes,
                      loss=loss, local_batch=lambda inputs, targets: (inputs, targets),
                      loss_weight=1.0 if representative else 0.0, full_state=full_state, writes=position == 0)

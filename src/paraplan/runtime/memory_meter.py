@@ -8,6 +8,11 @@ activation), and each storage counts once. Here the hook also follows each stora
 freed (a weak reference's finalizer), so the peak over the schedule is the most bytes alive at
 once with several micro-batches in flight. A checkpointed layer keeps its input: the non-reentrant
 checkpoint saves it under its own hook, so `StrategyLayer` reports it here (`note_checkpoint_input`).
+Autocast's low-precision weight copies (mixed precision) are saved by autograd too: they are
+counted apart (`peak_copy_bytes`), as the planner files them under parameters. Two things the
+hooks cannot see: the copies of checkpointed layers (autocast's cache holds them for the step,
+autograd does not save them) and a checkpointed layer's recomputation (saved under the
+checkpoint's own hooks, during its backward).
 On a GPU the allocator's peak is recorded too.
 """
 
@@ -30,11 +35,29 @@ def _storage_of(t: torch.Tensor) -> torch.Tensor:
     return t._base if t._base is not None else t
 
 
+def _is_weight_copy(t: torch.Tensor) -> bool:
+    """A low-precision copy of a parameter made by autocast (its weight cache): a cast whose
+    input is a leaf that autograd accumulates into, possibly seen through a view (a transpose)."""
+    for candidate in (t, t._base):
+        fn = getattr(candidate, "grad_fn", None)
+        while fn is not None and type(fn).__name__ in ("TBackward0", "TransposeBackward0", "ViewBackward0",
+                                                        "PermuteBackward0", "ExpandBackward0"):
+            fn = fn.next_functions[0][0] if fn.next_functions else None
+        if fn is not None and type(fn).__name__ == "ToCopyBackward0" and fn.next_functions and \
+                type(fn.next_functions[0][0]).__name__ == "AccumulateGrad":
+            return True
+    return False
+
+
 class MemoryMeter:
     def __init__(self):
-        self.live: dict[int, int] = {}  # storage address -> bytes
+        self.live: dict[int, tuple[int, bool]] = {}  # storage address -> (bytes, a weight copy)
         self.live_bytes = 0
         self.peak_activation_bytes = 0
+        # mixed precision: autocast's bf16 weight copies, which autograd saves too; filed apart
+        # (the planner counts them as "16-bit weight copies", not activations)
+        self.live_copy_bytes = 0
+        self.peak_copy_bytes = 0
 
     def _add(self, t: torch.Tensor) -> None:
         base = _storage_of(t)
@@ -44,13 +67,22 @@ class MemoryMeter:
         key = storage.data_ptr()
         if key in self.live or storage.nbytes() == 0:
             return
-        self.live[key] = storage.nbytes()
-        self.live_bytes += storage.nbytes()
-        self.peak_activation_bytes = max(self.peak_activation_bytes, self.live_bytes)
+        copy = _is_weight_copy(t)
+        self.live[key] = (storage.nbytes(), copy)
+        if copy:
+            self.live_copy_bytes += storage.nbytes()
+            self.peak_copy_bytes = max(self.peak_copy_bytes, self.live_copy_bytes)
+        else:
+            self.live_bytes += storage.nbytes()
+            self.peak_activation_bytes = max(self.peak_activation_bytes, self.live_bytes)
         weakref.finalize(base, self._free, key)
 
     def _free(self, key: int) -> None:
-        self.live_bytes -= self.live.pop(key, 0)
+        nbytes, copy = self.live.pop(key, (0, False))
+        if copy:
+            self.live_copy_bytes -= nbytes
+        else:
+            self.live_bytes -= nbytes
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         self._add(t)

@@ -22,8 +22,10 @@ from paraplan.errors import FieldError
 from paraplan.plans.plan import Plan
 from paraplan.runtime.data import TOKEN_DTYPES
 
-# the version-2 plan features (plans/plan.py: FEATURES) the runtime runs so far
-RUNS: frozenset[str] = frozenset()
+# the version-2 plan features (plans/plan.py: FEATURES) the runtime runs so far: the precision
+# (fp32, tf32, bf16: runtime/mixed_precision.py), ZeRO-1/2 (runtime/zero.py) and selective
+# recomputation (runtime/selective.py)
+RUNS: frozenset[str] = frozenset({"precision", "zero", "selective"})
 
 
 class Optimizer(StrEnum):
@@ -66,6 +68,16 @@ class TrainConfig:
             refuse_features(self.plan, RUNS, "the runtime")
         except PlanError as exc:
             raise FieldError("plan", str(exc)) from None
+        from paraplan.runtime.mixed_precision import refusal
+
+        reason = refusal(self.plan.precision)
+        if reason:
+            raise FieldError("plan", reason)
+        if reason := _precision_refusal(self.plan):
+            raise FieldError("plan", reason)
+        if self.clip_norm is not None and any(st.zero for stage in self.plan.stages for st in stage.strategies):
+            raise FieldError("clip_norm", "gradient clipping with ZeRO-1/2 layers is not run yet (the norm needs "
+                                          "every replica's gradient chunk)")
         for name in ("steps", "lr", "timeout_s"):
             if not getattr(self, name) > 0:
                 raise FieldError(name, f"must be positive, got {getattr(self, name)}")
@@ -82,6 +94,20 @@ class TrainConfig:
         except ValueError:
             raise FieldError("optimizer", f"unknown {self.optimizer!r}; expected one of "
                                           f"{', '.join(o.value for o in Optimizer)}") from None
+
+
+def _precision_refusal(plan: Plan) -> str | None:
+    """Mixed precision runs on the stage plans (pipeline, DP, SDP, TP, per-layer strategies), not
+    yet on operator placements or Bi-Partition's separate backward ranges."""
+    from paraplan.precision import is_mixed
+
+    if not is_mixed(plan.precision):
+        return None
+    if plan.schedule == "dag":
+        return f"precision {plan.precision}: operator placements (FD-DPS) train in fp32 only so far"
+    if any(s.backward_layers is not None for s in plan.stages):
+        return f"precision {plan.precision}: Bi-Partition plans train in fp32 only so far"
+    return None
 
 
 def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
@@ -138,6 +164,9 @@ class RankSetup:
     run_step: Callable | None = None
     after_step: Callable | None = None
     copies: tuple = ()  # parameters held but not updated here (Bi-Partition's forward-only weight copies)
+    # what the optimizer steps, from the rank's parameters (ZeRO: its owned views); None: all of them
+    optimizer_params: Callable | None = None
+    extra_grad_bytes: Callable = lambda: 0  # gradient bytes held outside .grad (ZeRO-2's accumulators)
 
 
 def make_groups(plan: Plan) -> tuple[list, list]:

@@ -1,4 +1,5 @@
-"""The single-process run every distributed run is checked against: same model, init, data, seed."""
+"""The single-process run every distributed run is checked against: same model, init, data, seed,
+and the same mixed-precision recipe (runtime/mixed_precision.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 
 from paraplan.runtime.data import batch_source
 from paraplan.runtime.materialize import StageModule, build_layers, materialize
+from paraplan.runtime.mixed_precision import reference_layer, step_context
 from paraplan.runtime.rank_base import TrainConfig, make_optimizer
 
 
@@ -15,11 +17,14 @@ def reference_run(config: TrainConfig) -> tuple[list[float], dict[str, torch.Ten
                                         dropout=config.dropout)
     modules = [m for _, _, m in layers]
     materialize(modules, names, config.seed, torch.device("cpu"))  # one call: tied weights stay tied
-    model = StageModule(modules)
+    plan = config.plan
+    # the plan's mixed-precision recipe, layer by layer (runtime/mixed_precision.py): an SDP layer
+    # computes with bf16 weights as FSDP2's MixedPrecisionPolicy does; the rest under autocast
+    sharded = {i for stage in plan.stages for i in stage.layers if stage.strategies and stage.strategy(i).sdp > 1}
+    model = StageModule([reference_layer(m, plan.precision, i in sharded) for i, m in enumerate(modules)])
     model.train()
     params = list(model.parameters())
     optim = make_optimizer(config, params)
-    plan = config.plan
     n_replicas = len(plan.stages[0].devices) if plan.stages else 1  # an operator placement: one replica
     shard = plan.global_batch // n_replicas
     micro = shard // plan.n_micro
@@ -30,14 +35,15 @@ def reference_run(config: TrainConfig) -> tuple[list[float], dict[str, torch.Ten
         optim.zero_grad(set_to_none=True)
         total = 0.0
         # the same micro-batches as the pipeline: losses averaged over micro-batches and replicas
-        for r in range(n_replicas):
-            for j in range(plan.n_micro):
-                lo = r * shard + j * micro
-                out = model(inputs[lo:lo + micro])
-                target = None if targets is None else targets[lo:lo + micro]
-                loss = built.loss(out, target) / (plan.n_micro * n_replicas)
-                loss.backward()
-                total += float(loss.detach())
+        with step_context(plan.precision, torch.device("cpu")):
+            for r in range(n_replicas):
+                for j in range(plan.n_micro):
+                    lo = r * shard + j * micro
+                    out = model(inputs[lo:lo + micro])
+                    target = None if targets is None else targets[lo:lo + micro]
+                    loss = built.loss(out, target) / (plan.n_micro * n_replicas)
+                    loss.backward()
+                    total += float(loss.detach())
         if config.clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, config.clip_norm)
         optim.step()

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from paraplan.runtime.data import batch_source
 from paraplan.runtime.materialize import build_layers
 from paraplan.runtime.memory_meter import MemoryMeter, local_value, state_bytes
+from paraplan.runtime.mixed_precision import step_context
 from paraplan.runtime.rank_base import RankSetup, TrainConfig, make_optimizer, rank_device, stage_and_position
 
 REPORT_EVERY_S = 0.5  # rank 0 prints the step losses, and losses.json is rewritten, at most this often
@@ -59,7 +60,7 @@ def train_stages(config: TrainConfig, setup_fn: SetupFn) -> dict:
     owner_names = sorted(owned & set(setup.named))
     params = list(setup.named.values())
     schedule = _schedule(plan, setup, device, recorder) if setup.run_step is None else None
-    optim = make_optimizer(config, params)
+    optim = make_optimizer(config, setup.optimizer_params(params) if setup.optimizer_params else params)
     from paraplan.runtime.checkpoints import save_checkpoint
 
     first_step, losses = _resume(config, stage_index, module, optim)
@@ -80,7 +81,8 @@ def train_stages(config: TrainConfig, setup_fn: SetupFn) -> dict:
         # one micro-batch's activations more than any later step (the pack hook's cost, a few us
         # per saved tensor, falls on one step of the median)
         meter = MemoryMeter() if step == config.steps - 1 else None
-        with meter.watching() if meter is not None else contextlib.nullcontext():
+        with meter.watching() if meter is not None else contextlib.nullcontext(), \
+                step_context(plan.precision, device):  # bf16: one autocast region for the step
             _run_schedule(setup, schedule, plan.n_stages, x, y, micro_losses)
         setup.sync.finish()
         for name, g in tied_groups:
@@ -88,14 +90,16 @@ def train_stages(config: TrainConfig, setup_fn: SetupFn) -> dict:
         if config.clip_norm is not None:
             _clip_gradients(config, setup, owner_names, params, device)
         optim.step()
+        if meter is not None:  # the states at the optimizer step, before ZeRO's gather frees the gradients
+            memory = {"rank": rank, "stage": stage_index, "activations": meter.peak_activation_bytes,
+                      "weight_copies": meter.peak_copy_bytes,
+                      **state_bytes(params + list(setup.copies), optim)}
+            memory["grads"] += setup.extra_grad_bytes()
+            if device.type == "cuda":
+                memory["allocator_peak"] = torch.cuda.max_memory_allocated(device)
         if setup.after_step is not None:
             setup.after_step()
         step_times.append(time.perf_counter() - t0)
-        if meter is not None:
-            memory = {"rank": rank, "stage": stage_index, "activations": meter.peak_activation_bytes,
-                      **state_bytes(params + list(setup.copies), optim)}
-            if device.type == "cuda":
-                memory["allocator_peak"] = torch.cuda.max_memory_allocated(device)
         report.local.append(sum(float(v.detach()) for v in micro_losses) * setup.loss_weight if micro_losses else 0.0)
         done = step + 1
         checkpoint_due = config.checkpoint_dir is not None and (done == config.steps or (

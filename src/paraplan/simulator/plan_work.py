@@ -180,7 +180,7 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
             st = stage.strategy(i)
             links = strategy_links(cm.cluster, st, stage.devices)
             t = layer_time(costs, cm.model, i, st, micro, links["tp"], links["sdp"], cm.overlap_slowdown,
-                           cm.overheads, scale)
+                           cm.overheads, scale, dp_link=links["dp"])
             fwd += t.forward_s
             bwd += t.backward_s
             if i > stage.layers.start:
@@ -209,8 +209,9 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
                              backward_layers=(stage.backward.start, stage.backward.stop)))
 
         def allreduce(a: int, b: int, per_layer=per_layer) -> float:
-            """dp all-reduce of layers a..b-1: one ring per distinct dp group; ZeRO-1/2 layers
-            reduce-scatter instead (their all-gather follows the optimizer step: `zero_gather_s`)."""
+            """dp all-reduce of layers a..b-1: one ring per distinct dp group; ZeRO-1 layers
+            reduce-scatter instead (their all-gather follows the optimizer step: `zero_gather_s`);
+            ZeRO-2 layers have reduce-scattered in their backward (costs/strategy.py: layer_time)."""
             groups: dict[tuple[tuple[int, ...], bool], float] = {}
             for nbytes, _, dp, group, zero in per_layer[a:b]:
                 if dp > 1:

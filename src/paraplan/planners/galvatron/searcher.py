@@ -19,6 +19,7 @@ from paraplan.planners.galvatron.dp import INF, partition_min_max, pipeline_cost
 from paraplan.planners.galvatron.space import Variant, even_partition, usable_devices, variant_strategies
 from paraplan.planners.request import PlanRequest
 from paraplan.plans.plan import LayerRange, Plan, Stage
+from paraplan.precision import is_mixed
 
 
 def _size(nbytes: float) -> str:
@@ -71,7 +72,9 @@ class Searcher:
     def arrays(self, devices: tuple[int, ...], micro: float) -> dict:
         key = (self.signature(devices), micro)
         if key not in self._arrays:
-            strategies = variant_strategies(self.variant, len(devices))
+            strategies = variant_strategies(self.variant, len(devices), today=is_mixed(self.cm.precision),
+                                            selective=any(layer.attention_core_bytes.per_sample > 0
+                                                          for layer in self.model.layers))
             # the measured runtime figures of a calibrated cluster, as the simulator charges them
             a = strategy_arrays(self.cm.compute(devices[0]), self.model, strategies, micro, self.cluster, devices,
                                 self.config, self.slow, runtime=self.cm.overheads,
@@ -136,6 +139,8 @@ class Searcher:
         fwd, bwd, ar = a["forward_s"][rows], a["backward_s"][rows], a["grad_allreduce_s"][rows]
         both = np.minimum(bwd, ar)
         sync = both * self.slow + np.maximum(bwd, ar) - both - bwd  # the overlapped all-reduce's extra (§V)
+        # ZeRO-1/2's all-gather after the optimizer step: nothing to overlap it with
+        sync = sync + a["after_step_s"][rows]
         per_micro = fwd + bwd
         in_flight = micro_batches_in_flight(schedule, n_stages, s, n_micro)
         memory = min(self.cluster.device(d).memory_bytes for d in devices)

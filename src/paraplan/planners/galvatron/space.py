@@ -11,11 +11,17 @@ Construction (the one that gives the paper's 68 and 44 candidates for 8 devices)
   trees = 21; g = 4: 3 + 6 = 9; g = 2: 3; g = 1: 1. (21 + 9 + 3 + 1) x 2 = 68.
   Takeaway #3 removes every tree that holds both DP and SDP: g = 8 keeps 3 + 4 x 2 = 11, g = 4
   keeps 3 + 4 = 7: (11 + 7 + 3 + 1) x 2 = 44.
+
+Beyond the paper (`variant_strategies(today=True)`): planning in mixed precision, the variants
+with CKPT (Galvatron-Base, Galvatron-BMW) also search what today's large-model training combines:
+ZeRO-1 / ZeRO-2 over the dp replicas of every tree with DP (the paper's DP is ZeRO-0, its SDP
+ZeRO-3), and selective recomputation of the attention core between none and full CKPT. In fp32,
+the papers' setting and their reproductions, the space is the paper's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import permutations
 
 from paraplan.errors import FieldError
@@ -125,12 +131,24 @@ VARIANTS = (
 )
 
 
-def variant_strategies(variant: Variant, group: int) -> tuple[LayerStrategy, ...]:
+def variant_strategies(variant: Variant, group: int, today: bool = False,
+                       selective: bool = False) -> tuple[LayerStrategy, ...]:
+    """The variant's strategies on a group of `group` devices. `today` (a variant with CKPT planning
+    in mixed precision, `todays_space`): the paper's trees and, beyond the paper, ZeRO-1 and ZeRO-2
+    over the dp replicas of every tree with DP and no SDP, and selective recomputation (Korthikanti
+    et al. 2022) of every tree when the model has an attention core to recompute (`selective`)."""
     if variant.fixed_3d:
         tp = min(2, group)
         return (LayerStrategy(dp=group // tp, tp=tp),)
-    return tuple(s for s in group_strategies(group, prune=True, checkpoint=variant.checkpoint)
-                 if {d for d, _ in s.dims} <= variant.dims)
+    paper = tuple(s for s in group_strategies(group, prune=True, checkpoint=variant.checkpoint)
+                  if {d for d, _ in s.dims} <= variant.dims)
+    if not (today and variant.checkpoint):
+        return paper
+    out = list(paper)
+    out += [replace(s, zero=z) for s in paper if s.dp > 1 and s.sdp == 1 for z in (1, 2)]
+    if selective:
+        out += [replace(s, recompute="selective") for s in list(out) if s.recompute == "none"]
+    return tuple(out)
 
 
 def even_partition(n_layers: int, n_stages: int) -> tuple[int, ...]:

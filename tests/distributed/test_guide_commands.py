@@ -11,7 +11,8 @@ PAGES = [p for p in pages() if p.name != "measure.md"]
 def test_the_guide_has_pages_and_commands():
     names = {p.relative_to(GUIDE).as_posix() for p in pages()}
     assert {"README.md", "cluster.md", "measure.md", "report.md", "torchrun.md", "methods/csimd.md",
-            "methods/gropipe.md", "methods/galvatron.md", "methods/fddps.md", "methods/bipartition.md"} <= names
+            "methods/gropipe.md", "methods/galvatron.md", "methods/fddps.md", "methods/bipartition.md",
+            "llm-bf16.md"} <= names
     assert all(commands(p) for p in pages()), "a guide page without a command to run"
 
 

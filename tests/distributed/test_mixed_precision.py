@@ -57,7 +57,6 @@ RUNS = {
     "zero1": (_one_stage("gpt2-tiny", [S(dp=2, zero=1)] * 6), True, {}),
     "zero2": (_one_stage("gpt2-tiny", [S(dp=2, zero=2)] * 6), True, {}),
     "selective": (_one_stage("gpt2-tiny", [S(dp=2, recompute="selective")] * 6), True, {}),
-    "zero1-fp32": (_one_stage("gpt2-tiny", [S(dp=2, zero=1)] * 6, "fp32"), True, {}),
     "zero2-fp32": (_one_stage("llama-tiny", [S(dp=2, zero=2)] * 6, "fp32"), True, {}),
     "dropped-sync": (_plain(DATA_PARALLEL, "after-backward"), None, {"step_hook": one_gradient_sync_dropped}),
 }

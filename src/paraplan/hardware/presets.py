@@ -70,13 +70,32 @@ def _total_memory_bytes() -> int:
     return 8 * 2**30
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _half_peak(fp32_peak: float, units: tuple[str, ...]) -> float:
+    """A 16-bit dtype's matmul peak on this machine's cores: fp32's with hardware for it, else the
+    slow path's 1/50 (measured here: see local_cluster)."""
+    return fp32_peak if _cpu_flags() & set(units) else fp32_peak / 50
+
+
 def local_cluster() -> Cluster:
     """This machine's CPU cores as devices, one process per core, joined by gloo on loopback.
 
     The core figures are assumptions until `paraplan profile` measures the real ones: ~2.5 GHz
     with AVX2 FMA (32 fp32 FLOP/cycle, 80 GFLOP/s peak), eager PyTorch at ~25% of it, ~10 us of
-    dispatch per aten kernel. bf16 and fp16 are given the fp32 peak: torch runs them on a CPU
-    (autocast, oneDNN), and a core without AVX512-BF16 / AMX computes them in fp32 units.
+    dispatch per aten kernel. bf16 and fp16 (`_half_peak`): the fp32 peak on a core with
+    AVX512-BF16 / AMX or AVX512-FP16 (oneDNN's kernels); without them torch multiplies 16-bit
+    matrices on a slow path, measured on this machine's AMD EPYC cores (no AVX512-BF16) at
+    0.8-1.3 GFLOP/s against 57-74 GFLOP/s in fp32 (one thread, n = 256-1,024): 1/50 of the fp32 peak.
     Loopback gloo was measured at ~1.5 ms per message and ~2.2 GB/s
     (shared/notes/runtime-on-cpu.md). Memory is split evenly between the cores.
     """
@@ -84,7 +103,8 @@ def local_cluster() -> Cluster:
     core = DeviceSpec(
         name="cpu-core", peak_flops=80.0e9, memory_bandwidth_bytes_per_s=10.0e9,
         memory_bytes=_total_memory_bytes() // cores, kernel_overhead_s=1.0e-5, max_efficiency=0.25,
-        half_efficiency_flops=1.0e5, other_peaks=(("bf16", 80.0e9), ("fp16", 80.0e9)),
+        half_efficiency_flops=1.0e5, other_peaks=(("bf16", _half_peak(80.0e9, ("avx512_bf16", "amx_bf16"))),
+                                                  ("fp16", _half_peak(80.0e9, ("avx512_fp16", "amx_fp16")))),
         source="assumed core figures; gloo loopback measured (runtime-on-cpu notes)",
     )
     loopback = LinkSpec(bandwidth_bytes_per_s=2.2e9, latency_s=1.5e-3)

@@ -145,7 +145,8 @@ class MemoryRow:
 
     rank: int
     stage: int
-    predicted_states: float  # parameters + gradients + optimizer states (costs/memory.py `states_bytes`)
+    # parameters (with mixed precision's 16-bit weight copies) + gradients + optimizer states
+    predicted_states: float
     measured_states: int
     predicted_activations: float  # what autograd keeps (Megatron's replicated TP part and one recomputation included)
     measured_activations: int
@@ -157,8 +158,9 @@ def memory_comparison(breakdowns, out_dir: str | Path) -> list[MemoryRow]:
     for f in sorted(Path(out_dir).glob("memory_rank*.json"), key=lambda f: int(f.stem[len("memory_rank"):])):
         m = json.loads(f.read_text())
         b = breakdowns[m["stage"]]
-        rows.append(MemoryRow(rank=m["rank"], stage=m["stage"], predicted_states=b.states_bytes,
-                              measured_states=m["params"] + m["grads"] + m["optimizer"],
+        # autocast's weight copies count with the parameters, as the memory model files them
+        rows.append(MemoryRow(rank=m["rank"], stage=m["stage"], predicted_states=b.states_bytes + b.compute_copy_bytes,
+                              measured_states=m["params"] + m["grads"] + m["optimizer"] + m.get("weight_copies", 0),
                               predicted_activations=b.activation_bytes + b.tp_replicated_bytes,
                               measured_activations=m["activations"]))
     return rows

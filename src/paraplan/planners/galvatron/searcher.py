@@ -55,6 +55,9 @@ class Searcher:
         self.slow = self.cm.overlap_slowdown
         self._arrays: dict = {}
         self._stages: dict = {}
+        # layers sharing a weight: those that use one another layer owns, and its owners
+        self.tied = {i for i, layer in enumerate(self.model.layers) if layer.shared_param_bytes} | \
+            {o for layer in self.model.layers for o in layer.shared_owners}
 
     def group(self, n_stages: int, s: int) -> tuple[int, ...]:
         g = 1 if self.variant.pp == "all" else 2 ** ((usable_devices(self.request) // n_stages).bit_length() - 1)
@@ -144,8 +147,13 @@ class Searcher:
         per_micro = fwd + bwd
         in_flight = micro_batches_in_flight(schedule, n_stages, s, n_micro)
         memory = min(self.cluster.device(d).memory_bytes for d in devices)
+        # a tied weight (GPT-2's embedding and head) is summed between its stages after the dp sync:
+        # the runtime runs no ZeRO on it (runtime/hybrid.py: hybrid_refusal), so neither do plans
+        zero = np.array([s.zero > 0 for s in a["strategies"]])
+        tied = np.array([i in self.tied for i in range(start, stop)])
+        allowed = a["allowed"][None, :] & ~(tied[:, None] & zero[None, :])
         return {"arrays": a, "devices": devices, "micro": micro, "per_micro": per_micro, "sync": sync,
-                "cost": np.where(a["allowed"][None, :], n_micro * per_micro + sync, INF),
+                "cost": np.where(allowed, n_micro * per_micro + sync, INF),
                 "forward_bytes": a["states_bytes"][rows] + in_flight * (a["saved_bytes"][rows]
                                                                         + a["extra_forward"][rows]),
                 "backward_bytes": a["recompute_bytes"][rows] + a["extra_backward"][rows], "memory": memory,

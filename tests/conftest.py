@@ -6,7 +6,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # The longest files first: `make test` hands whole files to its two workers in collection order, and
 # a 3-minute file that starts last leaves one worker idle at the end (`--durations` lists them).
 LONGEST_FIRST = ("distributed/test_guide_measure.py", "distributed/test_hybrid.py", "distributed/test_runtime.py",
-                 "distributed/test_every_planner_runs.py", "distributed/test_bipartition_runtime.py",
+                 "distributed/test_every_planner_runs.py", "distributed/test_mixed_precision.py",
+                 "distributed/test_bipartition_runtime.py",
                  "unit/test_readme_commands.py", "distributed/test_guide_commands.py", "unit/test_zoo.py",
                  "distributed/test_dag_runtime.py", "distributed/test_any_model.py", "unit/test_planner_fit.py",
                  "unit/test_bench_paper.py", "distributed/test_tensor_parallel.py")

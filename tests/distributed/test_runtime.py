@@ -220,33 +220,40 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc").exists(), reason="reads processes from /proc")
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
-def test_ranks_die_with_their_launcher_and_keep_their_losses(tmp_path, sig):
+def test_ranks_die_with_their_launcher_and_keep_their_losses(tmp_path):
+    """One launcher killed with SIGTERM, another with SIGKILL; both run at once (each pays ~8 s of
+    imports before its ranks exist: in series they were the suite's slowest test)."""
     # was: both ranks trained on as orphans for minutes after the launcher was killed
     import signal
     import time
 
-    plan_path, run = tmp_path / "plan.json", tmp_path / "run"
+    plan_path = tmp_path / "plan.json"
     write_plan(GPT2_2, plan_path)
-    proc = subprocess.Popen([sys.executable, "-m", "paraplan", "train", "--plan", str(plan_path), "--steps", "100000",
-                             "--out-dir", str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=ENV)
+    runs = {sig: tmp_path / f"run-{sig}" for sig in ("SIGTERM", "SIGKILL")}
+    procs = {sig: subprocess.Popen([sys.executable, "-m", "paraplan", "train", "--plan", str(plan_path), "--steps",
+                                    "100000", "--out-dir", str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, env=ENV) for sig, run in runs.items()}
+    ranks, errors = {}, {}
     try:
         deadline = time.time() + 180
-        while not ((run / "losses.json").exists() and json.loads((run / "losses.json").read_text())):
-            assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() else "timeout"
-            time.sleep(0.5)
-        ranks = _children(proc.pid)
-        assert ranks, "no rank processes found"
-        proc.send_signal(getattr(signal, sig))
-        _, err = proc.communicate(timeout=60)
+        for sig, proc in procs.items():
+            run = runs[sig]
+            while not ((run / "losses.json").exists() and json.loads((run / "losses.json").read_text())):
+                assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() else "timeout"
+                time.sleep(0.5)
+            ranks[sig] = _children(proc.pid)
+            assert ranks[sig], "no rank processes found"
+            proc.send_signal(getattr(signal, sig))
+        for sig, proc in procs.items():
+            errors[sig] = proc.communicate(timeout=60)[1]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    if sig == "SIGTERM":
-        assert proc.returncode == 143 and err.strip() == "paraplan: terminated", err
-    deadline = time.time() + 30
-    while any(_alive(p) for p in ranks) and time.time() < deadline:
-        time.sleep(0.2)
-    assert not any(_alive(p) for p in ranks), f"ranks still running after {sig}"
-    assert len(json.loads((run / "losses.json").read_text())) >= 1  # the completed steps' losses are kept
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    assert procs["SIGTERM"].returncode == 143 and errors["SIGTERM"].strip() == "paraplan: terminated", errors
+    for sig in procs:
+        deadline = time.time() + 30
+        while any(_alive(p) for p in ranks[sig]) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in ranks[sig]), f"ranks still running after {sig}"
+        assert len(json.loads((runs[sig] / "losses.json").read_text())) >= 1  # the completed steps' losses are kept

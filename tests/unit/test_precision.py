@@ -133,13 +133,15 @@ def test_a_device_without_the_dtype_is_one_line_before_any_work(capsys, tmp_path
     assert not (tmp_path / "p.json").exists()
 
 
-def test_the_runtime_takes_bf16_and_refuses_fp16_in_one_line():
+def test_the_runtime_takes_mixed_precision_where_it_runs_it():
     from paraplan.errors import FieldError
     from paraplan.runtime.rank_base import TrainConfig
 
-    TrainConfig(plan=replace(_plan("bf16"), cluster="local"), model="gpt2-tiny")
-    with pytest.raises(FieldError, match="precision fp16: the runtime trains fp32, tf32, bf16; fp16 needs a loss scaler"):
-        TrainConfig(plan=replace(_plan("fp16"), cluster="local"), model="gpt2-tiny")
+    for precision in ("bf16", "fp16", "tf32"):
+        TrainConfig(plan=replace(_plan(precision), cluster="local"), model="gpt2-tiny")
+    dag = replace(read_plan(ROOT / "examples" / "resnet-50-fddps-8xp100.json"), precision="bf16")
+    with pytest.raises(FieldError, match="plan: precision bf16: operator placements .FD-DPS. train in fp32 only"):
+        TrainConfig(plan=dag, model=dag.model)
 
 
 @pytest.mark.parametrize("stages", [2, 3, 6])

@@ -16,8 +16,8 @@ every plan kind and for the single-process reference it is checked against.
             them too; it changes nothing for weights that are already bf16.
         The reference runs the same recipe per layer (`reference_layer`): autocast for the whole
         step, and an SDP layer computes with bf16 copies of its weights and inputs, as FSDP2 does.
-  fp16  planned, not run: fp16 needs a loss scaler whose overflow check all ranks share (a
-        GradScaler reduced over every group); the runtime refuses it in one line (`refusal`).
+  fp16  as bf16 in float16, with dynamic loss scaling (`LossScaler`: torch.amp.GradScaler's rule)
+        whose overflow check every rank shares; the reference scales the same way.
 """
 
 from __future__ import annotations
@@ -29,20 +29,57 @@ from torch import nn
 
 from paraplan.precision import Precision
 
-RUNS = (Precision.FP32, Precision.TF32, Precision.BF16)
+RUNS = (Precision.FP32, Precision.TF32, Precision.BF16, Precision.FP16)
 
 
 def refusal(precision: str) -> str | None:
     """Why the runtime cannot train in `precision` (one line), or None."""
     if precision in RUNS:
         return None
-    return (f"precision {precision}: the runtime trains {', '.join(p.value for p in RUNS)}; fp16 needs a loss "
-            f"scaler shared by every rank, which it does not have (plan in fp16, train in bf16)")
+    return f"precision {precision}: the runtime trains {', '.join(p.value for p in RUNS)}"
 
 
 def compute_dtype(precision: str) -> torch.dtype | None:
     """The low-precision dtype the forward computes in, or None (fp32 / tf32)."""
-    return torch.bfloat16 if precision == Precision.BF16 else None
+    return {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(precision)
+
+
+class LossScaler:
+    """fp16's dynamic loss scaling with torch.amp.GradScaler's defaults: the loss multiplied by the
+    scale (2**16 at first) before the backward; after it the gradients divided back, and if any is
+    inf or nan the step is skipped and the scale halved; after 2,000 good steps in a row it doubles.
+    Ours, not GradScaler, because the overflow decision must be the same on every rank: a pipeline
+    stage's or a replica's overflow skips everyone's step (one all-reduce of a flag over the world,
+    as ShardedGradScaler does for FSDP alone). Off (scale 1, nothing checked) outside fp16."""
+
+    def __init__(self, precision: str, init_scale: float = 2.0**16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000):
+        self.enabled = precision == Precision.FP16
+        self.scale = init_scale if self.enabled else 1.0
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self.good_steps = 0
+
+    def unscale_and_check(self, grads, device=None) -> bool:
+        """Divide `grads` by the scale in place; whether every rank's are finite (then: step)."""
+        if not self.enabled:
+            return True
+        finite = True
+        for g in grads:
+            g.mul_(1.0 / self.scale)
+            finite = finite and bool(torch.isfinite(g).all())
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            flag = torch.tensor([0.0 if finite else 1.0], device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            finite = float(flag) == 0.0
+        if finite:
+            self.good_steps += 1
+            if self.good_steps == self.growth_interval:
+                self.scale, self.good_steps = self.scale * self.growth_factor, 0
+        else:
+            self.scale, self.good_steps = self.scale * self.backoff_factor, 0
+        return finite
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ import torch
 
 from paraplan.runtime.data import batch_source
 from paraplan.runtime.materialize import StageModule, build_layers, materialize
-from paraplan.runtime.mixed_precision import reference_layer, step_context
+from paraplan.runtime.mixed_precision import LossScaler, reference_layer, step_context
 from paraplan.runtime.rank_base import TrainConfig, make_optimizer
 
 
@@ -29,6 +29,7 @@ def reference_run(config: TrainConfig) -> tuple[list[float], dict[str, torch.Ten
     shard = plan.global_batch // n_replicas
     micro = shard // plan.n_micro
     losses = []
+    scaler = LossScaler(plan.precision)
     batches = batch_source(built, plan.global_batch, config.seed, config.data, config.data_dtype)
     for step in range(config.steps):
         inputs, targets = batches(step)
@@ -42,8 +43,11 @@ def reference_run(config: TrainConfig) -> tuple[list[float], dict[str, torch.Ten
                     out = model(inputs[lo:lo + micro])
                     target = None if targets is None else targets[lo:lo + micro]
                     loss = built.loss(out, target) / (plan.n_micro * n_replicas)
-                    loss.backward()
+                    (loss * scaler.scale).backward()
                     total += float(loss.detach())
+        if not scaler.unscale_and_check([p.grad for p in params if p.grad is not None]):
+            losses.append(total)  # fp16 overflow: the step is skipped, as on every rank of the run
+            continue
         if config.clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, config.clip_norm)
         optim.step()

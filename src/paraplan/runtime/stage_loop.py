@@ -26,7 +26,7 @@ import torch.distributed as dist
 from paraplan.runtime.data import batch_source
 from paraplan.runtime.materialize import build_layers
 from paraplan.runtime.memory_meter import MemoryMeter, local_value, state_bytes
-from paraplan.runtime.mixed_precision import step_context
+from paraplan.runtime.mixed_precision import LossScaler, step_context
 from paraplan.runtime.rank_base import RankSetup, TrainConfig, make_optimizer, rank_device, stage_and_position
 
 REPORT_EVERY_S = 0.5  # rank 0 prints the step losses, and losses.json is rewritten, at most this often
@@ -59,7 +59,8 @@ def train_stages(config: TrainConfig, setup_fn: SetupFn) -> dict:
     tied_groups = _tied_groups(plan, setup, stage_names, rank)
     owner_names = sorted(owned & set(setup.named))
     params = list(setup.named.values())
-    schedule = _schedule(plan, setup, device, recorder) if setup.run_step is None else None
+    scaler = LossScaler(plan.precision)  # fp16's loss scaling (off otherwise: scale 1)
+    schedule = _schedule(plan, setup, device, recorder, scaler) if setup.run_step is None else None
     optim = make_optimizer(config, setup.optimizer_params(params) if setup.optimizer_params else params)
     from paraplan.runtime.checkpoints import save_checkpoint
 
@@ -87,9 +88,13 @@ def train_stages(config: TrainConfig, setup_fn: SetupFn) -> dict:
         setup.sync.finish()
         for name, g in tied_groups:
             dist.all_reduce(local_value(setup.named[name].grad), group=g)
-        if config.clip_norm is not None:
+        scale = scaler.scale  # the reported losses are the schedule's, scaled
+        finite = scaler.unscale_and_check([local_value(p.grad) for group in optim.param_groups
+                                           for p in group["params"] if p.grad is not None], device)
+        if finite and config.clip_norm is not None:
             _clip_gradients(config, setup, owner_names, params, device)
-        optim.step()
+        if finite:  # fp16: an overflow on any rank skips every rank's step
+            optim.step()
         if meter is not None:  # the states at the optimizer step, before ZeRO's gather frees the gradients
             memory = {"rank": rank, "stage": stage_index, "activations": meter.peak_activation_bytes,
                       "weight_copies": meter.peak_copy_bytes,
@@ -100,7 +105,8 @@ def train_stages(config: TrainConfig, setup_fn: SetupFn) -> dict:
         if setup.after_step is not None:
             setup.after_step()
         step_times.append(time.perf_counter() - t0)
-        report.local.append(sum(float(v.detach()) for v in micro_losses) * setup.loss_weight if micro_losses else 0.0)
+        report.local.append(sum(float(v.detach()) for v in micro_losses) * setup.loss_weight / scale
+                            if micro_losses else 0.0)
         done = step + 1
         checkpoint_due = config.checkpoint_dir is not None and (done == config.steps or (
             config.checkpoint_every and done % config.checkpoint_every == 0))
@@ -132,7 +138,7 @@ def _tied_groups(plan, setup: RankSetup, stage_names: list[set[str]], rank: int)
     return tied_groups
 
 
-def _schedule(plan, setup: RankSetup, device, recorder):
+def _schedule(plan, setup: RankSetup, device, recorder, scaler):
     """The rank's PipelineStage under the plan's schedule (GPipe or 1F1B), recorded on the timeline."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -142,7 +148,8 @@ def _schedule(plan, setup: RankSetup, device, recorder):
     schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(plan.schedule)
     if schedule_cls is None:
         raise RuntimeError(f"the runtime runs gpipe and 1f1b schedules, not {plan.schedule!r}")
-    return schedule_cls(stage, plan.n_micro, loss_fn=setup.loss, scale_grads=False)
+    loss = setup.loss if not scaler.enabled else (lambda out, target: setup.loss(out, target) * scaler.scale)
+    return schedule_cls(stage, plan.n_micro, loss_fn=loss, scale_grads=False)
 
 
 def _resume(config: TrainConfig, stage_index: int, module, optim) -> tuple[int, list]:

@@ -23,7 +23,7 @@ PURE = ["models/spec.py", "models/opspec.py", "costs/op_costs.py", "costs/op_mem
         "planners/fddps/problem.py", "planners/fddps/port_replay.py", "planners/fddps/ports.py",
         "planners/fddps/list_scheduling.py", "planners/fddps/dps.py", "planners/fddps/baselines.py",
         "planners/fddps/planner.py",
-        "simulator/engine.py", "simulator/schedules.py",
+        "simulator/engine.py", "plans/schedules.py",
         "simulator/pipeline.py", "simulator/plan_work.py", "simulator/predict.py", "simulator/dag.py"]
 FORBIDDEN_MODULES = {"torch", "subprocess", "socket", "multiprocessing", "tomllib", "json", "pathlib", "shutil"}
 FORBIDDEN_CALLS = {"open"}

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paraplan.costs import closed_forms as cf
-from paraplan.simulator import schedules
+from paraplan.plans import schedules
 from paraplan.simulator.engine import TaskGraph, simulate
 from paraplan.simulator.pipeline import PipelineWork, StageSync, StageWork, SyncBucket, run
 

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from paraplan.costs.memory_config import GIB, MemoryConfig
 from paraplan.costs.strategy import layer_memory, param_count
 from paraplan.models.spec import ModelSpec
+from paraplan.plans import schedules
 from paraplan.plans.plan import DeviceMemory, LayerStrategy, Plan
 from paraplan.plans.worker_roles import worker_roles
 
@@ -141,17 +142,22 @@ def by_category(breakdowns) -> tuple[tuple[str, ...], tuple[PeakRow, ...]]:
 def micro_batches_in_flight(schedule: str, n_stages: int, stage: int, n_micro: int,
                             forward_stage: int | None = None) -> int:
     """Micro-batches whose activations wait on `stage` for their backward; `forward_stage` is where
-    their forward ran when that is another stage (Bi-Partition)."""
+    their forward ran when that is another stage (Bi-Partition). One chunk per rank; the kinds
+    beyond GPipe and 1F1B (ZB-H1: interleaved-zb with one chunk) are counted on their order, a
+    split backward freeing them at its W (plans/schedules.py: in_flight)."""
     if schedule == "gpipe":
         return n_micro
+    if schedule not in ("1f1b", "async-1f1b"):
+        return schedules.in_flight(schedules.rank_order(schedule, n_stages, 1, n_micro, stage))
     a = stage if forward_stage is None else forward_stage
     return max(1, min(n_micro, math.ceil(n_stages - (a + stage) / 2)))
 
 
 def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryConfig | None = None,
-                 device_kind: str | None = None) -> MemoryBreakdown:
+                 device_kind: str | None = None, in_flight: int | None = None) -> MemoryBreakdown:
     """One device of stage `stage_index`; `device_kind` (its DeviceSpec.name) drops the CUDA-only
-    terms on a CPU (MemoryConfig.for_device_kind); unknown is treated as a CUDA device."""
+    terms on a CPU (MemoryConfig.for_device_kind); unknown is treated as a CUDA device. `in_flight`:
+    the micro-batches the stage holds at the moment asked about (default: its schedule's peak)."""
     config = (config or MemoryConfig()).for_device_kind(device_kind)
     stage = plan.stages[stage_index]
     micro = plan.global_batch / plan.n_micro  # entering the stage's group; strategies split it further
@@ -161,7 +167,8 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
     param_states = grads = optimizer_states = 0.0
     tp_replicated = ddp_grads = optimizer_params = compute_copies = 0.0
     gathered = [0.0]  # the unsharded weights of each sdp layer
-    in_flight_here = micro_batches_in_flight(plan.schedule, plan.n_stages, stage_index, plan.n_micro)
+    in_flight_here = micro_batches_in_flight(plan.schedule, plan.n_stages, stage_index, plan.n_micro) \
+        if in_flight is None else in_flight
     ddp = plan.grad_sync == "bucketed"
     # Bi-Partition run as the runtime runs it (plans/worker_roles.py): a layer whose forward ran on
     # another worker keeps no activations here between its forward and backward; its forward is
@@ -181,12 +188,12 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
                                                      optimizer_states + m.optimizer_bytes)
             # ZeRO-1/2: each dp replica steps 1/dp of the optimizer states
             optimizer_params += params / (strategy.tp * strategy.sdp * (strategy.dp if strategy.zero else 1))
-            in_flight = micro_batches_in_flight(plan.schedule, plan.n_stages, stage_index, plan.n_micro,
-                                                forward_owner[i])
+            waiting = in_flight_here if forward_owner[i] == stage_index else micro_batches_in_flight(
+                plan.schedule, plan.n_stages, stage_index, plan.n_micro, forward_owner[i])
             if i not in recomputed:
-                activations += in_flight * m.saved_bytes
+                activations += waiting * m.saved_bytes
             recompute = max(recompute, m.recompute_bytes)
-            tp_replicated += in_flight * tp_replicated_bytes(model, i, strategy, micro, config)
+            tp_replicated += waiting * tp_replicated_bytes(model, i, strategy, micro, config)
             if strategy.sdp > 1:
                 gathered.append(params / strategy.tp)
             if ddp and strategy.dp > 1 and strategy.zero < 2:  # ZeRO-2 reduce-scatters, no full buckets
@@ -251,13 +258,38 @@ def plan_memory(plan: Plan, model: ModelSpec, capacities: dict[int, int], config
     of a stage's devices (DeviceSpec.name: `device_kinds` per device id, else `device_kind` for all)
     decides the CUDA-only terms; unknown is treated as a CUDA device."""
     out, breakdowns = [], []
-    for s, stage in enumerate(plan.stages):
-        kind = device_kinds.get(stage.devices[0], device_kind) if device_kinds else device_kind
-        b = stage_memory(plan, model, s, config, kind)
+    ranks = plan.rank_of_stage
+    for rank in range(plan.n_ranks):
+        here = [s for s in range(plan.n_stages) if ranks[s] == rank]
+        devices = plan.stages[here[0]].devices
+        kind = device_kinds.get(devices[0], device_kind) if device_kinds else device_kind
+        b = stage_memory(plan, model, here[0], config, kind) if len(here) == 1 else \
+            _rank_memory(plan, model, rank, here, config, kind)
         breakdowns.append(b)
-        for d in stage.devices:
+        for d in devices:
             out.append(DeviceMemory(device=d, peak_bytes=int(round(b.peak_bytes)), capacity_bytes=capacities[d]))
     return tuple(out), tuple(breakdowns)
+
+
+def _rank_memory(plan: Plan, model: ModelSpec, rank: int, stages: list[int], config: MemoryConfig | None,
+                 device_kind: str | None) -> MemoryBreakdown:
+    """A pipeline rank holding several stages (interleaved and V-shaped schedules): the states of
+    all of them, and the activations at the moment of the rank's order when the micro-batches they
+    hold weigh the most (plans/schedules.py: live_peak; the stages' peaks need not coincide)."""
+    one = {s: stage_memory(plan, model, s, config, device_kind, in_flight=1) for s in stages}
+    none = {s: stage_memory(plan, model, s, config, device_kind, in_flight=0) for s in stages}
+    per_micro = {s: one[s].forward_peak_bytes - none[s].forward_peak_bytes for s in stages}
+    order = schedules.rank_order(plan.schedule, plan.n_ranks, plan.virtual_stages, plan.n_micro, rank)
+    _, held = schedules.live_peak(order, per_micro)
+    parts = [stage_memory(plan, model, s, config, device_kind, in_flight=held[s]) for s in stages]
+    total = {f: sum(getattr(b, f) for b in parts) for f in (
+        "states_bytes", "stash_bytes", "allocator_bytes", "tp_replicated_bytes", "ddp_bucket_bytes",
+        "optimizer_step_bytes", "compute_copy_bytes", "param_state_bytes", "grad_bytes", "optimizer_bytes")}
+    recompute = max(b.recompute_bytes for b in parts)  # one checkpointed layer recomputes at a time
+    return MemoryBreakdown(device=parts[0].device, stage=stages[0], reserve_bytes=parts[0].reserve_bytes,
+                           in_flight=sum(held.values()), recompute_bytes=recompute,
+                           activation_bytes=sum(b.activation_bytes - b.recompute_bytes for b in parts) + recompute,
+                           sdp_buffer_bytes=max(b.sdp_buffer_bytes for b in parts), **total)
 
 
 def out_of_memory_reason(memory: tuple[DeviceMemory, ...]) -> str:

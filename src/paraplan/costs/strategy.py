@@ -284,3 +284,19 @@ def strategy_arrays(costs: LayerCosts, model: ModelSpec, strategies: tuple[Layer
             out["recompute_bytes"][row, j] = m.recompute_bytes
             out["copy_bytes"][row, j] = m.copy_bytes
     return out
+
+
+def weight_grad_fraction(model: ModelSpec, index: int, micro_batch: float) -> float:
+    """The share of layer `index`'s backward that computes its weights' gradients (zero-bubble's W;
+    the rest, I, computes the gradient of its input). A matmul's backward is two matmuls of its
+    forward's size, one per gradient, so W ~ the forward FLOPs of the layer's weighted matmuls, and
+    a transformer layer's W is about half its backward (Qi et al. 2024 §2: T_W ~ T_F, T_B ~ 2 T_F).
+    The attention core has no weights: its FLOPs (counted apart where it is materialised) go to I;
+    a fused attention kernel's are not counted apart and go to W here, an overestimate of W by
+    attention's share (s / 6h of a GPT layer's FLOPs: 1.4% at h 4096 and s 2048)."""
+    layer = model.layers[index]
+    backward = layer.backward_flops.at(micro_batch)
+    if backward <= 0:
+        return 0.0
+    weighted = layer.forward_flops.at(micro_batch) - layer.attention_core_flops.at(micro_batch)
+    return min(0.5, max(0.0, weighted / backward))

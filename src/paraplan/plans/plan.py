@@ -20,19 +20,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from paraplan.errors import ParaplanError
+from paraplan.plans.schedules import MULTI_CHUNK, Schedule, schedule_problem
+from paraplan.plans.schedules import stage_ranks as default_stage_ranks
 from paraplan.precision import PRECISIONS, Precision
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # a version-1 file loads unchanged, as fp32 (docs/plan-format.md)
-
-
-class Schedule(StrEnum):
-    """How a replica's micro-batches move through its stages."""
-
-    GPIPE = "gpipe"  # all forwards, then all backwards (GPipe; CSIMD's MBPP)
-    ONE_F_ONE_B = "1f1b"  # one forward, one backward in turn, with a flush (PipeDream-Flush / DAPPLE)
-    ASYNC_1F1B = "async-1f1b"  # 1F1B without a flush, weight stashing (PipeDream)
-    DAG = "dag"  # an operator placement (FD-DPS)
 
 
 class GradSync(StrEnum):
@@ -251,9 +244,29 @@ class Plan:
 
     @property
     def devices(self) -> tuple[int, ...]:
+        """Every device the plan uses, once each (stages of one pipeline rank share its devices)."""
         if self.stages:
-            return tuple(d for s in self.stages for d in s.devices)
+            return tuple(dict.fromkeys(d for s in self.stages for d in s.devices))
         return tuple(p.device for p in self.operators)
+
+    @property
+    def n_ranks(self) -> int:
+        """Pipeline ranks: the stages over the model chunks each rank holds."""
+        return max(1, self.n_stages // max(1, self.virtual_stages))
+
+    @property
+    def rank_of_stage(self) -> tuple[int, ...]:
+        """The pipeline rank of each stage (the schedule record's stage_ranks, or its kind's mapping)."""
+        if self.stage_ranks:
+            return tuple(self.stage_ranks)
+        if self.virtual_stages == 1:
+            return tuple(range(self.n_stages))
+        return default_stage_ranks(self.schedule, self.n_ranks, self.virtual_stages)
+
+    @property
+    def multi_chunk(self) -> bool:
+        """Several stages on one pipeline rank (interleaved and V-shaped schedules)."""
+        return self.virtual_stages > 1
 
     @property
     def micro_batch_size(self) -> float:
@@ -300,9 +313,9 @@ def validate(plan: Plan) -> Plan:
         _validate_operators(plan)
     elif not plan.stages:
         raise PlanError(f"stages: schedule '{plan.schedule}' needs at least one stage")
+    _validate_schedule_record(plan)  # first: the stages' check reads its stage -> rank mapping
     if plan.stages:
         _validate_stages(plan)
-    _validate_schedule_record(plan)
     if plan.prediction is not None:
         used = set(plan.devices)
         for i, m in enumerate(plan.prediction.memory):
@@ -328,10 +341,18 @@ def _validate_stages(plan: Plan) -> None:
             raise PlanError(f"schedule: separate backward ranges run with gpipe or 1f1b, not {plan.schedule}")
     owner: dict[int, int] = {}
     micro = plan.global_batch // plan.n_micro
+    # stages of one pipeline rank (interleaved schedules: several chunks per rank) share its devices
+    ranks = plan.rank_of_stage
+    rank_devices: dict[int, tuple[int, ...]] = {}
     for i, stage in enumerate(plan.stages):
         if not stage.devices:
             raise PlanError(f"stages[{i}].devices: a stage needs at least one device")
-        for d in stage.devices:
+        if ranks[i] in rank_devices and tuple(stage.devices) != rank_devices[ranks[i]]:
+            raise PlanError(f"stages[{i}].devices: the stage runs on pipeline rank {ranks[i]}, whose devices "
+                            f"are {list(rank_devices[ranks[i]])}, got {list(stage.devices)}")
+        first_on_rank = ranks[i] not in rank_devices
+        rank_devices[ranks[i]] = tuple(stage.devices)
+        for d in stage.devices if first_on_rank else ():
             if d < 0:
                 raise PlanError(f"stages[{i}].devices: device ids start at 0, got {d}")
             if d in owner:
@@ -374,12 +395,18 @@ def _validate_stages(plan: Plan) -> None:
 
 def _validate_schedule_record(plan: Plan) -> None:
     """The schedule record (format version 2): chunks per rank, stage -> rank, per-rank actions."""
-    if plan.virtual_stages != 1:
-        raise PlanError(f"schedule.virtual_stages: interleaved schedules are not modelled or run yet (1, got "
-                        f"{plan.virtual_stages})")
-    if plan.stage_ranks and tuple(plan.stage_ranks) != tuple(range(plan.n_stages)):
-        raise PlanError(f"schedule.stage_ranks: with one chunk per rank stage i runs on rank i "
-                        f"({list(range(plan.n_stages))}), got {list(plan.stage_ranks)}")
+    if plan.schedule == Schedule.DAG:
+        return
+    if plan.virtual_stages < 1 or plan.n_stages % plan.virtual_stages:
+        raise PlanError(f"schedule.virtual_stages: {plan.n_stages} stages do not split into {plan.virtual_stages} "
+                        "chunks per pipeline rank")
+    problem = schedule_problem(plan.schedule, plan.n_ranks, plan.virtual_stages, plan.n_micro)
+    if problem:
+        raise PlanError(f"schedule: {problem}")
+    expected = default_stage_ranks(plan.schedule, plan.n_ranks, plan.virtual_stages)
+    if plan.stage_ranks and tuple(plan.stage_ranks) != expected:
+        raise PlanError(f"schedule.stage_ranks: {plan.schedule} places stage i on rank {list(expected)}[i] "
+                        f"(torch's schedule classes fix it), got {list(plan.stage_ranks)}")
     if plan.actions:
         raise PlanError("schedule.actions: a per-rank order of actions is not run yet; leave it out and the "
                         f"schedule's own order ({plan.schedule}) is used")
@@ -404,7 +431,9 @@ def _validate_operators(plan: Plan) -> None:
 
 # version 2's strategies beyond version 1's, each with the field that uses it first (the simulator
 # and the runtime refuse, in one line, what they do not model or run yet: `refuse_features`)
-FEATURES = ("precision", "zero", "sequence_parallel", "selective")
+FEATURES = ("precision", "zero", "sequence_parallel", "selective", "schedule")
+# the issue that brings each
+_FEATURE_ISSUE = {"schedule": "issue 30, Today's training II"}
 
 
 def features_used(plan: Plan) -> dict[str, str]:
@@ -421,6 +450,8 @@ def features_used(plan: Plan) -> dict[str, str]:
                 found.setdefault("sequence_parallel", f"{where}.sequence_parallel: true")
             if x.recompute == Recompute.SELECTIVE:
                 found.setdefault("selective", f"{where}.recompute: selective")
+    if plan.schedule in MULTI_CHUNK:  # the schedules of "Today's training II" (plans/schedules.py)
+        found["schedule"] = f"schedule.kind: {plan.schedule}"
     return found
 
 
@@ -429,7 +460,8 @@ def refuse_features(plan: Plan, supported: frozenset[str] | set[str], what: str)
     support yet."""
     for feature, where in features_used(plan).items():
         if feature not in supported:
-            raise PlanError(f"{where}: {what} does not support this yet (issue 29, Today's training I)")
+            issue = _FEATURE_ISSUE.get(feature, "issue 29, Today's training I")
+            raise PlanError(f"{where}: {what} does not support this yet ({issue})")
 
 
 def check_fits(plan: Plan, n_layers: int, n_devices: int, cluster_name: str = "the cluster") -> None:

@@ -119,7 +119,7 @@ class BipartitionStep:
     """Runs one step's schedule on this worker: its forwards and backwards in the plan's order."""
 
     def __init__(self, config: TrainConfig, role: WorkerRole, layers: _Layers, shapes, built, device, recorder):
-        from paraplan.simulator.schedules import ORDERS
+        from paraplan.plans.schedules import ORDERS
 
         self.config, self.role, self.layers, self.shapes, self.built, self.device, self.recorder = \
             config, role, layers, shapes, built, device, recorder

@@ -25,7 +25,7 @@ import numpy as np
 
 COMPUTE, TRANSFER, COLLECTIVE = 0, 1, 2
 KINDS = ("forward", "backward", "send_forward", "send_backward", "allreduce", "allgather", "reducescatter",
-         "op", "transfer", "backward_part", "send_activation", "send_weights")
+         "op", "transfer", "backward_part", "send_activation", "send_weights", "backward_weight")
 
 
 class TaskGraph:

@@ -13,7 +13,8 @@ from paraplan.system.fileio import atomic_write
 
 COLOURS = {"forward": "#4C72B0", "backward": "#55A868", "backward_part": "#55A868", "send_forward": "#DD8452",
            "send_backward": "#C44E52", "allreduce": "#8172B3", "allgather": "#8172B3", "reducescatter": "#8172B3",
-           "op": "#4C72B0", "transfer": "#DD8452", "send_activation": "#937860", "send_weights": "#DA8BC3"}
+           "op": "#4C72B0", "transfer": "#DD8452", "send_activation": "#937860", "send_weights": "#DA8BC3",
+           "backward_weight": "#8DC89B"}  # the weights' half of a split backward: a lighter green
 LANE_OFFSETS = {"compute": 0.0, "send": 0.34, "recv": 0.34, "collective": 0.34}
 
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paraplan.simulator import limits, schedules
+from paraplan.plans import schedules
+from paraplan.plans.schedules import Action, Computation
+from paraplan.simulator import limits
 from paraplan.simulator.engine import TaskGraph, Timeline, simulate
 
 ASYNC_ITERATIONS = 4  # iterations simulated back to back for async-1f1b; the first and last are ramps
@@ -41,6 +43,9 @@ class StageWork:
     # come back once the last backward is done (the paper's Section "Pipeline parallelism").
     activation_sends: tuple[tuple[int, float], ...] = ()  # (backward owner's stage, seconds per micro-batch)
     weight_sends: tuple[tuple[int, float], ...] = ()  # (forward owner's stage, seconds per iteration)
+    # zero-bubble schedules split backward_s into the input gradient (I, backward_s - weight_grad_s),
+    # which the stage before waits for, and the weights' gradients (W), which nothing waits for
+    weight_grad_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class StageSync:
 
 @dataclass(frozen=True)
 class PipelineWork:
-    schedule: str  # gpipe | 1f1b | async-1f1b
+    schedule: str  # a Schedule: gpipe | 1f1b | async-1f1b | the multi-chunk kinds (plans/schedules.py)
     n_micro: int
     replicas: tuple[tuple[StageWork, ...], ...]  # [replica][stage]
     grad_sync: str = "none"
@@ -68,6 +73,9 @@ class PipelineWork:
     # (that is when it posts its receive), and the sender waits for its send to complete before
     # its next action (the schedule waits on sends and receives posted together).
     rendezvous: bool = False
+    # model chunks per pipeline rank: replicas[r] lists all n_ranks x virtual_stages stages, stage s on
+    # the device of its rank (plans/schedules.py: stage_ranks)
+    virtual_stages: int = 1
 
 
 @dataclass(frozen=True)
@@ -76,60 +84,97 @@ class PipelineResult:
     iteration_s: float
 
 
+def _layout(work: PipelineWork) -> tuple[int, tuple[int, ...], list[list[schedules.Action]], int]:
+    """(pipeline ranks, each stage's rank, each rank's order of actions, micro-batches simulated)."""
+    n_stages = len(work.replicas[0])
+    n_ranks = n_stages // work.virtual_stages
+    n_micro = work.n_micro * (ASYNC_ITERATIONS if work.schedule == "async-1f1b" else 1)
+    ranks = schedules.stage_ranks(work.schedule, n_ranks, work.virtual_stages)
+    orders = schedules.rank_orders(work.schedule, n_ranks, work.virtual_stages, n_micro)
+    return n_ranks, ranks, orders, n_micro
+
+
 def task_count(work: PipelineWork) -> int:
     """The tasks build_graph makes, in closed form (counted before anything is built)."""
     n_stages = len(work.replicas[0])
     n_micro = work.n_micro * (ASYNC_ITERATIONS if work.schedule == "async-1f1b" else 1)
     extra_parts = sum(len(s.buckets) - 1 for s in work.sync) if work.grad_sync == "bucketed" else 0
     count = len(work.replicas) * extra_parts + sum(len(s.buckets) for s in work.sync if len(s.devices) > 1)
+    passes = 3 if work.schedule in schedules.SPLIT_BACKWARD else 2  # F and B, or F, I and W
     for replica in work.replicas:
         for s, st in enumerate(replica):
-            # a forward and a backward, the two transfers to the next stage, the activation sends
-            per_micro = 2 + (2 if s + 1 < n_stages else 0) + len(st.activation_sends)
-            count += n_micro * per_micro + len(st.weight_sends)
+            # the passes, the two transfers to the next stage (none on the same device), the activation sends
+            hops = 2 if s + 1 < n_stages and replica[s + 1].device != st.device else 0
+            count += n_micro * (passes + hops + len(st.activation_sends)) + len(st.weight_sends)
     return count
 
 
-def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
-    if work.schedule not in schedules.ORDERS:
-        raise ValueError(f"unknown schedule {work.schedule!r}")
-    n_stages = len(work.replicas[0])
-    iterations = ASYNC_ITERATIONS if work.schedule == "async-1f1b" else 1
-    n_micro = work.n_micro * iterations
-    # before anything is built: a graph beyond the memory available is refused in one line
-    limits.check_task_count(task_count(work), f"{work.n_micro:,} micro-batch{'es' if work.n_micro != 1 else ''} "
-                                              f"over {n_stages} stage{'s' if n_stages != 1 else ''}"
-                                              + (f" and {len(work.replicas)} replicas" if len(work.replicas) > 1 else ""))
-    used = [s.device for rep in work.replicas for s in rep] + [d for s in work.sync for d in s.devices]
-    graph = TaskGraph(max(work.n_devices, max(used) + 1))
+def _passes(graph: TaskGraph, work: PipelineWork, orders: list[list[Action]]):
+    """Every rank's compute tasks in its order (the engine runs a device's tasks in the order added):
+    per (replica, stage, micro-batch) the forward, where the backward starts and where its input
+    gradient is ready, and where the weights' gradients are; DDP's bucket parts; each rank's tasks."""
     split_last = work.grad_sync == "bucketed"
     fwd: dict[tuple[int, int, int], int] = {}
-    bwd_first: dict[tuple[int, int, int], int] = {}
-    bwd_last: dict[tuple[int, int, int], int] = {}
+    bwd_first: dict[tuple[int, int, int], int] = {}  # the backward (or its input half) of (replica, stage, micro)
+    bwd_last: dict[tuple[int, int, int], int] = {}  # where the input gradient is ready (sent to the stage before)
+    weights_done: dict[tuple[int, int, int], int] = {}  # where the weights' gradients are (B's end, or W)
     bucket_parts: dict[tuple[int, int], list[int]] = {}
-    order = schedules.ORDERS[work.schedule]
+    # the last pass that computes a stage's weight gradients: DDP's buckets are cut from it, the
+    # gradient sync waits for it (micro-batch n - 1 in most orders; 0 in looped BFS's reversed ones)
+    last_weights: dict[int, Action] = {}
+    for order in orders:
+        for action in order:
+            if action.computation in (Computation.BACKWARD, Computation.BACKWARD_WEIGHT):
+                last_weights[action.stage] = action
     actions: dict[tuple[int, int], list[int]] = {}
     for r, replica in enumerate(work.replicas):
-        for s, st in enumerate(replica):
+        for p in range(len(orders)):
             first_task = len(graph)
-            for action in order(n_stages, n_micro, s):
-                j = action.micro
+            for action in orders[p]:
+                s, j = action.stage, action.micro
+                st = replica[s]
                 key = (r, s, j)
-                if action.computation == schedules.Computation.FORWARD:
+                kind = action.computation
+                if kind == Computation.FORWARD:
                     fwd[key] = graph.compute(st.device, st.forward_s, "forward", j, st.layers)
-                elif split_last and j == n_micro - 1 and work.sync:
+                elif kind == Computation.BACKWARD_INPUT:
+                    bwd_first[key] = bwd_last[key] = graph.compute(
+                        st.device, st.backward_s - st.weight_grad_s, "backward", j, st.backward_layers)
+                elif split_last and work.sync and last_weights[s] == action:
+                    # DDP: the stage's last weight-gradient pass in parts, one per bucket
+                    seconds = st.weight_grad_s if kind == Computation.BACKWARD_WEIGHT else st.backward_s
                     parts, done = [], 0.0
                     for bucket in work.sync[s].buckets:
                         share = bucket.backward_fraction - done
                         done = bucket.backward_fraction
-                        parts.append(graph.compute(st.device, st.backward_s * share, "backward_part", j,
+                        parts.append(graph.compute(st.device, seconds * share, "backward_part", j,
                                                    st.backward_layers))
-                    bwd_first[key], bwd_last[key] = parts[0], parts[-1]
+                    weights_done[key] = parts[-1]
+                    if kind == Computation.BACKWARD:
+                        bwd_first[key], bwd_last[key] = parts[0], parts[-1]
                     bucket_parts[(r, s)] = parts
+                elif kind == Computation.BACKWARD_WEIGHT:
+                    weights_done[key] = graph.compute(st.device, st.weight_grad_s, "backward_weight", j,
+                                                      st.backward_layers)
                 else:
                     tid = graph.compute(st.device, st.backward_s, "backward", j, st.backward_layers)
-                    bwd_first[key] = bwd_last[key] = tid
-            actions[(r, s)] = list(range(first_task, len(graph)))
+                    bwd_first[key] = bwd_last[key] = weights_done[key] = tid
+            actions[(r, p)] = list(range(first_task, len(graph)))
+    return fwd, bwd_first, bwd_last, weights_done, bucket_parts, actions, last_weights
+
+
+def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
+    if work.schedule not in schedules.ORDERS and work.schedule not in schedules.MULTI_CHUNK:
+        raise ValueError(f"unknown schedule {work.schedule!r}")
+    n_stages = len(work.replicas[0])
+    # before anything is built (the orders included): a graph beyond the memory available is refused in one line
+    limits.check_task_count(task_count(work), f"{work.n_micro:,} micro-batch{'es' if work.n_micro != 1 else ''} "
+                                              f"over {n_stages} stage{'s' if n_stages != 1 else ''}"
+                                              + (f" and {len(work.replicas)} replicas" if len(work.replicas) > 1 else ""))
+    n_ranks, ranks, orders, n_micro = _layout(work)
+    used = [s.device for rep in work.replicas for s in rep] + [d for s in work.sync for d in s.devices]
+    graph = TaskGraph(max(work.n_devices, max(used) + 1))
+    fwd, bwd_first, bwd_last, weights_done, bucket_parts, actions, last_weights = _passes(graph, work, orders)
     position = {t: (key, i) for key, ts in actions.items() for i, t in enumerate(ts)}
 
     def neighbour(task: int, step: int) -> int | None:
@@ -153,16 +198,23 @@ def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
         for s, st in enumerate(replica):
             for j in range(n_micro):
                 graph.depend(bwd_first[(r, s, j)], fwd[(r, s, j)])
-                if s + 1 < n_stages:
-                    nxt = replica[s + 1]
-                    t = graph.transfer(st.device, nxt.device, st.send_forward_s, "send_forward", j, st.layers,
-                                       deps=[fwd[(r, s, j)]])
-                    graph.depend(fwd[(r, s + 1, j)], t)
-                    link(fwd[(r, s, j)], t, fwd[(r, s + 1, j)])
-                    t = graph.transfer(nxt.device, st.device, nxt.send_backward_s, "send_backward", j,
-                                       nxt.backward_layers, deps=[bwd_last[(r, s + 1, j)]])
-                    graph.depend(bwd_first[(r, s, j)], t)
-                    link(bwd_last[(r, s + 1, j)], t, bwd_first[(r, s, j)])
+                if weights_done[(r, s, j)] != bwd_last[(r, s, j)]:
+                    graph.depend(weights_done[(r, s, j)], bwd_last[(r, s, j)])
+                if s + 1 >= n_stages:
+                    continue
+                nxt = replica[s + 1]
+                if nxt.device == st.device:  # the V's turn: the next stage is on this rank, no transfer
+                    graph.depend(fwd[(r, s + 1, j)], fwd[(r, s, j)])
+                    graph.depend(bwd_first[(r, s, j)], bwd_last[(r, s + 1, j)])
+                    continue
+                t = graph.transfer(st.device, nxt.device, st.send_forward_s, "send_forward", j, st.layers,
+                                   deps=[fwd[(r, s, j)]])
+                graph.depend(fwd[(r, s + 1, j)], t)
+                link(fwd[(r, s, j)], t, fwd[(r, s + 1, j)])
+                t = graph.transfer(nxt.device, st.device, nxt.send_backward_s, "send_backward", j,
+                                   nxt.backward_layers, deps=[bwd_last[(r, s + 1, j)]])
+                graph.depend(bwd_first[(r, s, j)], t)
+                link(bwd_last[(r, s + 1, j)], t, bwd_first[(r, s, j)])
     for r, replica in enumerate(work.replicas):
         for s, st in enumerate(replica):
             for dest, seconds in st.activation_sends:
@@ -175,8 +227,8 @@ def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
                                st.backward_layers, deps=[bwd_last[(r, s, n_micro - 1)]])
     marks = {"last_backward": bwd_last, "n_micro": n_micro}
     if work.grad_sync != "none" and work.sync:
-        last = n_micro - 1
-        flush = [bwd_last[(r, s, last)] for r in range(len(work.replicas)) for s in range(n_stages)]
+        last = {s: a.micro for s, a in last_weights.items()}
+        flush = [weights_done[(r, s, last[s])] for r in range(len(work.replicas)) for s in range(n_stages)]
         for s, sync in enumerate(work.sync):
             if len(sync.devices) < 2:
                 continue
@@ -186,8 +238,8 @@ def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
                 elif work.grad_sync == "bucketed":
                     deps = [bucket_parts[(r, s)][b] for r in range(len(work.replicas))]
                 else:  # gropipe-delayed
-                    deps = [bwd_last[(r, s, last)] for r in range(len(work.replicas))]
-                graph.collective(sync.devices, bucket.allreduce_s, "allreduce", last, work.replicas[0][s].layers,
+                    deps = [weights_done[(r, s, last[s])] for r in range(len(work.replicas))]
+                graph.collective(sync.devices, bucket.allreduce_s, "allreduce", last[s], work.replicas[0][s].layers,
                                  deps=deps)
     return graph, marks
 

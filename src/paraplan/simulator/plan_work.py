@@ -20,7 +20,13 @@ from __future__ import annotations
 
 from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
 from paraplan.costs.model import CostModel
-from paraplan.costs.strategy import layer_time, slice_gather_s, strategy_groups, strategy_links
+from paraplan.costs.strategy import (
+    layer_time,
+    slice_gather_s,
+    strategy_groups,
+    strategy_links,
+    weight_grad_fraction,
+)
 from paraplan.plans.plan import Plan, PlanError, Stage, check_fits
 from paraplan.plans.worker_roles import worker_roles
 from paraplan.simulator.pipeline import PipelineWork, StageSync, StageWork, SyncBucket
@@ -127,14 +133,19 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
             costs = cm.compute(d)
             fwd = scale * sum(float(costs.forward[i](micro)) for i in stage.layers)
             bwd = scale * sum(float(costs.backward[i](micro)) for i in stage.backward)
+            weight_grad = scale * sum(float(costs.backward[i](micro)) * weight_grad_fraction(cm.model, i, micro)
+                                      for i in stage.backward)
             if stage.backward_layers is not None and plan.split_layers == "recompute":
                 # the forward of every layer whose backward runs here but forward elsewhere, again
                 bwd += scale * sum(float(costs.forward[i](micro)) for i in worker_roles(plan)[s].recomputed)
             send_f = send_b = 0.0
-            if s + 1 < plan.n_stages:  # the activation entering the next stage (relayed by an empty range)
+            # (none between two stages on one rank: the V's turn)
+            if s + 1 < plan.n_stages and plan.stages[s + 1].devices[r] != d:
+                # the activation entering the next stage (relayed by an empty range)
                 nxt = plan.stages[s + 1].devices[r]
                 send_f = cm.cluster.link(d, nxt).transfer_s(_output_bytes(cm, stage.layers.stop - 1, micro))
-            if s > 0 and stage.backward.start > 0:  # the gradient of this stage's backward input
+            if s > 0 and stage.backward.start > 0 and plan.stages[s - 1].devices[r] != d:
+                # the gradient of this stage's backward input
                 prev = plan.stages[s - 1].devices[r]
                 send_b = cm.cluster.link(d, prev).transfer_s(layers[stage.backward.start - 1].output_grad_bytes.at(micro))
             fwd += cm.overheads.action_s
@@ -143,7 +154,7 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
             row.append(StageWork(device=d, forward_s=fwd, backward_s=bwd, send_forward_s=send_f,
                                  send_backward_s=send_b, layers=(stage.layers.start, stage.layers.stop),
                                  backward_layers=(stage.backward.start, stage.backward.stop),
-                                 activation_sends=acts, weight_sends=weights))
+                                 activation_sends=acts, weight_sends=weights, weight_grad_s=weight_grad))
         replicas.append(tuple(row))
     sync = ()
     if plan.grad_sync != "none" and n_replicas > 1:
@@ -160,7 +171,8 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
                 lambda a, b, g=grads, n=n_group, lk=link: ring_allreduce_s(sum(g[a:b]), n, lk))))
         sync = tuple(out)
     return PipelineWork(schedule=plan.schedule, n_micro=plan.n_micro, replicas=tuple(replicas),
-                        grad_sync=plan.grad_sync, sync=sync, n_devices=cm.cluster.n_devices, rendezvous=cm.overheads.rendezvous)
+                        grad_sync=plan.grad_sync, sync=sync, n_devices=cm.cluster.n_devices,
+                        rendezvous=cm.overheads.rendezvous, virtual_stages=plan.virtual_stages)
 
 
 def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
@@ -173,7 +185,7 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
     for s, stage in enumerate(plan.stages):
         lead = stage.devices[0]
         costs = cm.compute(lead)
-        fwd = bwd = 0.0
+        fwd = bwd = weight_grad = 0.0
         per_layer: list[tuple[float, float, int, tuple[int, ...]]] = []  # (grad bytes, backward s, dp, group)
         group_link = cm.cluster.slowest_link(stage.devices)
         for i in stage.layers:
@@ -183,6 +195,9 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
                            cm.overheads, scale, dp_link=links["dp"])
             fwd += t.forward_s
             bwd += t.backward_s
+            # zero-bubble's W: the share of the layer's backward (its communication included) that
+            # is the weights' gradients (an approximation: TP's all-reduce belongs to I)
+            weight_grad += t.backward_s * weight_grad_fraction(cm.model, i, micro / st.data_degree)
             if i > stage.layers.start:
                 before = stage.strategy(i - 1)
                 if before != st:
@@ -192,12 +207,12 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
             per_layer.append((t.grad_allreduce_bytes, t.backward_s, st.dp, strategy_groups(st, stage.devices)["dp"],
                               st.zero))
         send_f = send_b = 0.0
-        if s + 1 < plan.n_stages:
+        if s + 1 < plan.n_stages and plan.stages[s + 1].devices[0] != lead:
             nxt = plan.stages[s + 1].devices[0]
             last = stage.strategy(stage.layers.stop - 1)
             send_f = cm.cluster.link(lead, nxt).transfer_s(
                 layers[stage.layers.stop - 1].output_bytes.at(micro / last.data_degree))
-        if s > 0:
+        if s > 0 and plan.stages[s - 1].devices[0] != lead:
             prev = plan.stages[s - 1].devices[0]
             first = stage.strategy(stage.layers.start)
             send_b = cm.cluster.link(lead, prev).transfer_s(
@@ -206,7 +221,8 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
         row.append(StageWork(device=lead, forward_s=fwd + cm.overheads.action_s,
                              backward_s=bwd + cm.overheads.action_s, send_forward_s=send_f, send_backward_s=send_b,
                              layers=(stage.layers.start, stage.layers.stop),
-                             backward_layers=(stage.backward.start, stage.backward.stop)))
+                             backward_layers=(stage.backward.start, stage.backward.stop),
+                             weight_grad_s=weight_grad))
 
         def allreduce(a: int, b: int, per_layer=per_layer) -> float:
             """dp all-reduce of layers a..b-1: one ring per distinct dp group; ZeRO-1 layers
@@ -223,7 +239,7 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
             plan.grad_sync, [x[0] for x in per_layer], [x[1] for x in per_layer], allreduce)))
     return PipelineWork(schedule=plan.schedule, n_micro=plan.n_micro, replicas=(tuple(row),), grad_sync=plan.grad_sync,
                         sync=tuple(sync) if plan.grad_sync != "none" else (), n_devices=cm.cluster.n_devices,
-                        rendezvous=cm.overheads.rendezvous)
+                        rendezvous=cm.overheads.rendezvous, virtual_stages=plan.virtual_stages)
 
 
 def zero_gather_s(plan: Plan, cm: CostModel) -> float:

@@ -38,7 +38,7 @@ class Simulation:
 
 
 # the version-2 plan features (plans/plan.py: FEATURES) the simulator models so far
-MODELLED: frozenset[str] = frozenset({"precision", "zero", "sequence_parallel", "selective"})
+MODELLED: frozenset[str] = frozenset({"precision", "zero", "sequence_parallel", "selective", "schedule"})
 
 
 def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulation:

@@ -1,0 +1,165 @@
+"""The schedules' orders of actions (plans/schedules.py) against torch.distributed.pipelining's
+schedule classes, built on stand-in stages (no process group: the classes compute every rank's
+order in their constructor), and against the papers' closed forms on the simulator (bubbles)."""
+
+import pytest
+import torch.distributed.pipelining.schedules as torch_schedules
+
+from paraplan.plans import schedules
+from paraplan.plans.schedules import Schedule
+
+TORCH_CLASS = {
+    Schedule.INTERLEAVED_1F1B: torch_schedules.ScheduleInterleaved1F1B,
+    Schedule.LOOPED_BFS: torch_schedules.ScheduleLoopedBFS,
+    Schedule.INTERLEAVED_ZB: torch_schedules.ScheduleInterleavedZeroBubble,
+    Schedule.ZBV: torch_schedules.ScheduleZBVZeroBubble,
+    Schedule.DUALPIPE_V: torch_schedules.ScheduleDualPipeV,
+    Schedule.GPIPE: torch_schedules.ScheduleGPipe,
+    Schedule.ONE_F_ONE_B: torch_schedules.Schedule1F1B,
+}
+
+
+class _StandInStage:
+    """What the schedule classes read of a stage when they compute the orders."""
+
+    def __init__(self, index: int, n_stages: int, n_ranks: int, rank: int):
+        self.stage_index, self.num_stages = index, n_stages
+        self.group_size, self.group_rank = n_ranks, rank
+        self.is_first, self.is_last = index == 0, index == n_stages - 1
+        self.submod = None
+
+
+def _torch_orders(kind: str, n_ranks: int, virtual: int, n_micro: int) -> list[list[str]]:
+    ranks = schedules.stage_ranks(kind, n_ranks, virtual)
+    n = n_ranks * virtual
+    out = []
+    for r in range(n_ranks):
+        stages = [_StandInStage(i, n, n_ranks, r) for i in range(n) if ranks[i] == r]
+        schedule = TORCH_CLASS[kind](stages if virtual > 1 or kind in schedules.MULTI_CHUNK else stages[0], n_micro)
+        order = []
+        for action in schedule.pipeline_order[r]:
+            if action is None:
+                continue
+            for a in action.sub_actions or (action,):  # DualPipeV's paired forward and backward, in order
+                order.append(f"{a.stage_index}{a.computation_type.value}{a.microbatch_index}")
+        out.append(order)
+    return out
+
+
+CASES = [(kind, p, v, m) for kind, vs in [(Schedule.INTERLEAVED_1F1B, (2, 3)), (Schedule.LOOPED_BFS, (2, 3)),
+                                          (Schedule.INTERLEAVED_ZB, (1, 2, 3)), (Schedule.ZBV, (2,)),
+                                          (Schedule.DUALPIPE_V, (2,))]
+         for p in (2, 3, 4) for v in vs for m in (1, 2, 3, 4, 6, 8, 12)
+         if not schedules.schedule_problem(kind, p, v, m)]
+
+
+@pytest.mark.parametrize("kind,n_ranks,virtual,n_micro", CASES)
+def test_every_ranks_order_is_torchs(kind, n_ranks, virtual, n_micro):
+    ours = [[str(a) for a in order] for order in schedules.rank_orders(kind, n_ranks, virtual, n_micro)]
+    assert ours == _torch_orders(kind, n_ranks, virtual, n_micro)
+
+
+def test_the_cases_cover_every_multi_chunk_kind_and_ranks_up_to_four():
+    assert {c[0] for c in CASES} == set(schedules.MULTI_CHUNK)
+    assert len(CASES) > 80
+
+
+@pytest.mark.parametrize("kind", [Schedule.INTERLEAVED_1F1B, Schedule.LOOPED_BFS, Schedule.INTERLEAVED_ZB,
+                                  Schedule.ZBV, Schedule.DUALPIPE_V])
+def test_each_action_runs_once_and_in_dependency_order_within_a_rank(kind):
+    n_ranks, n_micro = 4, 8
+    virtual = 2
+    ranks = schedules.stage_ranks(kind, n_ranks, virtual)
+    for r, order in enumerate(schedules.rank_orders(kind, n_ranks, virtual, n_micro)):
+        mine = [s for s in range(n_ranks * virtual) if ranks[s] == r]
+        split = kind in schedules.SPLIT_BACKWARD
+        seen = set()
+        for a in order:
+            assert a not in seen
+            seen.add(a)
+            if a.computation != "F":  # a backward half after its own forward on the same stage
+                assert schedules.Action(a.stage, schedules.Computation.FORWARD, a.micro) in seen
+            if a.computation == "W":
+                assert schedules.Action(a.stage, schedules.Computation.BACKWARD_INPUT, a.micro) in seen
+        forwards = {(a.stage, a.micro) for a in order if a.computation == "F"}
+        assert forwards == {(s, j) for s in mine for j in range(n_micro)}
+        weights = {(a.stage, a.micro) for a in order if a.computation in ("B", "W")}
+        assert weights == forwards  # every micro-batch's weights' gradients exactly once
+        if not split:
+            assert all(a.computation in ("F", "B") for a in order)
+
+
+def test_the_mappings_are_the_papers():
+    # Narayanan et al. 2021 Fig. 4: 4 devices, 2 chunks, device 1 holds layers' chunks 1 and 5
+    assert schedules.stage_ranks(Schedule.INTERLEAVED_1F1B, 4, 2) == (0, 1, 2, 3, 0, 1, 2, 3)
+    # Qi et al. 2024 Fig. 8 (ZB-V): rank 0 holds the first and the last stage
+    assert schedules.stage_ranks(Schedule.ZBV, 4, 2) == (0, 1, 2, 3, 3, 2, 1, 0)
+
+
+def test_problems_are_named_in_one_line():
+    assert "2 chunks" in schedules.schedule_problem(Schedule.ZBV, 4, 3, 8)
+    assert "rounds" in schedules.schedule_problem(Schedule.INTERLEAVED_1F1B, 4, 2, 10 + 1)
+    assert "at least as many micro-batches" in schedules.schedule_problem(Schedule.DUALPIPE_V, 4, 2, 7)
+    assert schedules.schedule_problem(Schedule.INTERLEAVED_1F1B, 4, 2, 10) == ""  # torch's flexible rounds
+
+
+def test_plan_text_round_trips():
+    a = schedules.Action(3, schedules.Computation.BACKWARD_WEIGHT, 7)
+    assert a.plan_text() == "W7.3"
+    assert schedules.Action.from_plan_text("W7.3") == a
+    with pytest.raises(ValueError):
+        schedules.Action.from_plan_text("3W7")
+
+
+# ------------------------------------------------------------------ on the simulator: the papers' closed forms
+
+def _simulated(kind, n_ranks, virtual, n_micro, forward, backward, weight):
+    """The iteration of n_ranks x virtual equal stages, each pass's time per chunk given, no
+    communication (the papers' bubble analyses count compute only)."""
+    from paraplan.simulator.pipeline import PipelineWork, StageWork, run
+
+    ranks = schedules.stage_ranks(kind, n_ranks, virtual)
+    row = tuple(StageWork(device=ranks[s], forward_s=forward, backward_s=backward, send_forward_s=0.0,
+                          send_backward_s=0.0, weight_grad_s=weight) for s in range(n_ranks * virtual))
+    return run(PipelineWork(schedule=kind, n_micro=n_micro, replicas=(row,), virtual_stages=virtual)).iteration_s
+
+
+@pytest.mark.parametrize("n_ranks,n_micro", [(2, 4), (3, 6), (4, 8), (4, 16), (8, 16)])
+def test_bubbles_equal_the_papers_closed_forms(n_ranks, n_micro):
+    f, b = 1.0, 2.0  # a whole stage's forward and backward (T_W = T_F: half the backward)
+    ideal = n_micro * (f + b)
+    # 1F1B: (p - 1)(f + b) (Narayanan et al. 2021 §2.2.1)
+    assert _simulated(Schedule.ONE_F_ONE_B, n_ranks, 1, n_micro, f, b, 0) == pytest.approx(ideal + (n_ranks - 1) * (f + b))
+    # interleaved with v chunks: the bubble shrinks v times, (p - 1)(f + b) / v (§2.2.2)
+    for v in (2, 3, 4):
+        got = _simulated(Schedule.INTERLEAVED_1F1B, n_ranks, v, n_micro, f / v, b / v, 0)
+        assert got == pytest.approx(ideal + (n_ranks - 1) * (f + b) / v)
+    # ZB-H1 (ZB-1P on one chunk): (p - 1)(T_F + T_B - T_W), T_B the input half (Qi et al. 2024 §3.1)
+    got = _simulated(Schedule.INTERLEAVED_ZB, n_ranks, 1, n_micro, f, b, b / 2)
+    assert got == pytest.approx(ideal + (n_ranks - 1) * (f + b / 2 - b / 2))
+    # ZB-V with T_F = T_I = T_W (§6): no idle slot once a rank has started; what is left is the fill,
+    # the last rank's first forward waiting for p - 1 chunk forwards, which no schedule avoids
+    zbv = _simulated(Schedule.ZBV, n_ranks, 2, n_micro, f / 2, b / 2, b / 4)
+    assert zbv == pytest.approx(ideal + (n_ranks - 1) * f / 2)
+    if n_micro >= 2 * n_ranks:
+        assert _simulated(Schedule.DUALPIPE_V, n_ranks, 2, n_micro, f / 2, b / 2, b / 4) <= ideal + (n_ranks - 1) * (f + b) / 2
+
+
+@pytest.mark.parametrize("n_ranks,virtual,n_micro", [(2, 2, 4), (4, 2, 8), (4, 3, 8), (8, 2, 16), (4, 4, 16)])
+def test_the_first_ranks_activations_are_korthikantis(n_ranks, virtual, n_micro):
+    """Interleaving keeps more micro-batches in flight on the first rank: p (1 + (p - 1) / (p v))
+    stage-sized micro-batches (Korthikanti et al. 2022 §4.2.3), where 1F1B keeps p."""
+    order = schedules.rank_order(Schedule.INTERLEAVED_1F1B, n_ranks, virtual, n_micro, 0)
+    chunk = 1.0 / virtual  # each chunk holds 1/v of the rank's layers
+    peak, _ = schedules.live_peak(order, {s: chunk for s in range(0, n_ranks * virtual, n_ranks)})
+    assert peak == pytest.approx(n_ranks * (1 + (n_ranks - 1) / (n_ranks * virtual)))
+    one_f_one_b = schedules.rank_order(Schedule.ONE_F_ONE_B, n_ranks, 1, n_micro, 0)
+    assert schedules.in_flight(one_f_one_b) == n_ranks
+
+
+def test_a_split_backward_holds_the_activations_until_its_weights_pass():
+    # ZB-H1's last rank delays each W behind p - 1 input passes: it holds p micro-batches, as 1F1B's first does
+    for p in (2, 4):
+        last = schedules.rank_order(Schedule.INTERLEAVED_ZB, p, 1, 2 * p, p - 1)
+        assert schedules.in_flight(last) == p
+        assert schedules.in_flight(schedules.one_f_one_b(p, 2 * p, p - 1)) == 1

@@ -154,10 +154,12 @@ def micro_batches_in_flight(schedule: str, n_stages: int, stage: int, n_micro: i
 
 
 def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryConfig | None = None,
-                 device_kind: str | None = None, in_flight: int | None = None) -> MemoryBreakdown:
+                 device_kind: str | None = None, in_flight: int | None = None,
+                 on_device: frozenset[int] = frozenset()) -> MemoryBreakdown:
     """One device of stage `stage_index`; `device_kind` (its DeviceSpec.name) drops the CUDA-only
     terms on a CPU (MemoryConfig.for_device_kind); unknown is treated as a CUDA device. `in_flight`:
-    the micro-batches the stage holds at the moment asked about (default: its schedule's peak)."""
+    the micro-batches the stage holds at the moment asked about (default: its schedule's peak);
+    `on_device`: layers other stages hold on the same device (a tied weight there is no second copy)."""
     config = (config or MemoryConfig()).for_device_kind(device_kind)
     stage = plan.stages[stage_index]
     micro = plan.global_batch / plan.n_micro  # entering the stage's group; strategies split it further
@@ -178,7 +180,8 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
     recomputed = set(role.recomputed) if role is not None else set()
     for i in sorted(held):
         layer = model.layers[i]
-        tied_copy = bool(layer.shared_param_bytes) and any(o not in held for o in layer.shared_owners)
+        tied_copy = bool(layer.shared_param_bytes) and any(o not in held and o not in on_device
+                                                           for o in layer.shared_owners)
         strategy = stage.strategy(i)
         m = layer_memory(model, i, strategy, micro, config, tied_copy)
         params = param_count(model, i, tied_copy)
@@ -263,7 +266,8 @@ def plan_memory(plan: Plan, model: ModelSpec, capacities: dict[int, int], config
         here = [s for s in range(plan.n_stages) if ranks[s] == rank]
         devices = plan.stages[here[0]].devices
         kind = device_kinds.get(devices[0], device_kind) if device_kinds else device_kind
-        b = stage_memory(plan, model, here[0], config, kind) if len(here) == 1 else \
+        b = stage_memory(plan, model, here[0], config, kind) \
+            if len(here) == 1 and plan.schedule not in schedules.SPLIT_BACKWARD else \
             _rank_memory(plan, model, rank, here, config, kind)
         breakdowns.append(b)
         for d in devices:
@@ -273,22 +277,35 @@ def plan_memory(plan: Plan, model: ModelSpec, capacities: dict[int, int], config
 
 def _rank_memory(plan: Plan, model: ModelSpec, rank: int, stages: list[int], config: MemoryConfig | None,
                  device_kind: str | None) -> MemoryBreakdown:
-    """A pipeline rank holding several stages (interleaved and V-shaped schedules): the states of
-    all of them, and the activations at the moment of the rank's order when the micro-batches they
-    hold weigh the most (plans/schedules.py: live_peak; the stages' peaks need not coincide)."""
-    one = {s: stage_memory(plan, model, s, config, device_kind, in_flight=1) for s in stages}
-    none = {s: stage_memory(plan, model, s, config, device_kind, in_flight=0) for s in stages}
+    """A pipeline rank holding several stages (interleaved and V-shaped schedules), or running a
+    split backward: the states of all its stages, and the activations at the moment of the rank's
+    order when the micro-batches they hold weigh the most (plans/schedules.py: live_peak; the
+    stages' peaks need not coincide). A split backward (I, then W) keeps a micro-batch's saved
+    tensors until its W, and from its I also the gradients its W starts from (torch's
+    `stage_backward_input` retains the graph and those gradients: LayerSpec.weight_grad_input_bytes)."""
+    config = (config or MemoryConfig()).for_device_kind(device_kind)
+    here = frozenset(i for s in stages for i in plan.stages[s].layers)
+    one = {s: stage_memory(plan, model, s, config, device_kind, 1, here) for s in stages}
+    none = {s: stage_memory(plan, model, s, config, device_kind, 0, here) for s in stages}
     per_micro = {s: one[s].forward_peak_bytes - none[s].forward_peak_bytes for s in stages}
+    micro = plan.global_batch / plan.n_micro
+    for_weights = {s: sum(model.layers[i].weight_grad_input_bytes.at(micro / plan.stages[s].strategy(i).data_degree)
+                          / plan.stages[s].strategy(i).tp for i in plan.stages[s].backward) * config.activation_scale
+                   for s in stages} if plan.schedule in schedules.SPLIT_BACKWARD else {}
     order = schedules.rank_order(plan.schedule, plan.n_ranks, plan.virtual_stages, plan.n_micro, rank)
-    _, held = schedules.live_peak(order, per_micro)
-    parts = [stage_memory(plan, model, s, config, device_kind, in_flight=held[s]) for s in stages]
+    _, held, waiting = schedules.live_peak(order, per_micro, for_weights)
+    parts = [stage_memory(plan, model, s, config, device_kind, held[s], here) for s in stages]
+    kept = sum(waiting[s] * for_weights.get(s, 0.0) for s in stages)  # the allocator's share included, as saved
+    kept_allocator = kept * config.allocator_fraction / (1.0 + config.allocator_fraction)
     total = {f: sum(getattr(b, f) for b in parts) for f in (
-        "states_bytes", "stash_bytes", "allocator_bytes", "tp_replicated_bytes", "ddp_bucket_bytes",
+        "states_bytes", "stash_bytes", "tp_replicated_bytes", "ddp_bucket_bytes",
         "optimizer_step_bytes", "compute_copy_bytes", "param_state_bytes", "grad_bytes", "optimizer_bytes")}
     recompute = max(b.recompute_bytes for b in parts)  # one checkpointed layer recomputes at a time
     return MemoryBreakdown(device=parts[0].device, stage=stages[0], reserve_bytes=parts[0].reserve_bytes,
                            in_flight=sum(held.values()), recompute_bytes=recompute,
-                           activation_bytes=sum(b.activation_bytes - b.recompute_bytes for b in parts) + recompute,
+                           activation_bytes=sum(b.activation_bytes - b.recompute_bytes for b in parts) + recompute
+                           + kept - kept_allocator,
+                           allocator_bytes=sum(b.allocator_bytes for b in parts) + kept_allocator,
                            sdp_buffer_bytes=max(b.sdp_buffer_bytes for b in parts), **total)
 
 

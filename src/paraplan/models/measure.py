@@ -257,6 +257,7 @@ def _measure_once(layer: nn.Module, x, params: set[int], compute_dtype: torch.dt
     fwd_kernels = kernels.count
     outputs = [t for t in tensors(y) if t.requires_grad]
     bwd_kernels = _KernelCounter()
+    kept_for_weights = _gradients_kept_for_weights(outputs, x, [p for p in layer.parameters() if p.requires_grad])
     with FlopCounterMode(display=False) as bwd_flops, bwd_kernels:
         if outputs:
             torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
@@ -271,10 +272,66 @@ def _measure_once(layer: nn.Module, x, params: set[int], compute_dtype: torch.dt
         "core_bytes": max(0, sum(b for key, b in saved.items() if key in in_sdpa) - (sdpa.input_bytes if in_sdpa else 0))
         + sum(b for key, b in saved.items() if key not in in_sdpa and core.kept(shapes[key])),
         "core_flops": core.flops(),
+        "weight_grad_input_bytes": sum(kept_for_weights),
         "fwd_ops": fwd_kernels,
         "bwd_ops": bwd_kernels.count,
     }
     return _detach_outputs(y), stats
+
+
+def _node(t: torch.Tensor):
+    """The autograd node a tensor's gradient enters: its grad_fn, or a leaf's AccumulateGrad."""
+    if t.grad_fn is not None:
+        return t.grad_fn
+    return t.view_as(t).grad_fn.next_functions[0][0] if t.requires_grad else None
+
+
+def _gradients_kept_for_weights(outputs: list[torch.Tensor], x, params: list[torch.Tensor]) -> list[int]:
+    """Hooks that record, during the backward, the bytes of the gradients torch's split backward keeps
+    from its input-gradient pass (I) to its weight-gradient pass (W): the gradients entering the
+    nodes where a weight's path meets the input's path (the matmul that uses a weight: the
+    gradient of its output). The same nodes as torch.distributed.pipelining._backward's
+    get_param_groups (its `intermediates`), found the same way: the nodes reachable back from the
+    input, met first when walking back from each weight. Returns the list the hooks fill."""
+    kept: list[int] = []
+    roots = [n for n in map(_node, outputs) if n is not None]
+    consumers: dict = {}  # node -> the nodes that take its output (the graph's reverse edges)
+    queue, seen = list(roots), set(roots)
+    while queue:
+        node = queue.pop()
+        for fn, _ in node.next_functions:
+            if fn is not None:
+                consumers.setdefault(fn, []).append(node)
+                if fn not in seen:
+                    seen.add(fn)
+                    queue.append(fn)
+
+    def closure(starts, stop_at=frozenset()):
+        reached, met, queue = set(starts), set(), list(starts)
+        while queue:
+            for fn in consumers.get(queue.pop(), ()):
+                if fn in reached:
+                    continue
+                if fn in stop_at:
+                    met.add(fn)
+                    continue
+                reached.add(fn)
+                queue.append(fn)
+        return reached, met
+
+    from_input, _ = closure([n for n in map(_node, [t for t in tensors(x) if t.requires_grad]) if n is not None])
+    meeting = set()
+    for p in params:
+        node = _node(p)
+        if node is not None and node in seen:
+            meeting |= closure([node], frozenset(from_input))[1]
+
+    def record(grad_outputs):
+        kept.append(sum(g.numel() * g.element_size() for g in grad_outputs if g is not None))
+
+    for node in meeting:
+        node.register_prehook(record)
+    return kept
 
 
 def _detach_outputs(value):
@@ -408,6 +465,7 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
             forward_ops=small["fwd_ops"], backward_ops=small["bwd_ops"],
             attention_core_bytes=_fit(small["core_bytes"], large["core_bytes"]),
             attention_core_flops=_fit(small["core_flops"], large["core_flops"]),
+            weight_grad_input_bytes=_fit(small["weight_grad_input_bytes"], large["weight_grad_input_bytes"]),
         ))
     return ModelSpec(name=name, family=family, layers=tuple(specs), inputs=inputs,
                      input_bytes=_fit(*input_bytes),

@@ -55,6 +55,10 @@ class LayerSpec:
     # a fused kernel that keeps no s x s tensor)
     attention_core_bytes: Affine = Affine(0.0, 0.0)
     attention_core_flops: Affine = Affine(0.0, 0.0)
+    # zero-bubble's split backward as torch runs it (pipelining/_backward.py): the gradients its
+    # input-gradient pass (I) keeps for the weight-gradient pass (W), beyond saved_bytes (the graph,
+    # its saved tensors included, is retained from I to W too)
+    weight_grad_input_bytes: Affine = Affine(0.0, 0.0)
 
     @property
     def flops_per_sample(self) -> float:

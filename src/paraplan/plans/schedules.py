@@ -370,18 +370,28 @@ def in_flight(order: list[Action]) -> int:
     return peak
 
 
-def live_peak(order: list[Action], per_micro: dict[int, float]) -> tuple[float, dict[int, int]]:
+def live_peak(order: list[Action], per_micro: dict[int, float],
+              kept_for_weights: dict[int, float] | None = None) -> tuple[float, dict[int, int], dict[int, int]]:
     """Walking one rank's order: the most bytes its stages hold at once, with `per_micro[stage]`
-    bytes kept from each micro-batch's forward to its backward (its W when split), and how many
-    micro-batches each stage holds at that moment."""
+    bytes kept from each micro-batch's forward to its backward (its W when split) and, with a split
+    backward, `kept_for_weights[stage]` more from its I to its W (the gradients W starts from);
+    and, at that moment, how many micro-batches each stage holds and how many of them wait for W."""
+    extra = kept_for_weights or {}
     live = {s: 0 for s in per_micro}
-    peak, at_peak = 0.0, dict(live)
+    waiting = {s: 0 for s in per_micro}
+    peak, at_peak, waiting_at_peak = 0.0, dict(live), dict(waiting)
     for action in order:
+        s = action.stage
         if action.computation == F:
-            live[action.stage] += 1
-            held = sum(live[s] * per_micro[s] for s in live)
-            if held > peak:
-                peak, at_peak = held, dict(live)
-        elif action.computation in (B, W):
-            live[action.stage] -= 1
-    return peak, at_peak
+            live[s] += 1
+        elif action.computation == I:
+            waiting[s] += 1
+        elif action.computation == W:
+            live[s] -= 1
+            waiting[s] -= 1
+        else:
+            live[s] -= 1
+        held = sum(live[t] * per_micro[t] + waiting[t] * extra.get(t, 0.0) for t in live)
+        if held > peak:
+            peak, at_peak, waiting_at_peak = held, dict(live), dict(waiting)
+    return peak, at_peak, waiting_at_peak

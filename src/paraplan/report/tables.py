@@ -91,16 +91,23 @@ def simulation_table(sim, cluster: Cluster) -> Table:
                         f"bubble {sim.bubble_fraction:.1%}; {verdict}")
     for col in ("device", "stage", "busy", "idle", "states", "activations", "stash", "peak memory", "capacity"):
         table.add_column(col, justify="right")
-    stage_of = {d: s for s, st in enumerate(plan.stages) for d in st.devices}
+    # one breakdown per pipeline rank, named by its first stage; a rank may hold several stages
+    breakdown_of = {d: b for b in sim.memory for d in plan.stages[b.stage].devices}
     peaks = {m.device: m for m in pred.memory}
     for d in sim.devices:
-        b = sim.memory[stage_of[d.device]]
+        b = breakdown_of[d.device]
         m = peaks[d.device]
         peak = human_bytes(m.peak_bytes) if m.fits else f"[red]{human_bytes(m.peak_bytes)}[/]"
-        table.add_row(str(d.device), str(stage_of[d.device]), human_seconds(d.busy_s), human_seconds(d.idle_s),
+        table.add_row(str(d.device), stages_label(plan, b.stage), human_seconds(d.busy_s), human_seconds(d.idle_s),
                       human_bytes(b.states_bytes), f"{human_bytes(b.activation_bytes)} ({b.in_flight} in flight)",
                       human_bytes(b.stash_bytes), peak, human_bytes(m.capacity_bytes))
     return table
+
+
+def stages_label(plan, first_stage: int) -> str:
+    """The stages the rank of `first_stage` holds: "2", or "0,3" with several chunks per rank."""
+    ranks = plan.rank_of_stage
+    return ",".join(str(s) for s in range(plan.n_stages) if ranks[s] == ranks[first_stage])
 
 
 def memory_table(sim) -> Table:
@@ -115,7 +122,7 @@ def memory_table(sim) -> Table:
     for r in rows:
         devices = sim.plan.stages[r.breakdown.stage].devices
         shown = ",".join(map(str, devices)) if len(devices) <= 4 else f"{devices[0]}..{devices[-1]} ({len(devices)})"
-        table.add_row(str(r.breakdown.stage), shown, r.moment,
+        table.add_row(stages_label(sim.plan, r.breakdown.stage), shown, r.moment,
                       *(human_bytes(r.parts[c]) if c in r.parts else "" for c in used), human_bytes(r.breakdown.peak_bytes))
     return table
 

@@ -157,7 +157,8 @@ def memory_comparison(breakdowns, out_dir: str | Path) -> list[MemoryRow]:
     rows = []
     for f in sorted(Path(out_dir).glob("memory_rank*.json"), key=lambda f: int(f.stem[len("memory_rank"):])):
         m = json.loads(f.read_text())
-        b = breakdowns[m["stage"]]
+        # one breakdown per pipeline rank, named by its first stage (several with interleaved schedules)
+        b = next(b for b in breakdowns if b.stage == m["stage"])
         # autocast's weight copies count with the parameters, as the memory model files them
         rows.append(MemoryRow(rank=m["rank"], stage=m["stage"], predicted_states=b.states_bytes + b.compute_copy_bytes,
                               measured_states=m["params"] + m["grads"] + m["optimizer"] + m.get("weight_copies", 0),

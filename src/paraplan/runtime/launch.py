@@ -233,8 +233,17 @@ def check_before_launch(config: TrainConfig, world: int, n_layers: int, layers=N
         if reason:
             raise ParaplanError(f"this plan cannot run: {reason}")
         return
-    if plan.schedule not in ("gpipe", "1f1b"):
-        raise ParaplanError(f"schedule '{plan.schedule}': the runtime runs gpipe and 1f1b plans")
+    from paraplan.plans.schedules import MULTI_CHUNK
+
+    if plan.schedule not in ("gpipe", "1f1b", *MULTI_CHUNK):
+        raise ParaplanError(f"schedule '{plan.schedule}': the runtime runs gpipe, 1f1b and the multi-chunk "
+                            f"schedules ({', '.join(MULTI_CHUNK)})")
+    if plan.schedule in MULTI_CHUNK:
+        if any(s.strategies for s in plan.stages):
+            raise ParaplanError(f"schedule '{plan.schedule}': plain pipeline stages only for now; stages with "
+                                "per-layer strategies under it are simulated, not run yet")
+        if config.checkpoint_dir:
+            raise FieldError("checkpoint_dir", f"checkpoints of {plan.schedule} plans are not written yet")
     used = sorted(plan.devices)
     if used != list(range(world)):
         if len(used) != world:
@@ -262,14 +271,14 @@ def check_before_launch(config: TrainConfig, world: int, n_layers: int, layers=N
         if reason:
             raise ParaplanError(f"this plan cannot run: {reason}")
     for r in range(counts.pop()):
-        ranks = [s.devices[r] for s in plan.stages]
+        ranks = [s.devices[r] for s in plan.stages[:plan.n_ranks]]  # the pipeline ranks, one per rank's first stage
         if ranks != sorted(ranks):
             raise ParaplanError(f"replica {r} runs its stages on devices {ranks}: they must increase along the pipeline")
     n_replicas = 1 if any(s.strategies for s in plan.stages) else len(plan.stages[0].devices)
     if plan.global_batch % (n_replicas * plan.n_micro):
         raise ParaplanError(f"global batch {plan.global_batch} does not split into {n_replicas} replicas x "
                             f"{plan.n_micro} micro-batches")
-    if plan.schedule == "1f1b" and plan.n_micro < plan.n_stages:
+    if plan.schedule in ("1f1b", "interleaved-1f1b") and plan.n_micro < plan.n_ranks:
         raise ParaplanError(f"1F1B needs at least as many micro-batches ({plan.n_micro}) as stages ({plan.n_stages})")
 
 

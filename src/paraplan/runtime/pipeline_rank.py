@@ -102,10 +102,15 @@ def replica_setup(config: TrainConfig, rank: int, device, built, layers, names, 
     stage_index, replica = stage_and_position(plan, rank)
     n_replicas = len(plan.stages[0].devices)
     pp_groups, dp_groups = make_groups(plan)
-    own = [m for _, _, m in layers[plan.stages[stage_index].layers.start:plan.stages[stage_index].layers.stop]]
-    materialize(own, names, config.seed, device)
-    module = StageModule(own)
-    params = list(module.parameters())
+    # every stage this rank runs: one, or several chunks under an interleaved / V-shaped schedule
+    held = [s for s, st in enumerate(plan.stages) if rank in st.devices]
+    chunks, made = [], {}  # `made`: a weight tied across two of them (a V's ends) stays one parameter
+    for s in held:
+        own = [m for _, _, m in layers[plan.stages[s].layers.start:plan.stages[s].layers.stop]]
+        materialize(own, names, config.seed, device, made)
+        chunks.append((s, StageModule(own)))
+    module = chunks[0][1] if len(chunks) == 1 else torch.nn.ModuleList([m for _, m in chunks])
+    params = list(dict.fromkeys(module.parameters()))  # a tied weight held twice (a V's ends) once
     sync = GradSync(params, dp_groups[stage_index], n_replicas, plan.grad_sync, plan.n_micro, recorder)
     shard = plan.global_batch // n_replicas
 
@@ -119,4 +124,5 @@ def replica_setup(config: TrainConfig, rank: int, device, built, layers, names, 
     named = {names.get(id(p)): p for p in params}
     return RankSetup(module=module, stage_index=stage_index, position=replica, pp_group=pp_groups[replica],
                      named=named, sync=sync, loss=loss, local_batch=local_batch, loss_weight=1.0 / n_replicas,
-                     full_state=lambda: {n: p.detach().clone() for n, p in named.items()}, writes=replica == 0)
+                     full_state=lambda: {n: p.detach().clone() for n, p in named.items()}, writes=replica == 0,
+                     chunks=tuple(chunks) if len(chunks) > 1 else ())

@@ -25,7 +25,7 @@ from paraplan.runtime.data import TOKEN_DTYPES
 # the version-2 plan features (plans/plan.py: FEATURES) the runtime runs so far: the precision
 # (fp32, tf32, bf16: runtime/mixed_precision.py), ZeRO-1/2 (runtime/zero.py) and selective
 # recomputation (runtime/selective.py)
-RUNS: frozenset[str] = frozenset({"precision", "zero", "selective"})
+RUNS: frozenset[str] = frozenset({"precision", "zero", "selective", "schedule"})
 
 
 class Optimizer(StrEnum):
@@ -135,7 +135,7 @@ def rank_device() -> torch.device:
 
 
 def stage_and_position(plan: Plan, rank: int) -> tuple[int, int]:
-    """(the stage `rank` runs, its index among that stage's devices)."""
+    """(the stage `rank` runs, its first with several chunks per rank; its index among that stage's devices)."""
     for s, stage in enumerate(plan.stages):
         if rank in stage.devices:
             return s, stage.devices.index(rank)
@@ -167,11 +167,15 @@ class RankSetup:
     # what the optimizer steps, from the rank's parameters (ZeRO: its owned views); None: all of them
     optimizer_params: Callable | None = None
     extra_grad_bytes: Callable = lambda: 0  # gradient bytes held outside .grad (ZeRO-2's accumulators)
+    # interleaved and V-shaped schedules: every stage this rank holds, ((stage index, module), ...) in
+    # stage order (`module` and `stage_index` are then their container and the first of them)
+    chunks: tuple = ()
 
 
 def make_groups(plan: Plan) -> tuple[list, list]:
     """(one pipeline group per position: position r of every stage, one group per stage), made by
     every rank in the same order (new_group is collective)."""
     width = len(plan.stages[0].devices)
-    pipelines = [dist.new_group([s.devices[r] for s in plan.stages]) for r in range(width)]
+    # (a rank holding several stages is in its pipeline once: the group ranks are the pipeline ranks)
+    pipelines = [dist.new_group(list(dict.fromkeys(s.devices[r] for s in plan.stages))) for r in range(width)]
     return pipelines, [dist.new_group(list(s.devices)) for s in plan.stages]

@@ -27,7 +27,7 @@ from paraplan.runtime.data import batch_source
 from paraplan.runtime.materialize import build_layers
 from paraplan.runtime.memory_meter import MemoryMeter, local_value, state_bytes
 from paraplan.runtime.mixed_precision import LossScaler, step_context
-from paraplan.runtime.rank_base import RankSetup, TrainConfig, make_optimizer, rank_device, stage_and_position
+from paraplan.runtime.rank_base import RankSetup, TrainConfig, make_optimizer, rank_device
 
 REPORT_EVERY_S = 0.5  # rank 0 prints the step losses, and losses.json is rewritten, at most this often
 
@@ -49,7 +49,7 @@ def train_stages(config: TrainConfig, setup_fn: SetupFn) -> dict:
     # (by backward range: the worker that runs a layer's backward updates it; the forward range for
     # every plan but Bi-Partition's)
     stage_names = [_stage_param_names(layers, names, st.backward) for st in plan.stages]
-    owned = _owned_names(layers, names, plan.stages[stage_and_position(plan, rank)[0]].backward)
+    owned = set().union(*(_owned_names(layers, names, st.backward) for st in plan.stages if rank in st.devices))
     recorder = Recorder()
     batches = batch_source(built, plan.global_batch, config.seed, config.data, config.data_dtype)
     setup = setup_fn(config, rank, device, built, layers, names, recorder)
@@ -131,7 +131,9 @@ def _tied_groups(plan, setup: RankSetup, stage_names: list[set[str]], rank: int)
         holders = [s for s in range(plan.n_stages) if name in stage_names[s]]
         if len(holders) > 1:
             for r in range(len(plan.stages[0].devices)):
-                ranks = [plan.stages[s].devices[r] for s in holders]
+                ranks = list(dict.fromkeys(plan.stages[s].devices[r] for s in holders))
+                if len(ranks) == 1:  # every holder on one rank (a V's two ends): one parameter, one gradient
+                    continue
                 g = dist.new_group(ranks)
                 if rank in ranks:
                     tied_groups.append((name, g))
@@ -139,17 +141,26 @@ def _tied_groups(plan, setup: RankSetup, stage_names: list[set[str]], rank: int)
 
 
 def _schedule(plan, setup: RankSetup, device, recorder, scaler):
-    """The rank's PipelineStage under the plan's schedule (GPipe or 1F1B), recorded on the timeline."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    """The rank's PipelineStage (or, with several chunks per rank, its stages) under the torch
+    schedule class of the plan's kind, whose order of actions is plans/schedules.py's (tested),
+    recorded on the timeline."""
+    import torch.distributed.pipelining as pipelining
 
-    stage = PipelineStage(setup.module, setup.stage_index, plan.n_stages, device, group=setup.pp_group)
-    recorder.wrap_stage(stage)
+    classes = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B",
+               "looped-bfs": "ScheduleLoopedBFS", "interleaved-zb": "ScheduleInterleavedZeroBubble",
+               "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+    if plan.schedule not in classes:
+        raise RuntimeError(f"the runtime runs the schedules {', '.join(classes)}, not {plan.schedule!r}")
+    chunks = setup.chunks or ((setup.stage_index, setup.module),)
+    stages = [pipelining.PipelineStage(m, s, plan.n_stages, device, group=setup.pp_group) for s, m in chunks]
+    for stage in stages:
+        recorder.wrap_stage(stage)
     recorder.patch_p2p()
-    schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(plan.schedule)
-    if schedule_cls is None:
-        raise RuntimeError(f"the runtime runs gpipe and 1f1b schedules, not {plan.schedule!r}")
+    schedule_cls = getattr(pipelining, classes[plan.schedule])
     loss = setup.loss if not scaler.enabled else (lambda out, target: setup.loss(out, target) * scaler.scale)
-    return schedule_cls(stage, plan.n_micro, loss_fn=loss, scale_grads=False)
+    # the multi-stage classes take a list of stages even for one chunk per rank (ZB-H1)
+    single = plan.schedule in ("gpipe", "1f1b")
+    return schedule_cls(stages[0] if single else stages, plan.n_micro, loss_fn=loss, scale_grads=False)
 
 
 def _resume(config: TrainConfig, stage_index: int, module, optim) -> tuple[int, list]:
@@ -170,17 +181,20 @@ def _resume(config: TrainConfig, stage_index: int, module, optim) -> tuple[int, 
 def _run_schedule(setup: RankSetup, schedule, n_stages: int, x, y, micro_losses: list) -> None:
     """One step's forwards and backwards: the plan kind's own step, or the pipeline schedule fed as
     this rank's stage needs (the first takes the inputs, the last the targets and the losses)."""
-    stage_index = setup.stage_index
+    held = [s for s, _ in setup.chunks] or [setup.stage_index]
+    first, last = 0 in held, n_stages - 1 in held
+    # return_outputs=False: the step's outputs are not used (the losses are), so the last stage need
+    # not keep every micro-batch's output until the step ends
     if schedule is None:
         setup.run_step(x, y, micro_losses)
-    elif stage_index == 0 and stage_index == n_stages - 1:
-        schedule.step(x, target=y, losses=micro_losses)
-    elif stage_index == 0:
-        schedule.step(x)
-    elif stage_index == n_stages - 1:
-        schedule.step(target=y, losses=micro_losses)
+    elif first and last:
+        schedule.step(x, target=y, losses=micro_losses, return_outputs=False)
+    elif first:
+        schedule.step(x, return_outputs=False)
+    elif last:
+        schedule.step(target=y, losses=micro_losses, return_outputs=False)
     else:
-        schedule.step()
+        schedule.step(return_outputs=False)
 
 
 def _clip_gradients(config: TrainConfig, setup: RankSetup, owner_names: list[str], params, device) -> None:
@@ -265,7 +279,16 @@ def _write_outputs(config: TrainConfig, rank: int, setup: RankSetup, recorder, s
         atomic_write_text(Path(config.out_dir) / f"memory_rank{rank}.json", json.dumps(memory))
     full = setup.full_state()  # collective for hybrid stages: every rank of the stage takes part
     if setup.writes:
-        atomic_torch_save(full, Path(config.out_dir) / f"stage{setup.stage_index}.pt")
+        # one file per stage, with several chunks per rank too (a V's tied ends: in both files)
+        for s, part in _stage_parts(setup, full):
+            atomic_torch_save(part, Path(config.out_dir) / f"stage{s}.pt")
+
+
+def _stage_parts(setup: RankSetup, full: dict) -> list[tuple[int, dict]]:
+    if not setup.chunks:
+        return [(setup.stage_index, full)]
+    by_id = {id(p): n for n, p in setup.named.items()}
+    return [(s, {by_id[id(p)]: full[by_id[id(p)]] for p in m.parameters()}) for s, m in setup.chunks]
 
 
 def _stage_param_names(layers, names, layer_range) -> set[str]:

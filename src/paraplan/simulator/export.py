@@ -63,12 +63,17 @@ def gantt(timeline: Timeline, path: str | Path, title: str = "", devices: list[i
             ax.text((start + end) / 2, y0 + height / 2, str(micro), ha="center", va="center", fontsize=7,
                     color="white")
     _device_axes(ax, used, span, title)
-    ax.legend(handles=[Patch(color=COLOURS["forward"], label="forward"),
-                       Patch(color=COLOURS["backward"], label="backward"),
-                       Patch(color=COLOURS["send_forward"], label="send activation"),
-                       Patch(color=COLOURS["send_backward"], label="send gradient"),
-                       Patch(color=COLOURS["allreduce"], label="all-reduce")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=5, frameon=False, fontsize=8)
+    handles = [Patch(color=COLOURS["forward"], label="forward"),
+               Patch(color=COLOURS["backward"], label="backward (input gradient when split)"
+                     if any(r[2] == "backward_weight" for r in rows) else "backward")]
+    if any(r[2] == "backward_weight" for r in rows):  # zero-bubble schedules
+        handles.append(Patch(color=COLOURS["backward_weight"], label="weight gradient"))
+    handles += [Patch(color=COLOURS["send_forward"], label="send activation"),
+                Patch(color=COLOURS["send_backward"], label="send gradient"),
+                Patch(color=COLOURS["allreduce"], label="all-reduce")]
+    # below the axis label, which it would otherwise cover
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=len(handles), frameon=False,
+              fontsize=8)
     fig.tight_layout()
     atomic_write(Path(path), lambda tmp: fig.savefig(tmp, dpi=130))
     plt.close(fig)

@@ -182,16 +182,20 @@ def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
         j = i + step
         return actions[key][j] if 0 <= j < len(actions[key]) else None
 
+    # torch's multi-stage runtime (_PipelineScheduleRuntime) posts its sends and waits for them only
+    # at the end of the step: there the sender does not wait for its send
+    sender_waits = work.schedule not in schedules.MULTI_CHUNK
+
     def link(sender_task: int, transfer: int, receiver_task: int) -> None:
         """Rendezvous: the transfer waits for the receiver's previous action; the sender's next
-        action waits for the transfer."""
+        action waits for the transfer (single-stage schedules)."""
         if not work.rendezvous:
             return
         before = neighbour(receiver_task, -1)
         if before is not None:
             graph.depend(transfer, before)
         after = neighbour(sender_task, +1)
-        if after is not None:
+        if after is not None and sender_waits:
             graph.depend(after, transfer)
 
     for r, replica in enumerate(work.replicas):

@@ -163,3 +163,63 @@ def test_a_split_backward_holds_the_activations_until_its_weights_pass():
         last = schedules.rank_order(Schedule.INTERLEAVED_ZB, p, 1, 2 * p, p - 1)
         assert schedules.in_flight(last) == p
         assert schedules.in_flight(schedules.one_f_one_b(p, 2 * p, p - 1)) == 1
+
+
+# ------------------------------------------------------------------ the same pipeline under every schedule
+
+def test_balanced_bounds_is_the_exact_linear_partition():
+    import itertools
+
+    import numpy as np
+
+    from paraplan.planners.schedule_variants import balanced_bounds
+
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        n_layers = int(rng.integers(2, 9))
+        parts = int(rng.integers(1, n_layers + 1))
+        seconds = rng.uniform(0.1, 5.0, n_layers)
+        got = balanced_bounds(seconds, parts)
+        assert got[0] == 0 and got[-1] == n_layers and all(a < b for a, b in itertools.pairwise(got))
+        best = min(max(seconds[a:b].sum() for a, b in itertools.pairwise((0, *cuts, n_layers)))
+                   for cuts in itertools.combinations(range(1, n_layers), parts - 1))
+        assert max(seconds[a:b].sum() for a, b in itertools.pairwise(got)) == pytest.approx(best)
+
+
+def test_every_variant_of_a_pipeline_is_a_valid_plan_on_its_devices():
+    from paraplan.planners.schedule_variants import DEFAULT_VARIANTS, variants
+    from paraplan.plans.plan import LayerRange, Plan, Stage, validate
+    from paraplan.simulator.predict import simulate_plan
+    from paraplan.workload import workload
+
+    cm = workload("vgg-tiny", "galvatron-8xtitan").costs  # 16 layers: up to 4 ranks x 4 chunks
+    plan = Plan(model="vgg-tiny", cluster="galvatron-8xtitan", n_layers=16, global_batch=16, n_micro=8, schedule="1f1b",
+                grad_sync="none", stages=tuple(Stage(LayerRange(4 * i, 4 * i + 4), (i,)) for i in range(4)))
+    made = variants(plan, cm, DEFAULT_VARIANTS)
+    assert all(v.plan is not None for v in made), [v.reason for v in made if v.plan is None]
+    for v in made:
+        validate(v.plan)
+        assert set(v.plan.devices) == {0, 1, 2, 3} and v.plan.n_stages == 4 * v.virtual_stages
+        assert simulate_plan(v.plan, cm).prediction.iteration_s > 0
+    # DualPipeV needs 2p micro-batches: one line, not an exception
+    short = variants(Plan(**{**plan.__dict__, "n_micro": 4}), cm, ((Schedule.DUALPIPE_V, 2),))[0]
+    assert short.plan is None and "at least as many micro-batches" in short.reason
+
+
+def test_simulate_compares_the_schedules_of_a_plan(capsys, tmp_path):
+    from conftest import run_cli_here
+
+    from paraplan.plans.plan import LayerRange, Plan, Stage
+    from paraplan.plans.plan_file import write_plan
+
+    write_plan(Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=8, n_micro=4, schedule="1f1b",
+                    grad_sync="none", stages=(Stage(LayerRange(0, 3), (0,)), Stage(LayerRange(3, 6), (1,)))),
+               tmp_path / "p.json")
+    res = run_cli_here(capsys, "simulate", str(tmp_path / "p.json"), "--schedules", "1f1b,zb-h1,zbv,interleaved-1f1b:4",
+                       "--gantt", str(tmp_path / "g.png"))
+    assert res.returncode == 0, res.stderr
+    assert "zb-h1" in res.stdout and "zbv" in res.stdout and "1f1b (this plan)" in res.stdout
+    assert "cannot: 2 ranks x 4 chunks need 8 layers, the model has 6" in res.stdout
+    assert (tmp_path / "g.png").stat().st_size > 10_000
+    bad = run_cli_here(capsys, "simulate", str(tmp_path / "p.json"), "--schedules", "zigzag")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "unknown schedule 'zigzag'" in bad.stderr

@@ -24,6 +24,10 @@ def add_parser(sub) -> None:
                    help="slowdown of compute and communication overlapping on one device (Galvatron: 1.3; "
                         "1: none)")
     add_sizes(p)
+    p.add_argument("--schedules", nargs="?", const="all", default=None, metavar="LIST",
+                   help="also the same pipeline under other schedules: a table, and with --gantt the timelines side "
+                        "by side. Alone: gpipe, 1f1b, zb-h1, interleaved-1f1b:2, interleaved-1f1b:4, looped-bfs:2, "
+                        "interleaved-zb:2, zbv, dualpipev; or a comma-separated list of those (KIND:CHUNKS)")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("--profile", default=None, help="measured profile (paraplan profile) in place of analytic costs")
     p.set_defaults(func=run)
@@ -62,11 +66,46 @@ def run(args) -> int:
     if free is not None:  # the schedule's own length, beside the contended one
         console(stderr=True).print(f"link contention adds {sim.prediction.iteration_s - free:.4g} s to the "
                                    f"schedule's critical-path length {free:.4g} s (--no-contention: without it)")
-    _write_figures(args, plan, sim, cluster)
+    compared = _compare_schedules(plan, w.costs, args.schedules) if args.schedules else None
+    if compared is not None and args.gantt:
+        _side_by_side(args.gantt, plan, cluster, compared)
+    else:
+        _write_figures(args, plan, sim, cluster)
     if args.out:
         write_plan(sim.plan, args.out)
-    _print(args, sim, cluster)
+    _print(args, sim, cluster, compared)
     return 0
+
+
+def _compare_schedules(plan, cm, which: str) -> list:
+    """(variant, its simulation or None) for each schedule asked (`--schedules`)."""
+    from paraplan.errors import ParaplanError
+    from paraplan.planners.schedule_variants import DEFAULT_VARIANTS, parse_variants, variants
+    from paraplan.simulator.predict import simulate_plan
+
+    if plan.schedule == "dag":
+        raise ParaplanError("--schedules: an operator placement has no pipeline schedule to vary")
+    try:
+        kinds = DEFAULT_VARIANTS if which == "all" else parse_variants(which)
+    except ValueError as exc:
+        raise ParaplanError(f"--schedules: {exc}") from None
+    out = []
+    with pure_work():
+        for v in variants(plan, cm, kinds):
+            out.append((v, simulate_plan(v.plan, cm) if v.plan is not None else None))
+    return out
+
+
+def _side_by_side(path, plan, cluster, compared) -> None:
+    from paraplan.report.tables import human_bytes, human_seconds, short_model
+    from paraplan.simulator.export import gantt_side_by_side
+
+    model = short_model(plan.model)
+    gantt_side_by_side([(sim.timeline, f"{model} on {cluster.name}, {v.label}: "
+                                       f"{human_seconds(sim.prediction.iteration_s)}, bubble {sim.bubble_fraction:.0%}, "
+                                       f"peak memory {human_bytes(max(m.peak_bytes for m in sim.prediction.memory))}"
+                                       + ("" if sim.prediction.feasible else " (out of memory)"))
+                        for v, sim in compared if sim is not None], path)
 
 
 def _write_figures(args, plan, sim, cluster) -> None:
@@ -84,9 +123,16 @@ def _write_figures(args, plan, sim, cluster) -> None:
         chrome_trace(sim.timeline, args.trace, name=f"{plan.model} {plan.schedule}", task_names=names)
 
 
-def _print(args, sim, cluster) -> None:
+def _print(args, sim, cluster, compared=None) -> None:
     from paraplan.plans.plan_file import plan_to_dict
-    from paraplan.report.tables import console, dag_table, memory_at_peak, memory_table, simulation_table
+    from paraplan.report.tables import (
+        console,
+        dag_table,
+        memory_at_peak,
+        memory_table,
+        schedules_table,
+        simulation_table,
+    )
 
     if args.json:
         out = plan_to_dict(sim.plan)["prediction"]
@@ -94,8 +140,19 @@ def _print(args, sim, cluster) -> None:
                    devices=[{"device": d.device, "busy_s": d.busy_s, "idle_s": d.idle_s} for d in sim.devices],
                    # what each stage's devices hold at their peak, by category, heaviest first (layer plans)
                    memory_at_peak=memory_at_peak(sim))
+        if compared is not None:
+            out["schedules"] = [{"schedule": v.kind, "virtual_stages": v.virtual_stages, "reason": v.reason}
+                                if s is None else
+                                {"schedule": v.kind, "virtual_stages": v.virtual_stages,
+                                 "iteration_s": s.prediction.iteration_s, "bubble_fraction": s.bubble_fraction,
+                                 "peak_bytes": max(m.peak_bytes for m in s.prediction.memory),
+                                 "feasible": s.prediction.feasible, "reason": s.prediction.reason}
+                                for v, s in compared]
         print(json.dumps(out, indent=2))
-    elif sim.dag is not None:
+        return
+    if compared is not None:
+        console().print(schedules_table(sim, compared))
+    if sim.dag is not None:
         console().print(dag_table(sim, cluster))
     else:
         console().print(simulation_table(sim, cluster))

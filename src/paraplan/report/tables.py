@@ -104,6 +104,37 @@ def simulation_table(sim, cluster: Cluster) -> Table:
     return table
 
 
+def schedules_table(sim, compared) -> Table:
+    """The plan's pipeline under every schedule (`paraplan simulate --schedules`), fastest that fits
+    first; the plan's own schedule marked."""
+    plan = sim.plan
+    table = Table(title=f"{short_model(plan.model)}: the same {plan.n_ranks}-rank pipeline, {plan.n_micro} micro-batches, "
+                        "under each schedule (same cut; with v chunks per rank the model cut into p x v balanced stages)")
+    for col in ("schedule", "chunks/rank", "iteration", "vs this plan", "bubble", "peak memory", "fits"):
+        table.add_column(col, justify="right" if col not in ("schedule", "fits") else "left")
+    base = sim.prediction.iteration_s
+
+    def order(item):
+        v, s = item
+        return (s is None, s is not None and not s.prediction.feasible, s.prediction.iteration_s if s else 0.0)
+
+    for v, s in sorted(compared, key=order):
+        mine = " (this plan)" if (v.kind, v.virtual_stages) == (plan.schedule, plan.virtual_stages) else ""
+        if s is None:
+            table.add_row(v.label + mine, str(v.virtual_stages), "", "", "", "", f"cannot: {v.reason}")
+            continue
+        peak = max(m.peak_bytes for m in s.prediction.memory)
+        table.add_row(v.label + mine, str(v.virtual_stages), human_seconds(s.prediction.iteration_s),
+                      f"{s.prediction.iteration_s / base - 1:+.1%}", f"{s.bubble_fraction:.1%}", human_bytes(peak),
+                      "yes" if s.prediction.feasible else f"[red]no: {s.prediction.reason}[/]")
+    return table
+
+
+def short_model(model: str) -> str:
+    """A model reference short enough for a title: a long transformers config keeps its type."""
+    return model if len(model) <= 40 else model.split("?")[0] + "?..."
+
+
 def stages_label(plan, first_stage: int) -> str:
     """The stages the rank of `first_stage` holds: "2", or "0,3" with several chunks per rank."""
     ranks = plan.rank_of_stage

@@ -42,41 +42,79 @@ def gantt(timeline: Timeline, path: str | Path, title: str = "", devices: list[i
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
     rows = list(timeline.rows())
     if any(r[2] == "op" for r in rows):
         return _gantt_operators(rows, timeline.makespan or 1.0, path, title, devices)
     used = sorted({r[0] for r in rows}) if devices is None else devices
-    index = {d: i for i, d in enumerate(used)}
-    span = timeline.makespan or 1.0
     fig, ax = plt.subplots(figsize=(12, 0.6 * len(used) + 1.6))
+    kinds = _draw_pipeline(ax, rows, used, timeline.makespan or 1.0, title)
+    _legend(ax, kinds)
+    fig.tight_layout()
+    atomic_write(Path(path), lambda tmp: fig.savefig(tmp, dpi=130))
+    plt.close(fig)
+
+
+def gantt_side_by_side(timelines: list[tuple[Timeline, str]], path: str | Path) -> None:
+    """Several pipeline timelines, one panel each, on one time axis (the longest), so that their
+    lengths and bubbles compare at a glance (`paraplan simulate --schedules --gantt`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    span = max((t.makespan for t, _ in timelines), default=1.0) or 1.0
+    all_rows = [list(t.rows()) for t, _ in timelines]
+    used = [sorted({r[0] for r in rows}) for rows in all_rows]
+    heights = [0.45 * len(u) + 0.6 for u in used]
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(12, sum(heights) + 1.2), sharex=True,
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    kinds: set[str] = set()
+    for ax, rows, devices, (_, title) in zip(axes[:, 0], all_rows, used, timelines, strict=True):
+        kinds |= _draw_pipeline(ax, rows, devices, span, title, numbers=False)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("")
+    axes[-1, 0].set_xlabel("time (s)")
+    _legend(axes[-1, 0], kinds, below=-0.45 - 0.1 * (3 - min(3, len(used[-1]))))
+    fig.tight_layout()
+    atomic_write(Path(path), lambda tmp: fig.savefig(tmp, dpi=130))
+    plt.close(fig)
+
+
+def _draw_pipeline(ax, rows, used: list[int], span: float, title: str, numbers: bool = True) -> set[str]:
+    """The bars of one pipeline timeline on `ax`; the kinds of task drawn."""
+    index = {d: i for i, d in enumerate(used)}
+    kinds = set()
     for device, lane, kind, micro, _layers, start, end in rows:
         if device not in index or (lane == "recv"):
             continue  # a transfer is drawn once, on its sender
+        kinds.add(kind)
         y = index[device] + LANE_OFFSETS[lane]
         height = 0.6 if lane == "compute" else 0.22
         y0 = y - 0.3 if lane == "compute" else y + 0.06
         ax.broken_barh([(start, end - start)], (y0, height), facecolors=COLOURS.get(kind, "grey"),
                        edgecolor="white", linewidth=0.4)
-        if lane == "compute" and micro >= 0 and (end - start) > span / 90:
+        if numbers and lane == "compute" and micro >= 0 and (end - start) > span / 90:
             ax.text((start + end) / 2, y0 + height / 2, str(micro), ha="center", va="center", fontsize=7,
                     color="white")
     _device_axes(ax, used, span, title)
+    return kinds
+
+
+def _legend(ax, kinds: set[str], below: float = -0.22) -> None:
+    """Below the axis label, which it would otherwise cover; the weight-gradient pass when drawn."""
+    from matplotlib.patches import Patch
+
+    split = "backward_weight" in kinds  # zero-bubble schedules
     handles = [Patch(color=COLOURS["forward"], label="forward"),
-               Patch(color=COLOURS["backward"], label="backward (input gradient when split)"
-                     if any(r[2] == "backward_weight" for r in rows) else "backward")]
-    if any(r[2] == "backward_weight" for r in rows):  # zero-bubble schedules
+               Patch(color=COLOURS["backward"], label="backward (input gradient when split)" if split else "backward")]
+    if split:
         handles.append(Patch(color=COLOURS["backward_weight"], label="weight gradient"))
     handles += [Patch(color=COLOURS["send_forward"], label="send activation"),
                 Patch(color=COLOURS["send_backward"], label="send gradient"),
                 Patch(color=COLOURS["allreduce"], label="all-reduce")]
-    # below the axis label, which it would otherwise cover
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=len(handles), frameon=False,
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, below), ncol=len(handles), frameon=False,
               fontsize=8)
-    fig.tight_layout()
-    atomic_write(Path(path), lambda tmp: fig.savefig(tmp, dpi=130))
-    plt.close(fig)
 
 
 def _device_axes(ax, used: list[int], span: float, title: str) -> None:

@@ -1,0 +1,124 @@
+"""The same pipeline under every schedule: a plain pipeline plan (one stage per pipeline rank, no
+per-layer strategies) rewritten for each schedule kind and chunk count (plans/schedules.py), each to
+be judged by the simulator. What `paraplan simulate --schedules` compares, and where a planner's
+schedule search starts.
+
+A kind with one chunk per rank (gpipe, 1f1b, ZB-H1 = interleaved-zb with v = 1) keeps the plan's
+own cut. With v chunks per rank the model is cut again into p x v contiguous stages, balanced by
+compute: the cut that minimises the slowest stage's forward + backward time at the plan's
+micro-batch size (exact, by dynamic programming over the layers), stage i on the rank the kind puts
+it (i mod p, or the V of zbv / dualpipev), with that rank's devices. Balanced chunks are what
+Narayanan et al. 2021 assume (§2.2.2: each device holds v equal stages); a cut searched jointly
+with the schedule is the planners' job ("Today's training II", item 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from paraplan.costs.model import CostModel
+from paraplan.plans.plan import LayerRange, Plan, Stage
+from paraplan.plans.schedules import MULTI_CHUNK, Schedule, schedule_problem, stage_ranks
+
+# the kinds and chunk counts compared by default (more chunks cost more transfers for a smaller bubble)
+DEFAULT_VARIANTS: tuple[tuple[str, int], ...] = (
+    (Schedule.GPIPE, 1), (Schedule.ONE_F_ONE_B, 1), (Schedule.INTERLEAVED_ZB, 1),
+    (Schedule.INTERLEAVED_1F1B, 2), (Schedule.INTERLEAVED_1F1B, 4), (Schedule.LOOPED_BFS, 2),
+    (Schedule.INTERLEAVED_ZB, 2), (Schedule.ZBV, 2), (Schedule.DUALPIPE_V, 2))
+
+
+def parse_variants(text: str) -> tuple[tuple[str, int], ...]:
+    """"1f1b,zb-h1,interleaved-1f1b:2,zbv" -> ((kind, chunks per rank), ...); ValueError in one line."""
+    out = []
+    for word in filter(None, (w.strip() for w in text.split(","))):
+        kind, _, chunks = word.partition(":")
+        if kind == "zb-h1":
+            kind, chunks = Schedule.INTERLEAVED_ZB, chunks or "1"
+        if kind not in tuple(Schedule) or kind in (Schedule.DAG, Schedule.ASYNC_1F1B):
+            names = ", ".join(s for s in Schedule if s not in (Schedule.DAG, Schedule.ASYNC_1F1B))
+            raise ValueError(f"unknown schedule {kind!r}; expected one of {names}, zb-h1 (KIND or KIND:CHUNKS)")
+        if chunks and not chunks.isdigit():
+            raise ValueError(f"{word!r}: the chunks per rank after ':' must be a whole number")
+        default = 2 if kind in (Schedule.ZBV, Schedule.DUALPIPE_V, Schedule.INTERLEAVED_1F1B, Schedule.LOOPED_BFS) else 1
+        out.append((kind, int(chunks) if chunks else default))
+    if not out:
+        raise ValueError("no schedule named")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Variant:
+    kind: str
+    virtual_stages: int
+    plan: Plan | None  # None when the kind cannot take this pipeline
+    reason: str = ""  # why not, in one line
+
+    @property
+    def label(self) -> str:
+        if self.kind == Schedule.INTERLEAVED_ZB and self.virtual_stages == 1:
+            return "zb-h1"
+        return self.kind if self.virtual_stages == 1 or self.kind in (Schedule.ZBV, Schedule.DUALPIPE_V) \
+            else f"{self.kind} v={self.virtual_stages}"
+
+
+def variants(plan: Plan, cm: CostModel, kinds=DEFAULT_VARIANTS) -> list[Variant]:
+    """The plan under each (kind, chunks per rank) of `kinds`, or why it cannot be."""
+    out = []
+    for kind, virtual in kinds:
+        try:
+            out.append(Variant(kind, virtual, rewrite(plan, cm, kind, virtual)))
+        except ValueError as exc:
+            out.append(Variant(kind, virtual, None, str(exc)))
+    return out
+
+
+def rewrite(plan: Plan, cm: CostModel, kind: str, virtual: int) -> Plan:
+    """`plan`'s pipeline under `kind` with `virtual` chunks per rank; ValueError (one line) when the
+    pipeline cannot take it."""
+    if plan.schedule not in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, *MULTI_CHUNK) or plan.multi_chunk:
+        raise ValueError(f"a pipeline with one stage per rank is rewritten, not a {plan.schedule} plan")
+    if any(s.strategies or s.backward_layers is not None for s in plan.stages):
+        if virtual > 1:
+            raise ValueError("stages with per-layer strategies or separate backward ranges keep one chunk per rank")
+    n_ranks = plan.n_stages
+    problem = schedule_problem(kind, n_ranks, virtual, plan.n_micro)
+    if problem:
+        raise ValueError(problem)
+    if virtual == 1:
+        return replace(plan, schedule=kind, virtual_stages=1, stage_ranks=(), prediction=None)
+    n = n_ranks * virtual
+    if n > plan.n_layers:
+        raise ValueError(f"{n_ranks} ranks x {virtual} chunks need {n} layers, the model has {plan.n_layers}")
+    bounds = balanced_bounds(_layer_seconds(plan, cm), n)
+    ranks = stage_ranks(kind, n_ranks, virtual)
+    stages = tuple(Stage(LayerRange(bounds[i], bounds[i + 1]), plan.stages[ranks[i]].devices) for i in range(n))
+    return replace(plan, schedule=kind, virtual_stages=virtual, stage_ranks=(), stages=stages, prediction=None)
+
+
+def _layer_seconds(plan: Plan, cm: CostModel) -> np.ndarray:
+    """Each layer's forward + backward at the micro-batch one replica's stage computes."""
+    micro = plan.global_batch / (plan.n_micro * len(plan.stages[0].devices))
+    forward, backward, _, _ = cm.compute(plan.stages[0].devices[0]).arrays(micro)
+    return forward + backward
+
+
+def balanced_bounds(seconds: np.ndarray, n_parts: int) -> list[int]:
+    """Cut points 0 = b_0 < ... < b_n = len(seconds) minimising the largest part's sum (the linear
+    partition problem, exact: O(n_parts x layers^2) dynamic programming; ties to the earliest cut)."""
+    n_layers = len(seconds)
+    prefix = np.concatenate([[0.0], np.cumsum(seconds)])
+    best = np.full((n_parts + 1, n_layers + 1), np.inf)
+    cut = np.zeros((n_parts + 1, n_layers + 1), dtype=np.int64)
+    best[0, 0] = 0.0
+    for k in range(1, n_parts + 1):
+        for j in range(k, n_layers - (n_parts - k) + 1):
+            starts = np.arange(k - 1, j)  # the k-th part is layers i..j-1
+            worst = np.maximum(best[k - 1, starts], prefix[j] - prefix[starts])
+            i = int(np.argmin(worst))
+            best[k, j], cut[k, j] = worst[i], starts[i]
+    bounds = [n_layers]
+    for k in range(n_parts, 0, -1):
+        bounds.append(int(cut[k, bounds[-1]]))
+    return bounds[::-1]

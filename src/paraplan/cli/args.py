@@ -120,8 +120,8 @@ def check_plan_sizes(args) -> None:
     for flag, value in (("--stages", args.stages), ("--micro-batches", args.micro_batches)):
         if value is not None and value < 1:
             raise ParaplanError(f"{flag}: must be positive, got {value}")
-    if args.schedule is not None and args.schedule not in tuple(Schedule):
-        raise UnknownNameError("schedule", args.schedule, [str(s) for s in Schedule])
+    if args.schedule is not None and args.schedule not in (*tuple(Schedule), "best"):
+        raise UnknownNameError("schedule", args.schedule, [*(str(s) for s in Schedule), "best"])
     if args.exact_stages and args.stages is None:
         raise ParaplanError("--exact-stages needs --stages")
     if args.memory_gib is not None:

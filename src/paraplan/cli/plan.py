@@ -51,7 +51,10 @@ def add_parser(sub) -> None:
     p.add_argument("--micro-batches", type=int, default=None, help="fix the micro-batch count (GPipe-E-p)")
     p.add_argument("--exact-stages", action="store_true",
                    help="use exactly --stages stages (workers), even where fewer would be faster")
-    p.add_argument("--schedule", default=None, help="gpipe or 1f1b (default: the planner's own)")
+    p.add_argument("--schedule", default=None,
+                   help="gpipe, 1f1b, interleaved-1f1b, looped-bfs, interleaved-zb, zbv, dualpipev, or best: the "
+                        "planner chooses the schedule and its chunks per device with the cut and the micro-batch "
+                        "count (split planners; default: the planner's own)")
     p.add_argument("--memory-gib", type=float, default=None, help="memory budget per device (default: the device's)")
     p.add_argument("--memory", type=memory_arg, default=None, dest="memory_size",
                    help="memory budget per device with a unit, e.g. 16GiB, 12GB, 512MiB (the same as --memory-gib)")
@@ -196,6 +199,10 @@ def _print_stages(args, sim, cluster) -> None:
     console().print(f"{args.planner}: {stages} {ranges} on devices "
                     f"{[list(s.devices) for s in sim.plan.stages]}, {micro}{eq8}; "
                     f"searched in {sim.plan.search.search_s:.3g} s; plan written to {args.out}")
+    if "schedules_judged" in opts:  # --schedule best: the schedule that won and the next best
+        chunks = f", {sim.plan.virtual_stages} chunks per device" if sim.plan.virtual_stages > 1 else ""
+        console().print(f"schedule: {sim.plan.schedule}{chunks}, the fastest that fits of {opts['schedules_judged']} "
+                        f"(schedule, chunks, micro-batches) judged; next best: {opts['schedule_runner_up'] or 'none'}")
     if any(stage.strategies for stage in sim.plan.stages):  # Galvatron: runs of one strategy
         from paraplan.planners.galvatron.describe import describe_strategies
 

@@ -37,6 +37,7 @@ from paraplan.costs.model import CostModel
 from paraplan.errors import UnknownNameError
 from paraplan.planners.fit import SplitMemory, misfit
 from paraplan.planners.request import (
+    BEST_SCHEDULE,
     FieldError,
     Judge,
     OptionSpec,
@@ -143,7 +144,7 @@ def register_split(name: str, summary: str, divider: Divider, options: Mapping[s
     """Add a split planner: its divider here, and the planner (GPipe or 1F1B) to the planner table."""
     DIVIDERS[name] = divider
     OPTIONS[name] = dict(options or {})
-    register(name, summary, schedules=("gpipe", "1f1b"), options=options)(
+    register(name, summary, schedules=("gpipe", "1f1b", "best"), options=options)(
         lambda request, values, judge: _plan(request, values, name, judge))
 
 
@@ -173,25 +174,53 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
 
-def _divide(request: PlanRequest, options: dict, planner: str, n_stages: int, exactly: bool) -> tuple[Plan, dict]:
-    """One planner's answer as a Plan (without prediction), and its search notes."""
+def _divide(request: PlanRequest, options: dict, planner: str, n_stages: int, exactly: bool,
+            judge: Judge | None = None) -> tuple[Plan, dict]:
+    """One planner's answer as a Plan (without prediction, unless the schedule was searched), and
+    its search notes."""
     cm = request.costs
-    schedule = request.schedule or "gpipe"
+    if request.schedule == BEST_SCHEDULE and judge is not None:
+        return _search_schedule(request, options, planner, n_stages, exactly, judge)
+    schedule = "1f1b" if request.schedule == BEST_SCHEDULE else request.schedule or "gpipe"
     problem = build_problem(cm, request.batch, n_stages)
     memory = split_memory(cm, problem, schedule)
     cuts, p, notes = solve(problem, planner, request.n_micro, options, memory, exactly)
+    return _as_plan(request, cuts, p, schedule), {"eq8_time_s": problem.time_s(cuts, p), **notes}
+
+
+def _as_plan(request: PlanRequest, cuts, n_micro: int, schedule: str) -> Plan:
     bounds = bounds_of(cuts, request.n_layers)
     stages = tuple(Stage(LayerRange(a, b), (i,)) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)))
-    plan = Plan(model=request.model_name, cluster=request.cluster_name, n_layers=request.n_layers,
-                global_batch=request.batch, n_micro=p, schedule=schedule, grad_sync="none", stages=stages)
-    return plan, {"eq8_time_s": problem.time_s(cuts, p), **notes}
+    return Plan(model=request.model_name, cluster=request.cluster_name, n_layers=request.n_layers,
+                global_batch=request.batch, n_micro=n_micro, schedule=schedule, grad_sync="none", stages=stages)
+
+
+def _search_schedule(request: PlanRequest, options: dict, planner: str, n_stages: int, exactly: bool,
+                     judge: Judge) -> tuple[Plan, dict]:
+    """--schedule best: for each micro-batch count the planner's own cut (eq. (8) under 1F1B's
+    memory, the papers' model), then every schedule kind and chunk count on it, judged by the
+    simulator (planners/schedule_search.py)."""
+    from paraplan.planners import schedule_search
+
+    problem = build_problem(request.costs, request.batch, n_stages)
+    memory = split_memory(request.costs, problem, "1f1b")
+    eq8: dict[int, float] = {}
+
+    def base_for(p: int) -> Plan:
+        cuts, _, _ = solve(problem, planner, p, options, memory, exactly)
+        eq8[p] = problem.time_s(cuts, p)
+        return _as_plan(request, cuts, p, "1f1b")
+
+    best, scored = schedule_search.search(base_for, micro_counts(problem, request.n_micro), request.costs, judge)
+    return best, {"eq8_time_s": eq8[best.n_micro], "schedules_judged": len(scored),
+                  "schedule_runner_up": schedule_search.runner_up(scored)}
 
 
 def _verdict(request: PlanRequest, plan: Plan, eq8_s: float, judge: Judge | None) -> tuple[Plan, float, str]:
     """(plan with the judge's prediction when there is a judge, its time, '' or why it does not fit).
     Without a judge: eq. (8) and the memory model (costs/memory.py), the judge's own count."""
     if judge is not None:
-        plan = replace(plan, prediction=judge(plan))
+        plan = replace(plan, prediction=plan.prediction or judge(plan))
         return plan, plan.prediction.iteration_s, plan.prediction.reason if not plan.prediction.feasible else ""
     cm = request.costs
     capacities = {d: cm.cluster.device(d).memory_bytes for d in plan.devices}
@@ -203,7 +232,7 @@ def _fewer_stages_note(request: PlanRequest, options: dict, planner: str, chosen
     """One line: why the plan has fewer stages than the request's, from the best plan with exactly
     that many, planned and judged the same way."""
     n = request.n_stages
-    forced, info = _divide(request, options, planner, n, exactly=True)
+    forced, info = _divide(request, options, planner, n, exactly=True, judge=judge)
     forced, forced_s, reason = _verdict(request, forced, info["eq8_time_s"], judge)
     times = f"{n} stages: {_duration(forced_s)} vs {_duration(chosen_s)}"
     if reason:
@@ -226,7 +255,7 @@ def _plan(request: PlanRequest, options: dict, planner: str, judge: Judge | None
         raise FieldError("stages", f"exactly {n_stages} stages need a layer each; {request.model_name} has "
                                    f"{request.n_layers}")
     t0 = time.perf_counter()
-    plan, notes = _divide(request, options, planner, n_stages, exactly)
+    plan, notes = _divide(request, options, planner, n_stages, exactly, judge)
     note = ""
     if request.n_stages and plan.n_stages < request.n_stages and not exactly:
         plan, chosen_s, _ = _verdict(request, plan, notes["eq8_time_s"], judge)

@@ -19,6 +19,9 @@ from paraplan.plans.plan import Plan, Prediction, Schedule
 Judge = Callable[[Plan], Prediction]  # the one yardstick (simulator/predict.py), passed in by the registry
 
 
+BEST_SCHEDULE = "best"  # a request for the planner to choose the schedule as well
+
+
 @dataclass(frozen=True, kw_only=True)
 class PlanRequest:
     """One planning problem: a model and a cluster (with their costs), a batch, and limits.
@@ -34,7 +37,9 @@ class PlanRequest:
     batch: int  # global batch: samples per iteration over all replicas
     n_stages: int | None = None  # pipeline stages / workers (None: the planner chooses, up to the devices)
     n_micro: int | None = None  # micro-batches per replica (None: the planner chooses)
-    schedule: Schedule | None = None  # None: the planner's own
+    # None: the planner's own; BEST_SCHEDULE ("best"): the planner searches the schedule kinds and
+    # chunk counts too (planners/schedule_search.py), where it can
+    schedule: Schedule | str | None = None
     memory_bytes: int | None = None  # a memory budget per device (None: each device's own capacity)
     options: Mapping[str, object] = field(default_factory=dict)  # per-planner knobs (eta, seed, method, ...)
     # use exactly n_stages stages (workers), even where fewer would be faster; without it a planner
@@ -61,12 +66,12 @@ class PlanRequest:
             if self.batch % self.n_micro:
                 raise FieldError("micro_batches", f"{self.n_micro} does not divide the batch {self.batch} "
                                                   f"({choices_near(self.batch, self.n_micro)})")
-        if self.schedule is not None:
+        if self.schedule is not None and self.schedule != BEST_SCHEDULE:
             try:
                 object.__setattr__(self, "schedule", Schedule(self.schedule))
             except ValueError:
                 raise FieldError("schedule", f"unknown {self.schedule!r}; expected one of "
-                                             f"{', '.join(s.value for s in Schedule)}") from None
+                                             f"{', '.join(s.value for s in Schedule)}, {BEST_SCHEDULE}") from None
         if self.memory_bytes is not None:
             if self.memory_bytes < 1:
                 raise FieldError("memory_bytes", f"must be positive, got {self.memory_bytes}")

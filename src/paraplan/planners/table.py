@@ -36,8 +36,9 @@ def register(name: str, summary: str, schedules=(Schedule.GPIPE,), options: Mapp
     def add(fn: PlannerFn) -> PlannerFn:
         if name in PLANNERS:
             raise RuntimeError(f"planner {name!r} registered twice")
-        PLANNERS[name] = PlannerSpec(name, fn, summary, tuple(Schedule(s) for s in schedules), dict(options or {}),
-                                     needs_operators)
+        # "best": the planner also chooses the schedule (planners/request.py: BEST_SCHEDULE)
+        PLANNERS[name] = PlannerSpec(name, fn, summary, tuple(s if s == "best" else Schedule(s) for s in schedules),
+                                     dict(options or {}), needs_operators)
         return fn
 
     return add

@@ -1,0 +1,129 @@
+"""The schedule chosen with the cut and the micro-batch count ("Today's training II", item 2):
+for each micro-batch count and each schedule kind and chunk count (planners/schedule_variants.py),
+the pipeline planner's own cut for that count, rewritten for the schedule (with v chunks per rank,
+cut again into p x v stages balanced by compute), judged by the simulator; the fastest that fits
+wins. Then the cut of the winner is refined under the same judge: each boundary moved by one layer
+while that makes the plan faster (or, while nothing fits, nearer to fitting).
+
+Why the simulator and not the planners' own equations: CSIMD's eq. (8) and GroPipe's eqs. (2)-(7)
+are GPipe's makespan (1F1B has the same bubble and less memory, so the papers' models cannot tell
+the other schedules apart); nothing in those papers prices interleaving or a split backward. The
+split planners' cut for each count is still the paper's (eq. (8), exact); the schedule and the
+chunks' cut are judged by the simulator, which reproduces the schedules' papers exactly
+(tests/unit/test_schedules.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from paraplan.planners.schedule_variants import DEFAULT_VARIANTS, Variant, rewrite
+from paraplan.plans.plan import LayerRange, Plan, Prediction, Stage
+
+Judge = Callable[[Plan], Prediction]
+REFINE_ROUNDS = 4  # passes over the boundaries; each pass tries every boundary one layer either way
+# the candidates whose cuts are refined: every one within REFINE_WITHIN of the best (a cut the paper's
+# model finds, or the balanced one, can lose to another candidate's once refined: seen on llama-tiny,
+# 2.7%), at most REFINED of them
+REFINE_WITHIN = 0.05
+REFINED = 12
+REFINE_BUDGET = 600  # simulations the refinement may spend in all (GPT-2 XL on 8 TITANs: ~3 s of them)
+
+
+@dataclass(frozen=True)
+class Scored:
+    plan: Plan
+    label: str
+
+    @property
+    def key(self) -> tuple[bool, float]:
+        """Feasible first, then faster; among the infeasible, nearer to fitting."""
+        p = self.plan.prediction
+        if p.feasible:
+            return (False, p.iteration_s)
+        return (True, max(m.peak_bytes / m.capacity_bytes for m in p.memory) if p.memory else float("inf"))
+
+
+def search(base_for: Callable[[int], Plan], micro_counts: tuple[int, ...], cm, judge: Judge,
+           kinds=DEFAULT_VARIANTS, refine: bool = True) -> tuple[Plan, list[Scored]]:
+    """The best plan over (micro-batch count, schedule, chunks) and every candidate judged, best first.
+    `base_for(p)`: the planner's one-chunk plan for p micro-batches."""
+    scored: list[Scored] = []
+    for n_micro in micro_counts:
+        base = base_for(n_micro)
+        for kind, virtual in kinds:
+            try:
+                plan = rewrite(base, cm, kind, virtual)
+            except ValueError:
+                continue  # this kind cannot take this pipeline (one line in Variant.reason elsewhere)
+            scored.append(Scored(replace(plan, prediction=judge(plan)), Variant(kind, virtual, plan).label))
+    scored.sort(key=lambda s: s.key)
+    if not scored:
+        raise ValueError("no schedule can take this pipeline")
+    if refine:
+        # the candidates that are, or would be if another cut made them fit, within REFINE_WITHIN of
+        # the best that fits (a balanced cut that overflows one rank may fit once a layer moves)
+        bar = scored[0].plan.prediction.iteration_s * (1 + REFINE_WITHIN) if not scored[0].key[0] else float("inf")
+        close = sorted((s for s in scored if s.plan.prediction.iteration_s <= bar),
+                       key=lambda s: s.plan.prediction.iteration_s)[:REFINED]
+        rest = [s for s in scored if all(s is not c for c in close)]
+        budget = [REFINE_BUDGET]
+        scored = sorted([_refine(s, judge, budget) for s in close] + rest, key=lambda s: s.key)
+    return scored[0].plan, scored
+
+
+def _refine(start: Scored, judge: Judge, budget: list[int]) -> Scored:
+    """Move stage boundaries by one layer while the judge says that is better: each boundary alone,
+    and (up to BLOCK_SHIFT_STAGES stages) every run of consecutive boundaries together, which moves
+    one layer from one stage to a distant one (what a memory-tight interleaved cut needs: one move
+    alone overflows the rank in between)."""
+    best = start
+    for _ in range(REFINE_ROUNDS):
+        improved = False
+        n = best.plan.n_stages
+        runs = [(i, j) for i in range(1, n) for j in range(i, n if n <= BLOCK_SHIFT_STAGES else i + 1)]
+        for first, last in runs:
+            for step in (-1, 1):
+                moved = _moved(best.plan, first, last, step)
+                if moved is None or budget[0] <= 0:
+                    continue
+                budget[0] -= 1
+                candidate = Scored(replace(moved, prediction=judge(moved)), best.label)
+                if candidate.key < best.key:
+                    best, improved = candidate, True
+        if not improved:
+            break
+    return best
+
+
+BLOCK_SHIFT_STAGES = 16
+
+
+def _moved(plan: Plan, first: int, last: int, step: int) -> Plan | None:
+    """`plan` with the boundaries before stages first..last moved by `step` layers; None when a stage
+    would be left without layers (or the stages carry per-layer strategies)."""
+    if any(s.strategies or s.backward_layers is not None for s in plan.stages):
+        return None
+    bounds = [s.layers.start for s in plan.stages] + [plan.n_layers]
+    for b in range(first, last + 1):
+        bounds[b] += step
+    if any(a >= b for a, b in zip(bounds, bounds[1:], strict=False)):
+        return None
+    stages = tuple(Stage(LayerRange(bounds[i], bounds[i + 1]), s.devices) for i, s in enumerate(plan.stages))
+    return replace(plan, stages=stages, prediction=None)
+
+
+def runner_up(scored: list[Scored]) -> str:
+    """One line: the best candidate of another schedule than the winner's, and what it would cost."""
+    if not scored:
+        return ""
+    win = scored[0]
+    for s in scored[1:]:
+        if s.label != win.label:
+            p, w = s.plan.prediction, win.plan.prediction
+            if not p.feasible:
+                return f"{s.label} (does not fit: {p.reason})"
+            return f"{s.label} with {s.plan.n_micro} micro-batches: {p.iteration_s:.4g} s " \
+                   f"({p.iteration_s / w.iteration_s - 1:+.1%})"
+    return ""

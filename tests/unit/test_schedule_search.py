@@ -1,0 +1,83 @@
+"""`--schedule best` (planners/schedule_search.py) against brute force: every schedule kind and
+chunk count of planners/schedule_variants.py, every micro-batch count dividing the batch and every
+cut of the model into p x v contiguous stages, each judged by the simulator; the fastest that fits.
+Small cases, some with a memory budget that rules the fastest schedules out."""
+
+import itertools
+
+import pytest
+
+from paraplan.planners.registry import make_plan, simulator_judge
+from paraplan.planners.schedule_variants import DEFAULT_VARIANTS
+from paraplan.plans.plan import LayerRange, Plan, Stage
+from paraplan.plans.schedules import schedule_problem, stage_ranks
+from paraplan.workload import workload
+
+LLAMA = ("hf:llama?num_hidden_layers=8&hidden_size=1024&num_attention_heads=8&num_key_value_heads=8"
+         "&intermediate_size=2816&vocab_size=8192&seq_len=1024")  # 10 layers
+A100 = "dgx-a100-80gb?nodes=1"
+CASES = [  # (model, cluster, batch, pipeline ranks, memory budget)
+    ("gpt2-tiny", "local", 8, 2, None),
+    (LLAMA, A100, 16, 4, None),
+    (LLAMA, A100, 16, 4, "2.4GiB"),  # the unlimited winner (interleaved zero-bubble) does not fit
+    (LLAMA, A100, 16, 4, "2.1GiB"),  # nothing faster than 1F1B fits
+    (LLAMA, A100, 16, 4, "1.9GiB"),
+    (LLAMA, A100, 16, 4, "1.7GiB"),
+]
+
+
+def _brute_force(request, judge, n_ranks):
+    best = None
+    n_layers = request.n_layers
+    for kind, virtual in DEFAULT_VARIANTS:
+        n = n_ranks * virtual
+        ranks = stage_ranks(kind, n_ranks, virtual)
+        for n_micro in (d for d in range(1, request.batch + 1) if request.batch % d == 0):
+            if schedule_problem(kind, n_ranks, virtual, n_micro):
+                continue
+            for cuts in itertools.combinations(range(1, n_layers), n - 1):
+                bounds = (0, *cuts, n_layers)
+                plan = Plan(model=request.model_name, cluster=request.cluster_name, n_layers=n_layers,
+                            global_batch=request.batch, n_micro=n_micro, schedule=kind, grad_sync="none",
+                            virtual_stages=virtual,
+                            stages=tuple(Stage(LayerRange(bounds[i], bounds[i + 1]), (ranks[i],)) for i in range(n)))
+                p = judge(plan)
+                key = (not p.feasible, p.iteration_s)
+                if best is None or key < best[0]:
+                    best = (key, plan)
+    return best[1], best[0]
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    out = []
+    for model, cluster, batch, n_ranks, memory in CASES:
+        request = workload(model, cluster, batch=batch, stages=n_ranks, exact_stages=True, schedule="best",
+                           memory=memory).request
+        judge = simulator_judge(request)
+        plan = make_plan(request, "csimd", judge)
+        best, (infeasible, best_s) = _brute_force(request, judge, n_ranks)
+        out.append((memory, plan, best, not infeasible, best_s))
+    return out
+
+
+def test_the_planner_finds_the_brute_force_optimum_or_within_2_percent(outcomes):
+    exact = 0
+    for memory, plan, best, fits, best_s in outcomes:
+        assert fits and plan.prediction.feasible, (memory, plan.prediction.reason)
+        assert plan.prediction.iteration_s <= best_s * 1.02, (memory, plan.schedule, best.schedule)
+        exact += plan.prediction.iteration_s <= best_s * (1 + 1e-9)
+    # measured when written: 5 of the 6 exact; at 1.7 GiB 67.0 ms (1F1B) vs brute force's 65.8
+    # (DualPipeV with 3 layers on the last stage, which one-layer moves from the balanced cut miss)
+    assert exact >= 5, exact
+
+
+def test_memory_changes_the_winner(outcomes):
+    """The unlimited winner is a zero-bubble schedule; tighter budgets rule it out, and the planner's
+    choice fits them."""
+    by_memory = {memory: plan for memory, plan, *_ in outcomes[1:]}
+    unlimited = by_memory[None]
+    assert unlimited.schedule in ("interleaved-zb", "zbv", "dualpipev")
+    tight = by_memory["2.1GiB"]
+    assert tight.schedule == "1f1b" and tight.prediction.feasible
+    assert max(m.peak_bytes for m in unlimited.prediction.memory) > 2.1 * 2**30  # it would not fit there

@@ -81,3 +81,16 @@ def test_memory_changes_the_winner(outcomes):
     tight = by_memory["2.1GiB"]
     assert tight.schedule == "1f1b" and tight.prediction.feasible
     assert max(m.peak_bytes for m in unlimited.prediction.memory) > 2.1 * 2**30  # it would not fit there
+
+
+def test_planners_that_cannot_search_schedules_plan_their_own_under_best():
+    from paraplan.planners.auto import describe, skip_reason
+
+    request = workload("gpt2-tiny", "local", batch=8, schedule="best").request
+    assert skip_reason("galvatron-base", request) is None and skip_reason("gropipe", request) is None
+    plan = make_plan(request, "gropipe")  # GroPipe's own schedule: its model is GPipe's (gropipe/planner.py)
+    assert plan.schedule in ("gpipe", "1f1b") and plan.prediction.feasible
+    searched = make_plan(request, "csimd")
+    assert "schedules_judged" in dict(searched.search.options)
+    if searched.schedule not in ("gpipe", "1f1b"):
+        assert searched.schedule in describe(searched)

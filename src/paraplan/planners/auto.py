@@ -71,6 +71,9 @@ def describe(plan: Plan) -> str:
         splits = sum("/part" in op for p in plan.operators for op in p.ops)
         return f"operators on {len(used)} devices" + (f", {splits} split parts" if splits else "")
     stages = f"{plan.n_stages} stage{'s' if plan.n_stages != 1 else ''}"
+    if plan.schedule not in ("gpipe", "1f1b", "async-1f1b"):  # the schedules of "Today's training II"
+        chunks = f" x {plan.virtual_stages} chunks" if plan.virtual_stages > 1 else ""
+        stages = f"{plan.n_ranks} stage{'s' if plan.n_ranks != 1 else ''}{chunks}, {plan.schedule}"
     if any(s.backward_layers is not None for s in plan.stages):
         split = sum(len(r.recomputed) for r in worker_roles(plan))
         return f"{plan.n_stages} worker{'s' if plan.n_stages != 1 else ''}" + (
@@ -95,7 +98,7 @@ def skip_reason(name: str, request: PlanRequest) -> str | None:
     spec = planner(name)
     if spec.needs_operators and request.costs.operators is None:
         return "needs the model's operator graph, which could not be traced"
-    if request.schedule is not None and request.schedule not in spec.schedules:
+    if request.schedule not in (None, "best") and request.schedule not in spec.schedules:
         return f"does not plan {request.schedule}"
     return None
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from paraplan.errors import UnknownNameError
 from paraplan.planners import table
-from paraplan.planners.request import FieldError, Judge, PlanRequest, validated_options
+from paraplan.planners.request import BEST_SCHEDULE, FieldError, Judge, PlanRequest, validated_options
 from paraplan.planners.table import PlannerSpec
 from paraplan.plans.plan import Plan, Prediction
 
@@ -62,6 +62,8 @@ def make_plan(request: PlanRequest, name: str, judge: Judge | None = None, *, pr
     """The named planner's Plan for the request, with the judge's prediction filled in (predict=False:
     only where the planner judged it itself; a caller that simulates the plan anyway saves a run)."""
     spec = planner(name)
+    if request.schedule == BEST_SCHEDULE and BEST_SCHEDULE not in spec.schedules:
+        request = replace(request, schedule=None)  # "best" where the planner can search it; its own elsewhere
     if request.schedule is not None and request.schedule not in spec.schedules:
         raise FieldError("schedule", f"planner {name!r} plans {', '.join(spec.schedules)}, not {request.schedule}")
     options = validated_options(name, request.options, spec.options)

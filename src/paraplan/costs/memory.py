@@ -234,14 +234,15 @@ def tp_replicated_bytes(model: ModelSpec, index: int, strategy: LayerStrategy, m
                         config: MemoryConfig) -> float:
     """Per micro-batch in flight: the part of layer `index`'s saved tensors that Megatron holds whole
     on every tp rank, beyond the 1/tp share costs/strategy.py counts (0 without tp)."""
-    if strategy.tp <= 1 or strategy.checkpoint or strategy.sequence_parallel:
-        # sequence parallelism splits those tensors along the sequence over the tp ranks too
-        # (Korthikanti et al. 2022 §4.2.2, eq. (4): sbh(34/t + 5as/(ht)))
+    if strategy.tp <= 1 or strategy.checkpoint:
         return 0.0
     layer = model.layers[index]
     local = micro_batch / strategy.data_degree
     whole = min(layer.saved_bytes.at(local), config.tp_replicated_outputs * layer.output_bytes.at(local))
-    return whole * (1.0 - 1.0 / strategy.tp) * config.activation_scale
+    # sequence parallelism splits the norms' inputs and the dropout masks along the sequence too
+    # (Korthikanti et al. 2022 §4.2.2); the column-parallel linears' inputs stay whole as DTensor runs it
+    share = config.sp_whole_share if strategy.sequence_parallel else 1.0
+    return whole * share * (1.0 - 1.0 / strategy.tp) * config.activation_scale
 
 
 def sdp_buffer_bytes(gathered: list[float], config: MemoryConfig) -> float:

@@ -52,6 +52,12 @@ class MemoryConfig:
     # Transformer Models", eq. (2): sbh(10 + 24/t + 5as/(ht)), the 10 sbh not divided by t): four
     # tensors the size of the block's output (in fp32), capped at the layer's saved bytes.
     tp_replicated_outputs: float = 4.0
+    # Of those, what sequence parallelism as torch's DTensor runs it (SequenceParallel with
+    # ColwiseParallel(input_layouts=Shard(1)): paraplan's runtime, torchtitan) still keeps whole: the
+    # column-parallel linears' all-gathered inputs, 4 sbh of Korthikanti et al.'s 10 sbh (§4.2.2; the
+    # norms' inputs and the dropout masks, 6 sbh, are split). Megatron-LM keeps those inputs sharded
+    # and gathers them again in the backward: 0 there (costs/transformer_memory.py, the literature's form).
+    sp_whole_share: float = 0.4
     # Mixed precision (bf16 / fp16) as paraplan's runtime runs it: fp32 modules under autocast, so
     # the states stay fp32 (4 + 4 + 8 = 16 bytes per parameter with Adam) and autocast keeps a 16-bit
     # copy of every weight a forward casts (its cache lives as long as the saved tensors that use

@@ -15,6 +15,9 @@ layout.
 Per layer (Galvatron-BMW §III), with the field's tools:
   SDP    FSDP2 `fully_shard` over the sdp dimension (dp x sdp: HSDP, the 2-D mesh (dp, sdp));
   TP     DTensor `parallelize_module` (runtime/tensor_parallel.py), before FSDP2 when both;
+         with `sequence_parallel`, Megatron's SP (runtime/sequence_parallel.py): consecutive SP
+         layers of a stage pass sequence-sharded DTensors, `StrategyLayer` cuts and gathers them
+         at the ends of such a run (`_sequence_ends`);
   DP     replicated parameters, gradients all-reduced over the dp dimension once per iteration
          after the schedule (`DataParallelSync`), as the simulator prices the stage's dp sync
          (one all-reduce per iteration, `grad_allreduce_bytes`). FSDP2's `replicate` was the other
@@ -174,25 +177,36 @@ def regroup(value, held: LayerStrategy, wanted: LayerStrategy, position: int, gr
 
 class StrategyLayer(nn.Module):
     """A layer of the model under its strategy: its input regrouped from the previous layer's
-    layout, then the layer itself (tensor parallel / sharded inside), checkpointed if asked."""
+    layout, then the layer itself (tensor parallel / sharded inside), checkpointed if asked.
+    Sequence parallelism (runtime/sequence_parallel.py): `enter` (a mesh) cuts the whole input into
+    this rank's part of the sequence first, `leave` gathers the sequence-sharded output whole after;
+    between consecutive SP layers of one layout neither is set and the Shard(1) DTensor passes."""
 
     def __init__(self, layer: nn.Module, held: LayerStrategy, strategy: LayerStrategy, position: int, group,
-                 group_size: int):
+                 group_size: int, enter=None, leave: bool = False):
         super().__init__()
         self.layer = layer
         self.held, self.strategy, self.position = held, strategy, position
         self._group, self.group_size = group, group_size
+        self._enter, self.leave = enter, leave
 
     def forward(self, x):
         x = regroup(x, self.held, self.strategy, self.position, self._group, self.group_size)
+        if self._enter is not None or self.leave:
+            from paraplan.runtime.sequence_parallel import to_shards, to_whole
+
+            if self._enter is not None:
+                x = to_shards(x, self._enter)
         if self.strategy.checkpoint:
             from torch.utils.checkpoint import checkpoint
 
             from paraplan.runtime.memory_meter import note_checkpoint_input
 
             note_checkpoint_input(x)
-            return checkpoint(self.layer, x, use_reentrant=False)
-        return self.layer(x)
+            y = checkpoint(self.layer, x, use_reentrant=False)
+        else:
+            y = self.layer(x)
+        return to_whole(y) if self.leave else y
 
 
 @dataclass
@@ -202,6 +216,8 @@ class HybridStage:
     strategies: tuple[LayerStrategy, ...]
     last: LayerStrategy  # the layout of the stage's output
     dp_params: list[tuple[object, int, list[nn.Parameter]]]  # (dp process group, ZeRO stage, parameters)
+    # SP norms' weights whose Partial gradients are summed over tp once per step (DataParallelSync)
+    sequence_params: list[nn.Parameter]
 
 
 def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Module], meshes: Meshes,
@@ -227,6 +243,7 @@ def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Mod
     sharded = [(i, layer) for i, (layer, st) in enumerate(zip(layers, strategies, strict=True)) if st.sdp > 1]
     unit_of = {i: unit for unit in _tied_units(sharded) for i in unit}
     tp_memo: dict = {}
+    sequence_params: list[nn.Parameter] = []
     made: dict = {}  # one materialisation for the stage: tied parameters stay tied
     for i, (layer, st) in enumerate(zip(layers, strategies, strict=True)):
         materialize([layer], names, seed, device, made)
@@ -237,7 +254,11 @@ def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Mod
         if st.tp > 1:
             from paraplan.runtime.tensor_parallel import apply_tensor_parallel
 
-            apply_tensor_parallel(layer, meshes.sub(st, "tp"), tp_memo)
+            apply_tensor_parallel(layer, meshes.sub(st, "tp"), tp_memo, st.sequence_parallel)
+            if st.sequence_parallel and st.sdp == 1 and not st.zero:  # FSDP2 and ZeRO take them as they come
+                from paraplan.runtime.sequence_parallel import partial_grad_params
+
+                sequence_params += partial_grad_params(layer)
         if st.sdp > 1 and i == unit_of[i][-1]:  # the unit's last layer is materialised: shard the unit
             mesh = meshes.sub(st, "dp", "sdp") if st.dp > 1 else meshes.sub(st, "sdp")
             modules = [layers[j] for j in unit_of[i]]
@@ -256,8 +277,10 @@ def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Mod
                     seen.add(id(p))
                     dp_params.setdefault((id(group), st.zero), (group, st.zero, []))[2].append(p)
     wrapped, previous = [], held
-    for layer, st in zip(layers, strategies, strict=True):
-        wrapped.append(StrategyLayer(layer, previous, st, position, stage_group, group_size))
+    for i, (layer, st) in enumerate(zip(layers, strategies, strict=True)):
+        enter, leave = _sequence_ends(layers, strategies, i)
+        wrapped.append(StrategyLayer(layer, previous, st, position, stage_group, group_size,
+                                     meshes.sub(st, "tp") if enter else None, leave))
         previous = st
     module = StageModule(wrapped)
     if sharded:
@@ -276,7 +299,22 @@ def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Mod
         root = fully_shard(module, mesh=mesh, ignored_params=others)
         root.set_gradient_divide_factor(1.0)
         root.set_force_sum_reduction_for_comms(True)
-    return HybridStage(module, layers, strategies, previous, list(dp_params.values()))
+    return HybridStage(module, layers, strategies, previous, list(dp_params.values()), sequence_params)
+
+
+def _sequence_ends(layers: list[nn.Module], strategies: tuple[LayerStrategy, ...], i: int) -> tuple[bool, bool]:
+    """(layer i cuts its whole input into sequence shards, layer i gathers its sharded output whole):
+    the shards pass as they are only from an SP layer that gives them to the next SP layer of the
+    stage that takes them, under the same layout (the same tp mesh and data slices)."""
+    from paraplan.runtime.sequence_parallel import sequence_io
+
+    def io(j):
+        return sequence_io(layers[j]) if 0 <= j < len(layers) and strategies[j].sequence_parallel else (False, False)
+
+    def kept(a, b):  # layer a's sharded output is layer b's input as it is
+        return io(a)[1] and io(b)[0] and strategies[a].dims == strategies[b].dims
+
+    return io(i)[0] and not kept(i - 1, i), io(i)[1] and not kept(i, i + 1)
 
 
 def _tied_units(indexed: list[tuple[int, nn.Module]]) -> list[list[int]]:
@@ -303,13 +341,16 @@ def _tied_units(indexed: list[tuple[int, nn.Module]]) -> list[list[int]]:
 
 class DataParallelSync:
     """The dp dimension's gradient all-reduce (a sum), once per iteration, one flattened
-    all-reduce per dp group; for tensor-parallel parameters, on their local shards. Layers with
+    all-reduce per dp group; for tensor-parallel parameters, on their local shards. Before it, the
+    sequence-parallel norms' Partial gradients are summed over their tp ranks (`sequence_params`). Layers with
     ZeRO-1/2 go to runtime/zero.py's `ZeroSync`, one per (dp group, stage): the optimizer steps
     its `views` instead of those parameters (`optimizer_params`), and `gather` follows the step."""
 
-    def __init__(self, groups: list[tuple[object, int, list[nn.Parameter]]], recorder=None):
+    def __init__(self, groups: list[tuple[object, int, list[nn.Parameter]]], recorder=None,
+                 sequence_params: list[nn.Parameter] | None = None):
         from paraplan.runtime.zero import ZeroSync
 
+        self.sequence_params = sequence_params or []
         self.groups = [(group, params) for group, zero, params in groups if not zero]
         self.zero = [ZeroSync(group, params, zero, recorder) for group, zero, params in groups if zero]
         self.recorder = recorder
@@ -330,6 +371,13 @@ class DataParallelSync:
     def finish(self) -> None:
         import time
 
+        if self.sequence_params:  # (no ZeRO layer among them; the dp all-reduce below then sums tp sums)
+            from paraplan.runtime.sequence_parallel import sum_partial_grads
+
+            start = time.time()
+            sum_partial_grads(self.sequence_params)
+            if self.recorder is not None:
+                self.recorder.add("allreduce", "allreduce", -1, start, time.time())
         for z in self.zero:
             z.finish()
         start = time.time()
@@ -384,6 +432,8 @@ def hybrid_refusal(plan: Plan, layers: list) -> str | None:
                 reason = tp_refusal(module, st.tp)
                 if reason:
                     return f"{where}: no tensor parallelism: {reason}"
+                if st.sequence_parallel and (reason := tp_refusal(module, st.tp, sequence_parallel=True)):
+                    return f"{where}: no sequence parallelism: {reason}"
             for p in module.parameters():
                 holders.setdefault(id(p), []).append((index, name, st))
     stage_of = {i: s for s, stage in enumerate(plan.stages) for i in stage.layers}

@@ -51,7 +51,7 @@ def hybrid_setup(config: TrainConfig, rank: int, device, built, layers, names, r
                 state.setdefault(by_path[path], value.detach().clone())
         return state
 
-    sync = DataParallelSync(hybrid.dp_params, recorder)
+    sync = DataParallelSync(hybrid.dp_params, recorder, hybrid.sequence_params)
     return RankSetup(module=hybrid.module, stage_index=stage_index, position=position,
                      pp_group=pp_groups[position], named=named, sync=sync,
                      optimizer_params=sync.optimizer_params if sync.zero else None,

@@ -23,9 +23,9 @@ from paraplan.plans.plan import Plan
 from paraplan.runtime.data import TOKEN_DTYPES
 
 # the version-2 plan features (plans/plan.py: FEATURES) the runtime runs so far: the precision
-# (fp32, tf32, bf16: runtime/mixed_precision.py), ZeRO-1/2 (runtime/zero.py) and selective
-# recomputation (runtime/selective.py)
-RUNS: frozenset[str] = frozenset({"precision", "zero", "selective", "schedule"})
+# (fp32, tf32, bf16: runtime/mixed_precision.py), ZeRO-1/2 (runtime/zero.py), selective
+# recomputation (runtime/selective.py) and sequence parallelism (runtime/sequence_parallel.py)
+RUNS: frozenset[str] = frozenset({"precision", "zero", "selective", "schedule", "sequence_parallel"})
 
 
 class Optimizer(StrEnum):

@@ -14,6 +14,10 @@ forward, identity backward) are the input/output hooks of DTensor's ColwiseParal
 Replicate) and RowwiseParallel (output Replicate): a layer keeps taking and returning plain
 tensors identical on every rank, and its input gradient comes back whole on every rank.
 
+With Megatron's sequence parallelism (runtime/sequence_parallel.py rewrites a layer's plan), f and
+g become an all-gather and a reduce-scatter along the sequence, and the norms between them run on
+sequence shards.
+
 A layer's plan is read off its structure (the q/k/v/o, c_attn, fc1/fc2, ... submodules transformers
 uses); a block whose config carries the library's own plan (Llama's `base_model_tp_plan`) uses
 that. `tp_refusal` and `apply_tensor_parallel` share `_plan`: what the one accepts the other runs.
@@ -38,6 +42,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from paraplan.models.adapters import T5Layer
+from paraplan.runtime.sequence_parallel import SUMMED_AFTER_STEP
 
 # attention attributes that count or measure heads: set to the local value (see _plan_attention)
 _HEAD_ATTRS = ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_key_value_heads",
@@ -334,29 +339,46 @@ def _plan(layer: nn.Module, tp: int) -> _Plan:
 
 
 # --------------------------------------------------------------------------- the API
-def tp_refusal(layer: nn.Module, tp: int) -> str | None:
+def _layer_plan(layer: nn.Module, tp: int, sequence_parallel: bool) -> _Plan:
+    """The layer's TP plan, rewritten for sequence parallelism if asked (runtime/sequence_parallel.py)."""
+    plan = _plan(layer, tp)
+    if sequence_parallel:
+        from paraplan.runtime.sequence_parallel import SequenceRefused, sequence_styles
+
+        try:
+            sequence_styles(layer, plan.styles)
+        except SequenceRefused as exc:
+            raise _Refused(str(exc)) from None
+    return plan
+
+
+def tp_refusal(layer: nn.Module, tp: int, sequence_parallel: bool = False) -> str | None:
     """None when `layer` (the module of one entry of built.layers()) can run tensor parallel over
-    `tp` ranks, otherwise one short line saying why. Pure inspection: no process group needed."""
+    `tp` ranks (with Megatron's sequence parallelism if asked), otherwise one short line saying why.
+    Pure inspection: no process group needed."""
     if tp < 1:
         return f"tensor-parallel degree {tp} must be at least 1"
     try:
-        _plan(layer, tp)
+        _layer_plan(layer, tp, sequence_parallel)
     except _Refused as exc:
         return str(exc)
     return None
 
 
-def apply_tensor_parallel(layer: nn.Module, mesh: DeviceMesh, memo: dict | None = None) -> None:
+def apply_tensor_parallel(layer: nn.Module, mesh: DeviceMesh, memo: dict | None = None,
+                          sequence_parallel: bool = False) -> None:
     """In place, on a materialised layer (values identical on every rank of the 1-D `mesh`), as the
-    module docstring says; the layer's input and output stay plain tensors identical on every rank.
-    `memo` (id of an original parameter -> its new parameter) keeps a parameter tied across the
-    calls that share it (GPT-2's wte: Shard(0) in the embedding and in the LM head); a tied
-    parameter that would need two different layouts raises ValueError naming it."""
+    module docstring says; the layer's input and output stay plain tensors identical on every rank,
+    except with `sequence_parallel` (runtime/sequence_parallel.py: `sequence_io` says which of them
+    are then Shard(1) DTensors). `memo` (id of an original parameter -> its new parameter) keeps a
+    parameter tied across the calls that share it (GPT-2's wte: Shard(0) in the embedding and in the
+    LM head); a tied parameter that would need two different layouts raises ValueError naming it."""
     tp = mesh.size()
     try:
-        plan = _plan(layer, tp)
+        plan = _layer_plan(layer, tp, sequence_parallel)
     except _Refused as exc:
-        raise ValueError(f"no tensor parallelism over {tp} ranks: {exc}") from None
+        what = "tensor and sequence parallelism" if sequence_parallel else "tensor parallelism"
+        raise ValueError(f"no {what} over {tp} ranks: {exc}") from None
     memo = {} if memo is None else memo
     refs = [(path, m, n, p) for path, m in layer.named_modules(remove_duplicate=False)
             for n, p in m._parameters.items() if p is not None]
@@ -389,14 +411,19 @@ def apply_tensor_parallel(layer: nn.Module, mesh: DeviceMesh, memo: dict | None 
             memo[id(p)] = new
     for p in {id(p): p for p in layer.parameters()}.values():
         if isinstance(p, DTensor) and not hasattr(p, "_tp_grad_hook"):
-            p._tp_grad_hook = p.register_hook(partial(_grad_like_param, p.device_mesh, p.placements))
+            p._tp_grad_hook = p.register_hook(partial(_grad_like_param, p.device_mesh, p.placements,
+                                                      weakref.ref(p)))
 
 
-def _grad_like_param(mesh, placements, grad):
+def _grad_like_param(mesh, placements, param, grad):
     """DTensor (torch 2.13) has no row-sharded strategy for the embedding's backward: a
     vocab-parallel embedding's weight gradient comes out whole (Replicate; computed with the global
     ids and padding_idx, so right) on every rank. Keep this rank's shard only, like the parameter
-    (a local slice, no communication), so the gradient takes the sharded parameter's memory."""
+    (a local slice, no communication), so the gradient takes the sharded parameter's memory.
+    A sequence-parallel norm's weight gradient comes out Partial (each rank's sum over its tokens):
+    all-reduced here, unless its stage sums it once per step (sequence_parallel.sum_partial_grads)."""
+    if getattr(param(), SUMMED_AFTER_STEP, False):
+        return grad
     if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(placements):
         return grad.redistribute(mesh, placements)
     return grad
@@ -405,8 +432,11 @@ def _grad_like_param(mesh, placements, grad):
 def _plain_outputs(module, args, out):
     """The styles' output collectives run with async_op=True, so a layer ending in one (Llama's
     embedding is a bare nn.Embedding) would return an AsyncCollectiveTensor, which a pipeline's
-    send should not see. An op on it waits and returns a plain tensor; clone keeps the graph."""
-    if isinstance(out, AsyncCollectiveTensor):
+    send should not see. An op on it waits and returns a plain tensor; clone keeps the graph. A
+    sequence-parallel layer's Shard(1) DTensor output gets the same for its local shard (the next
+    layer saves it for its backward, where the memory meter reads its storage)."""
+    if isinstance(out, AsyncCollectiveTensor) or (isinstance(out, DTensor) and
+                                                  isinstance(out._local_tensor, AsyncCollectiveTensor)):
         return out.clone()
     if isinstance(out, tuple) and any(isinstance(t, AsyncCollectiveTensor) for t in out):
         return tuple(t.clone() if isinstance(t, AsyncCollectiveTensor) else t for t in out)

@@ -97,14 +97,22 @@ def test_zero_needs_data_parallel_replicas():
 def test_sequence_parallelism_splits_what_tensor_parallelism_keeps_whole(setup):
     """Korthikanti et al. §4.2.2: with sequence parallelism the norms' and dropouts' tensors, whole
     on every tp rank under plain TP, are split tp ways too; the all-reduces become a reduce-scatter
-    and an all-gather of the same tensors, the same time on a ring."""
+    and an all-gather of the same tensors, the same time on a ring. As DTensor runs it (paraplan's
+    runtime, torchtitan) the column-parallel linears' gathered inputs stay whole: 4 of the paper's
+    10 sbh (MemoryConfig.sp_whole_share); Megatron-LM's way (share 0) splits everything."""
+    from dataclasses import replace
+
     spec, cm = setup
     tp = simulate_plan(_plan(spec, LayerStrategy(tp=N_D)), cm)
     sp = simulate_plan(_plan(spec, LayerStrategy(tp=N_D, sequence_parallel=True)), cm)
-    assert tp.memory[0].tp_replicated_bytes > 0 and sp.memory[0].tp_replicated_bytes == 0
+    assert tp.memory[0].tp_replicated_bytes > 0
+    assert sp.memory[0].tp_replicated_bytes == pytest.approx(cm.memory.sp_whole_share * tp.memory[0].tp_replicated_bytes)
     assert sp.memory[0].activation_bytes == tp.memory[0].activation_bytes
-    assert sp.memory[0].peak_bytes == pytest.approx(tp.memory[0].peak_bytes - tp.memory[0].tp_replicated_bytes)
     assert sp.prediction.iteration_s == pytest.approx(tp.prediction.iteration_s, rel=1e-12)
+    megatron = replace(cm, memory=replace(cm.memory, sp_whole_share=0.0))
+    sp_megatron = simulate_plan(_plan(spec, LayerStrategy(tp=N_D, sequence_parallel=True)), megatron)
+    assert sp_megatron.memory[0].tp_replicated_bytes == 0
+    assert sp_megatron.memory[0].peak_bytes == pytest.approx(tp.memory[0].peak_bytes - tp.memory[0].tp_replicated_bytes)
 
 
 def test_selective_recomputation_keeps_all_but_the_attention_core(setup):

@@ -223,3 +223,17 @@ def test_simulate_compares_the_schedules_of_a_plan(capsys, tmp_path):
     assert (tmp_path / "g.png").stat().st_size > 10_000
     bad = run_cli_here(capsys, "simulate", str(tmp_path / "p.json"), "--schedules", "zigzag")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "unknown schedule 'zigzag'" in bad.stderr
+
+
+def test_a_multi_chunk_plan_round_trips_through_its_file(tmp_path):
+    from paraplan.plans.plan import LayerRange, Plan, Stage
+    from paraplan.plans.plan_file import read_plan, write_plan
+
+    plan = Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=8, n_micro=4, schedule="zbv",
+                grad_sync="none", virtual_stages=2,
+                stages=tuple(Stage(LayerRange(a, b), (d,)) for (a, b), d in
+                             zip([(0, 2), (2, 3), (3, 4), (4, 6)], [0, 1, 1, 0], strict=True)))
+    write_plan(plan, tmp_path / "p.json")
+    back = read_plan(tmp_path / "p.json")
+    assert back.schedule == "zbv" and back.virtual_stages == 2 and back.rank_of_stage == (0, 1, 1, 0)
+    assert back.devices == (0, 1) and back.n_ranks == 2 and back.stages == plan.stages

@@ -94,3 +94,17 @@ def test_planners_that_cannot_search_schedules_plan_their_own_under_best():
     assert "schedules_judged" in dict(searched.search.options)
     if searched.schedule not in ("gpipe", "1f1b"):
         assert searched.schedule in describe(searched)
+
+
+def test_a_named_multi_chunk_schedule_is_planned_with_its_chunk_counts_searched(capsys, tmp_path):
+    from conftest import run_cli_here
+
+    request = workload("gpt2-tiny", "local", batch=8, schedule="interleaved-1f1b").request
+    plan = make_plan(request, "csimd")
+    assert plan.schedule == "interleaved-1f1b" and plan.virtual_stages >= 2 and plan.n_ranks == 2
+    assert plan.prediction.feasible
+    res = run_cli_here(capsys, "plan", "--planner", "csimd", "--model", "gpt2-tiny", "--cluster", "local", "--batch",
+                       "8", "--stages", "1", "--schedule", "zbv", "--out", str(tmp_path / "p.json"))
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "paraplan: error: --schedule: no zbv plan: zbv needs a pipeline of at least 2 ranks; this plan has one stage"]
+    assert not (tmp_path / "p.json").exists()

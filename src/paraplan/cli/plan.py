@@ -52,9 +52,10 @@ def add_parser(sub) -> None:
     p.add_argument("--exact-stages", action="store_true",
                    help="use exactly --stages stages (workers), even where fewer would be faster")
     p.add_argument("--schedule", default=None,
-                   help="gpipe, 1f1b, interleaved-1f1b, looped-bfs, interleaved-zb, zbv, dualpipev, or best: the "
-                        "planner chooses the schedule and its chunks per device with the cut and the micro-batch "
-                        "count (split planners; default: the planner's own)")
+                   help="gpipe, 1f1b, interleaved-1f1b, looped-bfs, interleaved-zb, zbv, dualpipev (the split "
+                        "planners search its chunks per device), or best: the split planners choose the schedule "
+                        "and its chunks with the cut and the micro-batch count, the others plan their own "
+                        "(default: the planner's own)")
     p.add_argument("--memory-gib", type=float, default=None, help="memory budget per device (default: the device's)")
     p.add_argument("--memory", type=memory_arg, default=None, dest="memory_size",
                    help="memory budget per device with a unit, e.g. 16GiB, 12GB, 512MiB (the same as --memory-gib)")

@@ -50,6 +50,7 @@ from paraplan.planners.stage_division import bounds_of, total_time
 from paraplan.planners.table import PLANNERS as TABLE
 from paraplan.planners.table import register
 from paraplan.plans.plan import LayerRange, Plan, SearchInfo, Stage
+from paraplan.plans.schedules import MULTI_CHUNK
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def register_split(name: str, summary: str, divider: Divider, options: Mapping[s
     """Add a split planner: its divider here, and the planner (GPipe or 1F1B) to the planner table."""
     DIVIDERS[name] = divider
     OPTIONS[name] = dict(options or {})
-    register(name, summary, schedules=("gpipe", "1f1b", "best"), options=options)(
+    register(name, summary, schedules=("gpipe", "1f1b", *MULTI_CHUNK, "best"), options=options)(
         lambda request, values, judge: _plan(request, values, name, judge))
 
 
@@ -179,6 +180,13 @@ def _divide(request: PlanRequest, options: dict, planner: str, n_stages: int, ex
     """One planner's answer as a Plan (without prediction, unless the schedule was searched), and
     its search notes."""
     cm = request.costs
+    if request.schedule in MULTI_CHUNK:  # one kind asked: its chunk counts searched as `best` does
+        if judge is None:
+            raise FieldError("schedule", f"{request.schedule} plans are chosen by the simulator; plan through the "
+                                         "planner table (make_plan), which gives the planner its judge")
+        kinds = tuple((request.schedule, v) for v in CHUNK_COUNTS[request.schedule])
+        # the kind needs a pipeline: the stage count is held (a planner may otherwise choose one stage)
+        return _search_schedule(request, options, planner, n_stages, exactly or n_stages > 1, judge, kinds)
     if request.schedule == BEST_SCHEDULE and judge is not None:
         return _search_schedule(request, options, planner, n_stages, exactly, judge)
     schedule = "1f1b" if request.schedule == BEST_SCHEDULE else request.schedule or "gpipe"
@@ -195,8 +203,13 @@ def _as_plan(request: PlanRequest, cuts, n_micro: int, schedule: str) -> Plan:
                 global_batch=request.batch, n_micro=n_micro, schedule=schedule, grad_sync="none", stages=stages)
 
 
+# the chunk counts per device tried when one multi-chunk kind is asked (`--schedule interleaved-1f1b`)
+CHUNK_COUNTS = {"interleaved-1f1b": (2, 3, 4), "looped-bfs": (2, 3, 4), "interleaved-zb": (1, 2, 3, 4),
+                "zbv": (2,), "dualpipev": (2,)}
+
+
 def _search_schedule(request: PlanRequest, options: dict, planner: str, n_stages: int, exactly: bool,
-                     judge: Judge) -> tuple[Plan, dict]:
+                     judge: Judge, kinds=None) -> tuple[Plan, dict]:
     """--schedule best: for each micro-batch count the planner's own cut (eq. (8) under 1F1B's
     memory, the papers' model), then every schedule kind and chunk count on it, judged by the
     simulator (planners/schedule_search.py)."""
@@ -211,7 +224,11 @@ def _search_schedule(request: PlanRequest, options: dict, planner: str, n_stages
         eq8[p] = problem.time_s(cuts, p)
         return _as_plan(request, cuts, p, "1f1b")
 
-    best, scored = schedule_search.search(base_for, micro_counts(problem, request.n_micro), request.costs, judge)
+    try:
+        best, scored = schedule_search.search(base_for, micro_counts(problem, request.n_micro), request.costs, judge,
+                                              **({"kinds": kinds} if kinds else {}))
+    except ValueError as exc:
+        raise FieldError("schedule", f"no {request.schedule} plan: {exc}") from None
     return best, {"eq8_time_s": eq8[best.n_micro], "schedules_judged": len(scored),
                   "schedule_runner_up": schedule_search.runner_up(scored)}
 

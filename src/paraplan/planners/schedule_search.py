@@ -50,17 +50,19 @@ def search(base_for: Callable[[int], Plan], micro_counts: tuple[int, ...], cm, j
     """The best plan over (micro-batch count, schedule, chunks) and every candidate judged, best first.
     `base_for(p)`: the planner's one-chunk plan for p micro-batches."""
     scored: list[Scored] = []
+    why = ""
     for n_micro in micro_counts:
         base = base_for(n_micro)
         for kind, virtual in kinds:
             try:
                 plan = rewrite(base, cm, kind, virtual)
-            except ValueError:
-                continue  # this kind cannot take this pipeline (one line in Variant.reason elsewhere)
+            except ValueError as exc:
+                why = str(exc)  # this kind cannot take this pipeline
+                continue
             scored.append(Scored(replace(plan, prediction=judge(plan)), Variant(kind, virtual, plan).label))
     scored.sort(key=lambda s: s.key)
     if not scored:
-        raise ValueError("no schedule can take this pipeline")
+        raise ValueError(why or "no schedule can take this pipeline")
     if refine:
         # the candidates that are, or would be if another cut made them fit, within REFINE_WITHIN of
         # the best that fits (a balanced cut that overflows one rank may fit once a layer moves)

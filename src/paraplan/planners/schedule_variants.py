@@ -83,6 +83,8 @@ def rewrite(plan: Plan, cm: CostModel, kind: str, virtual: int) -> Plan:
         if virtual > 1:
             raise ValueError("stages with per-layer strategies or separate backward ranges keep one chunk per rank")
     n_ranks = plan.n_stages
+    if n_ranks == 1 and kind in MULTI_CHUNK:
+        raise ValueError(f"{kind} needs a pipeline of at least 2 ranks; this plan has one stage")
     problem = schedule_problem(kind, n_ranks, virtual, plan.n_micro)
     if problem:
         raise ValueError(problem)

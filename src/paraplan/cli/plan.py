@@ -342,6 +342,11 @@ def _print_comparison(args, result, best, gap, model_ref: str, precision: str) -
                   f"plan written to {args.out}")
         if best.plan.search and best.plan.search.note:
             out.print(flags_in(best.plan.search.note))
+        opts = dict(best.plan.search.options) if best.plan.search else {}
+        if "schedules_judged" in opts:  # --schedule best: the winner's schedule and the next best for it
+            out.print(f"schedule: {best.plan.schedule}"
+                      + (f", {best.plan.virtual_stages} chunks per device" if best.plan.virtual_stages > 1 else "")
+                      + f"; next best schedule for this planner: {opts['schedule_runner_up'] or 'none'}")
     if args.report:
         out.print(f"report written to {args.report}/index.html")
 

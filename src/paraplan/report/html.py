@@ -136,6 +136,12 @@ def _verdict(result, best, second) -> str:
         text += (f"The runner-up, <b>{_e(second.planner)}</b> ({_e(second.shape)}), "
                  + ("predicts the same time. " if diff <= 1e-12 * best.iteration_s else
                     f"is {fmt_time(diff)} ({diff / best.iteration_s:.1%}) slower. "))
+    searched = dict(best.plan.search.options) if best.plan is not None and best.plan.search else {}
+    if "schedules_judged" in searched:  # --schedule best: which schedule won, what the next best costs
+        text += (f"Its schedule, <b>{_e(best.plan.schedule)}</b>"
+                 + (f" with {best.plan.virtual_stages} chunks per device" if best.plan.virtual_stages > 1 else "")
+                 + f", won among {searched['schedules_judged']} (schedule, chunks, micro-batches) judged; the next "
+                 f"best: {_e(searched['schedule_runner_up'] or 'none')}. ")
     return text + tally + "</p>"
 
 

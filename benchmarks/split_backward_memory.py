@@ -1,21 +1,22 @@
-"""What torch's split backward (zero-bubble's I and W) keeps alive, measured in one process.
+"""How a saved-tensor hook changes what torch's split backward (zero-bubble's I and W) keeps alive.
 
 gpt2-tiny cut into two stages, both on one rank (a pipeline group of 1, so no second process is
 needed), 8 micro-batches of 8, fp32, no dropout, under torch.distributed.pipelining's
 ScheduleInterleaved1F1B (whole backwards) and ScheduleInterleavedZeroBubble (I, then W). Every
-tensor autograd saves is followed until it is freed (a weak reference's finalizer, as
-runtime/memory_meter.py does); after each action the bytes still alive are recorded. Two steps; the
-second is reported (the first also holds the stages' shape inference).
-
-What it shows (torch 2.13, this machine): with whole backwards a micro-batch's saved tensors go at
-its backward, and 3.3 MiB (the stages' inputs, held by the schedule for the step) are left at the
-end; with the split backward W frees only the weight path's tensors (about 1 of a micro-batch's
-3.5 MiB), and the rest outlives W: the bytes alive climb with every micro-batch, 52 MiB at the end
-of the step, about 15 micro-batch-stages' worth. Not reference cycles (gc.collect() after each W
-frees nothing, docs/runtime.md): the nodes of the input path, run once by I with retain_graph=True,
-keep their saved tensors until the step's state goes. paraplan's memory model counts the order's
-in-flight micro-batches (the zero-bubble paper's accounting), so for zero-bubble plans run with
-torch 2.13 it is optimistic (docs/simulator.md).
+tensor autograd saves is followed until autograd lets it go (a weak reference's finalizer), with
+two pack hooks:
+  identity  the hook returns the tensor itself (what runtime/memory_meter.py did before
+            2026-11-26): an op's saved *output* then holds its own grad_fn, a reference cycle inside
+            autograd. A whole backward (retain_graph=False) releases the saved tensors and breaks
+            it; zero-bubble's input pass runs with retain_graph=True and its weight pass never
+            touches the input path, so those cycles keep every micro-batch's input-path tensors
+            alive past the step: measured 56.7 MiB at the peak, 52.1 left after the step, against
+            10.4 / 3.3 with whole backwards;
+  alias     the hook returns a detached alias (what the meter does now): no cycle; both schedules
+            peak at 7.43 MiB and leave nothing.
+So the "zero-bubble keeps everything" seen on ranks was the meter's own doing; with the alias hook
+the ranks measure what the memory model walks (docs/runtime.md). After each action the bytes alive
+are recorded; two steps, the second reported.
 
 Writes $PARAPLAN_BENCH_OUT/split_backward_memory.json (default bench-out/). Run:
 .venv/bin/python benchmarks/split_backward_memory.py
@@ -41,7 +42,7 @@ MICRO_BATCHES = 8
 MIB = 2**20
 
 
-def _measure(schedule_name: str) -> dict:
+def _measure(schedule_name: str, hook: str) -> dict:
     built, layers, names = build_layers("gpt2-tiny", 0, dropout=False)
     modules = [m for _, _, m in layers]
     materialize(modules, names, 0, torch.device("cpu"), {})
@@ -51,7 +52,15 @@ def _measure(schedule_name: str) -> dict:
 
     def pack(t: torch.Tensor):
         base = t._base if t._base is not None else t
-        if not isinstance(base, torch.nn.Parameter) and id(base) not in live:
+        if isinstance(base, torch.nn.Parameter):
+            return t
+        if hook == "alias":  # what autograd holds is the alias: follow it
+            alias = t.detach()
+            key = id(alias)
+            live[key] = t.numel() * t.element_size()
+            weakref.finalize(alias, live.pop, key, None)
+            return alias
+        if id(base) not in live:
             key = id(base)
             live[key] = base.numel() * base.element_size()
             weakref.finalize(base, lambda key=key: live.pop(key, None))
@@ -76,7 +85,7 @@ def _measure(schedule_name: str) -> dict:
         for _ in range(2):
             trace.clear()
             schedule.step(inputs, target=targets, losses=[], return_outputs=False)
-    return {"schedule": schedule_name, "peak_alive_mib": max(t[3] for t in trace),
+    return {"schedule": schedule_name, "hook": hook, "peak_alive_mib": max(t[3] for t in trace),
             "alive_after_step_mib": sum(live.values()) / MIB,
             "trace": [{"stage": s, "action": a, "micro": m, "alive_mib": round(b, 3)} for s, a, m, b in trace]}
 
@@ -86,7 +95,8 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        results = [_measure(name) for name in ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble")]
+        results = [_measure(name, hook) for hook in ("identity", "alias")
+                   for name in ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble")]
     finally:
         dist.destroy_process_group()
     OUT.mkdir(parents=True, exist_ok=True)
@@ -94,7 +104,7 @@ def main() -> None:
         {"model": "gpt2-tiny", "stages": 2, "micro_batches": MICRO_BATCHES, "micro_batch_size": 8,
          "torch": torch.__version__, "results": results}, indent=1))
     for r in results:
-        print(f"{r['schedule']}: peak {r['peak_alive_mib']:.2f} MiB alive, {r['alive_after_step_mib']:.2f} MiB "
+        print(f"{r['schedule']}, {r['hook']} hook: peak {r['peak_alive_mib']:.2f} MiB alive, {r['alive_after_step_mib']:.2f} MiB "
               "left after the step")
 
 

@@ -58,6 +58,7 @@ __all__ = ["GIB", "MEMORY_CATEGORIES", "MemoryBreakdown", "MemoryConfig", "PeakR
 
 # what MemoryBreakdown.at_peak names, in the order tables show them
 MEMORY_CATEGORIES = ("parameters", "16-bit weight copies", "gradients", "optimizer states", "activations",
+                     "gradients awaiting the weight pass",
                      "communication buffers", "allocator reserve", "CUDA context and libraries", "weight stash",
                      "optimizer temporaries")
 
@@ -83,6 +84,9 @@ class MemoryBreakdown:
     optimizer_bytes: float = 0.0
     # the part of activation_bytes that is one checkpointed layer's recomputation (during its backward)
     recompute_bytes: float = 0.0
+    # a split backward (zero-bubble): the gradients the input pass keeps for the weight pass, of the
+    # micro-batches between the two (LayerSpec.weight_grad_input_bytes), at the activations' peak
+    weight_pass_bytes: float = 0.0
 
     @property
     def forward_peak_bytes(self) -> float:
@@ -90,7 +94,8 @@ class MemoryBreakdown:
         parameter that does not exist yet while the activations peak (zero_grad sets it to None), and
         the buckets stand in its place; both are alive only once the activations are freed (the step)."""
         return (self.states_bytes + self.activation_bytes + self.allocator_bytes + self.stash_bytes
-                + self.reserve_bytes + self.tp_replicated_bytes + self.sdp_buffer_bytes + self.compute_copy_bytes)
+                + self.reserve_bytes + self.tp_replicated_bytes + self.sdp_buffer_bytes + self.compute_copy_bytes
+                + self.weight_pass_bytes)
 
     @property
     def step_peak_bytes(self) -> float:
@@ -111,6 +116,7 @@ class MemoryBreakdown:
         if self.forward_peak_bytes >= self.step_peak_bytes:
             moment, parts = "forward/backward", (*common, ("16-bit weight copies", self.compute_copy_bytes),
                                                 ("activations", self.activation_bytes + self.tp_replicated_bytes),
+                                                ("gradients awaiting the weight pass", self.weight_pass_bytes),
                                                 ("communication buffers", self.sdp_buffer_bytes),
                                                 ("allocator reserve", self.allocator_bytes))
         else:
@@ -297,16 +303,14 @@ def _rank_memory(plan: Plan, model: ModelSpec, rank: int, stages: list[int], con
     _, held, waiting = schedules.live_peak(order, per_micro, for_weights)
     parts = [stage_memory(plan, model, s, config, device_kind, held[s], here) for s in stages]
     kept = sum(waiting[s] * for_weights.get(s, 0.0) for s in stages)  # the allocator's share included, as saved
-    kept_allocator = kept * config.allocator_fraction / (1.0 + config.allocator_fraction)
     total = {f: sum(getattr(b, f) for b in parts) for f in (
-        "states_bytes", "stash_bytes", "tp_replicated_bytes", "ddp_bucket_bytes",
+        "states_bytes", "stash_bytes", "allocator_bytes", "tp_replicated_bytes", "ddp_bucket_bytes",
         "optimizer_step_bytes", "compute_copy_bytes", "param_state_bytes", "grad_bytes", "optimizer_bytes")}
     recompute = max(b.recompute_bytes for b in parts)  # one checkpointed layer recomputes at a time
     return MemoryBreakdown(device=parts[0].device, stage=stages[0], reserve_bytes=parts[0].reserve_bytes,
                            in_flight=sum(held.values()), recompute_bytes=recompute,
-                           activation_bytes=sum(b.activation_bytes - b.recompute_bytes for b in parts) + recompute
-                           + kept - kept_allocator,
-                           allocator_bytes=sum(b.allocator_bytes for b in parts) + kept_allocator,
+                           activation_bytes=sum(b.activation_bytes - b.recompute_bytes for b in parts) + recompute,
+                           weight_pass_bytes=kept,
                            sdp_buffer_bytes=max(b.sdp_buffer_bytes for b in parts), **total)
 
 

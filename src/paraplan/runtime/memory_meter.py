@@ -2,7 +2,8 @@
 (this rank's shards), and the peak of the activations autograd keeps for the backward.
 
 Activations are counted the way the profiler counts them (models/measure.py, profiling/layers.py):
-a `saved_tensors_hooks` pack hook sees every tensor autograd saves; parameters are left out (an
+a `saved_tensors_hooks` pack hook sees every tensor autograd saves (and hands autograd a detached
+alias of it, whose lifetime is followed: see `_pack`); parameters are left out (an
 FSDP2-gathered weight is a Parameter too: the planner counts it as a gather buffer, not as an
 activation), and each storage counts once. Here the hook also follows each storage until it is
 freed (a weak reference's finalizer), so the peak over the schedule is the most bytes alive at
@@ -52,6 +53,7 @@ def _is_weight_copy(t: torch.Tensor) -> bool:
 class MemoryMeter:
     def __init__(self):
         self.live: dict[int, tuple[int, bool]] = {}  # storage address -> (bytes, a weight copy)
+        self.holders: dict[int, int] = {}  # storage address -> how many saved aliases still hold it
         self.live_bytes = 0
         self.peak_activation_bytes = 0
         # mixed precision: autocast's bf16 weight copies, which autograd saves too; filed apart
@@ -59,14 +61,25 @@ class MemoryMeter:
         self.live_copy_bytes = 0
         self.peak_copy_bytes = 0
 
-    def _add(self, t: torch.Tensor) -> None:
+    def _countable(self, t: torch.Tensor) -> bool:
         base = _storage_of(t)
-        if isinstance(t, nn.Parameter) or isinstance(base, nn.Parameter) or base.device.type == "meta":
+        return not (isinstance(t, nn.Parameter) or isinstance(base, nn.Parameter) or base.device.type == "meta")
+
+    def _add(self, t: torch.Tensor, holder: torch.Tensor | None = None) -> None:
+        """Count t's storage while `holder` (what autograd keeps: the pack hook's alias) lives; a
+        storage saved several times counts once, until its last holder goes."""
+        if not self._countable(t):
             return
+        base = _storage_of(t)
         storage = base.untyped_storage()
         key = storage.data_ptr()
-        if key in self.live or storage.nbytes() == 0:
+        if storage.nbytes() == 0:
             return
+        weakref.finalize(holder if holder is not None else base, self._release, key)
+        if key in self.live:
+            self.holders[key] += 1
+            return
+        self.holders[key] = 1
         copy = _is_weight_copy(t)
         self.live[key] = (storage.nbytes(), copy)
         if copy:
@@ -75,9 +88,12 @@ class MemoryMeter:
         else:
             self.live_bytes += storage.nbytes()
             self.peak_activation_bytes = max(self.peak_activation_bytes, self.live_bytes)
-        weakref.finalize(base, self._free, key)
 
-    def _free(self, key: int) -> None:
+    def _release(self, key: int) -> None:
+        self.holders[key] = self.holders.get(key, 1) - 1
+        if self.holders[key] > 0:
+            return
+        self.holders.pop(key, None)
         nbytes, copy = self.live.pop(key, (0, False))
         if copy:
             self.live_copy_bytes -= nbytes
@@ -85,8 +101,17 @@ class MemoryMeter:
             self.live_bytes -= nbytes
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        self._add(t)
-        return t
+        """What autograd keeps: an alias of t without its autograd history. Returning t itself would
+        make an op's saved output hold its own grad_fn, a reference cycle inside autograd that
+        nothing collects while the graph is retained: under torch's split backward (zero-bubble's
+        input pass runs with retain_graph=True) every micro-batch's input-path tensors then stayed
+        alive to the end of the step, measured here as 52 MiB of gpt2-tiny's where autograd itself
+        holds none (benchmarks/split_backward_memory.py)."""
+        if not self._countable(t):
+            return t
+        alias = t.detach()
+        self._add(t, holder=alias)
+        return alias
 
     @contextlib.contextmanager
     def watching(self):

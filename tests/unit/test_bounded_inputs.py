@@ -253,3 +253,13 @@ def test_a_size_or_count_override_must_be_positive(capsys, model, key):
     r = run_cli_here(capsys, "inspect", model)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert f"{key} must be a positive whole number" in r.stderr
+
+
+# ------------------------------------------------------- 5. a transformers config with 10**9 blocks
+def test_a_config_with_a_billion_blocks_is_refused_before_building(capsys):
+    r = run_cli_here(capsys, "inspect", "hf:gpt2?n_layer=1000000000", "--cluster", "local")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "1,000,000,000 blocks" in r.stderr and "up to 100,000 blocks" in r.stderr
+    ok = run_cli_here(capsys, "inspect", "hf:gpt2?n_layer=3&n_embd=32&n_head=2&vocab_size=64&seq_len=8", "--cluster",
+                      "local")
+    assert ok.returncode == 0, ok.stderr

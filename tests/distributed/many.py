@@ -4,6 +4,7 @@ module pays the start of 2 or 4 Python processes with torch once, not once per p
 
 import datetime
 import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -29,5 +30,8 @@ def _ranks(rank: int, world: int, port: int, configs: list) -> None:
 
 
 def train_many(configs: list, world: int) -> None:
+    for config in configs:  # each run writes into its own directory
+        if config.out_dir is not None:
+            Path(config.out_dir).mkdir(parents=True, exist_ok=True)
     # from the warm forkserver, as `paraplan train` starts its ranks (system/processes.py)
     mp.start_processes(_ranks, args=(world, free_port(), configs), nprocs=world, start_method=start_method())

@@ -26,6 +26,7 @@ from paraplan.plans.plan import LayerStrategy as S
 from paraplan.runtime.rank_base import TrainConfig
 from paraplan.runtime.reference import reference_run
 
+from .expected import initial_parameters, predicted_memory
 from .faults import one_gradient_sync_dropped
 from .many import train_many
 
@@ -88,19 +89,8 @@ def runs(tmp_path_factory):
         # dropout on, as the model is measured (its masks are saved activations)
         configs[f"memory-{name}"] = TrainConfig(plan=plan, model=plan.model, out_dir=str(root / f"memory-{name}"),
                                                 steps=2)
-    for c in configs.values():
-        Path(c.out_dir).mkdir()
     train_many(list(configs.values()), 2)
     return configs
-
-
-def _initial(config) -> dict[str, torch.Tensor]:
-    from paraplan.runtime.materialize import build_layers, materialize
-
-    _, layers, names = build_layers(config.model, config.seed, dropout=False)
-    modules = [m for _, _, m in layers]
-    materialize(modules, names, config.seed, torch.device("cpu"))
-    return {names.get(id(p)): p.detach().clone() for m in modules for p in m.parameters()}
 
 
 @functools.cache
@@ -123,7 +113,7 @@ def _distances(config) -> tuple[float, float]:
     _, ref = reference_run(config)
     replicas = len(config.plan.stages[0].devices)
     ref32 = _fp32_reference(config.model, config.plan.global_batch, config.plan.n_micro, replicas, config.steps)
-    start = _initial(config)
+    start = initial_parameters(config)
     names = sorted(ref)
     assert set(got) == set(names)  # every parameter of the model is compared
 
@@ -156,15 +146,6 @@ def test_a_dropped_gradient_sync_fails_the_check(runs):
     assert distance > 10 * _distances(runs["dp"])[1]
 
 
-def _predicted(plan):
-    from paraplan.costs.memory import plan_memory
-    from paraplan.workload import workload
-
-    cm = workload("gpt2-tiny", "local", precision=plan.precision).costs
-    _, breakdowns = plan_memory(plan, cm.model, {0: 2**34, 1: 2**34}, cm.memory, device_kind="cpu-core")
-    return breakdowns[0]
-
-
 @pytest.mark.parametrize("kind", ["dp", "zero1", "zero2", "sdp"])
 def test_measured_memory_matches_the_prediction_per_category(runs, kind):
     """One bf16 plan per state-sharding kind, Adam: parameters, gradients, optimizer states, the
@@ -172,7 +153,7 @@ def test_measured_memory_matches_the_prediction_per_category(runs, kind):
     model's (on the CPU the model adds no allocator share or reserve: MemoryConfig.for_device_kind)."""
     config = runs[f"memory-{kind}"]
     measured = json.loads((Path(config.out_dir) / "memory_rank0.json").read_text())
-    predicted = _predicted(config.plan)
+    predicted = predicted_memory(config.plan)[0]
     pairs = {
         "parameters": (measured["params"], predicted.param_state_bytes),
         "gradients": (measured["grads"], predicted.grad_bytes),
@@ -190,7 +171,7 @@ def test_zero_and_checkpointing_lower_the_measured_bytes_by_the_predicted_amount
     with dropout: PyTorch's math attention, which keeps them): measured savings within 10% of the
     predicted ones."""
     measured = {k: json.loads((Path(runs[f"memory-{k}"].out_dir) / "memory_rank0.json").read_text()) for k in MEMORY}
-    predicted = {k: _predicted(runs[f"memory-{k}"].plan) for k in MEMORY}
+    predicted = {k: predicted_memory(runs[f"memory-{k}"].plan)[0] for k in MEMORY}
 
     def states(m):
         return m["params"] + m["grads"] + m["optimizer"]

@@ -17,6 +17,7 @@ from paraplan.plans.schedules import stage_ranks
 from paraplan.runtime.rank_base import TrainConfig
 from paraplan.runtime.reference import reference_run
 
+from .expected import initial_parameters, predicted_memory
 from .many import train_many
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -59,8 +60,6 @@ def two_ranks(tmp_path_factory):
         plan = Plan(**{**plan.__dict__, "global_batch": 32})
         configs[f"memory-{name}"] = TrainConfig(plan=plan, model=plan.model, out_dir=str(root / f"memory-{name}"),
                                                 steps=2, optimizer="sgd", lr=0.1)
-    for c in configs.values():
-        Path(c.out_dir).mkdir()
     train_many(list(configs.values()), 2)
     return configs
 
@@ -71,18 +70,9 @@ def _max_difference(config) -> float:
         got.update(torch.load(Path(config.out_dir) / f"stage{s}.pt"))
     _, ref = reference_run(config)
     assert set(got) == set(ref)  # every parameter of the model is compared
-    start = _initial(config)
+    start = initial_parameters(config)
     assert max(float((ref[n] - start[n]).abs().max()) for n in ref) > 1e-3  # the steps moved the weights
     return max(float((got[n] - ref[n]).abs().max()) for n in ref)
-
-
-def _initial(config) -> dict[str, torch.Tensor]:
-    from paraplan.runtime.materialize import build_layers, materialize
-
-    _, layers, names = build_layers(config.model, config.seed, dropout=False)
-    modules = [m for _, _, m in layers]
-    materialize(modules, names, config.seed, torch.device("cpu"))
-    return {names.get(id(p)): p.detach().clone() for m in modules for p in m.parameters()}
 
 
 @pytest.mark.parametrize("name", list(TWO_RANKS))
@@ -98,13 +88,8 @@ def test_each_ranks_saved_tensors_are_what_the_walked_order_predicts(two_ranks, 
     33.9 MiB measured for 10.3 on ZB-H1's last stage before)."""
     import json
 
-    from paraplan.costs.memory import plan_memory
-    from paraplan.workload import workload
-
     config = two_ranks[f"memory-{name}"]
-    cm = workload(config.model, "local").costs
-    _, breakdowns = plan_memory(config.plan, cm.model, {0: 2**34, 1: 2**34}, cm.memory, device_kind="cpu-core")
-    for rank, b in enumerate(breakdowns):
+    for rank, b in enumerate(predicted_memory(config.plan)):
         measured = json.loads((Path(config.out_dir) / f"memory_rank{rank}.json").read_text())["activations"]
         assert measured == pytest.approx(b.activation_bytes + b.tp_replicated_bytes, rel=0.10), (name, rank)
 
@@ -143,8 +128,6 @@ def four_ranks(tmp_path_factory):
     root = tmp_path_factory.mktemp("schedules4")
     configs = {name: TrainConfig(plan=plan, model=plan.model, out_dir=str(root / name), dropout=False, steps=2,
                                  optimizer="sgd", lr=0.1) for name, plan in FOUR_RANKS.items()}
-    for c in configs.values():
-        Path(c.out_dir).mkdir()
     train_many(list(configs.values()), 4)
     return configs
 

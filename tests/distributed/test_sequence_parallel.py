@@ -37,6 +37,7 @@ from paraplan.plans.plan import LayerStrategy as S
 from paraplan.runtime.rank_base import TrainConfig
 from paraplan.runtime.reference import reference_run
 
+from .expected import initial_parameters, predicted_memory
 from .many import train_many
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -117,19 +118,8 @@ def runs(tmp_path_factory):
         plan = _one_stage("gpt2-tiny", strategies, n_micro=4)
         configs[f"memory-{name}"] = TrainConfig(plan=plan, model=plan.model, out_dir=str(root / f"memory-{name}"),
                                                 steps=2)
-    for c in configs.values():
-        Path(c.out_dir).mkdir()
     train_many(list(configs.values()), 2)
     return configs
-
-
-def _initial(config) -> dict[str, torch.Tensor]:
-    from paraplan.runtime.materialize import build_layers, materialize
-
-    _, layers, names = build_layers(config.model, config.seed, dropout=False)
-    modules = [m for _, _, m in layers]
-    materialize(modules, names, config.seed, torch.device("cpu"))
-    return {names.get(id(p)): p.detach().clone() for m in modules for p in m.parameters()}
 
 
 def _distances(config) -> tuple[float, float, float]:
@@ -143,7 +133,7 @@ def _distances(config) -> tuple[float, float, float]:
         ref32 = ref
     else:
         _, ref32 = reference_run(replace(config, plan=replace(config.plan, precision="fp32")))
-    start = _initial(config)
+    start = initial_parameters(config)
 
     def flat(d):
         return torch.cat([d[n].reshape(-1).double() for n in names])
@@ -203,12 +193,8 @@ def test_sequence_parallelism_keeps_half_of_what_tp_keeps_whole(runs):
 
 
 def _predicted_activations(plan) -> float:
-    from paraplan.costs.memory import plan_memory
-    from paraplan.workload import workload
-
-    cm = workload(plan.model, "local", precision=plan.precision).costs
-    _, breakdowns = plan_memory(plan, cm.model, {0: 2**34, 1: 2**34}, cm.memory, device_kind="cpu-core")
-    return breakdowns[0].activation_bytes + breakdowns[0].tp_replicated_bytes
+    b = predicted_memory(plan)[0]
+    return b.activation_bytes + b.tp_replicated_bytes
 
 
 def test_dropout_keeps_the_ranks_generators_in_step(runs):

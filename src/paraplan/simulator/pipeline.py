@@ -84,14 +84,11 @@ class PipelineResult:
     iteration_s: float
 
 
-def _layout(work: PipelineWork) -> tuple[int, tuple[int, ...], list[list[schedules.Action]], int]:
-    """(pipeline ranks, each stage's rank, each rank's order of actions, micro-batches simulated)."""
-    n_stages = len(work.replicas[0])
-    n_ranks = n_stages // work.virtual_stages
+def _orders(work: PipelineWork) -> tuple[list[list[schedules.Action]], int]:
+    """(each pipeline rank's order of actions, micro-batches simulated)."""
     n_micro = work.n_micro * (ASYNC_ITERATIONS if work.schedule == "async-1f1b" else 1)
-    ranks = schedules.stage_ranks(work.schedule, n_ranks, work.virtual_stages)
-    orders = schedules.rank_orders(work.schedule, n_ranks, work.virtual_stages, n_micro)
-    return n_ranks, ranks, orders, n_micro
+    n_ranks = len(work.replicas[0]) // work.virtual_stages
+    return schedules.rank_orders(work.schedule, n_ranks, work.virtual_stages, n_micro), n_micro
 
 
 def task_count(work: PipelineWork) -> int:
@@ -171,7 +168,7 @@ def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
     limits.check_task_count(task_count(work), f"{work.n_micro:,} micro-batch{'es' if work.n_micro != 1 else ''} "
                                               f"over {n_stages} stage{'s' if n_stages != 1 else ''}"
                                               + (f" and {len(work.replicas)} replicas" if len(work.replicas) > 1 else ""))
-    n_ranks, ranks, orders, n_micro = _layout(work)
+    orders, n_micro = _orders(work)
     used = [s.device for rep in work.replicas for s in rep] + [d for s in work.sync for d in s.devices]
     graph = TaskGraph(max(work.n_devices, max(used) + 1))
     fwd, bwd_first, bwd_last, weights_done, bucket_parts, actions, last_weights = _passes(graph, work, orders)

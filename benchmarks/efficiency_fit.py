@@ -1,0 +1,124 @@
+"""The A100 / H100 presets' efficiency terms, fitted once to public microbenchmarks (issue 30, item 4).
+
+The presets' efficiency figures were assumed (0.7 of peak for large kernels, NCCL's bandwidth
+guessed). Before any prediction is compared with the published GPU runs of Narayanan et al. 2021
+and Korthikanti et al. 2022 (benchmarks/published_runs.py), they are fitted here to public
+microbenchmark figures, typed in from their sources, and never to those runs:
+
+  GEMM  max_efficiency = the Maximum Achievable Matmul FLOPS (MAMF) over the dense tensor peak:
+        torch.mm in bf16, the best of a sweep of large shapes, mean of 100 iterations after 50
+        warm-up (S. Bekman, "Machine Learning Engineering", compute/accelerator/README.md, table
+        "Maximum Achievable Matmul FLOPS comparison table", BF16: A100 SXM 271.2 of 312 TFLOPS;
+        H100 SXM 794.5 of 989; github.com/stas00/ml-engineering at 744d01e). fp16 runs on the same
+        tensor cores at the same peak, so the same fraction is used for it.
+  NVLink the intra-node link (alpha, beta) of the ring all-reduce model (costs/collectives.py:
+        2(n-1) alpha + 2(n-1)/n M / beta) fitted, least squares on log time, to nccl-tests'
+        all_reduce_perf on one 8 x A100 node, 32 KiB to 16 GiB (same book, network/README.md,
+        "Real network throughput", 20 rows of size and time). The H100 preset's beta is the A100 fit
+        scaled by the two nodes' measured ring bus bandwidths at 16 GiB (same book and table: H200
+        node, NVLink 4, ring with NVLS off, 367.61 GB/s; A100 234.89): the book's H200 sweep itself
+        reports NVLink SHARP (NCCL's NVLS reduces inside the switch, past the wire's rate), which a
+        ring model cannot use.
+
+Not fitted, said in the presets: the size at which a kernel reaches half its efficiency
+(half_efficiency_flops; no public sweep by kernel size was found; at the published runs' sizes,
+GEMMs of 10^10 to 10^12 FLOPs, it changes compute time by under 1%), HBM bandwidth (the
+datasheet's), and InfiniBand (92% of the HDR / NDR line rate, as before: no public DGX multi-node
+NCCL curve was found).
+
+Writes $PARAPLAN_BENCH_OUT/efficiency_fit.{json,png} (default bench-out/). The presets
+(src/paraplan/hardware/presets/dgx-a100-80gb.toml, dgx-h100-80gb.toml) carry the numbers this
+prints; tests/unit/test_efficiency_fit.py checks they agree. Run: .venv/bin/python benchmarks/efficiency_fit.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out"))
+
+# Bekman, ml-engineering, compute/accelerator/README.md, MAMF table (BF16): (MAMF, theory) TFLOPS
+MAMF_TFLOPS = {"a100-80gb": (271.2, 312.0), "h100-80gb": (794.5, 989.0)}
+
+# Bekman, ml-engineering, network/README.md, "Real network throughput": nccl-tests
+# all_reduce_perf -b 32k -e 16G -f 2 -g 8 on one A100 node: (bytes, time in microseconds)
+NCCL_A100_ALLREDUCE = (
+    (32_768, 43.83), (65_536, 46.80), (131_072, 51.76), (262_144, 61.38), (524_288, 80.40),
+    (1_048_576, 101.9), (2_097_152, 101.4), (4_194_304, 101.5), (8_388_608, 133.5), (16_777_216, 276.6),
+    (33_554_432, 424.0), (67_108_864, 684.6), (134_217_728, 1327.6), (268_435_456, 2420.6),
+    (536_870_912, 4218.4), (1_073_741_824, 8203.9), (2_147_483_648, 16240.0), (4_294_967_296, 32136.0),
+    (8_589_934_592, 64074.0), (17_179_869_184, 127997.0))
+NCCL_RANKS = 8
+NVLINK3_GBPS = 300.0  # per direction per GPU (datasheet)
+# same book, network/README.md, the table under the H200 sweep: busbw at 16 GiB, ring
+A100_RING_BUSBW_16GIB, H200_RING_BUSBW_16GIB = 234.89, 367.61
+
+
+def fit_ring_allreduce(rows=NCCL_A100_ALLREDUCE, n: int = NCCL_RANKS) -> tuple[float, float]:
+    """(alpha seconds, beta bytes/s) minimising the squared log error of
+    t = 2(n-1) alpha + 2(n-1)/n M / beta over the rows: a grid over beta, alpha solved for each."""
+    sizes = np.array([r[0] for r in rows], float)
+    times = np.array([r[1] for r in rows], float) * 1e-6
+    betas = np.geomspace(50e9, 400e9, 1401)[:, None, None]
+    alphas = np.geomspace(0.2e-6, 50e-6, 801)[None, :, None]
+    model = 2 * (n - 1) * alphas + 2 * (n - 1) / n * sizes[None, None, :] / betas
+    err = np.sum(np.log(model / times) ** 2, axis=2)
+    i, j = np.unravel_index(int(np.argmin(err)), err.shape)
+    return float(alphas[0, j, 0]), float(betas[i, 0, 0])
+
+
+def fitted() -> dict:
+    alpha, beta = fit_ring_allreduce()
+    ratio = beta / (NVLINK3_GBPS * 1e9)
+    h100_beta = beta * H200_RING_BUSBW_16GIB / A100_RING_BUSBW_16GIB
+    return {
+        "gemm_max_efficiency": {name: round(m / peak, 3) for name, (m, peak) in MAMF_TFLOPS.items()},
+        "nvlink": {
+            "a100-80gb": {"bandwidth_bytes_per_s": float(f"{beta:.3g}"), "latency_s": float(f"{alpha:.2g}")},
+            "h100-80gb": {"bandwidth_bytes_per_s": float(f"{h100_beta:.3g}"),
+                          "latency_s": float(f"{alpha:.2g}")},
+            "fitted_fraction_of_wire": round(ratio, 3),
+        },
+    }
+
+
+def figure(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = np.array([r[0] for r in NCCL_A100_ALLREDUCE], float)
+    times = np.array([r[1] for r in NCCL_A100_ALLREDUCE], float) * 1e-6
+    link = result["nvlink"]["a100-80gb"]
+    n = NCCL_RANKS
+    model = 2 * (n - 1) * link["latency_s"] + 2 * (n - 1) / n * sizes / link["bandwidth_bytes_per_s"]
+    bus = 2 * (n - 1) / n * sizes
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    ax.semilogx(sizes, bus / times / 1e9, "o", color="#9aa5b1", label="nccl-tests, 8 x A100 (measured)")
+    ax.semilogx(sizes, bus / model / 1e9, "-", color="#3b6fb6",
+                label=f"ring model: alpha {link['latency_s'] * 1e6:.1f} us, beta {link['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s")
+    ax.set_xlabel("all-reduce payload (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("NVLink 3 all-reduce: the fit the dgx-a100-80gb preset uses")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    result = fitted()
+    (OUT / "efficiency_fit.json").write_text(json.dumps(result, indent=2) + "\n")
+    figure(result, OUT / "efficiency_fit.png")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

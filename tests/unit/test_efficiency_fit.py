@@ -1,0 +1,45 @@
+"""The dgx-a100-80gb / dgx-h100-80gb presets carry the efficiency terms benchmarks/efficiency_fit.py
+fits to public microbenchmarks (MAMF for GEMMs, nccl-tests' all-reduce for NVLink), not numbers
+typed in by hand or tuned to the published training runs they are compared with."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from paraplan.costs.collectives import ring_allreduce_s
+from paraplan.hardware import load_cluster
+
+FIT = Path(__file__).resolve().parents[2] / "benchmarks" / "efficiency_fit.py"
+
+
+@pytest.fixture(scope="module")
+def fit():
+    spec = importlib.util.spec_from_file_location("efficiency_fit", FIT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("preset, device", [("dgx-a100-80gb", "a100-80gb"), ("dgx-h100-80gb", "h100-80gb")])
+def test_presets_carry_the_fitted_terms(fit, preset, device):
+    result = fit.fitted()
+    cluster = load_cluster(preset)
+    assert cluster.devices[0].spec.max_efficiency == result["gemm_max_efficiency"][device]
+    link = cluster.link(0, 1)
+    assert link.bandwidth_bytes_per_s == result["nvlink"][device]["bandwidth_bytes_per_s"]
+    assert link.latency_s == result["nvlink"][device]["latency_s"]
+
+
+def test_the_nvlink_fit_follows_the_measured_curve(fit):
+    """Least squares on log time: every nccl-tests row within a factor 1.6, the large ones (>= 256
+    MiB, where DP and TP all-reduces of the published runs lie) within 15%."""
+    alpha, beta = fit.fit_ring_allreduce()
+    from paraplan.hardware.cluster import LinkSpec
+
+    link = LinkSpec(bandwidth_bytes_per_s=beta, latency_s=alpha)
+    for size, micros in fit.NCCL_A100_ALLREDUCE:
+        ratio = ring_allreduce_s(size, fit.NCCL_RANKS, link) / (micros * 1e-6)
+        assert 1 / 1.6 < ratio < 1.6, (size, ratio)
+        if size >= 2**28:
+            assert abs(ratio - 1) < 0.15, (size, ratio)

@@ -168,13 +168,26 @@ def cost_model(spec: ModelSpec, cluster: Cluster, *, profile: str | Path | None 
 
 def plan_request(costs: CostModel, *, model_name: str, cluster_name: str, batch: int, memory=None,
                  stages: int | None = None, micro_batches: int | None = None, schedule=None,
-                 exact_stages: bool = False, options=None) -> PlanRequest:
+                 exact_stages: bool = False, options=None, sequence_parallel=frozenset()) -> PlanRequest:
     """The PlanRequest over a cost model; `memory`: None, bytes or a size such as '16GiB'."""
     from paraplan.planners.request import PlanRequest
 
     return PlanRequest(costs=costs, model_name=model_name, cluster_name=cluster_name, batch=batch, n_stages=stages,
                        n_micro=micro_batches, schedule=schedule, memory_bytes=memory_bytes(memory),
-                       exact_stages=exact_stages, options=options or {})
+                       exact_stages=exact_stages, options=options or {},
+                       sequence_parallel=frozenset(sequence_parallel))
+
+
+def sequence_parallel_layers(built: BuiltModel, cluster: Cluster, precision: str) -> frozenset:
+    """In mixed precision (where the planners search today's training): the (layer, tp degree)
+    pairs the runtime runs with Megatron sequence parallelism (PlanRequest.sequence_parallel); in
+    fp32, the papers' setting, none."""
+    from paraplan.precision import is_mixed
+    from paraplan.runtime.tensor_parallel import sequence_parallel_support
+
+    if not is_mixed(precision):
+        return frozenset()
+    return sequence_parallel_support(built.layers(), min(cluster.n_devices, 64))
 
 
 def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = None, cluster_name: str | None = None,
@@ -206,5 +219,6 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
     if batch is not None:
         request = plan_request(costs, model_name=built.ref, cluster_name=name, batch=batch, memory=memory,
                                stages=stages, micro_batches=micro_batches, schedule=schedule,
-                               exact_stages=exact_stages, options=options)
+                               exact_stages=exact_stages, options=options,
+                               sequence_parallel=sequence_parallel_layers(built, loaded, precision))
     return Workload(built=built, spec=spec, cluster=loaded, costs=costs, operators=graph, request=request)

@@ -56,8 +56,8 @@ def test_the_order_is_the_layout():
     tp_inner = LayerStrategy(dp=2, tp=4)  # the default: tp innermost, a tp group is consecutive devices
     dp_inner = LayerStrategy(dp=2, tp=4, order="dp,tp,sdp")
     devices = tuple(range(8))
-    assert strategy_groups(tp_inner, devices) == {"tp": (0, 1, 2, 3), "dp": (0, 4), "sdp": (0,)}
-    assert strategy_groups(dp_inner, devices) == {"dp": (0, 1), "tp": (0, 2, 4, 6), "sdp": (0,)}
+    assert strategy_groups(tp_inner, devices) == {"tp": (0, 1, 2, 3), "dp": (0, 4), "sdp": (0,), "cp": (0,)}
+    assert strategy_groups(dp_inner, devices) == {"dp": (0, 1), "tp": (0, 2, 4, 6), "sdp": (0,), "cp": (0,)}
     assert tp_inner != dp_inner and str(tp_inner) == "DP2 x TP4" and str(dp_inner) == "TP4 x DP2"
     # the order of dimensions of degree 1 means nothing: equal layouts compare equal
     assert LayerStrategy(dp=8) == LayerStrategy(dp=8, order="sdp,dp,tp")

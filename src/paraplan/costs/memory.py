@@ -248,7 +248,7 @@ def tp_replicated_bytes(model: ModelSpec, index: int, strategy: LayerStrategy, m
     # sequence parallelism splits the norms' inputs and the dropout masks along the sequence too
     # (Korthikanti et al. 2022 §4.2.2); the column-parallel linears' inputs stay whole as DTensor runs it
     share = config.sp_whole_share if strategy.sequence_parallel else 1.0
-    return whole * share * (1.0 - 1.0 / strategy.tp) * config.activation_scale
+    return whole * share * (1.0 - 1.0 / strategy.tp) * config.activation_scale / strategy.cp
 
 
 def sdp_buffer_bytes(gathered: list[float], config: MemoryConfig) -> float:
@@ -297,7 +297,8 @@ def _rank_memory(plan: Plan, model: ModelSpec, rank: int, stages: list[int], con
     per_micro = {s: one[s].forward_peak_bytes - none[s].forward_peak_bytes for s in stages}
     micro = plan.global_batch / plan.n_micro
     for_weights = {s: sum(model.layers[i].weight_grad_input_bytes.at(micro / plan.stages[s].strategy(i).data_degree)
-                          / plan.stages[s].strategy(i).tp for i in plan.stages[s].backward) * config.activation_scale
+                          / (plan.stages[s].strategy(i).tp * plan.stages[s].strategy(i).cp)
+                          for i in plan.stages[s].backward) * config.activation_scale
                    for s in stages} if plan.schedule in schedules.SPLIT_BACKWARD else {}
     order = schedules.rank_order(plan.schedule, plan.n_ranks, plan.virtual_stages, plan.n_micro, rank)
     _, held, waiting = schedules.live_peak(order, per_micro, for_weights)

@@ -106,15 +106,16 @@ def layer_memory(model: ModelSpec, index: int, strategy: LayerStrategy, micro_ba
     local = micro_batch / strategy.data_degree
     param_b, grad_b, optimizer_b = state_parts_per_param(strategy, config)
     states = params * (param_b + grad_b + optimizer_b) / shards
-    saved = layer.saved_bytes.at(local) * config.activation_scale / strategy.tp
+    split = strategy.tp * strategy.cp  # context parallelism keeps 1/cp of the sequence's tensors
+    saved = layer.saved_bytes.at(local) * config.activation_scale / split
     recompute = 0.0
     if strategy.checkpoint:
         previous = model.layers[index - 1].output_bytes if index > 0 else model.input_bytes
-        saved, recompute = previous.at(local) * config.activation_scale / strategy.tp, saved
+        saved, recompute = previous.at(local) * config.activation_scale / split, saved
     elif strategy.recompute == "selective":
         # Korthikanti et al. 2022 §5: the attention core's tensors are not kept; they exist again,
         # for one layer at a time, while its backward recomputes them
-        core = layer.attention_core_bytes.at(local) * config.activation_scale / strategy.tp
+        core = layer.attention_core_bytes.at(local) * config.activation_scale / split
         saved, recompute = saved - core, core
     return LayerMemory(states_bytes=states, param_bytes=params * param_b / shards, grad_bytes=params * grad_b / shards,
                        optimizer_bytes=params * optimizer_b / shards,
@@ -133,7 +134,7 @@ def overlapped_s(compute_s: float, comm_s: float, slowdown: float) -> float:
 def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,
                tp_link: LinkSpec, data_link: LinkSpec, overlap_slowdown: float | None = None,
                runtime: RuntimeOverheads | None = None, compute_scale: float = 1.0,
-               dp_link: LinkSpec | None = None) -> LayerTime:
+               dp_link: LinkSpec | None = None, cp_link: LinkSpec | None = None) -> LayerTime:
     """Time of layer `index` on one device of its group (Galvatron-BMW §V). `data_link` prices the
     SDP collectives (the link of the sdp group); with `overlap_slowdown` the backward's SDP
     collectives overlap its compute (`overlapped_s`), else they add up. `runtime`: the measured
@@ -142,15 +143,27 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
     link, for ZeRO-2's reduce-scatter after every micro-batch's backward."""
     layer = model.layers[index]
     local = micro_batch / strategy.data_degree
-    tp, sdp = strategy.tp, strategy.sdp
-    forward = forward_compute = compute_scale * float(costs.forward[index](local)) / tp
-    backward = compute_scale * float(costs.backward[index](local)) / tp
+    tp, sdp, cp = strategy.tp, strategy.sdp, strategy.cp
+    # context parallelism: each cp rank computes 1/cp of the sequence's tokens (Megatron's load-
+    # balanced split of a causal attention's work; attention's s^2 part splits the same way)
+    forward = forward_compute = compute_scale * float(costs.forward[index](local)) / (tp * cp)
+    backward = compute_scale * float(costs.backward[index](local)) / (tp * cp)
     if runtime is not None and tp > 1:  # measured by paraplan calibrate (RuntimeOverheads.tp_kernel_s)
         forward += runtime.tp_kernel_s * max(1, layer.forward_ops)
         backward += runtime.tp_kernel_s * max(1, layer.backward_ops)
-    if tp > 1:  # Megatron: two all-reduces of the activations per pass
-        forward += 2 * ring_allreduce_s(layer.output_bytes.at(local), tp, tp_link)
-        backward += 2 * ring_allreduce_s(layer.output_grad_bytes.at(local), tp, tp_link)
+    if tp > 1:  # Megatron: two all-reduces of the activations per pass (of this cp rank's tokens)
+        forward += 2 * ring_allreduce_s(layer.output_bytes.at(local) / cp, tp, tp_link)
+        backward += 2 * ring_allreduce_s(layer.output_grad_bytes.at(local) / cp, tp, tp_link)
+    if cp > 1 and layer.attention_core_flops.at(local) > 0:
+        # ring attention (Liu et al. 2023; Megatron-LM's CP): each rank's K and V (taken as two
+        # tensors of the layer's output size, over tp: an upper bound under GQA) pass around the
+        # cp ring in cp - 1 steps, overlapping the attention's compute; the backward sends K, V
+        # and their gradients (twice the bytes)
+        kv = 2 * layer.output_bytes.at(local) / (tp * cp)
+        ring = (cp - 1) * (cp_link.latency_s + kv / cp_link.bandwidth_bytes_per_s)
+        slowdown = overlap_slowdown if overlap_slowdown is not None else 1.0
+        forward = overlapped_s(forward, ring, slowdown)
+        backward = overlapped_s(backward, 2 * ring, slowdown)
     recompute = forward  # with tp, the recomputation repeats the forward's all-reduces (§III-A)
     if strategy.recompute == "selective":
         # only the attention core runs again (no communication: it is local to each tp rank), at
@@ -165,7 +178,7 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
         forward += gather
         comm = gather + ring_reducescatter_s(shard, sdp, data_link)
         backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)
-    dp_sync_bytes = shard / sdp if strategy.dp > 1 else 0.0
+    dp_sync_bytes = shard / sdp if strategy.dp * cp > 1 else 0.0  # over dp x cp (strategy_groups)
     if strategy.zero >= 2 and strategy.dp > 1:
         # ZeRO-2 (as DeepSpeed's stage 2 and runtime/zero.py): each micro-batch's gradients are
         # reduce-scattered as its backward ends, overlapping the backward; nothing is left for the
@@ -185,9 +198,10 @@ def dp_sync_s(strategy: LayerStrategy, sync_bytes: float, dp_link: LinkSpec) -> 
     """The dp gradient sync of a layer after its last backward (it may overlap that backward): the
     all-reduce of its gradients, a reduce-scatter with ZeRO-1; nothing with ZeRO-2, whose
     reduce-scatters are in every backward (`layer_time`)."""
-    if strategy.dp <= 1 or not sync_bytes:
+    if strategy.dp * strategy.cp <= 1 or not sync_bytes:
         return 0.0
-    return (ring_reducescatter_s if strategy.zero else ring_allreduce_s)(sync_bytes, strategy.dp, dp_link)
+    return (ring_reducescatter_s if strategy.zero else ring_allreduce_s)(sync_bytes, strategy.dp * strategy.cp,
+                                                                           dp_link)
 
 
 def zero_gather_layer_s(model: ModelSpec, index: int, strategy: LayerStrategy, dp_link: LinkSpec) -> float:
@@ -199,13 +213,20 @@ def zero_gather_layer_s(model: ModelSpec, index: int, strategy: LayerStrategy, d
 
 
 def strategy_groups(strategy: LayerStrategy, devices: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
-    """The group of each dimension (tp, sdp, dp) that holds the stage's first device, laid out by
-    `strategy.order` (inner-most first: its groups are consecutive devices)."""
-    out = {d: (devices[0],) for d in ("tp", "sdp", "dp")}
-    stride = 1
+    """The group of each dimension (tp, cp, sdp, dp) that holds the stage's first device, laid out by
+    `strategy.dims` (inner-most first: its groups are consecutive devices). With context parallelism
+    "dp" is the gradients' all-reduce group, dp x cp (Megatron-LM all-reduces over both)."""
+    out = {d: (devices[0],) for d in ("tp", "cp", "sdp", "dp")}
+    stride, strides = 1, {}
     for dim, k in strategy.dims:
         out[dim] = tuple(devices[j * stride] for j in range(k))
+        strides[dim] = (stride, k)
         stride *= k
+    if strategy.cp > 1 and strategy.dp > 1:
+        (s_dp, k_dp), (s_cp, k_cp) = strides["dp"], strides["cp"]
+        out["dp"] = tuple(devices[i * s_dp + j * s_cp] for i in range(k_dp) for j in range(k_cp))
+    elif strategy.cp > 1:
+        out["dp"] = out["cp"]
     return out
 
 
@@ -223,26 +244,42 @@ def data_rank(strategy: LayerStrategy, position: int) -> int:
     for dim, k in strategy.dims:
         r = (position // stride) % k
         stride *= k
-        if dim != "tp":
+        if dim not in ("tp", "cp"):
             rank += r * scale
             scale *= k
     return rank
 
 
+def context_rank(strategy: LayerStrategy, position: int) -> int:
+    """Which part of the sequence the device at `position` holds (0 .. cp - 1)."""
+    stride = 1
+    for dim, k in strategy.dims:
+        if dim == "cp":
+            return (position // stride) % k
+        stride *= k
+    return 0
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> float:
+    return max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
+
+
 def slice_gather_fraction(a: LayerStrategy, b: LayerStrategy) -> float:
     """Slice-Gather from layer strategy `a` to `b` on one group: the largest share of the micro-batch
     a device must fetch (what `b` needs it to hold minus what `a` left it). Slicing what a device
-    already holds is free (0), e.g. from TP4 to DP4; from DP4 to TP4 each device gathers 3/4."""
+    already holds is free (0), e.g. from TP4 to DP4; from DP4 to TP4 each device gathers 3/4. A
+    device holds its data slice's samples and, with context parallelism, its part of the sequence
+    (a rectangle of samples x positions)."""
     if a.degree != b.degree:
         raise ValueError(f"strategies over different group sizes: {a.degree} and {b.degree}")
-    da, db = a.data_degree, b.data_degree
     worst = 0.0
     for p in range(a.degree):
-        ra, rb = data_rank(a, p), data_rank(b, p)
-        held = (ra / da, (ra + 1) / da)
-        need = (rb / db, (rb + 1) / db)
-        overlap = max(0.0, min(held[1], need[1]) - max(held[0], need[0]))
-        worst = max(worst, 1 / db - overlap)
+        held, need = [], []
+        for st, out in ((a, held), (b, need)):
+            r, c = data_rank(st, p), context_rank(st, p)
+            out += [(r / st.data_degree, (r + 1) / st.data_degree), (c / st.cp, (c + 1) / st.cp)]
+        overlap = _overlap(held[0], need[0]) * _overlap(held[1], need[1])
+        worst = max(worst, 1 / (b.data_degree * b.cp) - overlap)
     return worst if worst > 1e-12 else 0.0
 
 
@@ -275,7 +312,7 @@ def strategy_arrays(costs: LayerCosts, model: ModelSpec, strategies: tuple[Layer
         links = strategy_links(cluster, st, devices)
         for row, i in enumerate(layers):
             t = layer_time(costs, model, i, st, micro_batch, links["tp"], links["sdp"], overlap_slowdown, runtime,
-                           compute_scale, dp_link=links["dp"])
+                           compute_scale, dp_link=links["dp"], cp_link=links["cp"])
             m = layer_memory(model, i, st, micro_batch, config)
             out["forward_s"][row, j], out["backward_s"][row, j] = t.forward_s, t.backward_s
             out["grad_allreduce_s"][row, j] = dp_sync_s(st, t.grad_allreduce_bytes, links["dp"])

@@ -45,6 +45,10 @@ class PlanRequest:
     # use exactly n_stages stages (workers), even where fewer would be faster; without it a planner
     # may use fewer and says why in the plan's SearchInfo.note
     exact_stages: bool = False
+    # (layer, tp degree) pairs the runtime runs with Megatron sequence parallelism
+    # (runtime/tensor_parallel.sequence_parallel_support, filled by paraplan.workload): the layers a
+    # planner may give TP + SP. Empty (a request built without the model's modules): SP not searched.
+    sequence_parallel: frozenset = frozenset()
 
     def __post_init__(self):
         if not isinstance(self.batch, int) or self.batch < 1:

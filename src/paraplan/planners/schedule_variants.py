@@ -79,9 +79,10 @@ def rewrite(plan: Plan, cm: CostModel, kind: str, virtual: int) -> Plan:
     pipeline cannot take it."""
     if plan.schedule not in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, *MULTI_CHUNK) or plan.multi_chunk:
         raise ValueError(f"a pipeline with one stage per rank is rewritten, not a {plan.schedule} plan")
-    if any(s.strategies or s.backward_layers is not None for s in plan.stages):
-        if virtual > 1:
-            raise ValueError("stages with per-layer strategies or separate backward ranges keep one chunk per rank")
+    if any(s.backward_layers is not None for s in plan.stages) and virtual > 1:
+        raise ValueError("stages with separate backward ranges keep one chunk per rank")
+    if any(s.strategies for s in plan.stages) and len({len(s.devices) for s in plan.stages}) > 1:
+        raise ValueError("stages with per-layer strategies on groups of different sizes keep their cut")
     n_ranks = plan.n_stages
     if n_ranks == 1 and kind in MULTI_CHUNK:
         raise ValueError(f"{kind} needs a pipeline of at least 2 ranks; this plan has one stage")
@@ -95,7 +96,13 @@ def rewrite(plan: Plan, cm: CostModel, kind: str, virtual: int) -> Plan:
         raise ValueError(f"{n_ranks} ranks x {virtual} chunks need {n} layers, the model has {plan.n_layers}")
     bounds = balanced_bounds(_layer_seconds(plan, cm), n)
     ranks = stage_ranks(kind, n_ranks, virtual)
-    stages = tuple(Stage(LayerRange(bounds[i], bounds[i + 1]), plan.stages[ranks[i]].devices) for i in range(n))
+    # per-layer strategies (Galvatron's plans) go with their layers: a strategy is a layout over a
+    # group's positions, and every rank's group has the same size
+    by_layer = {i: s.strategy(i) for s in plan.stages for i in s.layers} if any(s.strategies for s in plan.stages) \
+        else None
+    stages = tuple(Stage(LayerRange(bounds[i], bounds[i + 1]), plan.stages[ranks[i]].devices,
+                         strategies=tuple(by_layer[j] for j in range(bounds[i], bounds[i + 1])) if by_layer else ())
+                   for i in range(n))
     return replace(plan, schedule=kind, virtual_stages=virtual, stage_ranks=(), stages=stages, prediction=None)
 
 

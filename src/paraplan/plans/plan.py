@@ -110,7 +110,10 @@ class LayerStrategy:
     recompute: str = Recompute.NONE  # Recompute: none | selective | full
     zero: int = 0  # the ZeRO stage over the dp replicas: 0, 1 or 2 (ZERO_STAGES)
     sequence_parallel: bool = False  # with tp > 1: the norms, dropouts and residuals split over the tp ranks
-    cp: int = 1  # context parallel degree (1 until "Today's training II" runs it)
+    # context parallelism (Megatron-LM's CP, torch's context_parallel): the sequence split cp ways,
+    # attention as a ring exchanging K and V; its groups sit right outside tp (Megatron's tp-cp-dp
+    # order), the gradients are all-reduced over dp x cp. Planned and simulated; not run (train says why)
+    cp: int = 1
 
     def __post_init__(self):
         if not isinstance(self.recompute, Recompute) and self.recompute in RECOMPUTES:
@@ -128,14 +131,19 @@ class LayerStrategy:
 
     @property
     def dims(self) -> tuple[tuple[str, int], ...]:
-        """(dimension, degree) of every dimension used, inner-most first."""
+        """(dimension, degree) of every dimension used, inner-most first; cp right outside tp (or
+        inner-most without tp)."""
         degree = {"dp": self.dp, "sdp": self.sdp, "tp": self.tp}
-        return tuple((d, degree[d]) for d in self.order.split(",") if degree.get(d, 1) > 1)
+        out = [(d, degree[d]) for d in self.order.split(",") if degree.get(d, 1) > 1]
+        if self.cp > 1:
+            at = next((k + 1 for k, (d, _) in enumerate(out) if d == "tp"), 0)
+            out.insert(at, ("cp", self.cp))
+        return tuple(out)
 
     def __str__(self) -> str:
         """'SDP4 x TP2 + CKPT': outer-most dimension first (the last named is on the fastest links);
-        ZeRO-1/2 on the dp dimension as 'DP4 (ZeRO-2)', sequence parallelism as 'TP2+SP', selective
-        recomputation as '+ SEL'."""
+        ZeRO-1/2 on the dp dimension as 'DP4 (ZeRO-2)', sequence parallelism as 'TP2+SP', context
+        parallelism as 'CP2', selective recomputation as '+ SEL'."""
         def name(d, k):
             extra = f" (ZeRO-{self.zero})" if d == "dp" and self.zero else "+SP" if d == "tp" and self.sequence_parallel else ""
             return f"{d.upper()}{k}{extra}"
@@ -377,8 +385,9 @@ def _validate_stages(plan: Plan) -> None:
                                 f"(inner-most first, comma-separated), got {s.order!r}")
             if min(s.dp, s.sdp, s.tp, s.cp) < 1:
                 raise PlanError(f"{where}: degrees must be at least 1, got dp={s.dp} sdp={s.sdp} tp={s.tp} cp={s.cp}")
-            if s.cp != 1:
-                raise PlanError(f"{where}.cp: context parallelism is not modelled or run yet (cp must be 1, got {s.cp})")
+            if s.cp > 1 and (s.sdp > 1 or s.zero):
+                raise PlanError(f"{where}.cp: context parallelism is modelled with plain data parallelism only "
+                                f"(sdp 1, zero 0), got sdp={s.sdp} zero={s.zero}")
             if s.recompute not in RECOMPUTES:
                 raise PlanError(f"{where}.recompute: unknown {s.recompute!r}; expected one of {', '.join(RECOMPUTES)}")
             if s.zero not in ZERO_STAGES:
@@ -388,7 +397,7 @@ def _validate_stages(plan: Plan) -> None:
             if s.sequence_parallel and s.tp < 2:
                 raise PlanError(f"{where}.sequence_parallel: splits over the tp ranks, and tp is {s.tp}")
             if s.degree != len(stage.devices):
-                raise PlanError(f"{where}: dp*sdp*tp = {s.degree} but the stage has {len(stage.devices)} devices")
+                raise PlanError(f"{where}: dp*sdp*tp*cp = {s.degree} but the stage has {len(stage.devices)} devices")
             if micro % s.data_degree:
                 raise PlanError(f"{where}: a micro-batch of {micro} samples does not split {s.data_degree} ways")
 

@@ -93,8 +93,10 @@ class Meshes:
         self._meshes: dict[Layout, DeviceMesh] = {}
         for layout in layouts:
             outer_first = list(reversed(layout))
-            shape = [plan.n_stages] + [k for _, k in outer_first]
-            ranks = torch.tensor([list(s.devices) for s in plan.stages]).reshape(shape)
+            # one row per pipeline rank (the chunks of an interleaved rank share its devices)
+            groups = list(dict.fromkeys(tuple(s.devices) for s in plan.stages))
+            shape = [len(groups)] + [k for _, k in outer_first]
+            ranks = torch.tensor([list(g) for g in groups]).reshape(shape)
             # the groups are fixed by which ranks share a row, not by the order of the mesh's
             # dimensions: put them in one canonical order (dp, sdp, tp), so that HSDP's
             # (replicate, shard) = ("dp", "sdp") slice is in ascending order for any layout
@@ -424,6 +426,12 @@ def hybrid_refusal(plan: Plan, layers: list) -> str | None:
             if rows % st.data_degree:
                 return (f"{where}: a micro-batch of {rows} samples does not split into {st.data_degree} "
                         f"data-parallel slices")
+            if st.cp > 1:
+                # tried (torch 2.13, 2 gloo ranks): context_parallel's ring attention raises "Operator
+                # aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding
+                # strategy registered"; it shards CUDA's fused attention kernels only
+                return (f"{where}: context parallelism is planned and simulated, not run (torch's context_parallel "
+                        f"shards only CUDA's fused attention kernels, not the CPU's)")
             if st.zero and st.sdp > 1:
                 return f"{where}: ZeRO-{st.zero} over the dp replicas of a sharded (sdp) layer is not run"
             if st.tp > 1:

@@ -20,17 +20,28 @@ def hybrid_setup(config: TrainConfig, rank: int, device, built, layers, names, r
     # collective creation, the same order on every rank: pipelines, stage groups, then the meshes
     pp_groups, stage_groups = make_groups(plan)
     meshes = Meshes(plan, device.type)
-    stage = plan.stages[stage_index]
-    own = [m for _, _, m in layers[stage.layers.start:stage.layers.stop]]  # still on meta
-    # each parameter's name in the whole model, by its path in its layer (paths survive TP and FSDP2)
-    paths = [{path: names[id(p)] for path, p in layer.named_parameters(remove_duplicate=False)} for layer in own]
-    hybrid = build_stage(plan, stage_index, position, own, meshes, stage_groups[stage_index], names, config.seed,
-                         device)
+    # every stage this rank runs: one, or several chunks under an interleaved schedule (the loop
+    # mapping: the chunks of one rank are stages r, r + p, ...; launch.py refuses the V-shaped and
+    # zero-bubble kinds with per-layer strategies), built one after another in stage order
+    held = [s for s, st in enumerate(plan.stages) if rank in st.devices]
+    chunks, owns, all_paths, strategies, dp_params, sequence_params = [], [], [], [], [], []
     named: dict[str, torch.nn.Parameter] = {}
-    for layer, by_path in zip(own, paths, strict=True):
-        for path, p in layer.named_parameters(remove_duplicate=False):
-            named.setdefault(by_path[path], p)
-    last = hybrid.last
+    for s in held:
+        stage = plan.stages[s]
+        own = [m for _, _, m in layers[stage.layers.start:stage.layers.stop]]  # still on meta
+        # each parameter's name in the whole model, by its path in its layer (paths survive TP and FSDP2)
+        paths = [{path: names[id(p)] for path, p in layer.named_parameters(remove_duplicate=False)} for layer in own]
+        hybrid = build_stage(plan, s, position, own, meshes, stage_groups[s], names, config.seed, device)
+        for layer, by_path in zip(own, paths, strict=True):
+            for path, p in layer.named_parameters(remove_duplicate=False):
+                named.setdefault(by_path[path], p)
+        chunks.append((s, hybrid.module))
+        owns += own
+        all_paths += paths
+        strategies += list(hybrid.strategies)
+        dp_params += hybrid.dp_params
+        sequence_params += hybrid.sequence_params
+        last = hybrid.last  # the layout of the last held stage's output: the model's, where the loss is
     slices = last.data_degree
     representative = all(data_rank(last, q) != data_rank(last, position) for q in range(position))
 
@@ -42,7 +53,7 @@ def hybrid_setup(config: TrainConfig, rank: int, device, built, layers, names, r
 
     def full_state() -> dict[str, torch.Tensor]:
         state: dict[str, torch.Tensor] = {}
-        for layer, st, by_path in zip(own, hybrid.strategies, paths, strict=True):
+        for layer, st, by_path in zip(owns, strategies, all_paths, strict=True):
             if st.tp > 1:
                 from paraplan.runtime.tensor_parallel import full_parameters
             values = full_parameters(layer) if st.tp > 1 else {
@@ -51,10 +62,12 @@ def hybrid_setup(config: TrainConfig, rank: int, device, built, layers, names, r
                 state.setdefault(by_path[path], value.detach().clone())
         return state
 
-    sync = DataParallelSync(hybrid.dp_params, recorder, hybrid.sequence_params)
-    return RankSetup(module=hybrid.module, stage_index=stage_index, position=position,
+    sync = DataParallelSync(dp_params, recorder, sequence_params)
+    module = chunks[0][1] if len(chunks) == 1 else torch.nn.ModuleList([m for _, m in chunks])
+    return RankSetup(module=module, stage_index=stage_index, position=position,
                      pp_group=pp_groups[position], named=named, sync=sync,
                      optimizer_params=sync.optimizer_params if sync.zero else None,
                      after_step=sync.gather if sync.zero else None, extra_grad_bytes=sync.held_grad_bytes,
                      loss=loss, local_batch=lambda inputs, targets: (inputs, targets),
-                     loss_weight=1.0 if representative else 0.0, full_state=full_state, writes=position == 0)
+                     loss_weight=1.0 if representative else 0.0, full_state=full_state, writes=position == 0,
+                     chunks=tuple(chunks) if len(chunks) > 1 else ())

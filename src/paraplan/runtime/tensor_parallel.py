@@ -365,6 +365,21 @@ def tp_refusal(layer: nn.Module, tp: int, sequence_parallel: bool = False) -> st
     return None
 
 
+def sequence_parallel_support(layers, max_degree: int) -> frozenset[tuple[int, int]]:
+    """(layer index, tp degree) for every layer of `layers` (built.layers(): (name, kind, module)) and
+    power-of-two degree 2..max_degree that this runtime runs tensor + sequence parallel: what a
+    planner may put Megatron-SP on (PlanRequest.sequence_parallel), so that it never picks a plan
+    `train` refuses. Pure inspection."""
+    out = set()
+    for index, (_, _, module) in enumerate(layers):
+        degree = 2
+        while degree <= max_degree:
+            if tp_refusal(module, degree, sequence_parallel=True) is None:
+                out.add((index, degree))
+            degree *= 2
+    return frozenset(out)
+
+
 def apply_tensor_parallel(layer: nn.Module, mesh: DeviceMesh, memo: dict | None = None,
                           sequence_parallel: bool = False) -> None:
     """In place, on a materialised layer (values identical on every rank of the 1-D `mesh`), as the

@@ -192,7 +192,7 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
             st = stage.strategy(i)
             links = strategy_links(cm.cluster, st, stage.devices)
             t = layer_time(costs, cm.model, i, st, micro, links["tp"], links["sdp"], cm.overlap_slowdown,
-                           cm.overheads, scale, dp_link=links["dp"])
+                           cm.overheads, scale, dp_link=links["dp"], cp_link=links["cp"])
             fwd += t.forward_s
             bwd += t.backward_s
             # zero-bubble's W: the share of the layer's backward (its communication included) that
@@ -204,19 +204,20 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
                     f, b = slice_gather_s(cm.model, i, before, st, micro, group_link)
                     fwd += f
                     bwd += b
-            per_layer.append((t.grad_allreduce_bytes, t.backward_s, st.dp, strategy_groups(st, stage.devices)["dp"],
-                              st.zero))
+            # the gradients' group: dp, or dp x cp with context parallelism (strategy_groups)
+            per_layer.append((t.grad_allreduce_bytes, t.backward_s, st.dp * st.cp,
+                              strategy_groups(st, stage.devices)["dp"], st.zero))
         send_f = send_b = 0.0
         if s + 1 < plan.n_stages and plan.stages[s + 1].devices[0] != lead:
             nxt = plan.stages[s + 1].devices[0]
             last = stage.strategy(stage.layers.stop - 1)
-            send_f = cm.cluster.link(lead, nxt).transfer_s(
-                layers[stage.layers.stop - 1].output_bytes.at(micro / last.data_degree))
+            send_f = cm.cluster.link(lead, nxt).transfer_s(  # a cp rank sends its part of the sequence
+                layers[stage.layers.stop - 1].output_bytes.at(micro / last.data_degree) / last.cp)
         if s > 0 and plan.stages[s - 1].devices[0] != lead:
             prev = plan.stages[s - 1].devices[0]
             first = stage.strategy(stage.layers.start)
             send_b = cm.cluster.link(lead, prev).transfer_s(
-                layers[stage.layers.start - 1].output_grad_bytes.at(micro / first.data_degree))
+                layers[stage.layers.start - 1].output_grad_bytes.at(micro / first.data_degree) / first.cp)
         # the same runtime overheads as plain stages (one forward and one backward action per micro-batch)
         row.append(StageWork(device=lead, forward_s=fwd + cm.overheads.action_s,
                              backward_s=bwd + cm.overheads.action_s, send_forward_s=send_f, send_backward_s=send_b,

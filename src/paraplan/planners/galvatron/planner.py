@@ -32,7 +32,15 @@ import numpy as np
 
 from paraplan.planners.galvatron.batch import best_batch, max_batch, search_batch
 from paraplan.planners.galvatron.space import VARIANTS, Variant, pp_degrees, usable_devices
-from paraplan.planners.request import FieldError, Judge, OptionSpec, PlanRequest, at_least, one_of
+from paraplan.planners.request import (
+    BEST_SCHEDULE,
+    FieldError,
+    Judge,
+    OptionSpec,
+    PlanRequest,
+    at_least,
+    one_of,
+)
 from paraplan.planners.table import register
 from paraplan.plans.plan import Plan, SearchInfo
 
@@ -66,10 +74,56 @@ def _pp_choices(request: PlanRequest, variant: Variant) -> tuple[tuple[int, ...]
                      f"exact_stages forces {request.n_stages}")
 
 
+# chunks per pipeline rank tried for interleaved 1F1B (Narayanan et al. 2021 use 2-4; more cost
+# more transfers and a larger first-rank memory for a smaller bubble)
+INTERLEAVED_CHUNKS = (2, 3, 4)
+# the multi-chunk kinds the runtime runs with per-layer strategies (runtime/launch.py): auto must not
+# pick what `train` refuses
+INTERLEAVED_KINDS = ("interleaved-1f1b",)
+
+
+def interleaves(request: PlanRequest, variant: Variant) -> bool:
+    """Whether the pipeline dimension also searches interleaved 1F1B ("Today's training II", item 2):
+    for the variants with CKPT (Galvatron-Base, -BMW) in today's space (mixed precision), or asked
+    for with `schedule best`; never in the paper's fp32 setting unless asked, nor when the request
+    fixes a schedule."""
+    from paraplan.precision import is_mixed
+
+    if not variant.checkpoint or variant.fixed_3d:
+        return False
+    return request.schedule == BEST_SCHEDULE or (request.schedule is None and is_mixed(request.costs.precision))
+
+
+def _interleaved(plan: Plan, prediction, request: PlanRequest, judge: Judge):
+    """The searched plan (one chunk per rank, 1F1B or GPipe) and its interleaved 1F1B rewrites with
+    v chunks per rank (the layers cut again into p x v stages balanced by compute, each layer keeping
+    its strategy: planners/schedule_variants.py), at the same micro-batch count, judged by the
+    simulator; the fastest that fits, and the next best's line. The DP's eq. (8) prices GPipe / 1F1B
+    only, so the schedule is the simulator's choice (as in planners/schedule_search.py)."""
+    from paraplan.planners.schedule_variants import rewrite
+
+    scored = [(plan, prediction, f"{plan.schedule}")]
+    for kind in INTERLEAVED_KINDS:
+        for v in INTERLEAVED_CHUNKS:
+            try:
+                candidate = rewrite(plan, request.costs, kind, v)
+            except ValueError:
+                continue
+            scored.append((candidate, judge(candidate), f"{kind} v={v}"))
+    fits = sorted((x for x in scored if x[1].feasible), key=lambda x: x[1].iteration_s)
+    if not fits:
+        return plan, prediction, "", len(scored)
+    best = fits[0]
+    other = next((x for x in fits[1:] if x[2] != best[2]), None)
+    line = f"{other[2]}: {other[1].iteration_s:.4g} s ({other[1].iteration_s / best[1].iteration_s - 1:+.1%})" \
+        if other else ""
+    return best[0], best[1], line, len(scored)
+
+
 def galvatron_plan(request: PlanRequest, variant: Variant, options: dict, judge: Judge) -> Plan:
     """Plan `request` with one of the variants (Algorithm 1 or 2), optionally searching the batch."""
     t0 = time.perf_counter()
-    schedules = (request.schedule,) if request.schedule else variant.schedules
+    schedules = (request.schedule,) if request.schedule and request.schedule != BEST_SCHEDULE else variant.schedules
     schedules = tuple(str(x) for x in schedules)
     pps, note = _pp_choices(request, variant)
     if usable_devices(request) < request.n_devices:
@@ -84,13 +138,17 @@ def galvatron_plan(request: PlanRequest, variant: Variant, options: dict, judge:
         result = search_batch(request, variant, bins, schedules, pps)
     plan = result.plan
     prediction = judge(plan)
+    judged = None
+    if np.isfinite(result.estimate_s) and plan.n_stages > 1 and prediction.feasible and interleaves(request, variant):
+        plan, prediction, runner_up, judged = _interleaved(plan, prediction, request, judge)
     if not np.isfinite(result.estimate_s):
         reason = result.reason or prediction.reason
         if result.reason and prediction.reason:
             reason += f" (its least-bad plan: {prediction.reason})"
         prediction = replace(prediction, feasible=False, reason=f"{variant.name} finds nothing that fits: {reason}")
     opts = (("costs", request.costs.source), ("memory_bins", bins), ("batch_search", options.get("batch_search", "given")),
-            ("estimate_iteration_s", float(result.estimate_s) if np.isfinite(result.estimate_s) else -1.0))
+            ("estimate_iteration_s", float(result.estimate_s) if np.isfinite(result.estimate_s) else -1.0)) \
+        + ((("schedules_judged", judged), ("schedule_runner_up", runner_up)) if judged else ())
     return replace(plan, prediction=prediction, search=SearchInfo(planner=variant.name, search_s=time.perf_counter() - t0,
                                                                   options=opts, note=note))
 
@@ -100,13 +158,18 @@ _OPTIONS = {
                                "batch_step) that fits; best: the batch of the highest throughput",
                                one_of("batch_search", ("given", "max", "best"))),
     "batch_step": OptionSpec(BATCH_STEP, "the step of the batch search", at_least("batch_step", 1)),
+    "context_parallel": OptionSpec(1, "the largest context-parallel degree searched (a power of two; 1: none). "
+                                      "Planned and simulated only: paraplan's runtime does not run CP",
+                                   at_least("context_parallel", 1)),
     "memory_bins": OptionSpec(MEMORY_BINS, "memory granularity of the dynamic program: capacity / memory_bins",
                               at_least("memory_bins", 16)),
 }
 
 
 def _register(variant: Variant) -> None:
-    @register(variant.name, variant.summary, schedules=variant.schedules, options=_OPTIONS)
+    schedules = variant.schedules + ((BEST_SCHEDULE,) if variant.checkpoint and not variant.fixed_3d else ())
+
+    @register(variant.name, variant.summary, schedules=schedules, options=_OPTIONS)
     def _planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
         return galvatron_plan(request, variant, options, judge)
 

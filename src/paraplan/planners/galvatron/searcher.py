@@ -75,9 +75,12 @@ class Searcher:
     def arrays(self, devices: tuple[int, ...], micro: float) -> dict:
         key = (self.signature(devices), micro)
         if key not in self._arrays:
+            sp = self.request.sequence_parallel
             strategies = variant_strategies(self.variant, len(devices), today=is_mixed(self.cm.precision),
                                             selective=any(layer.attention_core_bytes.per_sample > 0
-                                                          for layer in self.model.layers))
+                                                          for layer in self.model.layers),
+                                            sequence_parallel=bool(sp),
+                                            context_parallel=int(self.request.options.get("context_parallel", 1)))
             # the measured runtime figures of a calibrated cluster, as the simulator charges them
             a = strategy_arrays(self.cm.compute(devices[0]), self.model, strategies, micro, self.cluster, devices,
                                 self.config, self.slow, runtime=self.cm.overheads,
@@ -86,7 +89,11 @@ class Searcher:
             a["extra_forward"], a["extra_backward"] = self.extra_memory(strategies, micro)
             # mixed precision: autocast's 16-bit weight copies stay with the states (costs/memory.py)
             a["states_bytes"] = a["states_bytes"] + a["copy_bytes"]
-            a["allowed"] = np.array([micro == int(micro) and int(micro) % s.data_degree == 0 for s in strategies])
+            # [layer, strategy]: the micro-batch splits into the strategy's data slices, and SP only
+            # where the runtime runs it (PlanRequest.sequence_parallel)
+            a["allowed"] = np.array([[micro == int(micro) and int(micro) % s.data_degree == 0
+                                      and (not s.sequence_parallel or (i, s.tp) in sp) for s in strategies]
+                                     for i in range(self.model.n_layers)])
             layouts: dict = {}
             classes = [layouts.setdefault((s.data_degree, tuple(data_rank(s, p) for p in range(len(devices)))),
                                           len(layouts)) for s in strategies]
@@ -151,7 +158,7 @@ class Searcher:
         # the runtime runs no ZeRO on it (runtime/hybrid.py: hybrid_refusal), so neither do plans
         zero = np.array([s.zero > 0 for s in a["strategies"]])
         tied = np.array([i in self.tied for i in range(start, stop)])
-        allowed = a["allowed"][None, :] & ~(tied[:, None] & zero[None, :])
+        allowed = a["allowed"][rows] & ~(tied[:, None] & zero[None, :])
         return {"arrays": a, "devices": devices, "micro": micro, "per_micro": per_micro, "sync": sync,
                 "cost": np.where(allowed, n_micro * per_micro + sync, INF),
                 "forward_bytes": a["states_bytes"][rows] + in_flight * (a["saved_bytes"][rows]
@@ -179,9 +186,10 @@ class Searcher:
             result = StageResult(sol.choice, float(per_micro[r, idx].sum()) + moves + 2 * self.cm.overheads.action_s,
                             float(sync[r, idx].sum()))
         else:  # the least memory per layer, and why nothing fits
-            need = np.where(a["allowed"][None, :], fmem + bmem, INF)
+            allowed = a["allowed"][start:stop]
+            need = np.where(allowed, fmem + bmem, INF)
             choice = tuple(int(k) for k in np.argmin(need, axis=1))
-            if not a["allowed"].any():
+            if not allowed.any():
                 why = f"no strategy of {len(devices)} devices splits a micro-batch of {micro:g} samples"
             else:
                 worst = int(np.argmax(need.min(axis=1)))
@@ -201,7 +209,7 @@ class Searcher:
         backward budget b, b + the least forward memory of every layer among the strategies within b.)"""
         micro = self.request.batch / n_micro
         a = self.arrays(self.group(n_stages, 0), micro)
-        allowed = a["allowed"][None, :]
+        allowed = a["allowed"]  # [layer, strategy]
         flights = [micro_batches_in_flight(schedule, n_stages, s, n_micro) for s in range(n_stages)]
         kept = a["saved_bytes"] + a["extra_forward"]
         back = a["recompute_bytes"] + a["extra_backward"]
@@ -216,8 +224,8 @@ class Searcher:
                 devices = self.group(n_stages, s)
                 capacity = (min(self.cluster.device(d).memory_bytes for d in devices) - self.config.reserve_bytes)
                 rows = slice(bounds[s], bounds[s + 1])
-                fmem = np.where(allowed, a["states_bytes"][rows] + flights[s] * kept[rows], INF)
-                bmem = np.where(allowed, back[rows], INF)
+                fmem = np.where(allowed[rows], a["states_bytes"][rows] + flights[s] * kept[rows], INF)
+                bmem = np.where(allowed[rows], back[rows], INF)
                 need = min((b + np.where(bmem <= b, fmem, INF).min(axis=1).sum()
                             for b in np.unique(bmem[np.isfinite(bmem)])), default=INF)
                 if need > capacity:

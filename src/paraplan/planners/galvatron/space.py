@@ -15,7 +15,8 @@ Construction (the one that gives the paper's 68 and 44 candidates for 8 devices)
 Beyond the paper (`variant_strategies(today=True)`): planning in mixed precision, the variants
 with CKPT (Galvatron-Base, Galvatron-BMW) also search what today's large-model training combines:
 ZeRO-1 / ZeRO-2 over the dp replicas of every tree with DP (the paper's DP is ZeRO-0, its SDP
-ZeRO-3), and selective recomputation of the attention core between none and full CKPT. In fp32,
+ZeRO-3), selective recomputation of the attention core between none and full CKPT, and Megatron
+sequence parallelism with TP on the layers the runtime runs it on. In fp32,
 the papers' setting and their reproductions, the space is the paper's.
 """
 
@@ -131,12 +132,19 @@ VARIANTS = (
 )
 
 
-def variant_strategies(variant: Variant, group: int, today: bool = False,
-                       selective: bool = False) -> tuple[LayerStrategy, ...]:
+def variant_strategies(variant: Variant, group: int, today: bool = False, selective: bool = False,
+                       sequence_parallel: bool = False, context_parallel: int = 1) -> tuple[LayerStrategy, ...]:
     """The variant's strategies on a group of `group` devices. `today` (a variant with CKPT planning
     in mixed precision, `todays_space`): the paper's trees and, beyond the paper, ZeRO-1 and ZeRO-2
     over the dp replicas of every tree with DP and no SDP, and selective recomputation (Korthikanti
-    et al. 2022) of every tree when the model has an attention core to recompute (`selective`)."""
+    et al. 2022) of every tree when the model has an attention core to recompute (`selective`), and
+    Megatron sequence parallelism (Korthikanti et al. 2022 §4.2.2) on every tree with TP that keeps
+    more than its layer's input (`sequence_parallel`: the searcher allows it only on the layers the
+    runtime runs it on). With full recomputation SP would change nothing the cost model counts (a
+    checkpointed layer keeps only its input, already split), so those are left out. With
+    `context_parallel` > 1 (the planner option of that name, off by default: paraplan's runtime does
+    not run CP, so only a plan for another engine wants it), every tree of g / k devices with plain
+    data parallelism also over k = 2, 4, ... <= context_parallel context-parallel ranks."""
     if variant.fixed_3d:
         tp = min(2, group)
         return (LayerStrategy(dp=group // tp, tp=tp),)
@@ -148,6 +156,13 @@ def variant_strategies(variant: Variant, group: int, today: bool = False,
     out += [replace(s, zero=z) for s in paper if s.dp > 1 and s.sdp == 1 for z in (1, 2)]
     if selective:
         out += [replace(s, recompute="selective") for s in list(out) if s.recompute == "none"]
+    if sequence_parallel:
+        out += [replace(s, sequence_parallel=True) for s in list(out) if s.tp > 1 and s.recompute != "full"]
+    k = 2
+    while k <= min(context_parallel, group):
+        inner = variant_strategies(variant, group // k, today, selective, sequence_parallel)
+        out += [replace(s, cp=k) for s in inner if s.sdp == 1 and not s.zero]
+        k *= 2
     return tuple(out)
 
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from paraplan.hardware import load_cluster
@@ -181,6 +181,29 @@ def korthikanti_rows() -> list[dict]:
     return rows
 
 
+# Narayanan et al. 2021, Fig. 12: GPT-3 175B on 96 A100s, interleaved against non-interleaved 1F1B by
+# batch size. The configuration is Megatron-LM's own script for the figure (examples/sc21/
+# run_figure_12.sh: TP 8, PP 12, micro-batch 1, 96 layers, h 12288, 96 heads, local DDP, full
+# recomputation, `--num-layers-per-virtual-pipeline-stage 2`: 8 layers per rank in 4 chunks of 2;
+# batch 12, 24, ..., 60). The figure's measured numbers are not available here, so only the
+# prediction is reported: the check against the figure is not made.
+FIGURE_12 = Config("175B", 96, 12288, 96, 8, 12, 96, 12, micro=1, virtual=4)
+FIGURE_12_BATCHES = (12, 24, 36, 48, 60)
+
+
+def figure_12_rows() -> list[dict]:
+    rows = []
+    for batch in FIGURE_12_BATCHES:
+        interleaved = replace(FIGURE_12, batch=batch)
+        plain = replace(interleaved, virtual=1)
+        t_inter = predict(interleaved, "full", False)["iteration_s"]
+        t_plain = predict(plain, "full", False)["iteration_s"]
+        rows.append({"batch": batch, "predicted_tflops_per_gpu_1f1b": round(plain.flops() / (t_plain * 96) / 1e12, 1),
+                     "predicted_tflops_per_gpu_interleaved": round(interleaved.flops() / (t_inter * 96) / 1e12, 1),
+                     "predicted_gain": round(t_plain / t_inter - 1, 3), "published": None})
+    return rows
+
+
 EXPERT_ROWS = 4  # item 5: the Table 1 rows on at most 256 GPUs (1.7B, 3.6B, 7.5B, 18.4B)
 
 
@@ -256,8 +279,9 @@ def figure(table1: list[dict], table5: list[dict], path: Path) -> None:
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     table1, table5 = narayanan_rows(), korthikanti_rows()
+    figure_12 = figure_12_rows()
     expert = expert_rows()
-    result = {"expert_vs_auto": expert, "preset": "dgx-a100-80gb", "precision": PRECISION,
+    result = {"expert_vs_auto": expert, "figure_12_prediction_only": figure_12, "preset": "dgx-a100-80gb", "precision": PRECISION,
               "assumed_for_table_1": "micro-batch 1, 1F1B (non-interleaved), gradient all-reduce after the "
                                      "backward (Megatron's local DDP), attention keeping the s x s scores",
               "narayanan_table_1": table1, "korthikanti_table_5": table5, "summary": summary(table1, table5)}

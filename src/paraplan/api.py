@@ -65,7 +65,9 @@ def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_li
     if planner == "auto":
         result = compare(model, cluster, batch, time_limit=time_limit, **kw)
         if result.best is None:
-            raise ParaplanError("no planner found a plan that fits")
+            from paraplan.planners.auto import no_plan_reason
+
+            raise ParaplanError(no_plan_reason(result, time_limit))
         return result.row(result.best).plan
     from paraplan.planners.registry import make_plan
     from paraplan.planners.registry import planner as spec_of

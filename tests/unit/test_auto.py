@@ -111,3 +111,18 @@ def test_options_of_one_planner_need_that_planner(tmp_path):
                          env=ENV, timeout=120)
     assert res.returncode == 2 and "--mode: an option of one planner; give --planner too" in res.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+def test_a_time_out_is_never_reported_as_nothing_fits():
+    """Issue 31: at 1,024 GPUs the Galvatron planners timed out and the comparison said "no planner
+    found a plan that fits" although BMW alone finds one. A time-out is said to be one."""
+    from paraplan.planners.auto import Comparison, Row, no_plan_reason
+
+    rows = (Row(planner="galvatron-bmw", status="timeout", reason="no plan within the time limit (60 s)"),
+            Row(planner="dp", status="infeasible", iteration_s=2.0, reason="device 0 out of memory by 3 GiB"),
+            Row(planner="fddps", status="skipped", reason="no operator graph"))
+    line = no_plan_reason(Comparison(rows=rows, best=None, bound=None, wall_s=61.0), 60.0)
+    assert line.startswith("no plan within the time limit of 60 s: 1 planner timed out (galvatron-bmw)")
+    assert "dp: device 0 out of memory" in line and "raise --time-limit" in line and "\n" not in line
+    only_infeasible = Comparison(rows=rows[1:], best=None, bound=None, wall_s=1.0)
+    assert no_plan_reason(only_infeasible).startswith("no planner found a plan that fits; the fastest, dp:")

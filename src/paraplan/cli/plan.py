@@ -300,10 +300,9 @@ def run_auto(args, given: dict) -> int:
         if not args.json:
             print_proof(proof, best.planner)
     if best is None:
-        failed = [r for r in result.rows if r.status == "infeasible"]
-        closest = min(failed, key=lambda r: r.iteration_s) if failed else None
-        raise ParaplanError("no planner found a plan that fits" + (
-            f"; the fastest, {closest.planner}: {closest.reason}" if closest else ""))
+        from paraplan.planners.auto import no_plan_reason
+
+        raise ParaplanError(no_plan_reason(result, getattr(args, "time_limit", None)))
     return 0
 
 

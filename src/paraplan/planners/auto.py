@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -64,6 +65,21 @@ class Comparison:
         return sorted((r for r in self.rows if r.status == "ok"), key=lambda r: (r.iteration_s, r.planner))
 
 
+def no_plan_reason(result: Comparison, time_limit_s: float | None = None) -> str:
+    """Why a comparison has no plan, in one line: a planner that ran out of time is not a planner
+    that found nothing fits (issue 31: at 1,024 GPUs a time-out was reported as infeasibility)."""
+    timed_out = [r.planner for r in result.rows if r.status == "timeout"]
+    failed = [r for r in result.rows if r.status == "infeasible"]
+    closest = min(failed, key=lambda r: r.iteration_s) if failed else None
+    fastest = f"the fastest, {closest.planner}: {closest.reason}" if closest else ""
+    if timed_out:
+        limit = f" of {time_limit_s:g} s" if time_limit_s else ""
+        others = (", the others found nothing that fits" + (f" ({fastest})" if fastest else "")) if failed else ""
+        return (f"no plan within the time limit{limit}: {len(timed_out)} planner{'s' if len(timed_out) != 1 else ''} "
+                f"timed out ({', '.join(timed_out)}){others}; raise --time-limit")
+    return "no planner found a plan that fits" + (f"; {fastest}" if fastest else "")
+
+
 def describe(plan: Plan) -> str:
     """The plan's shape in a few words."""
     if plan.operators:
@@ -105,7 +121,8 @@ def skip_reason(name: str, request: PlanRequest) -> str | None:
 
 def _run_one(name: str, request: PlanRequest, conn) -> None:
     """In the child: plan, simulate, send back a Row (or the failure as one line)."""
-    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # born with SIGINT blocked (_run_all): now ignored
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     from paraplan.simulator.predict import simulate_plan
 
@@ -155,12 +172,37 @@ def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_
     jobs = jobs or os.cpu_count() or 1
     ctx = multiprocessing.get_context("fork")
     running: dict[str, tuple] = {}
+    try:
+        _run_all(todo, running, rows, request, jobs, ctx, time_limit_s, on_row)
+    finally:  # interrupted (or failed): no planner process outlives the comparison
+        for proc, conn, _ in running.values():
+            proc.kill()
+            proc.join()
+            conn.close()
+    ordered = tuple(rows[n] for n in names)
+    feasible = sorted((r for r in ordered if r.status == "ok"), key=lambda r: (r.iteration_s, r.planner))
+    return Comparison(rows=ordered, best=feasible[0].planner if feasible else None,
+                      bound=lower_bound(request.costs, request.batch), wall_s=time.perf_counter() - t0)
+
+
+def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: int, ctx, time_limit_s: float,
+             on_row) -> None:
+    """Start planners while fewer than `jobs` run, collect each one's row (or its time-out)."""
     while todo or running:
         while todo and len(running) < jobs:
             name = todo.pop(0)
             parent, child = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_run_one, args=(name, request, child), daemon=True)
-            proc.start()
+            # Ctrl-C reaches the whole foreground group: the parent says "interrupted" once and
+            # ends the children (compare's finally); a child that took it would print a
+            # KeyboardInterrupt traceback. SIGINT is blocked across the fork (the child inherits
+            # the mask and ignores it before unblocking: `_run_one`); the parent's pending one,
+            # if any, arrives as the mask is restored.
+            previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                proc.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
             child.close()
             running[name] = (proc, parent, time.perf_counter())
         for name, (proc, conn, started) in list(running.items()):
@@ -186,7 +228,3 @@ def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_
                 if on_row:
                     on_row(row)
         time.sleep(0.01)
-    ordered = tuple(rows[n] for n in names)
-    feasible = sorted((r for r in ordered if r.status == "ok"), key=lambda r: (r.iteration_s, r.planner))
-    return Comparison(rows=ordered, best=feasible[0].planner if feasible else None,
-                      bound=lower_bound(request.costs, request.batch), wall_s=time.perf_counter() - t0)

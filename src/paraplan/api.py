@@ -56,19 +56,34 @@ def compare(model: str, cluster: str, batch: int, *, time_limit: float = 60.0, p
     return run(_request(model, cluster, batch, operators=True, **kw), planners=planners, time_limit_s=time_limit)
 
 
-def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_limit: float = 60.0, **kw) -> Plan:
+def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_limit: float = 60.0,
+         try_top: int = 0, rounds: int = 3, steps: int = 12, **kw) -> Plan:
     """The best plan (planner="auto": every planner compared) or one planner's, with the
     simulator's prediction; raises ParaplanError when nothing fits. precision="bf16" (fp32, tf32,
-    bf16, fp16; default: the cluster's default_precision) and the other keywords of compare()."""
+    bf16, fp16; default: the cluster's default_precision) and the other keywords of compare().
+    try_top=K (auto, on this machine: cluster "local" or a calibrated file of it): the K best
+    predicted distinct plans run for real, `rounds` interleaved rounds of `steps` steps, and the
+    measured best returned (`paraplan plan --try-top K`)."""
     from paraplan.errors import ParaplanError
 
     if planner == "auto":
+        if try_top:
+            from paraplan.hardware import load_cluster
+            from paraplan.runtime.prove import check_this_machine
+
+            if try_top < 2:
+                raise ParaplanError(f"try_top: at least 2 plans to try, got {try_top}")
+            check_this_machine(load_cluster(cluster), cluster, "try_top")
         result = compare(model, cluster, batch, time_limit=time_limit, **kw)
         if result.best is None:
             from paraplan.planners.auto import no_plan_reason
 
             raise ParaplanError(no_plan_reason(result, time_limit))
+        if try_top:
+            return _measured_best(result, try_top, rounds, steps)
         return result.row(result.best).plan
+    if try_top:
+        raise ParaplanError("try_top: only with planner='auto' (the comparison of every planner)")
     from paraplan.planners.registry import make_plan
     from paraplan.planners.registry import planner as spec_of
     from paraplan.simulator.predict import simulate_plan
@@ -78,6 +93,26 @@ def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_li
     if not sim.prediction.feasible:
         raise ParaplanError(f"{planner} found no plan that fits: its best {sim.prediction.reason}")
     return sim.plan
+
+
+def _measured_best(result, k: int, rounds: int, steps: int) -> Plan:
+    from dataclasses import replace
+
+    from paraplan.plans.plan_file import plan_to_json
+    from paraplan.runtime.prove import measured_best
+
+    rows, seen = [], set()
+    for row in result.ranked:
+        key = plan_to_json(replace(row.plan, prediction=None, search=None))
+        if key not in seen:
+            seen.add(key)
+            rows.append(row)
+    rows = rows[:k]
+    if len(rows) < 2:
+        return rows[0].plan
+    by_name = {f"{i + 1}. {r.planner}": r for i, r in enumerate(rows)}
+    chosen, _ = measured_best({n: (r.plan, r.iteration_s) for n, r in by_name.items()}, rounds, steps)
+    return by_name[chosen].plan
 
 
 def simulate(plan_or_path: Plan | str | Path, *, cluster: str | None = None, profile=None):

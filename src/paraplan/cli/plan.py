@@ -44,7 +44,10 @@ def add_parser(sub) -> None:
     p.add_argument("--prove", action="store_true",
                    help="auto: then run the chosen plan, the even split and one process for real on this machine "
                         "(interleaved rounds) and print predicted against measured and the measured speedup")
-    p.add_argument("--prove-rounds", type=int, default=3, help="--prove: rounds of the three runs")
+    p.add_argument("--try-top", type=int, default=None, metavar="K",
+                   help="auto: then run the K best predicted plans for real on this machine (interleaved rounds, "
+                        "--prove-rounds x --prove-steps) and write the measured best")
+    p.add_argument("--prove-rounds", type=int, default=3, help="--prove / --try-top: rounds of the runs")
     p.add_argument("--prove-steps", type=int, default=12, help="--prove: training steps per run (the first 2 are "
                                                              "warm-up)")
     p.add_argument("--stages", type=int, default=None, help="pipeline stages (default: all devices, at most K)")
@@ -106,7 +109,7 @@ def _options(args, given: dict) -> tuple[object, dict]:
     from paraplan.planners.registry import planner
     from paraplan.planners.request import validated_options
 
-    for flag, value in (("--time-limit", args.time_limit), ("--report", args.report)):
+    for flag, value in (("--time-limit", args.time_limit), ("--report", args.report), ("--try-top", args.try_top)):
         if value is not None:
             raise ParaplanError(f"{flag}: only with --planner auto (the comparison of every planner)")
     spec_of_planner = planner(args.planner)  # an unknown name fails before any work
@@ -270,7 +273,15 @@ def run_auto(args, given: dict) -> int:
 
     _check_auto(args, given)
     cluster = load_cluster(args.cluster)
-    if args.prove:
+    if args.try_top is not None:
+        from paraplan.runtime.prove import check_this_machine
+
+        if args.try_top < 2:
+            raise ParaplanError(f"--try-top: at least 2 plans to try, got {args.try_top}")
+        if args.prove:
+            raise ParaplanError("--try-top and --prove: one at a time (both run plans for real)")
+        check_this_machine(cluster, args.cluster)
+    if args.prove or args.try_top is not None:
         from paraplan.runtime.prove import check_runs_here
 
         check_runs_here(cluster.n_devices, args.cluster)
@@ -295,6 +306,10 @@ def run_auto(args, given: dict) -> int:
         print(json.dumps(auto_json(result, args.out if best else None, gap, plan_to_dict), indent=2))
     else:
         _print_comparison(args, result, best, gap, w.built.ref, w.costs.precision)
+    if best is not None and args.try_top is not None:
+        chosen = try_top(result, args, err)
+        if chosen is not None:
+            write_plan(chosen.plan, args.out)
     if best is not None and args.prove:
         proof = prove_best(best, request, err, args)
         if not args.json:
@@ -363,6 +378,51 @@ def auto_json(result, out: str | None, gap: float | None, plan_to_dict) -> dict:
                   "capacity_bytes": list(r.capacity_bytes), "bubble_fraction": r.bubble, "search_s": r.search_s,
                   "reason": r.reason} for r in result.rows],
     }
+
+
+def try_top(result, args, err):
+    """--try-top K: the K best predicted distinct plans run for real, interleaved; the measured best
+    (runtime/prove.py: measured_best) and a table of predicted against measured. Returns the chosen
+    row (None when fewer than two distinct plans fit)."""
+    from dataclasses import replace
+
+    from rich.table import Table
+
+    from paraplan.plans.plan_file import plan_to_json
+    from paraplan.report.tables import console
+    from paraplan.runtime.prove import measured_best
+
+    rows, seen = [], set()
+    for row in result.ranked:  # fastest predicted first; plans two planners share are run once
+        key = plan_to_json(replace(row.plan, prediction=None, search=None))
+        if key not in seen:
+            seen.add(key)
+            rows.append(row)
+        if len(rows) == args.try_top:
+            break
+    if len(rows) < 2:
+        console().print("--try-top: fewer than two distinct plans fit; the predicted best is written")
+        return None
+    by_name = {f"{i + 1}. {r.planner}": r for i, r in enumerate(rows)}
+    with err.status("trying the best plans for real") as status:
+        chosen, measured = measured_best({name: (r.plan, r.iteration_s) for name, r in by_name.items()},
+                                         args.prove_rounds, args.prove_steps,
+                                         progress=lambda text: status.update(f"trying the best plans: {text}"))
+    table = Table(title="the best predicted plans, run on this machine (median of rounds, min..max)")
+    for col in ("plan (predicted rank)", "predicted", "measured", "error"):
+        table.add_column(col, justify="left" if col.startswith("plan") else "right")
+    for m in measured:
+        table.add_row(m.name + ("  <- chosen" if m.name == chosen else ""), f"{m.predicted_s * 1e3:.1f} ms",
+                      f"{m.median_s * 1e3:.1f} ms ({min(m.rounds_s) * 1e3:.1f}..{max(m.rounds_s) * 1e3:.1f})",
+                      f"{m.error:+.1%}")
+    out = console()
+    out.print(table)
+    first = measured[0]
+    best = next(m for m in measured if m.name == chosen)
+    out.print(f"measured best: {chosen} ({first.median_s / best.median_s:.2f}x the predicted best's step)"
+              if best is not first else f"measured best: {chosen}, the predicted best")
+    out.print(f"plan written to {args.out}")
+    return by_name[chosen]
 
 
 def prove_best(best, request, err, args):

@@ -95,6 +95,32 @@ def run_interleaved(plans: dict[str, tuple[Plan, float]], rounds: int, steps: in
     return [Measured(name, predicted, tuple(times[name])) for name, (_, predicted) in plans.items()]
 
 
+def check_this_machine(cluster, cluster_name: str, flag: str = "--try-top") -> None:
+    """The plans of `flag` run here, one process per device: a cluster of accelerators (a preset or a
+    file describing other machines) is refused in one line."""
+    from paraplan.costs.memory_config import is_cpu
+
+    kinds = sorted({slot.spec.name for slot in cluster.devices if not is_cpu(slot.spec.name)})
+    if kinds:
+        raise ParaplanError(f"{flag} runs the plans on this machine; cluster {cluster_name} is not this machine "
+                            f"(its devices: {', '.join(kinds)}); plan for 'local' or a calibrated file of it")
+    check_runs_here(cluster.n_devices, cluster_name)
+
+
+def measured_best(candidates: dict[str, tuple[Plan, float]], rounds: int, steps: int,
+                  run: Callable = run_interleaved, progress: Callable[[str], None] = lambda s: None,
+                  ) -> tuple[str, list[Measured]]:
+    """`paraplan plan --try-top K` (the practice of NeMo's AutoConfigurator and DeepSpeed's
+    autotuner: measure, then choose): the K best predicted plans (name -> (plan, predicted s)) run
+    for real, interleaved in rounds (`run`: run_interleaved, or a stand-in with its own clock in
+    tests), and the one of the least median step chosen, whatever the prediction said."""
+    if len(candidates) < 1:
+        raise ParaplanError("no plan to try")
+    measured = run(candidates, rounds, steps, progress)
+    best = min(measured, key=lambda m: (m.median_s, list(candidates).index(m.name)))
+    return best.name, measured
+
+
 def spearman(a, b) -> float:
     """Spearman's rank correlation (average ranks for ties), without scipy."""
     import numpy as np

@@ -1,0 +1,21 @@
+"""`paraplan plan --try-top K` on real processes (issue 31, item 6): two plans of gpt2-tiny on this
+machine whose measured steps differ by more than 3x (the whole batch in one micro-batch, ~54 ms;
+in 32 micro-batches of one sample, ~230 ms, measured when written), with the predictions
+deliberately reversed: the measured best is chosen, not the predicted one."""
+
+from dataclasses import replace
+
+from paraplan.plans.plan import LayerRange, Plan, Stage
+from paraplan.runtime.prove import measured_best
+
+
+def test_the_measured_best_is_chosen_over_a_wrong_prediction():
+    one = Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=32, n_micro=1, schedule="gpipe",
+               grad_sync="none", stages=(Stage(LayerRange(0, 6), (0,)),))
+    many = replace(one, n_micro=32)
+    # the predictions say the slow plan is 5x faster
+    chosen, measured = measured_best({"32 micro-batches": (many, 0.01), "one micro-batch": (one, 0.05)},
+                                     rounds=1, steps=4)
+    by_name = {m.name: m for m in measured}
+    assert by_name["32 micro-batches"].median_s > 3 * by_name["one micro-batch"].median_s
+    assert chosen == "one micro-batch"

@@ -307,7 +307,10 @@ def test_batch_search_finds_the_largest_batch_that_fits(gpt2):
         plan = make_plan(request, name)
         assert plan.prediction.feasible and plan.global_batch % 8 == 0
         bigger = make_plan(replace(request, batch=plan.global_batch + 8, options={}), name)
-        assert not bigger.prediction.feasible, name
+        # the largest batch is the paper's notion, under its micro-batch counts (1; P, 2P, 4P); a given
+        # batch may take more micro-batches with CKPT (space.py: more_micro_counts), and then fits
+        paper_counts = 4 * bigger.n_stages if bigger.n_stages > 1 else 1
+        assert not bigger.prediction.feasible or (name != "sdp" and bigger.n_micro > paper_counts), name
 
 
 def test_batch_search_walks_in_batches_the_devices_can_split(gpt2):

@@ -12,24 +12,56 @@ from dataclasses import replace
 import numpy as np
 
 from paraplan.planners.galvatron.searcher import Searcher, SearchResult
-from paraplan.planners.galvatron.space import Variant, even_partition, micro_counts, usable_devices
+from paraplan.planners.galvatron.space import (
+    Variant,
+    even_partition,
+    micro_counts,
+    more_micro_counts,
+    usable_devices,
+)
 from paraplan.planners.request import FieldError, PlanRequest
 
 
-def search_batch(request: PlanRequest, variant: Variant, bins: int, schedules, pps) -> SearchResult:
+def search_batch(request: PlanRequest, variant: Variant, bins: int, schedules, pps, widen: bool = False) -> SearchResult:
+    """The best plan at the request's batch over pipeline degrees, micro-batch counts and schedules.
+    `widen` (a given batch, variants with CKPT): micro-batch counts beyond the paper's too
+    (space.py: more_micro_counts). Not in the batch searches: with enough micro-batches any batch
+    fits, so "the largest batch that fits" (Table II's) is the paper's notion, with its counts."""
     searcher = Searcher(request, variant, bins)
     best: SearchResult | None = None
+
+    def search_count(n_stages: int, n_micro: int) -> SearchResult | None:
+        """The best over schedules (and BMW's partitions) at one micro-batch count."""
+        here = None
+        for schedule in schedules:
+            even = searcher.evaluate(even_partition(request.n_layers, n_stages), n_micro, schedule)
+            results = [even]
+            if variant.bmw and n_stages > 1:
+                results = searcher.bmw(n_stages, n_micro, schedule, even)
+            for r in results:
+                if here is None or (r.estimate_s, r.overflow) < (here.estimate_s, here.overflow):
+                    here = r
+        return here
+
     for n_stages in pps:
-        for n_micro in micro_counts(request, request.batch, n_stages):
-            for schedule in schedules:
-                even = searcher.evaluate(even_partition(request.n_layers, n_stages), n_micro, schedule)
-                results = [even]
-                if variant.bmw and n_stages > 1:
-                    results = searcher.bmw(n_stages, n_micro, schedule, even)
-                for r in results:
-                    key = (r.estimate_s, r.overflow)
-                    if best is None or key < (best.estimate_s, best.overflow):
-                        best = r
+        counts = micro_counts(request, request.batch, n_stages)
+        stage_best = None
+        for n_micro in counts:
+            r = search_count(n_stages, n_micro)
+            if r is not None and (stage_best is None or (r.estimate_s, r.overflow) < (stage_best.estimate_s,
+                                                                                      stage_best.overflow)):
+                stage_best = r
+        # beyond the paper's counts while they keep improving (space.py: more_micro_counts); only
+        # with CKPT, where memory trades recomputation against smaller micro-batches
+        if widen and variant.checkpoint and stage_best is not None:
+            for n_micro in more_micro_counts(request, request.batch, n_stages, counts):
+                r = search_count(n_stages, n_micro)
+                if r is None or (r.estimate_s, r.overflow) >= (stage_best.estimate_s, stage_best.overflow):
+                    break
+                stage_best = r
+        if stage_best is not None and (best is None or (stage_best.estimate_s, stage_best.overflow)
+                                       < (best.estimate_s, best.overflow)):
+            best = stage_best
     if best is None:
         raise FieldError("micro_batches", f"no micro-batch count tried divides the batch {request.batch}")
     return best

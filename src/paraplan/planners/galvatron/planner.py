@@ -145,7 +145,7 @@ def _search(request: PlanRequest, variant: Variant, options: dict):
         return max_batch(request, variant, bins, schedules, pps, step), note
     if options.get("batch_search", "given") == "best":
         return best_batch(request, variant, bins, schedules, pps, step), note
-    return search_batch(request, variant, bins, schedules, pps), note
+    return search_batch(request, variant, bins, schedules, pps, widen=True), note
 
 
 def _rank_key(plan: Plan, prediction) -> tuple[bool, float]:

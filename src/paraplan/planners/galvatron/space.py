@@ -171,6 +171,19 @@ def even_partition(n_layers: int, n_stages: int) -> tuple[int, ...]:
     return tuple(base + (1 if s < extra else 0) for s in range(n_stages))
 
 
+def more_micro_counts(request, batch: int, n_stages: int, tried: tuple[int, ...]):
+    """Beyond the paper's P, 2P, 4P (issue 31: at large batches memory forced recomputation that more,
+    smaller micro-batches avoid): the next doublings of the largest count tried, that divide the
+    batch; without a pipeline, gradient accumulation over 2, 4, ... micro-batches. The search takes
+    them one at a time while they improve its estimate (batch.py: search_batch)."""
+    if request.n_micro:
+        return
+    m = max(tried) if tried else 1
+    while batch % (2 * m) == 0:
+        m *= 2
+        yield m
+
+
 def micro_counts(request, batch: int, n_stages: int) -> tuple[int, ...]:
     """Micro-batch counts tried (Init_Microbatch_Num): the request's, else 1 without a pipeline and
     P, 2P, 4P with one (those that divide the batch)."""

@@ -96,18 +96,9 @@ def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_li
 
 
 def _measured_best(result, k: int, rounds: int, steps: int) -> Plan:
-    from dataclasses import replace
-
-    from paraplan.plans.plan_file import plan_to_json
     from paraplan.runtime.prove import measured_best
 
-    rows, seen = [], set()
-    for row in result.ranked:
-        key = plan_to_json(replace(row.plan, prediction=None, search=None))
-        if key not in seen:
-            seen.add(key)
-            rows.append(row)
-    rows = rows[:k]
+    rows = result.distinct(k)
     if len(rows) < 2:
         return rows[0].plan
     by_name = {f"{i + 1}. {r.planner}": r for i, r in enumerate(rows)}

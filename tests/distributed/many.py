@@ -35,3 +35,14 @@ def train_many(configs: list, world: int) -> None:
             Path(config.out_dir).mkdir(parents=True, exist_ok=True)
     # from the warm forkserver, as `paraplan train` starts its ranks (system/processes.py)
     mp.start_processes(_ranks, args=(world, free_port(), configs), nprocs=world, start_method=start_method())
+
+
+def train_sgd(root: Path, plans: dict, world: int) -> dict:
+    """Each plan (name -> Plan) trained 2 SGD steps (lr 0.1, no dropout) into root/name, in one
+    launch of `world` ranks: the recipe the agreement-with-one-process tests compare; name -> config."""
+    from paraplan.runtime.rank_base import TrainConfig
+
+    configs = {name: TrainConfig(plan=plan, model=plan.model, out_dir=str(Path(root) / name), dropout=False, steps=2,
+                                 optimizer="sgd", lr=0.1) for name, plan in plans.items()}
+    train_many(list(configs.values()), world)
+    return configs

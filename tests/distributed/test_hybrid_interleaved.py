@@ -11,9 +11,8 @@ import pytest
 
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
 from paraplan.plans.schedules import stage_ranks
-from paraplan.runtime.rank_base import TrainConfig
 
-from .many import train_many
+from .many import train_sgd
 from .test_schedules_runtime import FOUR, _max_difference
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -39,11 +38,7 @@ PLANS = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hybrid_interleaved")
-    configs = {name: TrainConfig(plan=plan, model=plan.model, out_dir=str(root / name), dropout=False, steps=2,
-                                 optimizer="sgd", lr=0.1) for name, plan in PLANS.items()}
-    train_many(list(configs.values()), 4)
-    return configs
+    return train_sgd(tmp_path_factory.mktemp("hybrid_interleaved"), PLANS, 4)
 
 
 @pytest.mark.parametrize("name", list(PLANS))

@@ -18,7 +18,7 @@ from paraplan.runtime.rank_base import TrainConfig
 from paraplan.runtime.reference import reference_run
 
 from .expected import initial_parameters, predicted_memory
-from .many import train_many
+from .many import train_many, train_sgd
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -125,11 +125,7 @@ FOUR_RANKS = {
 
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory):
-    root = tmp_path_factory.mktemp("schedules4")
-    configs = {name: TrainConfig(plan=plan, model=plan.model, out_dir=str(root / name), dropout=False, steps=2,
-                                 optimizer="sgd", lr=0.1) for name, plan in FOUR_RANKS.items()}
-    train_many(list(configs.values()), 4)
-    return configs
+    return train_sgd(tmp_path_factory.mktemp("schedules4"), FOUR_RANKS, 4)
 
 
 @pytest.mark.parametrize("name", list(FOUR_RANKS))

@@ -384,22 +384,12 @@ def try_top(result, args, err):
     """--try-top K: the K best predicted distinct plans run for real, interleaved; the measured best
     (runtime/prove.py: measured_best) and a table of predicted against measured. Returns the chosen
     row (None when fewer than two distinct plans fit)."""
-    from dataclasses import replace
-
     from rich.table import Table
 
-    from paraplan.plans.plan_file import plan_to_json
     from paraplan.report.tables import console
     from paraplan.runtime.prove import measured_best
 
-    rows, seen = [], set()
-    for row in result.ranked:  # fastest predicted first; plans two planners share are run once
-        key = plan_to_json(replace(row.plan, prediction=None, search=None))
-        if key not in seen:
-            seen.add(key)
-            rows.append(row)
-        if len(rows) == args.try_top:
-            break
+    rows = result.distinct(args.try_top)  # fastest predicted first; plans two planners share are run once
     if len(rows) < 2:
         console().print("--try-top: fewer than two distinct plans fit; the predicted best is written")
         return None

@@ -17,7 +17,7 @@ import signal
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from paraplan.errors import ParaplanError
 from paraplan.planners.bound import LowerBound, lower_bound
@@ -63,6 +63,17 @@ class Comparison:
     def ranked(self) -> list[Row]:
         """Feasible rows, fastest first."""
         return sorted((r for r in self.rows if r.status == "ok"), key=lambda r: (r.iteration_s, r.planner))
+
+    def distinct(self, k: int) -> list[Row]:
+        """The `k` fastest feasible rows whose plans differ (a plan two planners share counts once):
+        what `--try-top K` runs."""
+        rows, seen = [], []
+        for row in self.ranked:
+            plan = replace(row.plan, prediction=None, search=None)
+            if plan not in seen:
+                seen.append(plan)
+                rows.append(row)
+        return rows[:k]
 
 
 def no_plan_reason(result: Comparison, time_limit_s: float | None = None) -> str:

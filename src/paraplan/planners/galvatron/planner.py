@@ -102,7 +102,7 @@ def _interleaved(plan: Plan, prediction, request: PlanRequest, judge: Judge):
     only, so the schedule is the simulator's choice (as in planners/schedule_search.py)."""
     from paraplan.planners.schedule_variants import rewrite
 
-    scored = [(plan, prediction, f"{plan.schedule}")]
+    scored = [(plan, prediction, str(plan.schedule))]
     for kind in INTERLEAVED_KINDS:
         for v in INTERLEAVED_CHUNKS:
             try:
@@ -148,7 +148,7 @@ def _search(request: PlanRequest, variant: Variant, options: dict):
     return search_batch(request, variant, bins, schedules, pps, widen=True), note
 
 
-def _rank_key(plan: Plan, prediction) -> tuple[bool, float]:
+def _rank_key(prediction) -> tuple[bool, float]:
     """Feasible first, then the highest throughput (the batch may differ under batch_search best)."""
     return (not prediction.feasible, -prediction.throughput_samples_per_s if prediction.feasible else 0.0)
 
@@ -177,7 +177,7 @@ def _portfolio(request: PlanRequest, variant: Variant, options: dict, judge: Jud
         if request.n_stages is not None and result.plan.n_stages != plan.n_stages:
             continue  # the request's stage count, which this variant held, is kept
         p = judge(result.plan)
-        if _rank_key(result.plan, p) < _rank_key(best[0], best[1]):
+        if _rank_key(p) < _rank_key(best[1]):
             best = (result.plan, p, name, result.estimate_s)
     return best
 

@@ -119,6 +119,8 @@ FOUR_RANKS = {
     "interleaved-1f1b": _plan("interleaved-1f1b", 4, 2, list(range(9)), 4, model=LLAMA8),
     "interleaved-zb": _plan("interleaved-zb", 4, 2, list(range(9)), 4, model=LLAMA8),
     "zbv": _plan("zbv", 4, 2, list(range(9)), 4, model=LLAMA8),
+    "interleaved-zb-bf16": _plan("interleaved-zb", 4, 2, list(range(9)), 4, "bf16", model=LLAMA8),
+    "interleaved-1f1b-bf16": _plan("interleaved-1f1b", 4, 2, list(range(9)), 4, "bf16", model=LLAMA8),
     "interleaved-1f1b-x2-replicas": _two_replicas(_plan("interleaved-1f1b", 2, 2, FOUR, 2)),
 }
 

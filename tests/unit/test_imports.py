@@ -12,7 +12,7 @@ DOC = SRC.parent.parent / "docs" / "architecture.md"
 PURE = ["models/spec.py", "models/opspec.py", "costs/op_costs.py", "costs/op_memory.py", "hardware/cluster.py", "plans/plan.py", "costs/timefn.py", "costs/analytic.py",
         "costs/memory.py", "costs/memory_config.py", "costs/strategy.py", "costs/closed_forms.py",
         "costs/collectives.py", "costs/model.py", "costs/profile.py", "costs/transformer_memory.py", "precision.py",
-        "planners/request.py", "planners/table.py", "planners/registry.py", "planners/bound.py", "planners/divisors.py",
+        "planners/request.py", "planners/table.py", "planners/registry.py", "planners/bound.py", "planners/progress.py", "planners/divisors.py",
         "planners/stage_division.py", "planners/fit.py", "planners/pipeline_split.py",
         "planners/csimd/algorithms.py", "planners/csimd/bound.py", "planners/csimd/search.py", "planners/csimd/planner.py",
         "planners/baselines/partition.py", "planners/baselines/split.py", "planners/gropipe/planner.py",

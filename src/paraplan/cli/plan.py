@@ -39,7 +39,8 @@ def add_parser(sub) -> None:
                    help="auto (default): every planner below, each plan judged by the simulator, the best written; "
                         "or one of them")
     p.add_argument("--time-limit", type=float, default=None,
-                   help="auto: seconds each planner may take before its row says it timed out (default 60)")
+                   help="auto: seconds the whole comparison may take; a search still running then answers with "
+                        "its best plan so far, said to be so (default 60)")
     p.add_argument("--report", default=None, help="auto: write an HTML report (index.html) into this directory")
     p.add_argument("--prove", action="store_true",
                    help="auto: then run the chosen plan, the even split and one process for real on this machine "
@@ -346,9 +347,8 @@ def _print_comparison(args, result, best, gap, model_ref: str, precision: str) -
     out = console()
     out.print(auto_table(result, f"{model_ref} on {args.cluster} in {precision}, global batch {args.batch}"))
     b = result.bound
-    out.print(f"lower bound {b.iteration_s * 1e3:.4g} ms: the least forward + backward work "
-              f"({b.work_s * 1e3:.4g} device-ms, every layer at its cheapest piece size) spread over "
-              f"{b.n_devices} devices; the whole batch on one device takes {b.one_device_s * 1e3:.4g} ms")
+    out.print(f"lower bound {b.iteration_s * 1e3:.4g} ms: {b.describe()}; the whole batch on one device takes "
+              f"{b.one_device_s * 1e3:.4g} ms")
     if best is not None:
         out.print(f"best: {best.planner} ({best.shape}), {best.iteration_s * 1e3:.4g} ms per iteration, "
                   f"{best.throughput:.4g} samples/s, {gap:+.1%} above the lower bound; compared "
@@ -371,12 +371,13 @@ def auto_json(result, out: str | None, gap: float | None, plan_to_dict) -> dict:
         "schema": "paraplan.plan.auto/1",
         "best": result.best, "out": out, "gap_to_bound": gap, "wall_s": result.wall_s,
         "lower_bound": {"iteration_s": result.bound.iteration_s, "work_s": result.bound.work_s,
-                        "one_device_s": result.bound.one_device_s, "n_devices": result.bound.n_devices},
+                        "one_device_s": result.bound.one_device_s, "n_devices": result.bound.n_devices,
+                        "binding": result.bound.binding, "micro_batch": result.bound.micro_batch},
         "rows": [{"planner": r.planner, "status": r.status, "shape": r.shape,
                   "n_micro": r.plan.n_micro if r.plan else None, "iteration_s": r.iteration_s,
                   "throughput_samples_per_s": r.throughput, "peak_bytes": list(r.peak_bytes),
                   "capacity_bytes": list(r.capacity_bytes), "bubble_fraction": r.bubble, "search_s": r.search_s,
-                  "reason": r.reason} for r in result.rows],
+                  "reason": r.reason, "timed_out": r.timed_out} for r in result.rows],
     }
 
 

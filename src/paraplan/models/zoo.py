@@ -149,6 +149,10 @@ _ENTRIES: list[ZooEntry] = [
              note="Table V lists 32 heads; the published Llama 3.2 3B has 24 query heads (8 KV heads), used here"),
     ZooEntry("llama2-7b", "llama", "CSIMD Table V: 32 layers, d 4096, 32 heads, S=32",
              _llama(32, 4096, 32, 32, 11008, 32000, tied=False), _tokens(32, 32000)),
+    # not in CSIMD's table: the size between (issue 31's bound grid), Touvron et al. 2023 Table 2's
+    # 13B shape (40 layers, d 5120, 40 heads without grouped-query attention, FFN 13,824)
+    ZooEntry("llama2-13b", "llama", "Llama 2 13B shape (Touvron et al. 2023): 40 layers, d 5120, 40 heads, S=1024",
+             _llama(40, 5120, 40, 40, 13824, 32000, tied=False), _tokens(1024, 32000)),
     ZooEntry("llama2-70b", "llama", "CSIMD Table V: 80 layers, d 8192, 64 heads, S=1024",
              _llama(80, 8192, 64, 8, 28672, 32000, tied=False), _tokens(1024, 32000)),
     ZooEntry("gpt3-175b", "gpt2", "CSIMD Table V: 96 layers, d 12288, 96 heads, S=1024 (GPT-style config)",

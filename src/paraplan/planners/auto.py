@@ -20,12 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from paraplan.errors import ParaplanError
+from paraplan.planners import progress
 from paraplan.planners.bound import LowerBound, lower_bound
 from paraplan.planners.registry import make_plan, planner, planner_names
 from paraplan.planners.request import PlanRequest
-from paraplan.plans.plan import Plan
+from paraplan.plans.plan import Plan, SearchInfo
 from paraplan.plans.worker_roles import worker_roles
 
+FLAGSHIP = "galvatron-bmw"
 SLOW_FIRST = ("bipartition", "fddps-ports", "fddps", "galvatron-bmw", "galvatron-1f1b-biobj", "fddps-nosplit",
               "gropipe", "mpdps", "galvatron-base", "fastt", "heft", "galvatron")
 
@@ -47,6 +49,9 @@ class Row:
     search_s: float | None = None
     shape: str = ""
     reason: str = ""  # why not ok
+    # stopped by its time limit: `plan` (if any) is the best its search had found by then, and
+    # `reason` says so; status is that plan's verdict (ok / infeasible), or timeout without one
+    timed_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,8 +84,8 @@ class Comparison:
 def no_plan_reason(result: Comparison, time_limit_s: float | None = None) -> str:
     """Why a comparison has no plan, in one line: a planner that ran out of time is not a planner
     that found nothing fits (issue 31: at 1,024 GPUs a time-out was reported as infeasibility)."""
-    timed_out = [r.planner for r in result.rows if r.status == "timeout"]
-    failed = [r for r in result.rows if r.status == "infeasible"]
+    timed_out = [r.planner for r in result.rows if r.timed_out or r.status == "timeout"]
+    failed = [r for r in result.rows if r.status == "infeasible" and r.iteration_s is not None]
     closest = min(failed, key=lambda r: r.iteration_s) if failed else None
     fastest = f"the fastest, {closest.planner}: {closest.reason}" if closest else ""
     if timed_out:
@@ -130,28 +135,72 @@ def skip_reason(name: str, request: PlanRequest) -> str | None:
     return None
 
 
-def _run_one(name: str, request: PlanRequest, conn) -> None:
-    """In the child: plan, simulate, send back a Row (or the failure as one line)."""
+# what a planner still needs once stopped (simulate its best plan so far, send the row): its own
+# deadline comes this much before the parent's kill
+GRACE_S = 10.0
+STOP_MARGIN_S = 3.0  # a planner's alarm comes this much before the comparison's deadline
+
+
+def _row(name: str, plan: Plan, costs, search_s: float, timed_out: bool = False, note: str = "") -> Row:
+    from paraplan.simulator.predict import simulate_plan
+
+    sim = simulate_plan(plan, costs)
+    p = sim.prediction
+    reason = "" if p.feasible else p.reason
+    if timed_out:
+        reason = note + (f"; {reason}" if reason else "")
+    return Row(planner=name, status="ok" if p.feasible else "infeasible", plan=sim.plan, iteration_s=p.iteration_s,
+               throughput=p.throughput_samples_per_s, peak_bytes=tuple(m.peak_bytes for m in p.memory),
+               capacity_bytes=tuple(m.capacity_bytes for m in p.memory), bubble=sim.bubble_fraction,
+               search_s=plan.search.search_s if plan.search and not timed_out else search_s, shape=describe(plan),
+               reason=reason, timed_out=timed_out)
+
+
+def _stopped(name: str, request: PlanRequest, time_limit_s: float, elapsed_s: float) -> Row:
+    """The row of a search stopped at its time limit: its best plan so far, said to be so, or a
+    time-out row when it had offered none."""
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    best, where = progress.best()
+    limit = f"time limit ({time_limit_s:g} s)"
+    if best is None:
+        return Row(planner=name, status="timeout", reason=f"no plan within the {limit}", timed_out=True)
+    note = f"stopped at the {limit}: the best plan found so far" + (f" ({where})" if where else "")
+    best = replace(best, precision=request.costs.precision,
+                   search=SearchInfo(planner=name, search_s=elapsed_s, options=(("timed_out", True),), note=note))
+    return _row(name, best, request.costs, elapsed_s, timed_out=True, note=note)
+
+
+def _on_alarm(signum, frame):
+    raise progress.PlannerTimeout
+
+
+def _run_one(name: str, request: PlanRequest, conn, allowed_s: float | None = None,
+             time_limit_s: float | None = None) -> None:
+    """In the child: plan, simulate, send back a Row (or the failure as one line). Given a time limit,
+    the search is stopped at it (SIGALRM) and the row carries the best plan it had offered
+    (planners/progress.py), said to be so; the parent kills a child that outlives it by GRACE_S."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # born with SIGINT blocked (_run_all): now ignored
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-    from paraplan.simulator.predict import simulate_plan
 
     # the child holds nothing to clean up: SIGTERM (from the parent's exit) ends it, instead of the
     # parent's handler turning it into an exception that would end as a traceback on stderr
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    progress.reset()
+    t0 = time.perf_counter()
+    time_limit_s = time_limit_s if time_limit_s is not None else allowed_s
+    if allowed_s is not None:
+        signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, max(allowed_s, 1e-3))
     try:
-        t0 = time.perf_counter()
-        plan = make_plan(request, name, predict=False)  # simulated once, below (twice took as long again)
-        search_s = time.perf_counter() - t0
-        sim = simulate_plan(plan, request.costs)
-        p = sim.prediction
-        row = Row(planner=name, status="ok" if p.feasible else "infeasible", plan=sim.plan,
-                  iteration_s=p.iteration_s, throughput=p.throughput_samples_per_s,
-                  peak_bytes=tuple(m.peak_bytes for m in p.memory),
-                  capacity_bytes=tuple(m.capacity_bytes for m in p.memory), bubble=sim.bubble_fraction,
-                  search_s=plan.search.search_s if plan.search else search_s, shape=describe(plan),
-                  reason="" if p.feasible else p.reason)
+        try:
+            plan = make_plan(request, name, predict=False)  # simulated once, below (twice took as long again)
+            row = _row(name, plan, request.costs, time.perf_counter() - t0)
+        except progress.PlannerTimeout:
+            row = _stopped(name, request, time_limit_s, time.perf_counter() - t0)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except progress.PlannerTimeout:  # the alarm fell in the simulation of the finished search
+        row = _stopped(name, request, time_limit_s, time.perf_counter() - t0)
     except ParaplanError as exc:
         row = Row(planner=name, status="failed", reason=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     except Exception as exc:  # a planner's bug is a row, with where it happened
@@ -162,9 +211,24 @@ def _run_one(name: str, request: PlanRequest, conn) -> None:
     conn.close()
 
 
+def _start_order(name: str) -> tuple[int, int]:
+    """The flagship first (it holds the best plans of the most requests and, stopped, keeps its best so
+    far), then the quick planners (milliseconds to seconds), then the other slow searches, longest
+    first (longest-processing-time first keeps the cores busy to the end). Measured on gpt2-xl at
+    8 devices and a Llama-2-70B-like model at 1,024 (issue 31, item 5)."""
+    if name == FLAGSHIP:
+        return (0, 0)
+    if name not in SLOW_FIRST:
+        return (1, 0)
+    return (2, SLOW_FIRST.index(name))
+
+
 def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_s: float = 60.0,
             jobs: int | None = None, on_row: Callable[[Row], None] | None = None) -> Comparison:
-    """Run every applicable planner (or `planners`) on `request`; `on_row` is called as each ends."""
+    """Run every applicable planner (or `planners`) on `request`; `on_row` is called as each ends.
+    `time_limit_s` bounds the whole comparison (issue 31, item 5: a minute at 1,024 GPUs): every
+    planner must answer by then, a search still running answers with its best plan so far
+    (planners/progress.py), one not yet started says so."""
     t0 = time.perf_counter()
     names = planners or planner_names()
     rows: dict[str, Row] = {}
@@ -177,14 +241,12 @@ def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_
                 on_row(rows[name])
         else:
             todo.append(name)
-    # the slowest searches first (longest-processing-time first keeps the cores busy to the end):
-    # measured on gpt2-xl, 8 devices, these take seconds where the others take milliseconds
-    todo.sort(key=lambda n: (SLOW_FIRST.index(n) if n in SLOW_FIRST else len(SLOW_FIRST)))
+    todo.sort(key=_start_order)
     jobs = jobs or os.cpu_count() or 1
     ctx = multiprocessing.get_context("fork")
     running: dict[str, tuple] = {}
     try:
-        _run_all(todo, running, rows, request, jobs, ctx, time_limit_s, on_row)
+        _run_all(todo, running, rows, request, jobs, ctx, time_limit_s, on_row, frozenset(todo))
     finally:  # interrupted (or failed): no planner process outlives the comparison
         for proc, conn, _ in running.values():
             proc.kill()
@@ -196,14 +258,37 @@ def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_
                       bound=lower_bound(request.costs, request.batch), wall_s=time.perf_counter() - t0)
 
 
+def _request_for(name: str, request: PlanRequest, compared: frozenset) -> PlanRequest:
+    """The request as planner `name` gets it: Galvatron-Base and -BMW leave their portfolio (the plans
+    of the variants inside their space, planners/galvatron/planner.py) to the comparison when every
+    one of those variants is a row of it already: the same plans, searched once instead of twice."""
+    from paraplan.planners.galvatron.planner import PORTFOLIO
+
+    if name in PORTFOLIO and set(PORTFOLIO[name]) <= compared and "portfolio" not in request.options:
+        return replace(request, options={**request.options, "portfolio": False})
+    return request
+
+
 def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: int, ctx, time_limit_s: float,
-             on_row) -> None:
+             on_row, names: frozenset) -> None:
     """Start planners while fewer than `jobs` run, collect each one's row (or its time-out)."""
+    deadline = time.perf_counter() + time_limit_s
     while todo or running:
         while todo and len(running) < jobs:
             name = todo.pop(0)
+            # what the planner may take: up to the comparison's deadline, less the time to simulate
+            # its best plan so far and send it back
+            allowed = deadline - time.perf_counter() - min(STOP_MARGIN_S, 0.1 * time_limit_s)
+            if allowed < min(1.0, 0.1 * time_limit_s):
+                rows[name] = Row(planner=name, status="timeout", timed_out=True,
+                                 reason=f"not started: the comparison's time limit ({time_limit_s:g} s) was spent "
+                                        "by the planners before it")
+                if on_row:
+                    on_row(rows[name])
+                continue
             parent, child = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_run_one, args=(name, request, child), daemon=True)
+            proc = ctx.Process(target=_run_one, args=(name, _request_for(name, request, names), child, allowed, time_limit_s),
+                               daemon=True)
             # Ctrl-C reaches the whole foreground group: the parent says "interrupted" once and
             # ends the children (compare's finally); a child that took it would print a
             # KeyboardInterrupt traceback. SIGINT is blocked across the fork (the child inherits
@@ -215,8 +300,8 @@ def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: 
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, previous)
             child.close()
-            running[name] = (proc, parent, time.perf_counter())
-        for name, (proc, conn, started) in list(running.items()):
+            running[name] = (proc, parent, time.perf_counter() + allowed)
+        for name, (proc, conn, stop_at) in list(running.items()):
             row = None
             if conn.poll():
                 try:
@@ -228,10 +313,11 @@ def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: 
                     row = Row(planner=name, status="failed", reason=f"the planner's process ended ({proc.exitcode})")
             elif not proc.is_alive():
                 row = Row(planner=name, status="failed", reason=f"the planner's process died (exit {proc.exitcode})")
-            elif time.perf_counter() - started > time_limit_s:
+            elif time.perf_counter() > stop_at + GRACE_S:  # it did not stop at its alarm
                 proc.kill()
                 proc.join()
-                row = Row(planner=name, status="timeout", reason=f"no plan within the time limit ({time_limit_s:g} s)")
+                row = Row(planner=name, status="timeout", reason=f"no plan within the time limit ({time_limit_s:g} s)",
+                          timed_out=True)
             if row is not None:
                 conn.close()
                 del running[name]

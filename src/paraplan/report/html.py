@@ -409,6 +409,10 @@ def _bound_section(result, ranked: list, best) -> str:
             f"{fmt_time(b.work_s)} of device time (each layer at its cheapest piece size, tensor parallelism "
             f"free), spread perfectly over {b.n_devices} devices with no transfers, bubbles, synchronisation "
             f"or recomputation. The whole batch on one device in one piece takes {fmt_time(b.one_device_s)}."
+            + (f" Here memory binds harder: the states and one micro-batch's activations must fit the devices' "
+               f"total memory, which allows micro-batches of at most {b.micro_batch} samples and forces "
+               f"recomputation; the least work then takes {fmt_time(b.memory_s)} spread over the devices."
+               if getattr(b, "binding", "work") == "memory" else "")
             + (" Operator placements are costed per operator, whose sum can differ from the layers' (so they "
                "are compared with it only roughly)." if any(r.plan.operators for r in ranked) else "") + "</p>")
     if not ranked:

@@ -261,6 +261,8 @@ def auto_table(result, title: str) -> Table:
         peak = (f"{human_bytes(max(r.peak_bytes))} / {human_bytes(max(r.capacity_bytes))}"
                 if r.peak_bytes and r.capacity_bytes else "")
         verdict = "best" if best else ("feasible" if r.status == "ok" else f"{r.status}: {r.reason}")
+        if r.timed_out and r.plan is not None:  # the search was stopped: say the plan is its best so far
+            verdict += f" ({r.reason})" if r.status == "ok" else ""
         t.add_row(("* " if best else "") + r.planner, r.shape, str(r.plan.n_micro) if r.plan else "",
                   human_seconds(r.iteration_s) if r.iteration_s is not None else "",
                   f"{r.throughput:.4g}" if r.throughput is not None else "", peak,

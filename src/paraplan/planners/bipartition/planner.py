@@ -24,6 +24,7 @@ import numpy as np
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.strategy import layer_memory
 from paraplan.errors import FieldError
+from paraplan.planners import progress
 from paraplan.planners.bipartition.division import DoesNotFit
 from paraplan.planners.bipartition.division import max_workers as most_workers
 from paraplan.planners.bipartition.dp import bipartition_all
@@ -126,6 +127,9 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
             key = (not prediction.feasible, prediction.iteration_s)
             if best is None or key < best[0]:
                 best = (key, replace(plan, prediction=prediction), division.bottleneck_s)
+                if prediction.feasible:  # a search stopped by its time limit keeps it
+                    progress.offer(best[1], f"{micro_counts.index(p) + 1} of {len(micro_counts)} micro-batch counts "
+                                            "searched")
     if best is None:
         how_many = "exactly" if exactly else "at most"
         raise FieldError("stages", f"no division of {request.model_name} over {how_many} {max_workers} workers fits "

@@ -31,6 +31,13 @@ from paraplan.planners.request import FieldError, Judge, OptionSpec, PlanRequest
 from paraplan.planners.table import register
 from paraplan.plans.plan import OperatorPlacement, Plan, SearchInfo
 
+# The most devices an operator placement is searched on when the request does not name a count
+# (issue 31, item 5). Every list-scheduling step tries each ready operator on each device: a
+# Llama-2-70B-like graph (11,784 operators) took HEFT 83 s on 1,024 devices and would take ~5 s on
+# 64. FD-DPS's own evaluation places on 8 devices; 64 (eight 8-GPU nodes) is far beyond where one
+# placement of single operators helps (one copy of each operator, no data parallel replicas).
+MAX_PLACEMENT_DEVICES = 64
+
 
 def search_graph(request: PlanRequest, split: bool, runnable: bool = True) -> OpGraph:
     graph = request.costs.operators
@@ -131,10 +138,17 @@ def _plan_with(name: str, scheduler, split: bool):
         if request.n_micro not in (None, 1):
             raise FieldError("micro_batches", f"{name} places one iteration's operators; it has no micro-batches")
         runnable = bool(options.get("runnable", True))
+        bounded = ""
+        if request.n_stages is None and request.n_devices > MAX_PLACEMENT_DEVICES:
+            bounded = (f"{name} places operators on {MAX_PLACEMENT_DEVICES} of the {request.n_devices} devices "
+                       f"(its bound: list scheduling costs operators x devices per step)")
+            request = replace(request, n_stages=MAX_PLACEMENT_DEVICES)
         graph = search_graph(request, split, runnable)
         schedule = scheduler(dag_problem(request, graph, runnable), options)
         plan = placement_plan(request, graph, schedule, name, time.perf_counter() - t0,
                               tuple((k, v) for k, v in sorted(options.items())))
+        if bounded:
+            plan = replace(plan, search=replace(plan.search, note="; ".join(x for x in (bounded, plan.search.note) if x)))
         prediction = judge(plan)
         if not schedule.feasible:
             prediction = replace(prediction, feasible=False,

@@ -30,7 +30,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from paraplan.planners import progress
 from paraplan.planners.galvatron.batch import best_batch, max_batch, search_batch
+from paraplan.planners.galvatron.searcher import BMW_PARTITION, bmw_parts
 from paraplan.planners.galvatron.space import VARIANTS, Variant, pp_degrees, usable_devices
 from paraplan.planners.request import (
     BEST_SCHEDULE,
@@ -154,7 +156,7 @@ def _rank_key(prediction) -> tuple[bool, float]:
 
 
 def _portfolio(request: PlanRequest, variant: Variant, options: dict, judge: Judge, plan: Plan, prediction,
-               estimate: float):
+               estimate: float, origin: str):
     """The variant's plan against the plans of the variants inside its space (PORTFOLIO), each found
     by that variant's own search on the same request, all judged by the simulator: the best that fits.
     Eq. (8) and the simulator disagree where the simulator is finer (DDP's bucketed overlap, sends:
@@ -162,11 +164,11 @@ def _portfolio(request: PlanRequest, variant: Variant, options: dict, judge: Jud
     model the DP cannot count exactly (DDP buckets at the gradient sync) can miss a plan of a
     restricted set (ViT-Huge-32 at 12 GiB: 725.6 against 732.3 ms by eq. (8)); so the final choice
     among these candidates is the simulator's. Returns (plan, prediction, the winning variant, its
-    eq. (8) estimate)."""
+    eq. (8) estimate, where its partition came from)."""
     from paraplan.planners.galvatron.space import VARIANTS
 
     by_name = {v.name: v for v in VARIANTS}
-    best = (plan, prediction, variant.name, estimate)
+    best = (plan, prediction, variant.name, estimate, origin)
     for name in PORTFOLIO.get(variant.name, ()):
         try:
             result, _ = _search(request, by_name[name], options)
@@ -178,7 +180,9 @@ def _portfolio(request: PlanRequest, variant: Variant, options: dict, judge: Jud
             continue  # the request's stage count, which this variant held, is kept
         p = judge(result.plan)
         if _rank_key(p) < _rank_key(best[1]):
-            best = (result.plan, p, name, result.estimate_s)
+            best = (result.plan, p, name, result.estimate_s, result.origin)
+            if p.feasible:  # a search stopped by its time limit keeps it (planners/progress.py)
+                progress.offer(result.plan, f"{variant.name}'s portfolio: {name}'s plan")
     return best
 
 
@@ -189,9 +193,10 @@ def galvatron_plan(request: PlanRequest, variant: Variant, options: dict, judge:
     result, note = _search(request, variant, options)
     plan = result.plan
     prediction = judge(plan)
-    found_by, estimate = variant.name, result.estimate_s
-    if variant.name in PORTFOLIO and options.get("batch_search", "given") != "max":
-        plan, prediction, found_by, estimate = _portfolio(request, variant, options, judge, plan, prediction, estimate)
+    found_by, estimate, origin = variant.name, result.estimate_s, result.origin
+    if variant.name in PORTFOLIO and options.get("portfolio", True) and options.get("batch_search", "given") != "max":
+        plan, prediction, found_by, estimate, origin = _portfolio(request, variant, options, judge, plan, prediction,
+                                                                  estimate, origin)
     judged = None
     if plan.n_stages > 1 and prediction.feasible and interleaves(request, variant):
         plan, prediction, runner_up, judged = _interleaved(plan, prediction, request, judge)
@@ -203,6 +208,7 @@ def galvatron_plan(request: PlanRequest, variant: Variant, options: dict, judge:
     opts = (("costs", request.costs.source), ("memory_bins", bins), ("batch_search", options.get("batch_search", "given")),
             ("estimate_iteration_s", float(estimate) if np.isfinite(estimate) else -1.0)) \
         + ((("found_by", found_by),) if found_by != variant.name else ()) \
+        + ((("partition", origin),) if origin != "even" else ()) \
         + ((("schedules_judged", judged), ("schedule_runner_up", runner_up)) if judged else ())
     return replace(plan, prediction=prediction, search=SearchInfo(planner=variant.name, search_s=time.perf_counter() - t0,
                                                                   options=opts, note=note))
@@ -216,6 +222,12 @@ _OPTIONS = {
     "context_parallel": OptionSpec(1, "the largest context-parallel degree searched (a power of two; 1: none). "
                                       "Planned and simulated only: paraplan's runtime does not run CP",
                                    at_least("context_parallel", 1)),
+    "bmw_partition": OptionSpec(BMW_PARTITION, "the partitions Algorithm 2 searches (BMW variants), '+'-joined from "
+                                "even, memory (p_m alone), time (p_t alone), biobj (p_m and the balance adjustment)",
+                                bmw_parts),
+    "portfolio": OptionSpec(True, "Galvatron-Base / -BMW: also search the variants inside their space and keep the "
+                            "simulator's best (off in `plan --planner auto`, where those variants are rows of "
+                            "their own)", one_of("portfolio", (True, False))),
     "memory_bins": OptionSpec(MEMORY_BINS, "memory granularity of the dynamic program: capacity / memory_bins",
                               at_least("memory_bins", 16)),
 }

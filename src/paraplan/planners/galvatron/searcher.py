@@ -7,14 +7,14 @@ adjustment (`Searcher.bmw`). The planners that use it are planners/galvatron/pla
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from paraplan.costs import memory as memory_model
 from paraplan.costs.memory import micro_batches_in_flight, plan_memory
 from paraplan.costs.memory_config import GIB, MemoryConfig
-from paraplan.costs.strategy import data_rank, param_count, slice_gather_fraction, strategy_arrays
+from paraplan.costs.strategy import layout_ranks, param_count, slice_gather_fraction, strategy_arrays
 from paraplan.planners.galvatron.dp import INF, partition_min_max, pipeline_cost, search_stage
 from paraplan.planners.galvatron.space import Variant, even_partition, usable_devices, variant_strategies
 from paraplan.planners.request import PlanRequest
@@ -42,6 +42,28 @@ class SearchResult:
     plan: Plan
     overflow: float = 0.0  # when it does not fit: the largest peak / capacity
     reason: str = ""
+    origin: str = "even"  # the partition's origin in Algorithm 2: even, memory (p_m), time (p_t), adjusted
+
+
+# Algorithm 2's partitions, the planner option `bmw_partition` (the ablation of BMW's own ideas,
+# benchmarks/galvatron_bmw_ablation.py, docs/galvatron.md "BMW's own ideas against Base"): "+"-joined
+# from even (the even partition's result: our deviation, BMW never worse than Base), memory (the
+# memory-balanced p_m alone, no adjustment), time (the time-balanced p_t alone) and biobj (p_m and the
+# workload-balance adjustment's queue from it: Algorithm 2). Table IV's rows are memory (1F1B+Mem),
+# time (1F1B+Time) and biobj (1F1B+Bi-obj); the default keeps the even partition beside Algorithm 2.
+BMW_PARTS = ("even", "memory", "time", "biobj")
+BMW_PARTITION = "even+biobj"
+
+
+def bmw_parts(value) -> frozenset[str]:
+    """The partitions named by a `bmw_partition` value; FieldError on anything else."""
+    from paraplan.planners.request import FieldError
+
+    parts = frozenset(str(value).split("+"))
+    if not parts or not parts <= set(BMW_PARTS) or "" in parts:
+        raise FieldError("options.bmw_partition", f"expected '+'-joined names from {', '.join(BMW_PARTS)} "
+                         f"(e.g. {BMW_PARTITION}), got {value!r}")
+    return parts
 
 
 class Searcher:
@@ -95,7 +117,7 @@ class Searcher:
                                       and (not s.sequence_parallel or (i, s.tp) in sp) for s in strategies]
                                      for i in range(self.model.n_layers)])
             layouts: dict = {}
-            classes = [layouts.setdefault((s.data_degree, tuple(data_rank(s, p) for p in range(len(devices)))),
+            classes = [layouts.setdefault((s.data_degree, s.cp, *(x.tobytes() for x in layout_ranks(s))),
                                           len(layouts)) for s in strategies]
             reps = {k: strategies[classes.index(k)] for k in range(len(layouts))}
             a["classes"] = np.array(classes)
@@ -214,9 +236,12 @@ class Searcher:
         kept = a["saved_bytes"] + a["extra_forward"]
         back = a["recompute_bytes"] + a["extra_backward"]
         least = np.stack([np.where(allowed, a["states_bytes"] + k * kept + back, INF).min(axis=1) for k in flights])
-        sizes = {even_partition(self.model.n_layers, n_stages)}
-        if self.variant.bmw and np.isfinite(least).all():  # BMW also starts from a memory-balanced partition
+        parts = self.parts() if self.variant.bmw else frozenset({"even"})
+        sizes = {even_partition(self.model.n_layers, n_stages)} if parts & {"even", "time"} else set()
+        if parts & {"memory", "biobj"} and np.isfinite(least).all():  # BMW starts from a memory-balanced one
             sizes.add(partition_min_max(least, n_stages))
+        if not sizes:  # nothing fits anywhere: the even partition stands for it
+            sizes.add(even_partition(self.model.n_layers, n_stages))
         for part in sizes:
             bounds = np.concatenate(([0], np.cumsum(part))).astype(int)
             ok = True
@@ -293,8 +318,15 @@ class Searcher:
                         * (a["saved_bytes"] + a["extra_forward"])[r, idx] for s in range(n_stages)])
         return t, mem, (a["recompute_bytes"] + a["extra_backward"])[r, idx]
 
+    def parts(self) -> frozenset[str]:
+        """The partitions BMW searches (the request's `bmw_partition`, default even+biobj)."""
+        return bmw_parts(self.request.options.get("bmw_partition", BMW_PARTITION))
+
     def bmw(self, n_stages: int, n_micro: int, schedule: str, start: SearchResult) -> list[SearchResult]:
-        """Algorithm 2's partition adjustment for one (P, m, schedule) from the even partition's result."""
+        """Algorithm 2's partition adjustment for one (P, m, schedule) from the even partition's result,
+        with the partitions the request's `bmw_partition` names (all of Algorithm 2 and the even one
+        by default); each result's `origin` says where its partition came from."""
+        parts = self.parts()
         strategies = self.arrays(self.group(n_stages, 0), self.request.batch / n_micro)["strategies"]
         choice = tuple(strategies.index(x) for st in start.plan.stages for x in st.strategies)
         t, mem, rec = self.layer_profile(n_stages, n_micro, schedule, choice)
@@ -308,20 +340,28 @@ class Searcher:
             mems = np.array([mem[s, b[s]:b[s + 1]].sum() + rec[b[s]:b[s + 1]].max() for s in range(n_stages)])
             return times, mems
 
-        limit_t = stage_values(p_t)[1].max()
-        queue, seen, results = [p_m], {p_m, tuple(start.plan.stages[s].layers.stop - start.plan.stages[s].layers.start
-                                                  for s in range(n_stages))}, [start]
+        even = tuple(st.layers.stop - st.layers.start for st in start.plan.stages)
+        results = [start] if "even" in parts else []
+        if "time" in parts:
+            results.append(replace(self.evaluate(p_t, n_micro, schedule), origin="time"))
+        queue = [p_m] if parts & {"memory", "biobj"} else []
+        seen = {p_m} | ({even} if "even" in parts else set())
         for _ in range(4 * self.model.n_layers):
             if not queue:
                 break
             sizes = queue.pop(0)
             result = self.evaluate(sizes, n_micro, schedule)
-            results.append(result)
-            if not np.isfinite(result.estimate_s):
+            results.append(replace(result, origin="memory" if sizes == p_m else "adjusted"))
+            if not np.isfinite(result.estimate_s) or "biobj" not in parts:
                 continue
             choice = tuple(strategies.index(x) for st in result.plan.stages for x in st.strategies)
             t, mem, rec = self.layer_profile(n_stages, n_micro, schedule, choice)
             times, _ = stage_values(sizes)
+            # limit 3 under the strategies S the other limits use (validate(p', M, P, S)): p_t's largest
+            # stage memory under Strategy_Init's strategies held the adjustment back wherever the
+            # re-search spent the memory p_m freed (issue 31: T5-512/4-32 on 16 A100s at 8 GiB, 2
+            # stages, 4 micro-batches: 0.93 s -> 0.75 s by eq. (8))
+            limit_t = stage_values(p_t)[1].max()
             slowest = int(np.argmax(times))
             for neighbour in (slowest - 1, slowest + 1):  # move the slowest stage's boundary layer over
                 if not 0 <= neighbour < n_stages or sizes[slowest] <= 1:

@@ -1,0 +1,36 @@
+"""The best plan a search has found so far, for a search stopped by its time limit (issue 31, item 5:
+at 1,024 GPUs a time-out was reported as "nothing fits" and the search's work was lost).
+
+A planner offers each plan that improves on the ones it offered before (`offer`); whoever runs it
+under a time limit (planners/auto.py, in the planner's own process) stops it with `PlannerTimeout`
+and takes `best()`. Pure: module state, no clock, no signal; one search per process at a time.
+"""
+
+from __future__ import annotations
+
+from paraplan.plans.plan import Plan
+
+_best: Plan | None = None
+_where = ""
+
+
+class PlannerTimeout(BaseException):
+    """Raised into a planner's search when its time is up. A BaseException, so that a planner's own
+    `except Exception` (a candidate that fails) does not swallow it."""
+
+
+def reset() -> None:
+    global _best, _where
+    _best, _where = None, ""
+
+
+def offer(plan: Plan, where: str = "") -> None:
+    """The search's best plan so far (the planner's own ranking: each offer replaces the last);
+    `where`: how far the search had come, in a few words."""
+    global _best, _where
+    _best, _where = plan, where
+
+
+def best() -> tuple[Plan | None, str]:
+    """The last plan offered and how far the search had come (None: nothing offered)."""
+    return _best, _where

@@ -1,0 +1,73 @@
+"""Planning at the sizes people plan (issue 31, item 5): what keeps a comparison at 1,024 GPUs
+within its minute, checked on small requests: the vectorised layout ranks equal the per-position
+ones, the searches offer their best plans as they go, and the operator placements are bounded."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+
+from paraplan.costs.strategy import context_rank, data_rank, layout_ranks, slice_gather_fraction
+from paraplan.planners import progress
+from paraplan.planners.fddps.planner import MAX_PLACEMENT_DEVICES
+from paraplan.planners.registry import make_plan
+from paraplan.plans.plan import LayerStrategy
+from paraplan.workload import workload
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _strategies(n: int):
+    for dp, sdp, tp, cp in itertools.product((1, 2, 4), repeat=4):
+        if dp * sdp * tp * cp == n:
+            for order in ("tp,sdp,dp", "dp,sdp,tp", "sdp,tp,dp"):
+                yield LayerStrategy(dp=dp, sdp=sdp, tp=tp, cp=cp, order=order)
+
+
+def test_the_vectorised_layout_ranks_are_the_per_position_ones():
+    for n in (4, 8, 16):
+        strategies = list(_strategies(n))
+        assert strategies
+        for s in strategies:
+            data, context = layout_ranks(s)
+            assert list(data) == [data_rank(s, p) for p in range(n)]
+            assert list(context) == [context_rank(s, p) for p in range(n)]
+
+
+def _slow_fraction(a: LayerStrategy, b: LayerStrategy) -> float:
+    """The per-position definition (before the vectorisation), as a reference."""
+    def overlap(x, y):
+        return max(0.0, min(x[1], y[1]) - max(x[0], y[0]))
+    worst = 0.0
+    for p in range(a.degree):
+        held, need = [], []
+        for st, out in ((a, held), (b, need)):
+            r, c = data_rank(st, p), context_rank(st, p)
+            out += [(r / st.data_degree, (r + 1) / st.data_degree), (c / st.cp, (c + 1) / st.cp)]
+        worst = max(worst, 1 / (b.data_degree * b.cp) - overlap(held[0], need[0]) * overlap(held[1], need[1]))
+    return worst if worst > 1e-12 else 0.0
+
+
+def test_slice_gather_fractions_are_unchanged_by_the_vectorisation():
+    strategies = list(_strategies(8))
+    for a, b in itertools.product(strategies, repeat=2):
+        assert slice_gather_fraction(a, b) == pytest.approx(_slow_fraction(a, b), abs=1e-12)
+
+
+def test_galvatron_offers_its_best_plan_as_it_searches():
+    progress.reset()
+    w = workload("gpt2-tiny", "galvatron-8xtitan", batch=16)
+    plan = make_plan(w.request, "galvatron-base")
+    offered, where = progress.best()
+    assert offered is not None and ("pipeline degrees up to" in where or "portfolio" in where)
+    assert plan.prediction.feasible
+
+
+def test_operator_placements_are_bounded_on_large_clusters_and_say_so():
+    n = 9 * 8
+    w = workload("gpt2-tiny", f"dgx-a100-80gb?nodes={n // 8}", batch=8, operators="optional")
+    plan = make_plan(w.request, "heft")
+    assert max(p.device for p in plan.operators) < MAX_PLACEMENT_DEVICES
+    assert f"places operators on {MAX_PLACEMENT_DEVICES} of the {n} devices" in plan.search.note

@@ -94,8 +94,10 @@ def lower_bound(cm: CostModel, batch: int) -> LowerBound:
     work_s = work / n
     memory_s, micro = _memory_bound(cm, batch, sizes, per_batch)
     ops_fit = _operators_fit(cm, batch)
-    if ops_fit or memory_s <= work_s * (1 + 1e-12):
-        return LowerBound(iteration_s=work_s, work_s=work, one_device_s=one_device, n_devices=n,
+    # memory is said to bind only where it adds something worth naming (a tenth of a percent)
+    if ops_fit or memory_s <= work_s * (1 + 1e-3):
+        return LowerBound(iteration_s=max(work_s, memory_s) if np.isfinite(memory_s) and not ops_fit else work_s,
+                          work_s=work, one_device_s=one_device, n_devices=n,
                           memory_s=memory_s if np.isfinite(memory_s) else 0.0)
     if not np.isfinite(memory_s):  # no micro-batch fits even with everything recomputed: no plan fits
         return LowerBound(iteration_s=work_s, work_s=work, one_device_s=one_device, n_devices=n)

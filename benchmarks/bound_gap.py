@@ -66,6 +66,8 @@ def run(name: str, model: str, cluster: str, batch: int, seq_len: int | None, ti
             "wall_s": round(wall, 1), "setup_s": round(setup_s, 1), "compare_s": round(result.wall_s, 1),
             "best": result.best, "best_shape": best.shape if best else None,
             "best_iteration_s": best.iteration_s if best else None,
+            "best_bubble_fraction": best.bubble if best else None,
+            "best_timed_out": best.timed_out if best else None,
             "bound_s": bound.iteration_s, "binding": bound.binding, "bound_micro_batch": bound.micro_batch,
             "work_bound_s": bound.work_s / bound.n_devices,
             "gap": best.iteration_s / bound.iteration_s - 1 if best else None,

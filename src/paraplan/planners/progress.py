@@ -28,9 +28,17 @@ def offer(plan: Plan, where: str = "") -> None:
     """The search's best plan so far (the planner's own ranking: each offer replaces the last);
     `where`: how far the search had come, in a few words."""
     global _best, _where
-    _best, _where = plan, where
+    _best = plan
+    if where:
+        _where = where
+
+
+def at(where: str) -> None:
+    """How far the search has come, in a few words (the plan offered last stays the best)."""
+    global _where
+    _where = where
 
 
 def best() -> tuple[Plan | None, str]:
-    """The last plan offered and how far the search had come (None: nothing offered)."""
+    """The last plan offered and how far the search had come when it stopped (None: nothing offered)."""
     return _best, _where

@@ -128,8 +128,8 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
             if best is None or key < best[0]:
                 best = (key, replace(plan, prediction=prediction), division.bottleneck_s)
                 if prediction.feasible:  # a search stopped by its time limit keeps it
-                    progress.offer(best[1], f"{micro_counts.index(p) + 1} of {len(micro_counts)} micro-batch counts "
-                                            "searched")
+                    progress.offer(best[1])
+        progress.at(f"{micro_counts.index(p) + 1} of {len(micro_counts)} micro-batch counts searched")
     if best is None:
         how_many = "exactly" if exactly else "at most"
         raise FieldError("stages", f"no division of {request.model_name} over {how_many} {max_workers} workers fits "

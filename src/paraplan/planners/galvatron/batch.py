@@ -72,8 +72,10 @@ def search_batch(request: PlanRequest, variant: Variant, bins: int, schedules, p
                                        < (best.estimate_s, best.overflow)):
             best = stage_best
             if widen and np.isfinite(best.estimate_s):  # a search stopped by its time limit keeps it
-                progress.offer(best.plan, f"{variant.name}: pipeline degrees up to {n_stages} of "
-                                          f"{max(pps)} searched")
+                progress.offer(best.plan)
+        if widen:
+            done = pps.index(n_stages) + 1
+            progress.at(f"{variant.name}: {done} of {len(pps)} pipeline degrees searched, up to {n_stages} stages")
     if best is None:
         raise FieldError("micro_batches", f"no micro-batch count tried divides the batch {request.batch}")
     return best

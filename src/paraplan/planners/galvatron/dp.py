@@ -87,7 +87,7 @@ def dp_table(cost: np.ndarray, mem_units: np.ndarray, trans: np.ndarray | None, 
         else:
             total = class_low[:, :, None] + trans[layer][None, :, :]  # [E, from class, to class]
             best = np.argmin(total, axis=1)  # [E, to class]
-            low = total.min(axis=1)  # [E, to class]
+            low = np.take_along_axis(total, best[:, None, :], axis=1)[:, 0, :]  # [E, to class]: one pass, not two
         index = energies - mem_units[layer][None, :]
         valid = index >= 0
         # one gather straight from the [E, K] minima: column j reads its class at E - O(l, j)

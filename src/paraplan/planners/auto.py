@@ -164,7 +164,7 @@ def _stopped(name: str, request: PlanRequest, time_limit_s: float, elapsed_s: fl
     time-out row when it had offered none."""
     signal.setitimer(signal.ITIMER_REAL, 0)
     best, where = progress.best()
-    limit = f"time limit ({time_limit_s:g} s)"
+    limit = f"time limit ({time_limit_s:.3g} s)"
     if best is None:
         return Row(planner=name, status="timeout", reason=f"no plan within the {limit}", timed_out=True)
     note = f"stopped at the {limit}: the best plan found so far" + (f" ({where})" if where else "")
@@ -283,7 +283,7 @@ def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: 
             allowed = deadline - time.perf_counter() - min(STOP_MARGIN_S, 0.1 * time_limit_s)
             if allowed < min(1.0, 0.1 * time_limit_s):
                 rows[name] = Row(planner=name, status="timeout", timed_out=True,
-                                 reason=f"not started: the comparison's time limit ({time_limit_s:g} s) was spent "
+                                 reason=f"not started: the comparison's time limit ({time_limit_s:.3g} s) was spent "
                                         "by the planners before it")
                 if on_row:
                     on_row(rows[name])
@@ -318,7 +318,7 @@ def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: 
             elif time.perf_counter() > stop_at + GRACE_S:  # it did not stop at its alarm
                 proc.kill()
                 proc.join()
-                row = Row(planner=name, status="timeout", reason=f"no plan within the time limit ({time_limit_s:g} s)",
+                row = Row(planner=name, status="timeout", reason=f"no plan within the time limit ({time_limit_s:.3g} s)",
                           timed_out=True)
             if row is not None:
                 conn.close()

@@ -359,8 +359,8 @@ class Searcher:
             times, _ = stage_values(sizes)
             # limit 3 under the strategies S the other limits use (validate(p', M, P, S)): p_t's largest
             # stage memory under Strategy_Init's strategies held the adjustment back wherever the
-            # re-search spent the memory p_m freed (issue 31: T5-512/4-32 on 16 A100s at 8 GiB, 2
-            # stages, 4 micro-batches: 0.93 s -> 0.75 s by eq. (8))
+            # re-search spent the memory p_m freed (issue 31: T5-512/4-32 on 16 A100s at 8 GiB, batch
+            # 128, 2 stages of 8 micro-batches: p_m [10, 25] 0.586 s -> [11, 24] 0.550 s by eq. (8))
             limit_t = stage_values(p_t)[1].max()
             slowest = int(np.argmax(times))
             for neighbour in (slowest - 1, slowest + 1):  # move the slowest stage's boundary layer over

@@ -49,7 +49,8 @@ lint: $(STAMP)
 BENCHMARKS := fidelity simulator_speed csimd_eval gropipe_bipartition_eval planner_speed_csimd planner_speed_bipartition \
 	runtime_vs_simulator profile_nonlinearity galvatron_memory galvatron_eval galvatron_search_speed fddps_search_speed \
 	fddps_eval fddps_contention runtime_hybrid runtime_overhead bipartition_modes runtime_bipartition runtime_dag \
-	literature_memory split_backward_memory efficiency_fit published_runs
+	literature_memory split_backward_memory efficiency_fit published_runs paper_fidelity galvatron_grid \
+	galvatron_bmw_ablation bound_gap
 
 define run_benchmarks
 	mkdir -p $(1)

@@ -71,3 +71,18 @@ def test_operator_placements_are_bounded_on_large_clusters_and_say_so():
     plan = make_plan(w.request, "heft")
     assert max(p.device for p in plan.operators) < MAX_PLACEMENT_DEVICES
     assert f"places operators on {MAX_PLACEMENT_DEVICES} of the {n} devices" in plan.search.note
+
+
+@pytest.mark.parametrize("gpus", [64, 256, 1024])
+def test_the_example_clusters_are_the_a100_preset_at_their_size(gpus):
+    """examples/a100-80gb-x{64,256,1024}.toml (the 70B-like comparison's clusters) are the preset's
+    machine: a copy that drifted from a refitted preset would plan on other numbers."""
+    from pathlib import Path
+
+    from paraplan.hardware import load_cluster
+
+    root = Path(__file__).resolve().parents[2]
+    example = load_cluster(str(root / "examples" / f"a100-80gb-x{gpus}.toml"))
+    preset = load_cluster(f"dgx-a100-80gb?nodes={gpus // 8}")
+    assert example.n_devices == gpus
+    assert example.nodes == preset.nodes and example.default_precision == preset.default_precision

@@ -25,7 +25,9 @@ def fit():
 def test_presets_carry_the_fitted_terms(fit, preset, device):
     result = fit.fitted()
     cluster = load_cluster(preset)
-    assert cluster.devices[0].spec.max_efficiency == result["gemm_max_efficiency"][device]
+    # the MAMF is of bf16 GEMMs (fp16 the same tensor cores): fp32 is fitted apart (benchmarks/paper_fidelity.py)
+    spec = cluster.devices[0].spec
+    assert spec.efficiency_for("bf16") == spec.efficiency_for("fp16") == result["gemm_max_efficiency"][device]
     link = cluster.link(0, 1)
     assert link.bandwidth_bytes_per_s == result["nvlink"][device]["bandwidth_bytes_per_s"]
     assert link.latency_s == result["nvlink"][device]["latency_s"]

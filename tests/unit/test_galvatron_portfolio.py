@@ -44,7 +44,9 @@ def test_vit_huge_32_at_12_gib():
     request = workload("vit-huge-32", TITANS, batch=64, memory="12GiB").request
     bmw, galvatron = make_plan(request, "galvatron-bmw"), make_plan(request, "galvatron")
     assert bmw.prediction.feasible and bmw.prediction.iteration_s <= galvatron.prediction.iteration_s * (1 + 1e-9)
-    assert bmw.prediction.iteration_s < 0.70  # measured: 0.682 s (0.732 before the simulator ranked the candidates)
+    # measured: 1.436 s on the TITAN terms fitted by benchmarks/paper_fidelity.py (with the assumed
+    # ones: 0.682 s, and 0.732 before the simulator ranked the candidates)
+    assert bmw.prediction.iteration_s < 1.45
 
 
 def test_more_micro_batches_where_memory_forces_recomputation():

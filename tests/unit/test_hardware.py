@@ -107,6 +107,45 @@ def test_peaks_per_dtype_in_a_cluster_file(tmp_path):
         read_cluster_file(path)
 
 
+def test_efficiency_per_dtype_in_a_cluster_file(tmp_path):
+    """max_efficiency as a table per dtype: each dtype's own, fp32's for a dtype left out; written
+    back as a table; a dtype unknown, absent from peak_flops, or above 1 refused in one line."""
+    path = tmp_path / "c.toml"
+    two = HETERO.replace("peak_flops = 20e12", "peak_flops = { fp32 = 20e12, bf16 = 160e12, fp16 = 160e12 }")
+    path.write_text(two.replace("max_efficiency = 0.7", "max_efficiency = { fp32 = 0.55, bf16 = 0.85 }"))
+    c = read_cluster_file(path)
+    big = c.device(0)
+    assert (big.efficiency_for("fp32"), big.efficiency_for("bf16"), big.efficiency_for("fp16")) == (0.55, 0.85, 0.55)
+    assert big.for_precision("bf16").max_efficiency == 0.85 and big.for_precision("bf16").peak_flops == 160e12
+    assert big.for_precision("fp32").max_efficiency == 0.55
+    assert c.device(1).efficiency_for("fp32") == 0.6  # a plain number: every dtype
+    write_cluster_file(c, tmp_path / "again.toml")
+    import tomllib
+
+    written = tomllib.loads((tmp_path / "again.toml").read_text())["device_types"]
+    assert written["big"]["max_efficiency"] == {"fp32": 0.55, "bf16": 0.85} and written["small"]["max_efficiency"] == 0.6
+    assert read_cluster_file(tmp_path / "again.toml") == c
+    for edit, message in [("{ fp32 = 0.5, bf17 = 0.9 }", "max_efficiency.bf17: unknown dtype"),
+                          ("{ fp32 = 0.5, tf32 = 0.9 }", "max_efficiency.tf32: the device has no tf32 peak"),
+                          ("{ bf16 = 0.9 }", "max_efficiency.fp32: missing"),
+                          ("{ fp32 = 0.5, bf16 = 1.2 }", "max_efficiency.bf16: expected a fraction in (0, 1], got 1.2"),
+                          ("{ fp32 = 1.5 }", "max_efficiency.fp32: expected a fraction in (0, 1], got 1.5"),
+                          ("{ fp32 = 0.5, bf16 = 0 }", "max_efficiency.bf16: expected a positive number")]:
+        path.write_text(two.replace("max_efficiency = 0.7", f"max_efficiency = {edit}"))
+        with pytest.raises(ClusterFileError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
+            read_cluster_file(path)
+        assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_a100_presets_share_one_compute_model():
+    """Galvatron's A100-40GB presets and dgx-a100-80gb: one fp32 efficiency (fitted by
+    benchmarks/paper_fidelity.py), the tensor-core dtypes' as benchmarks/efficiency_fit.py fitted."""
+    specs = [load_cluster(name).devices[0].spec for name in ("galvatron-16xa100", "galvatron-64xa100", "dgx-a100-80gb")]
+    assert len({(s.efficiencies["fp32"], s.half_efficiency_flops, s.kernel_overhead_s) for s in specs}) == 1
+    for s in specs:
+        assert s.efficiency_for("bf16") == s.efficiency_for("fp16") == s.efficiency_for("tf32") == 0.869
+
+
 def test_network_speeds_of_the_csimd_presets():
     slow, fast = load_cluster("csimd-v100-1gbe"), load_cluster("csimd-v100-10gbe")
     assert fast.link(0, 1).bandwidth_bytes_per_s == pytest.approx(10 * slow.link(0, 1).bandwidth_bytes_per_s)
@@ -119,7 +158,7 @@ def test_links_inside_and_between_nodes():
     assert c.link(0, 8).bandwidth_bytes_per_s < 13e9  # InfiniBand between nodes
     assert c.slowest_link((0, 1, 8)).bandwidth_bytes_per_s == c.link(0, 8).bandwidth_bytes_per_s
     assert c.link(3, 3).transfer_s(0) == 0.0
-    assert c.link(0, 8).transfer_s(1e6) == pytest.approx(c.link(0, 8).latency_s + 1e6 / 11.5e9)
+    assert c.link(0, 8).transfer_s(1e6) == pytest.approx(c.link(0, 8).latency_s + 1e6 / 12.5e9)
 
 
 HETERO = """

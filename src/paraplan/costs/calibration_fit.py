@@ -109,9 +109,11 @@ def fit_compute(s: LayerSamples) -> ComputeFit:
 def fitted_device(base: DeviceSpec, fit: ComputeFit, source: str) -> DeviceSpec:
     """`base` (name, memory) with the fitted figures: peak_flops is the fitted effective rate and
     max_efficiency 1, so that peak x max efficiency = E; w_half negligible (folded into k). The fit
-    is of fp32 runs: the other dtypes keep the base's ratio to fp32 (not measured)."""
+    is of fp32 runs: the other dtypes keep the base's effective rate relative to fp32 (peak x
+    efficiency; not measured), folded into their peaks."""
     ratio = fit.flops_per_s / base.peak_flops
     return replace(base, peak_flops=fit.flops_per_s, max_efficiency=1.0, half_efficiency_flops=1.0,
-                   other_peaks=tuple((dtype, peak * ratio) for dtype, peak in base.other_peaks),
+                   other_peaks=tuple((dtype, peak * ratio * base.efficiency_for(dtype) / base.max_efficiency)
+                                     for dtype, peak in base.other_peaks), other_efficiencies=(),
                    kernel_overhead_s=fit.kernel_overhead_s,
                    memory_bandwidth_bytes_per_s=fit.memory_bandwidth_bytes_per_s, source=source)

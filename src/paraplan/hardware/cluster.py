@@ -23,7 +23,7 @@ class DeviceSpec:
     memory_bandwidth_bytes_per_s: float
     memory_bytes: int
     kernel_overhead_s: float  # launch + framework dispatch per aten kernel
-    max_efficiency: float  # fraction of peak large kernels reach
+    max_efficiency: float  # fraction of the fp32 peak large kernels reach (other dtypes: other_efficiencies)
     # Work per kernel (FLOPs) at which a kernel reaches half of max_efficiency: small micro-batches
     # leave the device under-filled, so time is not proportional to batch (CSIMD Fig. 1).
     half_efficiency_flops: float
@@ -32,11 +32,27 @@ class DeviceSpec:
     # (precision.py: tf32, bf16, fp16); a dtype missing here the device does not have (no bf16 on a
     # V100, T4, P100 or TITAN RTX), and a plan in it is refused
     other_peaks: tuple[tuple[str, float], ...] = ()
+    # max_efficiency of the other dtypes, (dtype, fraction) sorted by dtype, where it differs from
+    # fp32's: tensor-core GEMMs reach another fraction of their peak than fp32's CUDA cores (the
+    # A100: 0.869 of 312 TFLOPS in bf16, benchmarks/efficiency_fit.py; fp32 fitted apart,
+    # benchmarks/paper_fidelity.py); a dtype missing here uses max_efficiency
+    other_efficiencies: tuple[tuple[str, float], ...] = ()
 
     @property
     def peaks(self) -> dict[str, float]:
         """FLOP/s per dtype the device computes in, fp32 included."""
         return {"fp32": self.peak_flops, **dict(self.other_peaks)}
+
+    @property
+    def efficiencies(self) -> dict[str, float]:
+        """max_efficiency per dtype given, fp32 included (the others fall back to fp32's)."""
+        return {"fp32": self.max_efficiency, **dict(self.other_efficiencies)}
+
+    def efficiency_for(self, precision: str) -> float:
+        """The fraction of its peak a large kernel in `precision` reaches."""
+        from paraplan.precision import Precision
+
+        return self.efficiencies.get(str(Precision(precision)), self.max_efficiency)
 
     def peak_for(self, precision: str) -> float:
         """The peak a plan in `precision` computes at (each precision has its dtype's peak: tf32 the
@@ -50,8 +66,8 @@ class DeviceSpec:
         return self.peaks[key]
 
     def for_precision(self, precision: str) -> DeviceSpec:
-        """The device as a cost model in `precision` sees it: its peak in that dtype."""
-        return replace(self, peak_flops=self.peak_for(precision))
+        """The device as a cost model in `precision` sees it: its peak and its efficiency in that dtype."""
+        return replace(self, peak_flops=self.peak_for(precision), max_efficiency=self.efficiency_for(precision))
 
 
 class PrecisionError(ParaplanError):

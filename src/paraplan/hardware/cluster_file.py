@@ -13,7 +13,9 @@
     memory_bandwidth_bytes_per_s = 900e9
     memory_gib = 32
     kernel_overhead_s = 1.0e-5
-    max_efficiency = 0.7
+    max_efficiency = 0.7                  # a fraction in (0, 1], or a table per dtype:
+                                          # { fp32 = 0.6, bf16 = 0.87 } (fp32 required; a dtype
+                                          # left out uses fp32's; only dtypes in peak_flops)
     half_efficiency_flops = 2.0e8
     source = "where these numbers come from"
 
@@ -79,6 +81,12 @@ class ClusterFileError(ParaplanError):
     pass
 
 
+def _shown(key: str) -> str:
+    """A key of the file as an error shows it: quoted when it holds a space, a newline or an
+    unprintable character, so that the message stays one line."""
+    return key if key.isprintable() and not any(c.isspace() for c in key) else repr(key)
+
+
 def _number(where: str, table: dict, key: str, expected: str, allow_zero: bool = False) -> float:
     if key not in table:
         raise ClusterFileError(f"{where}.{key}: missing (expected {expected})")
@@ -106,25 +114,54 @@ def _peaks(where: str, table: dict) -> tuple[float, tuple[tuple[str, float], ...
         return _number(where, table, "peak_flops", "FLOP/s, or a table { fp32 = ..., bf16 = ... }"), ()
     for key in value:
         if key not in PRECISIONS:
-            raise ClusterFileError(f"{where}.peak_flops.{key}: unknown dtype; expected any of {', '.join(PRECISIONS)}")
+            raise ClusterFileError(f"{where}.peak_flops.{_shown(key)}: unknown dtype; expected any of "
+                                   f"{', '.join(PRECISIONS)}")
     fp32 = _number(f"{where}.peak_flops", value, "fp32", "FLOP/s; every device computes in fp32")
     return fp32, tuple(sorted((key, _number(f"{where}.peak_flops", value, key, "FLOP/s"))
                               for key in value if key != "fp32"))
+
+
+def _fraction(where: str, table: dict, key: str) -> float:
+    value = _number(where, table, key, "a fraction in (0, 1]")
+    if value > 1:
+        raise ClusterFileError(f"{where}.{key}: expected a fraction in (0, 1], got {value}")
+    return value
+
+
+def _efficiencies(where: str, table: dict, dtypes: set[str]) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """`max_efficiency`: one fraction (every dtype) or a table per dtype the device has; (fp32's,
+    the other dtypes')."""
+    from paraplan.precision import PRECISIONS
+
+    value = table.get("max_efficiency")
+    if not isinstance(value, dict):
+        return _fraction(where, table, "max_efficiency"), ()
+    inner = f"{where}.max_efficiency"
+    for key in value:
+        if key not in PRECISIONS:
+            raise ClusterFileError(f"{inner}.{_shown(key)}: unknown dtype; expected any of {', '.join(PRECISIONS)}")
+        if key not in dtypes:
+            raise ClusterFileError(f"{inner}.{key}: the device has no {key} peak (peak_flops gives "
+                                   f"{', '.join(sorted(dtypes))})")
+    fp32 = _number(inner, value, "fp32", "a fraction in (0, 1]; a dtype left out uses fp32's")
+    if fp32 > 1:
+        raise ClusterFileError(f"{inner}.fp32: expected a fraction in (0, 1], got {fp32}")
+    return fp32, tuple(sorted((key, _fraction(inner, value, key)) for key in value if key != "fp32"))
 
 
 def _device(where: str, name: str, table: object) -> DeviceSpec:
     if not isinstance(table, dict):
         raise ClusterFileError(f"{where}: expected a table of device figures")
     fp32, other_peaks = _peaks(where, table)
-    values = {key: _number(where, table, key, unit) for key, unit in _DEVICE_FIELDS.items() if key != "peak_flops"}
-    if values["max_efficiency"] > 1:
-        raise ClusterFileError(f"{where}.max_efficiency: expected a fraction in (0, 1], got {values['max_efficiency']}")
+    efficiency, other_efficiencies = _efficiencies(where, table, {"fp32", *dict(other_peaks)})
+    values = {key: _number(where, table, key, unit) for key, unit in _DEVICE_FIELDS.items()
+              if key not in ("peak_flops", "max_efficiency")}
     return DeviceSpec(
         name=name, peak_flops=fp32, other_peaks=other_peaks,
         memory_bandwidth_bytes_per_s=values["memory_bandwidth_bytes_per_s"],
         memory_bytes=int(values["memory_gib"] * GIB), kernel_overhead_s=values["kernel_overhead_s"],
-        max_efficiency=values["max_efficiency"], half_efficiency_flops=values["half_efficiency_flops"],
-        source=str(table.get("source", "")),
+        max_efficiency=efficiency, other_efficiencies=other_efficiencies,
+        half_efficiency_flops=values["half_efficiency_flops"], source=str(table.get("source", "")),
     )
 
 
@@ -139,7 +176,7 @@ def cluster_from_dict(data: dict, origin: str) -> Cluster:
     types_table = data.get("device_types")
     if not isinstance(types_table, dict) or not types_table:
         raise ClusterFileError(f"{origin}: device_types: expected at least one [device_types.NAME] table")
-    types = {t: _device(f"{origin}: device_types.{t}", t, tbl) for t, tbl in types_table.items()}
+    types = {t: _device(f"{origin}: device_types.{_shown(t)}", t, tbl) for t, tbl in types_table.items()}
     nodes_list = data.get("nodes")
     if not isinstance(nodes_list, list) or not nodes_list:
         raise ClusterFileError(f"{origin}: nodes: expected at least one [[nodes]] table")
@@ -246,7 +283,8 @@ def cluster_to_dict(cluster: Cluster, calibration: dict | None = None) -> dict:
         "device_types": {
             name: {"peak_flops": d.peaks if d.other_peaks else d.peak_flops, "memory_bandwidth_bytes_per_s": d.memory_bandwidth_bytes_per_s,
                    "memory_gib": d.memory_bytes / GIB, "kernel_overhead_s": d.kernel_overhead_s,
-                   "max_efficiency": d.max_efficiency, "half_efficiency_flops": d.half_efficiency_flops,
+                   "max_efficiency": d.efficiencies if d.other_efficiencies else d.max_efficiency,
+                   "half_efficiency_flops": d.half_efficiency_flops,
                    "source": d.source}
             for name, d in types.items()
         },

@@ -17,6 +17,7 @@ The requests (model, cluster, global batch, sequence length where not the zoo's)
   Llama-2-7B-like, sequence 2,048: 8 GPUs at batch 64, 64 GPUs at batch 512
   Llama-2-13B-like, sequence 2,048: 64 GPUs at batch 512
   Llama-2-70B-like (sequence 1,024): 64 GPUs at batch 512; 256, 512 and 1,024 GPUs at batch 1,024
+  (examples/a100-80gb-x{64,256,1024}.toml: the preset's machine at those sizes)
 
 Writes $PARAPLAN_BENCH_OUT/bound_gap.json (default bench-out/; `make results` copies it to
 results/). Run: .venv/bin/python benchmarks/bound_gap.py [--only NAME ...]   (15-20 minutes)
@@ -35,6 +36,7 @@ from paraplan.planners.auto import compare
 from paraplan.workload import workload
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out"))
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"  # the 70B-like comparison's cluster files
 
 REQUESTS = [  # (name, model, cluster, batch, seq_len)
     ("csimd", "vgg-16", "csimd-v100-10gbe", 64, None),
@@ -45,10 +47,10 @@ REQUESTS = [  # (name, model, cluster, batch, seq_len)
     ("llama7b-8", "llama2-7b", "dgx-a100-80gb?nodes=1", 64, 2048),
     ("llama7b-64", "llama2-7b", "dgx-a100-80gb?nodes=8", 512, 2048),
     ("llama13b-64", "llama2-13b", "dgx-a100-80gb?nodes=8", 512, 2048),
-    ("llama70b-64", "llama2-70b", "dgx-a100-80gb?nodes=8", 512, None),
-    ("llama70b-256", "llama2-70b", "dgx-a100-80gb?nodes=32", 1024, None),
+    ("llama70b-64", "llama2-70b", str(EXAMPLES / "a100-80gb-x64.toml"), 512, None),
+    ("llama70b-256", "llama2-70b", str(EXAMPLES / "a100-80gb-x256.toml"), 1024, None),
     ("llama70b-512", "llama2-70b", "dgx-a100-80gb?nodes=64", 1024, None),
-    ("llama70b-1024", "llama2-70b", "dgx-a100-80gb?nodes=128", 1024, None),
+    ("llama70b-1024", "llama2-70b", str(EXAMPLES / "a100-80gb-x1024.toml"), 1024, None),
 ]
 
 

@@ -9,12 +9,14 @@ candidates the issue counted 3 of 20 cells beaten on 8 TITANs at batch 64, 2 at 
 on 16 A100s.
 
 Writes $PARAPLAN_BENCH_OUT/galvatron_grid.json (default bench-out/). Run:
-.venv/bin/python benchmarks/galvatron_grid.py   (several minutes: 80 cells x 11 planners)
+.venv/bin/python benchmarks/galvatron_grid.py [--jobs 2]   (several minutes: 80 cells x 11 planners)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -51,19 +53,22 @@ def cell(model: str, cluster: str, batch: int, budget: int) -> dict:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1, help="cells planned at a time (forked processes)")
+    args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    cells = []
-    for cluster in CLUSTERS:
-        for batch in BATCHES:
-            for model in MODELS:
-                for budget in BUDGETS:
-                    cells.append(cell(model, cluster, batch, budget))
-                    c = cells[-1]
-                    print(f"{cluster} b{batch} {model} {budget} GiB: BMW {c['bmw_samples_per_s']} "
-                          f"({c['bmw_found_by']}, {c['bmw_search_s']} s), best variant {c['best_variant']} "
-                          f"{c['best_variant_samples_per_s']}{'  BEATEN' if c['beaten'] else ''}", flush=True)
+    todo = [(model, cluster, batch, budget) for cluster in CLUSTERS for batch in BATCHES for model in MODELS
+            for budget in BUDGETS]
+    with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+        cells = []
+        for (model, cluster, batch, budget), c in zip(todo, pool.starmap(cell, todo), strict=True):
+            cells.append(c)
+            print(f"{cluster} b{batch} {model} {budget} GiB: BMW {c['bmw_samples_per_s']} "
+                  f"({c['bmw_found_by']}, {c['bmw_search_s']} s), best variant {c['best_variant']} "
+                  f"{c['best_variant_samples_per_s']}{'  BEATEN' if c['beaten'] else ''}", flush=True)
     found = [c["bmw_found_by"] for c in cells if c["bmw_samples_per_s"] > 0]
-    summary = {"cells": len(cells), "beaten": sum(c["beaten"] for c in cells),
+    summary = {"cells": len(cells), "beaten": sum(c["beaten"] for c in cells), "jobs": args.jobs,
+               "load_average": round(os.getloadavg()[0], 2),
                "found_by_another_variant": sum(f != "galvatron-bmw" for f in found),
                "median_bmw_search_s": sorted(c["bmw_search_s"] for c in cells)[len(cells) // 2]}
     (OUT / "galvatron_grid.json").write_text(json.dumps({"summary": summary, "cells": cells}, indent=2) + "\n")

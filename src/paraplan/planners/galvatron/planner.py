@@ -147,6 +147,8 @@ def _search(request: PlanRequest, variant: Variant, options: dict):
         return max_batch(request, variant, bins, schedules, pps, step), note
     if options.get("batch_search", "given") == "best":
         return best_batch(request, variant, bins, schedules, pps, step), note
+    if options.get("pp_order", "ascending") == "descending":  # the same degrees, the deepest pipelines first
+        pps = tuple(sorted(pps, reverse=True))
     return search_batch(request, variant, bins, schedules, pps, widen=True), note
 
 
@@ -225,6 +227,10 @@ _OPTIONS = {
     "bmw_partition": OptionSpec(BMW_PARTITION, "the partitions Algorithm 2 searches (BMW variants), '+'-joined from "
                                 "even, memory (p_m alone), time (p_t alone), biobj (p_m and the balance adjustment)",
                                 bmw_parts),
+    "pp_order": OptionSpec("ascending", "the order pipeline degrees are searched in (the same degrees either way; "
+                            "in `plan --planner auto`, Galvatron-Base searches from the deepest pipelines while BMW "
+                            "searches from one stage, so that two searches stopped by the time limit cover both ends)",
+                            one_of("pp_order", ("ascending", "descending"))),
     "portfolio": OptionSpec(True, "Galvatron-Base / -BMW: also search the variants inside their space and keep the "
                             "simulator's best (off in `plan --planner auto`, where those variants are rows of "
                             "their own)", one_of("portfolio", (True, False))),

@@ -302,11 +302,16 @@ def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: 
             # KeyboardInterrupt traceback. SIGINT is blocked across the fork (the child inherits
             # the mask and ignores it before unblocking: `_run_one`); the parent's pending one,
             # if any, arrives as the mask is restored.
-            previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            # (the mask is read first and restored in the finally whatever happens: pthread_sigmask
+            # runs pending handlers once the mask is set, so an exception there must not leave SIGINT
+            # blocked in this process, and in every process it starts after)
+            was_blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
             try:
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
                 proc.start()
             finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+                if not was_blocked:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             child.close()
             running[name] = (proc, parent, time.perf_counter() + allowed)
         for name, (proc, conn, stop_at) in list(running.items()):

@@ -93,16 +93,14 @@ def lower_bound(cm: CostModel, batch: int) -> LowerBound:
     work = float(per_batch[0].min(axis=1).sum())  # per layer, the cheapest device kind and piece size
     work_s = work / n
     memory_s, micro = _memory_bound(cm, batch, sizes, per_batch)
-    ops_fit = _operators_fit(cm, batch)
+    # where an operator placement could fit, its family has the work bound alone (module docstring)
+    counted = np.isfinite(memory_s) and not _operators_fit(cm, batch)
     # memory is said to bind only where it adds something worth naming (a tenth of a percent)
-    if ops_fit or memory_s <= work_s * (1 + 1e-3):
-        return LowerBound(iteration_s=max(work_s, memory_s) if np.isfinite(memory_s) and not ops_fit else work_s,
-                          work_s=work, one_device_s=one_device, n_devices=n,
-                          memory_s=memory_s if np.isfinite(memory_s) else 0.0)
-    if not np.isfinite(memory_s):  # no micro-batch fits even with everything recomputed: no plan fits
-        return LowerBound(iteration_s=work_s, work_s=work, one_device_s=one_device, n_devices=n)
-    return LowerBound(iteration_s=memory_s, work_s=work, one_device_s=one_device, n_devices=n, binding="memory",
-                      memory_s=memory_s, micro_batch=micro)
+    if counted and memory_s > work_s * (1 + 1e-3):
+        return LowerBound(iteration_s=memory_s, work_s=work, one_device_s=one_device, n_devices=n, binding="memory",
+                          memory_s=memory_s, micro_batch=micro)
+    return LowerBound(iteration_s=max(work_s, memory_s) if counted else work_s, work_s=work, one_device_s=one_device,
+                      n_devices=n, memory_s=memory_s if np.isfinite(memory_s) else 0.0)
 
 
 MODES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
@@ -112,13 +110,13 @@ def _mode_times(cm: CostModel, kinds, sizes: np.ndarray) -> np.ndarray:
     """[recompute mode, layer, piece size]: forward + backward seconds of one piece on the fastest
     device kind, with the forward (or, selective, the attention core's share of it) once more."""
     out = np.full((len(MODES), cm.model.n_layers, len(sizes)), np.inf)
-    for c in kinds:
-        for i, layer in enumerate(cm.model.layers):
+    for i, layer in enumerate(cm.model.layers):
+        flops = np.array([layer.forward_flops.at(s) for s in sizes])
+        core = np.array([layer.attention_core_flops.at(s) for s in sizes])
+        share = np.divide(core, flops, out=np.zeros_like(flops), where=flops > 0)  # the core's share of the forward
+        for c in kinds:
             f = np.asarray(c.forward[i](sizes), dtype=float) * np.ones_like(sizes)
             b = np.asarray(c.backward[i](sizes), dtype=float) * np.ones_like(sizes)
-            flops = np.array([layer.forward_flops.at(s) for s in sizes])
-            core = np.array([layer.attention_core_flops.at(s) for s in sizes])
-            share = np.divide(core, flops, out=np.zeros_like(flops), where=flops > 0)
             for k, extra in enumerate((0.0, f * share, f)):
                 out[k, i] = np.minimum(out[k, i], f + b + extra)
     return out
@@ -128,7 +126,7 @@ def _memory_bound(cm: CostModel, batch: int, sizes: np.ndarray, per_batch: np.nd
     """The memory term (module docstring): its seconds over the best micro-batch, and that micro-batch
     (inf, 0: none fits)."""
     model, config, n = cm.model, cm.memory, cm.cluster.n_devices
-    capacity = sum(max(0.0, float(d.spec.memory_bytes) - config.reserve_bytes) for d in cm.cluster.devices)
+    capacity = _usable_memory(cm)
     states = sum(layer_memory(model, i, LayerStrategy(), 1.0, config).states_bytes for i in range(model.n_layers))
     room = capacity - states
     best, best_b = np.inf, 0
@@ -177,5 +175,9 @@ def _operators_fit(cm: CostModel, batch: int) -> bool:
     backward = np.array([node.phase == "backward" for node in graph.nodes])
     read_by_backward = {e.src for e in graph.edges if backward[e.dst] and not backward[e.src]}
     alive = sum(graph.nodes[i].output_bytes.at(batch) for i in read_by_backward)
-    capacity = sum(max(0.0, float(d.spec.memory_bytes) - cm.memory.reserve_bytes) for d in cm.cluster.devices)
-    return float(resident_bytes(params, backward).sum()) + alive <= capacity
+    return float(resident_bytes(params, backward).sum()) + alive <= _usable_memory(cm)
+
+
+def _usable_memory(cm: CostModel) -> float:
+    """Bytes every device can hold beyond the fixed reserve, summed over the cluster."""
+    return sum(max(0.0, float(d.spec.memory_bytes) - cm.memory.reserve_bytes) for d in cm.cluster.devices)

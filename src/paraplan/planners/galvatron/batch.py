@@ -52,7 +52,7 @@ def search_batch(request: PlanRequest, variant: Variant, bins: int, schedules, p
                     here = r
         return here
 
-    for n_stages in pps:
+    for done, n_stages in enumerate(pps, start=1):
         counts = micro_counts(request, request.batch, n_stages)
         stage_best = None
         for n_micro in counts:
@@ -74,7 +74,6 @@ def search_batch(request: PlanRequest, variant: Variant, bins: int, schedules, p
             if widen and np.isfinite(best.estimate_s):  # a search stopped by its time limit keeps it
                 progress.offer(best.plan)
         if widen:
-            done = pps.index(n_stages) + 1
             progress.at(f"{variant.name}: {done} of {len(pps)} pipeline degrees searched ({pps[0]} to {n_stages} "
                         "stages)")
     if best is None:

@@ -50,13 +50,25 @@ def add_parser(sub) -> None:
                         "(docs/runtime.md)")
     p.add_argument("--data-dtype", choices=("uint16", "uint32"), default="uint16",
                    help="the width of each token id in a --data token file")
-    p.set_defaults(func=run)
+    p.add_argument("--print-launch", action="store_true",
+                   help="print the torchrun command of each node and a Slurm batch script that run this plan on "
+                        "--nodes machines (the other options passed on), and exit without starting anything")
+    p.add_argument("--nodes", type=int, default=None, help="with --print-launch: machines (default: 1)")
+    p.add_argument("--gpus-per-node", type=int, default=None,
+                   help="with --print-launch: processes (GPUs) per machine (default: the plan's devices / --nodes)")
+    p.add_argument("--master", default=None,
+                   help="with --print-launch: the first machine's address, which hosts the rendezvous "
+                        "(default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="with --print-launch: the rendezvous port (default: 29500)")
+    p.add_argument("--slurm", action="store_true", help="with --print-launch: print only the Slurm batch script")
+    p.set_defaults(func=run, train_parser=p)  # the parser: --print-launch passes on what differs from its defaults
 
 
-def _data_check(check, *args) -> None:
-    """runtime/data.py's checks name the field (data, data_dtype); here it is the flag."""
+def _data_check(check, *args):
+    """runtime/data.py's and launch_script.py's checks name the field (data_dtype, gpus_per_node);
+    here it is the flag."""
     try:
-        check(*args)
+        return check(*args)
     except FieldError as exc:
         raise ParaplanError(f"--{exc.field.replace('_', '-')}: {exc.detail}") from None
 
@@ -67,6 +79,8 @@ def run(args) -> int:
     from paraplan.workload import attention_here, cost_model, measured_model
 
     plan = read_plan(args.plan)
+    if args.print_launch or _launch_flags_given(args):
+        return _print_launch(args, plan)
     model = args.model or plan.model
     out_dir = args.out_dir or str(default_run_dir())  # ./runs/<date>-<time>, printed
     # every check before any work: where results go, the comparison's cluster, the checkpoints
@@ -83,6 +97,35 @@ def run(args) -> int:
     if not _launch(args, config, world, out_dir, torchrun):
         return 0  # a torchrun rank other than 0: rank 0 reports
     _report(args, plan, out_dir, cm, compare_cluster, overheads, predicted_memory, breakdowns)
+    return 0
+
+
+_LAUNCH_FLAGS = {"nodes", "gpus_per_node", "master", "port", "slurm"}
+# not passed on to the nodes: the launch's own flags, and --nproc (under torchrun the launch sets the world)
+_NOT_PASSED_ON = {*_LAUNCH_FLAGS, "print_launch", "plan", "nproc", "func", "command", "train_parser"}
+
+
+def _launch_flags_given(args) -> list[str]:
+    return [f"--{d.replace('_', '-')}" for d in sorted(_LAUNCH_FLAGS)
+            if getattr(args, d) is not None and getattr(args, d) is not False]
+
+
+def _print_launch(args, plan) -> int:
+    """--print-launch: the commands that run the plan on --nodes machines, with every option given
+    besides the launch's (those that differ from their defaults); nothing starts."""
+    from paraplan.runtime.launch_script import launch_text, make_launch
+
+    if not args.print_launch:
+        raise ParaplanError(f"{', '.join(_launch_flags_given(args))}: only with --print-launch")
+    options = []
+    for dest, value in vars(args).items():
+        if dest in _NOT_PASSED_ON or value is None or value is False or value == args.train_parser.get_default(dest):
+            continue
+        options += [f"--{dest.replace('_', '-')}", *([] if value is True else [str(value)])]
+    launch = _data_check(lambda: make_launch(len(plan.devices), args.plan, nodes=args.nodes,
+                                             gpus_per_node=args.gpus_per_node, master=args.master, port=args.port,
+                                             train_options=options))
+    print(launch_text(launch, slurm_only=args.slurm), end="")
     return 0
 
 

@@ -189,6 +189,17 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
+def _loopback(address: str) -> bool:
+    import ipaddress
+
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name: another machine's, as far as gloo's interface is concerned
+        return False
+
+
 def run_under_torchrun(config: TrainConfig) -> dict:
     """Each torchrun process is one rank; the environment says which (RANK, WORLD_SIZE, MASTER_*)."""
     import datetime
@@ -200,7 +211,10 @@ def run_under_torchrun(config: TrainConfig) -> dict:
     from paraplan.runtime.rank_base import backend
     from paraplan.runtime.teardown import end_rank
 
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if _loopback(os.environ.get("MASTER_ADDR", "")):
+        # every rank on this host: gloo on the loopback interface (../shared/notes/runtime-on-cpu.md);
+        # across machines gloo must pick a real interface (or the user's GLOO_SOCKET_IFNAME)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
 
     dist.init_process_group(backend(), timeout=datetime.timedelta(seconds=config.timeout_s))

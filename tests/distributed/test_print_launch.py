@@ -1,0 +1,70 @@
+"""`paraplan train --print-launch` (runtime/launch_script.py): the printed node commands, run as
+printed (through bash) as two "nodes" on loopback, train the plan with paraplan's runtime. The
+script's own checks are in tests/unit/test_launch_script.py."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from paraplan_process import run_paraplan
+
+from paraplan.system.localnet import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAN_2 = ROOT / "examples" / "gpt2-tiny-local-1f1b-2x4.json"  # 2 stages, one device each
+# the venv's torchrun first on PATH (the same Python); gloo on loopback (shared/notes/runtime-on-cpu.md)
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "GLOO_SOCKET_IFNAME": "lo",
+       "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+TIMEOUT_S = 240
+
+
+def _in_session(sid: int) -> list[int]:
+    """The live processes of a session (a node's torchrun and the ranks it started)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":  # fields after the name: state, ppid, pgrp, session
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def test_the_printed_node_commands_train_the_plan_on_two_nodes(tmp_path):
+    out = tmp_path / "two nodes"  # a space: the printed commands quote it
+    printed = run_paraplan("train", "--plan", PLAN_2, "--print-launch", "--nodes", "2", "--gpus-per-node", "1",
+                           "--master", "127.0.0.1", "--port", free_port(), "--steps", "2", "--out-dir", out,
+                           env=ENV, timeout=120)
+    assert printed.returncode == 0, printed.stderr
+    commands = [line for line in printed.stdout.splitlines() if line.startswith("torchrun ")]
+    assert len(commands) == 2 and "--node-rank 0" in commands[0] and "--node-rank 1" in commands[1]
+    assert not out.exists()  # printing starts nothing
+
+    # each node in a session of its own: whatever its torchrun started can be found and, on a failure, ended
+    nodes = [subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True) for command in commands]
+    deadline = time.monotonic() + TIMEOUT_S
+    results = []
+    try:
+        for node in nodes:
+            results.append(node.communicate(timeout=max(1.0, deadline - time.monotonic())))
+    finally:
+        for node in nodes:
+            if node.poll() is None or _in_session(node.pid):
+                os.killpg(node.pid, signal.SIGKILL)
+                node.communicate()
+    assert [node.returncode for node in nodes] == [0, 0], [(c, err[-3000:]) for c, (_, err) in zip(commands, results, strict=True)]
+    assert all("Traceback" not in err for _, err in results), results
+    losses = json.loads((out / "losses.json").read_text())
+    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses), losses
+    # node 1's process is rank 1: both stages wrote their step times
+    assert sorted(p.name for p in out.glob("steps_rank*.json")) == ["steps_rank0.json", "steps_rank1.json"]
+    time.sleep(0.5)
+    assert not [pid for node in nodes for pid in _in_session(node.pid)], "a process of a node outlived it"
+

@@ -5,13 +5,13 @@ The public API is small; see docs/architecture.md for the flow of data.
 
 from paraplan.errors import ParaplanError
 
-__all__ = ["ParaplanError", "__version__", "compare", "load_plan", "plan", "simulate", "train"]
+__all__ = ["ParaplanError", "__version__", "compare", "export", "load_plan", "plan", "simulate", "train"]
 __version__ = "0.1.0"
-_API = ("compare", "load_plan", "plan", "simulate", "train")
+_API = ("compare", "export", "load_plan", "plan", "simulate", "train")
 
 
 def __getattr__(name: str):
-    """paraplan.plan(...), .simulate, .train, .compare, .load_plan (paraplan/api.py), imported on first
+    """paraplan.plan(...), .simulate, .train, .compare, .export, .load_plan (paraplan/api.py), imported on first
     use so that `import paraplan` (and the command line's start) stays light."""
     if name in _API:
         from paraplan import api

@@ -7,6 +7,8 @@
     sim = paraplan.simulate(best)                     # the simulator's Simulation (timeline, memory)
     one = paraplan.plan("vgg-16", "csimd-v100-1gbe", batch=64, planner="csimd", stages=4)
     table = paraplan.compare("lenet-5", "local", batch=16)   # every planner's row and the lower bound
+    best_tt = paraplan.plan("llama2-7b", "dgx-a100-80gb", batch=64, engine="torchtitan")  # one torchtitan runs
+    paraplan.export(best_tt, to="torchtitan", out="llama.args")   # its overrides (paraplan export)
     result = paraplan.train(paraplan.load_plan("plan.json"), steps=3)   # real processes (gloo)
 
 Errors are ParaplanError (FieldError names the argument), as the command line's one-line messages.
@@ -35,10 +37,10 @@ def _limit_to_this_machine() -> None:
     set_memory_source(available_memory_bytes)
 
 
-def _request(model: str, cluster: str, batch: int, *, operators: bool, memory=None, stages=None,
-             micro_batches=None, schedule=None, profile=None, seq_len=None, image_size=None, exact_stages=False,
-             options=None, precision=None):
-    """The PlanRequest of the keywords (paraplan/workload.py, as the command line builds it); the
+def _workload(model: str, cluster: str, batch: int, *, operators: bool, memory=None, stages=None,
+              micro_batches=None, schedule=None, profile=None, seq_len=None, image_size=None, exact_stages=False,
+              options=None, precision=None):
+    """The Workload of the keywords (paraplan/workload.py, as the command line builds it); the
     operator graph, where asked, only where the model can be traced."""
     from paraplan.workload import workload
 
@@ -46,18 +48,56 @@ def _request(model: str, cluster: str, batch: int, *, operators: bool, memory=No
     return workload(model, cluster, batch=batch, profile=profile, memory=memory, seq_len=seq_len,
                     image_size=image_size, operators="optional" if operators else None, stages=stages,
                     micro_batches=micro_batches, schedule=schedule, exact_stages=exact_stages,
-                    options=options, precision=precision).request
+                    options=options, precision=precision)
 
 
-def compare(model: str, cluster: str, batch: int, *, time_limit: float = 60.0, planners=None, **kw):
-    """Every applicable planner on one request (paraplan/planners/auto.py Comparison: rows, best, bound)."""
+def _request(model: str, cluster: str, batch: int, **kw):
+    return _workload(model, cluster, batch, **kw).request
+
+
+def compare(model: str, cluster: str, batch: int, *, time_limit: float = 60.0, planners=None, engine: str | None = None,
+            **kw):
+    """Every applicable planner on one request (paraplan/planners/auto.py Comparison: rows, best, bound).
+    engine="torchtitan" | "megatron" | "deepspeed": only the plans that engine can run count (the
+    others "refused", with projections of them it can run; `paraplan plan --engine`)."""
     from paraplan.planners.auto import compare as run
 
-    return run(_request(model, cluster, batch, operators=True, **kw), planners=planners, time_limit_s=time_limit)
+    if engine is not None:
+        from paraplan.engines import check_engine
+
+        check_engine(engine)
+    w = _workload(model, cluster, batch, operators=True, **kw)
+    result = run(w.request, planners=planners, time_limit_s=time_limit)
+    if engine is None:
+        return result
+    from paraplan.engines.restrict import restrict
+    from paraplan.engines.shape import shape_of
+    from paraplan.planners.auto import judged_row
+
+    return restrict(result, engine, shape_of(w.built, w.built.ref),
+                    judge=lambda name, plan: judged_row(name, plan, w.request.costs),
+                    sequence_parallel=w.request.sequence_parallel)
+
+
+def export(plan_or_path: Plan | str | Path, to: str, out: str | Path | None = None):
+    """The plan as engine `to`'s configuration (paraplan/engines: Exported.text, .notes, .command);
+    with `out`, also written there (`paraplan export PLAN --to ENGINE --out FILE`). Raises
+    ParaplanError (ExportRefused) naming what the engine cannot run."""
+    from paraplan.engines import export as run
+    from paraplan.system.fileio import atomic_write_text
+
+    plan = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
+    csv_path = str(Path(out).with_suffix(".schedule.csv")) if out is not None else "schedule.csv"
+    result = run(plan, to, schedule_csv_path=csv_path)
+    if out is not None:
+        if result.schedule_csv:
+            atomic_write_text(csv_path, result.schedule_csv)
+        atomic_write_text(out, result.text)
+    return result
 
 
 def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_limit: float = 60.0,
-         try_top: int = 0, rounds: int = 3, steps: int = 12, **kw) -> Plan:
+         try_top: int = 0, rounds: int = 3, steps: int = 12, engine: str | None = None, **kw) -> Plan:
     """The best plan (planner="auto": every planner compared) or one planner's, with the
     simulator's prediction; raises ParaplanError when nothing fits. precision="bf16" (fp32, tf32,
     bf16, fp16; default: the cluster's default_precision) and the other keywords of compare().
@@ -74,7 +114,7 @@ def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_li
             if try_top < 2:
                 raise ParaplanError(f"try_top: at least 2 plans to try, got {try_top}")
             check_this_machine(load_cluster(cluster), cluster, "try_top")
-        result = compare(model, cluster, batch, time_limit=time_limit, **kw)
+        result = compare(model, cluster, batch, time_limit=time_limit, engine=engine, **kw)
         if result.best is None:
             from paraplan.planners.auto import no_plan_reason
 
@@ -82,8 +122,9 @@ def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_li
         if try_top:
             return _measured_best(result, try_top, rounds, steps)
         return result.row(result.best).plan
-    if try_top:
-        raise ParaplanError("try_top: only with planner='auto' (the comparison of every planner)")
+    if try_top or engine:
+        raise ParaplanError(f"{'try_top' if try_top else 'engine'}: only with planner='auto' (the comparison of "
+                            "every planner)")
     from paraplan.planners.registry import make_plan
     from paraplan.planners.registry import planner as spec_of
     from paraplan.simulator.predict import simulate_plan

@@ -24,7 +24,8 @@ PURE = ["models/spec.py", "models/opspec.py", "costs/op_costs.py", "costs/op_mem
         "planners/fddps/list_scheduling.py", "planners/fddps/dps.py", "planners/fddps/baselines.py",
         "planners/fddps/planner.py",
         "simulator/engine.py", "plans/schedules.py",
-        "simulator/pipeline.py", "simulator/plan_work.py", "simulator/predict.py", "simulator/dag.py"]
+        "simulator/pipeline.py", "simulator/plan_work.py", "simulator/predict.py", "simulator/dag.py",
+        "engines/layout.py", "engines/torchtitan.py", "engines/megatron.py", "engines/deepspeed.py"]
 FORBIDDEN_MODULES = {"torch", "subprocess", "socket", "multiprocessing", "tomllib", "json", "pathlib", "shutil"}
 FORBIDDEN_CALLS = {"open"}
 

@@ -1,7 +1,7 @@
 """The `paraplan` command: parsing, calling the library, printing. No logic of its own.
 
 One module per command, each adding its own subparser (`add_parser`) and running it (`run`):
-listing (models, clusters), inspect, plan (one planner, or every one compared), simulate, train,
+listing (models, clusters), inspect, plan (one planner, or every one compared), simulate, train, export,
 profile (and profile-links), bench, calibrate. args.py holds the argument types and the checks that
 run before any work, ui.py the progress bars, spinners and SIGTERM. The requests themselves are
 built by the library (paraplan/workload.py), as the Python API builds them.
@@ -16,14 +16,14 @@ import argparse
 import sys
 
 import paraplan
-from paraplan.cli import bench, calibrate, inspect, listing, plan, profile, simulate, train
+from paraplan.cli import bench, calibrate, export, inspect, listing, plan, profile, simulate, train
 from paraplan.cli.args import FLAGS, SEE_NAMES, Parser
 from paraplan.cli.ui import Terminated, on_sigterm
 from paraplan.errors import FieldError, ParaplanError, UnknownNameError
 
 # each command's subparser, in the order `paraplan --help` lists them
 SUBPARSERS = (listing.add_models, listing.add_clusters, inspect.add_parser, plan.add_parser, simulate.add_parser,
-              train.add_parser, profile.add_profile, bench.add_parser, profile.add_profile_links,
+              train.add_parser, export.add_parser, profile.add_profile, bench.add_parser, profile.add_profile_links,
               calibrate.add_parser)
 
 

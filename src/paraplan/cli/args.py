@@ -21,7 +21,8 @@ FLAGS = {"batch": "--batch", "stages": "--stages", "micro_batches": "--micro-bat
          "memory_bytes": "--memory-gib", "batch_sizes": "--batch-sizes"}
 
 # where each kind of name is listed (an unknown name with no close match points here)
-SEE_NAMES = {"model": "paraplan models", "cluster": "paraplan clusters", "planner": "paraplan plan --help"}
+SEE_NAMES = {"model": "paraplan models", "cluster": "paraplan clusters", "planner": "paraplan plan --help",
+             "engine": "paraplan export --help"}
 
 # the help of the arguments several commands share
 MODEL_HELP = ("a zoo name (paraplan models), hf:TYPE?key=value&... or hf:path/config.json (a transformers config), "

@@ -77,6 +77,9 @@ def add_parser(sub) -> None:
     p.add_argument("--profile", default=None, help="measured profile (paraplan profile) in place of analytic costs")
     add_sizes(p)
     add_precision(p)
+    p.add_argument("--engine", default=None, metavar="ENGINE",
+                   help="auto: keep only the plans this engine can run (torchtitan, megatron, deepspeed; "
+                        "docs/engines.md), the unrestricted best beside; export it with paraplan export")
     p.add_argument("--out", default="plan.json", help="write the plan (with its prediction) here")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(func=run)
@@ -111,7 +114,8 @@ def _options(args, given: dict) -> tuple[object, dict]:
     from paraplan.planners.registry import planner
     from paraplan.planners.request import validated_options
 
-    for flag, value in (("--time-limit", args.time_limit), ("--report", args.report), ("--try-top", args.try_top)):
+    for flag, value in (("--time-limit", args.time_limit), ("--report", args.report), ("--try-top", args.try_top),
+                        ("--engine", args.engine)):
         if value is not None:
             raise ParaplanError(f"{flag}: only with --planner auto (the comparison of every planner)")
     spec_of_planner = planner(args.planner)  # an unknown name fails before any work
@@ -261,6 +265,10 @@ def _check_auto(args, given: dict) -> None:
             raise ParaplanError(f"--{k}: an option of one planner; give --planner too")
     if args.time_limit is not None and not args.time_limit > 0:
         raise ParaplanError(f"--time-limit: must be positive, got {args.time_limit}")
+    if args.engine is not None:
+        from paraplan.engines import check_engine
+
+        check_engine(args.engine)
     check_plan_sizes(args)
     check_output("--out", args.out)
     if args.report:
@@ -298,6 +306,10 @@ def run_auto(args, given: dict) -> int:
     # model) comes out of it, leaving the comparison at least half
     limit = args.time_limit or 60.0
     result = _compare(request, err, max(limit - (time.perf_counter() - started), limit / 2), args.json)
+    if args.engine:  # only the plans that engine can run; the unrestricted best kept beside
+        from paraplan.cli.export import restricted
+
+        result = restricted(result, args.engine, w)
     best = result.row(result.best) if result.best else None
     if best is not None:
         write_plan(best.plan, args.out)
@@ -366,6 +378,10 @@ def _print_comparison(args, result, best, gap, model_ref: str, precision: str) -
             out.print(f"schedule: {best.plan.schedule}"
                       + (f", {best.plan.virtual_stages} chunks per device" if best.plan.virtual_stages > 1 else "")
                       + f"; next best schedule for this planner: {opts['schedule_runner_up'] or 'none'}")
+    if result.engine:
+        from paraplan.cli.export import engine_line
+
+        out.print(engine_line(result, best))
     if args.report:
         out.print(f"report written to {args.report}/index.html")
 
@@ -375,6 +391,8 @@ def auto_json(result, out: str | None, gap: float | None, plan_to_dict) -> dict:
     return {
         "schema": "paraplan.plan.auto/1",
         "best": result.best, "out": out, "gap_to_bound": gap, "wall_s": result.wall_s,
+        "engine": result.engine or None,
+        "unrestricted_best": result.unrestricted.planner if result.unrestricted else None,
         "lower_bound": {"iteration_s": result.bound.iteration_s, "work_s": result.bound.work_s,
                         "one_device_s": result.bound.one_device_s, "n_devices": result.bound.n_devices,
                         "binding": result.bound.binding, "micro_batch": result.bound.micro_batch},

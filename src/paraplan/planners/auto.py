@@ -42,7 +42,7 @@ NOT_COMPARED = {"random": "a random division (a baseline for tests)", "brute-for
 @dataclass(frozen=True)
 class Row:
     planner: str
-    status: str  # ok | infeasible | failed | timeout | skipped
+    status: str  # ok | infeasible | failed | timeout | skipped | refused (by --engine)
     plan: Plan | None = None
     iteration_s: float | None = None
     throughput: float | None = None
@@ -63,6 +63,10 @@ class Comparison:
     best: str | None  # the chosen planner's name (None: nothing feasible)
     bound: LowerBound
     wall_s: float
+    # `paraplan plan --engine E` (export/restrict.py): rows of plans E cannot run are "refused", and
+    # the best row of the comparison before that restriction is kept here
+    engine: str = ""
+    unrestricted: Row | None = None
 
     def row(self, name: str) -> Row:
         return next(r for r in self.rows if r.planner == name)
@@ -157,6 +161,11 @@ def _row(name: str, plan: Plan, costs, search_s: float, timed_out: bool = False,
                capacity_bytes=tuple(m.capacity_bytes for m in p.memory), bubble=sim.bubble_fraction,
                search_s=plan.search.search_s if plan.search and not timed_out else search_s, shape=describe(plan),
                reason=reason, timed_out=timed_out)
+
+
+def judged_row(name: str, plan: Plan, costs) -> Row:
+    """A plan made outside the planners (export/restrict.py's projections) as a row of the comparison."""
+    return replace(_row(name, replace(plan, search=None), costs, 0.0), search_s=None)
 
 
 def _stopped(name: str, request: PlanRequest, time_limit_s: float, elapsed_s: float) -> Row:

@@ -24,7 +24,7 @@ from paraplan.simulator.export import gantt
 from paraplan.simulator.predict import simulate_plan
 from paraplan.system.fileio import atomic_write_text, make_dirs
 
-STATUS_ORDER = {"ok": 0, "infeasible": 1, "failed": 2, "timeout": 3, "skipped": 4}
+STATUS_ORDER = {"ok": 0, "infeasible": 1, "failed": 2, "timeout": 3, "refused": 4, "skipped": 5}
 BLUE, GREEN, GREY, RED, ORANGE = "#4C72B0", "#55A868", "#9aa4b1", "#C44E52", "#DD8452"
 DPI = 100
 

@@ -244,7 +244,7 @@ def dag_table(sim, cluster: Cluster, graph=None) -> Table:
     return table
 
 
-_STATUS_ORDER = {"ok": 0, "infeasible": 1, "failed": 2, "timeout": 3, "skipped": 4}
+_STATUS_ORDER = {"ok": 0, "infeasible": 1, "failed": 2, "timeout": 3, "refused": 4, "skipped": 5}
 
 
 def auto_table(result, title: str) -> Table:

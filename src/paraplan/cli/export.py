@@ -1,0 +1,82 @@
+"""`paraplan export PLAN --to torchtitan|megatron|deepspeed`: a plan as the engine's own
+configuration (paraplan/engines/), or one line naming what the engine cannot run (exit 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from paraplan.cli.args import check_output
+
+
+def add_parser(sub) -> None:
+    from paraplan.engines import ENGINES
+
+    p = sub.add_parser("export", help="write a plan as torchtitan's overrides, Megatron-LM's arguments or a DeepSpeed "
+                                      "config")
+    p.add_argument("plan", help="plan JSON file (paraplan plan)")
+    p.add_argument("--to", required=True, metavar="ENGINE",
+                   help=f"the engine: {', '.join(ENGINES)} (docs/engines.md: what each takes and refuses)")
+    p.add_argument("--out", default=None,
+                   help="write the file here (torchtitan: one argument per line; Megatron-LM: its arguments and "
+                        "TransformerConfig as JSON; DeepSpeed: the config JSON); default: print it")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from paraplan.engines import check_engine, export
+    from paraplan.errors import ParaplanError
+    from paraplan.plans.plan_file import read_plan
+    from paraplan.system.fileio import atomic_write_text
+
+    engine = check_engine(args.to)
+    csv_path = None
+    if args.out:
+        check_output("--out", args.out)
+        csv_path = str(Path(args.out).with_suffix(".schedule.csv"))
+        check_output("--out", csv_path)
+    plan = read_plan(args.plan)
+    result = export(plan, engine, schedule_csv_path=csv_path or "schedule.csv")
+    if result.schedule_csv and not args.out:
+        raise ParaplanError("this plan's order of actions goes to torchtitan in a CSV file beside the arguments: "
+                            "give --out")
+    if not args.out:
+        print(result.text, end="")
+        return 0
+    if result.schedule_csv:  # the CSV first: the arguments name it
+        atomic_write_text(csv_path, result.schedule_csv)
+    atomic_write_text(args.out, result.text)
+    print(f"wrote {args.out}" + (f" and {csv_path} (the order of actions)" if result.schedule_csv else ""))
+    for note in result.notes:
+        print(f"note: {note}")
+    print(f"run: {result.command}")
+    return 0
+
+
+def restricted(result, engine: str, w):
+    """`plan --engine`: the comparison of workload `w` restricted to what `engine` runs
+    (engines/restrict.py), projections judged on the request's costs."""
+    from paraplan.engines.restrict import restrict
+    from paraplan.engines.shape import shape_of
+    from paraplan.planners.auto import judged_row
+
+    return restrict(result, engine, shape_of(w.built, w.built.ref),
+                    judge=lambda name, plan: judged_row(name, plan, w.request.costs),
+                    sequence_parallel=w.request.sequence_parallel)
+
+
+def engine_line(result, best) -> str:
+    """--engine: the best plan the engine can run against the best of all, and how to export it."""
+    from paraplan.engines.layout import ENGINE_NAMES
+
+    name, top = ENGINE_NAMES[result.engine], result.unrestricted
+    if best is None:
+        return f"{name} can run none of the plans that fit" + (
+            f"; the best of all, {top.planner}: {top.iteration_s * 1e3:.4g} ms" if top else "")
+    text = f"{name}: the best plan it can run is {best.planner}'s"
+    if top is not None and top.planner != best.planner:
+        refused = next(r for r in result.rows if r.planner == top.planner)
+        text += (f", {best.iteration_s / top.iteration_s - 1:.1%} slower than the best of all ({top.planner}'s, "
+                 f"{top.iteration_s * 1e3:.4g} ms: {refused.reason})")
+    else:
+        text += " (the best of all too)"
+    return text + f"; export it with `paraplan export PLAN --to {result.engine}`"

@@ -1,0 +1,166 @@
+"""A plan as Megatron-LM's command-line arguments and megatron-core's `TransformerConfig` keyword
+arguments (megatron-core 0.16.1; Megatron-LM's `megatron/training/arguments.py` at tag core_v0.16.1).
+
+The megatron-core wheel has the configuration classes but not Megatron-LM's argument parser, so
+both are exported: the arguments a user passes to `pretrain_gpt.py`, and the keyword arguments of
+the `TransformerConfig` those arguments become (`core_transformer_config_from_args` copies every
+field whose name matches an argument; the renamed ones are mapped in `FIELD_OF_ARGUMENT`).
+
+What maps where (arguments.py and the config classes):
+- `--tensor-model-parallel-size`, `--pipeline-model-parallel-size`, `--context-parallel-size`,
+  `--sequence-parallel` (Megatron's sequence parallelism: the norms and dropouts split over the TP
+  ranks, Korthikanti et al. 2022, the same as paraplan's);
+- interleaved 1F1B: `--num-layers-per-virtual-pipeline-stage` (even cuts) or, for a cut of the
+  plan's own, `--pipeline-model-parallel-layout` ("Et*3|t*4|...|t*2L": E the embedding, t a
+  block, L the loss, `|` between stages in stage order, stage i on rank i mod p);
+- `--micro-batch-size` (per data-parallel rank) and `--global-batch-size`: Megatron runs
+  global / (micro x dp) micro-batches;
+- recomputation: selective is `--recompute-granularity selective` (the attention core, Megatron's
+  default `--recompute-modules core_attn`), full is `--recompute-granularity full
+  --recompute-method uniform --recompute-num-layers 1` (every block's input kept);
+- ZeRO-1 is `--use-distributed-optimizer` (optimizer states and fp32 master weights sharded over
+  the data-parallel ranks); ZeRO-2 and ZeRO-3 are Megatron FSDP's `--data-parallel-sharding-strategy
+  optim_grads` / `optim_grads_params` (`megatron_fsdp.py`: "optim_grads ~ ZeRO-2"), which needs
+  `--ckpt-format fsdp_dtensor`;
+- `--bf16` / `--fp16`.
+Megatron runs 1F1B (one chunk per rank) and interleaved 1F1B; GPipe, looped BFS, zero-bubble and
+V-shaped schedules are refused, as is a plan's own order of actions.
+"""
+
+from __future__ import annotations
+
+from paraplan.engines.layout import EngineLayout, ExportRefused
+from paraplan.engines.shape import ModelShape
+from paraplan.plans.plan import Recompute
+from paraplan.plans.schedules import Schedule, stage_ranks
+from paraplan.precision import Precision
+
+ENGINE = "megatron"
+VERSION = "megatron-core 0.16.1"
+# arguments whose TransformerConfig field has another name (core_transformer_config_from_args)
+FIELD_OF_ARGUMENT = {"--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
+                     "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
+                     "--num-layers-per-virtual-pipeline-stage": "virtual_pipeline_model_parallel_size",
+                     "--swiglu": "gated_linear_unit", "--disable-bias-linear": "add_bias_linear",
+                     "--group-query-attention": "num_query_groups"}
+
+
+def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
+    if not shape.decoder:
+        return f"{shape.name} is not a decoder-only transformer (Megatron-LM's GPT model: GPT-2 or Llama-like)"
+    if layout.pp > 1:
+        if layout.schedule not in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B):
+            return f"the {layout.schedule} schedule (Megatron-LM runs 1F1B and interleaved 1F1B)"
+        if layout.actions:
+            return "a per-rank order of actions of the plan's own (Megatron-LM runs its own 1F1B order)"
+        if tuple(layout.stage_ranks) != stage_ranks(layout.schedule, layout.pp, layout.virtual):
+            return "stages placed on pipeline ranks in an order of the plan's own"
+        if layout.virtual > 1 and (layout.n_micro < layout.pp or layout.n_micro % layout.pp):
+            return (f"interleaved 1F1B with {layout.n_micro} micro-batches on {layout.pp} ranks (Megatron-LM needs a "
+                    "multiple of the pipeline size)")
+        if min(layout.blocks_per_stage) == 0:
+            return "a stage without transformer blocks"
+    if layout.dp_shard > 1 and layout.dp_replicate > 1:
+        return "hybrid sharding (sharded sdp ways, replicated dp ways)"
+    if layout.zero and layout.dp_shard > 1:
+        return f"ZeRO-{layout.zero} over the replicas of a sharded group"
+    if layout.tp > 1 and (shape.heads % layout.tp or (shape.query_groups % layout.tp and layout.tp % shape.query_groups)):
+        return f"{shape.heads} heads ({shape.query_groups} query groups) over tensor parallelism {layout.tp}"
+    if layout.cp > 1 and shape.seq_len % (2 * layout.cp):
+        return f"sequence length {shape.seq_len} over context parallelism {layout.cp} (Megatron needs a multiple of 2 x cp)"
+    return None
+
+
+def arguments(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], dict, list[str], dict]:
+    """(Megatron-LM's arguments, TransformerConfig's keyword arguments with dtypes by name, notes,
+    the environment the launch needs)."""
+    problem = refusal(layout, shape)
+    if problem:
+        raise ExportRefused(ENGINE, problem)
+    notes = list(layout.notes)
+    dtype = {Precision.BF16: "bfloat16", Precision.FP16: "float16"}.get(layout.precision, "float32")
+    args = [f"--tensor-model-parallel-size={layout.tp}", f"--pipeline-model-parallel-size={layout.pp}",
+            f"--context-parallel-size={layout.cp}"]
+    config = {"tensor_model_parallel_size": layout.tp, "pipeline_model_parallel_size": layout.pp,
+              "context_parallel_size": layout.cp, "sequence_parallel": bool(layout.sequence_parallel and layout.tp > 1),
+              "params_dtype": dtype}
+    if config["sequence_parallel"]:
+        args.append("--sequence-parallel")
+    if layout.pp > 1:
+        config["pipeline_dtype"] = dtype
+        args += _cut(layout, shape, config)
+    args += [f"--micro-batch-size={layout.micro_batch}", f"--global-batch-size={layout.global_batch}"]
+    if layout.recompute == Recompute.SELECTIVE:
+        args += ["--recompute-granularity=selective", "--recompute-modules", "core_attn"]
+        config.update(recompute_granularity="selective", recompute_modules=["core_attn"])
+    elif layout.recompute == Recompute.FULL:
+        args += ["--recompute-granularity=full", "--recompute-method=uniform", "--recompute-num-layers=1"]
+        config.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    args += _sharding(layout)
+    if layout.precision in (Precision.BF16, Precision.FP16):
+        args.append(f"--{layout.precision.value}")
+        config[layout.precision.value] = True
+    if layout.precision == Precision.TF32:
+        notes.append("tf32: Megatron-LM's float32 matmuls follow NVIDIA_TF32_OVERRIDE / torch's allow_tf32")
+    model_args, model_config = _model(shape)
+    env = {}
+    if layout.tp > 1 or layout.cp > 1:
+        if layout.zero >= 2 or layout.dp_shard > 1:  # arguments.py: a warning, not a refusal
+            notes.append("Megatron FSDP with TP/CP: Megatron-LM warns that they want different "
+                         "CUDA_DEVICE_MAX_CONNECTIONS (before Blackwell)")
+        else:  # arguments.py asserts it before Blackwell
+            env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    return args + model_args, {**model_config, **config}, notes, env
+
+
+def _cut(layout: EngineLayout, shape: ModelShape, config: dict) -> list[str]:
+    """The pipeline cut: Megatron's even split where the plan's is even, else the plan's own as a layout."""
+    blocks, v = layout.blocks_per_stage, layout.virtual
+    if layout.even_blocks:
+        if v > 1:
+            config["virtual_pipeline_model_parallel_size"] = v
+            return [f"--num-layers-per-virtual-pipeline-stage={blocks[0]}"]
+        return []
+    # one pattern per stage in stage order (arguments.py: stage i on rank i mod p, v = stages / p)
+    stages = []
+    for k, layers in enumerate(layout.layers_per_stage):
+        kinds = [shape.kinds[i] for i in layers]
+        text = ("E" if "embedding" in kinds else "") + (f"t*{blocks[k]}" if blocks[k] else "") + \
+               ("L" if "head" in kinds else "")
+        stages.append(text)
+    layout_text = "|".join(stages)
+    config["pipeline_model_parallel_layout"] = layout_text
+    if v > 1:
+        config["virtual_pipeline_model_parallel_size"] = v
+    return [f"--pipeline-model-parallel-layout={layout_text}"]
+
+
+def _sharding(layout: EngineLayout) -> list[str]:
+    if layout.dp_shard > 1:  # ZeRO-3 (refusal() leaves sdp alone or with dp 1)
+        return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy=optim_grads_params",
+                "--ckpt-format=fsdp_dtensor"]
+    if layout.zero == 1:
+        return ["--use-distributed-optimizer"]
+    if layout.zero == 2:
+        return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy=optim_grads", "--ckpt-format=fsdp_dtensor"]
+    return []
+
+
+def _model(shape: ModelShape) -> tuple[list[str], dict]:
+    """The model's shape and architecture flags (pretrain_gpt.py's GPT model)."""
+    args = [f"--num-layers={shape.layers}", f"--hidden-size={shape.hidden}",
+            f"--num-attention-heads={shape.heads}", f"--ffn-hidden-size={shape.ffn}",
+            f"--seq-length={shape.seq_len}", f"--max-position-embeddings={shape.seq_len}"]
+    config = {"num_layers": shape.layers, "hidden_size": shape.hidden, "num_attention_heads": shape.heads,
+              "ffn_hidden_size": shape.ffn}
+    if shape.family == "llama":
+        args += ["--swiglu", "--normalization=RMSNorm", "--position-embedding-type=rope", "--disable-bias-linear"]
+        config.update(gated_linear_unit=True, activation_func="silu", normalization="RMSNorm", add_bias_linear=False)
+        if not shape.tied_embeddings:
+            args.append("--untie-embeddings-and-output-weights")
+        if shape.query_groups != shape.heads:
+            args += ["--group-query-attention", f"--num-query-groups={shape.query_groups}"]
+            config["num_query_groups"] = shape.query_groups
+    else:  # GPT-2: learned positions, LayerNorm, GELU, biases: Megatron's defaults
+        config.update(activation_func="gelu")
+    return args, config

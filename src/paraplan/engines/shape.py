@@ -1,0 +1,61 @@
+"""The model's shape as the engines name it (layers, hidden size, heads, query groups, FFN size,
+sequence length, vocabulary, architecture), read from the transformers config of the model the
+plan names, built on the meta device (no weights, no device).
+
+An engine can only build the models it has code for: a decoder-only transformer (GPT-2 or
+Llama-like) here. For any other model the parallel settings are still exported and the model's
+own configuration is left to the user (`ModelShape.family` says which case it is).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str  # the plan's model reference
+    family: str  # "llama", "gpt2" (decoder-only transformers the engines build) or the model's own family
+    kinds: tuple[str, ...]  # paraplan's layer kinds in order ("embedding", "block", "head", ...)
+    layers: int = 0  # transformer blocks
+    hidden: int = 0
+    heads: int = 0
+    query_groups: int = 0  # key/value heads (grouped-query attention); = heads without it
+    ffn: int = 0
+    seq_len: int = 0
+    vocab: int = 0
+    tied_embeddings: bool = False
+    params: tuple[int, ...] = ()  # each layer's parameters (a tied weight counted in every layer using it)
+
+    @property
+    def decoder(self) -> bool:
+        """A decoder-only transformer whose shape the engines' model code takes."""
+        return self.family in ("llama", "gpt2") and self.layers > 0
+
+
+def model_shape(reference: str) -> ModelShape:
+    """Build `reference` on meta and read its shape."""
+    from paraplan.models import source
+
+    return shape_of(source.build(reference, device="meta"), reference)
+
+
+def shape_of(built, reference: str) -> ModelShape:
+    """The shape of a model built on meta (models/built.py's BuiltModel)."""
+    layers = built.layers()
+    kinds = tuple(kind for _, kind, _ in layers)
+    params = tuple(sum(p.numel() for p in module.parameters()) for _, _, module in layers)
+    config = getattr(built.module, "config", None)
+    model_type = getattr(config, "model_type", built.family)
+    seq = built.inputs.seq_len
+    if model_type == "llama":
+        return ModelShape(reference, "llama", kinds, layers=config.num_hidden_layers, hidden=config.hidden_size,
+                          heads=config.num_attention_heads,
+                          query_groups=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+                          ffn=config.intermediate_size, seq_len=seq, vocab=config.vocab_size,
+                          tied_embeddings=bool(config.tie_word_embeddings), params=params)
+    if model_type == "gpt2":
+        return ModelShape(reference, "gpt2", kinds, layers=config.n_layer, hidden=config.n_embd, heads=config.n_head,
+                          query_groups=config.n_head, ffn=config.n_inner or 4 * config.n_embd, seq_len=seq,
+                          vocab=config.vocab_size, tied_embeddings=True, params=params)
+    return ModelShape(reference, str(model_type or built.family), kinds, seq_len=seq, params=params)

@@ -1,0 +1,135 @@
+"""A plan as torchtitan 0.3.0's command-line overrides (`--section.key value`).
+
+torchtitan 0.3.0 takes a registered config (`--module llama3 --config llama3_8b`, a function in
+`torchtitan/models/llama3/config_registry.py`) and overrides on top of it; the job TOML of earlier
+versions is gone. The overrides here set every parallel setting of the plan; the model's config is
+left to the user (paraplan names a shape, not a torchtitan registry entry). Keys and values as
+torchtitan 0.3.0's `config/configs.py` defines them:
+
+- data parallelism: `parallelism.data_parallel_replicate_degree` (replicas) and
+  `parallelism.data_parallel_shard_degree` (FSDP2: parameters, gradients and optimizer states
+  sharded, ZeRO-3). torchtitan has no optimizer-only sharding: ZeRO-1 and ZeRO-2 over dp replicas
+  run as FSDP2 without resharding after the forward (`fsdp_reshard_after_forward never`: the
+  parameters stay gathered from forward to backward, gradients and optimizer states sharded), which
+  is ZeRO-2's memory and traffic (Megatron-LM's `--torch-fsdp2-no-reshard-after-forward` says the
+  same: "Set to enable FSDP ZeRO-2"); ZeRO-3 (sdp) reshards always;
+- tensor parallelism with `parallelism.enable_sequence_parallel` (on by default in 0.3.0);
+- the pipeline: degree, schedule class (torch.distributed.pipelining's names), micro-batch size,
+  and the plan's own cut as `parallelism.module_fqns_per_model_part` (llama3's modules:
+  tok_embeddings, layers.<i>, norm, lm_head; a name that does not exist is dropped silently by
+  torchtitan, so `output` must not be used), and a plan's own per-rank order of actions as
+  `parallelism.pipeline_parallel_schedule_csv` (row = pipeline rank, cell = `<stage><F|B|I|W><micro>`);
+- `parallelism.context_parallel_degree`;
+- activation checkpointing as tyro's subcommand `activation_checkpoint:{none,selective,full}`
+  (torchtitan's selective is per operator: it saves the expensive kernels and every other matmul,
+  not Korthikanti et al.'s attention core: its memory differs from paraplan's prediction, noted);
+- `training.mixed_precision_param` (bfloat16 / float32); fp16 is refused (torchtitan has none);
+- `training.local_batch_size` (per data-parallel rank per step) and `training.global_batch_size`
+  (gradient accumulation follows: global / (local x data-parallel ranks));
+- `training.disable_cuda_graphs` with a pipeline (torchtitan refuses pipelines with CUDA graphs).
+"""
+
+from __future__ import annotations
+
+from paraplan.engines.layout import EngineLayout, ExportRefused
+from paraplan.engines.shape import ModelShape
+from paraplan.plans.plan import Recompute
+from paraplan.plans.schedules import Schedule, stage_ranks
+from paraplan.precision import Precision
+
+ENGINE = "torchtitan"
+VERSION = "0.3.0"
+SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B", Schedule.INTERLEAVED_1F1B: "Interleaved1F1B",
+             Schedule.LOOPED_BFS: "LoopedBFS", Schedule.INTERLEAVED_ZB: "InterleavedZeroBubble",
+             Schedule.ZBV: "ZBVZeroBubble", Schedule.DUALPIPE_V: "DualPipeV"}
+
+
+def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
+    """The first feature of the plan torchtitan cannot run, or None."""
+    if layout.pp > 1 and layout.schedule not in SCHEDULES:
+        return f"the {layout.schedule} schedule (torchtitan runs {', '.join(SCHEDULES.values())})"
+    if layout.precision == Precision.FP16:
+        return "fp16 mixed precision (torchtitan trains in bf16 or fp32)"
+    if layout.zero and layout.dp_shard > 1:
+        return f"ZeRO-{layout.zero} over the replicas of a sharded group (torchtitan shards with FSDP2 only)"
+    if layout.pp > 1 and not layout.actions and tuple(layout.stage_ranks) != stage_ranks(layout.schedule, layout.pp,
+                                                                                          layout.virtual):
+        return "stages placed on pipeline ranks in an order of the plan's own without an order of actions"
+    if layout.pp > 1 and min(layout.blocks_per_stage) == 0 and not shape.decoder:
+        return "a stage without transformer blocks"
+    return None
+
+
+def overrides(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], list[list[str]], list[str]]:
+    """(the override arguments, the schedule CSV's rows or [], notes). Raises ExportRefused."""
+    problem = refusal(layout, shape)
+    if problem:
+        raise ExportRefused(ENGINE, problem)
+    notes = list(layout.notes)
+    replicate, shard = layout.dp_replicate, layout.dp_shard
+    reshard = "always" if shard > 1 else "default"
+    if layout.zero:
+        replicate, shard, reshard = 1, layout.dp_replicate, "never"
+        notes.append(f"ZeRO-{layout.zero} runs as FSDP2 without resharding after the forward (ZeRO-2's memory and "
+                     "traffic)" + (": the gradients are sharded too, less memory than the plan's ZeRO-1"
+                                   if layout.zero == 1 else ""))
+    args = [f"--parallelism.data_parallel_replicate_degree={replicate}",
+            f"--parallelism.data_parallel_shard_degree={shard}",
+            f"--parallelism.fsdp_reshard_after_forward={reshard}",
+            f"--parallelism.tensor_parallel_degree={layout.tp}"]
+    if layout.tp > 1 and not layout.sequence_parallel:
+        args.append("--parallelism.no-enable_sequence_parallel")
+    args.append(f"--parallelism.context_parallel_degree={layout.cp}")
+    args.append(f"--parallelism.pipeline_parallel_degree={layout.pp}")
+    csv_rows: list[list[str]] = []
+    if layout.pp > 1:
+        args += [f"--parallelism.pipeline_parallel_schedule={SCHEDULES[layout.schedule]}",
+                 f"--parallelism.pipeline_parallel_microbatch_size={layout.micro_batch}",
+                 "--parallelism.module_fqns_per_model_part", *[",".join(part) for part in _fqns(layout, shape)],
+                 "--training.disable_cuda_graphs"]
+        if layout.actions:
+            csv_rows = [[_csv_cell(action) for action in rank] for rank in layout.actions]
+        if not shape.decoder:
+            notes.append(f"the module names per stage are llama3's (tok_embeddings, layers.<i>, norm, lm_head); "
+                         f"{shape.name} is not a model torchtitan builds: rename them for yours")
+        local = layout.micro_batch * layout.n_micro  # every micro-batch in one step
+    else:
+        local = layout.micro_batch  # the micro-batches as gradient accumulation steps
+    args += [f"--training.local_batch_size={local}", f"--training.global_batch_size={layout.global_batch}"]
+    if shape.seq_len:
+        args.append(f"--training.seq_len={shape.seq_len}")
+    param = "bfloat16" if layout.precision == Precision.BF16 else "float32"
+    args += [f"--training.mixed_precision_param={param}", "--training.mixed_precision_reduce=float32"]
+    if layout.precision == Precision.TF32:
+        notes.append("tf32: torchtitan's float32 matmuls follow torch.backends.cuda.matmul.allow_tf32")
+    if layout.recompute == Recompute.SELECTIVE:
+        notes.append("torchtitan's selective activation checkpointing is per operator (it keeps the expensive kernels' "
+                     "outputs and every other matmul's), not the attention core alone: its memory differs from the "
+                     "prediction")
+    args.append(f"activation_checkpoint:{layout.recompute.value}")  # a tyro subcommand: last
+    return args, csv_rows, notes
+
+
+def _fqns(layout: EngineLayout, shape: ModelShape) -> list[list[str]]:
+    """The plan's cut as torchtitan's module names per model part (stage order)."""
+    parts, block = [], 0
+    for layers in layout.layers_per_stage:
+        names = []
+        for i in layers:
+            kind = shape.kinds[i]
+            if kind == "embedding":
+                names.append("tok_embeddings")
+            elif kind == "block":
+                names.append(f"layers.{block}")
+                block += 1
+            elif kind == "head":
+                names += ["norm", "lm_head"]
+        parts.append(names)
+    return parts
+
+
+def _csv_cell(action: str) -> str:
+    """A plan action "F<micro>.<stage>" as torch's "<stage>F<micro>"."""
+    computation, rest = action[0], action[1:]
+    micro, stage = rest.split(".")
+    return f"{stage}{computation}{micro}"

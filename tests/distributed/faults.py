@@ -9,14 +9,17 @@ def rank1_dies_at_step2(rank: int, step: int) -> None:
 
 
 def stage_files_meet_a_full_disk_from_step2(rank: int, step: int) -> None:
-    """From the second step on, every stage file a rank writes (its checkpoint, its parameters in
-    the output directory) meets a full disk after 4 KiB, as a disk that fills during the run. The
-    disk is injected where every atomic write opens its file (paraplan.system.fileio._open_temp)."""
+    """From the second step on, every checkpoint file a rank writes (torch.distributed.checkpoint's
+    .distcp files) and every stage file of its output directory meets a full disk after 4 KiB, as a
+    disk that fills during the run. The disk is injected where DCP opens its files
+    (FileSystem.create_stream) and where every atomic write opens its file (fileio._open_temp)."""
     if step != 1:
         return
+    import contextlib
     from pathlib import Path
 
     from full_disk import FullDisk  # tests/, on the ranks' sys.path as on the launcher's
+    from torch.distributed.checkpoint import filesystem
 
     from paraplan.system import fileio
 
@@ -26,6 +29,27 @@ def stage_files_meet_a_full_disk_from_step2(rank: int, step: int) -> None:
         return FullDisk(real(tmp), 4096) if Path(tmp).name.startswith(".stage") else real(tmp)
 
     fileio._open_temp = open_temp
+    create = filesystem.FileSystem.create_stream
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode):
+        with create(self, path, mode) as stream:
+            yield _Proxy(FullDisk(stream, 4096), stream) if str(path).endswith(".distcp") else stream
+
+    filesystem.FileSystem.create_stream = create_stream
+
+
+class _Proxy:
+    """A FullDisk that also answers what DCP asks of its stream (tell, fileno, ...)."""
+
+    def __init__(self, full, stream):
+        self.full, self.stream = full, stream
+
+    def write(self, data):
+        return self.full.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
 
 
 def one_gradient_sync_dropped(rank: int, step: int) -> None:

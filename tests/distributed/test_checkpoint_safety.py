@@ -11,13 +11,12 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-import torch
 from conftest import run_cli_here
 
 from paraplan.errors import FieldError
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import write_plan
-from paraplan.runtime.checkpoints import MANIFEST, check_resume, remove_unlisted, write_manifest, write_stage
+from paraplan.runtime.checkpoints import MANIFEST, check_resume, remove_unlisted
 from paraplan.runtime.rank_base import TrainConfig
 from paraplan.system.fileio import TEMP_MARK
 
@@ -57,13 +56,14 @@ def _config(failed, **changes) -> TrainConfig:
 def test_a_full_disk_in_a_rank_is_one_line_and_keeps_the_last_checkpoint(failed):
     # was: "[enforce fail at inline_container.cc:672] ... unexpected pos" from torch.save straight
     # to the final name, a 0-byte or truncated stage file left, and 0-byte stage*.tmp in the
-    # checkpoint directory
+    # checkpoint directory; with DCP (issue 32), its CheckpointException of every rank's failures
     lines = failed.stderr.strip().splitlines()
     assert failed.code == 2 and len(lines) == 1, failed.stderr
-    assert f"no space left on device: {failed.ck}/stage" in lines[0] and "Traceback" not in failed.stderr
-    left = [p for d in (failed.ck, failed.out) for p in d.iterdir()]
+    assert f"no space left on device: {failed.ck}/step2" in lines[0] and "Traceback" not in failed.stderr
+    left = [p for d in (failed.ck, failed.out) for p in d.rglob("*") if p.is_file()]
     assert not [p.name for p in left if TEMP_MARK in p.name or p.suffix == ".tmp" or p.stat().st_size == 0]
-    assert sorted(p.name for p in failed.ck.iterdir()) == [MANIFEST, "stage0-step1.pt", "stage1-step1.pt"]
+    # the half-written step-2 state is gone (the launcher removes what no manifest names)
+    assert sorted(p.name for p in failed.ck.iterdir()) == [MANIFEST, "step1"]
     assert check_resume(_config(failed)) == 1  # the step-1 checkpoint is whole: sha256 and record match
 
 
@@ -76,12 +76,6 @@ OTHER_DATA = "other-data"  # stands for a token file made under the test's tmp_p
     ({"optimizer": "sgd"}, "optimizer", "the checkpoint was written with the adam optimizer, not sgd"),
     ({"lr": 0.01}, "lr", "the checkpoint was written with adam lr 0.001 (this run: 0.01)"),
     ({"clip_norm": 1.0}, "clip_norm", "clip norm None (this run: 1.0)"),
-    ({"plan": replace(PLAN, n_micro=4)}, "resume",
-     "resuming under another plan is not supported yet: the checkpoint was written under 2 stages (layers 0-3 on "
-     "[0]; layers 3-6 on [1]), 2 micro-batches, 1f1b; this plan is 2 stages (layers 0-3 on [0]; layers 3-6 on [1]), "
-     "4 micro-batches, 1f1b"),
-    ({"plan": replace(PLAN, stages=(Stage(LayerRange(0, 2), (0,)), Stage(LayerRange(2, 6), (1,))))}, "resume",
-     "resuming under another plan is not supported yet"),
     ({"seed": 1}, "resume", "synthetic data, seed 0; this run's come from synthetic data, seed 1"),
     ({"data": OTHER_DATA}, "resume", "resuming must continue from the same data position"),
     ({"steps": 1}, "steps", "must be more than 1 to train further: the checkpoint is at step 1"),
@@ -100,14 +94,14 @@ def test_a_resume_that_does_not_fit_the_checkpoint_is_one_line(failed, tmp_path,
 
 
 @pytest.mark.parametrize("damage,needle", [
-    ("flip", "stage1-step1.pt is damaged: its sha256 does not match checkpoint.json's"),
-    ("truncate", "stage1-step1.pt is damaged: 4096 bytes, checkpoint.json says"),
+    ("flip", "__1_0.distcp is damaged: its sha256 does not match checkpoint.json's"),
+    ("truncate", "__1_0.distcp is damaged: 4096 bytes, checkpoint.json says"),
 ])
 def test_a_damaged_checkpoint_is_named_before_launch(failed, tmp_path, damage, needle):
     # was: 4 KiB flipped in the middle passed the check and failed 15 s later in miniz
     ck = tmp_path / "ck"
     shutil.copytree(failed.ck, ck)
-    path = ck / "stage1-step1.pt"
+    path = ck / "step1" / "__1_0.distcp"
     data = bytearray(path.read_bytes())
     if damage == "flip":
         middle = len(data) // 2
@@ -117,6 +111,21 @@ def test_a_damaged_checkpoint_is_named_before_launch(failed, tmp_path, damage, n
     path.write_bytes(bytes(data))
     with pytest.raises(FieldError, match=needle):
         check_resume(_config(failed, checkpoint_dir=str(ck)))
+
+
+def test_another_plan_is_accepted_and_said(failed):
+    """Issue 32: the state is keyed by the model's names, so another cut, micro-batch count or
+    strategy resumes (tests/distributed/test_replan_resume.py runs them); the CLI says so."""
+    from paraplan.runtime.checkpoints import resume_note
+
+    other = replace(PLAN, n_micro=4, stages=(Stage(LayerRange(0, 2), (0,)), Stage(LayerRange(2, 6), (1,))))
+    config = _config(failed, plan=other)
+    assert check_resume(config) == 1
+    assert resume_note(config, 1) == (
+        "resuming step 1 under another plan: written under 2 stages (layers 0-3 on [0]; layers 3-6 on [1]), "
+        "2 micro-batches, 1f1b, fp32; now 2 stages (layers 0-2 on [0]; layers 2-6 on [1]), 4 micro-batches, 1f1b, "
+        "fp32 (the state re-sharded by torch.distributed.checkpoint)")
+    assert resume_note(_config(failed), 1) is None
 
 
 def test_the_cli_refuses_them_before_launch(failed, capsys):
@@ -130,14 +139,14 @@ def test_the_cli_refuses_them_before_launch(failed, capsys):
     assert not (failed.root / "again").exists()
 
 
-def test_a_save_that_never_completed_is_removed_and_the_manifest_kept(tmp_path):
-    # what a run that failed between its stage files and its manifest leaves: the launcher removes
-    # the unlisted files and temporaries (the listed checkpoint stays)
-    state = {"module": {}, "optimizer": {}, "rng": torch.get_rng_state(), "step": 1, "losses": [1.0]}
-    entries = [write_stage(tmp_path, s, 1, state) for s in range(2)]
-    write_manifest(tmp_path, 1, entries, {"model": "m"})
-    write_stage(tmp_path, 0, 2, state)
-    (tmp_path / f".stage1-step2.pt{TEMP_MARK}x.pt").write_bytes(b"half")
-    remove_unlisted(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST, "stage0-step1.pt", "stage1-step1.pt"]
-    assert json.loads((tmp_path / MANIFEST).read_text())["step"] == 1
+def test_a_save_that_never_completed_is_removed_and_the_manifest_kept(failed, tmp_path):
+    # what a run that failed between DCP's files and its manifest leaves: the launcher removes the
+    # directories no manifest names and the temporaries (the listed checkpoint stays)
+    ck = tmp_path / "ck"
+    shutil.copytree(failed.ck, ck)
+    (ck / "step2").mkdir()
+    (ck / "step2" / "__0_0.distcp").write_bytes(b"half")
+    (ck / f".checkpoint.json{TEMP_MARK}x").write_bytes(b"half")
+    remove_unlisted(ck)
+    assert sorted(p.name for p in ck.iterdir()) == [MANIFEST, "step1"]
+    assert json.loads((ck / MANIFEST).read_text())["step"] == 1

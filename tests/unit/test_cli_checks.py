@@ -16,7 +16,7 @@ from paraplan_process import run_paraplan
 
 from paraplan.errors import UnknownNameError
 from paraplan.plans.plan_file import read_plan
-from paraplan.runtime.checkpoints import check_resume, checkpoint_record, write_manifest, write_stage
+from paraplan.runtime.checkpoints import check_resume, checkpoint_record, write_manifest
 from paraplan.runtime.rank_base import TrainConfig
 from paraplan.system.fileio import make_dirs, output_problem, remove_if_empty
 
@@ -164,12 +164,18 @@ def _config(tmp_path, **kw) -> TrainConfig:
 
 
 def _save(config, step=2, **changes):
-    """A checkpoint as the ranks write it: each stage's file, then the manifest (runtime/checkpoints.py)."""
+    """A checkpoint as the ranks leave it: DCP's files in step<N>/ (stand-ins: the check reads their
+    sizes and sha256, not their contents), then the manifest (runtime/checkpoints.py)."""
+    import hashlib
+
     directory = Path(config.checkpoint_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {"module": {}, "optimizer": {}, "rng": torch.get_rng_state(), "step": step, "losses": [1.0] * step}
-    entries = [write_stage(directory, s, step, state) for s in range(2)]
-    write_manifest(directory, step, entries, {**checkpoint_record(config), **changes})
+    state = directory / f"step{step}"
+    state.mkdir(parents=True, exist_ok=True)
+    files = []
+    for name, data in ((".metadata", b"metadata"), ("__0_0.distcp", b"rank 0"), ("__1_0.distcp", b"rank 1")):
+        (state / name).write_bytes(data)
+        files.append({"file": f"step{step}/{name}", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    write_manifest(directory, step, files, {**checkpoint_record(config), **changes}, [1.0] * step)
 
 
 def test_resume_check_accepts_a_complete_checkpoint(tmp_path):
@@ -184,13 +190,13 @@ def _older_paraplan(config):
 
 
 @pytest.mark.parametrize("damage,needle", [
-    (lambda c: (Path(c.checkpoint_dir) / "stage1-step2.pt").unlink(), "stage1-step2.pt does not exist"),
-    (lambda c: (Path(c.checkpoint_dir) / "stage1-step2.pt").write_bytes(b"PK\x03\x04 truncated"),
-     "stage1-step2.pt is damaged"),
+    (lambda c: (Path(c.checkpoint_dir) / "step2" / "__1_0.distcp").unlink(), "__1_0.distcp does not exist"),
+    (lambda c: (Path(c.checkpoint_dir) / "step2" / "__1_0.distcp").write_bytes(b"rank 9"),
+     "__1_0.distcp is damaged: its sha256"),
     (lambda c: (Path(c.checkpoint_dir) / "checkpoint.json").write_text("{"), "checkpoint.json: malformed JSON"),
     (_older_paraplan, "no checkpoint.json: a checkpoint of an older paraplan"),
     (lambda c: _save(c, model="lenet-5"), "checkpoint.json belongs to another model: 'lenet-5'"),
-    (lambda c: _save(c, plan={"stages": [[0, 2], [2, 6]]}), "resuming under another plan is not supported yet"),
+    (lambda c: _save(c, global_batch=64), "the checkpoint was written with global batch 64"),
 ])
 def test_resume_check_names_the_bad_checkpoint(tmp_path, damage, needle):
     from paraplan.errors import FieldError

@@ -68,7 +68,8 @@ def test_each_engine_refuses_what_it_cannot_run_and_takes_the_rest(tiny):
     zero2_pipeline = plan_of(tiny, [stage(0, 3, (0, 1), LayerStrategy(dp=2, zero=2)),
                                     stage(3, 6, (2, 3), LayerStrategy(dp=2, zero=2))], n_micro=2)
     assert "ZeRO-2 with pipeline parallelism" in refusal(zero2_pipeline, "deepspeed", tiny)
-    assert engine_problem(zero2_pipeline, "megatron", tiny) is None
+    assert "ZeRO-2 (Megatron FSDP) with pipeline parallelism" in refusal(zero2_pipeline, "megatron", tiny)
+    assert engine_problem(zero2_pipeline, "torchtitan", tiny) is None  # FSDP2 with PP
     fp16 = plan_of(tiny, [stage(0, 6, (0, 1), LayerStrategy(dp=2))], precision="fp16")
     assert "fp16 mixed precision" in refusal(fp16, "torchtitan", tiny)
     hybrid = plan_of(tiny, [stage(0, 6, range(4), LayerStrategy(dp=2, sdp=2))])
@@ -78,6 +79,18 @@ def test_each_engine_refuses_what_it_cannot_run_and_takes_the_rest(tiny):
     bert = read_plan(EXAMPLES / "bert-huge-32-dp8.json")
     assert "not a decoder-only transformer" in refusal(bert, "megatron", model_shape("bert-huge-32"))
     assert engine_problem(bert, "deepspeed", model_shape("bert-huge-32")) is None
+
+
+def test_torchtitan_refuses_what_its_trainer_refuses_at_start_up(tiny):
+    # gpt2-tiny: 4 heads, sequence 32; trainer.py: seq_len over tp (with SP) x 2 cp
+    tp8 = plan_of(tiny, [stage(0, 6, range(8), LayerStrategy(tp=8, sequence_parallel=True))])
+    assert "4 heads (4 key/value heads) over tensor parallelism 8" in refusal(tp8, "torchtitan", tiny)
+    cp = plan_of(tiny, [stage(0, 6, range(4), LayerStrategy(tp=2, cp=2, sequence_parallel=True))])
+    assert engine_problem(cp, "torchtitan", tiny) is None  # 32 over 2 x 4
+    long_cp = plan_of(model_shape("gpt2-tiny?seq_len=12"),
+                      [stage(0, 6, range(4), LayerStrategy(tp=2, cp=2, sequence_parallel=True))])
+    assert "sequence length 12 over 8 sequence shards" in refusal(long_cp, "torchtitan",
+                                                                   model_shape("gpt2-tiny?seq_len=12"))
 
 
 def test_a_strategy_with_tensor_parallelism_off_the_innermost_devices_is_refused(tiny):

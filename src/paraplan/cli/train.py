@@ -156,7 +156,11 @@ def _config(args, plan, model: str, out_dir: str):
                          checkpoint_every=args.checkpoint_every, resume=args.resume, timeout_s=args.timeout,
                          log=not args.json, data=args.data, data_dtype=args.data_dtype)
     if args.resume:
-        check_resume(config)
+        from paraplan.runtime.checkpoints import resume_note
+
+        note = resume_note(config, check_resume(config))
+        if note and not args.json:
+            print(note)
     return config
 
 

@@ -50,7 +50,8 @@ def refusal(layout: EngineLayout, shape: ModelShape, params: tuple[int, ...]) ->
         return "selective recomputation (DeepSpeed checkpoints whole layers)"
     if layout.pp > 1:
         if layout.schedule != Schedule.ONE_F_ONE_B or layout.virtual > 1:
-            return f"the {layout.schedule} schedule (DeepSpeed's pipeline engine runs non-interleaved 1F1B only)"
+            return (f"the {layout.schedule} schedule (DeepSpeed's pipeline engine runs non-interleaved 1F1B only; "
+                    "0.19.8's DualPipeVEngine takes a DualPipeVModule, which its config does not set)")
         if layout.actions:
             return "a per-rank order of actions of the plan's own (DeepSpeed runs its own 1F1B order)"
         if layout.zero >= 2 or layout.dp_shard > 1:
@@ -81,7 +82,10 @@ def config(layout: EngineLayout, shape: ModelShape, params: tuple[int, ...]) -> 
         out["tensor_parallel"] = {"autotp_size": layout.tp}
     if layout.recompute == Recompute.FULL:
         out["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
-        notes.append("full recomputation: the model calls deepspeed.checkpointing.checkpoint around each block")
+        notes.append("full recomputation: the pipeline engine checkpoints every layer spec with parameters "
+                     "(activation_checkpoint_interval 1: the embedding and head too, more than the plan recomputes)"
+                     if layout.pp > 1 else
+                     "full recomputation: the model calls deepspeed.checkpointing.checkpoint around each block")
     if layout.pp > 1:
         out["pipeline"] = {"stages": layout.pp, "partition": partition_method(layout, params),
                            "activation_checkpoint_interval": 1 if layout.recompute == Recompute.FULL else 0}

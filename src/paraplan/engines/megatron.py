@@ -60,6 +60,12 @@ def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
                     "multiple of the pipeline size)")
         if min(layout.blocks_per_stage) == 0:
             return "a stage without transformer blocks"
+    if layout.pp > 1 and (layout.zero >= 2 or layout.dp_shard > 1):
+        # arguments.py refuses torch FSDP2 with a pipeline; Megatron FSDP's own documentation
+        # (docs/user-guide/features/megatron_fsdp.md) composes it with TP, CP and EP, not PP
+        stage = 3 if layout.dp_shard > 1 else layout.zero
+        return (f"ZeRO-{stage} (Megatron FSDP) with pipeline parallelism (documented with TP, CP and EP only; "
+                "ZeRO-1, the distributed optimizer, is)")
     if layout.dp_shard > 1 and layout.dp_replicate > 1:
         return "hybrid sharding (sharded sdp ways, replicated dp ways)"
     if layout.zero and layout.dp_shard > 1:

@@ -57,6 +57,12 @@ def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
         return "stages placed on pipeline ranks in an order of the plan's own without an order of actions"
     if layout.pp > 1 and min(layout.blocks_per_stage) == 0 and not shape.decoder:
         return "a stage without transformer blocks"
+    if shape.decoder and layout.tp > 1 and (shape.heads % layout.tp or shape.query_groups % layout.tp):
+        return f"{shape.heads} heads ({shape.query_groups} key/value heads) over tensor parallelism {layout.tp}"
+    # trainer.py checks it at start-up: the sequence split over the SP ranks and 2 x the CP ranks
+    split = (layout.tp if layout.tp > 1 and layout.sequence_parallel else 1) * (2 * layout.cp if layout.cp > 1 else 1)
+    if shape.seq_len and shape.seq_len % split:
+        return f"sequence length {shape.seq_len} over {split} sequence shards (tp with SP x 2 cp)"
     return None
 
 
@@ -89,9 +95,9 @@ def overrides(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], list[
                  "--training.disable_cuda_graphs"]
         if layout.actions:
             csv_rows = [[_csv_cell(action) for action in rank] for rank in layout.actions]
-        if not shape.decoder:
+        if shape.family != "llama":
             notes.append(f"the module names per stage are llama3's (tok_embeddings, layers.<i>, norm, lm_head); "
-                         f"{shape.name} is not a model torchtitan builds: rename them for yours")
+                         f"{shape.name} is not a model torchtitan 0.3.0 builds: rename them for yours")
         local = layout.micro_batch * layout.n_micro  # every micro-batch in one step
     else:
         local = layout.micro_batch  # the micro-batches as gradient accumulation steps

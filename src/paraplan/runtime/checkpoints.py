@@ -1,21 +1,23 @@
 """The checkpoints of `paraplan train --checkpoint-dir`, and the check a resumed run makes before
 any rank starts.
 
-A checkpoint is one file per stage, `stage<i>-step<N>.pt`, written by replica 0 of the stage (its
-parameters, optimizer and RNG state, the step and the losses so far), and a manifest,
-`checkpoint.json`, written last by rank 0 once every stage's file is complete: the step, each
-file's size and sha256, and a record of everything resuming must match (the model and its sizes,
-the global batch, the optimizer and its hyper-parameters, where the data stood, and the plan's
-layout: stages, devices, micro-batches and schedule, enough for a later change to re-shard from).
-The checkpoint is the manifest: a stage file it does not list is not part of it. The step is in
-the file names so that a save that fails half-way (a full disk, a killed rank) leaves the previous
-checkpoint whole: its manifest still names its own files, which are removed only once a newer
-manifest is in place.
+A checkpoint (version 3) is the training state keyed by the whole model's parameter names, written
+by torch.distributed.checkpoint into `step<N>/` (runtime/layout_state.py: each rank offers what its
+plan gives it, DCP writes each piece once), and a manifest, `checkpoint.json`, written last by rank
+0 once DCP's save has completed on every rank: the step, every file of `step<N>/` with its size and
+sha256, the losses so far, fp16's loss scale, and a record of what resuming must match (the model
+and its sizes, the global batch, the optimizer and its hyper-parameters, where the data stood) and
+the plan it was written under. The plan is not among what must match: the state belongs to the
+model, so a run saved under one plan resumes under another (other stages, other DP / SDP / TP
+degrees, another precision: issue 32), DCP re-sharding it. The checkpoint is the manifest: a
+directory it does not name is not part of it. The step is in the directory's name so that a save
+that fails half-way (a full disk, a killed rank) leaves the previous checkpoint whole: its manifest
+still names its own files, which are removed only once a newer manifest is in place.
 
 Everything a resumed run could trip over later is checked here, before launch, in one line: a
-missing or damaged file (the sha256 names it), another model, batch, optimizer, data or plan, and
+missing or damaged file (the sha256 names it), another model, batch, optimizer or data, and
 `--steps` not past the checkpoint's step. Without it the failures came after the ranks started (a
-KeyError in the optimizer, miniz on a damaged file, a missing losses.json).
+KeyError in the optimizer, a damaged file deep in DCP, a missing losses.json).
 """
 
 from __future__ import annotations
@@ -24,18 +26,17 @@ import hashlib
 import json
 from pathlib import Path
 
-RECORD_VERSION = 2  # 1: a record inside each stage<i>.pt, no manifest, no checksums
+RECORD_VERSION = 3  # 1: a record inside each stage<i>.pt; 2: one torch.save file per stage, same plan only
 MANIFEST = "checkpoint.json"
 FORMAT = "paraplan.checkpoint"
-KEYS = ("module", "optimizer", "rng", "step", "losses")
 # what a run may find in its checkpoint directory and writes there (checked before launch)
-FILES = (MANIFEST, "stage*.pt")
+FILES = (MANIFEST,)  # and step<N>/ directories, which DCP writes into
 # torch's switches between implementations of the same update, not hyper-parameters
 _IMPLEMENTATION = {"foreach", "fused", "capturable", "differentiable"}
 
 
-def stage_file(stage: int, step: int) -> str:
-    return f"stage{stage}-step{step}.pt"
+def state_dir(step: int) -> str:
+    return f"step{step}"
 
 
 def checkpoint_record(config) -> dict:
@@ -51,7 +52,9 @@ def checkpoint_record(config) -> dict:
 def plan_layout(plan) -> dict:
     """The plan's cut into stages and devices, micro-batches and schedule."""
     return {"n_layers": plan.n_layers, "n_micro": plan.n_micro, "schedule": str(plan.schedule),
-            "stages": [{"layers": [s.layers.start, s.layers.stop], "devices": list(s.devices)} for s in plan.stages]}
+            "precision": str(plan.precision),
+            "stages": [{"layers": [s.layers.start, s.layers.stop], "devices": list(s.devices),
+                        "strategies": sorted({str(st) for st in s.strategies})} for s in plan.stages]}
 
 
 def optimizer_record(config) -> dict:
@@ -77,68 +80,96 @@ def data_record(config) -> dict:
     return {"source": str(path), "dtype": config.data_dtype, "bytes": size, "seed": config.seed}
 
 
-# --- writing (inside the ranks) ------------------------------------------------------------
+# --- writing and reading (inside the ranks) ---------------------------------------------------
 
-def save_checkpoint(config, stage: int, step: int, state, writes: bool) -> None:
-    """Collective over every rank: the writers (replica 0 of each stage) write their stage's file,
-    rank 0 writes the manifest once all are written, then each writer removes its stage's older
-    files. `state()` gives the writer's state dict. A full disk raises WriteError (one line)."""
+def save_checkpoint(config, step: int, named: dict, optim, losses: list, loss_scale: float, module=None) -> None:
+    """Collective over every rank: DCP writes the state into step<step>/, then rank 0 writes the
+    manifest, then the directories of older steps go. A full disk raises WriteError (one line)."""
+    import shutil
+
     import torch.distributed as dist
 
+    from paraplan.runtime import layout_state
+
     directory = Path(config.checkpoint_dir)
-    entry = write_stage(directory, stage, step, state()) if writes else None
-    entries: list = [None] * dist.get_world_size()
-    dist.all_gather_object(entries, entry)
+    target = directory / state_dir(step)
+    if dist.get_rank() == 0 and target.exists():  # a save of this step that never completed
+        shutil.rmtree(target)
+    dist.barrier()
+    try:
+        layout_state.save(named, optim, str(target), module)
+    except Exception as exc:
+        _full_disk(exc, target)
+        raise
+    dist.barrier()
     if dist.get_rank() == 0:
-        write_manifest(directory, step, [e for e in entries if e is not None], checkpoint_record(config))
-    dist.barrier()  # the new manifest is in place: the files of older steps are no longer part of any
-    if writes:
-        for old in directory.glob(f"stage{stage}-step*.pt"):
-            if old.name != entry["file"]:
-                old.unlink(missing_ok=True)
+        files = [{"file": p.relative_to(directory).as_posix(), "bytes": p.stat().st_size, "sha256": _sha256(p)}
+                 for p in sorted(target.rglob("*")) if p.is_file()]
+        write_manifest(directory, step, files, checkpoint_record(config), losses, loss_scale)
+    dist.barrier()  # the new manifest is in place: the directories of older steps are no longer part of any
+    if dist.get_rank() == 0:
+        for old in directory.glob("step*"):
+            if old.is_dir() and not old.is_symlink() and old.name != target.name:
+                shutil.rmtree(old, ignore_errors=True)
 
 
-def write_stage(directory: Path, stage: int, step: int, state: dict) -> dict:
-    """One stage's file, atomically; its manifest entry (name, size, sha256 of the bytes written)."""
-    from paraplan.system.fileio import atomic_torch_save
+def _full_disk(exc: BaseException, target: Path) -> None:
+    """DCP's error (a CheckpointException gathering every rank's failure) as one line when a rank met
+    a full disk."""
+    import errno
 
-    name = stage_file(stage, step)
-    digest, size = atomic_torch_save(state, Path(directory) / name)
-    return {"stage": stage, "file": name, "bytes": size, "sha256": digest}
+    from paraplan.system.fileio import WriteError
+
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise WriteError(f"no space left on device: {target}") from None
+        todo += [x for x in (getattr(e, "failures", {}) or {}).values() if isinstance(x, BaseException)]
+        todo += [x for x in (e.__cause__, e.__context__) if x is not None]
+        todo += [x for x in getattr(e, "args", ()) if isinstance(x, BaseException)]
 
 
-def write_manifest(directory: Path, step: int, entries: list[dict], record: dict) -> None:
+def write_manifest(directory: Path, step: int, files: list[dict], record: dict, losses: list | None = None,
+                   loss_scale: float = 1.0) -> None:
     """The manifest, written last and atomically: from now on the checkpoint is these files."""
     from paraplan.system.fileio import atomic_write_text
 
-    manifest = {"format": FORMAT, "version": RECORD_VERSION, "step": step,
-                "stages": sorted(entries, key=lambda e: e["stage"]), "record": record}
+    manifest = {"format": FORMAT, "version": RECORD_VERSION, "step": step, "state": state_dir(step),
+                "files": files, "losses": list(losses or []), "loss_scale": loss_scale, "record": record}
     atomic_write_text(Path(directory) / MANIFEST, json.dumps(manifest, indent=1) + "\n")
 
 
-def load_stage(checkpoint_dir: str | Path, stage: int) -> dict:
-    """A stage's state, from the file the manifest names (check_resume has checked it)."""
-    import torch
+def load_checkpoint(config, named: dict, optim, module=None) -> tuple[int, list, float]:
+    """Collective: this plan's state read from the checkpoint (written under any plan of the model;
+    check_resume has checked it); (its step, the losses so far, fp16's loss scale)."""
+    from paraplan.runtime import layout_state
 
-    manifest = json.loads((Path(checkpoint_dir) / MANIFEST).read_text())
-    entry = next(e for e in manifest["stages"] if e["stage"] == stage)
-    return torch.load(Path(checkpoint_dir) / entry["file"], map_location="cpu", weights_only=False)
+    directory = Path(config.checkpoint_dir)
+    manifest = json.loads((directory / MANIFEST).read_text())
+    layout_state.load(named, optim, str(directory / manifest["state"]), module)
+    return manifest["step"], list(manifest["losses"]), float(manifest.get("loss_scale", 1.0))
 
 
 def remove_unlisted(checkpoint_dir: str | Path) -> None:
-    """After a failed run: the stage files of a save that did not complete (its manifest was never
-    written) and the temporaries of killed writers. What the manifest lists stays."""
+    """After a failed run: the state directories of a save that did not complete (its manifest was
+    never written) and the temporaries of killed writers. What the manifest lists stays."""
+    import shutil
+
     from paraplan.system.fileio import remove_temporaries
 
     directory = Path(checkpoint_dir)
     remove_temporaries(directory)
     try:
-        listed = {e["file"] for e in json.loads((directory / MANIFEST).read_text())["stages"]}
+        listed = json.loads((directory / MANIFEST).read_text())["state"]
     except (OSError, ValueError, KeyError, TypeError):
         return  # no readable manifest: nothing here is known to be ours
-    for path in directory.glob("stage*-step*.pt"):
-        if path.name not in listed and path.is_file() and not path.is_symlink():
-            path.unlink(missing_ok=True)
+    for path in directory.glob("step*"):
+        if path.name != listed and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 # --- checking (before launch) -------------------------------------------------------------
@@ -167,35 +198,40 @@ def check_resume(config) -> int:
                    "or a save that never completed; start again without resuming")
         refuse(f"{path} does not exist: no checkpoint was written in {directory}")
     manifest = read_json(path, "the checkpoint's manifest", lambda text: FieldError("resume", text))
-    step, entries, record = _fields(manifest, path, refuse)
+    step, files, record = _fields(manifest, path, refuse)
     _compare(record, checkpoint_record(config), path, refuse)
     if config.steps <= step:
         refuse(f"must be more than {step} to train further: the checkpoint is at step {step}", "steps")
-    if len(entries) != config.plan.n_stages:
-        refuse(f"{path}: field 'stages' lists {len(entries)} files for a plan of {config.plan.n_stages} stages")
-    for stage, entry in enumerate(entries):
-        _check_file(directory, stage, entry, path, refuse)
+    if not any(Path(e["file"]).name == ".metadata" for e in files):
+        refuse(f"{path}: field 'files' lists no DCP .metadata: not a whole checkpoint")
+    for entry in files:
+        _check_file(directory, entry, path, manifest["state"], refuse)
     return step
 
 
 def _fields(manifest, path: Path, refuse) -> tuple[int, list[dict], dict]:
-    """The manifest's step, stage entries and record, each checked for its type (one line naming
-    the file and the field)."""
+    """The manifest's step, files and record, each checked for its type (one line naming the file
+    and the field)."""
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         refuse(f"{path} is not a paraplan checkpoint manifest (expected \"format\": \"{FORMAT}\")")
     if manifest.get("version") != RECORD_VERSION:
         refuse(f"{path}: checkpoint version {manifest.get('version')!r}, this paraplan reads version "
                f"{RECORD_VERSION}; start again without resuming")
-    step, entries, record = manifest.get("step"), manifest.get("stages"), manifest.get("record")
+    step, files, record = manifest.get("step"), manifest.get("files"), manifest.get("record")
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
         refuse(f"{path}: field 'step' must be a whole number of at least 1, got {step!r}")
+    if manifest.get("state") != state_dir(step):
+        refuse(f"{path}: field 'state' must be {state_dir(step)!r} (the step's directory), got {manifest.get('state')!r}")
     if not isinstance(record, dict):
         refuse(f"{path}: field 'record' must be an object (what the checkpoint belongs to), got {record!r}")
-    fields = {"stage": int, "file": str, "bytes": int, "sha256": str}
-    if not isinstance(entries, list) or not all(
-            isinstance(e, dict) and all(isinstance(e.get(k), t) for k, t in fields.items()) for e in entries):
-        refuse(f"{path}: field 'stages' must list objects with {', '.join(fields)}")
-    return step, entries, record
+    losses = manifest.get("losses")
+    if not isinstance(losses, list) or not all(isinstance(x, int | float) for x in losses):
+        refuse(f"{path}: field 'losses' must list numbers, got {losses!r}")
+    fields = {"file": str, "bytes": int, "sha256": str}
+    if not isinstance(files, list) or not files or not all(
+            isinstance(e, dict) and all(isinstance(e.get(k), t) for k, t in fields.items()) for e in files):
+        refuse(f"{path}: field 'files' must list objects with {', '.join(fields)}")
+    return step, files, record
 
 
 def _compare(found: dict, expected: dict, path: Path, refuse) -> None:
@@ -218,21 +254,20 @@ def _compare(found: dict, expected: dict, path: Path, refuse) -> None:
     if found.get("data") != expected["data"]:
         refuse(f"the checkpoint's batches came from {_describe_data(found.get('data'))}; this run's come from "
                f"{_describe_data(expected['data'])}: resuming must continue from the same data position")
-    if found.get("plan") != expected["plan"]:
-        refuse(f"resuming under another plan is not supported yet: the checkpoint was written under "
-               f"{_describe_plan(found.get('plan'))}; this plan is {_describe_plan(expected['plan'])}")
+    # the plan may differ: the state is keyed by the model's parameter names (runtime/layout_state.py)
 
 
-def _check_file(directory: Path, stage: int, entry: dict, manifest: Path, refuse) -> None:
+def _check_file(directory: Path, entry: dict, manifest: Path, state: str, refuse) -> None:
     from paraplan.system.fileio import not_regular
 
-    if entry["stage"] != stage or Path(entry["file"]).name != entry["file"]:
-        refuse(f"{manifest}: field 'stages' entry {stage} must name stage {stage}'s file in {directory}, got {entry}")
+    parts = Path(entry["file"]).parts
+    if len(parts) < 2 or parts[0] != state or ".." in parts:
+        refuse(f"{manifest}: field 'files' must name files in {directory / state}, got {entry['file']!r}")
     path = directory / entry["file"]
     if not_regular(path):
         refuse(not_regular(path))
     if not path.exists():
-        refuse(f"{path} does not exist: the checkpoint ({manifest.name}) lists it for stage {stage}")
+        refuse(f"{path} does not exist: the checkpoint ({manifest.name}) lists it")
     size = path.stat().st_size
     if size != entry["bytes"]:
         refuse(f"{path} is damaged: {size} bytes, {manifest.name} says {entry['bytes']}")
@@ -268,10 +303,21 @@ def _describe_data(data) -> str:
     return f"{data.get('source')}{dtype}, {data.get('bytes')} bytes, seed {data.get('seed')}"
 
 
+def resume_note(config, step: int) -> str | None:
+    """One line when the checkpoint was written under another plan than this run's (None: the same)."""
+    manifest = json.loads((Path(config.checkpoint_dir) / MANIFEST).read_text())
+    was, now = manifest["record"].get("plan"), checkpoint_record(config)["plan"]
+    if was == now:
+        return None
+    return (f"resuming step {step} under another plan: written under {_describe_plan(was)}; now "
+            f"{_describe_plan(now)} (the state re-sharded by torch.distributed.checkpoint)")
+
+
 def _describe_plan(layout) -> str:
     if not isinstance(layout, dict):
         return repr(layout)
     stages = "; ".join(f"layers {s['layers'][0]}-{s['layers'][1]} on {s['devices']}"
+                       + (f" as {', '.join(s['strategies'])}" if s.get("strategies") else "")
                        for s in layout.get("stages", []) if isinstance(s, dict))
-    return (f"{len(layout.get('stages', []))} stages ({stages}), {layout.get('n_micro')} micro-batches, "
-            f"{layout.get('schedule')}")
+    return (f"{len(layout.get('stages', []))} stage{'s' if len(layout.get('stages', [])) != 1 else ''} ({stages}), "
+            f"{layout.get('n_micro')} micro-batches, {layout.get('schedule')}, {layout.get('precision', 'fp32')}")

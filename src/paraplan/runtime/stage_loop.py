@@ -55,7 +55,6 @@ def train_stages(config: TrainConfig, setup_fn: SetupFn) -> dict:
     setup = setup_fn(config, rank, device, built, layers, names, recorder)
     stage_index, module = setup.stage_index, setup.module
     module.train()
-    torch.manual_seed(config.seed + 1000 * stage_index)  # dropout: the same on every replica of a stage
     tied_groups = _tied_groups(plan, setup, stage_names, rank)
     owner_names = sorted(owned & set(setup.named))
     params = list(setup.named.values())
@@ -64,11 +63,15 @@ def train_stages(config: TrainConfig, setup_fn: SetupFn) -> dict:
     optim = make_optimizer(config, setup.optimizer_params(params) if setup.optimizer_params else params)
     from paraplan.runtime.checkpoints import save_checkpoint
 
-    first_step, losses = _resume(config, stage_index, module, optim)
+    first_step, losses = _resume(config, setup, optim, scaler)
     report = _LossReport(config, setup, device, losses, first_step, rank)
     step_times, memory = [], None
     for step in range(first_step, config.steps):
         recorder.step = step
+        # dropout's masks: a function of (seed, stage, step) only, the same on every replica of a
+        # stage, so that a run resumed at any step (under any plan) draws what its own uninterrupted
+        # run would
+        torch.manual_seed(step_seed(config.seed, stage_index, step))
         if config.step_hook is not None:
             config.step_hook(rank, step)
         inputs, targets = batches(step)  # the whole global batch, the same on every rank
@@ -111,10 +114,8 @@ def train_stages(config: TrainConfig, setup_fn: SetupFn) -> dict:
         checkpoint_due = config.checkpoint_dir is not None and (done == config.steps or (
             config.checkpoint_every and done % config.checkpoint_every == 0))
         report.after_step(step, step_times[-1], checkpoint_due)
-        if checkpoint_due:  # collective: the manifest is written once every stage's file is
-            save_checkpoint(config, stage_index, done, lambda done=done: {
-                "module": module.state_dict(), "optimizer": optim.state_dict(), "rng": torch.get_rng_state(),
-                "step": done, "losses": losses}, setup.writes)
+        if checkpoint_due:  # collective: the manifest is written once DCP's save completed on every rank
+            save_checkpoint(config, done, setup.named, optim, losses, scaler.scale, module)
     report.stop()
     result = {"rank": rank, "stage": stage_index, "replica": setup.position, "losses": losses, "step_s": step_times}
     if config.out_dir is not None:
@@ -163,19 +164,24 @@ def _schedule(plan, setup: RankSetup, device, recorder, scaler):
     return schedule_cls(stages[0] if single else stages, plan.n_micro, loss_fn=loss, scale_grads=False)
 
 
-def _resume(config: TrainConfig, stage_index: int, module, optim) -> tuple[int, list]:
-    """(the first step to run, the losses so far): (0, []) for a new run; when resuming, the
-    checkpoint's, its state loaded into the module, the optimizer and the RNG."""
+def step_seed(seed: int, stage: int, step: int) -> int:
+    """The seed of `stage`'s random draws (dropout) at `step`."""
+    return (seed * 1_000_003 + stage * 7_919 + step) % 2**63
+
+
+def _resume(config: TrainConfig, setup: RankSetup, optim, scaler) -> tuple[int, list]:
+    """(the first step to run, the losses so far): (0, []) for a new run; when resuming
+    (collective), the checkpoint's, this plan's parameters and optimizer state read from it
+    whatever plan wrote it (runtime/layout_state.py), and fp16's loss scale."""
     if not config.resume:
         return 0, []
-    from paraplan.runtime.checkpoints import load_stage
+    from paraplan.runtime.checkpoints import load_checkpoint
 
     # check_resume has checked the files (sha256) and what they belong to
-    state = load_stage(config.checkpoint_dir, stage_index)
-    module.load_state_dict(state["module"])
-    optim.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"])
-    return state["step"], list(state["losses"])
+    step, losses, loss_scale = load_checkpoint(config, setup.named, optim, setup.module)
+    if scaler.enabled and loss_scale != 1.0:
+        scaler.scale = loss_scale
+    return step, losses
 
 
 def _run_schedule(setup: RankSetup, schedule, n_stages: int, x, y, micro_losses: list) -> None:

@@ -3,6 +3,37 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+
+def _machine_calibration_fixture() -> None:
+    """Issue 33: `--cluster local` means this machine's cached calibration. The suite never reads a
+    user's cache nor measures the machine: XDG_CACHE_HOME points at a directory of this run, holding
+    the calibration committed with the tests (tests/fixtures/local-calibrated.toml, a
+    `paraplan calibrate --quick` of a 2-core machine) with as many devices as this machine has
+    cores, under this machine's key. Commands the tests start inherit it."""
+    import tempfile
+    from dataclasses import replace
+    from pathlib import Path
+
+    cache = tempfile.mkdtemp(prefix="paraplan-test-cache-")
+    os.environ["XDG_CACHE_HOME"] = cache
+    from paraplan.hardware.cluster import NodeSpec
+    from paraplan.hardware.cluster_file import read_cluster_file, write_cluster_file
+    from paraplan.profiling.calibration_cache import entry_path, machine_key, write_key
+
+    fixture = read_cluster_file(Path(__file__).parent / "fixtures" / "local-calibrated.toml")
+    node = fixture.nodes[0]
+    cores = os.cpu_count() or 1
+    cluster = replace(fixture, nodes=(NodeSpec(node.name, (node.devices[0],) * cores, node.intra_link, node.network),))
+    key = machine_key()
+    for precision in ("fp32", "bf16", "fp16"):  # the other precisions' compute as the fixture's device model has it
+        path = entry_path(key, precision)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_cluster_file(cluster, path)
+        write_key(path, key, precision)
+
+
+_machine_calibration_fixture()
+
 # The longest files first: `make test` hands whole files to its two workers in collection order, and
 # a 3-minute file that starts last leaves one worker idle at the end (`--durations` lists them).
 LONGEST_FIRST = ("distributed/test_guide_measure.py", "distributed/test_hybrid.py", "distributed/test_runtime.py",

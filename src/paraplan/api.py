@@ -37,15 +37,31 @@ def _limit_to_this_machine() -> None:
     set_memory_source(available_memory_bytes)
 
 
+def _machine(cluster: str, precision, profile, calibrate: bool):
+    """`local` as this machine's cached calibration where one exists (measured now only when
+    `calibrate`; issue 33), else the analytic preset: the plan's prediction names which
+    (Prediction.cost_source)."""
+    if cluster != "local" or profile:
+        return cluster
+    from paraplan.hardware import load_cluster
+    from paraplan.profiling.calibration_cache import machine_calibration
+
+    found = machine_calibration(precision, allowed=calibrate)
+    return load_cluster(str(found.path)) if found else cluster
+
+
 def _workload(model: str, cluster: str, batch: int, *, operators: bool, memory=None, stages=None,
               micro_batches=None, schedule=None, profile=None, seq_len=None, image_size=None, exact_stages=False,
-              options=None, precision=None):
+              options=None, precision=None, calibrate: bool = False):
     """The Workload of the keywords (paraplan/workload.py, as the command line builds it); the
-    operator graph, where asked, only where the model can be traced."""
+    operator graph, where asked, only where the model can be traced. calibrate=True: on `local`,
+    measure this machine now if it has no cached calibration."""
     from paraplan.workload import workload
 
     _limit_to_this_machine()
-    return workload(model, cluster, batch=batch, profile=profile, memory=memory, seq_len=seq_len,
+    name = cluster
+    cluster = _machine(cluster, precision, profile, calibrate)
+    return workload(model, cluster, cluster_name=name, batch=batch, profile=profile, memory=memory, seq_len=seq_len,
                     image_size=image_size, operators="optional" if operators else None, stages=stages,
                     micro_batches=micro_batches, schedule=schedule, exact_stages=exact_stages,
                     options=options, precision=precision)
@@ -99,7 +115,9 @@ def export(plan_or_path: Plan | str | Path, to: str, out: str | Path | None = No
 def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_limit: float = 60.0,
          try_top: int = 0, rounds: int = 3, steps: int = 12, engine: str | None = None, **kw) -> Plan:
     """The best plan (planner="auto": every planner compared) or one planner's, with the
-    simulator's prediction; raises ParaplanError when nothing fits. precision="bf16" (fp32, tf32,
+    simulator's prediction (its cost_source: on `local`, this machine's cached calibration where one
+    exists, measured now with calibrate=True, else the analytic preset); raises ParaplanError when
+    nothing fits. precision="bf16" (fp32, tf32,
     bf16, fp16; default: the cluster's default_precision) and the other keywords of compare().
     try_top=K (auto, on this machine: cluster "local" or a calibrated file of it): the K best
     predicted distinct plans run for real, `rounds` interleaved rounds of `steps` steps, and the
@@ -147,13 +165,15 @@ def _measured_best(result, k: int, rounds: int, steps: int) -> Plan:
     return by_name[chosen].plan
 
 
-def simulate(plan_or_path: Plan | str | Path, *, cluster: str | None = None, profile=None):
-    """The simulator's Simulation of a plan (its prediction, timeline, per-device memory)."""
+def simulate(plan_or_path: Plan | str | Path, *, cluster: str | None = None, profile=None, calibrate: bool = False):
+    """The simulator's Simulation of a plan (its prediction, timeline, per-device memory; the
+    prediction's cost_source says what it stands on: on `local`, this machine's cached calibration
+    where one exists, measured now with calibrate=True)."""
     from paraplan.simulator.predict import simulate_plan
 
     p = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
     request = _request(p.model, cluster or p.cluster, p.global_batch, operators=p.schedule == "dag", profile=profile,
-                       precision=p.precision)
+                       precision=p.precision, calibrate=calibrate)
     return simulate_plan(p, request.costs)
 
 

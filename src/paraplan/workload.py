@@ -151,6 +151,7 @@ def cost_model(spec: ModelSpec, cluster: Cluster, *, profile: str | Path | None 
     from paraplan.costs.model import analytic_cost_model, profile_cost_model
 
     kwargs["precision"] = check_precision(cluster, precision)
+    kwargs.setdefault("source", cost_source(cluster))
 
     if profile:
         from paraplan.profiling.operator_file import is_operator_profile, read_operator_profile
@@ -160,10 +161,32 @@ def cost_model(spec: ModelSpec, cluster: Cluster, *, profile: str | Path | None 
             measured = read_operator_profile(profile)
             if measured.model != (spec.ref or spec.name):
                 raise ParaplanError(f"{profile}: an operator profile of {measured.model}, not {spec.ref or spec.name}")
-            return analytic_cost_model(spec, cluster, operator_profile=measured, source="operator-profile", **kwargs)
+            kwargs["source"] = f"operator profile {profile}"
+            return analytic_cost_model(spec, cluster, operator_profile=measured, **kwargs)
 
-        return profile_cost_model(spec, cluster, read_profile(profile), **kwargs)
+        kwargs.pop("source")
+        from dataclasses import replace
+
+        costs = profile_cost_model(spec, cluster, read_profile(profile), **kwargs)
+        return replace(costs, source=f"profile {profile} (measured on {costs.source.removeprefix('profile:')})")
     return analytic_cost_model(spec, cluster, **kwargs)
+
+
+ESTIMATE_NOTE = "absolute times are estimates until `paraplan calibrate` measures this machine; trust the rankings"
+
+
+def cost_source(cluster: Cluster) -> str:
+    """What a prediction on `cluster` stands on, in a few words (issue 33): this machine as
+    `paraplan calibrate` measured it (on its date), or an analytic preset (published figures; for
+    `local`, this machine never measured)."""
+    import re
+
+    if cluster.overheads is not None and cluster.overheads.source.startswith("paraplan calibrate"):
+        date = re.search(r"on (\d{4}-\d{2}-\d{2}(?: \d{2}:\d{2})?)", cluster.description)
+        return f"this machine, calibrated{' on ' + date.group(1) + ' UTC' if date else ''}"
+    if cluster.name == "local":
+        return "analytic preset local (this machine never measured)"
+    return f"analytic preset {cluster.name}"
 
 
 def plan_request(costs: CostModel, *, model_name: str, cluster_name: str, batch: int, memory=None,

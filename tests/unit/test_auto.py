@@ -119,7 +119,9 @@ def test_cli_json_schema_and_the_plan_written(tmp_path):
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert data["schema"] == "paraplan.plan.auto/1"
-    assert set(data) == {"schema", "best", "out", "gap_to_bound", "wall_s", "lower_bound", "rows"}
+    assert set(data) == {"schema", "best", "out", "gap_to_bound", "wall_s", "lower_bound", "rows", "cost_source",
+                         "engine", "unrestricted_best"}
+    assert data["engine"] is None and data["unrestricted_best"] is None and data["cost_source"]
     assert set(data["lower_bound"]) == {"iteration_s", "work_s", "one_device_s", "n_devices", "binding", "micro_batch"}
     row_keys = {"planner", "status", "shape", "n_micro", "iteration_s", "throughput_samples_per_s", "peak_bytes",
                 "capacity_bytes", "bubble_fraction", "search_s", "reason", "timed_out"}

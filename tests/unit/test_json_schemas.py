@@ -37,8 +37,10 @@ def test_plan_with_one_planner_and_simulate(tmp_path):
     assert set(d) == {"feasible", "layers", "n_micro", "n_stages", "note", "operators_per_device", "out", "planner",
                       "prediction", "reason", "search"}
     s = _json("simulate", str(out))
-    assert set(s) == {"bubble_fraction", "devices", "feasible", "iteration_s", "memory", "memory_at_peak", "precision",
-                      "reason", "throughput_samples_per_s"}
+    assert set(s) == {"bubble_fraction", "cost_source", "devices", "feasible", "iteration_s", "memory",
+                      "memory_at_peak", "precision", "reason", "throughput_samples_per_s"}
+    assert s["cost_source"] == d["prediction"]["cost_source"]
+    assert s["cost_source"].startswith("this machine, calibrated on ")  # the suite's cached calibration
     assert s["iteration_s"] == pytest.approx(d["prediction"]["iteration_s"], rel=1e-12)
     assert s["precision"] == "fp32"  # local's default
     peaks = {m["device"]: m["peak_bytes"] for m in s["memory"]}

@@ -96,7 +96,7 @@ def test_a_measured_profile_drives_the_planner(tmp_path):
     res = _cli("plan", "--planner", "csimd", "--model", "gpt2-tiny", "--cluster", "local", "--batch", "8",
                "--profile", str(profile), "--out", str(out), "--json")
     assert res.returncode == 0, res.stderr
-    assert json.loads(out.read_text())["search"]["options"]["costs"].startswith("profile:")
+    assert json.loads(out.read_text())["search"]["options"]["costs"].startswith("profile ")
 
 
 @pytest.mark.parametrize("args,needle", [

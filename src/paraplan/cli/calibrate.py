@@ -4,6 +4,8 @@ simulate and train --compare."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 from paraplan.cli.args import check_output
 
@@ -28,6 +30,11 @@ def run(args) -> int:
     with console(stderr=True).status("calibrating") as status:
         result = calibrate(quick=args.quick, devices=args.devices, progress=lambda text: status.update(f"calibrating: {text}"))
     write_cluster_file(result.cluster, args.out, calibration=result.evidence)
+    cached = None
+    if args.devices is None or args.devices == (os.cpu_count() or 1):  # this whole machine: `local` from now on
+        from paraplan.profiling.calibration_cache import store
+
+        cached = store(Path(args.out))
     if args.json:
         from paraplan.hardware.cluster_file import cluster_to_dict
 
@@ -37,5 +44,5 @@ def run(args) -> int:
     for line in result.summary:
         console().print(line)
     console().print(f"cluster written to {args.out}: use it as --cluster {args.out} with plan, simulate and "
-                    "train --compare")
+                    "train --compare" + (f"; `--cluster local` uses it too (cached in {cached})" if cached else ""))
     return 0

@@ -75,6 +75,9 @@ def add_parser(sub) -> None:
                                                 "owner) or paper (saved activations sent; cannot run in PyTorch)")
     p.add_argument("--seed", type=int, default=None, help="for the random baseline (default 0)")
     p.add_argument("--profile", default=None, help="measured profile (paraplan profile) in place of analytic costs")
+    from paraplan.cli.machine import add_calibration_flag
+
+    add_calibration_flag(p)
     add_sizes(p)
     add_precision(p)
     p.add_argument("--engine", default=None, metavar="ENGINE",
@@ -98,9 +101,17 @@ def run(args) -> int:
 
 
 def _workload(args, cluster, *, batch, operators: str | None, watch, options=None):
-    """The request of the flags: the model measured on the cluster, its costs, its limits."""
+    """The request of the flags: the model measured on the cluster, its costs, its limits. `local`
+    is this machine's cached calibration (cli/machine.py) unless --no-calibration or --profile."""
+    from paraplan.cli.machine import machine_cluster
+    from paraplan.hardware import load_cluster
     from paraplan.sizes import gib_bytes
     from paraplan.workload import workload
+
+    if isinstance(cluster, str) or getattr(cluster, "name", None) == "local":
+        measured = machine_cluster(args.cluster, args.precision, skip=args.no_calibration or bool(args.profile))
+        if measured != args.cluster:
+            cluster = load_cluster(measured)
 
     return workload(args.model, cluster, cluster_name=args.cluster, batch=batch, profile=args.profile,
                     memory=None if args.memory_gib is None else gib_bytes(args.memory_gib), seq_len=args.seq_len,
@@ -189,6 +200,9 @@ def _print_placement(args, sim, cluster) -> None:
     gap = (f"; the schedule's own length {length:.4g} s, simulated with link contention "
            f"{sim.prediction.iteration_s:.4g} s ({sim.prediction.iteration_s / length - 1:+.1%})" if length else "")
     console().print(f"{args.planner}: searched in {sim.plan.search.search_s:.3g} s{gap}; plan written to {args.out}")
+    from paraplan.cli.machine import costs_line
+
+    console().print(costs_line(sim.prediction.cost_source))
     if sim.plan.search.note:
         console().print(flags_in(sim.plan.search.note))
 
@@ -209,6 +223,9 @@ def _print_stages(args, sim, cluster) -> None:
     console().print(f"{args.planner}: {stages} {ranges} on devices "
                     f"{[list(s.devices) for s in sim.plan.stages]}, {micro}{eq8}; "
                     f"searched in {sim.plan.search.search_s:.3g} s; plan written to {args.out}")
+    from paraplan.cli.machine import costs_line
+
+    console().print(costs_line(sim.prediction.cost_source))
     if "schedules_judged" in opts:  # --schedule best: the schedule that won and the next best
         chunks = f", {sim.plan.virtual_stages} chunks per device" if sim.plan.virtual_stages > 1 else ""
         console().print(f"schedule: {sim.plan.schedule}{chunks}, the fastest that fits of {opts['schedules_judged']} "
@@ -325,10 +342,14 @@ def run_auto(args, given: dict) -> int:
     else:
         _print_comparison(args, result, best, gap, w.built.ref, w.costs.precision)
     if best is not None and args.try_top is not None:
+        from paraplan.cli.plan_runs import try_top
+
         chosen = try_top(result, args, err)
         if chosen is not None:
             write_plan(chosen.plan, args.out)
     if best is not None and args.prove:
+        from paraplan.cli.plan_runs import print_proof, prove_best
+
         proof = prove_best(best, request, err, args)
         if not args.json:
             print_proof(proof, best.planner)
@@ -371,6 +392,9 @@ def _print_comparison(args, result, best, gap, model_ref: str, precision: str) -
                   f"{best.throughput:.4g} samples/s, {gap:+.1%} above the lower bound; compared "
                   f"{sum(r.status in ('ok', 'infeasible') for r in result.rows)} plans in {result.wall_s:.1f} s; "
                   f"plan written to {args.out}")
+        from paraplan.cli.machine import costs_line
+
+        out.print(costs_line(best.plan.prediction.cost_source if best.plan.prediction else ""))
         if best.plan.search and best.plan.search.note:
             out.print(flags_in(best.plan.search.note))
         opts = dict(best.plan.search.options) if best.plan.search else {}
@@ -391,6 +415,7 @@ def auto_json(result, out: str | None, gap: float | None, plan_to_dict) -> dict:
     return {
         "schema": "paraplan.plan.auto/1",
         "best": result.best, "out": out, "gap_to_bound": gap, "wall_s": result.wall_s,
+        "cost_source": result.row(result.best).plan.prediction.cost_source if result.best else None,
         "engine": result.engine or None,
         "unrestricted_best": result.unrestricted.planner if result.unrestricted else None,
         "lower_bound": {"iteration_s": result.bound.iteration_s, "work_s": result.bound.work_s,
@@ -402,87 +427,3 @@ def auto_json(result, out: str | None, gap: float | None, plan_to_dict) -> dict:
                   "capacity_bytes": list(r.capacity_bytes), "bubble_fraction": r.bubble, "search_s": r.search_s,
                   "reason": r.reason, "timed_out": r.timed_out} for r in result.rows],
     }
-
-
-def try_top(result, args, err):
-    """--try-top K: the K best predicted distinct plans run for real, interleaved; the measured best
-    (runtime/prove.py: measured_best) and a table of predicted against measured. Returns the chosen
-    row (None when fewer than two distinct plans fit)."""
-    from rich.table import Table
-
-    from paraplan.report.tables import console
-    from paraplan.runtime.prove import measured_best
-
-    rows = result.distinct(args.try_top)  # fastest predicted first; plans two planners share are run once
-    if len(rows) < 2:
-        console().print("--try-top: fewer than two distinct plans fit; the predicted best is written")
-        return None
-    by_name = {f"{i + 1}. {r.planner}": r for i, r in enumerate(rows)}
-    with err.status("trying the best plans for real") as status:
-        chosen, measured = measured_best({name: (r.plan, r.iteration_s) for name, r in by_name.items()},
-                                         args.prove_rounds, args.prove_steps,
-                                         progress=lambda text: status.update(f"trying the best plans: {text}"))
-    table = Table(title="the best predicted plans, run on this machine (median of rounds, min..max)")
-    for col in ("plan (predicted rank)", "predicted", "measured", "error"):
-        table.add_column(col, justify="left" if col.startswith("plan") else "right")
-    for m in measured:
-        table.add_row(m.name + ("  <- chosen" if m.name == chosen else ""), f"{m.predicted_s * 1e3:.1f} ms",
-                      f"{m.median_s * 1e3:.1f} ms ({min(m.rounds_s) * 1e3:.1f}..{max(m.rounds_s) * 1e3:.1f})",
-                      f"{m.error:+.1%}")
-    out = console()
-    out.print(table)
-    first = measured[0]
-    best = next(m for m in measured if m.name == chosen)
-    out.print(f"measured best: {chosen} ({first.median_s / best.median_s:.2f}x the predicted best's step)"
-              if best is not first else f"measured best: {chosen}, the predicted best")
-    out.print(f"plan written to {args.out}")
-    return by_name[chosen]
-
-
-def prove_best(best, request, err, args):
-    """The chosen plan, the even split over every device and one process, run for real (runtime/prove.py)."""
-    from dataclasses import replace
-
-    from paraplan.planners.registry import make_plan
-    from paraplan.runtime.prove import one_process_plan, run_interleaved
-    from paraplan.simulator.predict import simulate_plan
-
-    cm = request.costs
-    n = cm.cluster.n_devices
-    plans = {f"chosen ({best.planner})": best.plan}
-    if n > 1:
-        even = make_plan(replace(request, n_stages=min(n, cm.model.n_layers), n_micro=None, exact_stages=True),
-                         "even")
-        plans[f"even split ({even.n_stages} stages)"] = even
-    plans["one process"] = one_process_plan(best.plan)
-    judged = {name: (plan, simulate_plan(plan, cm).prediction.iteration_s) for name, plan in plans.items()}
-    with err.status("running the plans for real") as status:
-        return run_interleaved(judged, args.prove_rounds, args.prove_steps,
-                               progress=lambda text: status.update(f"running the plans for real: {text}"))
-
-
-def print_proof(proof, chosen: str) -> None:
-    from rich.table import Table
-
-    from paraplan.report.tables import console
-
-    table = Table(title="proof on this machine: predicted against measured (median of rounds, min..max)")
-    for col in ("plan", "predicted", "measured", "error", "chosen is faster by"):
-        table.add_column(col, justify="left" if col == "plan" else "right")
-    first = proof[0]
-    for m in proof:
-        speedup = "" if m is first else f"{m.median_s / first.median_s:.2f}x"
-        table.add_row(m.name, f"{m.predicted_s * 1e3:.1f} ms",
-                      f"{m.median_s * 1e3:.1f} ms ({min(m.rounds_s) * 1e3:.1f}..{max(m.rounds_s) * 1e3:.1f})",
-                      f"{m.error:+.1%}", speedup)
-    out = console()
-    out.print(table)
-    fastest_measured = min(proof, key=lambda m: m.median_s)
-    fastest_predicted = min(proof, key=lambda m: m.predicted_s)
-    if fastest_measured is first:
-        out.print(f"the chosen plan ({chosen}) is the fastest measured: "
-                  + ", ".join(f"{m.median_s / first.median_s:.2f}x faster than {m.name}" for m in proof[1:]))
-    else:
-        out.print(f"measured, {fastest_measured.name} is faster than the chosen plan "
-                  f"({first.median_s / fastest_measured.median_s:.2f}x); the prediction ranked "
-                  f"{fastest_predicted.name} first")

@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
                         "interleaved-zb:2, zbv, dualpipev; or a comma-separated list of those (KIND:CHUNKS)")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("--profile", default=None, help="measured profile (paraplan profile) in place of analytic costs")
+    from paraplan.cli.machine import add_calibration_flag
+
+    add_calibration_flag(p)
     p.set_defaults(func=run)
 
 
@@ -47,7 +50,11 @@ def run(args) -> int:
         if path:
             check_output(flag, path, figure=figure)
     plan = read_plan(args.plan)
-    cluster = load_cluster(args.cluster or plan.cluster)
+    from paraplan.cli.machine import machine_cluster
+
+    # `local` is this machine's cached calibration (cli/machine.py)
+    cluster = load_cluster(machine_cluster(args.cluster or plan.cluster, plan.precision,
+                                           skip=args.no_calibration or bool(args.profile)))
     if args.memory_gib is not None:
         require_positive(args.memory_gib, "--memory-gib")
         cluster = cluster.with_memory(gib_bytes(args.memory_gib))
@@ -158,3 +165,6 @@ def _print(args, sim, cluster, compared=None) -> None:
         console().print(simulation_table(sim, cluster))
         if sim.memory:
             console().print(memory_table(sim))
+    from paraplan.cli.machine import costs_line
+
+    console().print(costs_line(sim.prediction.cost_source))

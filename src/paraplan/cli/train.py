@@ -3,6 +3,8 @@ comparison with the prediction. Every check runs before the ranks start."""
 
 from __future__ import annotations
 
+import sys
+
 from paraplan.cli.args import add_sizes, check_output
 from paraplan.cli.ui import BARS
 from paraplan.errors import FieldError, ParaplanError
@@ -44,6 +46,9 @@ def add_parser(sub) -> None:
                         "default: the --cluster's own if it was calibrated, else the measurement shipped for this "
                         "kind of machine)")
     add_sizes(p)
+    from paraplan.cli.machine import add_calibration_flag
+
+    add_calibration_flag(p)
     p.add_argument("--data", default=None, metavar="PATH",
                    help="train on real data (default: synthetic batches): a token file of flat ids (nanoGPT's "
                         "train.bin) for a language model, or an .npz with arrays 'inputs' and 'labels' "
@@ -171,7 +176,22 @@ def _comparison(args, plan):
     from paraplan.hardware import load_cluster
     from paraplan.runtime.compare import read_overheads
 
-    compare_cluster = load_cluster(args.cluster or plan.cluster) if args.compare else None  # as simulate
+    compare_cluster = None
+    if args.compare:  # as simulate: `local` is this machine's cached calibration (cli/machine.py), made
+        # here if there is none, but never by the ranks of a torchrun launch (one per node would)
+        from paraplan.cli.machine import machine_cluster
+        from paraplan.runtime.launch import under_torchrun
+
+        name = args.cluster or plan.cluster
+        skip = args.no_calibration or bool(args.profile or args.overheads)
+        if under_torchrun() and name == "local" and not skip:
+            from paraplan.profiling.calibration_cache import machine_calibration
+
+            found = machine_calibration(plan.precision, allowed=False)
+            name = str(found.path) if found else name
+        else:
+            name = machine_cluster(name, plan.precision, skip=skip)
+        compare_cluster = load_cluster(name)
     if args.overheads:
         overheads = read_overheads(args.overheads)
     elif compare_cluster is not None and compare_cluster.overheads is not None:
@@ -290,13 +310,35 @@ def _report(args, plan, out_dir: str, cm, compare_cluster, overheads, predicted_
         summary["compare"] = {"predicted_s": c.predicted_s, "measured_median_s": c.measured_median_s,
                               "measured_q1_s": c.measured_q1_s, "measured_q3_s": c.measured_q3_s, "steps": c.steps,
                               "error": c.error, "cluster": compare_cluster.name}
-        say(f"predicted {c.predicted_s * 1e3:.1f} ms ({'profile' if args.profile else 'analytic'} costs, cluster "
-            f"{compare_cluster.name}; runtime overheads {overheads.source}); measured median "
-            f"{c.measured_median_s * 1e3:.1f} ms (quartiles {c.measured_q1_s * 1e3:.1f}.."
+        summary["compare"]["cost_source"] = cm.source
+        say(f"predicted {c.predicted_s * 1e3:.1f} ms (costs: {cm.source}; runtime overheads {overheads.source}); "
+            f"measured median {c.measured_median_s * 1e3:.1f} ms (quartiles {c.measured_q1_s * 1e3:.1f}.."
             f"{c.measured_q3_s * 1e3:.1f}, {c.steps} steps); error {c.error:+.1%}")
+        drift = drift_warning(c.error, cm.source)
+        if drift:
+            summary["compare"]["warning"] = drift
+            print(drift, file=sys.stderr)
     _report_memory(plan, out_dir, predicted_memory, breakdowns, summary, say)
     if args.json:
         print(json.dumps(summary, indent=2))
+
+
+DRIFT = 0.25  # issue 33: a measured step this far from the prediction is worth a line
+
+
+def drift_warning(error: float, source: str) -> str | None:
+    """One line when the measured step differs from the prediction by more than DRIFT: the machine
+    may have changed or be busy (the load average it saw), and what to do."""
+    if abs(error) <= DRIFT:
+        return None
+    import os
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    cores = os.cpu_count() or 1
+    advice = ("run `paraplan calibrate` to measure this machine" if "calibrated" not in source else
+              "if the machine has changed, `paraplan calibrate` measures it again")
+    return (f"paraplan: warning: the measured step is {error:+.0%} off the prediction ({source}); the load average "
+            f"was {load:.2f} on {cores} cores{' (busy)' if load > 0.5 * cores else ''}: {advice}")
 
 
 def _report_memory(plan, out_dir: str, predicted_memory, breakdowns, summary: dict, say) -> None:

@@ -204,6 +204,9 @@ class Prediction:
     memory: tuple[DeviceMemory, ...] = ()
     feasible: bool = True
     reason: str = ""  # when not feasible: e.g. "device 3 out of memory by 1.20 GiB"
+    # what the prediction stands on (issue 33; workload.cost_source): "this machine, calibrated on
+    # DATE", "analytic preset NAME", "profile FILE (...)"; "" in files written before it
+    cost_source: str = ""
 
 
 @dataclass(frozen=True)

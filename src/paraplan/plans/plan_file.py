@@ -74,6 +74,8 @@ def plan_to_dict(plan: Plan) -> dict:
             "memory": [{"device": m.device, "peak_bytes": m.peak_bytes, "capacity_bytes": m.capacity_bytes}
                        for m in p.memory],
         }
+        if p.cost_source:  # optional: files without it (and older files) load with ""
+            out["prediction"]["cost_source"] = p.cost_source
     if plan.search is not None:
         out["search"] = {"planner": plan.search.planner, "search_s": plan.search.search_s,
                          "options": dict(plan.search.options)}
@@ -175,7 +177,8 @@ def plan_from_dict(data: object, origin: str = "plan") -> Plan:
             iteration_s=r.get(p, "iteration_s", "prediction.", float),
             throughput_samples_per_s=r.get(p, "throughput_samples_per_s", "prediction.", float),
             memory=tuple(memory), feasible=r.get(p, "feasible", "prediction.", bool, True),
-            reason=r.get(p, "reason", "prediction.", str, ""))
+            reason=r.get(p, "reason", "prediction.", str, ""),
+            cost_source=r.get(p, "cost_source", "prediction.", str, ""))
     search = None
     if d.get("search") is not None:
         s = r.table(d["search"], "search")

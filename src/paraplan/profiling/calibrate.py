@@ -81,7 +81,7 @@ def _busy_matmul(ready, stop, go) -> None:
             a = torch.tanh(a @ a)
 
 
-class _Load:
+class CoresLoaded:
     """`n` busy processes for the duration of a `with` block (from the warm forkserver, or spawned
     with PARAPLAN_START_METHOD=spawn: either way no inherited threads);
     `pause()` / `resume()` idle them without the cost of starting them again."""
@@ -139,7 +139,7 @@ def measure_compute(models, cores: int, repeats: int, progress: Callable[[str], 
         idle = run_profile(work, torch.device("cpu"), list(BATCH_SIZES), 1, 3, repeats, step_check=False,
                            repeat_check=False)
         progress(f"compute: profiling {model} while {cores - 1} other core(s) train it too")
-        with _Load(cores - 1, model) as load:
+        with CoresLoaded(cores - 1, model) as load:
             loaded = run_profile(work, torch.device("cpu"), list(BATCH_SIZES), 1, 3, repeats, step_check=False,
                                  repeat_check=False)
             progress(f"compute: {model}'s training step with the other cores idle and busy, interleaved")
@@ -182,7 +182,7 @@ def measure_links(nproc: int, progress: Callable[[str], None]):
     progress(f"links: gloo ping-pong between {nproc} processes, idle")
     idle = profile_links("gloo", nproc, LINK_MAX_BYTES)
     progress("links: the same while every core also computes")
-    with _Load(nproc):
+    with CoresLoaded(nproc):
         loaded = profile_links("gloo", nproc, LINK_MAX_BYTES)
     return idle, loaded
 
@@ -265,7 +265,7 @@ def measure_optimizer(cores: int, progress: Callable[[str], None]) -> dict:
     progress("runtime: timing the optimizer step")
     torch.set_num_threads(1)
     medians = {}
-    with _Load(cores - 1):
+    with CoresLoaded(cores - 1):
         for n in (1_000_000, 4_000_000):
             params = [torch.nn.Parameter(torch.randn(n // 4)) for _ in range(4)]
             for p in params:

@@ -122,10 +122,16 @@ def device_name(device: torch.device) -> str:
 
 def run_profile(work: Workload, device: torch.device, batch_sizes: list[int], threads: int, warmup: int,
                 repeats: int, step_check: bool = True, repeat_check: bool = True,
-                progress: Callable[[], None] | None = None) -> Profile:
+                progress: Callable[[], None] | None = None, precision: str = "fp32") -> Profile:
+    """`precision`: bf16 / fp16 layers timed under autocast (as the runtime's mixed-precision recipe
+    runs them: fp32 weights, 16-bit compute)."""
+    import contextlib
+
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    raw = profile_layers(work.layers, work.make_batch, work.loss, batch_sizes, device, warmup, repeats, progress)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    with torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext():
+        raw = profile_layers(work.layers, work.make_batch, work.loss, batch_sizes, device, warmup, repeats, progress)
     layers = tuple(
         LayerProfile(name=name, kind=kind, batch_sizes=tuple(batch_sizes),
                      forward=tuple(t.forward for t in raw[i]), backward=tuple(t.backward for t in raw[i]),

@@ -70,7 +70,7 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulat
     stats = tuple(DeviceStats(d, float(b), float(max(0.0, iteration - b))) for d, b in sorted(per_device.items()))
     reason = out_of_memory_reason(memory)
     prediction = Prediction(iteration_s=iteration, throughput_samples_per_s=plan.global_batch / iteration,
-                            memory=memory, feasible=not reason, reason=reason)
+                            memory=memory, feasible=not reason, reason=reason, cost_source=cm.source)
     used_busy = np.array([s.busy_s for s in stats])
     bubble = float(1.0 - used_busy.sum() / (len(stats) * iteration)) if iteration > 0 else 0.0
     return Simulation(plan=replace(plan, prediction=prediction), timeline=result.timeline, devices=stats,
@@ -89,7 +89,7 @@ def _simulate_dag_plan(plan: Plan, cm: CostModel, contention: bool) -> Simulatio
     memory = tuple(DeviceMemory(d, int(run.peak_bytes[d]), capacities[d]) for d in used)
     reason = out_of_memory_reason(memory)
     prediction = Prediction(iteration_s=iteration, throughput_samples_per_s=plan.global_batch / iteration,
-                            memory=memory, feasible=not reason, reason=reason)
+                            memory=memory, feasible=not reason, reason=reason, cost_source=cm.source)
     stats = tuple(DeviceStats(d, float(run.busy_s[d]), float(max(0.0, iteration - run.busy_s[d]))) for d in used)
     busy = np.array([s.busy_s for s in stats])
     bubble = float(1.0 - busy.sum() / (len(stats) * iteration)) if iteration > 0 else 0.0

@@ -1,0 +1,44 @@
+"""`local` means this machine as measured (issue 33): the commands that predict times on `local`
+(plan, simulate, train --compare, --prove) use the cached calibration of this machine, making it
+once with `paraplan calibrate --quick` and saying so in one line; `--no-calibration` keeps the
+analytic preset; `--profile`, `--overheads` or a cluster file override the cache."""
+
+from __future__ import annotations
+
+import sys
+
+NO_CALIBRATION_HELP = ("with --cluster local: the analytic preset, not this machine's calibration (made once by "
+                       "`paraplan calibrate --quick` and cached; `paraplan calibrate` redoes it)")
+
+
+def add_calibration_flag(parser) -> None:
+    parser.add_argument("--no-calibration", action="store_true", help=NO_CALIBRATION_HELP)
+
+
+def machine_cluster(name: str | None, precision: str | None, *, skip: bool = False) -> str | None:
+    """`name` itself, or for `local` (unless `skip`) the path of this machine's calibration in
+    `precision`, measured now if there is none (one line before, one after, on stderr)."""
+    if name != "local" or skip:
+        return name
+    from paraplan.profiling.calibration_cache import machine_calibration
+
+    def on_start(path) -> None:
+        print(f"paraplan: measuring this machine once (paraplan calibrate --quick, about a minute): it is kept in "
+              f"{path}", file=sys.stderr, flush=True)
+
+    found = machine_calibration(precision, on_start=on_start)
+    if found.made:
+        print(f"paraplan: this machine measured in {found.seconds:.0f} s; `paraplan calibrate` redoes it, "
+              "--no-calibration plans on the analytic preset", file=sys.stderr, flush=True)
+    return str(found.path)
+
+
+def costs_line(source: str) -> str:
+    """What a printed prediction stands on, in one line (issue 33)."""
+    if source.startswith("analytic preset local"):
+        return (f"costs: {source}: absolute times are estimates until `paraplan calibrate` measures it (or drop "
+                "--no-calibration); trust the rankings")
+    if source.startswith("analytic preset"):
+        return (f"costs: {source} (published figures, not a machine paraplan measured): absolute times are "
+                "estimates; trust the rankings")
+    return f"costs: {source}"

@@ -23,8 +23,10 @@ def machine_cluster(name: str | None, precision: str | None, *, skip: bool = Fal
     from paraplan.profiling.calibration_cache import machine_calibration
 
     def on_start(path) -> None:
-        print(f"paraplan: measuring this machine once (paraplan calibrate --quick, about a minute): it is kept in "
-              f"{path}", file=sys.stderr, flush=True)
+        what = ("this machine once (paraplan calibrate --quick, about a minute)" if path.name.endswith("-fp32.toml")
+                else f"this machine's {path.stem.rsplit('-', 1)[-1]} compute once (its layers under autocast, "
+                     "about 20 s)")
+        print(f"paraplan: measuring {what}: it is kept in {path}", file=sys.stderr, flush=True)
 
     found = machine_calibration(precision, on_start=on_start)
     if found.made:

@@ -337,8 +337,10 @@ def drift_warning(error: float, source: str) -> str | None:
     cores = os.cpu_count() or 1
     advice = ("run `paraplan calibrate` to measure this machine" if "calibrated" not in source else
               "if the machine has changed, `paraplan calibrate` measures it again")
+    # the run's own ranks are in the load average: more than the cores means something else ran too
     return (f"paraplan: warning: the measured step is {error:+.0%} off the prediction ({source}); the load average "
-            f"was {load:.2f} on {cores} cores{' (busy)' if load > 0.5 * cores else ''}: {advice}")
+            f"was {load:.2f} on {cores} cores{' (something else was running)' if load > cores + 0.5 else ''}: "
+            f"{advice}")
 
 
 def _report_memory(plan, out_dir: str, predicted_memory, breakdowns, summary: dict, say) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from paraplan.errors import ParaplanError
 
 REFERENCE_MODELS = ("gpt2-tiny", "vgg-tiny", "bert-tiny")  # attention + MLP, convolutions, another transformer
-QUICK_MODELS = ("gpt2-tiny",)
+QUICK_MODELS = ("gpt2-tiny", "llama-tiny")  # two attention styles (explicit with dropout; fused SDPA with RMSNorm, rotary, SwiGLU)
 BATCH_SIZES = (4, 16, 32)
 LINK_MAX_BYTES = 16 * 2**20  # the tiny models' activations are KiBs to MiBs
 # the plan whose timeline gives the overheads: the shipped measurement's plan (gpt2-tiny, 2 stages

@@ -145,7 +145,7 @@ def test_an_operator_profile_measured_here_prices_the_plan(tmp_path, capsys):
     r = run_cli_here(capsys, "plan", "--planner", "fddps", "--model", "resnet-tiny", "--cluster", "local", "--batch", "8",
              "--profile", str(ops), "--out", str(out))
     assert r.returncode == 0, r.stderr
-    assert json.loads(out.read_text())["search"]["options"]["costs"] == "operator-profile"
+    assert json.loads(out.read_text())["search"]["options"]["costs"] == f"operator profile {tmp_path / 'ops.json'}"
     r = run_cli_here(capsys, "plan", "--planner", "fddps", "--model", "gpt2-tiny", "--cluster", "local", "--batch", "8",
              "--profile", str(ops), "--out", str(tmp_path / "q.json"))
     assert r.returncode == 2 and "an operator profile of resnet-tiny" in r.stderr and "Traceback" not in r.stderr

@@ -81,10 +81,10 @@ def engine_layout(plan: Plan, kinds: tuple[str, ...]) -> EngineLayout:
     if len(sizes) > 1:
         raise ExportRefused("any", f"stages on different numbers of devices ({', '.join(str(len(s.devices)) for s in plan.stages)}): "
                                    "uneven data-parallel groups")
+    if "block" not in kinds:  # a CNN or a user's module: every layer is a unit of the cut
+        kinds = ("block",) * len(kinds)
     blocks = [(i, s.strategy(i)) for s in plan.stages for i in s.layers if kinds[i] == "block"]
     others = [(i, s.strategy(i)) for s in plan.stages for i in s.layers if kinds[i] != "block"]
-    if not blocks:
-        raise ExportRefused("any", f"the model has no transformer blocks ({plan.model})")
     first_layer, first = blocks[0]
     for i, st in blocks[1:]:
         if _degrees(st) != _degrees(first) or st.recompute != first.recompute or st.sequence_parallel != first.sequence_parallel:

@@ -39,6 +39,12 @@ def stage_files_meet_a_full_disk_from_step2(rank: int, step: int) -> None:
     filesystem.FileSystem.create_stream = create_stream
 
 
+def rank1_meets_a_full_disk_from_step2(rank: int, step: int) -> None:
+    """The same disk, on rank 1 alone: DCP fails on every rank, but only rank 1 saw the ENOSPC."""
+    if rank == 1:
+        stage_files_meet_a_full_disk_from_step2(rank, step)
+
+
 class _Proxy:
     """A FullDisk that also answers what DCP asks of its stream (tell, fileno, ...)."""
 

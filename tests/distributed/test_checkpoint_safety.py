@@ -20,7 +20,7 @@ from paraplan.runtime.checkpoints import MANIFEST, check_resume, remove_unlisted
 from paraplan.runtime.rank_base import TrainConfig
 from paraplan.system.fileio import TEMP_MARK
 
-from .faults import stage_files_meet_a_full_disk_from_step2
+from .faults import rank1_meets_a_full_disk_from_step2, stage_files_meet_a_full_disk_from_step2
 
 PLAN = Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=8, n_micro=2, schedule="1f1b",
             grad_sync="none", stages=(Stage(LayerRange(0, 3), (0,)), Stage(LayerRange(3, 6), (1,))))
@@ -65,6 +65,26 @@ def test_a_full_disk_in_a_rank_is_one_line_and_keeps_the_last_checkpoint(failed)
     # the half-written step-2 state is gone (the launcher removes what no manifest names)
     assert sorted(p.name for p in failed.ck.iterdir()) == [MANIFEST, "step1"]
     assert check_resume(_config(failed)) == 1  # the step-1 checkpoint is whole: sha256 and record match
+
+
+def test_a_full_disk_on_one_rank_is_one_line_too(tmp_path):
+    """DCP's CheckpointException reaches every rank; the rank that met the disk knows why: every rank
+    asks, so the line is the disk's whichever rank the launcher reports (it was a 63-line traceback)."""
+    from paraplan.cli import main
+    from paraplan.runtime import launch
+
+    write_plan(PLAN, tmp_path / "plan.json")
+    spawn = launch.spawn
+    stderr = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(stderr), \
+            contextlib.redirect_stdout(io.StringIO()):
+        mp.setattr(launch, "spawn", lambda config, world: spawn(
+            replace(config, step_hook=rank1_meets_a_full_disk_from_step2), world))
+        code = main(["train", "--plan", str(tmp_path / "plan.json"), "--steps", "2", "--checkpoint-every", "1",
+                     "--checkpoint-dir", str(tmp_path / "ck"), "--out-dir", str(tmp_path / "run"), "--timeout", "30"])
+    lines = stderr.getvalue().strip().splitlines()
+    assert code == 2 and len(lines) == 1 and f"no space left on device: {tmp_path / 'ck'}/step2" in lines[0], lines
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [MANIFEST, "step1"]
 
 
 OTHER_DATA = "other-data"  # stands for a token file made under the test's tmp_path
@@ -147,6 +167,9 @@ def test_a_save_that_never_completed_is_removed_and_the_manifest_kept(failed, tm
     (ck / "step2").mkdir()
     (ck / "step2" / "__0_0.distcp").write_bytes(b"half")
     (ck / f".checkpoint.json{TEMP_MARK}x").write_bytes(b"half")
+    (ck / "steps_notes").mkdir()  # a user's own folders are never touched (they were, by the glob step*)
+    (ck / "steps_notes" / "README").write_text("important")
+    (ck / "stepwise").mkdir()
     remove_unlisted(ck)
-    assert sorted(p.name for p in ck.iterdir()) == [MANIFEST, "step1"]
+    assert sorted(p.name for p in ck.iterdir()) == [MANIFEST, "step1", "steps_notes", "stepwise"]
     assert json.loads((ck / MANIFEST).read_text())["step"] == 1

@@ -93,6 +93,29 @@ def test_torchtitan_refuses_what_its_trainer_refuses_at_start_up(tiny):
                                                                    model_shape("gpt2-tiny?seq_len=12"))
 
 
+def test_torchtitan_refuses_1f1b_with_fewer_micro_batches_than_stages_and_names_every_layer(tiny):
+    few = plan_of(tiny, [stage(0, 3, (0,)), stage(3, 6, (1,))], n_micro=1, batch=4)
+    assert "1F1B with 1 micro-batches on 2 pipeline ranks" in refusal(few, "torchtitan", tiny)
+    # a model without transformer blocks: every layer keeps a name (none dropped from a stage)
+    vgg = model_shape("vgg-tiny")
+    n = len(vgg.kinds)
+    cnn = Plan(model="vgg-tiny", cluster="x", n_layers=n, global_batch=16, n_micro=2, schedule="1f1b",
+               stages=(stage(0, n // 2, (0,)), stage(n // 2, n, (1,))))
+    text = export(cnn, "torchtitan", vgg).text.splitlines()
+    parts = text[text.index("--parallelism.module_fqns_per_model_part") + 1:][:2]
+    assert [len(p.split(",")) for p in parts] == [n // 2, n - n // 2] and all(parts)
+
+
+def test_a_cache_directory_that_cannot_be_made_is_one_line(tmp_path, monkeypatch, capsys):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    res = run_cli_here(capsys, "plan", "--model", "lenet-5", "--cluster", "local", "--batch", "8", "--planner",
+                       "csimd", "--out", str(tmp_path / "p.json"))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert "cannot keep this machine's calibration in" in res.stderr and "--no-calibration" in res.stderr
+
+
 def test_a_strategy_with_tensor_parallelism_off_the_innermost_devices_is_refused(tiny):
     outer_tp = LayerStrategy(dp=2, tp=2, order="dp,tp,sdp")
     assert "not on the innermost devices" in refusal(plan_of(tiny, [stage(0, 6, range(4), outer_tp)]), "megatron",

@@ -101,7 +101,7 @@ def _fit_layer(strategy, layer: int, shape: ModelShape, sp: frozenset):
 
 
 def _schedules(plan: Plan) -> list[Schedule]:
-    if plan.schedule == Schedule.GPIPE and plan.n_stages > 1:
+    if plan.schedule == Schedule.GPIPE and plan.n_stages > 1 and plan.n_micro >= plan.n_ranks:
         return [Schedule.GPIPE, Schedule.ONE_F_ONE_B]  # 1F1B: GPipe's bubble, less memory in flight
     return [plan.schedule]
 

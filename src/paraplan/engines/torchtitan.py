@@ -48,6 +48,9 @@ def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
     """The first feature of the plan torchtitan cannot run, or None."""
     if layout.pp > 1 and layout.schedule not in SCHEDULES:
         return f"the {layout.schedule} schedule (torchtitan runs {', '.join(SCHEDULES.values())})"
+    if layout.pp > 1 and layout.schedule == Schedule.ONE_F_ONE_B and layout.n_micro < layout.pp:
+        # torch's Schedule1F1B refuses it (torchtitan only warns, then builds that class)
+        return f"1F1B with {layout.n_micro} micro-batches on {layout.pp} pipeline ranks (torch needs at least one per rank)"
     if layout.precision == Precision.FP16:
         return "fp16 mixed precision (torchtitan trains in bf16 or fp32)"
     if layout.zero and layout.dp_shard > 1:
@@ -125,11 +128,11 @@ def _fqns(layout: EngineLayout, shape: ModelShape) -> list[list[str]]:
             kind = shape.kinds[i]
             if kind == "embedding":
                 names.append("tok_embeddings")
-            elif kind == "block":
-                names.append(f"layers.{block}")
-                block += 1
             elif kind == "head":
                 names += ["norm", "lm_head"]
+            else:  # a block, or a layer of a model torchtitan does not build (noted): never dropped
+                names.append(f"layers.{block}")
+                block += 1
         parts.append(names)
     return parts
 

@@ -78,8 +78,15 @@ def cached(precision: str, make: Callable[[Path], None], *, key: dict | None = N
         return CachedCalibration(path, False, 0.0)
     if not allowed:
         return None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a+") as lock:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_suffix(".lock"), "a+")
+    except OSError as exc:
+        from paraplan.errors import ParaplanError
+
+        raise ParaplanError(f"cannot keep this machine's calibration in {path.parent} ({exc.strerror}): set "
+                            "XDG_CACHE_HOME to a writable directory, or plan with --no-calibration") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another maker's measurement finishes first
         try:
             if path.is_file():
@@ -144,7 +151,13 @@ def store(cluster_file: Path) -> Path:
 
     key = machine_key()
     path = entry_path(key, "fp32")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from paraplan.errors import ParaplanError
+
+        raise ParaplanError(f"cannot keep this machine's calibration in {path.parent} ({exc.strerror}): set "
+                            "XDG_CACHE_HOME to a writable directory") from None
     for old in path.parent.glob(path.name.replace("-fp32.toml", "-*.toml")):
         old.unlink(missing_ok=True)
     tmp = path.with_suffix(".tmp")

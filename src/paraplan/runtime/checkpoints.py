@@ -98,8 +98,15 @@ def save_checkpoint(config, step: int, named: dict, optim, losses: list, loss_sc
     dist.barrier()
     try:
         layout_state.save(named, optim, str(target), module)
-    except Exception as exc:
-        _full_disk(exc, target)
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        # DCP fails on every rank at once (its finish step gathers the ranks' results), so every
+        # rank can say whether it met a full disk: one line from each, whichever rank met it
+        full = [False] * dist.get_world_size()
+        dist.all_gather_object(full, _is_full_disk(exc))
+        if any(full):
+            from paraplan.system.fileio import WriteError
+
+            raise WriteError(f"no space left on device: {target}") from None
         raise
     dist.barrier()
     if dist.get_rank() == 0:
@@ -108,29 +115,29 @@ def save_checkpoint(config, step: int, named: dict, optim, losses: list, loss_sc
         write_manifest(directory, step, files, checkpoint_record(config), losses, loss_scale)
     dist.barrier()  # the new manifest is in place: the directories of older steps are no longer part of any
     if dist.get_rank() == 0:
-        for old in directory.glob("step*"):
-            if old.is_dir() and not old.is_symlink() and old.name != target.name:
+        for old in _state_dirs(directory):
+            if old.name != target.name:
                 shutil.rmtree(old, ignore_errors=True)
 
 
-def _full_disk(exc: BaseException, target: Path) -> None:
-    """DCP's error (a CheckpointException gathering every rank's failure) as one line when a rank met
-    a full disk."""
+def _is_full_disk(exc: BaseException) -> bool:
+    """Whether a full disk (or quota) is behind `exc`: directly, as a cause, or among the failures
+    of a DCP CheckpointException (rank -> (exception, traceback))."""
     import errno
-
-    from paraplan.system.fileio import WriteError
 
     seen, todo = set(), [exc]
     while todo:
         e = todo.pop()
-        if id(e) in seen:
+        if not isinstance(e, BaseException) or id(e) in seen:
             continue
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise WriteError(f"no space left on device: {target}") from None
-        todo += [x for x in (getattr(e, "failures", {}) or {}).values() if isinstance(x, BaseException)]
+            return True
+        for value in (getattr(e, "failures", {}) or {}).values():
+            todo += list(value) if isinstance(value, tuple) else [value]
         todo += [x for x in (e.__cause__, e.__context__) if x is not None]
         todo += [x for x in getattr(e, "args", ()) if isinstance(x, BaseException)]
+    return False
 
 
 def write_manifest(directory: Path, step: int, files: list[dict], record: dict, losses: list | None = None,
@@ -167,9 +174,18 @@ def remove_unlisted(checkpoint_dir: str | Path) -> None:
         listed = json.loads((directory / MANIFEST).read_text())["state"]
     except (OSError, ValueError, KeyError, TypeError):
         return  # no readable manifest: nothing here is known to be ours
-    for path in directory.glob("step*"):
-        if path.name != listed and path.is_dir() and not path.is_symlink():
+    for path in _state_dirs(directory):
+        if path.name != listed:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _state_dirs(directory: Path) -> list[Path]:
+    """The state directories a save writes (`step<N>`, real directories): never anything else a
+    user keeps in the checkpoint directory."""
+    import re
+
+    return [p for p in directory.glob("step*")
+            if re.fullmatch(r"step\d+", p.name) and p.is_dir() and not p.is_symlink()]
 
 
 # --- checking (before launch) -------------------------------------------------------------

@@ -148,10 +148,23 @@ def load(named: dict, optim, directory: str, module=None) -> None:
         for key, value in optim.state.get(param, {}).items():
             if isinstance(value, torch.Tensor):
                 targets[f"{OPTIM}{name}/{key}"] = (value, id(param))
+    # a parameter that had no optimizer state when the checkpoint was written (it never had a
+    # gradient: fp16's skipped first steps, an unused layer) has no optim/ keys: its state is
+    # dropped again, as it was; a parameter missing from the checkpoint is another model's
+    reader = dcp.FileSystemReader(directory)
+    saved = set(reader.read_metadata().state_dict_metadata)
+    missing = [k for k in targets if k.startswith(MODEL) and k not in saved]
+    if missing:
+        raise ValueError(f"the checkpoint has no {missing[0].removeprefix(MODEL)!r}: written for another model")
+    absent = {k for k in targets if k not in saved}
+    by_id = {id(p): p for p in named.values()}
+    for key in absent:
+        optim.state.pop(by_id[targets[key][1]], None)
+    targets = {k: v for k, v in targets.items() if k not in absent}
     wanted = {k: (torch.empty(_full_shape(t), dtype=t.dtype) if i in orders and t.dim() else
                   (t.detach() if isinstance(t, torch.nn.Parameter) else t)) for k, (t, i) in targets.items()}
     # one process without a group: the single-process reference continuing from a checkpoint
-    dcp.load(wanted, storage_reader=dcp.FileSystemReader(directory), no_dist=not dist.is_initialized())
+    dcp.load(wanted, storage_reader=reader, no_dist=not dist.is_initialized())
     with torch.no_grad():
         for key, (target, pid) in targets.items():
             if pid in orders and target.dim():

@@ -28,7 +28,12 @@ def machine_cluster(name: str | None, precision: str | None, *, skip: bool = Fal
                      "about 20 s)")
         print(f"paraplan: measuring {what}: it is kept in {path}", file=sys.stderr, flush=True)
 
-    found = machine_calibration(precision, on_start=on_start)
+    from paraplan.errors import ParaplanError
+
+    try:
+        found = machine_calibration(precision, on_start=on_start)
+    except ParaplanError as exc:  # the library names no flag; the command line's way out is this one
+        raise ParaplanError(f"{exc} (--no-calibration)") from None
     if found.made:
         print(f"paraplan: this machine measured in {found.seconds:.0f} s; `paraplan calibrate` redoes it, "
               "--no-calibration plans on the analytic preset", file=sys.stderr, flush=True)

@@ -85,7 +85,7 @@ def cached(precision: str, make: Callable[[Path], None], *, key: dict | None = N
         from paraplan.errors import ParaplanError
 
         raise ParaplanError(f"cannot keep this machine's calibration in {path.parent} ({exc.strerror}): set "
-                            "XDG_CACHE_HOME to a writable directory, or plan with --no-calibration") from None
+                            "XDG_CACHE_HOME to a writable directory, or plan on the analytic preset") from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another maker's measurement finishes first
         try:

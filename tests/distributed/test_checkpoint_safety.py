@@ -26,25 +26,29 @@ PLAN = Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=8, n_mi
             grad_sync="none", stages=(Stage(LayerRange(0, 3), (0,)), Stage(LayerRange(3, 6), (1,))))
 
 
-@pytest.fixture(scope="module")
-def failed(tmp_path_factory):
-    """`paraplan train --steps 2 --checkpoint-every 1`, in this process, its ranks given a disk that
-    fills at step 2 (a step hook passed through the launcher)."""
+def _train_meeting(hook, root) -> tuple[int, str]:
+    """`paraplan train --steps 2 --checkpoint-every 1` of PLAN in `root`, in this process, its ranks
+    given `hook` (a step hook passed through the launcher): (exit status, stderr)."""
     from paraplan.cli import main
     from paraplan.runtime import launch
 
-    root = tmp_path_factory.mktemp("full-disk")
     write_plan(PLAN, root / "plan.json")
-    ck, out = root / "ck", root / "run"
     spawn = launch.spawn
     stderr = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(stderr), \
             contextlib.redirect_stdout(io.StringIO()):
-        mp.setattr(launch, "spawn", lambda config, world: spawn(
-            replace(config, step_hook=stage_files_meet_a_full_disk_from_step2), world))
+        mp.setattr(launch, "spawn", lambda config, world: spawn(replace(config, step_hook=hook), world))
         code = main(["train", "--plan", str(root / "plan.json"), "--steps", "2", "--checkpoint-every", "1",
-                     "--checkpoint-dir", str(ck), "--out-dir", str(out), "--timeout", "30"])
-    return SimpleNamespace(root=root, ck=ck, out=out, code=code, stderr=stderr.getvalue())
+                     "--checkpoint-dir", str(root / "ck"), "--out-dir", str(root / "run"), "--timeout", "30"])
+    return code, stderr.getvalue()
+
+
+@pytest.fixture(scope="module")
+def failed(tmp_path_factory):
+    """The run with a disk that fills at step 2 on every rank."""
+    root = tmp_path_factory.mktemp("full-disk")
+    code, stderr = _train_meeting(stage_files_meet_a_full_disk_from_step2, root)
+    return SimpleNamespace(root=root, ck=root / "ck", out=root / "run", code=code, stderr=stderr)
 
 
 def _config(failed, **changes) -> TrainConfig:
@@ -70,19 +74,8 @@ def test_a_full_disk_in_a_rank_is_one_line_and_keeps_the_last_checkpoint(failed)
 def test_a_full_disk_on_one_rank_is_one_line_too(tmp_path):
     """DCP's CheckpointException reaches every rank; the rank that met the disk knows why: every rank
     asks, so the line is the disk's whichever rank the launcher reports (it was a 63-line traceback)."""
-    from paraplan.cli import main
-    from paraplan.runtime import launch
-
-    write_plan(PLAN, tmp_path / "plan.json")
-    spawn = launch.spawn
-    stderr = io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(stderr), \
-            contextlib.redirect_stdout(io.StringIO()):
-        mp.setattr(launch, "spawn", lambda config, world: spawn(
-            replace(config, step_hook=rank1_meets_a_full_disk_from_step2), world))
-        code = main(["train", "--plan", str(tmp_path / "plan.json"), "--steps", "2", "--checkpoint-every", "1",
-                     "--checkpoint-dir", str(tmp_path / "ck"), "--out-dir", str(tmp_path / "run"), "--timeout", "30"])
-    lines = stderr.getvalue().strip().splitlines()
+    code, stderr = _train_meeting(rank1_meets_a_full_disk_from_step2, tmp_path)
+    lines = stderr.strip().splitlines()
     assert code == 2 and len(lines) == 1 and f"no space left on device: {tmp_path / 'ck'}/step2" in lines[0], lines
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [MANIFEST, "step1"]
 

@@ -15,9 +15,10 @@ def add_calibration_flag(parser) -> None:
     parser.add_argument("--no-calibration", action="store_true", help=NO_CALIBRATION_HELP)
 
 
-def machine_cluster(name: str | None, precision: str | None, *, skip: bool = False) -> str | None:
+def machine_cluster(name: str | None, precision: str | None, *, skip: bool = False, make: bool = True) -> str | None:
     """`name` itself, or for `local` (unless `skip`) the path of this machine's calibration in
-    `precision`, measured now if there is none (one line before, one after, on stderr)."""
+    `precision`, measured now if there is none (one line before, one after, on stderr); with `make`
+    False only a cached one (`local` itself without)."""
     if name != "local" or skip:
         return name
     from paraplan.profiling.calibration_cache import machine_calibration
@@ -31,9 +32,11 @@ def machine_cluster(name: str | None, precision: str | None, *, skip: bool = Fal
     from paraplan.errors import ParaplanError
 
     try:
-        found = machine_calibration(precision, on_start=on_start)
+        found = machine_calibration(precision, allowed=make, on_start=on_start)
     except ParaplanError as exc:  # the library names no flag; the command line's way out is this one
         raise ParaplanError(f"{exc} (--no-calibration)") from None
+    if found is None:
+        return name
     if found.made:
         print(f"paraplan: this machine measured in {found.seconds:.0f} s; `paraplan calibrate` redoes it, "
               "--no-calibration plans on the analytic preset", file=sys.stderr, flush=True)

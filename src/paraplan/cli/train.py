@@ -182,16 +182,9 @@ def _comparison(args, plan):
         from paraplan.cli.machine import machine_cluster
         from paraplan.runtime.launch import under_torchrun
 
-        name = args.cluster or plan.cluster
-        skip = args.no_calibration or bool(args.profile or args.overheads)
-        if under_torchrun() and name == "local" and not skip:
-            from paraplan.profiling.calibration_cache import machine_calibration
-
-            found = machine_calibration(plan.precision, allowed=False)
-            name = str(found.path) if found else name
-        else:
-            name = machine_cluster(name, plan.precision, skip=skip)
-        compare_cluster = load_cluster(name)
+        compare_cluster = load_cluster(machine_cluster(args.cluster or plan.cluster, plan.precision,
+                                                       skip=args.no_calibration or bool(args.profile or args.overheads),
+                                                       make=not under_torchrun()))
     if args.overheads:
         overheads = read_overheads(args.overheads)
     elif compare_cluster is not None and compare_cluster.overheads is not None:

@@ -121,23 +121,12 @@ def save_checkpoint(config, step: int, named: dict, optim, losses: list, loss_sc
 
 
 def _is_full_disk(exc: BaseException) -> bool:
-    """Whether a full disk (or quota) is behind `exc`: directly, as a cause, or among the failures
-    of a DCP CheckpointException (rank -> (exception, traceback))."""
-    import errno
+    """Whether a full disk (or quota) is behind `exc` or behind one of the failures a DCP
+    CheckpointException carries (rank -> (exception, traceback))."""
+    from paraplan.system.fileio import no_space
 
-    seen, todo = set(), [exc]
-    while todo:
-        e = todo.pop()
-        if not isinstance(e, BaseException) or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        for value in (getattr(e, "failures", {}) or {}).values():
-            todo += list(value) if isinstance(value, tuple) else [value]
-        todo += [x for x in (e.__cause__, e.__context__) if x is not None]
-        todo += [x for x in getattr(e, "args", ()) if isinstance(x, BaseException)]
-    return False
+    failures = [v[0] if isinstance(v, tuple) else v for v in (getattr(exc, "failures", None) or {}).values()]
+    return any(no_space(e) for e in (exc, *failures) if isinstance(e, BaseException))
 
 
 def write_manifest(directory: Path, step: int, files: list[dict], record: dict, losses: list | None = None,
@@ -150,12 +139,12 @@ def write_manifest(directory: Path, step: int, files: list[dict], record: dict, 
     atomic_write_text(Path(directory) / MANIFEST, json.dumps(manifest, indent=1) + "\n")
 
 
-def load_checkpoint(config, named: dict, optim, module=None) -> tuple[int, list, float]:
+def load_checkpoint(checkpoint_dir: str | Path, named: dict, optim, module=None) -> tuple[int, list, float]:
     """Collective: this plan's state read from the checkpoint (written under any plan of the model;
     check_resume has checked it); (its step, the losses so far, fp16's loss scale)."""
     from paraplan.runtime import layout_state
 
-    directory = Path(config.checkpoint_dir)
+    directory = Path(checkpoint_dir)
     manifest = json.loads((directory / MANIFEST).read_text())
     layout_state.load(named, optim, str(directory / manifest["state"]), module)
     return manifest["step"], list(manifest["losses"]), float(manifest.get("loss_scale", 1.0))

@@ -19,8 +19,11 @@ uninterrupted run would.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.filesystem import FileSystem
 
 MODEL, OPTIM = "model/", "optim/"
 
@@ -94,24 +97,17 @@ def save(named: dict, optim, directory: str, module=None) -> None:
         raise
 
 
-def _recording_file_system():
-    from contextlib import contextmanager
+class _RecordingFileSystem(FileSystem):
+    """DCP's file system, keeping the OSError any write of its streams met."""
 
-    from torch.distributed.checkpoint.filesystem import FileSystem
+    def __init__(self):
+        super().__init__()
+        self.errors: list[OSError] = []
 
-    class RecordingFileSystem(FileSystem):
-        """DCP's file system, keeping the OSError any write of its streams met."""
-
-        def __init__(self):
-            super().__init__()
-            self.errors: list[OSError] = []
-
-        @contextmanager
-        def create_stream(self, path, mode):
-            with super().create_stream(path, mode) as stream:
-                yield _Recorded(stream, self.errors) if "w" in mode else stream
-
-    return RecordingFileSystem
+    @contextmanager
+    def create_stream(self, path, mode):
+        with super().create_stream(path, mode) as stream:
+            yield _Recorded(stream, self.errors) if "w" in mode else stream
 
 
 class _Recorded:
@@ -127,10 +123,6 @@ class _Recorded:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
-
-
-def _RecordingFileSystem():  # noqa: N802 - a class made on first use (torch's DCP imported lazily)
-    return _recording_file_system()()
 
 
 def load(named: dict, optim, directory: str, module=None) -> None:
@@ -161,7 +153,7 @@ def load(named: dict, optim, directory: str, module=None) -> None:
     for key in absent:
         optim.state.pop(by_id[targets[key][1]], None)
     targets = {k: v for k, v in targets.items() if k not in absent}
-    wanted = {k: (torch.empty(_full_shape(t), dtype=t.dtype) if i in orders and t.dim() else
+    wanted = {k: (torch.empty(t.shape, dtype=t.dtype) if i in orders and t.dim() else
                   (t.detach() if isinstance(t, torch.nn.Parameter) else t)) for k, (t, i) in targets.items()}
     # one process without a group: the single-process reference continuing from a checkpoint
     dcp.load(wanted, storage_reader=reader, no_dist=not dist.is_initialized())
@@ -174,10 +166,6 @@ def load(named: dict, optim, directory: str, module=None) -> None:
                 _local(target).copy_(_local(wanted[key]))
     if dist.is_initialized():
         dist.barrier()
-
-
-def _full_shape(t: torch.Tensor) -> torch.Size:
-    return t.shape  # a DTensor's shape is its global one
 
 
 def _sharded_like(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

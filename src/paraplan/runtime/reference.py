@@ -11,47 +11,35 @@ from paraplan.runtime.mixed_precision import LossScaler, reference_layer, step_c
 from paraplan.runtime.rank_base import TrainConfig, make_optimizer
 
 
-def reference_run(config: TrainConfig, plan_from: tuple[int, object] | None = None, resume_from: str | None = None
-                  ) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """`plan_from` = (step, plan): from that step on, the run continues as `plan` would (its
-    precision, micro-batches and replicas). `resume_from`: a checkpoint directory (any plan's): the
-    run starts from its state and step, as one process (the uninterrupted run of a plan from the
-    state a checkpoint holds: tests/distributed/test_replan_resume.py); the losses returned are those
-    of the steps run."""
+def reference_run(config: TrainConfig, resume_from: str | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """`resume_from`: a checkpoint directory (any plan's): the run starts from its state and step, as
+    one process (the uninterrupted run of a plan from the state a checkpoint holds:
+    tests/distributed/test_replan_resume.py); the losses returned are those of the steps run."""
     torch.manual_seed(config.seed)
     built, layers, names = build_layers(config.model, config.seed, config.seq_len, config.image_size,
                                         dropout=config.dropout)
     modules = [m for _, _, m in layers]
     materialize(modules, names, config.seed, torch.device("cpu"))  # one call: tied weights stay tied
-    plans = [config.plan] + ([] if plan_from is None else [plan_from[1]])
-    # each plan's mixed-precision recipe, layer by layer (runtime/mixed_precision.py): an SDP layer
-    # computes with bf16 weights as FSDP2's MixedPrecisionPolicy does; the rest under autocast (the
-    # wrappers share the layers' parameters)
-    models = [StageModule([reference_layer(m, p.precision, i in _sharded(p)) for i, m in enumerate(modules)])
-              for p in plans]
-    for model in models:
-        model.train()
-    params = list(models[0].parameters())
+    plan = config.plan
+    # the plan's mixed-precision recipe, layer by layer (runtime/mixed_precision.py): an SDP layer
+    # computes with bf16 weights as FSDP2's MixedPrecisionPolicy does; the rest under autocast
+    sharded = {i for stage in plan.stages for i in stage.layers if stage.strategies and stage.strategy(i).sdp > 1}
+    model = StageModule([reference_layer(m, plan.precision, i in sharded) for i, m in enumerate(modules)])
+    model.train()
+    params = list(model.parameters())
     optim = make_optimizer(config, params)
+    n_replicas = len(plan.stages[0].devices) if plan.stages else 1  # an operator placement: one replica
+    shard = plan.global_batch // n_replicas
+    micro = shard // plan.n_micro
     losses = []
-    scalers = [LossScaler(p.precision) for p in plans]
-    batches = batch_source(built, config.plan.global_batch, config.seed, config.data, config.data_dtype)
+    scaler = LossScaler(plan.precision)
+    batches = batch_source(built, plan.global_batch, config.seed, config.data, config.data_dtype)
     first = 0
     if resume_from is not None:
-        import json
-        from pathlib import Path
+        from paraplan.runtime.checkpoints import load_checkpoint
 
-        from paraplan.runtime import layout_state
-
-        manifest = json.loads((Path(resume_from) / "checkpoint.json").read_text())
-        layout_state.load({names.get(id(p)): p for p in params}, optim, str(Path(resume_from) / manifest["state"]))
-        first = manifest["step"]
+        first, _, _ = load_checkpoint(resume_from, {names.get(id(p)): p for p in params}, optim)
     for step in range(first, config.steps):
-        k = 0 if plan_from is None or step < plan_from[0] else 1
-        plan, model, scaler = plans[k], models[k], scalers[k]
-        n_replicas = len(plan.stages[0].devices) if plan.stages else 1  # an operator placement: one replica
-        shard = plan.global_batch // n_replicas
-        micro = shard // plan.n_micro
         inputs, targets = batches(step)
         optim.zero_grad(set_to_none=True)
         total = 0.0
@@ -73,7 +61,3 @@ def reference_run(config: TrainConfig, plan_from: tuple[int, object] | None = No
         optim.step()
         losses.append(total)
     return losses, {names.get(id(p)): p.detach().clone() for p in params}
-
-
-def _sharded(plan) -> set[int]:
-    return {i for stage in plan.stages for i in stage.layers if stage.strategies and stage.strategy(i).sdp > 1}

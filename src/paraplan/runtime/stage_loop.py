@@ -178,7 +178,7 @@ def _resume(config: TrainConfig, setup: RankSetup, optim, scaler) -> tuple[int, 
     from paraplan.runtime.checkpoints import load_checkpoint
 
     # check_resume has checked the files (sha256) and what they belong to
-    step, losses, loss_scale = load_checkpoint(config, setup.named, optim, setup.module)
+    step, losses, loss_scale = load_checkpoint(config.checkpoint_dir, setup.named, optim, setup.module)
     if scaler.enabled and loss_scale != 1.0:
         scaler.scale = loss_scale
     return step, losses

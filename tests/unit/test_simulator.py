@@ -202,10 +202,21 @@ def test_compute_order_is_the_order_added():
 def test_collective_waits_for_all_members():
     g = TaskGraph(3)
     x = g.compute(0, 3.0)
-    y = g.transfer(1, 2, 4.0)
+    y = g.collective((1, 2), 4.0)
     ar = g.collective((0, 1, 2), 1.0, deps=[x])
     tl = simulate(g)
     assert tl.start[ar] == 4.0 and tl.end[y] == 4.0
+
+
+def test_collectives_do_not_queue_behind_point_to_point_sends():
+    # their own communicator and stream (engine docstring): a pipeline's send and a gradient
+    # all-reduce on the same device run at once; two sends still queue
+    g = TaskGraph(3)
+    send = g.transfer(1, 2, 4.0)
+    ar = g.collective((0, 1, 2), 1.0)
+    later = g.transfer(1, 2, 1.0)
+    tl = simulate(g)
+    assert tl.start[ar] == 0.0 and tl.start[later] == tl.end[send] == 4.0
 
 
 def test_overlap_slowdown_stretches_overlapping_compute():

@@ -1,11 +1,17 @@
 """Discrete-event engine over a task graph, in virtual time.
 
-Resources: every device has a compute stream and two communication channels, send and receive
-(full duplex: it can send and receive at once). A task is
+Resources: every device has a compute stream, two point-to-point channels, send and receive
+(full duplex: it can send and receive at once), and a collective channel. A task is
   - compute: runs on its device's stream, in the order tasks were added for that device (the
     schedule fixes each device's order, as torch.distributed.pipelining's action lists do);
   - transfer: holds the sender's send channel and the receiver's receive channel together;
-  - collective: holds the send and receive channels of every member of its group.
+  - collective: holds the collective channel of every member of its group. Collectives run on
+    their own communicator and stream (DDP's and FSDP's process group, NCCL's stream per
+    communicator), apart from a pipeline's point-to-point sends: a stage's last backward send does
+    not queue behind the gradient all-reduces its own backward started (it did, and a pipeline
+    with bucketed DDP sync paid every stage's remaining all-reduces in its flush: Llama-2-70B-like
+    on 1,024 A100s, PP 16 x DP 16 x TP 4, 5.14 s against 3.32 s with the sync after the backward).
+    The bandwidth they share is not modelled: a pipeline's sends are small beside a gradient sync.
 A task starts when all its dependencies have ended and its resources are free. Channels serve
 transfers first come, first served by the time they became ready; ties go to the task added
 first (a sequence counter, as in SimPy), so runs are deterministic.
@@ -150,6 +156,7 @@ def simulate(graph: TaskGraph, overlap_slowdown: float = 1.0, contention: bool =
     stream_free = [0.0] * n_dev
     send_free = [0.0] * n_dev
     recv_free = [0.0] * n_dev
+    coll_free = [0.0] * n_dev
     heap = [(0.0, t) for t in range(n) if indeg[t] == 0]
     heapq.heapify(heap)
     types, durations, devices, peers, groups = graph.type, graph.duration, graph.device, graph.peer, graph.group
@@ -165,7 +172,7 @@ def simulate(graph: TaskGraph, overlap_slowdown: float = 1.0, contention: bool =
             d = devices[t]
             s = t_ready if t_ready > stream_free[d] else stream_free[d]
             if slow > 0.0 and dur > 0.0:
-                busy_until = send_free[d] if send_free[d] > recv_free[d] else recv_free[d]
+                busy_until = max(send_free[d], recv_free[d], coll_free[d])
                 if busy_until > s:
                     dur += slow * min(dur, busy_until - s)
             e = s + dur
@@ -191,18 +198,15 @@ def simulate(graph: TaskGraph, overlap_slowdown: float = 1.0, contention: bool =
             members = groups[t]
             s = t_ready
             for m in members:
-                if send_free[m] > s:
-                    s = send_free[m]
-                if recv_free[m] > s:
-                    s = recv_free[m]
+                if coll_free[m] > s:
+                    s = coll_free[m]
             if slow > 0.0 and dur > 0.0:
                 busy_until = max(stream_free[m] for m in members)
                 if busy_until > s:
                     dur += slow * min(dur, busy_until - s)
             e = s + dur
             for m in members:
-                send_free[m] = e
-                recv_free[m] = e
+                coll_free[m] = e
         start[t] = s
         end[t] = e
         for u in succ[t]:

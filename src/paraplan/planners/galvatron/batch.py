@@ -52,6 +52,7 @@ def search_batch(request: PlanRequest, variant: Variant, bins: int, schedules, p
                     here = r
         return here
 
+    finalists: list[SearchResult] = []
     for done, n_stages in enumerate(pps, start=1):
         counts = micro_counts(request, request.batch, n_stages)
         stage_best = None
@@ -68,6 +69,8 @@ def search_batch(request: PlanRequest, variant: Variant, bins: int, schedules, p
                 if r is None or (r.estimate_s, r.overflow) >= (stage_best.estimate_s, stage_best.overflow):
                     break
                 stage_best = r
+        if stage_best is not None and np.isfinite(stage_best.estimate_s):
+            finalists.append(stage_best)
         if stage_best is not None and (best is None or (stage_best.estimate_s, stage_best.overflow)
                                        < (best.estimate_s, best.overflow)):
             best = stage_best
@@ -78,7 +81,7 @@ def search_batch(request: PlanRequest, variant: Variant, bins: int, schedules, p
                         "stages)")
     if best is None:
         raise FieldError("micro_batches", f"no micro-batch count tried divides the batch {request.batch}")
-    return best
+    return replace(best, finalists=tuple(finalists))
 
 
 def _batch_unit(request: PlanRequest, variant: Variant, bins: int, schedules, pps, step: int) -> int:

@@ -286,3 +286,31 @@ def test_a_tensor_goes_to_a_device_once_however_many_read_it_there():
     tl, task = simulate_dag(placement, edges, lambda op, dev: 1.0, lambda s, d, n: n / 100, n_devices=2)
     assert (tl.type == 1).sum() == 1
     assert tl.makespan == pytest.approx(4.0)  # a 1, transfer 1, b 1, c 1
+
+
+def test_bucketed_sync_is_never_slower_than_the_sync_after_the_backward():
+    """DDP's buckets start all-reducing during the last backward; the sync after the backward waits
+    for every stage. With the collectives on the pipeline's send channels, a stage's last backward
+    send queued behind its own buckets' all-reduces: Llama-2-7B-like on 4 DGX nodes, 2 stages of
+    DP16 over the network, 8 micro-batches: 3.52 s bucketed against 2.71 s after the backward (now
+    2.60 s against 2.71 s)."""
+    from dataclasses import replace
+
+    from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
+    from paraplan.simulator.predict import simulate_plan
+    from paraplan.workload import workload
+
+    cluster = "dgx-a100-80gb?nodes=4"
+    cm = workload("llama2-7b", cluster, batch=256, seq_len=1024).request.costs
+    n_layers = cm.model.n_layers
+    for n_stages, n_micro in ((2, 8), (4, 32)):
+        group = 32 // n_stages
+        cuts = [round(n_layers * k / n_stages) for k in range(n_stages + 1)]
+        stages = tuple(Stage(LayerRange(cuts[k], cuts[k + 1]), tuple(range(k * group, (k + 1) * group)),
+                             strategies=tuple(LayerStrategy(dp=group) for _ in range(cuts[k], cuts[k + 1])))
+                       for k in range(n_stages))
+        plan = Plan(model="llama2-7b", cluster=cluster, n_layers=n_layers, global_batch=256, n_micro=n_micro,
+                    schedule="1f1b", stages=stages, grad_sync="bucketed", precision=str(cm.precision))
+        bucketed = simulate_plan(plan, cm).prediction.iteration_s
+        after = simulate_plan(replace(plan, grad_sync="after-backward"), cm).prediction.iteration_s
+        assert bucketed <= after * (1 + 1e-9), (n_stages, n_micro, bucketed, after)

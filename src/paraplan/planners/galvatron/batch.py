@@ -58,6 +58,8 @@ def search_batch(request: PlanRequest, variant: Variant, bins: int, schedules, p
         stage_best = None
         for n_micro in counts:
             r = search_count(n_stages, n_micro)
+            if r is not None and np.isfinite(r.estimate_s):
+                finalists.append(r)
             if r is not None and (stage_best is None or (r.estimate_s, r.overflow) < (stage_best.estimate_s,
                                                                                       stage_best.overflow)):
                 stage_best = r
@@ -66,11 +68,11 @@ def search_batch(request: PlanRequest, variant: Variant, bins: int, schedules, p
         if widen and variant.checkpoint and stage_best is not None:
             for n_micro in more_micro_counts(request, request.batch, n_stages, counts):
                 r = search_count(n_stages, n_micro)
+                if r is not None and np.isfinite(r.estimate_s):
+                    finalists.append(r)
                 if r is None or (r.estimate_s, r.overflow) >= (stage_best.estimate_s, stage_best.overflow):
                     break
                 stage_best = r
-        if stage_best is not None and np.isfinite(stage_best.estimate_s):
-            finalists.append(stage_best)
         if stage_best is not None and (best is None or (stage_best.estimate_s, stage_best.overflow)
                                        < (best.estimate_s, best.overflow)):
             best = stage_best

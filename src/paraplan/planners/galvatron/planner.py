@@ -163,8 +163,8 @@ JUDGED_INTERLEAVED = 5  # the candidates whose interleaved rewrites are judged t
 def _judged(request: PlanRequest, interleave: bool, result, judge: Judge):
     """A search's candidates judged by the simulator: its plan and the best plan of every other
     pipeline degree and micro-batch count it searched (`SearchResult.finalists`), and, when
-    `interleave`, the interleaved rewrites (`_interleaved`) of the JUDGED_INTERLEAVED fastest with a
-    pipeline; the fastest that fits, as (plan, prediction, eq. (8) estimate, partition origin,
+    `interleave`, the interleaved rewrites (`_interleaved`) of the JUDGED_INTERLEAVED fastest and of
+    each pipeline degree's best by eq. (8) and by the simulator; the fastest that fits, as (plan, prediction, eq. (8) estimate, partition origin,
     runner-up line, schedules judged). Not the paper's choice (the least eq. (8) cost): eq. (8) sums
     every stage's gradient sync where the stages sync at once on their own devices, so it overprices
     deep pipelines with data parallelism and misranks a degree's micro-batch counts. Llama-2-70B-like,
@@ -178,10 +178,14 @@ def _judged(request: PlanRequest, interleave: bool, result, judge: Judge):
             continue
         judged.append((r, judge(r.plan)))
     judged.sort(key=lambda x: _rank_key(x[1]))
+    rewritten = {id(r) for r, _ in judged[:JUDGED_INTERLEAVED]}
+    for degree in {r.plan.n_stages for r, _ in judged}:  # and each degree's best by eq. (8) and by the simulator
+        mine = [x for x in judged if x[0].plan.n_stages == degree]
+        rewritten |= {id(mine[0][0]), id(min(mine, key=lambda x: x[0].estimate_s)[0])}
     best = None
-    for rank, (r, p) in enumerate(judged):
+    for r, p in judged:
         plan, line, count = r.plan, "", None
-        if interleave and rank < JUDGED_INTERLEAVED and r.plan.n_stages > 1 and p.feasible:
+        if interleave and id(r) in rewritten and r.plan.n_stages > 1 and p.feasible:
             plan, p, line, count = _interleaved(r.plan, p, request, judge)
         if best is None or _rank_key(p) < _rank_key(best[1]):
             best = (plan, p, r.estimate_s, r.origin, line, count)

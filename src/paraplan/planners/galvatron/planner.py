@@ -164,8 +164,8 @@ def _judged(request: PlanRequest, interleave: bool, result, judge: Judge):
     """A search's candidates judged by the simulator: its plan and the best plan of every other
     pipeline degree and micro-batch count it searched (`SearchResult.finalists`), and, when
     `interleave`, the interleaved rewrites (`_interleaved`) of the JUDGED_INTERLEAVED fastest and of
-    each pipeline degree's best by eq. (8) and by the simulator; the fastest that fits, as (plan, prediction, eq. (8) estimate, partition origin,
-    runner-up line, schedules judged). Not the paper's choice (the least eq. (8) cost): eq. (8) sums
+    each pipeline degree's best by eq. (8) and by the simulator; the fastest that fits, as (plan,
+    prediction, eq. (8) estimate, partition origin, runner-up line, schedules judged). Not the paper's choice (the least eq. (8) cost): eq. (8) sums
     every stage's gradient sync where the stages sync at once on their own devices, so it overprices
     deep pipelines with data parallelism and misranks a degree's micro-batch counts. Llama-2-70B-like,
     batch 1,024: on 1,024 A100-80GB, 16 stages of DP16 (ZeRO-1) x TP4 by eq. (8) 8.26 s, simulated

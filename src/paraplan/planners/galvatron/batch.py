@@ -30,6 +30,7 @@ def search_batch(request: PlanRequest, variant: Variant, bins: int, schedules, p
     fits, so "the largest batch that fits" (Table II's) is the paper's notion, with its counts."""
     searcher = Searcher(request, variant, bins)
     best: SearchResult | None = None
+    finalists: list[SearchResult] = []  # every (degree, count)'s best: search_count appends them
 
     def search_count(n_stages: int, n_micro: int) -> SearchResult | None:
         """The best over schedules (and BMW's partitions) at one micro-batch count."""
@@ -50,16 +51,15 @@ def search_batch(request: PlanRequest, variant: Variant, bins: int, schedules, p
             for r in results:
                 if here is None or (r.estimate_s, r.overflow) < (here.estimate_s, here.overflow):
                     here = r
+        if here is not None and np.isfinite(here.estimate_s):
+            finalists.append(here)  # for the simulator to rank (planner.py: _judged)
         return here
 
-    finalists: list[SearchResult] = []
     for done, n_stages in enumerate(pps, start=1):
         counts = micro_counts(request, request.batch, n_stages)
         stage_best = None
         for n_micro in counts:
             r = search_count(n_stages, n_micro)
-            if r is not None and np.isfinite(r.estimate_s):
-                finalists.append(r)
             if r is not None and (stage_best is None or (r.estimate_s, r.overflow) < (stage_best.estimate_s,
                                                                                       stage_best.overflow)):
                 stage_best = r
@@ -68,8 +68,6 @@ def search_batch(request: PlanRequest, variant: Variant, bins: int, schedules, p
         if widen and variant.checkpoint and stage_best is not None:
             for n_micro in more_micro_counts(request, request.batch, n_stages, counts):
                 r = search_count(n_stages, n_micro)
-                if r is not None and np.isfinite(r.estimate_s):
-                    finalists.append(r)
                 if r is None or (r.estimate_s, r.overflow) >= (stage_best.estimate_s, stage_best.overflow):
                     break
                 stage_best = r

@@ -165,9 +165,10 @@ def _judged(request: PlanRequest, interleave: bool, result, judge: Judge):
     pipeline degree and micro-batch count it searched (`SearchResult.finalists`), and, when
     `interleave`, the interleaved rewrites (`_interleaved`) of the JUDGED_INTERLEAVED fastest and of
     each pipeline degree's best by eq. (8) and by the simulator; the fastest that fits, as (plan,
-    prediction, eq. (8) estimate, partition origin, runner-up line, schedules judged). Not the paper's choice (the least eq. (8) cost): eq. (8) sums
-    every stage's gradient sync where the stages sync at once on their own devices, so it overprices
-    deep pipelines with data parallelism and misranks a degree's micro-batch counts. Llama-2-70B-like,
+    prediction, eq. (8) estimate, partition origin, runner-up line, schedules judged). Not the
+    paper's choice (the least eq. (8) cost): eq. (8) sums every stage's gradient sync where the
+    stages sync at once on their own devices, so it overprices deep pipelines with data parallelism
+    and misranks a degree's micro-batch counts. Llama-2-70B-like,
     batch 1,024: on 1,024 A100-80GB, 16 stages of DP16 (ZeRO-1) x TP4 by eq. (8) 8.26 s, simulated
     3.28 s, where the one-stage plan eq. (8) preferred takes 4.10 s; on 512, 8 stages at 128
     micro-batches (eq. (8)'s choice, 8.39 s) simulate 6.30 s and 5.82 s interleaved, 4 stages at 16

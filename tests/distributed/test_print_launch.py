@@ -5,6 +5,7 @@ script's own checks are in tests/unit/test_launch_script.py."""
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +37,24 @@ def _in_session(sid: int) -> list[int]:
     return pids
 
 
+def _without_exit_barrier_race(stderr: str) -> str:
+    """A node's stderr without torchrun's own logged exception when the rendezvous host's agent left
+    its exit barrier before another node's agent read the answer (pytorch/pytorch#69520, open; the
+    agent logs "Error waiting on exit barrier" with a DistNetworkError and still exits 0, after
+    every rank finished: seen once in a fresh-clone make test on 2026-11-26). Any other traceback
+    stays."""
+    out, skipping = [], False
+    for line in stderr.splitlines():
+        if "Error waiting on exit barrier" in line:
+            skipping = True
+        elif skipping and re.match(r"[\w.]+(Error|Exception)\b", line):  # the logged exception's last line
+            skipping = False
+            continue
+        if not skipping:
+            out.append(line)
+    return "\n".join(out)
+
+
 def test_the_printed_node_commands_train_the_plan_on_two_nodes(tmp_path):
     out = tmp_path / "two nodes"  # a space: the printed commands quote it
     printed = run_paraplan("train", "--plan", PLAN_2, "--print-launch", "--nodes", "2", "--gpus-per-node", "1",
@@ -60,7 +79,7 @@ def test_the_printed_node_commands_train_the_plan_on_two_nodes(tmp_path):
                 os.killpg(node.pid, signal.SIGKILL)
                 node.communicate()
     assert [node.returncode for node in nodes] == [0, 0], [(c, err[-3000:]) for c, (_, err) in zip(commands, results, strict=True)]
-    assert all("Traceback" not in err for _, err in results), results
+    assert all("Traceback" not in _without_exit_barrier_race(err) for _, err in results), [err for _, err in results]
     losses = json.loads((out / "losses.json").read_text())
     assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses), losses
     # node 1's process is rank 1: both stages wrote their step times

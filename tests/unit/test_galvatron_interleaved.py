@@ -1,6 +1,7 @@
 """Galvatron-BMW's pipeline dimension with interleaved 1F1B ("Today's training II", item 2): in
 mixed precision (today's space) or under `--schedule best`, the searched plan (GPipe / 1F1B, the
-paper's eq. (8)) is also rewritten for interleaved 1F1B with 2, 3 and 4 chunks per rank, each layer
+paper's eq. (8)) is also rewritten for interleaved 1F1B with 2, 3 and 4 chunks per rank and the
+chunk counts that cut the layers most evenly (`chunk_counts`), each layer
 keeping its strategy, at the same micro-batch count; the simulator picks the fastest that fits
 (eq. (8) prices GPipe and 1F1B only). Only the multi-chunk kinds the runtime runs with per-layer
 strategies are searched (interleaved 1F1B; tests/distributed/test_hybrid_interleaved.py), so auto
@@ -12,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from paraplan.planners.galvatron.planner import INTERLEAVED_CHUNKS
+from paraplan.planners.galvatron.planner import chunk_counts
 from paraplan.planners.registry import make_plan, simulator_judge
 from paraplan.planners.schedule_variants import rewrite
 from paraplan.runtime.launch import check_before_launch
@@ -32,12 +33,12 @@ def roomy():
 
 def test_bmw_interleaves_when_it_is_faster_and_train_accepts_it(roomy):
     w, plan, fixed = roomy
-    assert plan.schedule == "interleaved-1f1b" and plan.virtual_stages in INTERLEAVED_CHUNKS
+    assert plan.schedule == "interleaved-1f1b" and plan.virtual_stages in chunk_counts(fixed, w.request.costs)
     assert plan.prediction.feasible
     # the fixed-1F1B search is the same search without the rewrite: interleaving won by the simulator
     assert fixed.schedule == "1f1b" and plan.prediction.iteration_s < fixed.prediction.iteration_s
     judge = simulator_judge(w.request)
-    for v in INTERLEAVED_CHUNKS:  # every other chunk count of the same pipeline is no faster
+    for v in chunk_counts(fixed, w.request.costs):  # every other chunk count judged is no faster
         try:
             other = rewrite(fixed, w.request.costs, "interleaved-1f1b", v)
         except ValueError:
@@ -59,7 +60,7 @@ def test_memory_rules_interleaving_out():
     assert plan.schedule == "1f1b" and plan.prediction.feasible and plan.n_stages > 1
     judge = simulator_judge(w.request)
     tried = 0
-    for v in INTERLEAVED_CHUNKS:
+    for v in chunk_counts(plan, w.request.costs):
         try:
             candidate = rewrite(plan, w.request.costs, "interleaved-1f1b", v)
         except ValueError:
@@ -74,3 +75,22 @@ def test_the_papers_space_is_unchanged_in_fp32():
     w = workload(MODEL, CLUSTER, batch=32, precision="fp32")
     plan = make_plan(w.request, "galvatron-bmw")
     assert plan.schedule in ("1f1b", "gpipe") and "schedules_judged" not in dict(plan.search.options)
+
+
+def test_chunk_counts_include_the_ones_that_cut_the_layers_evenly():
+    """82 layers (Llama-2-70B-like: embedding, 80 blocks, head) on 8 ranks: v = 4 leaves chunks of
+    2 and 3 blocks, and the 3-block chunks pace every rank; v = 5 (and 10) cut 2 (1) blocks per
+    chunk. The counts judged hold 2-4 and the even ones, and v = 5 is ranked first by the closed form."""
+    from paraplan.planners.schedule_variants import chunk_counts_by_balance
+    from paraplan.plans.plan import LayerRange, Plan, Stage
+
+    w = workload("llama2-70b", "dgx-a100-80gb?nodes=8", batch=512)
+    n_layers = w.request.costs.model.n_layers
+    assert n_layers == 82
+    cuts = [round(n_layers * r / 8) for r in range(9)]
+    plan = Plan(model="llama2-70b", cluster="dgx", n_layers=n_layers, global_batch=512, n_micro=64, schedule="1f1b",
+                stages=tuple(Stage(LayerRange(cuts[r], cuts[r + 1]), tuple(range(8 * r, 8 * r + 8))) for r in range(8)),
+                precision=w.request.costs.precision)
+    best = chunk_counts_by_balance(plan, w.request.costs, 3)
+    assert set(best) == {2, 5, 6}
+    assert set(chunk_counts(plan, w.request.costs)) == {2, 3, 4} | set(best)

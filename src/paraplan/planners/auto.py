@@ -29,9 +29,10 @@ from paraplan.plans.worker_roles import worker_roles
 
 FLAGSHIP = "galvatron-bmw"
 # the slow searches, in the order they start once the flagship and the quick planners have: those
-# whose plans win most often first (at 1,024 GPUs only the Galvatron family finds a plan), the
+# whose plans win most often first (at 1,024 GPUs only the Galvatron family and the uniform grid
+# find a plan; the grid takes 14-22 s at 64-1,024 GPUs, so it starts beside the flagship), the
 # operator placements and Bi-Partition's exact DP (minutes at 80 layers) last
-SLOW_FIRST = ("galvatron-base", "galvatron-1f1b-biobj", "galvatron", "gropipe", "fddps", "fddps-nosplit", "mpdps",
+SLOW_FIRST = ("megatron-grid", "galvatron-base", "galvatron-1f1b-biobj", "galvatron", "gropipe", "fddps", "fddps-nosplit", "mpdps",
               "fastt", "heft", "pipedream-layerwise", "bipartition", "fddps-ports")
 
 # planners that exist to check others or to show the paper's printed pseudo-code, not to be chosen
@@ -274,10 +275,10 @@ def _request_for(name: str, request: PlanRequest, compared: frozenset) -> PlanRe
     """The request as planner `name` gets it: Galvatron-Base and -BMW leave their portfolio (the plans
     of the variants inside their space, planners/galvatron/planner.py) to the comparison when every
     one of those variants is a row of it already: the same plans, searched once instead of twice."""
-    from paraplan.planners.galvatron.planner import PORTFOLIO
+    from paraplan.planners.galvatron.planner import GRID, PORTFOLIO
 
     options = dict(request.options)
-    if name in PORTFOLIO and set(PORTFOLIO[name]) <= compared and "portfolio" not in options:
+    if name in PORTFOLIO and set(PORTFOLIO[name]) | {GRID} <= compared and "portfolio" not in options:
         options["portfolio"] = False
     # Base's space lies inside BMW's: where both run, Base searches the pipeline degrees from the
     # deepest while BMW goes from one stage, so that under the deadline the two cover both ends

@@ -76,9 +76,11 @@ def _pp_choices(request: PlanRequest, variant: Variant) -> tuple[tuple[int, ...]
                      f"exact_stages forces {request.n_stages}")
 
 
-# chunks per pipeline rank tried for interleaved 1F1B (Narayanan et al. 2021 use 2-4; more cost
-# more transfers and a larger first-rank memory for a smaller bubble)
+# chunks per pipeline rank always tried for interleaved 1F1B (Narayanan et al. 2021 use 2-4; more
+# cost more transfers and a larger first-rank memory for a smaller bubble), and how many more are
+# tried where the layers cut into chunks more evenly (`chunk_counts`)
 INTERLEAVED_CHUNKS = (2, 3, 4)
+BALANCED_CHUNKS = 3
 # the multi-chunk kinds the runtime runs with per-layer strategies (runtime/launch.py): auto must not
 # pick what `train` refuses
 INTERLEAVED_KINDS = ("interleaved-1f1b",)
@@ -96,6 +98,15 @@ def interleaves(request: PlanRequest, variant: Variant) -> bool:
     return request.schedule == BEST_SCHEDULE or (request.schedule is None and is_mixed(request.costs.precision))
 
 
+def chunk_counts(plan: Plan, costs) -> tuple[int, ...]:
+    """The chunk counts per rank judged for `plan`'s pipeline: INTERLEAVED_CHUNKS and the
+    BALANCED_CHUNKS counts whose chunks are most even (planners/schedule_variants.py:
+    chunk_counts_by_balance), e.g. v = 5 for 82 layers on 8 ranks."""
+    from paraplan.planners.schedule_variants import chunk_counts_by_balance
+
+    return tuple(sorted(set(INTERLEAVED_CHUNKS) | set(chunk_counts_by_balance(plan, costs, BALANCED_CHUNKS))))
+
+
 def _interleaved(plan: Plan, prediction, request: PlanRequest, judge: Judge):
     """The searched plan (one chunk per rank, 1F1B or GPipe) and its interleaved 1F1B rewrites with
     v chunks per rank (the layers cut again into p x v stages balanced by compute, each layer keeping
@@ -106,7 +117,7 @@ def _interleaved(plan: Plan, prediction, request: PlanRequest, judge: Judge):
 
     scored = [(plan, prediction, str(plan.schedule))]
     for kind in INTERLEAVED_KINDS:
-        for v in INTERLEAVED_CHUNKS:
+        for v in chunk_counts(plan, request.costs):
             try:
                 candidate = rewrite(plan, request.costs, kind, v)
             except ValueError:
@@ -157,6 +168,7 @@ def _rank_key(prediction) -> tuple[bool, float]:
     return (not prediction.feasible, -prediction.throughput_samples_per_s if prediction.feasible else 0.0)
 
 
+GRID = "megatron-grid"  # planners/galvatron/grid.py: uniform layouts, in BMW's and Base's final choice
 JUDGED_INTERLEAVED = 5  # the candidates whose interleaved rewrites are judged too (`_judged`)
 
 
@@ -222,6 +234,14 @@ def _portfolio(request: PlanRequest, variant: Variant, options: dict, judge: Jud
             best = (theirs[0], theirs[1], name, *theirs[2:])
             if theirs[1].feasible:  # a search stopped by its time limit keeps it (planners/progress.py)
                 progress.offer(theirs[0], f"{variant.name}'s portfolio: {name}'s plan")
+    if interleaves(request, variant):  # today's space: the uniform layouts too (planners/galvatron/grid.py)
+        from paraplan.planners.galvatron.grid import grid_plan
+
+        plan, p, count = grid_plan(request, judge)
+        if request.n_stages is None or plan.n_stages == best[0].n_stages:
+            if _rank_key(p) < _rank_key(best[1]):
+                best = (plan, p, GRID, float("nan"), "even", "", count)
+                progress.offer(plan, f"{variant.name}'s portfolio: {GRID}'s plan")
     return best
 
 
@@ -284,3 +304,17 @@ def _register(variant: Variant) -> None:
 
 for _variant in VARIANTS:
     _register(_variant)
+
+
+@register(GRID, "uniform Megatron-style layouts (PP x TP x DP, ZeRO-1 and SP in mixed precision, the least "
+          "recomputation that fits, interleaved 1F1B) judged by the simulator", schedules=("1f1b", "gpipe", BEST_SCHEDULE))
+def _grid_planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
+    from paraplan.planners.galvatron.grid import grid_plan
+
+    t0 = time.perf_counter()
+    plan, prediction, count = grid_plan(request, judge)
+    if not prediction.feasible:
+        prediction = replace(prediction, reason=f"{GRID} finds nothing that fits: {prediction.reason}")
+    return replace(plan, prediction=prediction, search=SearchInfo(
+        planner=GRID, search_s=time.perf_counter() - t0,
+        options=(("costs", request.costs.source), ("layouts_judged", count))))

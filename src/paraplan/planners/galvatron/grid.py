@@ -1,0 +1,217 @@
+"""Uniform layouts judged by the simulator: the grid a practitioner searches by hand (Narayanan et
+al. 2021 §3.3 and their Table 1 sweeps; NeMo's AutoConfigurator; DeepSpeed's autotuner), as the
+planner `megatron-grid` and as candidates in Galvatron-Base's and -BMW's final choice.
+
+Every layer has the same strategy, laid out as Megatron-LM lays it out:
+  - a pipeline of P stages, P = 1, 2, 4, ... (at most one stage per layer), each on a group of
+    n / P consecutive devices (n: the largest power of two the cluster has, as Galvatron's trees);
+  - on each group TP t = 1, 2, 4, ... up to one node's devices (TP on the fastest links, inner-most,
+    Narayanan et al. 2021 §3.3 takeaway #1), the other d = n / (P t) devices data parallel;
+  - in mixed precision (today's space: planners/galvatron/space.py) ZeRO-0 or ZeRO-1 over the d
+    replicas and sequence parallelism with TP on the layers the runtime runs it on (Korthikanti et
+    al. 2022 §4.2.2); in fp32, the paper's plain DP;
+  - micro-batch counts m in {P, 2P, 4P, B / d (one sample per replica and micro-batch)} that give
+    every replica whole samples;
+  - the least recomputation (none, selective where the model has an attention core, full) under
+    which the plan fits;
+  - 1F1B (one stage: no schedule to choose), then, in today's space, interleaved 1F1B with every
+    chunk count up to MAX_CHUNKS for the GRID_INTERLEAVED fastest pipelines and twice as many
+    first by Narayanan et al.'s interleaved bubble (Narayanan et al.'s closed form misranks the counts: at 16
+    micro-batches on 8 stages it puts 10 chunks fourth, the simulator first).
+Each candidate is judged by the simulator (a hybrid plan's simulation is ~30 ms at 1,024 GPUs);
+the fastest that fits wins.
+
+Why (issue 31): Galvatron's dynamic program ranks strategies by eq. (8), which misprices what the
+simulator counts (the stages' syncs summed, bucketed overlap), and keeps one plan per (P, m). On
+a Llama-2-70B-like model on 1,024 A100-80GB at batch 1,024 its best was 8 stages of DP32 (ZeRO-1)
+x TP4 at 32 micro-batches, 2.508 s interleaved with 5 chunks; the grid's 8 stages of DP64 (ZeRO-1)
+x TP2 at 16 micro-batches, 10 chunks, take 2.392 s (TP2's all-reduces cost 6.5% of a layer's
+compute against TP4's 21%, and 10 chunks shrink the bubble that 16 micro-batches leave). Every
+plan of the grid lies in Galvatron-Base's and -BMW's space (the same trees, ZeRO and SP choices,
+an even partition, and the interleaved rewrites they judge), so their final choice includes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from paraplan.costs.strategy import layer_time, strategy_links
+from paraplan.planners import progress
+from paraplan.planners.galvatron.space import pp_degrees, usable_devices
+from paraplan.planners.request import BEST_SCHEDULE, Judge, PlanRequest
+from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Prediction, Recompute, Stage
+from paraplan.precision import is_mixed
+
+GRID_INTERLEAVED = 4  # pipelines rewritten for interleaved 1F1B: the fastest, and as many of least compute
+MAX_CHUNKS = 16  # chunks per rank tried for those (every count up to this and one layer per chunk)
+
+
+def tp_degrees(request: PlanRequest, group: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to the devices of one node and the group."""
+    per_node = min(len(node.devices) for node in request.costs.cluster.nodes)
+    out, t = [], 1
+    while t <= min(group, per_node):
+        out.append(t)
+        t *= 2
+    return tuple(out)
+
+
+def micro_counts(request: PlanRequest, n_stages: int, replicas: int) -> tuple[int, ...]:
+    """P, 2P, 4P and one sample per replica (B / d), those giving each replica whole samples; the
+    request's count where it fixes one."""
+    batch = request.batch
+    wanted = (request.n_micro,) if request.n_micro else (n_stages, 2 * n_stages, 4 * n_stages, batch // replicas)
+    return tuple(sorted({m for m in wanted if m >= 1 and batch % m == 0 and (batch // m) % replicas == 0
+                         and (m >= n_stages or n_stages == 1)}))
+
+
+def uniform_plan(request: PlanRequest, n_stages: int, tp: int, zero: int, recompute: str, n_micro: int) -> Plan:
+    """Every layer one strategy: P stages of n / P consecutive devices, TP inner-most, the rest DP;
+    the layers cut evenly (Galvatron's even partition), SP with TP where the runtime runs it."""
+    n_layers, n = request.costs.model.n_layers, usable_devices(request)
+    group = n // n_stages
+    dp = group // tp
+    base = LayerStrategy(dp=dp, tp=tp, zero=zero if dp > 1 else 0, recompute=recompute, order="tp,dp,sdp")
+    sizes = [n_layers // n_stages + (1 if s < n_layers % n_stages else 0) for s in range(n_stages)]
+    cuts = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    stages = []
+    for s in range(n_stages):
+        layers = range(int(cuts[s]), int(cuts[s + 1]))
+        strategies = tuple(replace(base, sequence_parallel=True)
+                           if tp > 1 and recompute != Recompute.FULL and (i, tp) in request.sequence_parallel
+                           else base for i in layers)
+        stages.append(Stage(LayerRange(layers.start, layers.stop), tuple(range(s * group, (s + 1) * group)),
+                            strategies=strategies))
+    return Plan(model=request.model_name, cluster=request.cluster_name, n_layers=n_layers,
+                global_batch=request.batch, n_micro=n_micro, schedule="1f1b" if n_stages > 1 else "gpipe",
+                stages=tuple(stages), grad_sync="bucketed" if dp > 1 else "none")
+
+
+def _recomputations(request: PlanRequest) -> tuple[str, ...]:
+    model = request.costs.model
+    selective = is_mixed(request.costs.precision) and any(x.attention_core_bytes.per_sample > 0 for x in model.layers)
+    return (Recompute.NONE, *((Recompute.SELECTIVE,) if selective else ()), Recompute.FULL)
+
+
+def _stage_counts(request: PlanRequest) -> tuple[int, ...]:
+    degrees = pp_degrees(usable_devices(request), request.costs.model.n_layers)
+    return (request.n_stages,) if request.n_stages in degrees else degrees
+
+
+def interleaves(request: PlanRequest) -> bool:
+    """Interleaved rewrites in today's space (mixed precision) or when asked, never when the
+    request fixes a schedule (as Galvatron-Base and -BMW: planner.py `interleaves`)."""
+    return request.schedule == BEST_SCHEDULE or (request.schedule is None and is_mixed(request.costs.precision))
+
+
+def compute_s(request: PlanRequest, plan: Plan) -> float:
+    """The average stage's compute over the iteration: m x the sum of its layers' forward + backward
+    as the simulator prices each (costs/strategy.py `layer_time`: TP's all-reduces, recomputation
+    and ZeRO-2's reduce-scatters included), over the P stages. No plan of this layout is faster
+    (some stage is at least this busy), whatever its schedule: the grid skips a layout whose compute
+    alone is no faster than its best plan so far."""
+    cm = request.costs
+    stage = plan.stages[0]
+    micro = plan.global_batch / plan.n_micro
+    lead = stage.devices[0]
+    scale = cm.overheads.scale_for(len(set(plan.devices)))
+    total = 0.0
+    links = strategy_links(cm.cluster, stage.strategies[0], stage.devices)  # one layout on every layer
+    for s in plan.stages:
+        for i in s.layers:
+            st = s.strategy(i)
+            t = layer_time(cm.compute(lead), cm.model, i, st, micro, links["tp"], links["sdp"], cm.overlap_slowdown,
+                           cm.overheads, scale, dp_link=links["dp"], cp_link=links["cp"])
+            total += t.forward_s + t.backward_s
+    return plan.n_micro * total / plan.n_stages
+
+
+def grid_candidates(request: PlanRequest, judge: Judge) -> list[tuple[Plan, Prediction]]:
+    """The uniform layouts of the grid judged (module docstring), each at the least recomputation
+    that fits (where none fits, with full recomputation), best first. Layouts are judged in order of
+    their compute (`compute_s`), and one whose compute is no less than the best plan so far is not
+    judged: it cannot win."""
+    today = is_mixed(request.costs.precision)
+    n = usable_devices(request)
+    layouts = []
+    for n_stages in _stage_counts(request):
+        group = n // n_stages
+        for tp in tp_degrees(request, group):
+            for zero in ((0, 1) if today and group // tp > 1 else (0,)):
+                for n_micro in micro_counts(request, n_stages, group // tp):
+                    plans = [uniform_plan(request, n_stages, tp, zero, r, n_micro) for r in _recomputations(request)]
+                    layouts.append([(compute_s(request, plan), plan) for plan in plans])
+    layouts.sort(key=lambda x: x[0][0])
+    judged: list[tuple[Plan, Prediction]] = []
+    best = np.inf
+    for tries in layouts:
+        for k, (compute, plan) in enumerate(tries):
+            if compute >= best:
+                break  # more recomputation only adds compute
+            prediction = judge(plan)
+            if prediction.feasible and prediction.iteration_s < best:  # for a search stopped by its limit
+                best = prediction.iteration_s
+                progress.offer(plan, f"megatron-grid: {plan.n_stages} stage(s), TP{plan.stages[0].strategies[0].tp}")
+            if prediction.feasible or k == len(tries) - 1:
+                judged.append((plan, prediction))
+                break
+    if not judged:  # every layout's compute was pruned: cannot happen before a first plan is judged
+        raise AssertionError("megatron-grid judged nothing")
+    judged.sort(key=_key)
+    if interleaves(request):
+        judged = sorted(judged + _interleaved(request, judged, judge, best), key=_key)
+    return judged
+
+
+def _interleaved(request: PlanRequest, judged, judge: Judge, best: float) -> list[tuple[Plan, Prediction]]:
+    """Interleaved 1F1B rewrites (planners/schedule_variants.py), 2..MAX_CHUNKS chunks per rank, of
+    the GRID_INTERLEAVED fastest pipelines that fit and twice as many first by `_interleaved_guess`
+    (a 1F1B bubble that chunks shrink hides those: 16 micro-batches on 8 stages); not of a pipeline
+    whose compute is no less than the best plan so far."""
+    from paraplan.planners.schedule_variants import rewrite
+
+    pipelines = [(compute_s(request, plan), plan) for plan, p in judged if p.feasible and plan.n_stages > 1]
+    chosen = {id(plan): (c, plan) for c, plan in pipelines[:GRID_INTERLEAVED]}
+    chosen.update({id(plan): (c, plan) for c, plan in sorted(pipelines, key=_interleaved_guess)[:2 * GRID_INTERLEAVED]})
+    out = []
+    for compute, plan in sorted(chosen.values(), key=lambda x: x[0]):
+        for v in range(2, min(MAX_CHUNKS, plan.n_layers // plan.n_stages) + 1):
+            if compute >= best:
+                break
+            try:
+                candidate = rewrite(plan, request.costs, "interleaved-1f1b", v)
+            except ValueError:
+                continue
+            prediction = judge(candidate)
+            out.append((candidate, prediction))
+            if prediction.feasible and prediction.iteration_s < best:
+                best = prediction.iteration_s
+                progress.offer(candidate, f"megatron-grid: interleaved, {v} chunks per rank")
+    return out
+
+
+def _interleaved_guess(x: tuple[float, Plan]) -> float:
+    """Narayanan et al. 2021 §2.2.2's interleaved 1F1B time with the most chunks, (1 + (P - 1) /
+    (v m)) x compute: an order to rewrite pipelines in, not a bound (sends and syncs add to it)."""
+    compute, plan = x
+    most = min(MAX_CHUNKS, plan.n_layers // plan.n_stages)
+    return compute * (1 + (plan.n_stages - 1) / (most * plan.n_micro))
+
+
+def _key(x: tuple[Plan, Prediction]) -> tuple[bool, float]:
+    p = x[1]
+    if p.feasible:
+        return (False, p.iteration_s)
+    return (True, max(m.peak_bytes / m.capacity_bytes for m in p.memory) if p.memory else float("inf"))
+
+
+def grid_plan(request: PlanRequest, judge: Judge) -> tuple[Plan, Prediction, int]:
+    """The grid's fastest plan that fits (else the one nearest to fitting), its prediction, and how
+    many candidates were judged."""
+    judged = grid_candidates(request, judge)
+    plan, prediction = judged[0]
+    if prediction.feasible:
+        progress.offer(plan, f"megatron-grid: {len(judged)} layouts judged")
+    return plan, prediction, len(judged)

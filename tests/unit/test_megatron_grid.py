@@ -9,7 +9,6 @@ import pytest
 
 from paraplan.planners.galvatron import grid
 from paraplan.planners.galvatron.planner import GRID
-from paraplan.planners.galvatron.space import usable_devices
 from paraplan.planners.registry import make_plan, simulator_judge
 from paraplan.planners.schedule_variants import rewrite
 from paraplan.workload import workload
@@ -20,9 +19,8 @@ MODEL = ("hf:llama?num_hidden_layers=8&hidden_size=1024&num_attention_heads=16&n
 
 def _every_layout(request):
     """Every (P, TP, ZeRO, m, recomputation) of the grid's space, as `grid_candidates` builds them."""
-    n = usable_devices(request)
-    for n_stages in grid._stage_counts(request):
-        group = n // n_stages
+    for n_stages in grid.stage_counts(request)[0]:
+        group = grid.group_size(request, n_stages)
         for tp in grid.tp_degrees(request, group):
             for zero in (0, 1) if group // tp > 1 else (0,):
                 for n_micro in grid.micro_counts(request, n_stages, group // tp):
@@ -44,6 +42,22 @@ def test_pruning_is_exact_against_every_layout(tight):
     fits = [p.iteration_s for p in every if p.feasible]
     assert fits and len(fits) < len(every)  # memory rules some layouts out
     assert prediction.feasible and prediction.iteration_s == pytest.approx(min(fits), rel=1e-12)
+
+
+def test_train_accepts_the_grid_s_plans():
+    """The grid's layouts are ones the runtime runs (per-layer strategies under 1F1B and interleaved
+    1F1B, SP only where runtime/tensor_parallel.py supports it): auto must not pick what `train` refuses."""
+    from paraplan.runtime.launch import check_before_launch
+    from paraplan.runtime.rank_base import TrainConfig
+
+    w = workload(MODEL, "dgx-a100-80gb?nodes=1", batch=16, memory="20GiB")
+    layers = w.built.layers()
+    plan = make_plan(w.request, GRID)
+    pipeline = grid.uniform_plan(w.request, 2, 2, 1, "selective", 4)
+    assert any(st.sequence_parallel for s in pipeline.stages for st in s.strategies)
+    for p in (plan, pipeline, rewrite(pipeline, w.request.costs, "interleaved-1f1b", 2)):
+        p = replace(p, precision=w.request.costs.precision)
+        check_before_launch(TrainConfig(plan=p, model=p.model), len(p.devices), len(layers), layers)  # no refusal
 
 
 def test_compute_never_exceeds_the_simulated_iteration(tight):

@@ -40,7 +40,7 @@ import numpy as np
 from paraplan.costs.strategy import layer_time, strategy_links
 from paraplan.planners import progress
 from paraplan.planners.galvatron.space import pp_degrees, usable_devices
-from paraplan.planners.request import BEST_SCHEDULE, Judge, PlanRequest
+from paraplan.planners.request import BEST_SCHEDULE, FieldError, Judge, PlanRequest
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Prediction, Recompute, Stage
 from paraplan.precision import is_mixed
 
@@ -70,8 +70,8 @@ def micro_counts(request: PlanRequest, n_stages: int, replicas: int) -> tuple[in
 def uniform_plan(request: PlanRequest, n_stages: int, tp: int, zero: int, recompute: str, n_micro: int) -> Plan:
     """Every layer one strategy: P stages of n / P consecutive devices, TP inner-most, the rest DP;
     the layers cut evenly (Galvatron's even partition), SP with TP where the runtime runs it."""
-    n_layers, n = request.costs.model.n_layers, usable_devices(request)
-    group = n // n_stages
+    n_layers = request.costs.model.n_layers
+    group = group_size(request, n_stages)
     dp = group // tp
     base = LayerStrategy(dp=dp, tp=tp, zero=zero if dp > 1 else 0, recompute=recompute, order="tp,dp,sdp")
     sizes = [n_layers // n_stages + (1 if s < n_layers % n_stages else 0) for s in range(n_stages)]
@@ -95,9 +95,28 @@ def _recomputations(request: PlanRequest) -> tuple[str, ...]:
     return (Recompute.NONE, *((Recompute.SELECTIVE,) if selective else ()), Recompute.FULL)
 
 
-def _stage_counts(request: PlanRequest) -> tuple[int, ...]:
-    degrees = pp_degrees(usable_devices(request), request.costs.model.n_layers)
-    return (request.n_stages,) if request.n_stages in degrees else degrees
+def stage_counts(request: PlanRequest) -> tuple[tuple[int, ...], str]:
+    """The pipeline degrees searched, and a note where the request's stage count is not kept (as
+    Galvatron's variants: planner.py `_pp_choices`; held to it with exact_stages, on groups of the
+    largest power of two that fits, the other devices idle)."""
+    n, layers = usable_devices(request), request.costs.model.n_layers
+    degrees = pp_degrees(n, layers)
+    if request.n_stages is None:
+        return degrees, ""
+    if request.exact_stages:
+        if request.n_stages > layers:
+            raise FieldError("stages", f"{request.n_stages} stages for a model of {layers} layers")
+        return (request.n_stages,), ""
+    if request.n_stages in degrees:
+        return (request.n_stages,), ""
+    return degrees, (f"megatron-grid: {' or '.join(map(str, degrees))} pipeline stage(s) on {n} devices "
+                     f"(power-of-two degrees, at most one stage per layer), not {request.n_stages}; "
+                     f"exact_stages forces {request.n_stages}")
+
+
+def group_size(request: PlanRequest, n_stages: int) -> int:
+    """Each stage's devices: the largest power of two that n / P holds."""
+    return 2 ** ((usable_devices(request) // n_stages).bit_length() - 1)
 
 
 def interleaves(request: PlanRequest) -> bool:
@@ -134,10 +153,9 @@ def grid_candidates(request: PlanRequest, judge: Judge) -> list[tuple[Plan, Pred
     their compute (`compute_s`), and one whose compute is no less than the best plan so far is not
     judged: it cannot win."""
     today = is_mixed(request.costs.precision)
-    n = usable_devices(request)
     layouts = []
-    for n_stages in _stage_counts(request):
-        group = n // n_stages
+    for n_stages in stage_counts(request)[0]:
+        group = group_size(request, n_stages)
         for tp in tp_degrees(request, group):
             for zero in ((0, 1) if today and group // tp > 1 else (0,)):
                 for n_micro in micro_counts(request, n_stages, group // tp):

@@ -309,12 +309,13 @@ for _variant in VARIANTS:
 @register(GRID, "uniform Megatron-style layouts (PP x TP x DP, ZeRO-1 and SP in mixed precision, the least "
           "recomputation that fits, interleaved 1F1B) judged by the simulator", schedules=("1f1b", "gpipe", BEST_SCHEDULE))
 def _grid_planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
-    from paraplan.planners.galvatron.grid import grid_plan
+    from paraplan.planners.galvatron.grid import grid_plan, stage_counts
 
     t0 = time.perf_counter()
+    note = stage_counts(request)[1]
     plan, prediction, count = grid_plan(request, judge)
     if not prediction.feasible:
         prediction = replace(prediction, reason=f"{GRID} finds nothing that fits: {prediction.reason}")
     return replace(plan, prediction=prediction, search=SearchInfo(
         planner=GRID, search_s=time.perf_counter() - t0,
-        options=(("costs", request.costs.source), ("layouts_judged", count))))
+        options=(("costs", request.costs.source), ("layouts_judged", count)), note=note))

@@ -39,8 +39,8 @@ import numpy as np
 
 from paraplan.costs.strategy import layer_time, strategy_links
 from paraplan.planners import progress
-from paraplan.planners.galvatron.space import pp_degrees, usable_devices
-from paraplan.planners.request import BEST_SCHEDULE, FieldError, Judge, PlanRequest
+from paraplan.planners.galvatron.space import held_stage_count, pp_degrees, usable_devices
+from paraplan.planners.request import BEST_SCHEDULE, Judge, PlanRequest
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Prediction, Recompute, Stage
 from paraplan.precision import is_mixed
 
@@ -97,21 +97,8 @@ def _recomputations(request: PlanRequest) -> tuple[str, ...]:
 
 def stage_counts(request: PlanRequest) -> tuple[tuple[int, ...], str]:
     """The pipeline degrees searched, and a note where the request's stage count is not kept (as
-    Galvatron's variants: planner.py `_pp_choices`; held to it with exact_stages, on groups of the
-    largest power of two that fits, the other devices idle)."""
-    n, layers = usable_devices(request), request.costs.model.n_layers
-    degrees = pp_degrees(n, layers)
-    if request.n_stages is None:
-        return degrees, ""
-    if request.exact_stages:
-        if request.n_stages > layers:
-            raise FieldError("stages", f"{request.n_stages} stages for a model of {layers} layers")
-        return (request.n_stages,), ""
-    if request.n_stages in degrees:
-        return (request.n_stages,), ""
-    return degrees, (f"megatron-grid: {' or '.join(map(str, degrees))} pipeline stage(s) on {n} devices "
-                     f"(power-of-two degrees, at most one stage per layer), not {request.n_stages}; "
-                     f"exact_stages forces {request.n_stages}")
+    Galvatron's variants: space.py `held_stage_count`)."""
+    return held_stage_count(request, pp_degrees(usable_devices(request), request.costs.model.n_layers), "megatron-grid")
 
 
 def group_size(request: PlanRequest, n_stages: int) -> int:

@@ -33,7 +33,7 @@ import numpy as np
 from paraplan.planners import progress
 from paraplan.planners.galvatron.batch import best_batch, max_batch, search_batch
 from paraplan.planners.galvatron.searcher import BMW_PARTITION, bmw_parts
-from paraplan.planners.galvatron.space import VARIANTS, Variant, pp_degrees, usable_devices
+from paraplan.planners.galvatron.space import VARIANTS, Variant, held_stage_count, pp_degrees, usable_devices
 from paraplan.planners.request import (
     BEST_SCHEDULE,
     FieldError,
@@ -61,19 +61,9 @@ def _pp_choices(request: PlanRequest, variant: Variant) -> tuple[tuple[int, ...]
         allowed = (pp_degrees(n, layers)[-1],)
     else:
         allowed = pp_degrees(n, layers)
-    if request.n_stages is None:
-        return allowed, ""
-    if request.exact_stages:  # held to the count: groups of the largest power of two that fits, the rest idle
-        if request.n_stages > layers:
-            raise FieldError("stages", f"{request.n_stages} stages for a model of {layers} layers")
+    if variant.pp == "all" and request.n_stages in pp_degrees(n, layers) and not request.exact_stages:
         return (request.n_stages,), ""
-    if variant.pp == "all" and request.n_stages in pp_degrees(n, layers):
-        return (request.n_stages,), ""
-    if request.n_stages in allowed:
-        return (request.n_stages,), ""
-    return allowed, (f"{variant.name}: {' or '.join(map(str, allowed))} pipeline stage(s) on {n} devices "
-                     f"(power-of-two degrees, at most one stage per layer), not {request.n_stages}; "
-                     f"exact_stages forces {request.n_stages}")
+    return held_stage_count(request, allowed, variant.name)
 
 
 # chunks per pipeline rank always tried for interleaved 1F1B (Narayanan et al. 2021 use 2-4; more

@@ -194,6 +194,24 @@ def micro_counts(request, batch: int, n_stages: int) -> tuple[int, ...]:
     return tuple(m for m in (n_stages, 2 * n_stages, 4 * n_stages) if batch % m == 0) or (1,)
 
 
+def held_stage_count(request, allowed: tuple[int, ...], name: str) -> tuple[tuple[int, ...], str]:
+    """The pipeline degrees a planner of the family searches for `request`, from the `allowed` ones,
+    and a note where the request's stage count cannot be kept (held to it with exact_stages: groups
+    of the largest power of two that fits, the other devices idle)."""
+    layers = request.costs.model.n_layers
+    if request.n_stages is None:
+        return allowed, ""
+    if request.exact_stages:
+        if request.n_stages > layers:
+            raise FieldError("stages", f"{request.n_stages} stages for a model of {layers} layers")
+        return (request.n_stages,), ""
+    if request.n_stages in allowed:
+        return (request.n_stages,), ""
+    return allowed, (f"{name}: {' or '.join(map(str, allowed))} pipeline stage(s) on {usable_devices(request)} "
+                     f"devices (power-of-two degrees, at most one stage per layer), not {request.n_stages}; "
+                     f"exact_stages forces {request.n_stages}")
+
+
 def usable_devices(request) -> int:
     """Galvatron's trees need a power-of-two device count: the largest that the cluster has."""
     return 2 ** (request.n_devices.bit_length() - 1)

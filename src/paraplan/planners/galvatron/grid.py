@@ -113,10 +113,10 @@ def interleaves(request: PlanRequest) -> bool:
 
 
 def compute_s(request: PlanRequest, plan: Plan) -> float:
-    """The average stage's compute over the iteration: m x the sum of its layers' forward + backward
-    as the simulator prices each (costs/strategy.py `layer_time`: TP's all-reduces, recomputation
-    and ZeRO-2's reduce-scatters included), over the P stages. No plan of this layout is faster
-    (some stage is at least this busy), whatever its schedule: the grid skips a layout whose compute
+    """The average pipeline rank's compute over the iteration: m x the sum of every layer's forward +
+    backward as the simulator prices each (costs/strategy.py `layer_time`: TP's all-reduces,
+    recomputation and ZeRO-2's reduce-scatters included), over the P ranks. No plan of this layout
+    is faster (some rank is at least this busy), whatever its schedule and chunks: the grid skips a layout whose compute
     alone is no faster than its best plan so far."""
     cm = request.costs
     stage = plan.stages[0]
@@ -131,7 +131,8 @@ def compute_s(request: PlanRequest, plan: Plan) -> float:
             t = layer_time(cm.compute(lead), cm.model, i, st, micro, links["tp"], links["sdp"], cm.overlap_slowdown,
                            cm.overheads, scale, dp_link=links["dp"], cp_link=links["cp"])
             total += t.forward_s + t.backward_s
-    return plan.n_micro * total / plan.n_stages
+    ranks = len({s.devices for s in plan.stages})  # interleaved: several stages on each rank's group
+    return plan.n_micro * total / ranks
 
 
 def grid_candidates(request: PlanRequest, judge: Judge) -> list[tuple[Plan, Prediction]]:

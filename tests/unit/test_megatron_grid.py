@@ -37,7 +37,7 @@ def tight():
 def test_pruning_is_exact_against_every_layout(tight):
     request = replace(tight, schedule="1f1b")  # one chunk per rank: the grid's whole space, no interleaving
     judge = simulator_judge(request)
-    plan, prediction, _ = grid.grid_plan(request, judge)
+    plan, prediction, _, _ = grid.grid_plan(request, judge)
     every = [judge(p) for p in _every_layout(request)]
     fits = [p.iteration_s for p in every if p.feasible]
     assert fits and len(fits) < len(every)  # memory rules some layouts out

@@ -220,9 +220,10 @@ def _print_stages(args, sim, cluster) -> None:
               for s in sim.plan.stages]
     stages = f"{sim.plan.n_stages} stage{'s' if sim.plan.n_stages != 1 else ''}"
     micro = f"{sim.plan.n_micro} micro-batch{'es' if sim.plan.n_micro != 1 else ''}"
+    found = f"; the plan of {opts['found_by']}, in its final choice" if "found_by" in opts else ""
     console().print(f"{args.planner}: {stages} {ranges} on devices "
                     f"{[list(s.devices) for s in sim.plan.stages]}, {micro}{eq8}; "
-                    f"searched in {sim.plan.search.search_s:.3g} s; plan written to {args.out}")
+                    f"searched in {sim.plan.search.search_s:.3g} s{found}; plan written to {args.out}")
     from paraplan.cli.machine import costs_line
 
     console().print(costs_line(sim.prediction.cost_source))

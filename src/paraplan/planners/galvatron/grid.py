@@ -213,11 +213,19 @@ def _key(x: tuple[Plan, Prediction]) -> tuple[bool, float]:
     return (True, max(m.peak_bytes / m.capacity_bytes for m in p.memory) if p.memory else float("inf"))
 
 
-def grid_plan(request: PlanRequest, judge: Judge) -> tuple[Plan, Prediction, int]:
-    """The grid's fastest plan that fits (else the one nearest to fitting), its prediction, and how
-    many candidates were judged."""
+def _label(plan: Plan) -> str:
+    return f"{plan.schedule} v={plan.virtual_stages}" if plan.virtual_stages > 1 else str(plan.schedule)
+
+
+def grid_plan(request: PlanRequest, judge: Judge) -> tuple[Plan, Prediction, int, str]:
+    """The grid's fastest plan that fits (else the one nearest to fitting), its prediction, how many
+    candidates were judged, and the next best of another schedule or chunk count in one line ("" if
+    none), as Galvatron's `_interleaved` says it."""
     judged = grid_candidates(request, judge)
     plan, prediction = judged[0]
+    other = next((x for x in judged[1:] if x[1].feasible and _label(x[0]) != _label(plan)), None)
+    line = (f"{_label(other[0])}: {other[1].iteration_s:.4g} s ({other[1].iteration_s / prediction.iteration_s - 1:+.1%})"
+            if other and prediction.feasible else "")
     if prediction.feasible:
         progress.offer(plan, f"megatron-grid: {len(judged)} layouts judged")
-    return plan, prediction, len(judged)
+    return plan, prediction, len(judged), line

@@ -227,10 +227,10 @@ def _portfolio(request: PlanRequest, variant: Variant, options: dict, judge: Jud
     if interleaves(request, variant):  # today's space: the uniform layouts too (planners/galvatron/grid.py)
         from paraplan.planners.galvatron.grid import grid_plan
 
-        plan, p, count = grid_plan(request, judge)
+        plan, p, count, line = grid_plan(request, judge)
         if request.n_stages is None or plan.n_stages == best[0].n_stages:
             if _rank_key(p) < _rank_key(best[1]):
-                best = (plan, p, GRID, float("nan"), "even", "", count)
+                best = (plan, p, GRID, float("nan"), "even", line, count)
                 progress.offer(plan, f"{variant.name}'s portfolio: {GRID}'s plan")
     return best
 
@@ -303,9 +303,10 @@ def _grid_planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
 
     t0 = time.perf_counter()
     note = stage_counts(request)[1]
-    plan, prediction, count = grid_plan(request, judge)
+    plan, prediction, count, line = grid_plan(request, judge)
     if not prediction.feasible:
         prediction = replace(prediction, reason=f"{GRID} finds nothing that fits: {prediction.reason}")
     return replace(plan, prediction=prediction, search=SearchInfo(
         planner=GRID, search_s=time.perf_counter() - t0,
-        options=(("costs", request.costs.source), ("layouts_judged", count)), note=note))
+        options=(("costs", request.costs.source), ("schedules_judged", count), ("schedule_runner_up", line)),
+        note=note))

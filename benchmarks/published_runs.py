@@ -214,7 +214,7 @@ def expert_rows(time_limit_s: float = 180.0) -> list[dict]:
     on the same cluster, model and batch, with the same cost model as the published configuration's
     prediction; its best plan's predicted throughput against Megatron's configuration's."""
     from paraplan.planners.auto import compare
-    from paraplan.workload import plan_request, sequence_parallel_layers
+    from paraplan.workload import plan_request, sequence_parallel_layers, tensor_parallel_layers
 
     rows = []
     for cfg, _ in NARAYANAN_TABLE_1[:EXPERT_ROWS]:
@@ -227,7 +227,8 @@ def expert_rows(time_limit_s: float = 180.0) -> list[dict]:
         recipe_2022 = simulate_plan(megatron_plan(cfg, len(spec.layers), "selective", True), costs).prediction
         # the whole of today's space, as `paraplan plan` has it: SP on the layers the runtime runs it on
         request = plan_request(costs, model_name=cfg.model, cluster_name=name, batch=cfg.batch,
-                               sequence_parallel=sequence_parallel_layers(built, cluster, PRECISION))
+                               sequence_parallel=sequence_parallel_layers(built, cluster, PRECISION),
+                               tensor_parallel=tensor_parallel_layers(built, cluster, PRECISION))
         comparison = compare(request, time_limit_s=time_limit_s)
         best = comparison.ranked[0] if comparison.ranked else None
         rows.append({"model": cfg.label, "gpus": cfg.gpus, "batch": cfg.batch,

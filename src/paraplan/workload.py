@@ -191,14 +191,16 @@ def cost_source(cluster: Cluster) -> str:
 
 def plan_request(costs: CostModel, *, model_name: str, cluster_name: str, batch: int, memory=None,
                  stages: int | None = None, micro_batches: int | None = None, schedule=None,
-                 exact_stages: bool = False, options=None, sequence_parallel=frozenset()) -> PlanRequest:
+                 exact_stages: bool = False, options=None, sequence_parallel=frozenset(),
+                 tensor_parallel=None) -> PlanRequest:
     """The PlanRequest over a cost model; `memory`: None, bytes or a size such as '16GiB'."""
     from paraplan.planners.request import PlanRequest
 
     return PlanRequest(costs=costs, model_name=model_name, cluster_name=cluster_name, batch=batch, n_stages=stages,
                        n_micro=micro_batches, schedule=schedule, memory_bytes=memory_bytes(memory),
                        exact_stages=exact_stages, options=options or {},
-                       sequence_parallel=frozenset(sequence_parallel))
+                       sequence_parallel=frozenset(sequence_parallel),
+                       tensor_parallel=None if tensor_parallel is None else frozenset(tensor_parallel))
 
 
 def sequence_parallel_layers(built: BuiltModel, cluster: Cluster, precision: str) -> frozenset:
@@ -211,6 +213,18 @@ def sequence_parallel_layers(built: BuiltModel, cluster: Cluster, precision: str
     if not is_mixed(precision):
         return frozenset()
     return sequence_parallel_support(built.layers(), min(cluster.n_devices, 64))
+
+
+def tensor_parallel_layers(built: BuiltModel, cluster: Cluster, precision: str) -> frozenset | None:
+    """In mixed precision: the (layer, tp degree) pairs the runtime runs tensor parallel
+    (PlanRequest.tensor_parallel); in fp32, None: the papers' planners plan TP on every layer, as
+    the papers' systems ran it."""
+    from paraplan.precision import is_mixed
+    from paraplan.runtime.tensor_parallel import tensor_parallel_support
+
+    if not is_mixed(precision):
+        return None
+    return tensor_parallel_support(built.layers(), min(cluster.n_devices, 64))
 
 
 def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = None, cluster_name: str | None = None,
@@ -243,5 +257,6 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
         request = plan_request(costs, model_name=built.ref, cluster_name=name, batch=batch, memory=memory,
                                stages=stages, micro_batches=micro_batches, schedule=schedule,
                                exact_stages=exact_stages, options=options,
-                               sequence_parallel=sequence_parallel_layers(built, loaded, precision))
+                               sequence_parallel=sequence_parallel_layers(built, loaded, precision),
+                               tensor_parallel=tensor_parallel_layers(built, loaded, precision))
     return Workload(built=built, spec=spec, cluster=loaded, costs=costs, operators=graph, request=request)

@@ -96,3 +96,24 @@ def test_the_grid_is_not_in_the_papers_fp32_space():
     alone = make_plan(request, GRID)  # the planner itself plans fp32: plain DP, no interleaving
     assert all(st.zero == 0 and not st.sequence_parallel for s in alone.stages for st in s.strategies)
     assert alone.virtual_stages == 1
+
+
+def test_no_tensor_parallelism_where_the_runtime_has_none():
+    """In mixed precision the planners put TP only on the (layer, degree) pairs paraplan's runtime runs
+    (PlanRequest.tensor_parallel): GPT-2-tiny's 4 heads do not split over 8 ranks, a convolution
+    has no TP plan. On 8 P100s (fp32 there: TP anywhere, the papers' setting) the grid's best
+    was TP8, which `train` refuses; in fp16 its plan and BMW's run."""
+    from paraplan.runtime.launch import check_before_launch
+    from paraplan.runtime.rank_base import TrainConfig
+
+    for model in ("gpt2-tiny", "lenet-5"):
+        w = workload(model, "fddps-8xp100", batch=16, precision="fp16")
+        assert w.request.tensor_parallel is not None
+        layers = w.built.layers()
+        for name in (GRID, "galvatron-bmw"):
+            plan = make_plan(w.request, name)
+            assert all(st.tp == 1 or (i, st.tp) in w.request.tensor_parallel
+                       for s in plan.stages for i, st in zip(s.layers, s.strategies, strict=True))
+            check_before_launch(TrainConfig(plan=plan, model=plan.model), len(plan.devices), len(layers), layers)
+    fp32 = workload("gpt2-tiny", "fddps-8xp100", batch=16).request
+    assert fp32.tensor_parallel is None and any(st.tp == 8 for s in make_plan(fp32, GRID).stages for st in s.strategies)

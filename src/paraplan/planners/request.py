@@ -49,6 +49,10 @@ class PlanRequest:
     # (runtime/tensor_parallel.sequence_parallel_support, filled by paraplan.workload): the layers a
     # planner may give TP + SP. Empty (a request built without the model's modules): SP not searched.
     sequence_parallel: frozenset = frozenset()
+    # (layer, tp degree) pairs the runtime runs tensor parallel (tensor_parallel_support, filled by
+    # paraplan.workload in mixed precision); None: not known, every layer may take TP (the papers'
+    # fp32 setting, as their systems ran it)
+    tensor_parallel: frozenset | None = None
 
     def __post_init__(self):
         if not isinstance(self.batch, int) or self.batch < 1:

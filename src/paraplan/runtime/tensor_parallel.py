@@ -370,11 +370,21 @@ def sequence_parallel_support(layers, max_degree: int) -> frozenset[tuple[int, i
     power-of-two degree 2..max_degree that this runtime runs tensor + sequence parallel: what a
     planner may put Megatron-SP on (PlanRequest.sequence_parallel), so that it never picks a plan
     `train` refuses. Pure inspection."""
+    return _support(layers, max_degree, sequence_parallel=True)
+
+
+def tensor_parallel_support(layers, max_degree: int) -> frozenset[tuple[int, int]]:
+    """As `sequence_parallel_support`, for tensor parallelism alone (PlanRequest.tensor_parallel):
+    a convolution has no TP plan here, and attention needs its heads divisible by the degree."""
+    return _support(layers, max_degree, sequence_parallel=False)
+
+
+def _support(layers, max_degree: int, sequence_parallel: bool) -> frozenset[tuple[int, int]]:
     out = set()
     for index, (_, _, module) in enumerate(layers):
         degree = 2
         while degree <= max_degree:
-            if tp_refusal(module, degree, sequence_parallel=True) is None:
+            if tp_refusal(module, degree, sequence_parallel=sequence_parallel) is None:
                 out.add((index, degree))
             degree *= 2
     return frozenset(out)

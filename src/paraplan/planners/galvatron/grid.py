@@ -6,7 +6,8 @@ Every layer has the same strategy, laid out as Megatron-LM lays it out:
   - a pipeline of P stages, P = 1, 2, 4, ... (at most one stage per layer), each on a group of
     n / P consecutive devices (n: the largest power of two the cluster has, as Galvatron's trees);
   - on each group TP t = 1, 2, 4, ... up to one node's devices (TP on the fastest links, inner-most,
-    Narayanan et al. 2021 §3.3 takeaway #1), the other d = n / (P t) devices data parallel;
+    Narayanan et al. 2021 §3.3 takeaway #1), in mixed precision only where the runtime runs TP on
+    every layer, the other d = n / (P t) devices data parallel;
   - in mixed precision (today's space: planners/galvatron/space.py) ZeRO-0 or ZeRO-1 over the d
     replicas and sequence parallelism with TP on the layers the runtime runs it on (Korthikanti et
     al. 2022 §4.2.2); in fp32, the paper's plain DP;
@@ -89,6 +90,13 @@ def uniform_plan(request: PlanRequest, n_stages: int, tp: int, zero: int, recomp
                 stages=tuple(stages), grad_sync="bucketed" if dp > 1 else "none")
 
 
+def _runs_tensor_parallel(request: PlanRequest, tp: int) -> bool:
+    """Whether every layer runs TP over `tp` ranks in paraplan's runtime (PlanRequest.tensor_parallel;
+    None: not known, as in fp32): a uniform layout has no layer without it."""
+    allowed = request.tensor_parallel
+    return tp == 1 or allowed is None or all((i, tp) in allowed for i in range(request.costs.model.n_layers))
+
+
 def _recomputations(request: PlanRequest) -> tuple[str, ...]:
     model = request.costs.model
     selective = is_mixed(request.costs.precision) and any(x.attention_core_bytes.per_sample > 0 for x in model.layers)
@@ -145,6 +153,8 @@ def grid_candidates(request: PlanRequest, judge: Judge) -> list[tuple[Plan, Pred
     for n_stages in stage_counts(request)[0]:
         group = group_size(request, n_stages)
         for tp in tp_degrees(request, group):
+            if not _runs_tensor_parallel(request, tp):
+                continue
             for zero in ((0, 1) if today and group // tp > 1 else (0,)):
                 for n_micro in micro_counts(request, n_stages, group // tp):
                     plans = [uniform_plan(request, n_stages, tp, zero, r, n_micro) for r in _recomputations(request)]

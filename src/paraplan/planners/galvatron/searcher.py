@@ -115,10 +115,12 @@ class Searcher:
             a["extra_forward"], a["extra_backward"] = self.extra_memory(strategies, micro)
             # mixed precision: autocast's 16-bit weight copies stay with the states (costs/memory.py)
             a["states_bytes"] = a["states_bytes"] + a["copy_bytes"]
-            # [layer, strategy]: the micro-batch splits into the strategy's data slices, and SP only
-            # where the runtime runs it (PlanRequest.sequence_parallel)
+            # [layer, strategy]: the micro-batch splits into the strategy's data slices, and TP and
+            # SP only where the runtime runs them (PlanRequest.tensor_parallel, .sequence_parallel)
+            tp_ok = self.request.tensor_parallel  # None: TP anywhere (fp32, the paper's setting)
             a["allowed"] = np.array([[micro == int(micro) and int(micro) % s.data_degree == 0
-                                      and (not s.sequence_parallel or (i, s.tp) in sp) for s in strategies]
+                                      and (not s.sequence_parallel or (i, s.tp) in sp)
+                                      and (s.tp == 1 or tp_ok is None or (i, s.tp) in tp_ok) for s in strategies]
                                      for i in range(self.model.n_layers)])
             layouts: dict = {}
             classes = [layouts.setdefault((s.data_degree, s.cp, *(x.tobytes() for x in layout_ranks(s))),

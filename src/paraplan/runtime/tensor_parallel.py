@@ -374,8 +374,7 @@ def sequence_parallel_support(layers, max_degree: int) -> frozenset[tuple[int, i
 
 
 def tensor_parallel_support(layers, max_degree: int) -> frozenset[tuple[int, int]]:
-    """As `sequence_parallel_support`, for tensor parallelism alone (PlanRequest.tensor_parallel):
-    a convolution has no TP plan here, and attention needs its heads divisible by the degree."""
+    """As `sequence_parallel_support`, for TP alone (PlanRequest.tensor_parallel)."""
     return _support(layers, max_degree, sequence_parallel=False)
 
 

@@ -16,9 +16,9 @@ Every layer has the same strategy, laid out as Megatron-LM lays it out:
   - the least recomputation (none, selective where the model has an attention core, full) under
     which the plan fits;
   - 1F1B (one stage: no schedule to choose), then, in today's space, interleaved 1F1B with every
-    chunk count up to MAX_CHUNKS for the GRID_INTERLEAVED fastest pipelines and twice as many
-    first by Narayanan et al.'s interleaved bubble (Narayanan et al.'s closed form misranks the counts: at 16
-    micro-batches on 8 stages it puts 10 chunks fourth, the simulator first).
+    chunk count up to MAX_CHUNKS for the GRID_INTERLEAVED fastest pipelines and twice as many first
+    by Narayanan et al.'s interleaved bubble (their closed form misranks the counts themselves: at
+    16 micro-batches on 8 stages it puts 10 chunks fourth, the simulator first).
 Each candidate is judged by the simulator (a hybrid plan's simulation is ~30 ms at 1,024 GPUs);
 the fastest that fits wins.
 
@@ -27,9 +27,11 @@ simulator counts (the stages' syncs summed, bucketed overlap), and keeps one pla
 a Llama-2-70B-like model on 1,024 A100-80GB at batch 1,024 its best was 8 stages of DP32 (ZeRO-1)
 x TP4 at 32 micro-batches, 2.508 s interleaved with 5 chunks; the grid's 8 stages of DP64 (ZeRO-1)
 x TP2 at 16 micro-batches, 10 chunks, take 2.392 s (TP2's all-reduces cost 6.5% of a layer's
-compute against TP4's 21%, and 10 chunks shrink the bubble that 16 micro-batches leave). Every
-plan of the grid lies in Galvatron-Base's and -BMW's space (the same trees, ZeRO and SP choices,
-an even partition, and the interleaved rewrites they judge), so their final choice includes it.
+compute against TP4's 21%, and 10 chunks shrink the bubble that 16 micro-batches leave). The
+grid's layouts use only the strategies of Galvatron's trees in today's space (the same DP / TP,
+ZeRO and SP choices, an even partition), so its plans join Base's and BMW's final choice; its
+micro-batch counts (one sample per replica) and chunk counts (up to 16) go beyond what their own
+searches try.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from paraplan.planners.request import BEST_SCHEDULE, Judge, PlanRequest
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Prediction, Recompute, Stage
 from paraplan.precision import is_mixed
 
-GRID_INTERLEAVED = 4  # pipelines rewritten for interleaved 1F1B: the fastest, and as many of least compute
+GRID_INTERLEAVED = 4  # pipelines rewritten for interleaved 1F1B: the fastest, and twice as many by `_interleaved_guess`
 MAX_CHUNKS = 16  # chunks per rank tried for those (every count up to this and one layer per chunk)
 
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from paraplan.costs.strategy import layer_time, strategy_links
 from paraplan.planners import progress
-from paraplan.planners.galvatron.space import held_stage_count, pp_degrees, usable_devices
+from paraplan.planners.galvatron.space import even_partition, held_stage_count, pp_degrees, usable_devices
 from paraplan.planners.request import BEST_SCHEDULE, Judge, PlanRequest
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Prediction, Recompute, Stage
 from paraplan.precision import is_mixed
@@ -77,8 +77,7 @@ def uniform_plan(request: PlanRequest, n_stages: int, tp: int, zero: int, recomp
     group = group_size(request, n_stages)
     dp = group // tp
     base = LayerStrategy(dp=dp, tp=tp, zero=zero if dp > 1 else 0, recompute=recompute, order="tp,dp,sdp")
-    sizes = [n_layers // n_stages + (1 if s < n_layers % n_stages else 0) for s in range(n_stages)]
-    cuts = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    cuts = np.concatenate([[0], np.cumsum(even_partition(n_layers, n_stages))]).astype(int)
     stages = []
     for s in range(n_stages):
         layers = range(int(cuts[s]), int(cuts[s + 1]))

@@ -32,6 +32,8 @@ import numpy as np
 
 from paraplan.planners import progress
 from paraplan.planners.galvatron.batch import best_batch, max_batch, search_batch
+from paraplan.planners.galvatron.grid import grid_plan, stage_counts
+from paraplan.planners.galvatron.grid import interleaves as grid_interleaves
 from paraplan.planners.galvatron.searcher import BMW_PARTITION, bmw_parts
 from paraplan.planners.galvatron.space import VARIANTS, Variant, held_stage_count, pp_degrees, usable_devices
 from paraplan.planners.request import (
@@ -80,12 +82,8 @@ def interleaves(request: PlanRequest, variant: Variant) -> bool:
     """Whether the pipeline dimension also searches interleaved 1F1B ("Today's training II", item 2):
     for the variants with CKPT (Galvatron-Base, -BMW) in today's space (mixed precision), or asked
     for with `schedule best`; never in the paper's fp32 setting unless asked, nor when the request
-    fixes a schedule."""
-    from paraplan.precision import is_mixed
-
-    if not variant.checkpoint or variant.fixed_3d:
-        return False
-    return request.schedule == BEST_SCHEDULE or (request.schedule is None and is_mixed(request.costs.precision))
+    fixes a schedule (the grid's rule: grid.py `interleaves`)."""
+    return variant.checkpoint and not variant.fixed_3d and grid_interleaves(request)
 
 
 def chunk_counts(plan: Plan, costs) -> tuple[int, ...]:
@@ -225,8 +223,6 @@ def _portfolio(request: PlanRequest, variant: Variant, options: dict, judge: Jud
             if theirs[1].feasible:  # a search stopped by its time limit keeps it (planners/progress.py)
                 progress.offer(theirs[0], f"{variant.name}'s portfolio: {name}'s plan")
     if interleaves(request, variant):  # today's space: the uniform layouts too (planners/galvatron/grid.py)
-        from paraplan.planners.galvatron.grid import grid_plan
-
         plan, p, count, line = grid_plan(request, judge)
         if request.n_stages is None or plan.n_stages == best[0].n_stages:
             if _rank_key(p) < _rank_key(best[1]):
@@ -299,8 +295,6 @@ for _variant in VARIANTS:
 @register(GRID, "uniform Megatron-style layouts (PP x TP x DP, ZeRO-1 and SP in mixed precision, the least "
           "recomputation that fits, interleaved 1F1B) judged by the simulator", schedules=("1f1b", "gpipe", BEST_SCHEDULE))
 def _grid_planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
-    from paraplan.planners.galvatron.grid import grid_plan, stage_counts
-
     t0 = time.perf_counter()
     note = stage_counts(request)[1]
     plan, prediction, count, line = grid_plan(request, judge)

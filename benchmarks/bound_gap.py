@@ -5,8 +5,10 @@ Twelve requests: each paper's default request and, in bf16 on the A100-80GB pres
 nodes of 8), Llama-2-like models from 8 to 1,024 GPUs. Each runs `paraplan plan`'s comparison
 (planners/auto.py: every planner in its own process, 2 at a time here, the default 60 s time
 limit each) and records the winner, its predicted iteration, the lower bound (planners/bound.py)
-and which term binds, the gap, the comparison's wall time and every planner's search time and
-status (a planner stopped at its limit says so, with its best plan so far).
+and which term binds, the gap and what it is made of (the winner's time per device beyond the
+bound: more compute, exposed communication, after the schedule, idle; simulator/time_split.py),
+the comparison's wall time and every planner's search time and status (a planner stopped at its
+limit says so, with its best plan so far).
 
 The requests (model, cluster, global batch, sequence length where not the zoo's):
   CSIMD          VGG-16 on 8 V100s over 10 GbE (csimd-v100-10gbe), batch 64
@@ -30,9 +32,11 @@ import json
 import os
 import statistics
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from paraplan.planners.auto import compare
+from paraplan.simulator.time_split import against_bound
 from paraplan.workload import workload
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out"))
@@ -73,6 +77,8 @@ def run(name: str, model: str, cluster: str, batch: int, seq_len: int | None, ti
             "bound_s": bound.iteration_s, "binding": bound.binding, "bound_micro_batch": bound.micro_batch,
             "work_bound_s": bound.work_s / bound.n_devices,
             "gap": best.iteration_s / bound.iteration_s - 1 if best else None,
+            # what the gap is made of (simulator/time_split.py), seconds per device on average
+            "best_time_split": asdict(against_bound(best.split, bound.iteration_s)) if best and best.split else None,
             "planners": [{"planner": r.planner, "status": r.status, "timed_out": r.timed_out,
                           "search_s": None if r.search_s is None else round(r.search_s, 2),
                           "iteration_s": r.iteration_s, "shape": r.shape, "reason": r.reason}
@@ -94,6 +100,10 @@ def main() -> None:
         print(f"{name:14s} {row['n_devices']:5d} GPUs  best {row['best']} ({row['best_shape']})  "
               f"{row['best_iteration_s'] or float('nan'):.4g} s vs bound {row['bound_s']:.4g} s ({row['binding']})  "
               f"gap {gap}  comparison {row['wall_s']} s (load {row['load_average']})", flush=True)
+        if row["best_time_split"]:
+            parts = row["best_time_split"]
+            print("   " + ", ".join(f"{k[:-2]} {parts[k] * 1e3:.4g} ms" for k in
+                                    ("bound_s", "extra_compute_s", "exposed_comm_s", "after_s", "idle_s")), flush=True)
     path = OUT / "bound_gap.json"
     if args.only and path.exists():  # a partial run replaces its requests' rows and keeps the others
         kept = {r["name"]: r for r in json.loads(path.read_text())["requests"]}

@@ -120,9 +120,10 @@ def test_cli_json_schema_and_the_plan_written(tmp_path):
     data = json.loads(res.stdout)
     assert data["schema"] == "paraplan.plan.auto/1"
     assert set(data) == {"schema", "best", "out", "gap_to_bound", "wall_s", "lower_bound", "rows", "cost_source",
-                         "engine", "unrestricted_best"}
+                         "engine", "unrestricted_best", "best_time_split"}
     assert data["engine"] is None and data["unrestricted_best"] is None and data["cost_source"]
-    assert set(data["lower_bound"]) == {"iteration_s", "work_s", "one_device_s", "n_devices", "binding", "micro_batch"}
+    assert set(data["lower_bound"]) == {"iteration_s", "work_s", "one_device_s", "n_devices", "binding", "micro_batch",
+                                        "operator_work_s"}
     row_keys = {"planner", "status", "shape", "n_micro", "iteration_s", "throughput_samples_per_s", "peak_bytes",
                 "capacity_bytes", "bubble_fraction", "search_s", "reason", "timed_out"}
     assert all(set(r) == row_keys for r in data["rows"])
@@ -133,6 +134,12 @@ def test_cli_json_schema_and_the_plan_written(tmp_path):
     assert written["search"]["planner"] == data["best"]
     assert written["prediction"]["iteration_s"] == pytest.approx(best["iteration_s"], rel=1e-9)
     assert data["gap_to_bound"] == pytest.approx(best["iteration_s"] / data["lower_bound"]["iteration_s"] - 1)
+    # where the winner's time goes: the bound, then what it does not count, adding up to the iteration
+    split = data["best_time_split"]
+    assert split["bound_s"] == pytest.approx(data["lower_bound"]["iteration_s"])
+    assert min(split["extra_compute_s"], split["exposed_comm_s"], split["after_s"], split["idle_s"]) >= 0
+    parts = ("bound_s", "extra_compute_s", "exposed_comm_s", "after_s", "idle_s")
+    assert sum(split[k] for k in parts) == pytest.approx(best["iteration_s"], rel=1e-9)
 
 
 def test_options_of_one_planner_need_that_planner(tmp_path):

@@ -12,6 +12,8 @@ import pytest
 from paraplan.planners.auto import skip_reason
 from paraplan.planners.bound import _dual, lower_bound
 from paraplan.planners.registry import make_plan, planner_names
+from paraplan.simulator.predict import simulate_plan
+from paraplan.simulator.time_split import against_bound
 from paraplan.workload import workload
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -85,7 +87,28 @@ def test_no_feasible_plan_of_any_planner_beats_the_bound(model, cluster, batch, 
         if plan.prediction.feasible:
             checked += 1
             assert plan.prediction.iteration_s >= bound.iteration_s * (1 - 1e-9), (name, bound)
+            # stronger: the bound is a least compute per device, so every plan's average compute is at
+            # least that (operator placements' own, cheaper, operator costs included: W_op / n), and
+            # the rest of its iteration is communication, the step and idle time (simulator/time_split.py)
+            split = simulate_plan(plan, w.request.costs).split
+            assert split.compute_s >= bound.iteration_s * (1 - 1e-9), (name, split, bound)
+            parts = against_bound(split, bound.iteration_s)
+            total = parts.bound_s + parts.extra_compute_s + parts.exposed_comm_s + parts.after_s + parts.idle_s
+            assert total == pytest.approx(plan.prediction.iteration_s, rel=1e-9), (name, parts)
     assert checked >= 1
+
+
+def test_operator_placements_are_bounded_by_their_own_operator_costs():
+    """On small models the operators cost less than the layers (vgg-tiny: 4.8 vs 11.6 device-ms):
+    the layers' work bound would not hold for an operator placement, which is priced per operator."""
+    w = workload("vgg-tiny", "fddps-8xp100", batch=32, operators="optional")
+    bound = lower_bound(w.request.costs, 32)
+    assert bound.binding == "operators" and bound.operator_work_s < bound.work_s
+    assert bound.iteration_s == pytest.approx(bound.operator_work_s / 8)
+    plan = make_plan(w.request, "fddps-nosplit")
+    assert plan.prediction.feasible
+    compute = simulate_plan(plan, w.request.costs).split.compute_s
+    assert bound.work_s / 8 > compute >= bound.iteration_s * (1 - 1e-9)  # below the layers' bound, above W_op / n
 
 
 def test_memory_binds_where_the_budget_forces_recomputation():

@@ -394,7 +394,11 @@ def _print_comparison(args, result, best, gap, model_ref: str, precision: str) -
                   f"{sum(r.status in ('ok', 'infeasible') for r in result.rows)} plans in {result.wall_s:.1f} s; "
                   f"plan written to {args.out}")
         from paraplan.cli.machine import costs_line
+        from paraplan.simulator.time_split import against_bound
 
+        if best.split is not None:
+            parts = against_bound(best.split, result.bound.iteration_s)
+            out.print(f"where its {best.iteration_s * 1e3:.4g} ms go, per device on average: {parts.describe()}")
         out.print(costs_line(best.plan.prediction.cost_source if best.plan.prediction else ""))
         if best.plan.search and best.plan.search.note:
             out.print(flags_in(best.plan.search.note))
@@ -411,6 +415,16 @@ def _print_comparison(args, result, best, gap, model_ref: str, precision: str) -
         out.print(f"report written to {args.report}/index.html")
 
 
+def _parts_json(result) -> dict | None:
+    """The winner's iteration against the bound (simulator/time_split.py `GapParts`)."""
+    from dataclasses import asdict
+
+    from paraplan.simulator.time_split import against_bound
+
+    split = result.row(result.best).split if result.best else None
+    return asdict(against_bound(split, result.bound.iteration_s)) if split is not None else None
+
+
 def auto_json(result, out: str | None, gap: float | None, plan_to_dict) -> dict:
     """The stable schema of `paraplan plan --planner auto --json` (version 1)."""
     return {
@@ -421,7 +435,9 @@ def auto_json(result, out: str | None, gap: float | None, plan_to_dict) -> dict:
         "unrestricted_best": result.unrestricted.planner if result.unrestricted else None,
         "lower_bound": {"iteration_s": result.bound.iteration_s, "work_s": result.bound.work_s,
                         "one_device_s": result.bound.one_device_s, "n_devices": result.bound.n_devices,
-                        "binding": result.bound.binding, "micro_batch": result.bound.micro_batch},
+                        "binding": result.bound.binding, "micro_batch": result.bound.micro_batch,
+                        "operator_work_s": result.bound.operator_work_s},
+        "best_time_split": _parts_json(result),
         "rows": [{"planner": r.planner, "status": r.status, "shape": r.shape,
                   "n_micro": r.plan.n_micro if r.plan else None, "iteration_s": r.iteration_s,
                   "throughput_samples_per_s": r.throughput, "peak_bytes": list(r.peak_bytes),

@@ -26,6 +26,7 @@ from paraplan.planners.registry import make_plan, planner, planner_names
 from paraplan.planners.request import PlanRequest
 from paraplan.plans.plan import Plan, SearchInfo
 from paraplan.plans.worker_roles import worker_roles
+from paraplan.simulator.time_split import TimeSplit
 
 FLAGSHIP = "galvatron-bmw"
 # the slow searches, in the order they start once the flagship and the quick planners have: those
@@ -56,6 +57,7 @@ class Row:
     # stopped by its time limit: `plan` (if any) is the best its search had found by then, and
     # `reason` says so; status is that plan's verdict (ok / infeasible), or timeout without one
     timed_out: bool = False
+    split: TimeSplit | None = None  # where the plan's iteration goes (simulator/time_split.py)
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ def _row(name: str, plan: Plan, costs, search_s: float, timed_out: bool = False,
                throughput=p.throughput_samples_per_s, peak_bytes=tuple(m.peak_bytes for m in p.memory),
                capacity_bytes=tuple(m.capacity_bytes for m in p.memory), bubble=sim.bubble_fraction,
                search_s=plan.search.search_s if plan.search and not timed_out else search_s, shape=describe(plan),
-               reason=reason, timed_out=timed_out)
+               reason=reason, timed_out=timed_out, split=sim.split)
 
 
 def judged_row(name: str, plan: Plan, costs) -> Row:

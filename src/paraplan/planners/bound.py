@@ -30,9 +30,16 @@ everywhere) does not fit is no plan's. This is what binds when memory forces sma
 (GEMMs below their best efficiency) or recomputation (Llama-70B-like models at 64 GPUs).
 
 Operator placements (FD-DPS and its baselines: one iteration, no micro-batches, no recomputation,
-costs/op_memory.py's count) get their own family: the work bound alone, where one copy of the
-states and the forward outputs the backward reads at the whole batch fit the devices' total
-memory; where they do not, no placement fits and the family drops out.
+costs/op_memory.py's count) get their own family, priced as the simulator prices them (costs/
+op_costs.py, not the layers' cost model: on small models their operators cost 2-5x less than the
+layers' forward + backward): every operator of the whole batch once, each on its fastest device,
+
+    T >= W_op / n,   W_op = sum_o min_v ET(o, v, B)
+
+(an operator split into d parts costs at least as much in all: each part pays the kernel's fixed
+costs again), where one copy of the states and the forward outputs the backward reads at the
+whole batch fit the devices' total memory; where they do not, no placement fits and the family
+drops out. The bound is the lesser of the two families' bounds.
 
 Not bounded (each would need a proof for every planner's plans, not yet written): the pipeline
 bubble (zero-bubble schedules make it near zero, and uneven device groups per stage break the
@@ -45,7 +52,7 @@ on random small requests).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -61,11 +68,13 @@ class LowerBound:
     work_s: float  # the least device-seconds of forward + backward for one iteration
     one_device_s: float  # the whole batch's forward + backward on the fastest device, in one piece
     n_devices: int
-    # which bound binds: "work" (W / n) or "memory" (micro-batches no larger than `micro_batch`
-    # and the recomputation memory forces); memory_s: that term (0: nothing fits by memory)
+    # which bound binds: "work" (W / n), "memory" (micro-batches no larger than `micro_batch`
+    # and the recomputation memory forces) or "operators" (an operator placement's least work,
+    # W_op / n); memory_s: the memory term (0: nothing fits by memory)
     binding: str = "work"
     memory_s: float = 0.0
     micro_batch: int = 0  # the memory term's micro-batch (0: the work bound binds)
+    operator_work_s: float = 0.0  # W_op: the operators' least device-seconds (0: no placement fits)
 
     def describe(self) -> str:
         """The binding term in words, for the comparison's last lines."""
@@ -73,6 +82,10 @@ class LowerBound:
             return (f"memory binds: at best micro-batches of {self.micro_batch} samples with the recomputation "
                     f"their activations force ({self.memory_s * 1e3:.4g} ms against {self.work_s / self.n_devices * 1e3:.4g} "
                     f"ms of work spread over {self.n_devices} devices)")
+        if self.binding == "operators":
+            return (f"an operator placement's least work ({self.operator_work_s * 1e3:.4g} device-ms, every operator "
+                    f"whole on its fastest device, as the simulator prices operators) spread over {self.n_devices} "
+                    f"devices, below the layers' {self.work_s * 1e3:.4g} device-ms")
         return (f"the least forward + backward work ({self.work_s * 1e3:.4g} device-ms, every layer at its cheapest "
                 f"piece size) spread over {self.n_devices} devices")
 
@@ -93,14 +106,30 @@ def lower_bound(cm: CostModel, batch: int) -> LowerBound:
     work = float(per_batch[0].min(axis=1).sum())  # per layer, the cheapest device kind and piece size
     work_s = work / n
     memory_s, micro = _memory_bound(cm, batch, sizes, per_batch)
-    # where an operator placement could fit, its family has the work bound alone (module docstring)
-    counted = np.isfinite(memory_s) and not _operators_fit(cm, batch)
-    # memory is said to bind only where it adds something worth naming (a tenth of a percent)
-    if counted and memory_s > work_s * (1 + 1e-3):
-        return LowerBound(iteration_s=memory_s, work_s=work, one_device_s=one_device, n_devices=n, binding="memory",
-                          memory_s=memory_s, micro_batch=micro)
-    return LowerBound(iteration_s=max(work_s, memory_s) if counted else work_s, work_s=work, one_device_s=one_device,
-                      n_devices=n, memory_s=memory_s if np.isfinite(memory_s) else 0.0)
+    operator_work = _operator_work(cm, batch) if _operators_fit(cm, batch) else np.inf
+    # the layers' family: the work bound, or the memory term where it adds something worth naming
+    # (a tenth of a percent)
+    if np.isfinite(memory_s) and memory_s > work_s * (1 + 1e-3):
+        layers = LowerBound(iteration_s=memory_s, work_s=work, one_device_s=one_device, n_devices=n,
+                            binding="memory", memory_s=memory_s, micro_batch=micro)
+    else:
+        layers = LowerBound(iteration_s=max(work_s, memory_s) if np.isfinite(memory_s) else work_s, work_s=work,
+                            one_device_s=one_device, n_devices=n, memory_s=memory_s if np.isfinite(memory_s) else 0.0)
+    if np.isfinite(operator_work):
+        layers = replace(layers, operator_work_s=operator_work)
+        if operator_work / n < layers.iteration_s:  # an operator placement could be faster than any layer plan
+            return replace(layers, iteration_s=operator_work / n, binding="operators", micro_batch=0)
+    return layers
+
+
+def _operator_work(cm: CostModel, batch: int) -> float:
+    """W_op (module docstring): every operator of the whole batch on its fastest device, priced as
+    the simulator's operator placements are (costs/op_costs.py, the measured profile where the
+    cost model has one)."""
+    from paraplan.costs.op_costs import op_seconds_per_device
+
+    seconds = op_seconds_per_device(cm.operators, cm.cluster, batch, getattr(cm, "operator_profile", None))
+    return float(seconds.min(axis=1).sum())
 
 
 MODES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)

@@ -22,6 +22,7 @@ from paraplan.errors import ParaplanError
 from paraplan.plans.worker_roles import worker_roles
 from paraplan.simulator.export import gantt
 from paraplan.simulator.predict import simulate_plan
+from paraplan.simulator.time_split import against_bound
 from paraplan.system.fileio import atomic_write_text, make_dirs
 
 STATUS_ORDER = {"ok": 0, "infeasible": 1, "failed": 2, "timeout": 3, "refused": 4, "skipped": 5}
@@ -131,6 +132,9 @@ def _verdict(result, best, second) -> str:
     text = (f"<p><b>{_e(best.planner)}</b> is chosen: {_e(best.shape)}{micro}. Predicted "
             f"<b>{fmt_time(best.iteration_s)}</b> per iteration, <b>{best.throughput:,.1f} samples/s</b>, "
             f"{_gap(best.iteration_s, bound)} the lower bound of {fmt_time(bound)}. ")
+    if best.split is not None:  # what the gap is made of (simulator/time_split.py)
+        parts = against_bound(best.split, result.bound.iteration_s)
+        text += f"Per device on average, its time is {_e(parts.describe())}. "
     if second is not None:
         diff = second.iteration_s - best.iteration_s
         text += (f"The runner-up, <b>{_e(second.planner)}</b> ({_e(second.shape)}), "
@@ -413,8 +417,9 @@ def _bound_section(result, ranked: list, best) -> str:
                f"total memory, which allows micro-batches of at most {b.micro_batch} samples and forces "
                f"recomputation; the least work then takes {fmt_time(b.memory_s)} spread over the devices."
                if getattr(b, "binding", "work") == "memory" else "")
-            + (" Operator placements are costed per operator, whose sum can differ from the layers' (so they "
-               "are compared with it only roughly)." if any(r.plan.operators for r in ranked) else "") + "</p>")
+            + (f" Operator placements are priced per operator, and their least work, every operator of the whole "
+               f"batch on its fastest device, is less: {fmt_time(b.operator_work_s)} of device time, so the bound "
+               f"is that spread over the devices." if getattr(b, "binding", "work") == "operators" else "") + "</p>")
     if not ranked:
         return text
     return text + _img(_bound_figure(ranked, b.iteration_s, best), "every feasible plan against the lower bound")

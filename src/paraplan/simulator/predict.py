@@ -14,6 +14,7 @@ from paraplan.simulator import pipeline
 from paraplan.simulator.dag import DagRun, run_dag_plan
 from paraplan.simulator.engine import Timeline
 from paraplan.simulator.plan_work import plan_work, zero_gather_s
+from paraplan.simulator.time_split import TimeSplit, exposed_comm, split_time
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class Simulation:
     memory: tuple[MemoryBreakdown, ...]
     bubble_fraction: float  # 1 - busy / (devices x iteration time), over the devices the plan uses
     dag: DagRun | None = None  # 'dag' plans: per-device operators, busy time, memory (simulator/dag.py)
+    split: TimeSplit | None = None  # where the iteration goes, averaged over the cluster (simulator/time_split.py)
 
     @property
     def prediction(self) -> Prediction:
@@ -56,25 +58,29 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulat
     # the optimizer's step after the schedule, on the device holding the most model states
     # (a measured rate: paraplan calibrate; 0 on uncalibrated clusters, as the papers' models)
     optimizer_s = cm.overheads.optimizer_s_per_byte * max((b.states_bytes for b in breakdown), default=0.0)
-    iteration = result.iteration_s + cm.overheads.step_s + optimizer_s + zero_gather_s(plan, cm)
+    after = cm.overheads.step_s + optimizer_s + zero_gather_s(plan, cm)
+    iteration = result.iteration_s + after
     # a stage group that computes together (Galvatron strategies) is drawn on its first device;
     # all of its devices are equally busy
     busy = result.timeline.compute_busy()
-    if work.schedule == "async-1f1b":
-        busy = busy / pipeline.ASYNC_ITERATIONS
-    per_device = {}
+    exposed = exposed_comm(result.timeline)
+    spans = pipeline.ASYNC_ITERATIONS if work.schedule == "async-1f1b" else 1  # iterations the timeline holds
+    per_device, per_device_exposed = {}, {}
     for stage in plan.stages:
         lead = work.replicas[0][plan.stages.index(stage)].device if any(s.strategies for s in plan.stages) else None
         for d in stage.devices:
-            per_device[d] = busy[lead] if lead is not None else busy[d]
+            drawn = lead if lead is not None else d
+            per_device[d] = busy[drawn] / spans
+            per_device_exposed[d] = exposed.get(drawn, 0.0) / spans
     stats = tuple(DeviceStats(d, float(b), float(max(0.0, iteration - b))) for d, b in sorted(per_device.items()))
     reason = out_of_memory_reason(memory)
     prediction = Prediction(iteration_s=iteration, throughput_samples_per_s=plan.global_batch / iteration,
                             memory=memory, feasible=not reason, reason=reason, cost_source=cm.source)
     used_busy = np.array([s.busy_s for s in stats])
     bubble = float(1.0 - used_busy.sum() / (len(stats) * iteration)) if iteration > 0 else 0.0
+    split = split_time(iteration, per_device, per_device_exposed, after, cm.cluster.n_devices)
     return Simulation(plan=replace(plan, prediction=prediction), timeline=result.timeline, devices=stats,
-                      memory=breakdown, bubble_fraction=bubble)
+                      memory=breakdown, bubble_fraction=bubble, split=split)
 
 
 def _simulate_dag_plan(plan: Plan, cm: CostModel, contention: bool) -> Simulation:
@@ -93,5 +99,8 @@ def _simulate_dag_plan(plan: Plan, cm: CostModel, contention: bool) -> Simulatio
     stats = tuple(DeviceStats(d, float(run.busy_s[d]), float(max(0.0, iteration - run.busy_s[d]))) for d in used)
     busy = np.array([s.busy_s for s in stats])
     bubble = float(1.0 - busy.sum() / (len(stats) * iteration)) if iteration > 0 else 0.0
+    exposed = exposed_comm(run.timeline)
+    split = split_time(iteration, {s.device: s.busy_s for s in stats}, exposed, cm.overheads.step_s,
+                       cm.cluster.n_devices)
     return Simulation(plan=replace(plan, prediction=prediction), timeline=run.timeline, devices=stats, memory=(),
-                      bubble_fraction=bubble, dag=run)
+                      bubble_fraction=bubble, dag=run, split=split)

@@ -4,7 +4,9 @@ planner `megatron-grid` and as candidates in Galvatron-Base's and -BMW's final c
 
 Every layer has the same strategy, laid out as Megatron-LM lays it out:
   - a pipeline of P stages, P = 1, 2, 4, ... (at most one stage per layer), each on a group of
-    n / P consecutive devices (n: the largest power of two the cluster has, as Galvatron's trees);
+    n / P consecutive devices (n: the largest power of two the cluster has, as Galvatron's trees),
+    and on a cluster that is not a power of two the degrees that use more of it (space.py
+    `wider_pp_degrees`: stages of the largest power of two that n / P holds);
   - on each group TP t = 1, 2, 4, ... up to one node's devices (TP on the fastest links, inner-most,
     Narayanan et al. 2021 §3.3 takeaway #1), in mixed precision only where the runtime runs TP on
     every layer, the other d = n / (P t) devices data parallel;
@@ -42,7 +44,14 @@ import numpy as np
 
 from paraplan.costs.strategy import layer_time, strategy_links
 from paraplan.planners import progress
-from paraplan.planners.galvatron.space import even_partition, held_stage_count, pp_degrees, usable_devices
+from paraplan.planners.galvatron.space import (
+    even_partition,
+    held_stage_count,
+    pp_degrees,
+    stage_group,
+    usable_devices,
+    wider_pp_degrees,
+)
 from paraplan.planners.request import BEST_SCHEDULE, Judge, PlanRequest
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Prediction, Recompute, Stage
 from paraplan.precision import is_mixed
@@ -107,12 +116,14 @@ def _recomputations(request: PlanRequest) -> tuple[str, ...]:
 def stage_counts(request: PlanRequest) -> tuple[tuple[int, ...], str]:
     """The pipeline degrees searched, and a note where the request's stage count is not kept (as
     Galvatron's variants: space.py `held_stage_count`)."""
-    return held_stage_count(request, pp_degrees(usable_devices(request), request.costs.model.n_layers), "megatron-grid")
+    layers = request.costs.model.n_layers
+    degrees = pp_degrees(usable_devices(request), layers) + wider_pp_degrees(request.n_devices, layers)
+    return held_stage_count(request, degrees, "megatron-grid")
 
 
 def group_size(request: PlanRequest, n_stages: int) -> int:
     """Each stage's devices: the largest power of two that n / P holds."""
-    return 2 ** ((usable_devices(request) // n_stages).bit_length() - 1)
+    return stage_group(request.n_devices, n_stages)
 
 
 def interleaves(request: PlanRequest) -> bool:

@@ -35,7 +35,14 @@ from paraplan.planners.galvatron.batch import best_batch, max_batch, search_batc
 from paraplan.planners.galvatron.grid import grid_plan, stage_counts
 from paraplan.planners.galvatron.grid import interleaves as grid_interleaves
 from paraplan.planners.galvatron.searcher import BMW_PARTITION, bmw_parts
-from paraplan.planners.galvatron.space import VARIANTS, Variant, held_stage_count, pp_degrees, usable_devices
+from paraplan.planners.galvatron.space import (
+    VARIANTS,
+    Variant,
+    held_stage_count,
+    pp_degrees,
+    usable_devices,
+    wider_pp_degrees,
+)
 from paraplan.planners.request import (
     BEST_SCHEDULE,
     FieldError,
@@ -61,8 +68,8 @@ def _pp_choices(request: PlanRequest, variant: Variant) -> tuple[tuple[int, ...]
         allowed = (1,)
     elif variant.pp == "all":
         allowed = (pp_degrees(n, layers)[-1],)
-    else:
-        allowed = pp_degrees(n, layers)
+    else:  # on a cluster that is not a power of two, also the degrees that use more of it
+        allowed = pp_degrees(n, layers) + wider_pp_degrees(request.n_devices, layers)
     if variant.pp == "all" and request.n_stages in pp_degrees(n, layers) and not request.exact_stages:
         return (request.n_stages,), ""
     return held_stage_count(request, allowed, variant.name)
@@ -138,9 +145,6 @@ def _search(request: PlanRequest, variant: Variant, options: dict):
     schedules = (request.schedule,) if request.schedule and request.schedule != BEST_SCHEDULE else variant.schedules
     schedules = tuple(str(x) for x in schedules)
     pps, note = _pp_choices(request, variant)
-    if usable_devices(request) < request.n_devices:
-        note = "; ".join(x for x in (f"{variant.name}: uses {usable_devices(request)} of {request.n_devices} "
-                                     "devices (power-of-two groups, §III-B)", note) if x)
     bins, step = options.get("memory_bins", MEMORY_BINS), options.get("batch_step", BATCH_STEP)
     if options.get("batch_search", "given") == "max":
         return max_batch(request, variant, bins, schedules, pps, step), note
@@ -253,6 +257,10 @@ def galvatron_plan(request: PlanRequest, variant: Variant, options: dict, judge:
         + ((("found_by", found_by),) if found_by != variant.name else ()) \
         + ((("partition", origin),) if origin != "even" else ()) \
         + ((("schedules_judged", judged), ("schedule_runner_up", runner_up)) if judged else ())
+    used = len(set(plan.devices))
+    if used < request.n_devices:
+        note = "; ".join(x for x in (f"{variant.name}: uses {used} of {request.n_devices} devices (power-of-two "
+                                     "groups, §III-B)", note) if x)
     return replace(plan, prediction=prediction, search=SearchInfo(planner=variant.name, search_s=time.perf_counter() - t0,
                                                                   options=opts, note=note))
 

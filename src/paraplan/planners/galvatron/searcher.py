@@ -16,7 +16,7 @@ from paraplan.costs.memory import micro_batches_in_flight, plan_memory
 from paraplan.costs.memory_config import GIB, MemoryConfig
 from paraplan.costs.strategy import layout_ranks, param_count, slice_gather_fraction, strategy_arrays
 from paraplan.planners.galvatron.dp import INF, partition_min_max, pipeline_cost, search_stage
-from paraplan.planners.galvatron.space import Variant, even_partition, usable_devices, variant_strategies
+from paraplan.planners.galvatron.space import Variant, even_partition, stage_group, variant_strategies
 from paraplan.planners.request import PlanRequest
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.precision import is_mixed
@@ -86,7 +86,7 @@ class Searcher:
             {o for layer in self.model.layers for o in layer.shared_owners}
 
     def group(self, n_stages: int, s: int) -> tuple[int, ...]:
-        g = 1 if self.variant.pp == "all" else 2 ** ((usable_devices(self.request) // n_stages).bit_length() - 1)
+        g = 1 if self.variant.pp == "all" else stage_group(self.request.n_devices, n_stages)
         return tuple(range(s * g, (s + 1) * g))  # pure PP: one device a stage; else a power of two
 
     def signature(self, devices: tuple[int, ...]) -> tuple:

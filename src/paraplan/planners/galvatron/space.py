@@ -186,11 +186,17 @@ def more_micro_counts(request, batch: int, n_stages: int, tried: tuple[int, ...]
 
 def micro_counts(request, batch: int, n_stages: int) -> tuple[int, ...]:
     """Micro-batch counts tried (Init_Microbatch_Num): the request's, else 1 without a pipeline and
-    P, 2P, 4P with one (those that divide the batch)."""
+    P, 2P, 4P with one (those that divide the batch; for a degree beyond the paper's, the next
+    counts that do)."""
     if request.n_micro:
         return (request.n_micro,) if batch % request.n_micro == 0 else ()
     if n_stages == 1:
         return (1,)
+    if not is_power_of_two(n_stages):  # a wider degree (`wider_pp_degrees`): the batch's next divisors
+        # P, 2P, 4P rarely divide a batch of powers of two (3 stages, batch 56: none), so each
+        # stands for the smallest count at least as large that does (4, 7, 14)
+        return tuple(sorted({next(d for d in range(m, batch + 1) if batch % d == 0)
+                             for m in (n_stages, 2 * n_stages, 4 * n_stages) if m <= batch})) or (1,)
     return tuple(m for m in (n_stages, 2 * n_stages, 4 * n_stages) if batch % m == 0) or (1,)
 
 
@@ -215,3 +221,26 @@ def held_stage_count(request, allowed: tuple[int, ...], name: str) -> tuple[tupl
 def usable_devices(request) -> int:
     """Galvatron's trees need a power-of-two device count: the largest that the cluster has."""
     return 2 ** (request.n_devices.bit_length() - 1)
+
+
+def stage_group(n_devices: int, n_stages: int) -> int:
+    """Each stage's devices: the largest power of two that n / P holds (Galvatron's trees)."""
+    return 2 ** ((n_devices // n_stages).bit_length() - 1)
+
+
+def wider_pp_degrees(n_devices: int, n_layers: int) -> tuple[int, ...]:
+    """Beyond the paper (§III-B: a power-of-two device count, power-of-two pipeline degrees): on a
+    cluster whose device count is not a power of two, the degrees P whose stages of power-of-two
+    groups (`stage_group`) use more of its devices than any smaller degree does, P x g > the
+    largest power of two. On Bi-Partition's 7 VMs: 3 stages of 2 VMs (6) and 7 of 1, where the
+    paper's degrees use 4; AlexNet there: 2.80 s in 3 stages of DP2 / TP2 layers against 3.36 s for
+    the best plan on 4 or 7 (benchmarks/bound_gap.py's request). At most log2(n) more degrees; none
+    on a power-of-two cluster, where the search is the paper's."""
+    most = 2 ** (n_devices.bit_length() - 1)
+    out = []
+    for p in range(3, min(n_devices, n_layers) + 1):
+        used = p * stage_group(n_devices, p)
+        if used > most and not is_power_of_two(p):
+            out.append(p)
+            most = used
+    return tuple(out)

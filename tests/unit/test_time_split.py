@@ -84,9 +84,9 @@ def test_a_one_device_plan_has_no_communication_and_the_others_idle():
 
 
 def test_devices_a_plan_leaves_unused_are_idle_throughout():
-    # Galvatron's trees use powers of two: 4 of Bi-Partition's 7 VMs
+    # pure data parallelism in Galvatron's trees, a power of two: 4 of Bi-Partition's 7 VMs
     w = workload("alexnet", "bipartition-7vm", batch=56)
-    sim = simulate_plan(make_plan(w.request, "galvatron-base"), w.request.costs)
+    sim = simulate_plan(make_plan(w.request, "dp"), w.request.costs)
     split = sim.split
     assert split.n_devices == 7 and split.n_used == 4
     assert split.idle_s >= split.iteration_s * 3 / 7 * (1 - 1e-9)

@@ -258,7 +258,7 @@ def galvatron_plan(request: PlanRequest, variant: Variant, options: dict, judge:
         + ((("partition", origin),) if origin != "even" else ()) \
         + ((("schedules_judged", judged), ("schedule_runner_up", runner_up)) if judged else ())
     used = len(set(plan.devices))
-    if used < request.n_devices:
+    if used < request.n_devices and (usable_devices(request) < request.n_devices or not request.exact_stages):
         note = "; ".join(x for x in (f"{variant.name}: uses {used} of {request.n_devices} devices (power-of-two "
                                      "groups, §III-B)", note) if x)
     return replace(plan, prediction=prediction, search=SearchInfo(planner=variant.name, search_s=time.perf_counter() - t0,

@@ -62,6 +62,9 @@ def _two_rank_plans(tmp_path):
     for ckpt in (False, True):
         strategies = [S(dp=2)] + [S(dp=2, recompute="full" if ckpt else "none")] * 4 + [S(dp=2)]
         plans[f"ckpt-{ckpt}"] = (_one_stage("gpt2-tiny", strategies, 2), {"optimizer": "adam", "steps": 2})
+    # a CNN: the convolutions data parallel, each classifier layer's lone Linear column-parallel
+    lenet = Stage(LayerRange(0, 5), (0, 1), strategies=(S(dp=2), S(dp=2), S(tp=2), S(tp=2), S(tp=2)))
+    plans["tp-lenet-5"] = (_plan("lenet-5", (lenet,), n_layers=5), {})
     return plans
 
 
@@ -187,6 +190,27 @@ def test_checkpointing_lowers_the_measured_activations_as_predicted(two_ranks):
     # parameters, gradients and Adam's two moments: the planner's 16 bytes per parameter
     states = measured[True]["params"] + measured[True]["grads"] + measured[True]["optimizer"]
     assert states == pytest.approx(predicted[True].states_bytes, rel=0.01)
+
+
+def test_a_cnn_s_classifier_runs_column_parallel_as_predicted(two_ranks):
+    """LeNet-5's classifier layers (a lone Linear each) under TP2: column-parallel with the output
+    gathered, like one process; each rank holds half of their parameters, as the planner counts (they
+    ran replicated before, at twice the states predicted), and the measured activations leave the
+    weight shards out (autograd saves a DTensor weight's local shard as a plain tensor)."""
+    from paraplan.costs.memory import plan_memory
+    from paraplan.models import measure, source
+
+    config = two_ranks["tp-lenet-5"]
+    check_against_one_process(config)
+    built = source.build("lenet-5")
+    layers = [m for _, _, m in built.layers()]
+    conv, fc = (sum(p.numel() * 4 for m in layers[a:b] for p in m.parameters()) for a, b in ((0, 2), (2, 5)))
+    _, breakdowns = plan_memory(config.plan, measure.measure(built), {0: 2**34, 1: 2**34}, device_kind="cpu-core")
+    predicted = breakdowns[0]  # one group computing together: its devices alike
+    for rank in (0, 1):
+        measured = json.loads((Path(config.out_dir) / f"memory_rank{rank}.json").read_text())
+        assert measured["params"] == conv + fc // 2, rank
+        assert measured["activations"] <= 1.25 * predicted.activation_bytes, (rank, measured, predicted)
 
 
 def test_two_torchrun_nodes_run_a_hybrid_plan_like_one_process(tmp_path):

@@ -26,7 +26,7 @@ from paraplan.runtime.tensor_parallel import tp_refusal
 from paraplan.system.localnet import free_port
 from paraplan.system.processes import start_method
 
-MODELS = ["gpt2-tiny", "llama-tiny", "bert-tiny", "vit-tiny", "t5-tiny", "swin-tiny"]
+MODELS = ["gpt2-tiny", "llama-tiny", "bert-tiny", "vit-tiny", "t5-tiny", "swin-tiny", "lenet-5"]
 BATCH, LR, TOL = 4, 0.1, 1e-5
 
 
@@ -86,7 +86,7 @@ def _model_run(model: str, rank: int, mesh) -> dict:
         if why is None:
             apply_tensor_parallel(module, mesh, memo)
         else:  # left unsharded: replicated on both ranks; applying TP says why it cannot
-            with pytest.raises(ValueError, match="not divisible") as exc:
+            with pytest.raises(ValueError, match="not divisible|no tensor-parallel plan") as exc:
                 apply_tensor_parallel(module, mesh, memo)
             refused[name] = (why, str(exc.value))
     out["refused"] = refused
@@ -118,7 +118,8 @@ def _tie_conflict(mesh) -> str:
 
     torch.manual_seed(0)  # the same values on both ranks
     embedding, other = nn.Embedding(8, 4), nn.Sequential()
-    other.add_module("reduction", nn.Linear(4, 8, bias=False))  # not a head projection: replicated
+    other.add_module("reduction", nn.Linear(4, 8, bias=False))  # not a head projection and, with a
+    other.add_module("mixing", nn.Linear(8, 8))  # second matrix beside it, not a lone Linear: replicated
     other.reduction.weight = embedding.weight
     memo = {}
     apply_tensor_parallel(embedding, mesh, memo)
@@ -191,6 +192,8 @@ def test_tensor_parallel_matches_one_process(results, model):
         assert set(ref["refused"]) == {"stage0.block0"}
         why, raised = ref["refused"]["stage0.block0"]
         assert "1 attention head not divisible by 2" in why and why in raised
+    elif model == "lenet-5":  # the convolutions stay replicated; each classifier Linear column-parallel
+        assert set(ref["refused"]) == {"conv1", "conv2"}
     else:
         assert ref["refused"] == {}
     for out in ranks:
@@ -231,6 +234,7 @@ def _layer(model: str, name: str):
     ("swin-tiny", "stage0.block0", 2, "1 attention head not divisible by 2"),
     ("resnet-tiny", "stage0.block0", 2, "convolutions have no tensor-parallel plan"),
     ("lenet-5", "conv1", 2, "convolutions have no tensor-parallel plan"),
+    ("lenet-5", "fc3", 4, "10 outputs not divisible by 4"),  # a lone Linear: column-parallel
 ])
 def test_tp_refusal_says_why_in_one_line(model, name, tp, needle):
     why = tp_refusal(_layer(model, name), tp)

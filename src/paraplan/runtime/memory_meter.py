@@ -51,7 +51,11 @@ def _is_weight_copy(t: torch.Tensor) -> bool:
 
 
 class MemoryMeter:
-    def __init__(self):
+    def __init__(self, parameters=()):
+        # the storages of this rank's parameters: a tensor-parallel weight is a DTensor whose local
+        # shard autograd saves as a plain tensor; it is a parameter, not an activation (AlexNet's
+        # column-parallel classifier counted its 72 MiB weight shard as activations)
+        self.param_storages = {local_value(p).untyped_storage().data_ptr() for p in parameters}
         self.live: dict[int, tuple[int, bool]] = {}  # storage address -> (bytes, a weight copy)
         self.holders: dict[int, int] = {}  # storage address -> how many saved aliases still hold it
         self.live_bytes = 0
@@ -63,7 +67,8 @@ class MemoryMeter:
 
     def _countable(self, t: torch.Tensor) -> bool:
         base = _storage_of(t)
-        return not (isinstance(t, nn.Parameter) or isinstance(base, nn.Parameter) or base.device.type == "meta")
+        return not (isinstance(t, nn.Parameter) or isinstance(base, nn.Parameter) or base.device.type == "meta"
+                    or base.untyped_storage().data_ptr() in self.param_storages)
 
     def _add(self, t: torch.Tensor, holder: torch.Tensor | None = None) -> None:
         """Count t's storage while `holder` (what autograd keeps: the pack hook's alias) lives; a

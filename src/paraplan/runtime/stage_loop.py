@@ -84,7 +84,7 @@ def train_stages(config: TrainConfig, setup_fn: SetupFn) -> dict:
         # graph of its shape-inference forward (PipelineStage._fwd_outputs_for_bwd_meta), about
         # one micro-batch's activations more than any later step (the pack hook's cost, a few us
         # per saved tensor, falls on one step of the median)
-        meter = MemoryMeter() if step == config.steps - 1 else None
+        meter = MemoryMeter(params) if step == config.steps - 1 else None
         with meter.watching() if meter is not None else contextlib.nullcontext(), \
                 step_context(plan.precision, device):  # bf16: one autocast region for the step
             _run_schedule(setup, schedule, plan.n_stages, x, y, micro_losses)

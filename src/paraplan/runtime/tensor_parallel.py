@@ -8,15 +8,16 @@ slice of every weight and the block needs two all-reduces forward and two backwa
     row-parallel;
   - the token embedding vocab-parallel (each rank looks up the ids in its rows, the partial
     results are all-reduced), the head's projection column-parallel with its output gathered here
-    so that the loss sees whole logits; norms, position embeddings and the rest stay replicated.
+    so that the loss sees whole logits, and so a layer whose one matrix is a lone Linear (a CNN's
+    classifier layers; before, they ran replicated, at twice the states the simulator predicted);
+    norms, position embeddings and the rest stay replicated.
 Megatron's conjugate operators f (identity forward, all-reduce backward) and g (all-reduce
 forward, identity backward) are the input/output hooks of DTensor's ColwiseParallel (input
 Replicate) and RowwiseParallel (output Replicate): a layer keeps taking and returning plain
 tensors identical on every rank, and its input gradient comes back whole on every rank.
 
-With Megatron's sequence parallelism (runtime/sequence_parallel.py rewrites a layer's plan), f and
-g become an all-gather and a reduce-scatter along the sequence, and the norms between them run on
-sequence shards.
+With Megatron's sequence parallelism (runtime/sequence_parallel.py rewrites a layer's plan), f and g
+become an all-gather and a reduce-scatter along the sequence, the norms between them on shards.
 
 A layer's plan is read off its structure (the q/k/v/o, c_attn, fc1/fc2, ... submodules transformers
 uses); a block whose config carries the library's own plan (Llama's `base_model_tp_plan`) uses
@@ -60,6 +61,15 @@ def _is_conv1d(m: nn.Module | None) -> bool:
 
 
 # --------------------------------------------------------------------------- styles of our own
+class _GatheredColwise(ColwiseParallel):
+    """A lone Linear's column-parallel output, all-gathered into a tensor of its own: the gathered
+    local view may not be modified in place, and a CNN's ReLU(inplace=True) follows it."""
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        return ColwiseParallel._prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh).clone()
+
+
 class _Conv1DColwise(ColwiseParallel):
     """ColwiseParallel for Conv1D, whose output columns are dim 1 of its (in, out) weight. The
     Conv1D stays (rather than a Linear with the weight transposed) so the parameter keeps its
@@ -335,6 +345,11 @@ def _plan(layer: nn.Module, tp: int) -> _Plan:
             own = [n for n, p in mod.named_parameters(recurse=False) if p.dim() >= 2]
             known = isinstance(mod, nn.Linear) or _is_conv1d(mod) or "embedding" in type(mod).__name__.lower()
             _check(known or not own, f"{where}: parameter '{own[0] if own else ''}' has no TP plan")
+    matrices = [(path, m) for path, m in layer.named_modules() if any(p.dim() > 1 for p in m.parameters(False))]
+    if not plan.styles and len(matrices) == 1 and isinstance(lone := matrices[0][1], nn.Linear):  # module docstring
+        path = matrices[0][0]
+        _check(lone.out_features % tp == 0, f"{_where(lone, path)}: {lone.out_features} outputs not divisible by {tp}")
+        plan.styles[path] = _GatheredColwise(output_layouts=Replicate())
     return plan
 
 
@@ -360,16 +375,15 @@ def tp_refusal(layer: nn.Module, tp: int, sequence_parallel: bool = False) -> st
         return f"tensor-parallel degree {tp} must be at least 1"
     try:
         _layer_plan(layer, tp, sequence_parallel)
+        return None
     except _Refused as exc:
         return str(exc)
-    return None
 
 
 def sequence_parallel_support(layers, max_degree: int) -> frozenset[tuple[int, int]]:
     """(layer index, tp degree) for every layer of `layers` (built.layers(): (name, kind, module)) and
-    power-of-two degree 2..max_degree that this runtime runs tensor + sequence parallel: what a
-    planner may put Megatron-SP on (PlanRequest.sequence_parallel), so that it never picks a plan
-    `train` refuses. Pure inspection."""
+    power-of-two degree 2..max_degree this runtime runs TP + SP on: where a planner may put Megatron-SP
+    (PlanRequest.sequence_parallel), so that it never picks a plan `train` refuses. Pure inspection."""
     return _support(layers, max_degree, sequence_parallel=True)
 
 
@@ -379,14 +393,9 @@ def tensor_parallel_support(layers, max_degree: int) -> frozenset[tuple[int, int
 
 
 def _support(layers, max_degree: int, sequence_parallel: bool) -> frozenset[tuple[int, int]]:
-    out = set()
-    for index, (_, _, module) in enumerate(layers):
-        degree = 2
-        while degree <= max_degree:
-            if tp_refusal(module, degree, sequence_parallel=sequence_parallel) is None:
-                out.add((index, degree))
-            degree *= 2
-    return frozenset(out)
+    degrees = [2 ** k for k in range(1, max_degree.bit_length())]  # 2, 4, ... up to max_degree
+    return frozenset((index, degree) for index, (_, _, module) in enumerate(layers) for degree in degrees
+                     if tp_refusal(module, degree, sequence_parallel=sequence_parallel) is None)
 
 
 def apply_tensor_parallel(layer: nn.Module, mesh: DeviceMesh, memo: dict | None = None,

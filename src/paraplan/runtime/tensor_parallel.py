@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -44,6 +44,7 @@ from torch.distributed.tensor.parallel import (
 
 from paraplan.models.adapters import T5Layer
 from paraplan.runtime.sequence_parallel import SUMMED_AFTER_STEP
+from paraplan.runtime.tp_styles import Conv1DColwise, Conv1DRowwise, GatheredColwise, HeadSharded
 
 # attention attributes that count or measure heads: set to the local value (see _plan_attention)
 _HEAD_ATTRS = ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_key_value_heads",
@@ -58,92 +59,6 @@ _MLP_PAIRS = ((("c_fc",), "c_proj"), (("fc1",), "fc2"), (("gate_proj", "up_proj"
 def _is_conv1d(m: nn.Module | None) -> bool:
     # transformers' Conv1D (GPT-2): a Linear whose weight is stored (in, out)
     return type(m).__name__ == "Conv1D" and hasattr(m, "nf") and hasattr(m, "nx")
-
-
-# --------------------------------------------------------------------------- styles of our own
-class _GatheredColwise(ColwiseParallel):
-    """A lone Linear's column-parallel output, all-gathered into a tensor of its own: the gathered
-    local view may not be modified in place, and a CNN's ReLU(inplace=True) follows it."""
-
-    @staticmethod
-    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
-        return ColwiseParallel._prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh).clone()
-
-
-class _Conv1DColwise(ColwiseParallel):
-    """ColwiseParallel for Conv1D, whose output columns are dim 1 of its (in, out) weight. The
-    Conv1D stays (rather than a Linear with the weight transposed) so the parameter keeps its
-    layout and path; its `addmm(bias, x, W)` runs on DTensors (x Replicate, W Shard(1), bias
-    Shard(0) -> Shard(1)). `order` first permutes the output columns (GPT-2's fused QKV)."""
-
-    def __init__(self, order: torch.Tensor | None = None):
-        super().__init__()
-        self.order = order
-
-    def _partition(self, name, module, mesh):
-        if name:  # distribute_module visits submodules too; Conv1D has none
-            return
-        weight, bias = module.weight.detach(), module.bias.detach()
-        if self.order is not None:
-            weight, bias = weight[:, self.order], bias[self.order]
-            module._tp_column_order = self.order  # full_parameters undoes it
-        for pname, value, placement in (("weight", weight, Shard(1)), ("bias", bias, Shard(0))):
-            dt = distribute_tensor(value.contiguous(), mesh, [placement], src_data_rank=self.src_data_rank)
-            grad = module._parameters[pname].requires_grad
-            module.register_parameter(pname, nn.Parameter(dt, requires_grad=grad))
-
-    def _apply(self, module, mesh):
-        return _distribute(self, module, mesh)
-
-
-class _Conv1DRowwise(RowwiseParallel):
-    """RowwiseParallel for Conv1D: input rows are dim 0 of its weight; the bias stays replicated
-    (DTensor adds it once to the partial sums)."""
-
-    def _partition(self, name, module, mesh):
-        if name:
-            return
-        for pname, placement in (("weight", Shard(0)), ("bias", Replicate())):
-            p = module._parameters[pname]
-            dt = distribute_tensor(p.detach(), mesh, [placement], src_data_rank=self.src_data_rank)
-            module.register_parameter(pname, nn.Parameter(dt, requires_grad=p.requires_grad))
-
-    def _apply(self, module, mesh):
-        self.desired_input_layouts = (Shard(-1),)
-        return _distribute(self, module, mesh)
-
-
-def _distribute(style, module, mesh):
-    """What ColwiseParallel / RowwiseParallel._apply do, with our partition of a Conv1D."""
-    prepare_input = partial(style._prepare_input_fn, style.input_layouts, style.desired_input_layouts)
-    prepare_output = partial(style._prepare_output_fn, style.output_layouts, style.use_local_output)
-    return distribute_module(module, mesh, style._partition, prepare_input, prepare_output)
-
-
-class _HeadSharded(ParallelStyle):
-    """Shards a per-head table (Swin's relative_position_bias_table, (positions, heads)) on its
-    head dim and lets the module's own forward index the local shard: a pre-hook shadows the
-    parameter with `to_local()` in the instance __dict__ (found before nn.Module.__getattr__), so
-    the gradient flows back into the DTensor. (Indexing the DTensor with a plain index tensor
-    would mix DTensor and Tensor, which DTensor refuses.)"""
-
-    def __init__(self, name: str, dim: int):
-        super().__init__()
-        self.name, self.dim = name, dim
-
-    def _apply(self, module, mesh):
-        p = module._parameters[self.name]
-        dt = distribute_tensor(p.detach(), mesh, [Shard(self.dim)], src_data_rank=self.src_data_rank)
-        module._parameters[self.name] = nn.Parameter(dt, requires_grad=p.requires_grad)
-        module.register_forward_pre_hook(self._shadow)
-        module.register_forward_hook(self._unshadow)
-        return module
-
-    def _shadow(self, mod, args) -> None:
-        mod.__dict__[self.name] = mod._parameters[self.name].to_local()
-
-    def _unshadow(self, mod, args, out) -> None:  # returns None: the output stays the module's
-        mod.__dict__.pop(self.name, None)
 
 
 class _LocalHeadBias:
@@ -235,7 +150,7 @@ def _plan_attention(path: str, mod: nn.Module, found, tp: int, plan: _Plan, cove
         c = width // tp
         order = torch.cat([torch.arange(s * width + r * c, s * width + (r + 1) * c)
                            for r in range(tp) for s in range(3)]) if width % tp == 0 else None
-        styles = {cols[0]: _Conv1DColwise(order), row: _Conv1DRowwise()}
+        styles = {cols[0]: Conv1DColwise(order), row: Conv1DRowwise()}
     else:
         heads, kv = _out(first) // head_dim, _out(mod.get_submodule(cols[1])) // head_dim
         styles = {c: ColwiseParallel() for c in cols} | {row: RowwiseParallel()}
@@ -246,7 +161,7 @@ def _plan_attention(path: str, mod: nn.Module, found, tp: int, plan: _Plan, cove
         if isinstance(sub, nn.Embedding) and sub.embedding_dim == heads:  # T5's relative_attention_bias
             styles[sub_path] = ColwiseParallel()  # weight Shard(1): each rank looks up its heads' bias
         elif isinstance(getattr(sub, "relative_position_bias_table", None), nn.Parameter):  # Swin
-            styles[sub_path] = _HeadSharded("relative_position_bias_table", 1)
+            styles[sub_path] = HeadSharded("relative_position_bias_table", 1)
     for name, p in mod.named_parameters():
         owner = name.rpartition(".")[0]
         _check(p.dim() < 2 or any(owner == s or owner.startswith(s + ".") for s in styles),
@@ -311,8 +226,8 @@ def _plan(layer: nn.Module, tp: int) -> _Plan:
             subs = [_child(mod, n) for n in (*firsts, second)]
             if all(isinstance(s, nn.Linear) or _is_conv1d(s) for s in subs):
                 conv = _is_conv1d(subs[0])
-                styles = {f: (_Conv1DColwise() if conv else ColwiseParallel()) for f in firsts}
-                styles[second] = _Conv1DRowwise() if conv else RowwiseParallel()
+                styles = {f: (Conv1DColwise() if conv else ColwiseParallel()) for f in firsts}
+                styles[second] = Conv1DRowwise() if conv else RowwiseParallel()
                 for sub, style in styles.items():
                     _check_width(_where(mod, path, sub), mod.get_submodule(sub), style, tp)
                 _add(path, mod, styles, plan, covered)
@@ -349,7 +264,7 @@ def _plan(layer: nn.Module, tp: int) -> _Plan:
     if not plan.styles and len(matrices) == 1 and isinstance(lone := matrices[0][1], nn.Linear):  # module docstring
         path = matrices[0][0]
         _check(lone.out_features % tp == 0, f"{_where(lone, path)}: {lone.out_features} outputs not divisible by {tp}")
-        plan.styles[path] = _GatheredColwise(output_layouts=Replicate())
+        plan.styles[path] = GatheredColwise(output_layouts=Replicate())
     return plan
 
 

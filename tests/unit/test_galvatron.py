@@ -9,7 +9,14 @@ import pytest
 
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.model import analytic_cost_model
-from paraplan.costs.strategy import data_rank, slice_gather_fraction, slice_gather_s, strategy_groups
+from paraplan.costs.strategy import (
+    data_rank,
+    layer_time,
+    slice_gather_fraction,
+    slice_gather_s,
+    strategy_groups,
+    strategy_links,
+)
 from paraplan.errors import FieldError
 from paraplan.hardware import load_cluster
 from paraplan.hardware.cluster import Cluster, NodeSpec
@@ -132,6 +139,34 @@ def test_the_simulator_adds_slice_gather_between_different_strategies(gpt2):
     work = plan_work(plan, cm).replicas[0][0]
     assert work.forward_s == pytest.approx(times(sdp, range(3))[0] + times(tp, range(3, n))[0] + f)
     assert work.backward_s == pytest.approx(times(sdp, range(3))[1] + times(tp, range(3, n))[1] + b)
+
+
+def test_a_stage_pays_the_slice_gather_from_the_previous_stage_s_last_layout(gpt2):
+    """The runtime regroups what a stage receives from the previous stage's last layout (runtime/
+    hybrid.py: `build_stage`'s `held`): the simulator prices it as within a stage."""
+    from paraplan.simulator.plan_work import plan_work
+
+    cm = analytic_cost_model(gpt2, _small_cluster())
+    n = gpt2.n_layers
+    dp, tp = LayerStrategy(dp=2), LayerStrategy(tp=2)
+
+    def stage_work(second):
+        stages = (Stage(LayerRange(0, 3), (0, 1), strategies=(dp,) * 3),
+                  Stage(LayerRange(3, n), (2, 3), strategies=(second,) * (n - 3)))
+        plan = Plan(model="gpt2-tiny", cluster="2x2", n_layers=n, global_batch=8, n_micro=2, schedule="1f1b",
+                    grad_sync="none", stages=stages)
+        return plan_work(plan, cm).replicas[0][1]
+
+    f, b = slice_gather_s(gpt2, 3, dp, tp, 4, cm.cluster.slowest_link((2, 3)))
+    assert f > 0 and b == 0  # each TP rank needs the whole micro-batch; the backward's DP slice is a cut
+    same, changed = stage_work(dp), stage_work(tp)
+    def forward(st):
+        links = strategy_links(cm.cluster, st, (2, 3))
+        return sum(layer_time(cm.compute(2), gpt2, i, st, 4, links["tp"], links["sdp"], cm.overlap_slowdown).forward_s
+                   for i in range(3, n)) + cm.overheads.action_s
+
+    assert changed.forward_s == pytest.approx(forward(tp) + f)
+    assert same.forward_s == pytest.approx(forward(dp))  # the same layout on both sides: nothing to regroup
 
 
 def test_the_inner_most_dimension_gets_the_fast_links(gpt2):

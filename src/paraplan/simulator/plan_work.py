@@ -198,12 +198,14 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
             # zero-bubble's W: the share of the layer's backward (its communication included) that
             # is the weights' gradients (an approximation: TP's all-reduce belongs to I)
             weight_grad += t.backward_s * weight_grad_fraction(cm.model, i, micro / st.data_degree)
-            if i > stage.layers.start:
-                before = stage.strategy(i - 1)
-                if before != st:
-                    f, b = slice_gather_s(cm.model, i, before, st, micro, group_link)
-                    fwd += f
-                    bwd += b
+            # Slice-Gather from the previous layer's layout: in the stage, or at its start from the
+            # previous stage's last layer (runtime/hybrid.py regroups what it receives)
+            before = stage.strategy(i - 1) if i > stage.layers.start else \
+                plan.stages[s - 1].strategy(i - 1) if s > 0 and plan.stages[s - 1].layers.stop == i else st
+            if before != st:
+                f, b = slice_gather_s(cm.model, i, before, st, micro, group_link)
+                fwd += f
+                bwd += b
             # the gradients' group: dp, or dp x cp with context parallelism (strategy_groups)
             per_layer.append((t.grad_allreduce_bytes, t.backward_s, st.dp * st.cp,
                               strategy_groups(st, stage.devices)["dp"], st.zero))

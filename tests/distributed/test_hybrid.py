@@ -210,7 +210,8 @@ def test_a_cnn_s_classifier_runs_column_parallel_as_predicted(two_ranks):
     for rank in (0, 1):
         measured = json.loads((Path(config.out_dir) / f"memory_rank{rank}.json").read_text())
         assert measured["params"] == conv + fc // 2, rank
-        assert measured["activations"] <= 1.25 * predicted.activation_bytes, (rank, measured, predicted)
+        assert 0.5 * predicted.activation_bytes <= measured["activations"] <= 1.25 * predicted.activation_bytes, \
+            (rank, measured, predicted)
 
 
 def test_two_torchrun_nodes_run_a_hybrid_plan_like_one_process(tmp_path):

@@ -71,6 +71,17 @@ def test_exposed_communication_matches_a_sweep_and_the_parts_add_up(model, clust
     assert split.n_used == len(sim.devices)
 
 
+def test_an_asynchronous_pipeline_s_parts_add_up_to_its_steady_state():
+    """async-1f1b's iteration is the steady state's period; its timeline also holds the ramps, whose
+    exposed transfers the steady state hides: no device is charged more than its iteration leaves."""
+    w = workload("alexnet", "bipartition-7vm?nodes=2", batch=56)
+    plan = replace(make_plan(w.request, "pipedream-layerwise"), schedule="async-1f1b", prediction=None, search=None)
+    split = simulate_plan(plan, w.request.costs).split
+    assert split.n_used == 2 and split.exposed_comm_s > 0
+    raw_idle = split.iteration_s - split.compute_s - split.exposed_comm_s - split.after_s
+    assert raw_idle >= -1e-9 * split.iteration_s
+
+
 def test_a_one_device_plan_has_no_communication_and_the_others_idle():
     w = workload("gpt2-tiny", "galvatron-8xtitan", batch=8, seq_len=128)
     pipeline = make_plan(w.request, "even")

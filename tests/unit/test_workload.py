@@ -62,3 +62,17 @@ def test_an_operator_profile_of_another_model_is_refused(tmp_path):
     w = workload("lenet-5", "local")
     with pytest.raises(ParaplanError, match="an operator profile of gpt2-tiny, not lenet-5$"):
         cost_model(w.spec, w.cluster, profile=path)
+
+
+def test_an_operator_profile_with_a_negative_time_is_refused(tmp_path):
+    """Split parts of an operator must never cost less than the whole (planners/bound.py's operator
+    family relies on it): a negative fixed time would make them."""
+    import json
+
+    from paraplan.profiling.operator_file import FORMAT_VERSION, KIND, read_operator_profile
+
+    path = tmp_path / "ops.json"
+    path.write_text(json.dumps({"kind": KIND, "format_version": FORMAT_VERSION, "model": "lenet-5",
+                                "device_name": "cpu", "seconds": {"conv1": [-1e-4, 2e-5]}}))
+    with pytest.raises(ParaplanError, match=r"seconds\['conv1'\]: expected \[fixed_s, per_sample_s\], two seconds >= 0"):
+        read_operator_profile(path)

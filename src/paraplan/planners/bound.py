@@ -85,7 +85,7 @@ class LowerBound:
         if self.binding == "operators":
             return (f"an operator placement's least work ({self.operator_work_s * 1e3:.4g} device-ms, every operator "
                     f"whole on its fastest device, as the simulator prices operators) spread over {self.n_devices} "
-                    f"devices, below the layers' {self.work_s * 1e3:.4g} device-ms")
+                    f"devices, below the layers' bound (their least work: {self.work_s * 1e3:.4g} device-ms)")
         return (f"the least forward + backward work ({self.work_s * 1e3:.4g} device-ms, every layer at its cheapest "
                 f"piece size) spread over {self.n_devices} devices")
 
@@ -106,7 +106,7 @@ def lower_bound(cm: CostModel, batch: int) -> LowerBound:
     work = float(per_batch[0].min(axis=1).sum())  # per layer, the cheapest device kind and piece size
     work_s = work / n
     memory_s, micro = _memory_bound(cm, batch, sizes, per_batch)
-    operator_work = _operator_work(cm, batch) if _operators_fit(cm, batch) else np.inf
+    operator_work = _operator_work(cm, batch)
     # the layers' family: the work bound, or the memory term where it adds something worth naming
     # (a tenth of a percent)
     if np.isfinite(memory_s) and memory_s > work_s * (1 + 1e-3):
@@ -125,10 +125,17 @@ def lower_bound(cm: CostModel, batch: int) -> LowerBound:
 def _operator_work(cm: CostModel, batch: int) -> float:
     """W_op (module docstring): every operator of the whole batch on its fastest device, priced as
     the simulator's operator placements are (costs/op_costs.py, the measured profile where the
-    cost model has one)."""
+    cost model has one); inf where no placement fits or none can be priced (a profile that lacks
+    operators: the simulator refuses those placements too)."""
     from paraplan.costs.op_costs import op_seconds_per_device
+    from paraplan.errors import ParaplanError
 
-    seconds = op_seconds_per_device(cm.operators, cm.cluster, batch, getattr(cm, "operator_profile", None))
+    if not _operators_fit(cm, batch):
+        return np.inf
+    try:
+        seconds = op_seconds_per_device(cm.operators, cm.cluster, batch, getattr(cm, "operator_profile", None))
+    except ParaplanError:
+        return np.inf
     return float(seconds.min(axis=1).sum())
 
 

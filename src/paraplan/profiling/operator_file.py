@@ -55,9 +55,12 @@ def read_operator_profile(path: str | Path) -> OperatorProfile:
             raise OperatorProfileError(f"{path}: missing field {key!r}")
     seconds = {}
     for name, pair in d["seconds"].items():
+        # times are never negative (the profiler clamps its fits): a negative fixed time would make
+        # an operator's split parts cheaper than the whole, which the lower bound relies on not being
         ok = (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, (int, float)) for x in pair)
-              and all(math.isfinite(x) for x in pair))
+              and all(math.isfinite(x) and x >= 0 for x in pair))
         if not ok:
-            raise OperatorProfileError(f"{path}: seconds[{name!r}]: expected [fixed_s, per_sample_s], got {pair!r}")
+            raise OperatorProfileError(f"{path}: seconds[{name!r}]: expected [fixed_s, per_sample_s], two seconds "
+                                       f">= 0, got {pair!r}")
         seconds[name] = (float(pair[0]), float(pair[1]))
     return OperatorProfile(model=str(d["model"]), device_name=str(d["device_name"]), seconds=seconds)

@@ -418,8 +418,9 @@ def _bound_section(result, ranked: list, best) -> str:
                f"recomputation; the least work then takes {fmt_time(b.memory_s)} spread over the devices."
                if getattr(b, "binding", "work") == "memory" else "")
             + (f" Operator placements are priced per operator, and their least work, every operator of the whole "
-               f"batch on its fastest device, is less: {fmt_time(b.operator_work_s)} of device time, so the bound "
-               f"is that spread over the devices." if getattr(b, "binding", "work") == "operators" else "") + "</p>")
+               f"batch on its fastest device, {fmt_time(b.operator_work_s)} of device time, spread over the "
+               f"devices is below that: it is the bound." if getattr(b, "binding", "work") == "operators" else "")
+            + "</p>")
     if not ranked:
         return text
     return text + _img(_bound_figure(ranked, b.iteration_s, best), "every feasible plan against the lower bound")

@@ -5,7 +5,8 @@ Activations are counted the way the profiler counts them (models/measure.py, pro
 a `saved_tensors_hooks` pack hook sees every tensor autograd saves (and hands autograd a detached
 alias of it, whose lifetime is followed: see `_pack`); parameters are left out (an
 FSDP2-gathered weight is a Parameter too: the planner counts it as a gather buffer, not as an
-activation), and each storage counts once. Here the hook also follows each storage until it is
+activation; a TP weight's local shard by its storage. Not yet: a layer both SDP and TP, whose
+gathered local shard is neither, counts as activations), and each storage counts once. Here the hook also follows each storage until it is
 freed (a weak reference's finalizer), so the peak over the schedule is the most bytes alive at
 once with several micro-batches in flight. A checkpointed layer keeps its input: the non-reentrant
 checkpoint saves it under its own hook, so `StrategyLayer` reports it here (`note_checkpoint_input`).

@@ -255,8 +255,8 @@ def _plan(layer: nn.Module, tp: int) -> _Plan:
             _check(heads % tp == 0, f"{where}: {_heads(heads)} not divisible by {tp}")
             plan.t5_owner = mod._bias_owner.module
         else:
-            # other Linears (Swin's patch merging, BERT's head transform) and embedding tokens
-            # (ViT's cls token and position embeddings) stay replicated; other matrices are unknown
+            # other Linears beside a plan (BERT's head transform) and embedding tokens (ViT's cls
+            # token) stay replicated; a lone one (Swin's patch merging, a CNN's classifier) below
             own = [n for n, p in mod.named_parameters(recurse=False) if p.dim() >= 2]
             known = isinstance(mod, nn.Linear) or _is_conv1d(mod) or "embedding" in type(mod).__name__.lower()
             _check(known or not own, f"{where}: parameter '{own[0] if own else ''}' has no TP plan")

@@ -71,7 +71,9 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulat
         for d in stage.devices:
             drawn = lead if lead is not None else d
             per_device[d] = busy[drawn] / spans
-            per_device_exposed[d] = exposed.get(drawn, 0.0) / spans
+            # async-1f1b: the timeline's ramps expose transfers that the steady state hides; no device
+            # waits on communication longer than its iteration leaves it
+            per_device_exposed[d] = min(exposed.get(drawn, 0.0) / spans, max(0.0, iteration - after - per_device[d]))
     stats = tuple(DeviceStats(d, float(b), float(max(0.0, iteration - b))) for d, b in sorted(per_device.items()))
     reason = out_of_memory_reason(memory)
     prediction = Prediction(iteration_s=iteration, throughput_samples_per_s=plan.global_batch / iteration,

@@ -117,7 +117,7 @@ def stage_counts(request: PlanRequest) -> tuple[tuple[int, ...], str]:
     """The pipeline degrees searched, and a note where the request's stage count is not kept (as
     Galvatron's variants: space.py `held_stage_count`)."""
     layers = request.costs.model.n_layers
-    degrees = pp_degrees(usable_devices(request), layers) + wider_pp_degrees(request.n_devices, layers)
+    degrees = tuple(sorted(pp_degrees(usable_devices(request), layers) + wider_pp_degrees(request.n_devices, layers)))
     return held_stage_count(request, degrees, "megatron-grid")
 
 

@@ -69,7 +69,7 @@ def _pp_choices(request: PlanRequest, variant: Variant) -> tuple[tuple[int, ...]
     elif variant.pp == "all":
         allowed = (pp_degrees(n, layers)[-1],)
     else:  # on a cluster that is not a power of two, also the degrees that use more of it
-        allowed = pp_degrees(n, layers) + wider_pp_degrees(request.n_devices, layers)
+        allowed = tuple(sorted(pp_degrees(n, layers) + wider_pp_degrees(request.n_devices, layers)))
     if variant.pp == "all" and request.n_stages in pp_degrees(n, layers) and not request.exact_stages:
         return (request.n_stages,), ""
     return held_stage_count(request, allowed, variant.name)
@@ -259,8 +259,8 @@ def galvatron_plan(request: PlanRequest, variant: Variant, options: dict, judge:
         + ((("schedules_judged", judged), ("schedule_runner_up", runner_up)) if judged else ())
     used = len(set(plan.devices))
     if used < request.n_devices and (usable_devices(request) < request.n_devices or not request.exact_stages):
-        note = "; ".join(x for x in (f"{variant.name}: uses {used} of {request.n_devices} devices (power-of-two "
-                                     "groups, §III-B)", note) if x)
+        note = "; ".join(x for x in (f"{variant.name}: uses {used} of {request.n_devices} devices (stages of "
+                                     "power-of-two groups, at most one a layer, §III-B)", note) if x)
     return replace(plan, prediction=prediction, search=SearchInfo(planner=variant.name, search_s=time.perf_counter() - t0,
                                                                   options=opts, note=note))
 

@@ -186,13 +186,13 @@ def more_micro_counts(request, batch: int, n_stages: int, tried: tuple[int, ...]
 
 def micro_counts(request, batch: int, n_stages: int) -> tuple[int, ...]:
     """Micro-batch counts tried (Init_Microbatch_Num): the request's, else 1 without a pipeline and
-    P, 2P, 4P with one (those that divide the batch; for a degree beyond the paper's, the next
+    P, 2P, 4P with one (those that divide the batch; for a degree that is not a power of two, the next
     counts that do)."""
     if request.n_micro:
         return (request.n_micro,) if batch % request.n_micro == 0 else ()
     if n_stages == 1:
         return (1,)
-    if not is_power_of_two(n_stages):  # a wider degree (`wider_pp_degrees`): the batch's next divisors
+    if not is_power_of_two(n_stages):  # a wider degree or a count exact_stages holds: the next divisors
         # P, 2P, 4P rarely divide a batch of powers of two (3 stages, batch 56: none), so each
         # stands for the smallest count at least as large that does (4, 7, 14)
         return tuple(sorted({next(d for d in range(m, batch + 1) if batch % d == 0)
@@ -213,8 +213,8 @@ def held_stage_count(request, allowed: tuple[int, ...], name: str) -> tuple[tupl
         return (request.n_stages,), ""
     if request.n_stages in allowed:
         return (request.n_stages,), ""
-    return allowed, (f"{name}: {' or '.join(map(str, allowed))} pipeline stage(s) on {usable_devices(request)} "
-                     f"devices (power-of-two degrees, at most one stage per layer), not {request.n_stages}; "
+    return allowed, (f"{name}: {' or '.join(map(str, allowed))} pipeline stage(s) on {request.n_devices} "
+                     f"devices (Galvatron's degrees, at most one stage per layer), not {request.n_stages}; "
                      f"exact_stages forces {request.n_stages}")
 
 
@@ -233,9 +233,9 @@ def wider_pp_degrees(n_devices: int, n_layers: int) -> tuple[int, ...]:
     cluster whose device count is not a power of two, the degrees P whose stages of power-of-two
     groups (`stage_group`) use more of its devices than any smaller degree does, P x g > the
     largest power of two. On Bi-Partition's 7 VMs: 3 stages of 2 VMs (6) and 7 of 1, where the
-    paper's degrees use 4; AlexNet there: 2.80 s in 3 stages of DP2 / TP2 layers against 3.36 s for
-    the best plan on 4 or 7 (benchmarks/bound_gap.py's request). At most log2(n) more degrees; none
-    on a power-of-two cluster, where the search is the paper's."""
+    paper's degrees use 4; AlexNet there: Galvatron 3.16 s in 3 stages of DP2 / TP2 layers against
+    4.45 s on 4 VMs (CSIMD's 7 stages: 3.36 s; benchmarks/bound_gap.py's request). At most log2(n)
+    more degrees; none on a power-of-two cluster, where the search is the paper's."""
     most = 2 ** (n_devices.bit_length() - 1)
     out = []
     for p in range(3, min(n_devices, n_layers) + 1):

@@ -38,7 +38,11 @@ def test_plan_with_one_planner_and_simulate(tmp_path):
                       "prediction", "reason", "search"}
     s = _json("simulate", str(out))
     assert set(s) == {"bubble_fraction", "cost_source", "devices", "feasible", "iteration_s", "memory",
-                      "memory_at_peak", "precision", "reason", "throughput_samples_per_s"}
+                      "memory_at_peak", "precision", "reason", "throughput_samples_per_s", "time_split"}
+    split = s["time_split"]  # the parts add up to the iteration (simulator/time_split.py)
+    assert split["compute_s"] + split["exposed_comm_s"] + split["after_s"] + split["idle_s"] == \
+        pytest.approx(s["iteration_s"], rel=1e-9)
+    assert 0 <= split["exposed_sync_s"] <= split["exposed_comm_s"]
     assert s["cost_source"] == d["prediction"]["cost_source"]
     assert s["cost_source"].startswith("this machine, calibrated on ")  # the suite's cached calibration
     assert s["iteration_s"] == pytest.approx(d["prediction"]["iteration_s"], rel=1e-12)

@@ -32,23 +32,28 @@ def test_union_length_is_the_measure_of_the_union():
         assert union_length(start, end) == pytest.approx(covered.sum())
 
 
-def _sweep_exposed(timeline, device: int) -> float:
+def _sweep_exposed(timeline, device: int) -> tuple[float, float]:
     """Brute force: between consecutive endpoints of the device's intervals, the stretch counts when
-    some communication lane of the device is busy and its compute lane is not."""
-    compute, comm = [], []
+    some communication lane of the device is busy and its compute lane is not (and, second, when
+    one of those is a collective)."""
+    compute, comm, collective = [], [], []
     for i in range(len(timeline.start)):
         lanes = ([int(timeline.device[i])] if timeline.type[i] == COMPUTE else
                  [int(timeline.device[i]), int(timeline.peer[i])] if timeline.groups[i] is None else
                  [int(d) for d in timeline.groups[i]])
         if device in lanes:
-            (compute if timeline.type[i] == COMPUTE else comm).append((timeline.start[i], timeline.end[i]))
+            interval = (timeline.start[i], timeline.end[i])
+            (compute if timeline.type[i] == COMPUTE else comm).append(interval)
+            if timeline.groups[i] is not None:
+                collective.append(interval)
     points = sorted({t for iv in compute + comm for t in iv})
-    total = 0.0
+    total = synced = 0.0
     for a, b in zip(points, points[1:], strict=False):
         mid = (a + b) / 2
         if any(s <= mid < e for s, e in comm) and not any(s <= mid < e for s, e in compute):
             total += b - a
-    return total
+            synced += (b - a) if any(s <= mid < e for s, e in collective) else 0.0
+    return total, synced
 
 
 @pytest.mark.parametrize("model,cluster,batch,planner", [
@@ -64,7 +69,8 @@ def test_exposed_communication_matches_a_sweep_and_the_parts_add_up(model, clust
     drawn = sorted({int(d) for d in timeline.device})
     exposed = exposed_comm(timeline)
     for d in drawn:
-        assert exposed.get(d, 0.0) == pytest.approx(_sweep_exposed(timeline, d), abs=1e-12)
+        assert exposed.get(d, (0.0, 0.0)) == pytest.approx(_sweep_exposed(timeline, d), abs=1e-12)
+    assert 0 <= split.exposed_sync_s <= split.exposed_comm_s
     raw_idle = split.iteration_s - split.compute_s - split.exposed_comm_s - split.after_s
     assert raw_idle >= -1e-9 * split.iteration_s  # nothing counted twice
     assert split.compute_s == pytest.approx(sum(s.busy_s for s in sim.devices) / w.request.costs.cluster.n_devices)

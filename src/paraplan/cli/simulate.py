@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 from paraplan.cli.args import JSON_HELP, add_sizes, check_output
 from paraplan.cli.ui import BARS, pure_work
@@ -145,6 +146,8 @@ def _print(args, sim, cluster, compared=None) -> None:
         out = plan_to_dict(sim.plan)["prediction"]
         out.update(bubble_fraction=sim.bubble_fraction, precision=str(sim.plan.precision),
                    devices=[{"device": d.device, "busy_s": d.busy_s, "idle_s": d.idle_s} for d in sim.devices],
+                   # where the iteration goes, per device over the cluster (simulator/time_split.py)
+                   time_split={**asdict(sim.split), "idle_s": sim.split.idle_s},
                    # what each stage's devices hold at their peak, by category, heaviest first (layer plans)
                    memory_at_peak=memory_at_peak(sim))
         if compared is not None:
@@ -165,6 +168,8 @@ def _print(args, sim, cluster, compared=None) -> None:
         console().print(simulation_table(sim, cluster))
         if sim.memory:
             console().print(memory_table(sim))
+    console().print(f"where the {sim.prediction.iteration_s * 1e3:.4g} ms go, per device on average: "
+                    f"{sim.split.describe()}")
     from paraplan.cli.machine import costs_line
 
     console().print(costs_line(sim.prediction.cost_source))

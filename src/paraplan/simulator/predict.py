@@ -73,7 +73,8 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulat
             per_device[d] = busy[drawn] / spans
             # async-1f1b: the timeline's ramps expose transfers that the steady state hides; no device
             # waits on communication longer than its iteration leaves it
-            per_device_exposed[d] = min(exposed.get(drawn, 0.0) / spans, max(0.0, iteration - after - per_device[d]))
+            room = max(0.0, iteration - after - per_device[d])
+            per_device_exposed[d] = tuple(min(x / spans, room) for x in exposed.get(drawn, (0.0, 0.0)))
     stats = tuple(DeviceStats(d, float(b), float(max(0.0, iteration - b))) for d, b in sorted(per_device.items()))
     reason = out_of_memory_reason(memory)
     prediction = Prediction(iteration_s=iteration, throughput_samples_per_s=plan.global_batch / iteration,

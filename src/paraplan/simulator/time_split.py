@@ -35,6 +35,14 @@ class TimeSplit:
     after_s: float  # after the schedule: the step's fixed cost, the optimizer, ZeRO-1/2's parameter all-gather
     n_devices: int
     n_used: int
+    exposed_sync_s: float = 0.0  # of exposed_comm_s, while a collective runs (gradient sync); the rest: sends
+
+    def describe(self) -> str:
+        """The split in words (`paraplan simulate`)."""
+        unused = f", {self.n_devices - self.n_used} of {self.n_devices} devices unused" if self.n_used < self.n_devices else ""
+        return (f"{self.compute_s * 1e3:.4g} ms compute, {_comm(self.exposed_comm_s, self.exposed_sync_s)}, "
+                f"{self.after_s * 1e3:.4g} ms after the schedule (step, optimizer, ZeRO gather), "
+                f"{self.idle_s * 1e3:.4g} ms idle (bubbles, imbalance{unused})")
 
     @property
     def idle_s(self) -> float:
@@ -53,11 +61,17 @@ def union_length(start: np.ndarray, end: np.ndarray) -> float:
     return float(np.maximum(0.0, e - np.maximum(s, previous)).sum())
 
 
-def exposed_comm(timeline: Timeline) -> dict[int, float]:
-    """Per device drawn in the timeline: seconds its transfer / collective lanes are busy while its
-    compute lane is idle."""
+def _comm(exposed_s: float, sync_s: float) -> str:
+    text = f"{exposed_s * 1e3:.4g} ms communication not hidden"
+    return text + (f" ({sync_s * 1e3:.4g} ms of it collectives: gradient sync)" if sync_s > 1e-12 else "")
+
+
+def exposed_comm(timeline: Timeline) -> dict[int, tuple[float, float]]:
+    """Per device drawn in the timeline: (seconds its transfer or collective lanes are busy while its
+    compute lane is idle, of those the seconds a collective is busy)."""
     compute: dict[int, list[int]] = {}
     comm: dict[int, list[int]] = {}
+    collective: dict[int, list[int]] = {}
     for i in range(len(timeline.start)):
         if timeline.type[i] == COMPUTE:
             compute.setdefault(int(timeline.device[i]), []).append(i)
@@ -67,22 +81,25 @@ def exposed_comm(timeline: Timeline) -> dict[int, float]:
         else:
             for d in timeline.groups[i]:
                 comm.setdefault(int(d), []).append(i)
-    out = {}
-    for d, tasks in comm.items():
-        mine = np.array(compute.get(d, []) + tasks, dtype=int)
-        computed = np.array(compute.get(d, []), dtype=int)
-        out[d] = (union_length(timeline.start[mine], timeline.end[mine])
-                  - union_length(timeline.start[computed], timeline.end[computed]))
-    return out
+                collective.setdefault(int(d), []).append(i)
+
+    def beyond_compute(d: int, tasks: list[int]) -> float:
+        mine, computed = np.array(compute.get(d, []) + tasks, dtype=int), np.array(compute.get(d, []), dtype=int)
+        return (union_length(timeline.start[mine], timeline.end[mine])
+                - union_length(timeline.start[computed], timeline.end[computed]))
+
+    return {d: (beyond_compute(d, tasks), beyond_compute(d, collective.get(d, []))) for d, tasks in comm.items()}
 
 
-def split_time(iteration_s: float, busy: dict[int, float], exposed: dict[int, float], after_s: float,
+def split_time(iteration_s: float, busy: dict[int, float], exposed: dict[int, tuple[float, float]], after_s: float,
                n_devices: int) -> TimeSplit:
     """The averages over `n_devices` of per-device busy and exposed seconds (devices the plan uses:
-    the keys of `busy`), with `after_s` paid by every device the plan uses."""
+    the keys of `busy`; `exposed`: (all, collectives) as `exposed_comm` gives them), with `after_s`
+    paid by every device the plan uses."""
     used = len(busy)
     return TimeSplit(iteration_s=iteration_s, compute_s=sum(busy.values()) / n_devices,
-                     exposed_comm_s=sum(exposed.get(d, 0.0) for d in busy) / n_devices,
+                     exposed_comm_s=sum(exposed.get(d, (0.0, 0.0))[0] for d in busy) / n_devices,
+                     exposed_sync_s=sum(exposed.get(d, (0.0, 0.0))[1] for d in busy) / n_devices,
                      after_s=after_s * used / n_devices, n_devices=n_devices, n_used=used)
 
 
@@ -96,6 +113,7 @@ class GapParts:
     bound_s: float  # the lower bound (planners/bound.py): the least compute any plan does, per device
     extra_compute_s: float  # computed beyond it: smaller pieces, TP collectives priced in the layers, recomputation
     exposed_comm_s: float  # transfers and collectives the compute does not hide
+    exposed_sync_s: float  # of those, while a collective runs (gradient sync)
     after_s: float  # the step's fixed cost, the optimizer, ZeRO-1/2's all-gather
     idle_s: float  # bubbles, stages waiting on one another, devices left unused
     n_used: int
@@ -105,15 +123,16 @@ class GapParts:
         """The parts in words, those of zero seconds left out."""
         unused = (f", {self.n_devices - self.n_used} of {self.n_devices} devices unused"
                   if self.n_used < self.n_devices else "")
-        parts = [(self.extra_compute_s, "more compute (smaller pieces, TP collectives, recomputation)"),
-                 (self.exposed_comm_s, "communication not hidden"),
-                 (self.after_s, "after the schedule (step, optimizer, ZeRO gather)"),
-                 (self.idle_s, f"idle (bubbles, imbalance{unused})")]
-        return ", ".join([f"{self.bound_s * 1e3:.4g} ms the bound"]
-                         + [f"{x * 1e3:.4g} ms {what}" for x, what in parts if abs(x) > 1e-12])
+        parts = [(self.extra_compute_s, f"{self.extra_compute_s * 1e3:.4g} ms more compute (smaller pieces, TP "
+                                        "collectives, recomputation)"),
+                 (self.exposed_comm_s, _comm(self.exposed_comm_s, self.exposed_sync_s)),
+                 (self.after_s, f"{self.after_s * 1e3:.4g} ms after the schedule (step, optimizer, ZeRO gather)"),
+                 (self.idle_s, f"{self.idle_s * 1e3:.4g} ms idle (bubbles, imbalance{unused})")]
+        return ", ".join([f"{self.bound_s * 1e3:.4g} ms the bound"] + [text for x, text in parts if abs(x) > 1e-12])
 
 
 def against_bound(split: TimeSplit, bound_s: float) -> GapParts:
     """The split beside the lower bound: its compute beyond the bound's, and the rest."""
     return GapParts(bound_s=bound_s, extra_compute_s=split.compute_s - bound_s, exposed_comm_s=split.exposed_comm_s,
-                    after_s=split.after_s, idle_s=split.idle_s, n_used=split.n_used, n_devices=split.n_devices)
+                    exposed_sync_s=split.exposed_sync_s, after_s=split.after_s, idle_s=split.idle_s,
+                    n_used=split.n_used, n_devices=split.n_devices)

@@ -39,10 +39,9 @@ class TimeSplit:
 
     def describe(self) -> str:
         """The split in words (`paraplan simulate`)."""
-        unused = f", {self.n_devices - self.n_used} of {self.n_devices} devices unused" if self.n_used < self.n_devices else ""
-        return (f"{self.compute_s * 1e3:.4g} ms compute, {_comm(self.exposed_comm_s, self.exposed_sync_s)}, "
-                f"{self.after_s * 1e3:.4g} ms after the schedule (step, optimizer, ZeRO gather), "
-                f"{self.idle_s * 1e3:.4g} ms idle (bubbles, imbalance{unused})")
+        rest = _beyond_compute(self.exposed_comm_s, self.exposed_sync_s, self.after_s, self.idle_s, self.n_used,
+                               self.n_devices)
+        return ", ".join([f"{self.compute_s * 1e3:.4g} ms compute"] + [text for _, text in rest])
 
     @property
     def idle_s(self) -> float:
@@ -61,9 +60,14 @@ def union_length(start: np.ndarray, end: np.ndarray) -> float:
     return float(np.maximum(0.0, e - np.maximum(s, previous)).sum())
 
 
-def _comm(exposed_s: float, sync_s: float) -> str:
-    text = f"{exposed_s * 1e3:.4g} ms communication not hidden"
-    return text + (f" ({sync_s * 1e3:.4g} ms of it collectives: gradient sync)" if sync_s > 1e-12 else "")
+def _beyond_compute(exposed_s: float, sync_s: float, after_s: float, idle_s: float, n_used: int,
+                    n_devices: int) -> list[tuple[float, str]]:
+    """(seconds, words) of what an iteration holds beside compute, as both splits say it."""
+    sync = f" ({sync_s * 1e3:.4g} ms of it collectives: gradient sync)" if sync_s > 1e-12 else ""
+    unused = f", {n_devices - n_used} of {n_devices} devices unused" if n_used < n_devices else ""
+    return [(exposed_s, f"{exposed_s * 1e3:.4g} ms communication not hidden{sync}"),
+            (after_s, f"{after_s * 1e3:.4g} ms after the schedule (step, optimizer, ZeRO gather)"),
+            (idle_s, f"{idle_s * 1e3:.4g} ms idle (bubbles, imbalance{unused})")]
 
 
 def exposed_comm(timeline: Timeline) -> dict[int, tuple[float, float]]:
@@ -121,13 +125,10 @@ class GapParts:
 
     def describe(self) -> str:
         """The parts in words, those of zero seconds left out."""
-        unused = (f", {self.n_devices - self.n_used} of {self.n_devices} devices unused"
-                  if self.n_used < self.n_devices else "")
         parts = [(self.extra_compute_s, f"{self.extra_compute_s * 1e3:.4g} ms more compute (smaller pieces, TP "
-                                        "collectives, recomputation)"),
-                 (self.exposed_comm_s, _comm(self.exposed_comm_s, self.exposed_sync_s)),
-                 (self.after_s, f"{self.after_s * 1e3:.4g} ms after the schedule (step, optimizer, ZeRO gather)"),
-                 (self.idle_s, f"{self.idle_s * 1e3:.4g} ms idle (bubbles, imbalance{unused})")]
+                                        "collectives, recomputation)")]
+        parts += _beyond_compute(self.exposed_comm_s, self.exposed_sync_s, self.after_s, self.idle_s, self.n_used,
+                                 self.n_devices)
         return ", ".join([f"{self.bound_s * 1e3:.4g} ms the bound"] + [text for x, text in parts if abs(x) > 1e-12])
 
 

@@ -44,14 +44,7 @@ import numpy as np
 
 from paraplan.costs.strategy import layer_time, strategy_links
 from paraplan.planners import progress
-from paraplan.planners.galvatron.space import (
-    even_partition,
-    held_stage_count,
-    pp_degrees,
-    stage_group,
-    usable_devices,
-    wider_pp_degrees,
-)
+from paraplan.planners.galvatron.space import even_partition, held_stage_count, pipeline_degrees, stage_group
 from paraplan.planners.request import BEST_SCHEDULE, Judge, PlanRequest
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Prediction, Recompute, Stage
 from paraplan.precision import is_mixed
@@ -116,9 +109,7 @@ def _recomputations(request: PlanRequest) -> tuple[str, ...]:
 def stage_counts(request: PlanRequest) -> tuple[tuple[int, ...], str]:
     """The pipeline degrees searched, and a note where the request's stage count is not kept (as
     Galvatron's variants: space.py `held_stage_count`)."""
-    layers = request.costs.model.n_layers
-    degrees = tuple(sorted(pp_degrees(usable_devices(request), layers) + wider_pp_degrees(request.n_devices, layers)))
-    return held_stage_count(request, degrees, "megatron-grid")
+    return held_stage_count(request, pipeline_degrees(request), "megatron-grid")
 
 
 def group_size(request: PlanRequest, n_stages: int) -> int:

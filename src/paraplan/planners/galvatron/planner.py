@@ -39,9 +39,9 @@ from paraplan.planners.galvatron.space import (
     VARIANTS,
     Variant,
     held_stage_count,
+    pipeline_degrees,
     pp_degrees,
     usable_devices,
-    wider_pp_degrees,
 )
 from paraplan.planners.request import (
     BEST_SCHEDULE,
@@ -69,7 +69,7 @@ def _pp_choices(request: PlanRequest, variant: Variant) -> tuple[tuple[int, ...]
     elif variant.pp == "all":
         allowed = (pp_degrees(n, layers)[-1],)
     else:  # on a cluster that is not a power of two, also the degrees that use more of it
-        allowed = tuple(sorted(pp_degrees(n, layers) + wider_pp_degrees(request.n_devices, layers)))
+        allowed = pipeline_degrees(request)
     if variant.pp == "all" and request.n_stages in pp_degrees(n, layers) and not request.exact_stages:
         return (request.n_stages,), ""
     return held_stage_count(request, allowed, variant.name)

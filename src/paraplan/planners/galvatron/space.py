@@ -228,6 +228,13 @@ def stage_group(n_devices: int, n_stages: int) -> int:
     return 2 ** ((n_devices // n_stages).bit_length() - 1)
 
 
+def pipeline_degrees(request) -> tuple[int, ...]:
+    """Every pipeline degree the family searches for `request`: the paper's powers of two over the
+    largest power of two of its devices, and the wider degrees beyond them, ascending."""
+    layers = request.costs.model.n_layers
+    return tuple(sorted(pp_degrees(usable_devices(request), layers) + wider_pp_degrees(request.n_devices, layers)))
+
+
 def wider_pp_degrees(n_devices: int, n_layers: int) -> tuple[int, ...]:
     """Beyond the paper (§III-B: a power-of-two device count, power-of-two pipeline degrees): on a
     cluster whose device count is not a power of two, the degrees P whose stages of power-of-two

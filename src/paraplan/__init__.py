@@ -18,3 +18,8 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     raise AttributeError(f"module 'paraplan' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """`dir(paraplan)` shows the API, which is imported lazily (`__getattr__`)."""
+    return sorted({*globals(), *__all__})

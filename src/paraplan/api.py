@@ -20,13 +20,53 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from paraplan.errors import FieldError, ParaplanError
 from paraplan.plans.plan import Plan
 
 
 def load_plan(path: str | Path) -> Plan:
     from paraplan.plans.plan_file import read_plan
 
+    if not isinstance(path, (str, Path)):
+        raise ApiArgumentError(f"load_plan: expected the path of a plan file, got {type(path).__name__}")
     return read_plan(path)
+
+
+class ApiArgumentError(ParaplanError, TypeError):
+    """A call the API cannot take (an unknown keyword, a value of the wrong kind): a ParaplanError,
+    as the command line's one-line refusals are, and a TypeError, as Python's own would be."""
+
+
+def _plan_of(plan_or_path, what: str) -> Plan:
+    if isinstance(plan_or_path, Plan):
+        return plan_or_path
+    if isinstance(plan_or_path, (str, Path)):
+        return load_plan(plan_or_path)
+    raise ApiArgumentError(f"{what}: expected a Plan or the path of a plan file, got {type(plan_or_path).__name__}")
+
+
+# the keywords every request takes (compare's and plan's **kw), as `_workload` names them
+REQUEST_KEYWORDS = ("memory", "stages", "micro_batches", "schedule", "profile", "seq_len", "image_size",
+                    "exact_stages", "options", "precision", "calibrate")
+
+
+def _check_request_keywords(kw: dict, what: str) -> None:
+    import difflib
+
+    for key in kw:
+        if key not in REQUEST_KEYWORDS:
+            close = difflib.get_close_matches(key, REQUEST_KEYWORDS, n=1)
+            raise ApiArgumentError(f"{what}() got an unexpected keyword {key!r}"
+                                   + (f"; did you mean {close[0]!r}?" if close else
+                                      f" (it takes {', '.join(REQUEST_KEYWORDS)})"))
+    options = kw.get("options")
+    if options is not None and not isinstance(options, dict):
+        raise FieldError("options", f"expected a dict of planner options, got {type(options).__name__}")
+
+
+def _check_time_limit(time_limit) -> None:
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0:
+        raise FieldError("time_limit", f"must be a positive number of seconds, got {time_limit!r}")
 
 
 def _limit_to_this_machine() -> None:
@@ -78,6 +118,8 @@ def compare(model: str, cluster: str, batch: int, *, time_limit: float = 60.0, p
     others "refused", with projections of them it can run; `paraplan plan --engine`)."""
     from paraplan.planners.auto import compare as run
 
+    _check_request_keywords(kw, "compare")
+    _check_time_limit(time_limit)
     if engine is not None:
         from paraplan.engines import check_engine
 
@@ -102,7 +144,7 @@ def export(plan_or_path: Plan | str | Path, to: str, out: str | Path | None = No
     from paraplan.engines import export as run
     from paraplan.system.fileio import atomic_write_text
 
-    plan = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
+    plan = _plan_of(plan_or_path, "export")
     csv_path = str(Path(out).with_suffix(".schedule.csv")) if out is not None else "schedule.csv"
     result = run(plan, to, schedule_csv_path=csv_path)
     if out is not None:
@@ -122,8 +164,8 @@ def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_li
     try_top=K (auto, on this machine: cluster "local" or a calibrated file of it): the K best
     predicted distinct plans run for real, `rounds` interleaved rounds of `steps` steps, and the
     measured best returned (`paraplan plan --try-top K`)."""
-    from paraplan.errors import ParaplanError
-
+    _check_request_keywords(kw, "plan")
+    _check_time_limit(time_limit)
     if planner == "auto":
         if try_top:
             from paraplan.hardware import load_cluster
@@ -171,7 +213,7 @@ def simulate(plan_or_path: Plan | str | Path, *, cluster: str | None = None, pro
     where one exists, measured now with calibrate=True)."""
     from paraplan.simulator.predict import simulate_plan
 
-    p = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
+    p = _plan_of(plan_or_path, "simulate")
     request = _request(p.model, cluster or p.cluster, p.global_batch, operators=p.schedule == "dag", profile=profile,
                        precision=p.precision, calibrate=calibrate)
     return simulate_plan(p, request.costs)
@@ -181,13 +223,21 @@ def train(plan_or_path: Plan | str | Path, *, steps: int = 3, nproc: int | None 
     """Run the plan for real on local gloo processes (one per device); returns {"losses", "step_s",
     "out_dir"}. `config`: TrainConfig's fields (optimizer, lr, clip_norm, dropout, seed, data,
     data_dtype, ...); data="train.bin" or "samples.npz" trains on real data (docs/runtime.md)."""
+    import dataclasses
     import json
 
     from paraplan.runtime.compare import step_times
     from paraplan.runtime.launch import launch_checked
     from paraplan.runtime.rank_base import TrainConfig
 
-    p = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
+    p = _plan_of(plan_or_path, "train")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"plan", "steps", "out_dir"}
+    unknown = sorted(set(config) - fields)
+    if unknown:
+        raise ApiArgumentError(f"train() got an unexpected keyword {unknown[0]!r} (it takes steps, nproc, out_dir "
+                               f"and TrainConfig's {', '.join(sorted(fields))})")
+    if nproc is not None and (isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1):
+        raise FieldError("nproc", f"must be a positive whole number of ranks, got {nproc!r}")
     cfg = TrainConfig(plan=p, model=config.pop("model", p.model), steps=steps,
                       out_dir=None if out_dir is None else str(out_dir), **config)
     out = launch_checked(cfg, nproc)  # a temporary directory when none is given

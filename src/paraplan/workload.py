@@ -19,7 +19,7 @@ command line's progress bar and spinners); by default nothing is shown.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -82,13 +82,16 @@ def measured_model(reference: str, *, seq_len: int | None = None, image_size: in
     a plan in `precision` runs it (mixed precision: under autocast's casts), its scaled-dot-product
     attention kept as `attention` says (`attention_kernel`)."""
     from paraplan.models import measure, source
+    from paraplan.models.failures import MEASURE_ADVICE, model_step
 
     if watch is None:
         built = source.build(reference, device="meta", seq_len=seq_len, image_size=image_size, layers=layers)
         return built, measure.measure(built, precision=precision, attention=attention)
     with watch.measuring(reference):
         built = source.build(reference, device="meta", seq_len=seq_len, image_size=image_size, layers=layers)
-        with watch.progress(f"measuring {built.name} on meta", 2 * measure.count_layers(built)) as advance:
+        with model_step(built.ref, "cutting it into layers", MEASURE_ADVICE):
+            n_layers = len(built.layers())
+        with watch.progress(f"measuring {built.name} on meta", 2 * n_layers) as advance:
             return built, measure.measure(built, progress=advance, precision=precision, attention=attention)
 
 
@@ -117,10 +120,12 @@ def attention_here() -> str:
 def operator_graph(built: BuiltModel, *, optional: bool = False, watch: Watch | None = None) -> OpGraph | None:
     """The operator graph of one training iteration, traced on meta (models/op_trace.py). A model
     that cannot be traced raises, or with `optional` gives None."""
+    from paraplan.models.failures import TRACE_ADVICE, model_step
     from paraplan.models.op_trace import build_op_graph
 
     try:
-        with watch.tracing(built) if watch is not None else contextlib.nullcontext():
+        with watch.tracing(built) if watch is not None else contextlib.nullcontext(), \
+                model_step(built.ref or built.name, "tracing its operator graph on the meta device", TRACE_ADVICE):
             return build_op_graph(built)
     except ParaplanError:
         if not optional:
@@ -165,8 +170,6 @@ def cost_model(spec: ModelSpec, cluster: Cluster, *, profile: str | Path | None 
             return analytic_cost_model(spec, cluster, operator_profile=measured, **kwargs)
 
         kwargs.pop("source")
-        from dataclasses import replace
-
         costs = profile_cost_model(spec, cluster, read_profile(profile), **kwargs)
         return replace(costs, source=f"profile {profile} (measured on {costs.source.removeprefix('profile:')})")
     return analytic_cost_model(spec, cluster, **kwargs)
@@ -216,13 +219,16 @@ def sequence_parallel_layers(built: BuiltModel, cluster: Cluster, precision: str
 
 
 def tensor_parallel_layers(built: BuiltModel, cluster: Cluster, precision: str) -> frozenset | None:
-    """In mixed precision: the (layer, tp degree) pairs the runtime runs tensor parallel
-    (PlanRequest.tensor_parallel); in fp32, None: the papers' planners plan TP on every layer, as
-    the papers' systems ran it."""
+    """In mixed precision, and for every model outside the zoo: the (layer, tp degree) pairs the
+    runtime runs tensor parallel (PlanRequest.tensor_parallel); for the zoo's models in fp32, None:
+    the papers' planners plan TP on every layer, as the papers' systems ran it. A user's block that
+    paraplan's TP cannot shard is never planned with TP (issue 46: it ran replicated, at twice the
+    predicted states)."""
+    from paraplan.models import ref as refs
     from paraplan.precision import is_mixed
     from paraplan.runtime.tensor_parallel import tensor_parallel_support
 
-    if not is_mixed(precision):
+    if not is_mixed(precision) and refs.parse(built.ref).kind == refs.ZOO:
         return None
     return tensor_parallel_support(built.layers(), min(cluster.n_devices, 64))
 
@@ -254,9 +260,11 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
     costs = cost_model(spec, loaded, profile=profile, operators=graph, precision=precision, **extra)
     request = None
     if batch is not None:
+        tensor_parallel = tensor_parallel_layers(built, loaded, precision)
+        costs = replace(costs, tensor_parallel=tensor_parallel)  # the simulator refuses TP elsewhere
         request = plan_request(costs, model_name=built.ref, cluster_name=name, batch=batch, memory=memory,
                                stages=stages, micro_batches=micro_batches, schedule=schedule,
                                exact_stages=exact_stages, options=options,
                                sequence_parallel=sequence_parallel_layers(built, loaded, precision),
-                               tensor_parallel=tensor_parallel_layers(built, loaded, precision))
+                               tensor_parallel=tensor_parallel)
     return Workload(built=built, spec=spec, cluster=loaded, costs=costs, operators=graph, request=request)

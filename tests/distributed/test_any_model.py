@@ -1,5 +1,6 @@
 """Models the rest of the tests never use — Qwen2, Mistral and OPT from transformers configs, and an
-MLP-mixer written as a plain nn.Module — all the way through plan -> simulate -> train on 2 gloo
+MLP-mixer written as a plain nn.Module, a module reading a parameter of its own root and one without
+targets — all the way through plan -> simulate -> train on 2 gloo
 ranks, against one process: losses and every updated parameter after 3 steps within 1e-5.
 
 Parameters whose gradient is zero up to rounding (an attention key bias: softmax ignores a
@@ -31,6 +32,10 @@ MODELS = {
     "mistral": f"hf:mistral?{SMALL}&num_key_value_heads=2",
     "opt": "hf:opt?num_hidden_layers=4&hidden_size=64&num_attention_heads=4&ffn_dim=128&vocab_size=512&seq_len=32",
     "mixer": f"{DATA / 'mixer.py'}:build",
+    # issue 46: a parameter and a buffer read by the root module's forward, and a module without
+    # targets (trained on the mean of its outputs, the last pipeline stage included)
+    "root-param": f"{DATA / 'root_param.py'}:build",
+    "no-targets": f"{DATA / 'no_targets.py'}:build",
 }
 
 

@@ -96,14 +96,24 @@ def test_torchtitan_refuses_what_its_trainer_refuses_at_start_up(tiny):
 def test_torchtitan_refuses_1f1b_with_fewer_micro_batches_than_stages_and_names_every_layer(tiny):
     few = plan_of(tiny, [stage(0, 3, (0,)), stage(3, 6, (1,))], n_micro=1, batch=4)
     assert "1F1B with 1 micro-batches on 2 pipeline ranks" in refusal(few, "torchtitan", tiny)
-    # a model without transformer blocks: every layer keeps a name (none dropped from a stage)
-    vgg = model_shape("vgg-tiny")
-    n = len(vgg.kinds)
-    cnn = Plan(model="vgg-tiny", cluster="x", n_layers=n, global_batch=16, n_micro=2, schedule="1f1b",
-               stages=(stage(0, n // 2, (0,)), stage(n // 2, n, (1,))))
-    text = export(cnn, "torchtitan", vgg).text.splitlines()
+    # every layer of a decoder keeps a name (none dropped from a stage)
+    n = len(tiny.kinds)
+    two = plan_of(tiny, [stage(0, 2, (0,)), stage(2, n, (1,))], n_micro=2, batch=16)
+    text = export(two, "torchtitan", tiny).text.splitlines()
     parts = text[text.index("--parallelism.module_fqns_per_model_part") + 1:][:2]
-    assert [len(p.split(",")) for p in parts] == [n // 2, n - n // 2] and all(parts)
+    assert parts == ["tok_embeddings,layers.0", ",".join([f"layers.{b}" for b in range(1, n - 2)] + ["norm", "lm_head"])]
+
+
+@pytest.mark.parametrize("model", ["vgg-tiny", "lenet-5", "bert-tiny"])
+def test_torchtitan_refuses_a_model_it_cannot_train_naming_what_it_trains(model):
+    """Issue 46: torchtitan trains its own model definitions only; a LeNet-5 export wrote a launch of
+    its llama3 module."""
+    shape = model_shape(model)
+    n = len(shape.kinds)
+    plan = Plan(model=model, cluster="x", n_layers=n, global_batch=16, n_micro=2, schedule="1f1b",
+                stages=(stage(0, n // 2, (0,)), stage(n // 2, n, (1,))))
+    why = refusal(plan, "torchtitan", shape)
+    assert why and "trains its own model definitions only" in why and "llama3" in why and model in why
 
 
 def test_a_cache_directory_that_cannot_be_made_is_one_line(tmp_path, monkeypatch, capsys):

@@ -8,6 +8,7 @@ import json
 from paraplan.cli.args import JSON_HELP, LAYERS_HELP, MODEL_HELP, add_sizes, check_output, parse_sizes
 from paraplan.cli.ui import progress_task
 from paraplan.errors import ParaplanError, require_positive
+from paraplan.models.failures import PROFILE_ADVICE, model_step
 
 
 def add_profile(sub) -> None:
@@ -72,16 +73,17 @@ def run(args) -> int:
     # the largest batch against the memory available, before real weights and batches are allocated
     check_batches_fit(reference, device, sizes, seq_len=args.seq_len, image_size=args.image_size, layers=layers)
     steps = (args.warmup + args.repeats) * len(sizes)
-    try:
-        work = workload(reference, device, seq_len=args.seq_len, image_size=args.image_size, layers=layers)
-        with progress_task(f"profiling {work.name} on {device}", steps) as advance:
-            profile = run_profile(work, device, sizes, args.threads, args.warmup, args.repeats,
-                                  step_check=not args.no_checks, repeat_check=not args.no_checks,
-                                  progress=advance)
-    except (RuntimeError, MemoryError) as exc:  # the estimate is a floor: the allocator may still refuse
-        if not out_of_memory(exc):
-            raise
-        raise allocator_error(exc, f"profiling at batch sizes up to {max(sizes):,}") from None
+    with model_step(reference, f"profiling it on {device}", PROFILE_ADVICE):  # any other failure: one line
+        try:
+            work = workload(reference, device, seq_len=args.seq_len, image_size=args.image_size, layers=layers)
+            with progress_task(f"profiling {work.name} on {device}", steps) as advance:
+                profile = run_profile(work, device, sizes, args.threads, args.warmup, args.repeats,
+                                      step_check=not args.no_checks, repeat_check=not args.no_checks,
+                                      progress=advance)
+        except (RuntimeError, MemoryError) as exc:  # the estimate is a floor: the allocator may still refuse
+            if not out_of_memory(exc):
+                raise
+            raise allocator_error(exc, f"profiling at batch sizes up to {max(sizes):,}") from None
     write_profile(profile, args.out)
     if args.json:
         from paraplan.profiling.profile_file import profile_to_dict
@@ -111,14 +113,15 @@ def _operator_profile(args, device, sizes) -> int:
                          layers=getattr(args, "layers", None))
     check_batches_fit(args.model or args.module, device, batches, seq_len=args.seq_len, image_size=args.image_size,
                       layers=getattr(args, "layers", None))
-    try:
-        with progress_task(f"timing the operators of {built.name} on {device}", None) as advance:
-            times = profile_operators(built, batches, device, repeats=args.repeats, threads=args.threads,
-                                      progress=advance)
-    except (RuntimeError, MemoryError) as exc:
-        if not out_of_memory(exc):
-            raise
-        raise allocator_error(exc, f"timing operators at batch {batches[1]:,}") from None
+    with model_step(built.ref, f"timing its operators on {device}", PROFILE_ADVICE):
+        try:
+            with progress_task(f"timing the operators of {built.name} on {device}", None) as advance:
+                times = profile_operators(built, batches, device, repeats=args.repeats, threads=args.threads,
+                                          progress=advance)
+        except (RuntimeError, MemoryError) as exc:
+            if not out_of_memory(exc):
+                raise
+            raise allocator_error(exc, f"timing operators at batch {batches[1]:,}") from None
     name = platform.processor() or platform.machine() if device.type == "cpu" else __import__("torch").cuda.get_device_name()
     data = operator_profile_to_dict(times, device_name=name, threads=args.threads, repeats=args.repeats)
     write_operator_profile(data, args.out)

@@ -206,7 +206,7 @@ def _check_model(args, config, plan, model: str, built, spec, compare_cluster) -
     if args.data:  # against the model, the whole file read once; before any directory or rank
         _data_check(check_data, args.data, args.data_dtype, built.inputs, model)
     torchrun = under_torchrun()
-    world = int(os.environ["WORLD_SIZE"]) if torchrun else (args.nproc or len(plan.devices))
+    world = int(os.environ["WORLD_SIZE"]) if torchrun else (len(plan.devices) if args.nproc is None else args.nproc)
     layers = built.layers()
     check_before_launch(config, world, spec.n_layers, layers)
     check_model_fits_loss(built, plan, layers, args.seed)  # the loss takes what the model returns

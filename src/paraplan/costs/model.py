@@ -41,6 +41,10 @@ class CostModel:
     # crosses links at its element size (the model in its compute dtype: `analytic_cost_model`),
     # the low-precision weight copies in memory (MemoryConfig.for_precision)
     precision: str = "fp32"
+    # the (layer, tp degree) pairs paraplan's runtime runs tensor parallel (PlanRequest.tensor_parallel,
+    # from runtime/tensor_parallel.py); a plan with TP elsewhere is not runnable, and its prediction
+    # says so (simulator/predict.py). None: TP anywhere (the zoo's models in fp32, the papers' setting)
+    tensor_parallel: frozenset | None = None
     # device type -> LayerCosts; not an init field, so dataclasses.replace() starts a fresh one
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 

@@ -46,6 +46,10 @@ SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B", Schedule.INT
 
 def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
     """The first feature of the plan torchtitan cannot run, or None."""
+    if not shape.decoder:  # its trainer builds its own model definitions only (torchtitan/models/)
+        return (f"the model: torchtitan {VERSION} trains its own model definitions only (llama3, qwen3, deepseek_v3, "
+                f"gpt_oss, ...: decoder-only language models), and {shape.name} ({shape.family}) is not one; "
+                "export a GPT-2 or Llama-like model, or use --to deepspeed, which wraps your own module")
     if layout.pp > 1 and layout.schedule not in SCHEDULES:
         return f"the {layout.schedule} schedule (torchtitan runs {', '.join(SCHEDULES.values())})"
     if layout.pp > 1 and layout.schedule == Schedule.ONE_F_ONE_B and layout.n_micro < layout.pp:
@@ -58,8 +62,6 @@ def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
     if layout.pp > 1 and not layout.actions and tuple(layout.stage_ranks) != stage_ranks(layout.schedule, layout.pp,
                                                                                           layout.virtual):
         return "stages placed on pipeline ranks in an order of the plan's own without an order of actions"
-    if layout.pp > 1 and min(layout.blocks_per_stage) == 0 and not shape.decoder:
-        return "a stage without transformer blocks"
     if shape.decoder and layout.tp > 1 and (shape.heads % layout.tp or shape.query_groups % layout.tp):
         return f"{shape.heads} heads ({shape.query_groups} key/value heads) over tensor parallelism {layout.tp}"
     # trainer.py checks it at start-up: the sequence split over the SP ranks and 2 x the CP ranks

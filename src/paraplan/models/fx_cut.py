@@ -84,6 +84,7 @@ def fx_layers(model: nn.Module, layers_path: str | None = None) -> Layers:
         raise FieldError("model", f"cannot cut {what} into layers: torch.fx cannot trace its forward ({first}); "
                                   "make it an nn.Sequential, or name its list of blocks with layers=PATH") from None
     gm = fx.GraphModule(model, graph)
+    holders = _hold_root_tensors(gm, model)
 
     # each node belongs to the layer of the last unit called before it (code before the first
     # unit goes with the first); with a block list, everything outside the blocks merges into
@@ -93,7 +94,7 @@ def fx_layers(model: nn.Module, layers_path: str | None = None) -> Layers:
     current = 0
     seen_block = False
     for node in gm.graph.nodes:
-        if node.op == "call_module":
+        if node.op == "call_module" and node.target not in holders:
             unit = next((u for u in units if node.target == u or node.target.startswith(u + ".")), node.target)
             if layers_path is not None:
                 if unit in blocks:
@@ -117,6 +118,57 @@ def fx_layers(model: nn.Module, layers_path: str | None = None) -> Layers:
     _check_chain(split, names, what)
     parts = [getattr(split, f"submod_{i}") for i in range(len(names))]
     return [(name, "block" if name in blocks else kind_of(part), part) for name, part in zip(names, parts, strict=True)]
+
+
+class _HeldTensor(nn.Module):
+    """A parameter or buffer the traced module reads directly (`x + self.pos`), held by a module
+    of its own: split_module passes a tensor attribute into a layer as an extra input, which a
+    pipeline cannot give (each layer takes only the previous one's output), while a module it
+    copies into the layer that calls it. The tensor is the model's own object, so the layer owns
+    it, trains it and checkpoints it under the model's name (runtime/layout_state.py keys by
+    identity)."""
+
+    def __init__(self, value):
+        super().__init__()
+        if isinstance(value, nn.Parameter):
+            self.value = value
+        else:
+            self.register_buffer("value", value)
+
+    def forward(self):
+        return self.value
+
+
+def _hold_root_tensors(gm: fx.GraphModule, model: nn.Module) -> set[str]:
+    """Every get_attr of a tensor (not a submodule) in the traced graph becomes a call of a
+    `_HeldTensor` registered on `gm`, so the cut keeps it in the layer that reads it; returns the
+    holders' names (the cut treats them as code, not as units). A tensor read by two layers is
+    then a value that skips a layer, refused by `_check_chain` (a pipeline stage owns each parameter)."""
+    import torch
+
+    holders: dict[str, str] = {}
+    for node in list(gm.graph.nodes):
+        if node.op != "get_attr":
+            continue
+        try:
+            value = model.get_parameter(node.target)
+        except AttributeError:
+            try:
+                value = model.get_buffer(node.target)
+            except AttributeError:
+                continue
+        if not isinstance(value, torch.Tensor):
+            continue
+        if node.target not in holders:
+            name = "paraplan_held_" + node.target.replace(".", "_")
+            gm.add_submodule(name, _HeldTensor(value))
+            holders[node.target] = name
+        with gm.graph.inserting_before(node):
+            call = gm.graph.call_module(holders[node.target])
+        node.replace_all_uses_with(call)
+        gm.graph.erase_node(node)
+    gm.recompile()
+    return set(holders.values())
 
 
 def _check_chain(split: fx.GraphModule, names: list[str], what: str) -> None:

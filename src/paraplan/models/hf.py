@@ -174,6 +174,9 @@ def build_hf(ref: ModelRef) -> tuple[nn.Module, InputSpec, str]:
     except (AssertionError, ValueError, TypeError, RuntimeError) as exc:
         raise FieldError("model", f"hf: transformers cannot build {model_type} from this config: "
                                   f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    from paraplan.models.moe_check import refuse_mixture_of_experts
+
+    refuse_mixture_of_experts(model, f"hf:{model_type}")  # before anything runs its experts' kernels
     family = ADAPTED_TYPES.get(model_type, "hf")
     if kind == "seq2seq" and family != "t5":
         raise FieldError("model", f"hf: paraplan cuts only T5 among encoder-decoder models, not {model_type}")

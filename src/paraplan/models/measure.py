@@ -37,6 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from paraplan.models.adapters import decompose  # noqa: F401  (tests reach it through here)
 from paraplan.models.built import BuiltModel
+from paraplan.models.failures import MEASURE_ADVICE, model_step
 from paraplan.models.inputs import make_batch
 from paraplan.models.spec import Affine, InputSpec, LayerSpec, ModelSpec
 from paraplan.models.tensors import float_nbytes, nbytes, tensors
@@ -484,9 +485,10 @@ def measure(built: BuiltModel, progress=None, precision: str = "fp32", attention
     if next(iter(built.module.parameters()), torch.empty(0, device="meta")).device.type != "meta":
         built = _meta_copy(built)
     built.module.train()  # dropout and friends as in training, so saved tensors are what training keeps
-    spec = measure_layers(built.layers(), built.inputs, built.name, built.family, progress,
-                          batch=lambda b, device: built.batch(b, device=device), compute_dtype=compute_dtype,
-                          loss=built.loss, attention=attention)
+    with model_step(built.ref or built.name, "measuring its layers on the meta device", MEASURE_ADVICE):
+        spec = measure_layers(built.layers(), built.inputs, built.name, built.family, progress,
+                              batch=lambda b, device: built.batch(b, device=device), compute_dtype=compute_dtype,
+                              loss=built.loss, attention=attention)
     return replace(spec, ref=built.ref or built.name)
 
 
@@ -494,7 +496,3 @@ def _meta_copy(built: BuiltModel) -> BuiltModel:
     from paraplan.models.source import build
 
     return build(built.ref or built.name, device="meta")
-
-
-def count_layers(built: BuiltModel) -> int:
-    return len(built.layers())

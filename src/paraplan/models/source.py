@@ -15,6 +15,7 @@ from paraplan.errors import FieldError
 from paraplan.models import ref as refs
 from paraplan.models import zoo
 from paraplan.models.built import BuiltModel
+from paraplan.models.failures import BUILD_ADVICE, model_step
 from paraplan.models.ref import ModelRef
 
 _RECIPES: dict[str, object] = {}  # hf generic cuts by reference text: recording one costs a meta forward
@@ -37,13 +38,15 @@ def resolve(reference: str | ModelRef, seq_len: int | None = None, image_size: i
 def build(reference: str | ModelRef, device: str | torch.device = "meta", seed: int = 0,
           seq_len: int | None = None, image_size: int | None = None, layers: str | None = None) -> BuiltModel:
     ref = resolve(reference, seq_len, image_size, layers)
-    if ref.kind == refs.ZOO:
-        built = zoo.build(ref.target, device=device, seq_len=ref.seq_len, image_size=ref.image_size, seed=seed)
-        return BuiltModel(built.name, built.family, built.module, built.inputs, ref=ref.text)
-    torch.manual_seed(seed)
-    if ref.kind == refs.HF:
-        return _build_hf(ref, device)
-    return _build_file(ref, device)
+    # a failure inside transformers' or the user's code: one line naming the model and the step
+    with model_step(ref.text, f"building it on {torch.device(device).type}", BUILD_ADVICE):
+        if ref.kind == refs.ZOO:
+            built = zoo.build(ref.target, device=device, seq_len=ref.seq_len, image_size=ref.image_size, seed=seed)
+            return BuiltModel(built.name, built.family, built.module, built.inputs, ref=ref.text)
+        torch.manual_seed(seed)
+        if ref.kind == refs.HF:
+            return _build_hf(ref, device)
+        return _build_file(ref, device)
 
 
 def _build_hf(ref: ModelRef, device) -> BuiltModel:

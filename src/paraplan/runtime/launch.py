@@ -313,6 +313,10 @@ def launch_checked(config: TrainConfig, world: int | None = None) -> Path:
     from paraplan.runtime.preflight import check_model_fits_loss
     from paraplan.system.fileio import make_dirs_all
 
+    if world is not None and (isinstance(world, bool) or not isinstance(world, int) or world < 1):
+        from paraplan.errors import FieldError
+
+        raise FieldError("nproc", f"must be a positive whole number of ranks, got {world!r}")
     world = world or len(config.plan.devices)
     built = source.build(config.model, device="meta", seq_len=config.seq_len, image_size=config.image_size)
     layers = built.layers()

@@ -158,7 +158,10 @@ def _schedule(plan, setup: RankSetup, device, recorder, scaler):
         recorder.wrap_stage(stage)
     recorder.patch_p2p()
     schedule_cls = getattr(pipelining, classes[plan.schedule])
-    loss = setup.loss if not scaler.enabled else (lambda out, target: setup.loss(out, target) * scaler.scale)
+    def loss(out, target):
+        return setup.loss(out, _real_target(target)) * scaler.scale  # scale 1 unless fp16
+
+
     # the multi-stage classes take a list of stages even for one chunk per rank (ZB-H1)
     single = plan.schedule in ("gpipe", "1f1b")
     return schedule_cls(stages[0] if single else stages, plan.n_micro, loss_fn=loss, scale_grads=False)
@@ -189,6 +192,8 @@ def _run_schedule(setup: RankSetup, schedule, n_stages: int, x, y, micro_losses:
     this rank's stage needs (the first takes the inputs, the last the targets and the losses)."""
     held = [s for s, _ in setup.chunks] or [setup.stage_index]
     first, last = 0 in held, n_stages - 1 in held
+    if y is None and last and schedule is not None:
+        y = _no_targets(x)
     # return_outputs=False: the step's outputs are not used (the losses are), so the last stage need
     # not keep every micro-batch's output until the step ends
     if schedule is None:
@@ -201,6 +206,22 @@ def _run_schedule(setup: RankSetup, schedule, n_stages: int, x, y, micro_losses:
         schedule.step(target=y, losses=micro_losses, return_outputs=False)
     else:
         schedule.step(return_outputs=False)
+
+
+def _no_targets(x) -> torch.Tensor:
+    """A model without targets (a user's module returning only sample inputs) is trained on the mean
+    of its outputs (models/built.py: sample_loss, docs/models.md), but torch's pipeline schedules
+    require a target at the last stage: they get a placeholder of zero columns, one row per sample,
+    which they split into micro-batches like any target and `_real_target` turns back into None."""
+    first = x if isinstance(x, torch.Tensor) else next(t for t in x if isinstance(t, torch.Tensor))
+    return torch.empty((first.shape[0], 0), device=first.device)
+
+
+def _real_target(target):
+    """The target the model's loss takes: None for `_no_targets`' placeholder."""
+    if isinstance(target, torch.Tensor) and target.dim() == 2 and target.shape[1] == 0:
+        return None
+    return target
 
 
 def _clip_gradients(config: TrainConfig, setup: RankSetup, owner_names: list[str], params, device) -> None:

@@ -178,6 +178,11 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
 def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
     """Stages with per-layer strategies run as one group each on the plan's micro-batch; every
     layer is priced by costs/strategy.py. The group is drawn on its first device."""
+    widths = [len(s.devices) for s in plan.stages]
+    if len(set(widths)) > 1:  # a layout's Slice-Gather is defined over one group size (costs/strategy.py)
+        raise PlanError(f"stages: stages with per-layer strategies on different numbers of devices "
+                        f"({', '.join(map(str, widths))}) are not simulated yet (stages of unequal width are the "
+                        "'Mixed clusters' feature, issue 52); give every stage the same number of devices")
     micro = plan.global_batch / plan.n_micro
     layers = cm.model.layers
     scale = cm.overheads.scale_for(len(set(plan.devices)))

@@ -76,7 +76,7 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulat
             room = max(0.0, iteration - after - per_device[d])
             per_device_exposed[d] = tuple(min(x / spans, room) for x in exposed.get(drawn, (0.0, 0.0)))
     stats = tuple(DeviceStats(d, float(b), float(max(0.0, iteration - b))) for d, b in sorted(per_device.items()))
-    reason = out_of_memory_reason(memory)
+    reason = out_of_memory_reason(memory) or tensor_parallel_refusal(plan, cm.tensor_parallel)
     prediction = Prediction(iteration_s=iteration, throughput_samples_per_s=plan.global_batch / iteration,
                             memory=memory, feasible=not reason, reason=reason, cost_source=cm.source)
     used_busy = np.array([s.busy_s for s in stats])
@@ -84,6 +84,20 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulat
     split = split_time(iteration, per_device, per_device_exposed, after, cm.cluster.n_devices)
     return Simulation(plan=replace(plan, prediction=prediction), timeline=result.timeline, devices=stats,
                       memory=breakdown, bubble_fraction=bubble, split=split)
+
+
+def tensor_parallel_refusal(plan: Plan, runs: frozenset | None) -> str:
+    """Why the plan is not runnable when it puts TP on a layer paraplan's runtime cannot shard
+    (CostModel.tensor_parallel; issue 46: such a layer ran replicated, at tp times the predicted
+    states), or ""."""
+    if runs is None:
+        return ""
+    for s, stage in enumerate(plan.stages):
+        for i, st in zip(stage.layers, stage.strategies, strict=False):
+            if st.tp > 1 and (i, st.tp) not in runs:
+                return (f"stages[{s}]: layer {i} with TP{st.tp}, which paraplan's runtime cannot shard "
+                        "(runtime/tensor_parallel.py); plan it without TP there")
+    return ""
 
 
 def _simulate_dag_plan(plan: Plan, cm: CostModel, contention: bool) -> Simulation:

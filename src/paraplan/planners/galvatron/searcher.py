@@ -217,7 +217,12 @@ class Searcher:
             allowed = a["allowed"][start:stop]
             need = np.where(allowed, fmem + bmem, INF)
             choice = tuple(int(k) for k in np.argmin(need, axis=1))
-            if not allowed.any():
+            stuck = np.flatnonzero(~allowed.any(axis=1))  # layers no strategy of this variant may take
+            if len(stuck) and any(micro == int(micro) and int(micro) % st.data_degree == 0 for st in a["strategies"]):
+                why = (f"paraplan's runtime runs no tensor parallelism on layer {start + int(stuck[0])}, and every "
+                       f"strategy of this search over "
+                       f"{len(devices)} devices that splits its micro-batch uses it")
+            elif len(stuck):
                 why = f"no strategy of {len(devices)} devices splits a micro-batch of {micro:g} samples"
             else:
                 worst = int(np.argmax(need.min(axis=1)))

@@ -1,0 +1,73 @@
+"""Mixture-of-experts models, recognised and refused in one line until paraplan plans them.
+
+paraplan prices a layer as if every token ran through all of its weights; a mixture of experts
+runs each token through its top-k of E experts, so its FLOPs, memory and the expert parallelism
+that places them are a capability of their own (issue 50, "Mixture-of-experts"). Until then an
+MoE model is refused before anything runs it: transformers 5.x picks the experts' kernel by the
+config's `experts_implementation` (`eager`, `batched_mm`, `grouped_mm`), and its grouped GEMM
+crashes on the meta device in fp32 ("Expected inputs of BF16 type"), while DeepSeek-V2's default
+top-k (None) crashes in `topk` (issue 46).
+
+Recognised by structure, not by class, so every family transformers has (Mixtral, Qwen2/3-MoE,
+OLMoE, DeepSeek-V2/V3, gpt-oss, Llama 4, ...) is caught without a list: a module whose class name
+ends in Experts, Router or Moe/MoeBlock, or that holds an `experts` submodule. A model whose
+configuration has experts but whose built layers have none (DeepSeek-V3 cut to its first dense
+blocks) is dense and plans.
+"""
+
+from __future__ import annotations
+
+import re
+
+from torch import nn
+
+from paraplan.errors import FieldError
+
+_MOE_CLASS = re.compile(r"(Experts|Router|Moe|MoE|MoeBlock|MoEBlock|MoeLayer|MoELayer)$")
+# the config fields that count routed experts and the experts each token runs through, by family
+_EXPERT_COUNTS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
+_TOP_K = ("num_experts_per_tok", "moe_top_k", "top_k")
+
+
+def is_moe_part(module: nn.Module) -> bool:
+    experts = getattr(module, "experts", None)
+    return bool(_MOE_CLASS.search(type(module).__name__)) or isinstance(experts, nn.Module)
+
+
+def _config_int(config, names: tuple[str, ...]) -> int | None:
+    for name in names:
+        try:
+            value = getattr(config, name, None)
+        except Exception:  # configs with per-layer attributes raise on global access (heterogeneous configs)
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def moe_summary(model: nn.Module) -> str | None:
+    """A few words on the model's experts ("MixtralSparseMoeBlock in 2 blocks: 8 routed experts,
+    top-2"), or None for a dense model."""
+    outer: list[tuple[str, nn.Module]] = []  # the outermost MoE parts (a block's router and experts are inside it)
+    for name, module in model.named_modules():  # pre-order: a part comes before what it holds
+        if is_moe_part(module) and not any(name.startswith(kept + ".") for kept, _ in outer[-1:]):
+            outer.append((name, module))
+    if not outer:
+        return None
+    names = sorted({type(m).__name__ for _, m in outer})
+    config = getattr(model, "config", None)
+    experts, top_k = _config_int(config, _EXPERT_COUNTS), _config_int(config, _TOP_K)
+    detail = ", ".join(part for part in (f"{experts} routed experts" if experts else "",
+                                         f"top-{top_k}" if top_k else "") if part)
+    return f"{'/'.join(names)} in {len(outer)} blocks" + (f": {detail}" if detail else "")
+
+
+def refuse_mixture_of_experts(model: nn.Module, reference: str) -> None:
+    """One line for an MoE model (FieldError on the model), naming what it found and the missing feature."""
+    summary = moe_summary(model)
+    if summary is None:
+        return
+    raise FieldError("model", f"{reference} is a mixture-of-experts model ({summary}): paraplan does not plan "
+                              "mixture-of-experts models yet (routed experts' FLOPs and memory, top-k routing and "
+                              "expert parallelism are the 'Mixture-of-experts' feature, issue 50); a dense model of "
+                              "the same shape plans today")

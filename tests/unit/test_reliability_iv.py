@@ -166,7 +166,7 @@ def test_tensor_parallelism_on_a_block_it_cannot_shard_is_never_planned_nor_run(
     write_plan(tp, tmp_path / "hand.json")
     line = one_line(run_cli_here(capsys, "train", "--plan", str(tmp_path / "hand.json"), "--steps", "1",
                                  "--out-dir", str(tmp_path / "run")))
-    assert "no tensor-parallel plan for its weight matrices" in line and "replicated" in line
+    assert "no tensor-parallel plan for its Linears" in line and "replicated" in line
     assert not (tmp_path / "run").exists()
 
 

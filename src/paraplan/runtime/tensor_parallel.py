@@ -265,11 +265,12 @@ def _plan(layer: nn.Module, tp: int) -> _Plan:
         path = matrices[0][0]
         _check(lone.out_features % tp == 0, f"{_where(lone, path)}: {lone.out_features} outputs not divisible by {tp}")
         plan.styles[path] = GatheredColwise(output_layouts=Replicate())
-    # weight matrices and no part of the layer sharded: TP would run it replicated, at tp times the
-    # states the simulator charges (issue 46: a user's block with Linears named like no known pair)
-    _check(bool(plan.styles) or plan.t5_owner is not None or not matrices,
-           "no tensor-parallel plan for its weight matrices "
-           f"({', '.join(path or type(m).__name__ for path, m in matrices[:3])}{', ...' if len(matrices) > 3 else ''}: "
+    # Linears and no part of the layer sharded: TP would run it replicated, at tp times the states
+    # the simulator charges (issue 46: a user's block with Linears named like no known pair). A patch
+    # embedding's convolution and embedding tokens alone stay replicated, as documented above.
+    linears = [path for path, m in matrices if isinstance(m, nn.Linear) or _is_conv1d(m)]
+    _check(bool(plan.styles) or plan.t5_owner is not None or not linears,
+           f"no tensor-parallel plan for its Linears ({', '.join(linears[:3])}{', ...' if len(linears) > 3 else ''}: "
            "not an attention, an MLP pair or a lone Linear that paraplan's TP knows); they would run replicated")
     return plan
 

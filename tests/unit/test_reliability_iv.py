@@ -186,3 +186,25 @@ def test_train_with_no_ranks_is_one_line(capsys, tmp_path):
     line = one_line(run_cli_here(capsys, "train", "--plan", str(plan), "--nproc", "0", "--out-dir",
                                  str(tmp_path / "run")))
     assert "--nproc" in line and not (tmp_path / "run").exists()
+
+
+def test_an_output_the_system_refuses_at_write_time_is_one_line(capsys, tmp_path):
+    """/proc passes the permission checks made before the work; its refusal at the write was a
+    FileNotFoundError traceback (plan --out, simulate --trace, profile --out)."""
+    plan = tmp_path / "p.json"
+    run_cli_here(capsys, "plan", "--planner", "even", "--model", "lenet-5", "--cluster", "local", "--batch", "8",
+                 "--out", str(plan))
+    for args in (("plan", "--planner", "even", "--model", "lenet-5", "--cluster", "local", "--batch", "8", "--out",
+                  "/proc/paraplan-plan.json"),
+                 ("simulate", str(plan), "--trace", "/proc/paraplan-trace.json")):
+        assert "cannot write /proc/" in one_line(run_cli_here(capsys, *args))
+
+
+def test_megatron_grid_with_no_layout_for_the_batch_is_one_line_and_galvatron_still_plans(capsys):
+    """A batch of 1 on 16 GPUs: no uniform layout gives every data-parallel rank a sample; the grid
+    raised AssertionError inside megatron-grid and inside Galvatron-BMW's final choice."""
+    common = ("--model", "llama2-7b", "--seq-len", "4096", "--cluster", "dgx-a100-80gb", "--batch", "1",
+              "--precision", "bf16")
+    line = one_line(run_cli_here(capsys, "plan", "--planner", "megatron-grid", *common))
+    assert "no uniform layout of 16 devices for a global batch of 1" in line
+    assert run_cli_here(capsys, "plan", "--planner", "galvatron-bmw", *common).returncode == 0

@@ -15,7 +15,7 @@ from paraplan.errors import FieldError
 from paraplan.models import ref as refs
 from paraplan.models import zoo
 from paraplan.models.built import BuiltModel
-from paraplan.models.failures import BUILD_ADVICE, model_step
+from paraplan.models.failures import BUILD_ADVICE, MEASURE_ADVICE, model_step
 from paraplan.models.ref import ModelRef
 
 _RECIPES: dict[str, object] = {}  # hf generic cuts by reference text: recording one costs a meta forward
@@ -58,7 +58,8 @@ def _build_hf(ref: ModelRef, device) -> BuiltModel:
     if ref.layers_path is not None:
         family = "hf"  # the user named the blocks: cut generically there
     if family == "hf":
-        recipe = _hf_recipe(ref, module if torch.device(device).type == "meta" else None, inputs)
+        with model_step(ref.text, "running its forward on the meta device to cut it into layers", MEASURE_ADVICE):
+            recipe = _hf_recipe(ref, module if torch.device(device).type == "meta" else None, inputs)
     return BuiltModel(ref.text, family, module, inputs, ref=ref.text, layers_path=ref.layers_path, recipe=recipe)
 
 

@@ -75,7 +75,8 @@ def atomic_write(path: str | Path, write: Callable[[str], None], *, durable: boo
     except OSError as exc:  # no inode left is a full disk too
         if no_space(exc):
             raise WriteError(f"no space left on device: {path}") from None
-        raise
+        # e.g. under /proc or a read-only mount, which the checks before the work cannot all foresee
+        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
     os.close(fd)
     try:
         write(tmp)
@@ -89,6 +90,8 @@ def atomic_write(path: str | Path, write: Callable[[str], None], *, durable: boo
         Path(tmp).unlink(missing_ok=True)
         if no_space(exc):
             raise WriteError(f"no space left on device: {path}") from None
+        if isinstance(exc, OSError) and not isinstance(exc, ParaplanError):
+            raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
         raise
     if durable:
         _fsync(path.parent)  # the rename itself

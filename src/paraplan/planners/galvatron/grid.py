@@ -43,6 +43,7 @@ from dataclasses import replace
 import numpy as np
 
 from paraplan.costs.strategy import layer_time, strategy_links
+from paraplan.errors import FieldError
 from paraplan.planners import progress
 from paraplan.planners.galvatron.space import even_partition, held_stage_count, pipeline_degrees, stage_group
 from paraplan.planners.request import BEST_SCHEDULE, Judge, PlanRequest
@@ -176,8 +177,10 @@ def grid_candidates(request: PlanRequest, judge: Judge) -> list[tuple[Plan, Pred
             if prediction.feasible or k == len(tries) - 1:
                 judged.append((plan, prediction))
                 break
-    if not judged:  # every layout's compute was pruned: cannot happen before a first plan is judged
-        raise AssertionError("megatron-grid judged nothing")
+    if not judged:  # no layout at all (pruning cannot empty it: the first layout is always judged)
+        raise FieldError("batch", f"megatron-grid has no uniform layout of {request.n_devices} devices for a global "
+                                  f"batch of {request.batch} (every data-parallel rank and micro-batch needs a "
+                                  "sample of its own); give a larger batch or fewer devices")
     judged.sort(key=_key)
     if interleaves(request):
         judged = sorted(judged + _interleaved(request, judged, judge, best), key=_key)

@@ -227,7 +227,10 @@ def _portfolio(request: PlanRequest, variant: Variant, options: dict, judge: Jud
             if theirs[1].feasible:  # a search stopped by its time limit keeps it (planners/progress.py)
                 progress.offer(theirs[0], f"{variant.name}'s portfolio: {name}'s plan")
     if interleaves(request, variant):  # today's space: the uniform layouts too (planners/galvatron/grid.py)
-        plan, p, count, line = grid_plan(request, judge)
+        try:
+            plan, p, count, line = grid_plan(request, judge)
+        except FieldError:  # no uniform layout for this batch: the variant's own plan stands
+            return best
         if request.n_stages is None or plan.n_stages == best[0].n_stages:
             if _rank_key(p) < _rank_key(best[1]):
                 best = (plan, p, GRID, float("nan"), "even", line, count)

@@ -41,6 +41,9 @@ def split_layers(plan) -> int:
 
 
 def main() -> None:
+    from _paraplan_cli import bench_parser
+
+    bench_parser(__doc__).parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     cluster = load_cluster("bipartition-7vm")
     rows = []

@@ -27,7 +27,6 @@ results/). Run: .venv/bin/python benchmarks/bound_gap.py [--only NAME ...]   (15
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -86,7 +85,9 @@ def run(name: str, model: str, cluster: str, batch: int, seq_len: int | None, ti
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from _paraplan_cli import bench_parser
+
+    parser = bench_parser(__doc__)
     parser.add_argument("--only", nargs="*", help="request names to run (default: all)")
     parser.add_argument("--time-limit", type=float, default=60.0)
     args = parser.parse_args()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -246,7 +245,11 @@ def figures(ex1_data, speed_data, cmp_data) -> None:
 
 
 def main() -> None:
-    quick = "--quick" in sys.argv
+    from _paraplan_cli import bench_parser
+
+    parser = bench_parser(__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer instances and cases, for a quick look")
+    quick = parser.parse_args().quick
     planner_names()  # loads every planner: plan_split finds the split planners by name
     OUT.mkdir(parents=True, exist_ok=True)
     ex1_data = ex1(quick)

@@ -113,6 +113,9 @@ def figure(result: dict, path: Path) -> None:
 
 
 def main() -> None:
+    from _paraplan_cli import bench_parser
+
+    bench_parser(__doc__).parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     result = fitted()
     (OUT / "efficiency_fit.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -131,6 +130,20 @@ def table(rows) -> str:
     return "\n".join(out) + "\n"
 
 
+def _model_batch(text: str) -> tuple[str, int]:
+    import argparse
+
+    name, _, batch = text.rpartition(":")
+    if not name or not batch.isdigit():
+        raise argparse.ArgumentTypeError(f"expected MODEL:BATCH (e.g. resnet-50:64), got {text!r}")
+    return name, int(batch)
+
+
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    main(tuple((a.split(":")[0], int(a.split(":")[1])) for a in args) if args else MODELS)
+    from _paraplan_cli import bench_parser
+
+    parser = bench_parser(__doc__)
+    parser.add_argument("models", nargs="*", type=_model_batch, metavar="MODEL:BATCH",
+                        help="the models to run, each with its batch (default: "
+                             + " ".join(f"{m}:{b}" for m, b in MODELS) + ")")
+    main(tuple(parser.parse_args().models) or MODELS)

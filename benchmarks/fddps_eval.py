@@ -621,4 +621,9 @@ def main(from_json: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(from_json="--from-json" in sys.argv[1:])
+    from _paraplan_cli import bench_parser
+
+    parser = bench_parser(__doc__)
+    parser.add_argument("--from-json", action="store_true",
+                        help="only rewrite the tables and figures from the last run's fddps_eval.json")
+    main(from_json=parser.parse_args().from_json)

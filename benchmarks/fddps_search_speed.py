@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -185,7 +184,12 @@ def plot(result: dict, path: Path) -> None:
 
 
 if __name__ == "__main__":
-    chosen = tuple(int(x) for x in sys.argv[1:]) or SIZES
+    from _paraplan_cli import bench_parser
+
+    parser = bench_parser(__doc__)
+    parser.add_argument("sizes", nargs="*", type=int, metavar="SIZE",
+                        help="graph sizes in forward operators (default: " + " ".join(map(str, SIZES)) + ")")
+    chosen = tuple(parser.parse_args().sizes) or SIZES
     result = main(chosen)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "fddps_search_speed.json").write_text(json.dumps(result, indent=2))

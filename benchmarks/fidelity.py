@@ -16,7 +16,6 @@ Run: .venv/bin/python benchmarks/fidelity.py [--rounds 3] [--steps 12] [--repeti
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -26,7 +25,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from _paraplan_cli import cli  # noqa: E402
+from _paraplan_cli import bench_parser, cli  # noqa: E402
 
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage  # noqa: E402
 from paraplan.runtime.prove import run_interleaved, spearman  # noqa: E402
@@ -64,7 +63,7 @@ PLANS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repetitions", type=int, default=3)

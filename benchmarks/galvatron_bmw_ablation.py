@@ -32,7 +32,6 @@ summary` redraws the summary and the figure from the JSON).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -320,7 +319,9 @@ def presets() -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from _paraplan_cli import bench_parser
+
+    parser = bench_parser(__doc__)
     parser.add_argument("--sections", default="table4,grid,regimes")
     parser.add_argument("--full", action="store_true", help="the grid at batch 32 too")
     args = parser.parse_args()

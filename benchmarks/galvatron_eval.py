@@ -19,7 +19,6 @@ models).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -253,7 +252,9 @@ def figure(cells: list[dict], models, budgets, path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    from _paraplan_cli import bench_parser
+
+    parser = bench_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="16 GB, bert-huge-32 and vit-huge-32 only")
     parser.add_argument("--no-table3", action="store_true")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")

@@ -14,7 +14,6 @@ Writes $PARAPLAN_BENCH_OUT/galvatron_grid.json (default bench-out/). Run:
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import os
@@ -53,7 +52,9 @@ def cell(model: str, cluster: str, batch: int, budget: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from _paraplan_cli import bench_parser
+
+    parser = bench_parser(__doc__)
     parser.add_argument("--jobs", type=int, default=1, help="cells planned at a time (forked processes)")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)

@@ -132,6 +132,9 @@ def markdown(result: dict) -> str:
 
 
 def main() -> None:
+    from _paraplan_cli import bench_parser
+
+    bench_parser(__doc__).parse_args()
     t0 = time.perf_counter()
     result = run()
     result["seconds"] = time.perf_counter() - t0

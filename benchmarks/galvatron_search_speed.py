@@ -75,6 +75,9 @@ def measure_points(points: list[tuple[str, dict, tuple]]) -> list[dict]:
 
 
 def main() -> None:
+    from _paraplan_cli import bench_parser
+
+    bench_parser(__doc__).parse_args()
     _, bert = measured_model("bert-huge-32")
     titan = load_cluster("galvatron-8xtitan")
     print("targets", flush=True)

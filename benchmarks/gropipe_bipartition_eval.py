@@ -138,6 +138,9 @@ def figures(g: dict, b: dict) -> None:
 
 
 def main() -> None:
+    from _paraplan_cli import bench_parser
+
+    bench_parser(__doc__).parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     g = gropipe()
     (OUT / "gropipe.json").write_text(json.dumps(g, indent=1))

@@ -91,6 +91,9 @@ def figure(table: list[dict], path: Path) -> None:
 
 
 def main() -> None:
+    from _paraplan_cli import bench_parser
+
+    bench_parser(__doc__).parse_args()
     table = rows()
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "literature_memory.json").write_text(json.dumps({"rows": table}, indent=1))

@@ -17,7 +17,6 @@ Writes $PARAPLAN_BENCH_OUT/local_first_predictions.json (default bench-out/). Ru
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -48,7 +47,9 @@ def run(plan: str, out_dir: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    from _paraplan_cli import bench_parser
+
+    parser = bench_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     runs = []

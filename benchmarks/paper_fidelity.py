@@ -446,8 +446,14 @@ def markdown(result: dict) -> str:
 
 
 def main() -> None:
+    from _paraplan_cli import bench_parser
+
+    parser = bench_parser(__doc__)
+    parser.add_argument("--from-json", action="store_true",
+                        help="only the table and the figure again, from the last run's JSON")
+    args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    if "--from-json" in sys.argv:  # only the table and the figure again, from the last run's JSON
+    if args.from_json:
         result = json.loads((OUT / "paper_fidelity.json").read_text())
     else:
         result = run()

@@ -14,7 +14,6 @@ script can snapshot another checkout: `--paraplan /tmp/old/.venv/bin/paraplan`. 
 `--compare` finds a difference, with the differing paths printed.
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -108,7 +107,9 @@ def differences(a, b, path="") -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from _paraplan_cli import bench_parser
+
+    ap = bench_parser(__doc__)
     ap.add_argument("--out", default=str(Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out")) / "plan_snapshot.json"),
                     help="the snapshot (JSON) to write (default: bench-out/plan_snapshot.json, as the other benchmarks)")
     ap.add_argument("--compare", help="a snapshot written before: print every difference, exit 1 if any")

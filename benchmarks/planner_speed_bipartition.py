@@ -22,7 +22,6 @@ import math
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -163,7 +162,11 @@ def figure(rows: list[dict]) -> None:
 
 
 def main() -> None:
-    quick = "--quick" in sys.argv
+    from _paraplan_cli import bench_parser
+
+    parser = bench_parser(__doc__)
+    parser.add_argument("--quick", action="store_true", help="at most 16 workers")
+    quick = parser.parse_args().quick
     OUT.mkdir(parents=True, exist_ok=True)
     rows = []
     load_before = os.getloadavg()[0]

@@ -162,6 +162,9 @@ def plot(grid: list[dict], stress: list[dict], path: Path) -> None:
 
 
 def main() -> None:
+    from _paraplan_cli import bench_parser
+
+    bench_parser(__doc__).parse_args()
     load_before = os.getloadavg()[0]  # other work on this 2-core machine slows every number here
     grid = []
     for n in STAGES:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -70,4 +69,9 @@ def main(out_dir: str | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    from _paraplan_cli import bench_parser
+
+    parser = bench_parser(__doc__)
+    parser.add_argument("out_dir", nargs="?", default=None,
+                        help="the directory to write into (default: $PARAPLAN_BENCH_OUT, or bench-out)")
+    main(parser.parse_args().out_dir)

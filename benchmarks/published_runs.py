@@ -281,6 +281,9 @@ def figure(table1: list[dict], table5: list[dict], path: Path) -> None:
 
 
 def main() -> None:
+    from _paraplan_cli import bench_parser
+
+    bench_parser(__doc__).parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     table1, table5 = narayanan_rows(), korthikanti_rows()
     figure_12 = figure_12_rows()

@@ -13,7 +13,6 @@ Run: .venv/bin/python benchmarks/runtime_bipartition.py [--rounds 3] [--steps 20
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from _paraplan_cli import cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
+from _paraplan_cli import bench_parser, cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
 
 from paraplan.costs.memory import plan_memory  # noqa: E402
 from paraplan.planners.registry import make_plan  # noqa: E402
@@ -65,7 +64,7 @@ def _describe(plan) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()

@@ -22,7 +22,6 @@ Run: .venv/bin/python benchmarks/runtime_dag.py [--rounds 3] [--steps 8] [--quic
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from _paraplan_cli import cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
+from _paraplan_cli import bench_parser, cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
 
 from paraplan.hardware import load_cluster
 from paraplan.models.op_split import PART
@@ -146,7 +145,7 @@ def constraint_cost(quick: bool) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--quick", action="store_true")

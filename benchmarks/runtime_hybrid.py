@@ -11,7 +11,6 @@ Run: .venv/bin/python benchmarks/runtime_hybrid.py [--rounds 3] [--steps 8]
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -23,7 +22,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from _paraplan_cli import cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
+from _paraplan_cli import bench_parser, cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
 
 from paraplan.costs.memory import plan_memory  # noqa: E402
 from paraplan.planners.registry import make_plan  # noqa: E402
@@ -57,7 +56,7 @@ def plans(cm) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()

@@ -14,7 +14,6 @@ Run: .venv/bin/python benchmarks/runtime_overhead.py [--rounds 4] [--steps 12]
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -121,9 +120,11 @@ def _median_step(out: Path, steps: int) -> float:
 
 
 def main() -> None:
+    from _paraplan_cli import bench_parser
+
     from paraplan.plans.plan_file import write_plan
 
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=12)
     args = parser.parse_args()

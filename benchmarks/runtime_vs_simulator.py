@@ -19,7 +19,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from _paraplan_cli import cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
+from _paraplan_cli import bench_parser, cli  # noqa: E402  (benchmarks/: shared with the other runtime benchmarks)
 
 from paraplan.hardware import load_cluster  # noqa: E402
 from paraplan.plans.plan import LayerRange, Plan, Stage  # noqa: E402
@@ -61,6 +61,7 @@ PLANS = {
 
 
 def main() -> None:
+    bench_parser(__doc__).parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     profile_path, cluster_path = OUT / "profile.json", OUT / "cluster.toml"
     cli("profile", MODEL, "--batch-sizes", "1,2,4,8,16,32,64", "--repeats", "15", "--out", str(profile_path))

@@ -41,6 +41,9 @@ def measure(n_stages: int, n_micro: int, schedule: str, repeats: int = 3) -> dic
 
 
 def main() -> None:
+    from _paraplan_cli import bench_parser
+
+    bench_parser(__doc__).parse_args()
     rows = [measure(64, 1024, "1f1b"), measure(64, 1024, "gpipe"), measure(8, 64, "1f1b"), measure(4, 8, "gpipe")]
     headline = rows[0]
     out = {"goal_s": GOAL_S, "meets_goal": headline["median_s"] < GOAL_S, "machine": platform.processor() or

@@ -20,7 +20,6 @@ Run: .venv/bin/python benchmarks/stress_teardown.py --tp 100 --sdp 50 --mixed 50
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -104,7 +103,9 @@ def _calibrate(index: int, tmp: Path) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from _paraplan_cli import bench_parser
+
+    parser = bench_parser(__doc__)
     parser.add_argument("--tp", type=int, default=3, help="TP2 launches")
     parser.add_argument("--sdp", type=int, default=3, help="SDP2 (FSDP2) launches")
     parser.add_argument("--mixed", type=int, default=3, help="mixed launches (pipeline / per-layer mix)")

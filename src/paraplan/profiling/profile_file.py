@@ -34,6 +34,23 @@ def _timing(d, where: str, origin: str) -> Timing:
     return t
 
 
+def _byte_counts(values, where: str, origin: str, n: int | None) -> tuple[int, ...]:
+    """Non-negative whole byte counts, `n` of them (any number when None)."""
+    if not isinstance(values, list) or (n is not None and len(values) != n):
+        raise ProfileFileError(f"{origin}: {where}: expected {n if n is not None else 'a list of'} byte counts"
+                               + (", one per batch size" if n is not None else ""))
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+               for x in values):
+        raise ProfileFileError(f"{origin}: {where}: byte counts must be non-negative numbers")
+    return tuple(int(x) for x in values)
+
+
+def _number(value, where: str, origin: str) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise ProfileFileError(f"{origin}: {where}: expected a non-negative number, got {value!r}")
+    return float(value)
+
+
 def profile_from_dict(d: object, origin: str = "profile") -> Profile:
     if not isinstance(d, dict):
         raise ProfileFileError(f"{origin}: expected a JSON object")
@@ -64,18 +81,25 @@ def profile_from_dict(d: object, origin: str = "profile") -> Profile:
             name=str(layer.get("name", i)), kind=str(layer.get("kind", "")), batch_sizes=tuple(sizes),
             forward=tuple(_timing(t, f"{where}.forward[{k}]", origin) for k, t in enumerate(layer["forward"])),
             backward=tuple(_timing(t, f"{where}.backward[{k}]", origin) for k, t in enumerate(layer["backward"])),
-            output_bytes=tuple(int(x) for x in layer["output_bytes"]),
-            saved_bytes=tuple(int(x) for x in layer["saved_bytes"]),
-            peak_bytes=tuple(int(x) for x in layer.get("peak_bytes", []))))
+            output_bytes=_byte_counts(layer["output_bytes"], f"{where}.output_bytes", origin, len(sizes)),
+            saved_bytes=_byte_counts(layer["saved_bytes"], f"{where}.saved_bytes", origin, len(sizes)),
+            peak_bytes=_byte_counts(layer.get("peak_bytes", []), f"{where}.peak_bytes", origin, None)))
     check = None
     if d.get("step_check") is not None:
         c = d["step_check"]
-        check = StepCheck(batch=int(c["batch"]), measured=_timing(c["measured"], "step_check.measured", origin),
-                          sum_of_layers_s=float(c["sum_of_layers_s"]))
+        if not isinstance(c, dict) or not isinstance(c.get("batch"), int) or isinstance(c["batch"], bool) \
+                or c["batch"] < 1:
+            raise ProfileFileError(f"{origin}: step_check: expected an object with a positive whole batch")
+        check = StepCheck(batch=c["batch"], measured=_timing(c.get("measured"), "step_check.measured", origin),
+                          sum_of_layers_s=_number(c.get("sum_of_layers_s"), "step_check.sum_of_layers_s", origin))
+    repeats = d.get("repeatability", [])
+    if not isinstance(repeats, list):
+        raise ProfileFileError(f"{origin}: repeatability: expected a list of numbers")
     return Profile(model=d["model"], inputs=d["inputs"], device=d["device"], device_name=d["device_name"],
                    machine=d["machine"], torch_version=d["torch_version"], threads=d["threads"], date=d["date"],
                    warmup=d["warmup"], repeats=d["repeats"], layers=tuple(layers), step_check=check,
-                   repeatability=tuple(float(x) for x in d.get("repeatability", [])), format_version=FORMAT_VERSION)
+                   repeatability=tuple(_number(x, "repeatability", origin) for x in repeats),
+                   format_version=FORMAT_VERSION)
 
 
 def read_profile(path: str | Path) -> Profile:

@@ -110,6 +110,6 @@ def test_drift_is_one_line_with_the_load_and_what_to_do():
 
     assert drift_warning(0.2, "this machine, calibrated on 2026-11-26") is None
     line = drift_warning(0.66, "analytic preset local (this machine never measured)")
-    assert line.count("\n") == 0 and "+66% off the prediction" in line and "load average was" in line
+    assert line.count("\n") == 0 and "measured 1.66x the prediction (+66%)" in line and "load average was" in line
     assert "run `paraplan calibrate`" in line
     assert "measures it again" in drift_warning(-0.4, "this machine, calibrated on 2026-11-26 10:00 UTC")

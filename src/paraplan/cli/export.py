@@ -64,6 +64,11 @@ def restricted(result, engine: str, w):
                     sequence_parallel=w.request.sequence_parallel)
 
 
+def _seconds(s: float) -> str:
+    """As the comparison's lines say a time (report/tables.py: human_seconds): never an exponent."""
+    return f"{s:.3f} s" if s >= 1 else f"{s * 1e3:.3f} ms"
+
+
 def engine_line(result, best) -> str:
     """--engine: the best plan the engine can run against the best of all, and how to export it."""
     from paraplan.engines.layout import ENGINE_NAMES
@@ -71,12 +76,12 @@ def engine_line(result, best) -> str:
     name, top = ENGINE_NAMES[result.engine], result.unrestricted
     if best is None:
         return f"{name} can run none of the plans that fit" + (
-            f"; the best of all, {top.planner}: {top.iteration_s * 1e3:.4g} ms" if top else "")
+            f"; the best of all, {top.planner}: {_seconds(top.iteration_s)}" if top else "")
     text = f"{name}: the best plan it can run is {best.planner}'s"
     if top is not None and top.planner != best.planner:
         refused = next(r for r in result.rows if r.planner == top.planner)
         text += (f", {best.iteration_s / top.iteration_s - 1:.1%} slower than the best of all ({top.planner}'s, "
-                 f"{top.iteration_s * 1e3:.4g} ms: {refused.reason})")
+                 f"{_seconds(top.iteration_s)}: {refused.reason})")
     else:
         text += " (the best of all too)"
     return text + f"; export it with `paraplan export PLAN --to {result.engine}`"

@@ -331,17 +331,15 @@ def run_auto(args, given: dict) -> int:
     best = result.row(result.best) if result.best else None
     if best is not None:
         write_plan(best.plan, args.out)
-    if args.report:
-        from paraplan.report.html import write_report
-
-        write_report(result, request.costs, args.report)  # its memory budget included, as the rows were judged
     gap = best.iteration_s / result.bound.iteration_s - 1 if best is not None else None
     if args.json:
         from paraplan.plans.plan_file import plan_to_dict
 
         print(json.dumps(auto_json(result, args.out if best else None, gap, plan_to_dict), indent=2))
     else:
-        _print_comparison(args, result, best, gap, w.built.ref, w.costs.precision)
+        _print_comparison(args, result, best, gap, w.built.ref, w.costs)
+    if args.report:  # its memory budget included, as the rows were judged
+        _write_report(args, result, request.costs, err)
     if best is not None and args.try_top is not None:
         from paraplan.cli.plan_runs import try_top
 
@@ -380,25 +378,38 @@ def _compare(request, err, time_limit: float | None, quiet: bool):
         return compare(request, time_limit_s=time_limit or 60.0, on_row=on_row)
 
 
-def _print_comparison(args, result, best, gap, model_ref: str, precision: str) -> None:
-    from paraplan.report.tables import auto_table, console
+def _write_report(args, result, costs, err) -> None:
+    """--report: the HTML page, a spinner while it is drawn (seconds at 64 devices), then where it
+    is and how long it took (on stderr with --json, whose stdout is the one document)."""
+    import sys
+
+    from paraplan.report.html import write_report
+
+    started = time.perf_counter()
+    with err.status(f"writing the report into {args.report}"):
+        path = write_report(result, costs, args.report)
+    print(f"report written to {path} in {time.perf_counter() - started:.1f} s", file=sys.stderr if args.json else None)
+
+
+def _print_comparison(args, result, best, gap, model_ref: str, costs) -> None:
+    from paraplan.report.tables import auto_table, compared_text, console, human_seconds, percent
 
     out = console()
-    out.print(auto_table(result, f"{model_ref} on {args.cluster} in {precision}, global batch {args.batch}"))
+    out.print(auto_table(result, f"{model_ref} on {args.cluster} in {costs.precision}, global batch {args.batch}",
+                         costs.cluster))
     b = result.bound
-    out.print(f"lower bound {b.iteration_s * 1e3:.4g} ms: {b.describe()}; the whole batch on one device takes "
-              f"{b.one_device_s * 1e3:.4g} ms")
+    out.print(f"lower bound {human_seconds(b.iteration_s)}: {b.describe()}; the whole batch on one device takes "
+              f"{human_seconds(b.one_device_s)}")
     if best is not None:
-        out.print(f"best: {best.planner} ({best.shape}), {best.iteration_s * 1e3:.4g} ms per iteration, "
-                  f"{best.throughput:.4g} samples/s, {gap:+.1%} above the lower bound; compared "
-                  f"{sum(r.status in ('ok', 'infeasible') for r in result.rows)} plans in {result.wall_s:.1f} s; "
-                  f"plan written to {args.out}")
+        out.print(f"best: {best.planner} ({best.shape}), {human_seconds(best.iteration_s)} per iteration, "
+                  f"{best.throughput:.4g} samples/s, {percent(gap, 1, sign=True)} above the lower bound; "
+                  f"{compared_text(result)}; plan written to {args.out}")
         from paraplan.cli.machine import costs_line
         from paraplan.simulator.time_split import against_bound
 
         if best.split is not None:
             parts = against_bound(best.split, result.bound.iteration_s)
-            out.print(f"where its {best.iteration_s * 1e3:.4g} ms go, per device on average: {parts.describe()}")
+            out.print(f"where its {human_seconds(best.iteration_s)} go, per device on average: {parts.describe()}")
         out.print(costs_line(best.plan.prediction.cost_source if best.plan.prediction else ""))
         if best.plan.search and best.plan.search.note:
             out.print(flags_in(best.plan.search.note))
@@ -411,8 +422,6 @@ def _print_comparison(args, result, best, gap, model_ref: str, precision: str) -
         from paraplan.cli.export import engine_line
 
         out.print(engine_line(result, best))
-    if args.report:
-        out.print(f"report written to {args.report}/index.html")
 
 
 def _parts_json(result) -> dict | None:

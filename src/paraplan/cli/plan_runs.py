@@ -23,12 +23,12 @@ def try_top(result, args, err):
                                          args.prove_rounds, args.prove_steps,
                                          progress=lambda text: status.update(f"trying the best plans: {text}"))
     table = Table(title="the best predicted plans, run on this machine (median of rounds, min..max)")
-    for col in ("plan (predicted rank)", "predicted", "measured", "error"):
+    for col in ("plan (predicted rank)", "predicted", "measured", "measured / predicted"):
         table.add_column(col, justify="left" if col.startswith("plan") else "right")
     for m in measured:
         table.add_row(m.name + ("  <- chosen" if m.name == chosen else ""), f"{m.predicted_s * 1e3:.1f} ms",
                       f"{m.median_s * 1e3:.1f} ms ({min(m.rounds_s) * 1e3:.1f}..{max(m.rounds_s) * 1e3:.1f})",
-                      f"{m.error:+.1%}")
+                      m.ratio)
     out = console()
     out.print(table)
     first = measured[0]
@@ -67,14 +67,14 @@ def print_proof(proof, chosen: str) -> None:
     from paraplan.report.tables import console
 
     table = Table(title="proof on this machine: predicted against measured (median of rounds, min..max)")
-    for col in ("plan", "predicted", "measured", "error", "chosen is faster by"):
+    for col in ("plan", "predicted", "measured", "measured / predicted", "chosen is faster by"):
         table.add_column(col, justify="left" if col == "plan" else "right")
     first = proof[0]
     for m in proof:
         speedup = "" if m is first else f"{m.median_s / first.median_s:.2f}x"
         table.add_row(m.name, f"{m.predicted_s * 1e3:.1f} ms",
                       f"{m.median_s * 1e3:.1f} ms ({min(m.rounds_s) * 1e3:.1f}..{max(m.rounds_s) * 1e3:.1f})",
-                      f"{m.error:+.1%}", speedup)
+                      m.ratio, speedup)
     out = console()
     out.print(table)
     fastest_measured = min(proof, key=lambda m: m.median_s)

@@ -105,12 +105,12 @@ def _compare_schedules(plan, cm, which: str) -> list:
 
 
 def _side_by_side(path, plan, cluster, compared) -> None:
-    from paraplan.report.tables import human_bytes, human_seconds, short_model
+    from paraplan.report.tables import human_bytes, human_seconds, percent, short_model
     from paraplan.simulator.export import gantt_side_by_side
 
     model = short_model(plan.model)
     gantt_side_by_side([(sim.timeline, f"{model} on {cluster.name}, {v.label}: "
-                                       f"{human_seconds(sim.prediction.iteration_s)}, bubble {sim.bubble_fraction:.0%}, "
+                                       f"{human_seconds(sim.prediction.iteration_s)}, bubble {percent(sim.bubble_fraction)}, "
                                        f"peak memory {human_bytes(max(m.peak_bytes for m in sim.prediction.memory))}"
                                        + ("" if sim.prediction.feasible else " (out of memory)"))
                         for v, sim in compared if sim is not None], path)
@@ -124,7 +124,7 @@ def _write_figures(args, plan, sim, cluster) -> None:
         what = (f"{sum(len(p.ops) for p in plan.operators)} operators on {len(plan.operators)} devices"
                 if plan.schedule == "dag" else f"{plan.n_stages} stages, {plan.n_micro} micro-batches")
         gantt(sim.timeline, args.gantt, title=f"{plan.model} on {cluster.name}: {plan.schedule}, {what}, "
-              f"iteration {sim.prediction.iteration_s:.4g} s")
+              f"iteration {sim.prediction.iteration_s:.4g} s", plan=sim.plan, iteration_s=sim.prediction.iteration_s)
     if args.trace:
         names = ({int(t): n.name for t, n in zip(sim.dag.tasks, sim.dag.graph.nodes, strict=True)}
                  if sim.dag is not None else None)
@@ -136,6 +136,7 @@ def _print(args, sim, cluster, compared=None) -> None:
     from paraplan.report.tables import (
         console,
         dag_table,
+        human_seconds,
         memory_at_peak,
         memory_table,
         schedules_table,
@@ -168,7 +169,7 @@ def _print(args, sim, cluster, compared=None) -> None:
         console().print(simulation_table(sim, cluster))
         if sim.memory:
             console().print(memory_table(sim))
-    console().print(f"where the {sim.prediction.iteration_s * 1e3:.4g} ms go, per device on average: "
+    console().print(f"where the {human_seconds(sim.prediction.iteration_s)} go, per device on average: "
                     f"{sim.split.describe()}")
     from paraplan.cli.machine import costs_line
 

@@ -279,7 +279,13 @@ def _report(args, plan, out_dir: str, cm, compare_cluster, overheads, predicted_
     import statistics
     from pathlib import Path
 
-    from paraplan.runtime.compare import compare_run, measured_overheads, step_times, write_overheads
+    from paraplan.runtime.compare import (
+        against_prediction,
+        compare_run,
+        measured_overheads,
+        step_times,
+        write_overheads,
+    )
 
     losses = json.loads((Path(out_dir) / "losses.json").read_text())
     per_step = step_times(out_dir)
@@ -306,7 +312,7 @@ def _report(args, plan, out_dir: str, cm, compare_cluster, overheads, predicted_
         summary["compare"]["cost_source"] = cm.source
         say(f"predicted {c.predicted_s * 1e3:.1f} ms (costs: {cm.source}; runtime overheads {overheads.source}); "
             f"measured median {c.measured_median_s * 1e3:.1f} ms (quartiles {c.measured_q1_s * 1e3:.1f}.."
-            f"{c.measured_q3_s * 1e3:.1f}, {c.steps} steps); error {c.error:+.1%}")
+            f"{c.measured_q3_s * 1e3:.1f}, {c.steps} steps): {against_prediction(c.predicted_s, c.measured_median_s)}")
         drift = drift_warning(c.error, cm.source)
         if drift:
             summary["compare"]["warning"] = drift
@@ -320,18 +326,21 @@ DRIFT = 0.25  # issue 33: a measured step this far from the prediction is worth 
 
 
 def drift_warning(error: float, source: str) -> str | None:
-    """One line when the measured step differs from the prediction by more than DRIFT: the machine
-    may have changed or be busy (the load average it saw), and what to do."""
+    """One line when the measured step differs from the prediction by more than DRIFT (`error`:
+    (measured - predicted) / predicted, runtime/compare.py): the machine may have changed or be busy
+    (the load average it saw), and what to do."""
     if abs(error) <= DRIFT:
         return None
     import os
+
+    from paraplan.runtime.compare import against_prediction
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     cores = os.cpu_count() or 1
     advice = ("run `paraplan calibrate` to measure this machine" if "calibrated" not in source else
               "if the machine has changed, `paraplan calibrate` measures it again")
     # the run's own ranks are in the load average: more than the cores means something else ran too
-    return (f"paraplan: warning: the measured step is {error:+.0%} off the prediction ({source}); the load average "
+    return (f"paraplan: warning: the step {against_prediction(1.0, 1.0 + error)} ({source}); the load average "
             f"was {load:.2f} on {cores} cores{' (something else was running)' if load > cores + 0.5 else ''}: "
             f"{advice}")
 

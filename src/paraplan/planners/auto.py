@@ -108,6 +108,10 @@ def no_plan_reason(result: Comparison, time_limit_s: float | None = None) -> str
 
 def describe(plan: Plan) -> str:
     """The plan's shape in a few words."""
+    if len({p.device for p in plan.operators if p.ops} if plan.operators else set(plan.devices)) == 1:
+        # whichever planner found it: its name in the table must not read as a split
+        chunks = f", {plan.virtual_stages} chunks, {plan.schedule}" if plan.virtual_stages > 1 else ""
+        return "one process on 1 device" + chunks
     if plan.operators:
         used = [p for p in plan.operators if p.ops]
         splits = sum("/part" in op for p in plan.operators for op in p.ops)

@@ -80,14 +80,19 @@ class LowerBound:
         """The binding term in words, for the comparison's last lines."""
         if self.binding == "memory":
             return (f"memory binds: at best micro-batches of {self.micro_batch} samples with the recomputation "
-                    f"their activations force ({self.memory_s * 1e3:.4g} ms against {self.work_s / self.n_devices * 1e3:.4g} "
+                    f"their activations force ({_ms(self.memory_s)} ms against {_ms(self.work_s / self.n_devices)} "
                     f"ms of work spread over {self.n_devices} devices)")
         if self.binding == "operators":
-            return (f"an operator placement's least work ({self.operator_work_s * 1e3:.4g} device-ms, every operator "
+            return (f"an operator placement's least work ({_ms(self.operator_work_s)} device-ms, every operator "
                     f"whole on its fastest device, as the simulator prices operators) spread over {self.n_devices} "
-                    f"devices, below the layers' bound (their least work: {self.work_s * 1e3:.4g} device-ms)")
-        return (f"the least forward + backward work ({self.work_s * 1e3:.4g} device-ms, every layer at its cheapest "
+                    f"devices, below the layers' bound (their least work: {_ms(self.work_s)} device-ms)")
+        return (f"the least forward + backward work ({_ms(self.work_s)} device-ms, every layer at its cheapest "
                 f"piece size) spread over {self.n_devices} devices")
+
+
+def _ms(s: float) -> str:
+    """Milliseconds in four digits and never an exponent: '1.207e+04' beside '12.07 s' reads as another unit."""
+    return f"{s * 1e3:.4g}" if abs(s) < 10 else f"{s * 1e3:,.0f}"
 
 
 def lower_bound(cm: CostModel, batch: int) -> LowerBound:

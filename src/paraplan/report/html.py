@@ -20,6 +20,7 @@ from pathlib import Path
 
 from paraplan.errors import ParaplanError
 from paraplan.plans.worker_roles import worker_roles
+from paraplan.report.tables import compared_text, in_unit, memory_text, percent, seconds_unit, tightest_memory
 from paraplan.simulator.export import gantt
 from paraplan.simulator.predict import simulate_plan
 from paraplan.simulator.time_split import against_bound
@@ -49,10 +50,10 @@ def render(result, cm) -> str:
     model, cluster, batch = _identity(result, cm)
     sims = _Simulations(cm)
     parts = [f"<h1>{_e(model)} on {_e(cluster)}, global batch {_e(batch)}</h1>",
-             f'<p class="meta">{_e(_cluster_line(cm))} · in {_e(cm.precision)} · {len(result.rows)} planners compared in '
-             f"{result.wall_s:.1f} s · {_e(cm.source)} costs</p>",
+             f'<p class="meta">{_e(_cluster_line(cm))} · in {_e(cm.precision)} · {_e(compared_text(result))} · '
+             f"{_e(cm.source)} costs</p>",
              f'<div class="verdict {"" if best else "none"}">{_verdict(result, best, second)}</div>',
-             "<h2>Every planner</h2>", _table(result)]
+             "<h2>Every planner</h2>", _table(result, cm.cluster)]
     shown = [r for r in (best, second) if r is not None]
     if shown:
         parts.append("<h2>Timelines</h2><p>One iteration as the simulator plays it: compute on the upper band "
@@ -150,7 +151,7 @@ def _verdict(result, best, second) -> str:
 
 
 def _gap(t: float, bound: float) -> str:
-    return f"{t / bound - 1:.1%} above" if bound > 0 else "compared with"
+    return f"{percent(t / bound - 1, 1)} above" if bound > 0 else "compared with"
 
 
 def _closest_infeasible(result) -> list:
@@ -166,31 +167,35 @@ def _sorted_rows(result) -> list:
                                               r.planner))
 
 
-def _table(result) -> str:
-    head = ("planner", "status", "shape", "micro-batches", "iteration", "samples/s", "peak memory",
+def _table(result, cluster=None) -> str:
+    """Every row; each time column in one unit (report/tables.py: seconds_unit), memory the tightest device's."""
+    head = ("planner", "status", "shape", "micro-batches", "iteration", "samples/s", "peak memory (tightest device)",
             "bubble", "search", "reason")
     lines = ["<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"]
-    for r in _sorted_rows(result):
+    rows = _sorted_rows(result)
+    iteration, search = seconds_unit(r.iteration_s for r in rows), seconds_unit(r.search_s for r in rows)
+    for r in rows:
         cells = [f"<b>{_e(r.planner)}</b>" + (' <span class="tag">chosen</span>' if r.planner == result.best else ""),
                  f'<span class="status {_e(r.status)}">{_e(r.status)}</span>', _e(r.shape) or "—",
-                 str(r.plan.n_micro) if r.plan is not None else "—", fmt_time(r.iteration_s),
-                 f"{r.throughput:,.1f}" if r.throughput is not None else "—", _memory_cell(r),
-                 f"{r.bubble:.0%}" if r.bubble is not None else "—", fmt_time(r.search_s), _e(r.reason)]
+                 str(r.plan.n_micro) if r.plan is not None else "—", in_unit(r.iteration_s, iteration) or "—",
+                 f"{r.throughput:,.1f}" if r.throughput is not None else "—", _memory_cell(r, cluster),
+                 percent(r.bubble) if r.bubble is not None else "—", in_unit(r.search_s, search) or "—",
+                 _e(r.reason)]
         classes = ["nowrap", "", "", "num", "num", "num", "nowrap", "num", "num", "reason"]
         lines.append(f'<tr class="{"best" if r.planner == result.best else ""}">'
                      + "".join(f'<td class="{c}">{x}</td>' for c, x in zip(classes, cells, strict=True)) + "</tr>")
     return "\n".join(lines) + "</tbody></table>"
 
 
-def _memory_cell(r) -> str:
-    """Max peak over the plan's devices / that device's capacity, with a small meter."""
-    if not r.peak_bytes:
+def _memory_cell(r, cluster=None) -> str:
+    """The tightest device's peak / its own capacity, the device named, with a small meter."""
+    tight = tightest_memory(r)
+    if tight is None:
         return "—"
-    i = max(range(len(r.peak_bytes)), key=lambda k: r.peak_bytes[k] / max(r.capacity_bytes[k], 1))
-    peak, cap = r.peak_bytes[i], r.capacity_bytes[i]
+    _, peak, cap = tight
     share = peak / cap if cap else 0.0
     over = " over" if share > 1 else ""
-    return (f'{fmt_bytes(peak)} / {fmt_bytes(cap)}<span class="meter{over}">'
+    return (f'{_e(memory_text(r, cluster))}<span class="meter{over}">'
             f'<span style="width:{min(share, 1) * 100:.0f}%"></span></span>')
 
 
@@ -233,19 +238,19 @@ class _Simulations:
 
 
 def _gantt_html(row, sims) -> str:
-    """The project's own Gantt (what `paraplan simulate --gantt` draws), of the plan simulated again."""
+    """The project's own Gantt (what `paraplan simulate --gantt` draws), of the plan simulated again:
+    one row per device role (simulator/export.py: gantt_rows), the whole iteration, and under it
+    what the chart left out."""
     sim = sims(row)
     if isinstance(sim, str):
         return f'<p class="note">No timeline: {_e(sim)}</p>'
     # gantt() writes a file by name (atomically, beside it): a private temporary directory, read back
     with tempfile.TemporaryDirectory(prefix="paraplan-report-") as tmp:
         path = Path(tmp) / "gantt.png"
-        gantt(sim.timeline, path, title=f"{row.planner}: {row.shape}, iteration {fmt_time(sim.prediction.iteration_s)}")
+        caption = gantt(sim.timeline, path, title=f"{row.planner}: {row.shape}, iteration "
+                        f"{fmt_time(sim.prediction.iteration_s)}", plan=row.plan, iteration_s=sim.prediction.iteration_s)
         figure = _img(path.read_bytes(), f"timeline of {row.planner}")
-    if any(s.strategies for s in row.plan.stages):  # otherwise the empty rows look like idle devices
-        figure += ('<p class="note">A stage whose devices compute together (per-layer strategies) has its compute '
-                   "drawn on its first device; the others are as busy.</p>")
-    return figure
+    return figure + (f'<p class="note">{_e(caption[0].upper() + caption[1:])}.</p>' if caption else "")
 
 
 def _peak_table(row, sims) -> str:
@@ -291,7 +296,8 @@ def _memory_figure(row, sims) -> bytes:
         ax.bar(x, peaks, 0.7, color=[RED if p > c else BLUE for p, c in zip(peaks, caps, strict=True)],
                label="peak")
     ax.hlines(caps, [i - 0.45 for i in x], [i + 0.45 for i in x], colors="black", linewidth=2, label="capacity")
-    ax.set_xticks(list(x), [str(d) for d in devices], fontsize=8)
+    step = max(1, -(-len(devices) // 16))  # at most 16 labels: 64 overlapping numbers read as none
+    ax.set_xticks(list(x)[::step], [str(d) for d in devices][::step], fontsize=8)
     ax.set_xlabel("device")
     ax.set_ylabel(unit)
     ax.set_ylim(0, max(peaks + caps) * 1.12)

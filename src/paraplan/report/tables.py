@@ -33,6 +33,69 @@ def human_seconds(s: float) -> str:
     return f"{s * 1e6:.1f} us"
 
 
+def percent(x: float, digits: int = 0, sign: bool = False) -> str:
+    """x as a percentage, never "-0%": a value that rounds to zero prints as zero (a bubble of
+    -1e-16 is arithmetic, not a negative bubble)."""
+    text = f"{x:{'+' if sign else ''}.{digits}%}"
+    if not any(c in "123456789" for c in text):
+        text = f"{0.0:{'+' if sign else ''}.{digits}%}"
+    return text
+
+
+def seconds_unit(values) -> tuple[str, float, int]:
+    """One unit for a column of durations (`in_unit`): the unit of its median value, so that most
+    rows read in their natural unit and none switches to another beside them; and one number of
+    decimals, so that the decimal points line up (four digits for the column's largest)."""
+    known = sorted(v for v in values if v is not None and v > 0)
+    mid = known[len(known) // 2] if known else 1.0
+    name, scale = ("s", 1.0) if mid >= 1 else ("ms", 1e-3) if mid >= 1e-3 else ("us", 1e-6)
+    top = known[-1] / scale if known else 0.0
+    return name, scale, 3 if top < 10 else 2 if top < 100 else 1
+
+
+def in_unit(s: float | None, unit: tuple[str, float, int]) -> str:
+    """A duration in its column's unit and decimals (`seconds_unit`); no exponent, ever."""
+    if s is None:
+        return ""
+    name, scale, digits = unit
+    return f"{s / scale:,.{digits}f} {name}"
+
+
+def tightest_memory(row) -> tuple[int, int, int] | None:
+    """(device, peak bytes, capacity bytes) of the device of a comparison row nearest its own
+    capacity: the largest peak / capacity, not the largest peak over the largest capacity (on a
+    mixed cluster a full 32 GiB device beside 40 GiB ones is the one that binds)."""
+    if not row.peak_bytes:
+        return None
+    memory = row.plan.prediction.memory if row.plan is not None and row.plan.prediction is not None else ()
+    ids = [m.device for m in memory] if len(memory) == len(row.peak_bytes) else list(range(len(row.peak_bytes)))
+    i = max(range(len(ids)), key=lambda k: (row.peak_bytes[k] / max(row.capacity_bytes[k], 1), -k))
+    return ids[i], row.peak_bytes[i], row.capacity_bytes[i]
+
+
+def memory_text(row, cluster: Cluster | None = None, size=None) -> str:
+    """'31.92 / 32.00 GiB (dev 5, v100-32gb)': the tightest device's peak over its own capacity, the
+    device named (its type where the cluster mixes types); '' without a prediction."""
+    tight = tightest_memory(row)
+    if tight is None:
+        return ""
+    device, peak, cap = tight
+    size = size or human_bytes
+    p, c = size(peak), size(cap)
+    same_unit = p.split()[-1] == c.split()[-1]
+    kind = (f", {cluster.device(device).name}" if cluster is not None and len(cluster.device_types()) > 1
+            and device < cluster.n_devices else "")
+    return f"{p.rsplit(' ', 1)[0] if same_unit else p} / {c} (dev {device}{kind})"
+
+
+def compared_text(result) -> str:
+    """What a comparison compared, in the words the console and the report share: the plans (the
+    rows that produced one, fitting or not) and the planners they came from."""
+    plans = sum(r.status in ("ok", "infeasible") for r in result.rows)
+    return (f"{plans} plan{'s' if plans != 1 else ''} compared, from {len(result.rows)} planner"
+            f"{'s' if len(result.rows) != 1 else ''}, in {result.wall_s:.1f} s")
+
+
 def models_table(rows: list[tuple[str, str, int, int, str]]) -> Table:
     table = Table(title="paraplan model zoo", show_lines=False)
     for col, justify in (("model", "left"), ("family", "left"), ("parameters", "right"), ("layers", "right"),
@@ -44,15 +107,18 @@ def models_table(rows: list[tuple[str, str, int, int, str]]) -> Table:
 
 
 def clusters_table(clusters: list[Cluster]) -> Table:
-    table = Table(title="cluster presets")
+    """Each preset with its device's peak in the precision the cluster trains in by default (a DGX
+    H100's bf16, not the fp32 it never trains in), that precision named."""
+    table = Table(title="cluster presets (peak FLOP/s in each cluster's default precision)")
     for col in ("cluster", "devices", "per device", "inside a node", "between nodes", "description"):
         table.add_column(col)
     for c in clusters:
         types = ", ".join(f"{n} x {t}" for t, n in c.device_types().items())
         spec = c.devices[0].spec
         node = c.nodes[0]
+        peak = spec.peaks.get(c.default_precision, spec.peak_flops)
         table.add_row(
-            c.name, types, f"{spec.peak_flops / 1e12:.3g} TFLOP/s, {human_bytes(spec.memory_bytes)}",
+            c.name, types, f"{peak / 1e12:.3g} TFLOP/s {c.default_precision}, {human_bytes(spec.memory_bytes)}",
             f"{node.intra_link.bandwidth_bytes_per_s / 1e9:.3g} GB/s, {node.intra_link.latency_s * 1e6:.0f} us",
             f"{node.network.bandwidth_bytes_per_s / 1e9:.3g} GB/s, {node.network.latency_s * 1e6:.0f} us"
             if len(c.nodes) > 1 else "-",
@@ -88,7 +154,7 @@ def simulation_table(sim, cluster: Cluster) -> Table:
     table = Table(title=f"{plan.model} on {cluster.name} in {plan.precision}: {plan.schedule}, {plan.n_stages} stages, {plan.n_micro} "
                         f"micro-batches of {plan.micro_batch_size:g}, grad sync {plan.grad_sync}\n"
                         f"iteration {human_seconds(pred.iteration_s)}, {pred.throughput_samples_per_s:.4g} samples/s, "
-                        f"bubble {sim.bubble_fraction:.1%}; {verdict}")
+                        f"bubble {percent(sim.bubble_fraction, 1)}; {verdict}")
     for col in ("device", "stage", "busy", "idle", "states", "activations", "stash", "peak memory", "capacity"):
         table.add_column(col, justify="right")
     # one breakdown per pipeline rank, named by its first stage; a rank may hold several stages
@@ -125,7 +191,8 @@ def schedules_table(sim, compared) -> Table:
             continue
         peak = max(m.peak_bytes for m in s.prediction.memory)
         table.add_row(v.label + mine, str(v.virtual_stages), human_seconds(s.prediction.iteration_s),
-                      f"{s.prediction.iteration_s / base - 1:+.1%}", f"{s.bubble_fraction:.1%}", human_bytes(peak),
+                      percent(s.prediction.iteration_s / base - 1, 1, sign=True), percent(s.bubble_fraction, 1),
+                      human_bytes(peak),
                       "yes" if s.prediction.feasible else f"[red]no: {s.prediction.reason}[/]")
     return table
 
@@ -231,7 +298,7 @@ def dag_table(sim, cluster: Cluster, graph=None) -> Table:
     table = Table(title=f"{plan.model} on {cluster.name}: operator placement of {n_ops} operators on "
                         f"{len(plan.operators)} devices, batch {plan.global_batch}\n"
                         f"iteration {human_seconds(pred.iteration_s)}, {pred.throughput_samples_per_s:.4g} samples/s, "
-                        f"idle {sim.bubble_fraction:.1%}; {verdict}{path}")
+                        f"idle {percent(sim.bubble_fraction, 1)}; {verdict}{path}")
     for col in ("device", "operators", "busy", "idle", "peak memory", "capacity"):
         table.add_column(col, justify="right")
     peaks = {m.device: m for m in pred.memory}
@@ -247,26 +314,26 @@ def dag_table(sim, cluster: Cluster, graph=None) -> Table:
 _STATUS_ORDER = {"ok": 0, "infeasible": 1, "failed": 2, "timeout": 3, "refused": 4, "skipped": 5}
 
 
-def auto_table(result, title: str) -> Table:
+def auto_table(result, title: str, cluster: Cluster | None = None) -> Table:
     """Every planner's row of `paraplan plan --planner auto` (paraplan/planners/auto.py Comparison): feasible
-    plans fastest first, the chosen one marked, then the rest with why."""
-    t = Table(title=title)
-    for col in ("planner", "shape", "micro", "iteration", "samples/s", "peak memory (max / capacity)", "bubble",
-                "search", "verdict"):
-        t.add_column(col, justify="right" if col in ("micro", "iteration", "samples/s", "bubble", "search") else "left")
+    plans fastest first, the chosen one marked, then the rest with why. Each time column has one
+    unit (`seconds_unit`); memory is the tightest device's (`memory_text`)."""
     rows = sorted(result.rows, key=lambda r: (_STATUS_ORDER.get(r.status, 9),
                                               r.iteration_s if r.iteration_s is not None else float("inf"), r.planner))
+    iteration = seconds_unit(r.iteration_s for r in rows)
+    search = seconds_unit(r.search_s for r in rows)
+    t = Table(title=title)
+    for col in ("planner", "shape", "micro", "iteration", "samples/s", "peak memory (tightest device)", "bubble",
+                "search", "verdict"):
+        t.add_column(col, justify="right" if col in ("micro", "iteration", "samples/s", "bubble", "search") else "left")
     for r in rows:
         best = r.planner == result.best
-        peak = (f"{human_bytes(max(r.peak_bytes))} / {human_bytes(max(r.capacity_bytes))}"
-                if r.peak_bytes and r.capacity_bytes else "")
         verdict = "best" if best else ("feasible" if r.status == "ok" else f"{r.status}: {r.reason}")
         if r.timed_out and r.plan is not None:  # the search was stopped: say the plan is its best so far
             verdict += f" ({r.reason})" if r.status == "ok" else ""
         t.add_row(("* " if best else "") + r.planner, r.shape, str(r.plan.n_micro) if r.plan else "",
-                  human_seconds(r.iteration_s) if r.iteration_s is not None else "",
-                  f"{r.throughput:.4g}" if r.throughput is not None else "", peak,
-                  f"{r.bubble:.0%}" if r.bubble is not None else "",
-                  human_seconds(r.search_s) if r.search_s is not None else "", verdict,
+                  in_unit(r.iteration_s, iteration), f"{r.throughput:.4g}" if r.throughput is not None else "",
+                  memory_text(r, cluster), percent(r.bubble) if r.bubble is not None else "",
+                  in_unit(r.search_s, search), verdict,
                   style="bold green" if best else ("dim" if r.status in ("skipped",) else None))
     return t

@@ -25,7 +25,35 @@ class Comparison:
 
     @property
     def error(self) -> float:
-        return self.predicted_s / self.measured_median_s - 1
+        """(measured - predicted) / predicted: +1.04 when the measured step took 2.04x the prediction."""
+        return relative_error(self.predicted_s, self.measured_median_s)
+
+
+def relative_error(predicted_s: float, measured_s: float) -> float:
+    """The one direction every error of a prediction is stated in: (measured - predicted) /
+    predicted, positive when the run was slower than predicted."""
+    return measured_s / predicted_s - 1 if predicted_s > 0 else float("inf")
+
+
+def _percent(error: float) -> str:
+    text = f"{error:+.0%}"
+    return text if any(c in "123456789" for c in text) else "+0%"  # never "-0%"
+
+
+def ratio_text(predicted_s: float, measured_s: float) -> str:
+    """'2.04x (+104%)': measured over predicted, for a column headed "measured / predicted"."""
+    if not predicted_s > 0:
+        return "—"
+    return f"{measured_s / predicted_s:.2f}x ({_percent(relative_error(predicted_s, measured_s))})"
+
+
+def against_prediction(predicted_s: float, measured_s: float) -> str:
+    """'measured 2.04x the prediction (+104%)': the words every comparison of a measured time with
+    its prediction uses (train --compare, its drift warning, the figure's title)."""
+    if not predicted_s > 0:
+        return "measured with no prediction to compare"
+    return (f"measured {measured_s / predicted_s:.2f}x the prediction "
+            f"({_percent(relative_error(predicted_s, measured_s))})")
 
 
 def step_times(out_dir: str | Path) -> list[float]:
@@ -72,7 +100,8 @@ def compare_run(plan: Plan, cm: CostModel, out_dir: str | Path) -> Comparison:
         shape = (f"{_count(plan.n_stages, 'stage')} x {_count(replicas, 'replica')}, "
                  f"{_count(plan.n_micro, 'micro-batch', 'micro-batches')} of {plan.micro_batch_size / replicas:g}")
     side_by_side(one_step(runs, steps[drawn]), sim.timeline, out / "compare.png",
-                 title=f"{plan.model}: {plan.schedule}, {shape}; error of the prediction {result.error:+.1%}",
+                 title=f"{plan.model}: {plan.schedule}, {shape}; "
+                       f"{against_prediction(result.predicted_s, result.measured_median_s)}",
                  measured_s=per_step[drawn], measured_label=label, predicted_s=result.predicted_s)
     return result
 

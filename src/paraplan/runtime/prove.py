@@ -37,7 +37,18 @@ class Measured:
 
     @property
     def error(self) -> float:
-        return self.predicted_s / self.median_s - 1.0
+        """(measured - predicted) / predicted (runtime/compare.py: relative_error): positive when
+        the run was slower than predicted."""
+        from paraplan.runtime.compare import relative_error
+
+        return relative_error(self.predicted_s, self.median_s)
+
+    @property
+    def ratio(self) -> str:
+        """'2.04x (+104%)': measured over predicted (runtime/compare.py: ratio_text)."""
+        from paraplan.runtime.compare import ratio_text
+
+        return ratio_text(self.predicted_s, self.median_s)
 
 
 def one_process_plan(like: Plan) -> Plan:

@@ -41,12 +41,17 @@ class TimeSplit:
         """The split in words (`paraplan simulate`)."""
         rest = _beyond_compute(self.exposed_comm_s, self.exposed_sync_s, self.after_s, self.idle_s, self.n_used,
                                self.n_devices)
-        return ", ".join([f"{self.compute_s * 1e3:.4g} ms compute"] + [text for _, text in rest])
+        return ", ".join([f"{_ms(self.compute_s)} ms compute"] + [text for _, text in rest])
 
     @property
     def idle_s(self) -> float:
         """Bubbles, imbalance and unused devices: what is left of the iteration."""
         return max(0.0, self.iteration_s - self.compute_s - self.exposed_comm_s - self.after_s)
+
+
+def _ms(s: float) -> str:
+    """Milliseconds in four digits and never an exponent: '1.207e+04' beside '12.07 s' reads as another unit."""
+    return f"{s * 1e3:.4g}" if abs(s) < 10 else f"{s * 1e3:,.0f}"
 
 
 def union_length(start: np.ndarray, end: np.ndarray) -> float:
@@ -63,11 +68,11 @@ def union_length(start: np.ndarray, end: np.ndarray) -> float:
 def _beyond_compute(exposed_s: float, sync_s: float, after_s: float, idle_s: float, n_used: int,
                     n_devices: int) -> list[tuple[float, str]]:
     """(seconds, words) of what an iteration holds beside compute, as both splits say it."""
-    sync = f" ({sync_s * 1e3:.4g} ms of it collectives: gradient sync)" if sync_s > 1e-12 else ""
+    sync = f" ({_ms(sync_s)} ms of it collectives: gradient sync)" if sync_s > 1e-12 else ""
     unused = f", {n_devices - n_used} of {n_devices} devices unused" if n_used < n_devices else ""
-    return [(exposed_s, f"{exposed_s * 1e3:.4g} ms communication not hidden{sync}"),
-            (after_s, f"{after_s * 1e3:.4g} ms after the schedule (step, optimizer, ZeRO gather)"),
-            (idle_s, f"{idle_s * 1e3:.4g} ms idle (bubbles, imbalance{unused})")]
+    return [(exposed_s, f"{_ms(exposed_s)} ms communication not hidden{sync}"),
+            (after_s, f"{_ms(after_s)} ms after the schedule (step, optimizer, ZeRO gather)"),
+            (idle_s, f"{_ms(idle_s)} ms idle (bubbles, imbalance{unused})")]
 
 
 def exposed_comm(timeline: Timeline) -> dict[int, tuple[float, float]]:
@@ -125,11 +130,11 @@ class GapParts:
 
     def describe(self) -> str:
         """The parts in words, those of zero seconds left out."""
-        parts = [(self.extra_compute_s, f"{self.extra_compute_s * 1e3:.4g} ms more compute (smaller pieces, TP "
+        parts = [(self.extra_compute_s, f"{_ms(self.extra_compute_s)} ms more compute (smaller pieces, TP "
                                         "collectives, recomputation)")]
         parts += _beyond_compute(self.exposed_comm_s, self.exposed_sync_s, self.after_s, self.idle_s, self.n_used,
                                  self.n_devices)
-        return ", ".join([f"{self.bound_s * 1e3:.4g} ms the bound"] + [text for x, text in parts if abs(x) > 1e-12])
+        return ", ".join([f"{_ms(self.bound_s)} ms the bound"] + [text for x, text in parts if abs(x) > 1e-12])
 
 
 def against_bound(split: TimeSplit, bound_s: float) -> GapParts:

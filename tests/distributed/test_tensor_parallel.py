@@ -120,6 +120,9 @@ def _tie_conflict(mesh) -> str:
     embedding, other = nn.Embedding(8, 4), nn.Sequential()
     other.add_module("reduction", nn.Linear(4, 8, bias=False))  # not a head projection and, with a
     other.add_module("mixing", nn.Linear(8, 8))  # second matrix beside it, not a lone Linear: replicated
+    # an MLP pair the layer does shard: a layer of replicated Linears alone is refused before any tie
+    other.add_module("fc1", nn.Linear(8, 16))
+    other.add_module("fc2", nn.Linear(16, 8))
     other.reduction.weight = embedding.weight
     memo = {}
     apply_tensor_parallel(embedding, mesh, memo)

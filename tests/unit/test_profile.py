@@ -175,10 +175,13 @@ def test_simulate_with_a_measured_profile(tmp_path, capsys):
     from paraplan.simulator.predict import simulate_plan
 
     spec, cluster, p = measure.measure(zoo.build("gpt2-tiny")), load_cluster("local"), read_plan(plan)
-    measured = simulate_plan(p, profile_cost_model(spec, cluster, read_profile(profile))).prediction.iteration_s
-    analytic = simulate_plan(p, analytic_cost_model(spec, cluster)).prediction.iteration_s
+    with_profile, without = profile_cost_model(spec, cluster, read_profile(profile)), analytic_cost_model(spec, cluster)
+    measured = simulate_plan(p, with_profile).prediction.iteration_s
     assert json.loads(res.stdout)["iteration_s"] == pytest.approx(measured, rel=1e-9)
-    assert measured != pytest.approx(analytic, rel=1e-3)
+    # the layers' compute is the profile's, not the device model's (the iteration alone can coincide
+    # within 0.1%: on the calibrated `local` the runtime's overheads are most of a tiny model's step)
+    forward = [[float(c.compute(0).forward[i](4)) for i in range(spec.n_layers)] for c in (with_profile, without)]
+    assert forward[0] != pytest.approx(forward[1], rel=1e-3)
     lenet = tmp_path / "lenet.json"
     assert run_cli_here(capsys, "profile", "lenet-5", "--batch-sizes", "2", "--repeats", "1", "--warmup", "0", "--no-checks",
                 "--out", str(lenet)).returncode == 0

@@ -247,3 +247,13 @@ def test_every_field_of_a_layer_profile_mutated_is_a_profile_or_one_line(bad):
             profile_from_dict(doc)
         except ProfileFileError:
             pass
+
+
+def test_a_refused_model_is_refused_before_this_machine_is_measured(capsys, tmp_path, monkeypatch):
+    """On `local` with no calibration cached, `plan` measured the machine for a minute, then refused
+    the MoE model; the model is now checked first (cli/machine.py: machine_cluster's check)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
+    line = one_line(run_cli_here(capsys, "plan", "--model", MOE["mixtral"], "--cluster", "local", "--batch", "8",
+                                 "--planner", "even", "--precision", "bf16"))
+    assert "mixture-of-experts" in line and "--no-calibration" not in line
+    assert not list((tmp_path / "empty-cache").rglob("*.toml"))

@@ -15,25 +15,37 @@ def add_calibration_flag(parser) -> None:
     parser.add_argument("--no-calibration", action="store_true", help=NO_CALIBRATION_HELP)
 
 
-def machine_cluster(name: str | None, precision: str | None, *, skip: bool = False, make: bool = True) -> str | None:
+def machine_cluster(name: str | None, precision: str | None, *, skip: bool = False, make: bool = True,
+                    check=lambda: None) -> str | None:
     """`name` itself, or for `local` (unless `skip`) the path of this machine's calibration in
     `precision`, measured now if there is none (one line before, one after, on stderr); with `make`
-    False only a cached one (`local` itself without)."""
+    False only a cached one (`local` itself without). `check()` runs before a measurement starts:
+    what can refuse the request in one line (the model, built on meta) does so before the user waits
+    a minute for this machine to be measured."""
     if name != "local" or skip:
         return name
     from paraplan.profiling.calibration_cache import machine_calibration
 
+    from paraplan.errors import ParaplanError
+
+    refused: list[ParaplanError] = []  # the request's own refusal, not the calibration's
+
     def on_start(path) -> None:
+        try:
+            check()
+        except ParaplanError as exc:
+            refused.append(exc)
+            raise
         what = ("this machine once (paraplan calibrate --quick, about a minute)" if path.name.endswith("-fp32.toml")
                 else f"this machine's {path.stem.rsplit('-', 1)[-1]} compute once (its layers under autocast, "
                      "about 20 s)")
         print(f"paraplan: measuring {what}: it is kept in {path}", file=sys.stderr, flush=True)
 
-    from paraplan.errors import ParaplanError
-
     try:
         found = machine_calibration(precision, allowed=make, on_start=on_start)
     except ParaplanError as exc:  # the library names no flag; the command line's way out is this one
+        if refused:
+            raise
         raise ParaplanError(f"{exc} (--no-calibration)") from None
     if found is None:
         return name

@@ -109,7 +109,14 @@ def _workload(args, cluster, *, batch, operators: str | None, watch, options=Non
     from paraplan.workload import workload
 
     if isinstance(cluster, str) or getattr(cluster, "name", None) == "local":
-        measured = machine_cluster(args.cluster, args.precision, skip=args.no_calibration or bool(args.profile))
+        def check_model() -> None:  # the model refused (an MoE, a failing build) before this machine is measured
+            from paraplan.models import source
+
+            source.build(args.model, device="meta", seq_len=args.seq_len, image_size=args.image_size,
+                         layers=args.layers)
+
+        measured = machine_cluster(args.cluster, args.precision, skip=args.no_calibration or bool(args.profile),
+                                   check=check_model)
         if measured != args.cluster:
             cluster = load_cluster(measured)
 

@@ -24,9 +24,8 @@ def machine_cluster(name: str | None, precision: str | None, *, skip: bool = Fal
     a minute for this machine to be measured."""
     if name != "local" or skip:
         return name
-    from paraplan.profiling.calibration_cache import machine_calibration
-
     from paraplan.errors import ParaplanError
+    from paraplan.profiling.calibration_cache import machine_calibration
 
     refused: list[ParaplanError] = []  # the request's own refusal, not the calibration's
 

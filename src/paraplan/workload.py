@@ -75,6 +75,15 @@ class Workload:
     request: PlanRequest | None = None
 
 
+def built_model(reference: str, *, seq_len: int | None = None, image_size: int | None = None,
+                layers: str | None = None) -> BuiltModel:
+    """The model built on meta, unmeasured: cheap (GPT-3 175B in well under a second), and where a
+    model is refused (a mixture of experts, a build that fails) it is refused here."""
+    from paraplan.models import source
+
+    return source.build(reference, device="meta", seq_len=seq_len, image_size=image_size, layers=layers)
+
+
 def measured_model(reference: str, *, seq_len: int | None = None, image_size: int | None = None,
                    layers: str | None = None, watch: Watch | None = None,
                    precision: str = "fp32", attention: str = "math") -> tuple[BuiltModel, ModelSpec]:
@@ -93,6 +102,14 @@ def measured_model(reference: str, *, seq_len: int | None = None, image_size: in
             n_layers = len(built.layers())
         with watch.progress(f"measuring {built.name} on meta", 2 * n_layers) as advance:
             return built, measure.measure(built, progress=advance, precision=precision, attention=attention)
+
+
+def size_note(built: BuiltModel, *, seq_len: int | None = None, image_size: int | None = None) -> str:
+    """The input size the model is planned at and where it came from, one line (models/input_note.py;
+    `seq_len` / `image_size`: the command line's flags, when given)."""
+    from paraplan.models.input_note import built_note
+
+    return built_note(built, seq_len=seq_len, image_size=image_size)
 
 
 def attention_kernel(cluster: Cluster, precision: str) -> str:

@@ -19,7 +19,7 @@ def _json(*args) -> object:
 
 def test_models_and_clusters():
     models = _json("models")
-    assert isinstance(models, list) and all(set(m) == {"family", "layers", "model", "parameters", "source"}
+    assert isinstance(models, list) and all(set(m) == {"family", "layers", "model", "parameters", "size", "source"}
                                             for m in models)
     clusters = _json("clusters")
     assert all(set(c) == {"default_precision", "description", "device_types", "format_version", "name", "nodes"} for c in clusters)
@@ -27,7 +27,7 @@ def test_models_and_clusters():
 
 def test_inspect():
     d = _json("inspect", "lenet-5")
-    assert set(d) == {"batch", "cluster", "device", "family", "inputs", "layers", "model", "parameters"}
+    assert set(d) == {"batch", "cluster", "device", "family", "input_note", "inputs", "layers", "model", "parameters"}
 
 
 def test_plan_with_one_planner_and_simulate(tmp_path):

@@ -28,6 +28,10 @@ PAPER_PARAMS = [
     ("vgg-19", 143.67e6, 0.01),
     ("alexnet", 61.10e6, 0.01),
     ("lenet-5", 61706, 0.001),
+    # Llama 3.1 (Dubey et al. 2024, Table 3; the published checkpoints: 8.03B, 70.6B, 405.9B)
+    ("llama3.1-8b", 8.03e9, 0.01),
+    ("llama3.1-70b", 70.55e9, 0.01),
+    ("llama3.1-405b", 405.85e9, 0.01),
 ]
 
 

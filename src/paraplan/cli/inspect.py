@@ -25,14 +25,14 @@ def run(args) -> int:
     from paraplan.costs.analytic import analytic_costs
     from paraplan.hardware import load_cluster
     from paraplan.report.tables import console, layers_table
-    from paraplan.workload import measured_model
+    from paraplan.workload import measured_model, size_note
 
     require_positive(args.batch, "--batch")
     cluster = load_cluster(args.cluster)
     if not 0 <= args.device < cluster.n_devices:
         raise ParaplanError(f"--device: {cluster.name} has devices 0..{cluster.n_devices - 1}, got {args.device}")
-    _, spec = measured_model(args.model, seq_len=args.seq_len, image_size=args.image_size, layers=args.layers,
-                             watch=BARS)
+    built, spec = measured_model(args.model, seq_len=args.seq_len, image_size=args.image_size, layers=args.layers,
+                                 watch=BARS)
     other = 1 if cluster.n_devices > 1 else 0
     link = cluster.link(args.device, (args.device + other) % cluster.n_devices) if other else cluster.nodes[0].intra_link
     device = cluster.device(args.device)
@@ -42,6 +42,7 @@ def run(args) -> int:
         print(json.dumps({
             "model": spec.name, "family": spec.family, "parameters": spec.param_count, "batch": args.batch,
             "cluster": cluster.name, "device": device.name, "inputs": spec.inputs.describe(),
+            "input_note": size_note(built, seq_len=args.seq_len, image_size=args.image_size),
             "layers": [{"index": layer.index, "name": layer.name, "kind": layer.kind, "parameters": layer.param_count,
                         "param_bytes": layer.param_bytes, "shared_param_bytes": layer.shared_param_bytes,
                         "forward_flops_per_sample": layer.forward_flops.per_sample,
@@ -54,4 +55,5 @@ def run(args) -> int:
         }, indent=2))
     else:
         console().print(layers_table(spec, costs, args.batch, f"{device.name} ({cluster.name})"))
+        console().print(f"input: {size_note(built, seq_len=args.seq_len, image_size=args.image_size)}")
     return 0

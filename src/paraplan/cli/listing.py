@@ -31,14 +31,24 @@ def run_models(args) -> int:
         for name in names:
             built = zoo.build(name, device="meta")
             params = sum(p.numel() for p in built.module.parameters())
-            rows.append((name, built.family, params, len(built.layers()), zoo.entry(name).source))
+            rows.append((name, built.family, params, len(built.layers()), _size(built.inputs), zoo.entry(name).source))
             advance()
     if args.json:
-        print(json.dumps([{"model": r[0], "family": r[1], "parameters": r[2], "layers": r[3], "source": r[4]}
-                          for r in rows], indent=2))
+        print(json.dumps([{"model": r[0], "family": r[1], "parameters": r[2], "layers": r[3], "size": r[4],
+                           "source": r[5]} for r in rows], indent=2))
     else:
         console().print(models_table(rows))
     return 0
+
+
+def _size(inputs) -> str:
+    """What a zoo entry is planned at unless told otherwise: its sequence length (seq2seq: encoder /
+    decoder) or image size (`--seq-len` / `--image-size` change it)."""
+    if inputs.kind == "image":
+        return f"{inputs.image_size}x{inputs.image_size}"
+    if inputs.kind == "seq2seq":
+        return f"{inputs.seq_len}/{inputs.decoder_seq_len}"
+    return str(inputs.seq_len) if inputs.seq_len else "-"
 
 
 def run_clusters(args) -> int:

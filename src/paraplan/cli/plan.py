@@ -110,10 +110,9 @@ def _workload(args, cluster, *, batch, operators: str | None, watch, options=Non
 
     if isinstance(cluster, str) or getattr(cluster, "name", None) == "local":
         def check_model() -> None:  # the model refused (an MoE, a failing build) before this machine is measured
-            from paraplan.models import source
+            from paraplan.workload import built_model
 
-            source.build(args.model, device="meta", seq_len=args.seq_len, image_size=args.image_size,
-                         layers=args.layers)
+            built_model(args.model, seq_len=args.seq_len, image_size=args.image_size, layers=args.layers)
 
         measured = machine_cluster(args.cluster, args.precision, skip=args.no_calibration or bool(args.profile),
                                    check=check_model)
@@ -162,8 +161,9 @@ def run_one(args, given: dict) -> int:
     check_output("--out", args.out)
     # max / best: the planner searches from the smallest step
     batch = 1 if args.batch in ("max", "best") else args.batch
-    request = _workload(args, args.cluster, batch=batch, options=options, watch=BARS,
-                        operators="required" if spec_of_planner.needs_operators else None).request
+    w = _workload(args, args.cluster, batch=batch, options=options, watch=BARS,
+                  operators="required" if spec_of_planner.needs_operators else None)
+    request = w.request
     with console(stderr=True).status(f"planning with {args.planner}"), pure_work():
         plan = make_plan(request, args.planner, predict=False)  # simulated once, below
         if not args.json:  # --json reports the prediction of a plan that does not fit too
@@ -178,12 +178,24 @@ def run_one(args, given: dict) -> int:
         _print_placement(args, sim, request.costs.cluster)
     elif feasible:
         _print_stages(args, sim, request.costs.cluster)
+    if not args.json:
+        _print_input(args, w.built)
     if not feasible:
         planner_reason = plan.prediction.reason if plan.prediction is not None else ""
         if planner_reason and planner_reason != sim.prediction.reason:  # the planner knows more (which layer fits no strategy)
             raise ParaplanError(flags_in(planner_reason))
         raise ParaplanError(f"{args.planner} found no plan that fits: its best {sim.prediction.reason}")
     return 0
+
+
+def _print_input(args, built) -> None:
+    """The input size the plan is for and where it came from (`paraplan plan --model llama2-7b` plans
+    at CSIMD's 32 tokens unless told otherwise: issue 46), on the console the table went to."""
+    from paraplan.report.tables import console
+    from paraplan.workload import size_note
+
+    out = console(stderr=args.json)
+    out.print(f"input: {size_note(built, seq_len=args.seq_len, image_size=args.image_size)}")
 
 
 def _print_one_json(args, sim, feasible: bool) -> None:
@@ -345,6 +357,7 @@ def run_auto(args, given: dict) -> int:
         print(json.dumps(auto_json(result, args.out if best else None, gap, plan_to_dict), indent=2))
     else:
         _print_comparison(args, result, best, gap, w.built.ref, w.costs)
+        _print_input(args, w.built)
     if args.report:  # its memory budget included, as the rows were judged
         _write_report(args, result, request.costs, err)
     if best is not None and args.try_top is not None:

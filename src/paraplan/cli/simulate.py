@@ -82,6 +82,10 @@ def run(args) -> int:
     if args.out:
         write_plan(sim.plan, args.out)
     _print(args, sim, cluster, compared)
+    if not args.json:  # the size the prediction is for, and where it came from (issue 46)
+        from paraplan.workload import size_note
+
+        console().print(f"input: {size_note(w.built, seq_len=args.seq_len, image_size=args.image_size)}")
     return 0
 
 

@@ -33,6 +33,10 @@ def _config(ref: ModelRef):
     target = ref.target
     if target.endswith(".json") or "/" in target:
         path = Path(target)
+        if path.is_dir() and (path / "config.json").is_file():  # a downloaded model's directory
+            path = path / "config.json"
+        if not path.is_file() and not target.endswith(".json") and not path.exists():
+            raise FieldError("model", _hub_name_help(target))
         if not path.is_file():
             raise FieldError("model", f"hf: no such config file {target!r}")
         try:
@@ -58,6 +62,22 @@ def _config(ref: ModelRef):
         raise FieldError("model", f"hf: bad config for {target}: {detail}") from None
     config.use_cache = False  # training: no key/value cache, and blocks then take no cache object
     return target, config
+
+
+def _hub_name_help(target: str) -> str:
+    """`hf:meta-llama/Llama-3.1-8B` names a model on the Hugging Face hub, which paraplan does not read
+    (it plans offline, from shapes): say where configs come from, and the zoo's entry where it has one."""
+    import difflib
+
+    from paraplan.models import zoo
+
+    name = target.rsplit("/", 1)[-1].lower().replace("meta-llama-", "").replace("-", "").replace("_", "")
+    keys = {n.replace("-", "").replace(".", ""): n for n in zoo.names()}
+    close = difflib.get_close_matches(name.replace(".", ""), list(keys), n=1, cutoff=0.8)
+    zoo_hint = f"; the zoo has it as {keys[close[0]]} (`paraplan models`)" if close else ""
+    return (f"hf: {target!r} is neither a config file nor a directory here: paraplan reads no model hub; give a "
+            "local config (hf:path/to/config.json, or the directory holding it) or a model type with overrides "
+            f"(hf:llama?num_hidden_layers=32&hidden_size=4096&...){zoo_hint}")
 
 
 def _strict_errors() -> tuple[type[Exception], ...]:

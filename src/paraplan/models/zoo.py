@@ -155,6 +155,18 @@ _ENTRIES: list[ZooEntry] = [
              _llama(40, 5120, 40, 40, 13824, 32000, tied=False), _tokens(1024, 32000)),
     ZooEntry("llama2-70b", "llama", "CSIMD Table V: 80 layers, d 8192, 64 heads, S=1024",
              _llama(80, 8192, 64, 8, 28672, 32000, tied=False), _tokens(1024, 32000)),
+    # Llama 3.1 at its pre-training context of 8,192 tokens (Dubey et al. 2024, "The Llama 3 Herd of
+    # Models", Table 3: layers, model dimension, FFN dimension, heads, 8 key/value heads, vocabulary
+    # 128,256, RoPE base 500,000; untied embeddings), the shapes of today's published runs
+    # (torchtitan's Llama 3.1 benchmarks, Megatron-LM's model zoo)
+    ZooEntry("llama3.1-8b", "llama", "Llama 3.1 8B (Dubey et al. 2024, Table 3): 32 layers, d 4096, 32 heads, S=8192",
+             _llama(32, 4096, 32, 8, 14336, 128256, tied=False, rope_theta=500000.0), _tokens(8192, 128256)),
+    ZooEntry("llama3.1-70b", "llama", "Llama 3.1 70B (Dubey et al. 2024, Table 3): 80 layers, d 8192, 64 heads, "
+                                      "S=8192",
+             _llama(80, 8192, 64, 8, 28672, 128256, tied=False, rope_theta=500000.0), _tokens(8192, 128256)),
+    ZooEntry("llama3.1-405b", "llama", "Llama 3.1 405B (Dubey et al. 2024, Table 3): 126 layers, d 16384, 128 heads, "
+                                       "S=8192",
+             _llama(126, 16384, 128, 8, 53248, 128256, tied=False, rope_theta=500000.0), _tokens(8192, 128256)),
     ZooEntry("gpt3-175b", "gpt2", "CSIMD Table V: 96 layers, d 12288, 96 heads, S=1024 (GPT-style config)",
              _gpt2(96, 12288, 96, positions=2048), _tokens(1024, 50257)),
     # Galvatron-BMW Table I (seq 512; images 224)

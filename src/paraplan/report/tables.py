@@ -96,13 +96,15 @@ def compared_text(result) -> str:
             f"{'s' if len(result.rows) != 1 else ''}, in {result.wall_s:.1f} s")
 
 
-def models_table(rows: list[tuple[str, str, int, int, str]]) -> Table:
-    table = Table(title="paraplan model zoo", show_lines=False)
+def models_table(rows: list[tuple[str, str, int, int, str, str]]) -> Table:
+    """The zoo: each entry with the sequence length (or image size) it is planned at by default."""
+    table = Table(title="paraplan model zoo (sequence or image: the default size; --seq-len / --image-size change it)",
+                  show_lines=False)
     for col, justify in (("model", "left"), ("family", "left"), ("parameters", "right"), ("layers", "right"),
-                         ("source", "left")):
+                         ("sequence or image", "right"), ("source", "left")):
         table.add_column(col, justify=justify)
-    for name, family, params, n_layers, source in rows:
-        table.add_row(name, family, human_count(params), str(n_layers), source)
+    for name, family, params, n_layers, size, source in rows:
+        table.add_row(name, family, human_count(params), str(n_layers), size, source)
     return table
 
 

@@ -64,6 +64,19 @@ def _check_request_keywords(kw: dict, what: str) -> None:
         raise FieldError("options", f"expected a dict of planner options, got {type(options).__name__}")
 
 
+def _check_names(model, cluster) -> None:
+    """The request's names: a model reference and a cluster as text (a path too)."""
+    if not isinstance(model, (str, Path)):
+        raise ApiArgumentError(f"model: expected a model reference such as 'gpt2-xl', got {type(model).__name__}")
+    if not isinstance(cluster, (str, Path)):
+        raise ApiArgumentError(f"cluster: expected a preset name or a cluster file, got {type(cluster).__name__}")
+
+
+def _whole(name: str, value, least: int = 0) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise FieldError(name, f"must be a whole number of at least {least}, got {value!r}")
+
+
 def _check_time_limit(time_limit) -> None:
     if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0:
         raise FieldError("time_limit", f"must be a positive number of seconds, got {time_limit!r}")
@@ -119,7 +132,10 @@ def compare(model: str, cluster: str, batch: int, *, time_limit: float = 60.0, p
     from paraplan.planners.auto import compare as run
 
     _check_request_keywords(kw, "compare")
+    _check_names(model, cluster)
     _check_time_limit(time_limit)
+    if isinstance(planners, str):  # one planner's name, as `planners="csimd"` reads
+        planners = [planners]
     if engine is not None:
         from paraplan.engines import check_engine
 
@@ -145,6 +161,8 @@ def export(plan_or_path: Plan | str | Path, to: str, out: str | Path | None = No
     from paraplan.system.fileio import atomic_write_text
 
     plan = _plan_of(plan_or_path, "export")
+    if not isinstance(to, str):
+        raise ApiArgumentError(f"export: to= names an engine (torchtitan, megatron, deepspeed), got {to!r}")
     csv_path = str(Path(out).with_suffix(".schedule.csv")) if out is not None else "schedule.csv"
     result = run(plan, to, schedule_csv_path=csv_path)
     if out is not None:
@@ -165,7 +183,13 @@ def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_li
     predicted distinct plans run for real, `rounds` interleaved rounds of `steps` steps, and the
     measured best returned (`paraplan plan --try-top K`)."""
     _check_request_keywords(kw, "plan")
+    _check_names(model, cluster)
+    if not isinstance(planner, str):
+        raise ApiArgumentError(f"planner: expected a planner's name or 'auto', got {type(planner).__name__}")
     _check_time_limit(time_limit)
+    _whole("try_top", try_top)
+    _whole("rounds", rounds, 1)
+    _whole("steps", steps, 1)
     if planner == "auto":
         if try_top:
             from paraplan.hardware import load_cluster

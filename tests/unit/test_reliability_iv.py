@@ -18,6 +18,7 @@ import paraplan
 from paraplan.errors import ParaplanError
 
 DATA = Path(__file__).resolve().parent.parent / "data"
+EXAMPLE = Path(__file__).resolve().parent.parent.parent / "examples" / "gpt2-tiny-local-1f1b-2x4.json"
 MOE = {
     "mixtral": "hf:mixtral?num_hidden_layers=2&hidden_size=64&intermediate_size=128&num_attention_heads=4"
                "&num_key_value_heads=2&num_local_experts=4&vocab_size=256",
@@ -123,6 +124,12 @@ def test_stages_of_different_widths_with_strategies_are_one_line(capsys, tmp_pat
     (lambda: paraplan.simulate(3), "simulate: expected a Plan or the path"),
     (lambda: paraplan.export(None, to="megatron"), "export: expected a Plan or the path"),
     (lambda: paraplan.load_plan(7), "load_plan: expected the path"),
+    (lambda: paraplan.plan(None, "local", batch=8, planner="even"), "model: expected a model reference"),
+    (lambda: paraplan.plan("lenet-5", "local", batch=8, planner=None), "planner: expected a planner's name"),
+    (lambda: paraplan.plan("lenet-5", "local", batch=True, planner="even"), "batch: must be a positive whole"),
+    (lambda: paraplan.plan("lenet-5", "local", batch=8, planner="csimd", stages="2"), "stages: must be a whole"),
+    (lambda: paraplan.plan("lenet-5", "local", batch=8, try_top="2"), "try_top: must be a whole number"),
+    (lambda: paraplan.export(paraplan.load_plan(EXAMPLE), to=None), "to= names an engine"),
 ])
 def test_the_api_answers_every_refusal_with_a_paraplan_error(call, match):
     with pytest.raises(ParaplanError, match=match):
@@ -133,6 +140,10 @@ def test_the_api_refuses_a_bad_training_call_before_any_process_starts(tmp_path)
     plan = paraplan.plan("lenet-5", "local", batch=8, planner="even")
     with pytest.raises(ParaplanError, match="unexpected keyword 'bogus'"):
         paraplan.train(plan, steps=1, bogus=2)
+    with pytest.raises(ParaplanError, match="steps: must be a whole number"):
+        paraplan.train(plan, steps="3")
+    with pytest.raises(ParaplanError, match="lr: must be a number"):
+        paraplan.train(plan, steps=1, lr="x")
     with pytest.raises(ParaplanError, match="nproc: must be a positive whole number"):
         paraplan.train(plan, steps=1, nproc=0, out_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()

@@ -55,9 +55,12 @@ class PlanRequest:
     tensor_parallel: frozenset | None = None
 
     def __post_init__(self):
-        if not isinstance(self.batch, int) or self.batch < 1:
+        if not isinstance(self.batch, int) or isinstance(self.batch, bool) or self.batch < 1:
             raise FieldError("batch", f"must be a positive whole number, got {self.batch}")
         n_devices = self.costs.cluster.n_devices
+        for field_name, value in (("stages", self.n_stages), ("micro_batches", self.n_micro)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise FieldError(field_name, f"must be a whole number, got {value!r}")
         if self.n_stages is not None:
             if self.n_stages < 1:
                 raise FieldError("stages", f"must be positive, got {self.n_stages}")

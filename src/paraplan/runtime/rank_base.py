@@ -78,6 +78,14 @@ class TrainConfig:
         if self.clip_norm is not None and any(st.zero for stage in self.plan.stages for st in stage.strategies):
             raise FieldError("clip_norm", "gradient clipping with ZeRO-1/2 layers is not run yet (the norm needs "
                                           "every replica's gradient chunk)")
+        for name in ("steps", "seed", "checkpoint_every"):  # whole numbers (an API caller's "3" is no step count)
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise FieldError(name, f"must be a whole number, got {value!r}")
+        for name in ("lr", "timeout_s", "clip_norm"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+                raise FieldError(name, f"must be a number, got {value!r}")
         for name in ("steps", "lr", "timeout_s"):
             if not getattr(self, name) > 0:
                 raise FieldError(name, f"must be positive, got {getattr(self, name)}")

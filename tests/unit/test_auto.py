@@ -120,7 +120,8 @@ def test_cli_json_schema_and_the_plan_written(tmp_path):
     data = json.loads(res.stdout)
     assert data["schema"] == "paraplan.plan.auto/1"
     assert set(data) == {"schema", "best", "out", "gap_to_bound", "wall_s", "lower_bound", "rows", "cost_source",
-                         "engine", "unrestricted_best", "best_time_split"}
+                         "engine", "unrestricted_best", "best_time_split", "input_note"}
+    assert data["input_note"].startswith("image 32x32 (the zoo's setting for lenet-5")
     assert data["engine"] is None and data["unrestricted_best"] is None and data["cost_source"]
     assert set(data["lower_bound"]) == {"iteration_s", "work_s", "one_device_s", "n_devices", "binding", "micro_batch",
                                         "operator_work_s"}

@@ -34,11 +34,12 @@ def test_plan_with_one_planner_and_simulate(tmp_path):
     out = tmp_path / "p.json"
     d = _json("plan", "--planner", "csimd", "--model", "lenet-5", "--cluster", "local", "--batch", "8", "--out",
               str(out))
-    assert set(d) == {"feasible", "layers", "n_micro", "n_stages", "note", "operators_per_device", "out", "planner",
-                      "prediction", "reason", "search"}
+    assert set(d) == {"feasible", "input_note", "layers", "n_micro", "n_stages", "note", "operators_per_device", "out",
+                      "planner", "prediction", "reason", "search"}
     s = _json("simulate", str(out))
-    assert set(s) == {"bubble_fraction", "cost_source", "devices", "feasible", "iteration_s", "memory",
+    assert set(s) == {"bubble_fraction", "cost_source", "devices", "feasible", "input_note", "iteration_s", "memory",
                       "memory_at_peak", "precision", "reason", "throughput_samples_per_s", "time_split"}
+    assert d["input_note"] == s["input_note"] and d["input_note"].startswith("image 32x32 (the zoo's setting")
     split = s["time_split"]  # the parts add up to the iteration (simulator/time_split.py)
     assert split["compute_s"] + split["exposed_comm_s"] + split["after_s"] + split["idle_s"] == \
         pytest.approx(s["iteration_s"], rel=1e-9)

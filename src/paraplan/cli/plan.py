@@ -173,7 +173,7 @@ def run_one(args, given: dict) -> int:
     if feasible:
         write_plan(sim.plan, args.out)
     if args.json:
-        _print_one_json(args, sim, feasible)
+        _print_one_json(args, sim, feasible, _input_note(args, w.built))
     elif feasible and sim.dag is not None:
         _print_placement(args, sim, request.costs.cluster)
     elif feasible:
@@ -192,13 +192,19 @@ def _print_input(args, built) -> None:
     """The input size the plan is for and where it came from (`paraplan plan --model llama2-7b` plans
     at CSIMD's 32 tokens unless told otherwise: issue 46), on the console the table went to."""
     from paraplan.report.tables import console
+
+    console(stderr=args.json).print(f"input: {_input_note(args, built)}")
+
+
+def _input_note(args, built) -> str:
+    """"seq 32 (the zoo's setting for llama2-7b: ...; --seq-len N to change)": the line above, and
+    --json's `input_note`."""
     from paraplan.workload import size_note
 
-    out = console(stderr=args.json)
-    out.print(f"input: {size_note(built, seq_len=args.seq_len, image_size=args.image_size)}")
+    return size_note(built, seq_len=args.seq_len, image_size=args.image_size)
 
 
-def _print_one_json(args, sim, feasible: bool) -> None:
+def _print_one_json(args, sim, feasible: bool, input_note: str) -> None:
     from paraplan.plans.plan_file import plan_to_dict
 
     d = plan_to_dict(sim.plan)
@@ -207,7 +213,7 @@ def _print_one_json(args, sim, feasible: bool) -> None:
                       "n_micro": sim.plan.n_micro, "layers": [s["layers"] for s in d["stages"]],
                       "operators_per_device": {str(p.device): len(p.ops) for p in sim.plan.operators},
                       "prediction": d["prediction"], "search": d["search"],
-                      "note": flags_in(sim.plan.search.note)}, indent=2))
+                      "note": flags_in(sim.plan.search.note), "input_note": input_note}, indent=2))
 
 
 def _print_placement(args, sim, cluster) -> None:
@@ -354,7 +360,8 @@ def run_auto(args, given: dict) -> int:
     if args.json:
         from paraplan.plans.plan_file import plan_to_dict
 
-        print(json.dumps(auto_json(result, args.out if best else None, gap, plan_to_dict), indent=2))
+        print(json.dumps({**auto_json(result, args.out if best else None, gap, plan_to_dict),
+                          "input_note": _input_note(args, w.built)}, indent=2))
     else:
         _print_comparison(args, result, best, gap, w.built.ref, w.costs)
         _print_input(args, w.built)

@@ -81,11 +81,13 @@ def run(args) -> int:
         _write_figures(args, plan, sim, cluster)
     if args.out:
         write_plan(sim.plan, args.out)
-    _print(args, sim, cluster, compared)
-    if not args.json:  # the size the prediction is for, and where it came from (issue 46)
-        from paraplan.workload import size_note
+    from paraplan.workload import size_note
 
-        console().print(f"input: {size_note(w.built, seq_len=args.seq_len, image_size=args.image_size)}")
+    # the size the prediction is for, and where it came from (issue 46): a line, or --json's input_note
+    note = size_note(w.built, seq_len=args.seq_len, image_size=args.image_size)
+    _print(args, sim, cluster, compared, note)
+    if not args.json:
+        console().print(f"input: {note}")
     return 0
 
 
@@ -135,7 +137,7 @@ def _write_figures(args, plan, sim, cluster) -> None:
         chrome_trace(sim.timeline, args.trace, name=f"{plan.model} {plan.schedule}", task_names=names)
 
 
-def _print(args, sim, cluster, compared=None) -> None:
+def _print(args, sim, cluster, compared=None, input_note: str = "") -> None:
     from paraplan.plans.plan_file import plan_to_dict
     from paraplan.report.tables import (
         console,
@@ -154,7 +156,7 @@ def _print(args, sim, cluster, compared=None) -> None:
                    # where the iteration goes, per device over the cluster (simulator/time_split.py)
                    time_split={**asdict(sim.split), "idle_s": sim.split.idle_s},
                    # what each stage's devices hold at their peak, by category, heaviest first (layer plans)
-                   memory_at_peak=memory_at_peak(sim))
+                   memory_at_peak=memory_at_peak(sim), input_note=input_note)
         if compared is not None:
             out["schedules"] = [{"schedule": v.kind, "virtual_stages": v.virtual_stages, "reason": v.reason}
                                 if s is None else

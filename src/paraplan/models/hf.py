@@ -37,6 +37,8 @@ def _config(ref: ModelRef):
             path = path / "config.json"
         if not path.is_file() and not target.endswith(".json") and not path.exists():
             raise FieldError("model", _hub_name_help(target))
+        if path.is_dir():
+            raise FieldError("model", f"hf: the directory {target!r} holds no config.json")
         if not path.is_file():
             raise FieldError("model", f"hf: no such config file {target!r}")
         try:
@@ -67,17 +69,24 @@ def _config(ref: ModelRef):
 def _hub_name_help(target: str) -> str:
     """`hf:meta-llama/Llama-3.1-8B` names a model on the Hugging Face hub, which paraplan does not read
     (it plans offline, from shapes): say where configs come from, and the zoo's entry where it has one."""
-    import difflib
-
     from paraplan.models import zoo
 
-    name = target.rsplit("/", 1)[-1].lower().replace("meta-llama-", "").replace("-", "").replace("_", "")
-    keys = {n.replace("-", "").replace(".", ""): n for n in zoo.names()}
-    close = difflib.get_close_matches(name.replace(".", ""), list(keys), n=1, cutoff=0.8)
-    zoo_hint = f"; the zoo has it as {keys[close[0]]} (`paraplan models`)" if close else ""
+    keys = {_plain_name(n): n for n in zoo.names(include_tiny=False)}
+    known = keys.get(_plain_name(target.rsplit("/", 1)[-1]))
+    zoo_hint = f"; the zoo has its shape as {known} (`paraplan models`)" if known else ""
     return (f"hf: {target!r} is neither a config file nor a directory here: paraplan reads no model hub; give a "
             "local config (hf:path/to/config.json, or the directory holding it) or a model type with overrides "
             f"(hf:llama?num_hidden_layers=32&hidden_size=4096&...){zoo_hint}")
+
+
+def _plain_name(name: str) -> str:
+    """A model's name as the zoo and the hub would both spell it: "Meta-Llama-3.1-8B-Instruct" and
+    "llama3.1-8b" are "llama318b" (a fine-tuned variant has its base model's shape); exact, so that
+    "gpt2" never stands for "gpt2-xl" nor "Llama-3.2-1B" for "llama3.2-3b"."""
+    name = name.lower().removeprefix("meta-")
+    for suffix in ("-hf", "-fp8", "-instruct", "-chat", "-base"):
+        name = name.removesuffix(suffix)
+    return "".join(c for c in name if c.isalnum())
 
 
 def _strict_errors() -> tuple[type[Exception], ...]:

@@ -114,7 +114,7 @@ def measured_vs_predicted(rounds: int, steps: int) -> list[dict]:
         rows.append({"plan": name, "operators_per_device": ops, "measured_s": median, "min_s": min(runs),
                      "max_s": max(runs), "predicted_s": sim.prediction.iteration_s,
                      "predicted_free_s": simulate_plan(plan, cm, contention=False).prediction.iteration_s,
-                     "error": sim.prediction.iteration_s / median - 1})
+                     "error": median / sim.prediction.iteration_s - 1})  # measured against predicted
     return rows
 
 

@@ -89,8 +89,8 @@ def main() -> None:
         runs = measured[name]
         median = statistics.median(runs)
         rows.append({"plan": name, "strategies": _describe(plan), "measured_s": median, "min_s": min(runs),
-                     "max_s": max(runs), "predicted_s": predicted, "error": predicted / median - 1,
-                     "memory": memory[name]})
+                     "max_s": max(runs), "predicted_s": predicted, "error": median / predicted - 1,
+                     "memory": memory[name]})  # error: measured against predicted
     (OUT / "runs.json").write_text(json.dumps({"model": MODEL, "batch": BATCH, "rounds": args.rounds,
                                                "steps": args.steps, "rows": rows}, indent=1))
     _figure(rows)

@@ -18,6 +18,9 @@ its cost model and request; planners/registry, auto.compare, simulator/predict, 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from numbers import Integral, Real
 from pathlib import Path
 
 from paraplan.errors import FieldError, ParaplanError
@@ -27,7 +30,7 @@ from paraplan.plans.plan import Plan
 def load_plan(path: str | Path) -> Plan:
     from paraplan.plans.plan_file import read_plan
 
-    if not isinstance(path, (str, Path)):
+    if not isinstance(path, (str, os.PathLike)):
         raise ApiArgumentError(f"load_plan: expected the path of a plan file, got {type(path).__name__}")
     return read_plan(path)
 
@@ -40,7 +43,7 @@ class ApiArgumentError(ParaplanError, TypeError):
 def _plan_of(plan_or_path, what: str) -> Plan:
     if isinstance(plan_or_path, Plan):
         return plan_or_path
-    if isinstance(plan_or_path, (str, Path)):
+    if isinstance(plan_or_path, (str, os.PathLike)):
         return load_plan(plan_or_path)
     raise ApiArgumentError(f"{what}: expected a Plan or the path of a plan file, got {type(plan_or_path).__name__}")
 
@@ -60,25 +63,27 @@ def _check_request_keywords(kw: dict, what: str) -> None:
                                    + (f"; did you mean {close[0]!r}?" if close else
                                       f" (it takes {', '.join(REQUEST_KEYWORDS)})"))
     options = kw.get("options")
-    if options is not None and not isinstance(options, dict):
+    if isinstance(options, Mapping):
+        kw["options"] = dict(options)
+    elif options is not None:
         raise FieldError("options", f"expected a dict of planner options, got {type(options).__name__}")
 
 
 def _check_names(model, cluster) -> None:
     """The request's names: a model reference and a cluster as text (a path too)."""
-    if not isinstance(model, (str, Path)):
+    if not isinstance(model, (str, os.PathLike)):
         raise ApiArgumentError(f"model: expected a model reference such as 'gpt2-xl', got {type(model).__name__}")
-    if not isinstance(cluster, (str, Path)):
+    if not isinstance(cluster, (str, os.PathLike)):
         raise ApiArgumentError(f"cluster: expected a preset name or a cluster file, got {type(cluster).__name__}")
 
 
 def _whole(name: str, value, least: int = 0) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+    if not isinstance(value, Integral) or isinstance(value, bool) or value < least:  # numpy's integers too
         raise FieldError(name, f"must be a whole number of at least {least}, got {value!r}")
 
 
 def _check_time_limit(time_limit) -> None:
-    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0:
+    if isinstance(time_limit, bool) or not isinstance(time_limit, Real) or not time_limit > 0:
         raise FieldError("time_limit", f"must be a positive number of seconds, got {time_limit!r}")
 
 
@@ -187,6 +192,7 @@ def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_li
     if not isinstance(planner, str):
         raise ApiArgumentError(f"planner: expected a planner's name or 'auto', got {type(planner).__name__}")
     _check_time_limit(time_limit)
+    try_top = try_top or 0  # None: off, as 0
     _whole("try_top", try_top)
     _whole("rounds", rounds, 1)
     _whole("steps", steps, 1)

@@ -228,11 +228,11 @@ def sequence_parallel_layers(built: BuiltModel, cluster: Cluster, precision: str
     pairs the runtime runs with Megatron sequence parallelism (PlanRequest.sequence_parallel); in
     fp32, the papers' setting, none."""
     from paraplan.precision import is_mixed
-    from paraplan.runtime.tensor_parallel import sequence_parallel_support
+    from paraplan.runtime.tensor_parallel import sequence_parallel_support, strict_for
 
     if not is_mixed(precision):
         return frozenset()
-    return sequence_parallel_support(built.layers(), min(cluster.n_devices, 64))
+    return sequence_parallel_support(built.layers(), min(cluster.n_devices, 64), strict=strict_for(built.ref))
 
 
 def tensor_parallel_layers(built: BuiltModel, cluster: Cluster, precision: str) -> frozenset | None:
@@ -241,13 +241,13 @@ def tensor_parallel_layers(built: BuiltModel, cluster: Cluster, precision: str) 
     the papers' planners plan TP on every layer, as the papers' systems ran it. A user's block that
     paraplan's TP cannot shard is never planned with TP (issue 46: it ran replicated, at twice the
     predicted states)."""
-    from paraplan.models import ref as refs
     from paraplan.precision import is_mixed
-    from paraplan.runtime.tensor_parallel import tensor_parallel_support
+    from paraplan.runtime.tensor_parallel import strict_for, tensor_parallel_support
 
-    if not is_mixed(precision) and refs.parse(built.ref).kind == refs.ZOO:
+    strict = strict_for(built.ref)
+    if not is_mixed(precision) and not strict:
         return None
-    return tensor_parallel_support(built.layers(), min(cluster.n_devices, 64))
+    return tensor_parallel_support(built.layers(), min(cluster.n_devices, 64), strict=strict)
 
 
 def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = None, cluster_name: str | None = None,
@@ -275,10 +275,12 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
     extra = {key: value for key, value in (("overheads", overheads), ("overlap_slowdown", overlap_slowdown))
              if value is not None}
     costs = cost_model(spec, loaded, profile=profile, operators=graph, precision=precision, **extra)
+    # the simulator refuses TP where the runtime cannot run it: for plans simulated (`paraplan
+    # simulate`) as for plans made
+    tensor_parallel = tensor_parallel_layers(built, loaded, precision)
+    costs = replace(costs, tensor_parallel=tensor_parallel)
     request = None
     if batch is not None:
-        tensor_parallel = tensor_parallel_layers(built, loaded, precision)
-        costs = replace(costs, tensor_parallel=tensor_parallel)  # the simulator refuses TP elsewhere
         request = plan_request(costs, model_name=built.ref, cluster_name=name, batch=batch, memory=memory,
                                stages=stages, micro_batches=micro_batches, schedule=schedule,
                                exact_stages=exact_stages, options=options,

@@ -1,6 +1,6 @@
 """A plain nn.Module that reads a parameter and a buffer of its own in `forward` (issue 46): a
-learned position vector added after the embedding, and a fixed scale before the head. The cut keeps
-each in the layer that reads it (models/fx_cut.py: _HeldTensor)."""
+learned position vector added after the embedding (and read again by the head), and a fixed scale
+before the head. The cut keeps each in every layer that reads it (models/fx_cut.py: _HeldTensor)."""
 
 import torch
 from torch import nn
@@ -19,7 +19,9 @@ class PositionNet(nn.Module):
         h = self.embed(x) + self.pos
         for block in self.blocks:
             h = h + block(h)
-        return self.head(h * self.scale)
+        # the position vector read again by the head: a parameter two layers share, kept in both and
+        # owned by the first (a pipeline's stages synchronise its gradient, as a tied embedding's)
+        return self.head(h * self.scale) + self.pos[:4]
 
 
 def build():

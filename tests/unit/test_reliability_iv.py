@@ -268,3 +268,48 @@ def test_a_refused_model_is_refused_before_this_machine_is_measured(capsys, tmp_
                                  "--planner", "even", "--precision", "bf16"))
     assert "mixture-of-experts" in line and "--no-calibration" not in line
     assert not list((tmp_path / "empty-cache").rglob("*.toml"))
+
+
+def _attention_and_mlp(up: str, down: str, third: str | None = None):
+    """A block with an attention paraplan's TP knows (q/k/v/o) and an MLP named `up`/`down`."""
+    from torch import nn
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head_dim = 8
+            self.q, self.k, self.v, self.o = (nn.Linear(32, 32) for _ in range(4))
+
+    block = nn.Module()
+    block.attn = Attention()
+    block.mlp = nn.Module()
+    for name in (up, down) + ((third,) if third else ()):
+        setattr(block.mlp, name, nn.Linear(32, 32))
+    return block
+
+
+def test_outside_the_zoo_a_block_whose_mlp_tp_cannot_shard_is_refused_not_half_sharded():
+    """Review of issue 46's fix: an attention TP knows beside an MLP it does not shard the attention
+    alone; for a model outside the zoo (`strict`) that is refused, and Meta's w1/w2/w3 MLP is known."""
+    from paraplan.runtime.tensor_parallel import tp_refusal
+
+    half = _attention_and_mlp("up", "down")
+    assert tp_refusal(half, 2) is None  # the zoo's rule: the rest of a block may stay replicated
+    assert "mlp.up, mlp.down" in tp_refusal(half, 2, strict=True)
+    assert tp_refusal(_attention_and_mlp("w1", "w2", "w3"), 2, strict=True) is None
+
+
+def test_simulate_refuses_tp_where_the_runtime_cannot_run_it_as_the_api_does(capsys, tmp_path):
+    from dataclasses import replace
+
+    from paraplan.plans.plan import LayerStrategy
+    from paraplan.plans.plan_file import write_plan
+
+    reference = f"{DATA / 'custom_block.py'}:build"
+    even = paraplan.plan(reference, "local", batch=8, planner="dp")
+    tp = replace(even, stages=tuple(replace(s, strategies=tuple(LayerStrategy(tp=2) for _ in s.strategies))
+                                    for s in even.stages), prediction=None)
+    write_plan(tp, tmp_path / "tp.json")
+    res = run_cli_here(capsys, "simulate", str(tmp_path / "tp.json"), "--json")
+    prediction = json.loads(res.stdout)
+    assert not prediction["feasible"] and "cannot shard" in prediction["reason"]

@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=3, help="training steps (iterations) to run")
     p.add_argument("--nproc", type=int, default=None, help="ranks to start (default: the plan's devices)")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON document (schema paraplan.train/1: losses, step times, memory, comparison)")
+                   help="print one JSON document (schema paraplan.train/2: losses, step times, memory, comparison)")
     p.add_argument("--seed", type=int, default=0,
                    help="for the initial weights and the batches (synthetic, or which --data samples)")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate")
@@ -274,7 +274,7 @@ def _launch(args, config, world: int, out_dir: str, torchrun: bool) -> bool:
 
 def _report(args, plan, out_dir: str, cm, compare_cluster, overheads, predicted_memory, breakdowns) -> None:
     """The measured steps, the run's own overheads (overheads.json), the comparison with the
-    prediction and the memory per rank: lines, or with --json one document (paraplan.train/1)."""
+    prediction and the memory per rank: lines, or with --json one document (paraplan.train/2)."""
     import json
     import statistics
     from pathlib import Path
@@ -290,7 +290,7 @@ def _report(args, plan, out_dir: str, cm, compare_cluster, overheads, predicted_
     losses = json.loads((Path(out_dir) / "losses.json").read_text())
     per_step = step_times(out_dir)
     say = (lambda *a: None) if args.json else print  # --json: one JSON document on stdout, nothing else
-    summary: dict = {"schema": "paraplan.train/1", "out_dir": out_dir, "steps": len(losses), "losses": losses,
+    summary: dict = {"schema": "paraplan.train/2", "out_dir": out_dir, "steps": len(losses), "losses": losses,
                      "step_s": per_step, "median_step_s": None, "samples_per_s": None, "compare": None,
                      "memory": []}
     if per_step:

@@ -9,7 +9,8 @@ ParaplanError naming the model, the step and what to try; `PARAPLAN_TRACEBACK=1`
 original traceback for whoever debugs paraplan itself.
 
 KeyboardInterrupt and SIGTERM (BaseExceptions) pass untouched, as do paraplan's own one-line
-errors and failures raised by paraplan's own code (a bug there keeps its traceback).
+errors, failures raised by paraplan's own code and any failure of a zoo model (paraplan's own
+definitions): a bug there keeps its traceback.
 """
 
 from __future__ import annotations
@@ -42,6 +43,18 @@ def _raised_by_paraplan(exc: BaseException) -> bool:
     return bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(here)
 
 
+def _ours(model: str) -> bool:
+    """A zoo model is paraplan's own definition: its failure is paraplan's bug (or a transformers
+    version paraplan was not checked with), which the user cannot fix from one line; it keeps its
+    traceback for the report."""
+    from paraplan.models import ref as refs
+
+    try:
+        return refs.parse(model).kind == refs.ZOO
+    except ParaplanError:
+        return False
+
+
 @contextmanager
 def model_step(model: str, step: str, advice: str):
     """Around one step on `model`: any failure that is not already a ParaplanError becomes one line,
@@ -51,7 +64,8 @@ def model_step(model: str, step: str, advice: str):
     except ParaplanError:
         raise
     except Exception as exc:
-        if os.environ.get("PARAPLAN_TRACEBACK") or isinstance(exc, SyntaxError) or _raised_by_paraplan(exc):
+        if os.environ.get("PARAPLAN_TRACEBACK") or isinstance(exc, SyntaxError) or _raised_by_paraplan(exc) \
+                or _ours(model):
             raise
         raise ModelStepError(f"model {model}: {step} failed ({first_line(exc)}); {advice} "
                              "(PARAPLAN_TRACEBACK=1 shows where)") from exc

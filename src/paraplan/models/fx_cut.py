@@ -128,47 +128,61 @@ class _HeldTensor(nn.Module):
     it, trains it and checkpoints it under the model's name (runtime/layout_state.py keys by
     identity)."""
 
-    def __init__(self, value):
+    def __init__(self, value, persistent: bool = True):
         super().__init__()
         if isinstance(value, nn.Parameter):
             self.value = value
         else:
-            self.register_buffer("value", value)
+            self.register_buffer("value", value, persistent=persistent)
 
     def forward(self):
         return self.value
 
 
 def _hold_root_tensors(gm: fx.GraphModule, model: nn.Module) -> set[str]:
-    """Every get_attr of a tensor (not a submodule) in the traced graph becomes a call of a
-    `_HeldTensor` registered on `gm`, so the cut keeps it in the layer that reads it; returns the
-    holders' names (the cut treats them as code, not as units). A tensor read by two layers is
-    then a value that skips a layer, refused by `_check_chain` (a pipeline stage owns each parameter)."""
+    """Every get_attr of a tensor (not a submodule) in the traced graph becomes calls of a
+    `_HeldTensor` registered on `gm`, one just before each node that reads it, so the cut keeps
+    the tensor in every layer that reads it (fx puts the get_attr where the attribute is first
+    accessed, which may be a layer before: `self.gain * self.l2(h)`). A parameter read by two
+    layers is then a weight they share, as a tied embedding is (owned by the first, synchronised
+    by the runtime across stages). Returns the holders' names (the cut treats their calls as code,
+    not as units)."""
     import torch
 
     holders: dict[str, str] = {}
     for node in list(gm.graph.nodes):
         if node.op != "get_attr":
             continue
-        try:
-            value = model.get_parameter(node.target)
-        except AttributeError:
-            try:
-                value = model.get_buffer(node.target)
-            except AttributeError:
-                continue
+        value, persistent = _tensor_attribute(model, node.target)
         if not isinstance(value, torch.Tensor):
             continue
         if node.target not in holders:
-            name = "paraplan_held_" + node.target.replace(".", "_")
-            gm.add_submodule(name, _HeldTensor(value))
+            name, k = "paraplan_held_" + node.target.replace(".", "_"), 1
+            while hasattr(gm, name):  # `a.b_c` and `a_b.c` must not share a holder
+                name, k = f"paraplan_held_{node.target.replace('.', '_')}_{k}", k + 1
+            gm.add_submodule(name, _HeldTensor(value, persistent))
             holders[node.target] = name
-        with gm.graph.inserting_before(node):
-            call = gm.graph.call_module(holders[node.target])
-        node.replace_all_uses_with(call)
+        for user in list(node.users):
+            with gm.graph.inserting_before(user):
+                call = gm.graph.call_module(holders[node.target])
+            user.replace_input_with(node, call)
         gm.graph.erase_node(node)
     gm.recompile()
     return set(holders.values())
+
+
+def _tensor_attribute(model: nn.Module, target: str):
+    """(the parameter or buffer at `target`, whether a buffer is persistent), or (None, True)."""
+    owner_path, _, attr = target.rpartition(".")
+    try:
+        owner = model.get_submodule(owner_path)
+    except AttributeError:
+        return None, True
+    if attr in owner._parameters:
+        return owner._parameters[attr], True
+    if attr in owner._buffers:
+        return owner._buffers[attr], attr not in owner._non_persistent_buffers_set
+    return None, True
 
 
 def _check_chain(split: fx.GraphModule, names: list[str], what: str) -> None:

@@ -50,7 +50,12 @@ def seconds_unit(values) -> tuple[str, float, int]:
     mid = known[len(known) // 2] if known else 1.0
     name, scale = ("s", 1.0) if mid >= 1 else ("ms", 1e-3) if mid >= 1e-3 else ("us", 1e-6)
     top = known[-1] / scale if known else 0.0
-    return name, scale, 3 if top < 10 else 2 if top < 100 else 1
+    digits = 3 if top < 10 else 2 if top < 100 else 1
+    if known and known[0] / scale < 1:  # the smallest keeps two significant digits (a 2 ms search is not "0.00 s")
+        import math
+
+        digits = max(digits, min(4, 1 - math.floor(math.log10(known[0] / scale))))
+    return name, scale, digits
 
 
 def in_unit(s: float | None, unit: tuple[str, float, int]) -> str:

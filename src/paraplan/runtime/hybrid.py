@@ -435,12 +435,14 @@ def hybrid_refusal(plan: Plan, layers: list) -> str | None:
             if st.zero and st.sdp > 1:
                 return f"{where}: ZeRO-{st.zero} over the dp replicas of a sharded (sdp) layer is not run"
             if st.tp > 1:
-                from paraplan.runtime.tensor_parallel import tp_refusal
+                from paraplan.runtime.tensor_parallel import strict_for, tp_refusal
 
-                reason = tp_refusal(module, st.tp)
+                strict = strict_for(plan.model)  # outside the zoo every Linear must be sharded
+                reason = tp_refusal(module, st.tp, strict=strict)
                 if reason:
                     return f"{where}: no tensor parallelism: {reason}"
-                if st.sequence_parallel and (reason := tp_refusal(module, st.tp, sequence_parallel=True)):
+                if st.sequence_parallel and (reason := tp_refusal(module, st.tp, sequence_parallel=True,
+                                                                  strict=strict)):
                     return f"{where}: no sequence parallelism: {reason}"
             for p in module.parameters():
                 holders.setdefault(id(p), []).append((index, name, st))

@@ -53,6 +53,7 @@ _HEAD_DIMS = ("head_dim", "attention_head_size", "key_value_proj_dim")
 _POSITIONAL = ("position", "token_type", "wpe")  # embeddings that stay replicated
 _OUTPUT_PROJECTIONS = ("proj", "lm_head", "decoder", "classifier")  # a head's last Linear
 _MLP_PAIRS = ((("c_fc",), "c_proj"), (("fc1",), "fc2"), (("gate_proj", "up_proj"), "down_proj"),
+              (("w1", "w3"), "w2"),  # Meta's and torchtitan's FeedForward: w2(silu(w1(x)) * w3(x))
               (("wi",), "wo"), (("wi_0", "wi_1"), "wo"), (("intermediate.dense",), "output.dense"))
 
 
@@ -289,35 +290,55 @@ def _layer_plan(layer: nn.Module, tp: int, sequence_parallel: bool) -> _Plan:
     return plan
 
 
-def tp_refusal(layer: nn.Module, tp: int, sequence_parallel: bool = False) -> str | None:
+def tp_refusal(layer: nn.Module, tp: int, sequence_parallel: bool = False, strict: bool = False) -> str | None:
     """None when `layer` (the module of one entry of built.layers()) can run tensor parallel over
     `tp` ranks (with Megatron's sequence parallelism if asked), otherwise one short line saying why.
-    Pure inspection: no process group needed."""
+    `strict` (a model outside the zoo, whose blocks paraplan's plans were not written for): every
+    Linear of the layer must be sharded; one left replicated beside sharded ones (a user's MLP
+    named like no pair here, beside an attention it knows) would hold tp times the states the
+    simulator charges. Pure inspection: no process group needed."""
     if tp < 1:
         return f"tensor-parallel degree {tp} must be at least 1"
     try:
-        _layer_plan(layer, tp, sequence_parallel)
-        return None
+        plan = _layer_plan(layer, tp, sequence_parallel)
     except _Refused as exc:
         return str(exc)
+    if strict:
+        sharded = {id(layer.get_submodule(path)) for path in plan.styles}
+        left = [path for path, m in layer.named_modules() if (isinstance(m, nn.Linear) or _is_conv1d(m))
+                and id(m) not in sharded]
+        if left:
+            return (f"no tensor-parallel plan for its Linears {', '.join(left[:3])}{', ...' if len(left) > 3 else ''} "
+                    "(not an attention, an MLP pair or a lone Linear that paraplan's TP knows); they would run "
+                    "replicated")
+    return None
 
 
-def sequence_parallel_support(layers, max_degree: int) -> frozenset[tuple[int, int]]:
+def sequence_parallel_support(layers, max_degree: int, strict: bool = False) -> frozenset[tuple[int, int]]:
     """(layer index, tp degree) for every layer of `layers` (built.layers(): (name, kind, module)) and
     power-of-two degree 2..max_degree this runtime runs TP + SP on: where a planner may put Megatron-SP
-    (PlanRequest.sequence_parallel), so that it never picks a plan `train` refuses. Pure inspection."""
-    return _support(layers, max_degree, sequence_parallel=True)
+    (PlanRequest.sequence_parallel), so that it never picks a plan `train` refuses. Pure inspection.
+    `strict`: as `tp_refusal`'s (a model outside the zoo)."""
+    return _support(layers, max_degree, sequence_parallel=True, strict=strict)
 
 
-def tensor_parallel_support(layers, max_degree: int) -> frozenset[tuple[int, int]]:
+def tensor_parallel_support(layers, max_degree: int, strict: bool = False) -> frozenset[tuple[int, int]]:
     """As `sequence_parallel_support`, for TP alone (PlanRequest.tensor_parallel)."""
-    return _support(layers, max_degree, sequence_parallel=False)
+    return _support(layers, max_degree, sequence_parallel=False, strict=strict)
 
 
-def _support(layers, max_degree: int, sequence_parallel: bool) -> frozenset[tuple[int, int]]:
+def strict_for(model_reference: str) -> bool:
+    """Whether `tp_refusal` is strict for this model: every model outside the zoo (whose blocks
+    paraplan's TP plans were not written and checked for)."""
+    from paraplan.models import ref as refs
+
+    return refs.parse(model_reference).kind != refs.ZOO
+
+
+def _support(layers, max_degree: int, sequence_parallel: bool, strict: bool) -> frozenset[tuple[int, int]]:
     degrees = [2 ** k for k in range(1, max_degree.bit_length())]  # 2, 4, ... up to max_degree
     return frozenset((index, degree) for index, (_, _, module) in enumerate(layers) for degree in degrees
-                     if tp_refusal(module, degree, sequence_parallel=sequence_parallel) is None)
+                     if tp_refusal(module, degree, sequence_parallel=sequence_parallel, strict=strict) is None)
 
 
 def apply_tensor_parallel(layer: nn.Module, mesh: DeviceMesh, memo: dict | None = None,

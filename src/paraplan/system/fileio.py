@@ -91,7 +91,10 @@ def atomic_write(path: str | Path, write: Callable[[str], None], *, durable: boo
         if no_space(exc):
             raise WriteError(f"no space left on device: {path}") from None
         if isinstance(exc, OSError) and not isinstance(exc, ParaplanError):
-            raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
+            # the file that failed, where it is not ours (a font the figure could not read)
+            other = exc.filename if exc.filename not in (None, tmp, str(path)) else None
+            raise WriteError(f"cannot write {path}: {exc.strerror or exc}"
+                             + (f" ({other})" if other else "")) from None
         raise
     if durable:
         _fsync(path.parent)  # the rename itself

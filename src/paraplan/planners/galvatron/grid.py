@@ -178,9 +178,13 @@ def grid_candidates(request: PlanRequest, judge: Judge) -> list[tuple[Plan, Pred
                 judged.append((plan, prediction))
                 break
     if not judged:  # no layout at all (pruning cannot empty it: the first layout is always judged)
+        held = "".join(part for part in (
+            f", {request.n_stages} stages held" if request.n_stages is not None and request.exact_stages else "",
+            f", {request.n_micro} micro-batches fixed" if request.n_micro is not None else "") if part)
         raise FieldError("batch", f"megatron-grid has no uniform layout of {request.n_devices} devices for a global "
-                                  f"batch of {request.batch} (every data-parallel rank and micro-batch needs a "
-                                  "sample of its own); give a larger batch or fewer devices")
+                                  f"batch of {request.batch}{held} (every data-parallel rank and micro-batch needs a "
+                                  "sample of its own, and 1F1B a micro-batch per stage); give a larger batch"
+                                  + (", fewer devices or other fixed counts" if held else " or fewer devices"))
     judged.sort(key=_key)
     if interleaves(request):
         judged = sorted(judged + _interleaved(request, judged, judge, best), key=_key)

@@ -313,3 +313,14 @@ def test_simulate_refuses_tp_where_the_runtime_cannot_run_it_as_the_api_does(cap
     res = run_cli_here(capsys, "simulate", str(tmp_path / "tp.json"), "--json")
     prediction = json.loads(res.stdout)
     assert not prediction["feasible"] and "cannot shard" in prediction["reason"]
+
+
+def test_a_zoo_models_failure_outside_paraplan_is_one_line_saying_it_is_paraplans_to_fix(monkeypatch):
+    import torch
+
+    from paraplan.models import measure
+
+    # raised inside torch (a C function: the innermost Python frame is this stand-in, not paraplan's)
+    monkeypatch.setattr(measure, "measure_layers", lambda *args, **kwargs: torch.empty(0).item())
+    with pytest.raises(ParaplanError, match="it is a zoo model, paraplan's own definition"):
+        paraplan.plan("lenet-5", "local", batch=8, planner="even")

@@ -9,8 +9,8 @@ ParaplanError naming the model, the step and what to try; `PARAPLAN_TRACEBACK=1`
 original traceback for whoever debugs paraplan itself.
 
 KeyboardInterrupt and SIGTERM (BaseExceptions) pass untouched, as do paraplan's own one-line
-errors, failures raised by paraplan's own code and any failure of a zoo model (paraplan's own
-definitions): a bug there keeps its traceback.
+errors and failures raised by paraplan's own code (a bug there keeps its traceback); a zoo model's
+failure (paraplan's own definition) is one line saying it is paraplan's to fix.
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ def _raised_by_paraplan(exc: BaseException) -> bool:
 
 def _ours(model: str) -> bool:
     """A zoo model is paraplan's own definition: its failure is paraplan's bug (or a transformers
-    version paraplan was not checked with), which the user cannot fix from one line; it keeps its
-    traceback for the report."""
+    version paraplan was not checked with), which the user cannot fix: the line says so."""
     from paraplan.models import ref as refs
 
     try:
@@ -64,9 +63,11 @@ def model_step(model: str, step: str, advice: str):
     except ParaplanError:
         raise
     except Exception as exc:
-        if os.environ.get("PARAPLAN_TRACEBACK") or isinstance(exc, SyntaxError) or _raised_by_paraplan(exc) \
-                or _ours(model):
+        if os.environ.get("PARAPLAN_TRACEBACK") or isinstance(exc, SyntaxError) or _raised_by_paraplan(exc):
             raise
+        if _ours(model):  # the user cannot fix paraplan's own definition: say whose it is
+            advice = ("it is a zoo model, paraplan's own definition: a bug of paraplan's or of this transformers "
+                      "version; please report it with the traceback")
         raise ModelStepError(f"model {model}: {step} failed ({first_line(exc)}); {advice} "
                              "(PARAPLAN_TRACEBACK=1 shows where)") from exc
 

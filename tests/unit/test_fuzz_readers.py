@@ -257,3 +257,36 @@ def test_a_batch_is_a_whole_number_max_or_best_or_refused(text):
 def test_batch_sizes_are_positive_whole_numbers_or_refused(text):
     sizes = _parsed_or_refused(parse_sizes, text)
     assert sizes is None or (sizes and all(isinstance(s, int) and s > 0 for s in sizes) and sizes == sorted(sizes))
+
+
+# a layer profile (`paraplan profile`'s file, read by `plan --profile`): every field mutated
+TIMING = {"median_s": 1e-4, "min_s": 1e-4, "max_s": 1e-4, "q1_s": 1e-4, "q3_s": 1e-4, "repeats": 1}
+PROFILE = {"model": "lenet-5", "inputs": "image: 1x32x32, 10 classes", "device": "cpu", "device_name": "cpu",
+           "machine": "vm", "torch_version": "2.13.0+cpu", "threads": 1, "date": "2026-11-27", "warmup": 3,
+           "repeats": 1, "format_version": 1, "repeatability": [1.01],
+           "step_check": {"batch": 4, "measured": TIMING, "sum_of_layers_s": 2e-4},
+           "layers": [{"name": "conv1", "kind": "conv", "batch_sizes": [2, 4], "forward": [TIMING, TIMING],
+                       "backward": [TIMING, TIMING], "output_bytes": [9408, 18816], "saved_bytes": [45824, 91648],
+                       "peak_bytes": [55232, 110464]}]}
+
+
+@pytest.mark.parametrize("bad", [None, -1, "x", [], {}, True, 1e400, 10**30, [1, "x"]])
+def test_every_field_of_a_layer_profile_mutated_is_a_profile_or_one_line(bad):
+    """Issue 46: `paraplan plan --profile` with a hand-edited profile, a byte count of null was a
+    TypeError. Each value replaced in turn: a Profile comes back, or a ProfileFileError."""
+    from paraplan.costs.profile import Profile
+    from paraplan.profiling.profile_file import ProfileFileError, profile_from_dict
+
+    assert isinstance(profile_from_dict(PROFILE), Profile)
+    refused = 0
+    for path, _ in list(_paths(PROFILE))[1:]:  # every value but the document itself
+        doc = json.loads(json.dumps(PROFILE))
+        target = doc
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = bad
+        try:
+            assert isinstance(profile_from_dict(doc), Profile)
+        except ProfileFileError:
+            refused += 1
+    assert refused > 0  # the byte counts, timings and sizes at least

@@ -266,8 +266,6 @@ def train(plan_or_path: Plan | str | Path, *, steps: int = 3, nproc: int | None 
     if unknown:
         raise ApiArgumentError(f"train() got an unexpected keyword {unknown[0]!r} (it takes steps, nproc, out_dir "
                                f"and TrainConfig's {', '.join(sorted(fields))})")
-    if nproc is not None and (isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1):
-        raise FieldError("nproc", f"must be a positive whole number of ranks, got {nproc!r}")
     cfg = TrainConfig(plan=p, model=config.pop("model", p.model), steps=steps,
                       out_dir=None if out_dir is None else str(out_dir), **config)
     out = launch_checked(cfg, nproc)  # a temporary directory when none is given

@@ -90,14 +90,14 @@ def measured_model(reference: str, *, seq_len: int | None = None, image_size: in
     """Build any model reference on meta (models/source.py) and measure it (models/measure.py) as
     a plan in `precision` runs it (mixed precision: under autocast's casts), its scaled-dot-product
     attention kept as `attention` says (`attention_kernel`)."""
-    from paraplan.models import measure, source
+    from paraplan.models import measure
     from paraplan.models.failures import MEASURE_ADVICE, model_step
 
     if watch is None:
-        built = source.build(reference, device="meta", seq_len=seq_len, image_size=image_size, layers=layers)
+        built = built_model(reference, seq_len=seq_len, image_size=image_size, layers=layers)
         return built, measure.measure(built, precision=precision, attention=attention)
     with watch.measuring(reference):
-        built = source.build(reference, device="meta", seq_len=seq_len, image_size=image_size, layers=layers)
+        built = built_model(reference, seq_len=seq_len, image_size=image_size, layers=layers)
         with model_step(built.ref, "cutting it into layers", MEASURE_ADVICE):
             n_layers = len(built.layers())
         with watch.progress(f"measuring {built.name} on meta", 2 * n_layers) as advance:

@@ -270,10 +270,20 @@ def _plan(layer: nn.Module, tp: int) -> _Plan:
     # the simulator charges (issue 46: a user's block with Linears named like no known pair). A patch
     # embedding's convolution and embedding tokens alone stay replicated, as documented above.
     linears = [path for path, m in matrices if isinstance(m, nn.Linear) or _is_conv1d(m)]
-    _check(bool(plan.styles) or plan.t5_owner is not None or not linears,
-           f"no tensor-parallel plan for its Linears ({', '.join(linears[:3])}{', ...' if len(linears) > 3 else ''}: "
-           "not an attention, an MLP pair or a lone Linear that paraplan's TP knows); they would run replicated")
+    _check(bool(plan.styles) or plan.t5_owner is not None or not linears, _left_replicated(linears))
     return plan
+
+
+def _unsharded_linears(layer: nn.Module, plan: _Plan) -> list[str]:
+    """The paths of the layer's Linears (and GPT-2 Conv1Ds) that no style of `plan` shards."""
+    sharded = {id(layer.get_submodule(path)) for path in plan.styles}
+    return [path for path, m in layer.named_modules() if (isinstance(m, nn.Linear) or _is_conv1d(m))
+            and id(m) not in sharded]
+
+
+def _left_replicated(paths: list[str]) -> str:
+    return (f"no tensor-parallel plan for its Linears {', '.join(paths[:3])}{', ...' if len(paths) > 3 else ''} "
+            "(not an attention, an MLP pair or a lone Linear that paraplan's TP knows); they would run replicated")
 
 
 # --------------------------------------------------------------------------- the API
@@ -303,14 +313,8 @@ def tp_refusal(layer: nn.Module, tp: int, sequence_parallel: bool = False, stric
         plan = _layer_plan(layer, tp, sequence_parallel)
     except _Refused as exc:
         return str(exc)
-    if strict:
-        sharded = {id(layer.get_submodule(path)) for path in plan.styles}
-        left = [path for path, m in layer.named_modules() if (isinstance(m, nn.Linear) or _is_conv1d(m))
-                and id(m) not in sharded]
-        if left:
-            return (f"no tensor-parallel plan for its Linears {', '.join(left[:3])}{', ...' if len(left) > 3 else ''} "
-                    "(not an attention, an MLP pair or a lone Linear that paraplan's TP knows); they would run "
-                    "replicated")
+    if strict and (left := _unsharded_linears(layer, plan)):
+        return _left_replicated(left)
     return None
 
 

@@ -10,8 +10,15 @@ fields (search seconds, the measured planner times of a comparison) removed.
     .venv/bin/python benchmarks/plan_snapshot.py --out after.json --compare before.json
 
 `--paraplan` names the command to run (default: the `paraplan` beside this Python), so the same
-script can snapshot another checkout: `--paraplan /tmp/old/.venv/bin/paraplan`. Exit status 1 when
-`--compare` finds a difference, with the differing paths printed.
+script can snapshot another checkout: `--paraplan /tmp/old/.venv/bin/paraplan`; or `--src DIR` runs
+another checkout's source with this Python (`git worktree add /tmp/old COMMIT`, then
+`--src /tmp/old/src`). Exit status 1 when `--compare` finds a difference, with the differing paths
+printed.
+
+Beside the documented commands, the axes a refactoring of the parallel dimensions moves (issue 47):
+a Galvatron-BMW plan with `context_parallel=2` (through the Python API, which had that option before
+the command line did) that chooses CP, then `simulate` and `export` of it; a hybrid TP+SDP plan
+(tp 4 x sdp 2 layers); a Megatron-style plan with sequence parallelism, simulated and exported.
 """
 
 import json
@@ -61,6 +68,27 @@ COMMANDS = [
     ("inspect-gpt2-xl", ["inspect", "gpt2-xl", "--batch", "8", "--cluster", "galvatron-8xtitan", "--json"], None),
 ] + [(f"simulate-{p.stem}", ["simulate", str(p), "--json"], None) for p in sorted((ROOT / "examples").glob("*.json"))]
 
+# A plan through the Python API: the code runs with OUT as sys.argv[1] (context_parallel was an
+# API-only option before `plan --option`); "@name" in an argv is the file command `name` wrote.
+API = "--api"
+CP_PLAN = ("from sys import argv\nfrom paraplan import api\nfrom paraplan.plans.plan_file import write_plan\n"
+           "write_plan(api.plan('llama3.1-8b', 'dgx-h100-80gb', 8, planner='galvatron-bmw', precision='bf16', "
+           "seq_len=16384, options={'context_parallel': 2}), argv[1])\n")
+COMMANDS += [
+    ("axes-galvatron-cp2-llama", [API, CP_PLAN], "OUT"),
+    ("axes-simulate-cp", ["simulate", "@axes-galvatron-cp2-llama", "--json"], None),
+    ("axes-export-cp-torchtitan", ["export", "@axes-galvatron-cp2-llama", "--to", "torchtitan", "--out", "OUT"], "OUT"),
+    ("axes-export-cp-megatron", ["export", "@axes-galvatron-cp2-llama", "--to", "megatron", "--out", "OUT"], "OUT"),
+    ("axes-galvatron-tp-sdp-llama13b", ["plan", "--planner", "galvatron-bmw", "--model", "llama2-13b", "--cluster",
+                                        "galvatron-16xa100", "--batch", "64", "--memory", "24GiB", "--out", "OUT"], "OUT"),
+    ("axes-simulate-tp-sdp", ["simulate", "@axes-galvatron-tp-sdp-llama13b", "--json"], None),
+    ("axes-grid-sp-llama8b", ["plan", "--planner", "megatron-grid", "--model", "llama3.1-8b", "--cluster",
+                              "dgx-h100-80gb", "--batch", "32", "--precision", "bf16", "--out", "OUT"], "OUT"),
+    ("axes-simulate-sp", ["simulate", "@axes-grid-sp-llama8b", "--json"], None),
+    ("axes-export-sp-megatron", ["export", "@axes-grid-sp-llama8b", "--to", "megatron", "--out", "OUT"], "OUT"),
+    ("axes-export-sp-torchtitan", ["export", "@axes-grid-sp-llama8b", "--to", "torchtitan", "--out", "OUT"], "OUT"),
+]
+
 CLOCK_KEYS = {"search_s", "seconds", "elapsed_s", "wall_s", "planner_s"}  # wall-clock fields: differ run to run
 
 
@@ -72,15 +100,17 @@ def _strip_clock(value):
     return value
 
 
-def snapshot(paraplan: list[str]) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+def snapshot(paraplan: list[str], python: list[str], env_extra: dict) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", **env_extra}
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, argv, writes) in enumerate(COMMANDS, 1):
             target = str(Path(tmp) / f"{name}.json")
-            argv = [target if a == "OUT" else a for a in argv]
+            argv = [target if a == "OUT" else str(Path(tmp) / f"{a[1:]}.json") if a.startswith("@") else a
+                    for a in argv]
+            command = [*python, "-c", argv[1], target] if argv[0] == API else [*paraplan, *argv]
             t0 = time.perf_counter()
-            res = subprocess.run([*paraplan, *argv], capture_output=True, text=True, env=env, cwd=tmp)
+            res = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp)
             print(f"[{i}/{len(COMMANDS)}] {name}: exit {res.returncode} ({time.perf_counter() - t0:.1f} s)",
                   file=sys.stderr)
             entry = {"exit": res.returncode}
@@ -88,9 +118,12 @@ def snapshot(paraplan: list[str]) -> dict:
                 entry["stderr"] = res.stderr.strip().splitlines()[-1:]
             else:
                 text = Path(target).read_text() if writes else res.stdout
-                # the checkout's own path (a cluster file's name) differs between two clones
-                text = text.replace(json.dumps(str(ROOT))[1:-1], "<repo>")
-                entry["output"] = _strip_clock(json.loads(text))
+                # the checkout's own path (a cluster file's name) and the scratch folder differ run to run
+                text = text.replace(json.dumps(str(ROOT))[1:-1], "<repo>").replace(tmp, "<tmp>")
+                try:
+                    entry["output"] = _strip_clock(json.loads(text))
+                except json.JSONDecodeError:  # an engine's launch script or TOML
+                    entry["output"] = text
             out[name] = entry
     return out
 
@@ -115,8 +148,13 @@ def main() -> int:
     ap.add_argument("--compare", help="a snapshot written before: print every difference, exit 1 if any")
     ap.add_argument("--paraplan", default=str(Path(sys.executable).parent / "paraplan"),
                     help="the paraplan command to snapshot")
+    ap.add_argument("--src", help="run this source folder (another checkout's src/) with this Python instead")
     args = ap.parse_args()
-    snap = snapshot([args.paraplan])
+    if args.src:
+        env_extra = {"PYTHONPATH": str(Path(args.src).resolve())}
+        snap = snapshot([sys.executable, "-m", "paraplan"], [sys.executable], env_extra)
+    else:
+        snap = snapshot([args.paraplan], [str(Path(args.paraplan).parent / "python")], {})
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(snap, indent=1, sort_keys=True) + "\n")
     print(f"{len(snap)} commands, {sum(e['exit'] == 0 for e in snap.values())} exit 0: {args.out}")

@@ -13,6 +13,7 @@ from paraplan.costs.collectives import ring_allreduce_s
 from paraplan.costs.strategy import layer_memory, layer_time, slice_gather_fraction, strategy_groups
 from paraplan.hardware.cluster import LinkSpec
 from paraplan.planners.registry import make_plan
+from paraplan.plans.axes import CONTEXT, DATA, TENSOR
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, PlanError, Stage, validate
 from paraplan.plans.plan_file import plan_from_json, plan_to_json
 from paraplan.runtime.hybrid import hybrid_refusal
@@ -66,8 +67,8 @@ def test_tp_all_reduces_move_this_ranks_tokens(world):
 def test_layout_and_slice_gather():
     devices = tuple(range(8))
     groups = strategy_groups(LayerStrategy(dp=2, tp=2, cp=2), devices)
-    assert groups["tp"] == (0, 1) and groups["cp"] == (0, 2) and sorted(groups["dp"]) == [0, 2, 4, 6]  # grads: dp x cp
-    assert strategy_groups(LayerStrategy(cp=4), tuple(range(4)))["dp"] == (0, 1, 2, 3)
+    assert groups[TENSOR] == (0, 1) and groups[CONTEXT] == (0, 2) and sorted(groups[DATA]) == [0, 2, 4, 6]  # grads: dp x cp
+    assert strategy_groups(LayerStrategy(cp=4), tuple(range(4)))[DATA] == (0, 1, 2, 3)
     # DP2 holds half of the samples, all positions; CP2 needs all samples, half the positions
     assert slice_gather_fraction(LayerStrategy(dp=2), LayerStrategy(cp=2)) == pytest.approx(0.25)
     assert slice_gather_fraction(LayerStrategy(cp=2), LayerStrategy(dp=2)) == pytest.approx(0.25)

@@ -27,6 +27,7 @@ from paraplan.planners.galvatron.searcher import Searcher
 from paraplan.planners.galvatron.space import VARIANTS, group_strategies, strategy_space
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
+from paraplan.plans.axes import SHARDED_DATA, TENSOR
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, PlanError, Stage, validate
 from paraplan.plans.plan_file import plan_from_json, plan_to_dict, plan_to_json
 from paraplan.simulator.predict import simulate_plan
@@ -63,8 +64,10 @@ def test_the_order_is_the_layout():
     tp_inner = LayerStrategy(dp=2, tp=4)  # the default: tp innermost, a tp group is consecutive devices
     dp_inner = LayerStrategy(dp=2, tp=4, order="dp,tp,sdp")
     devices = tuple(range(8))
-    assert strategy_groups(tp_inner, devices) == {"tp": (0, 1, 2, 3), "dp": (0, 4), "sdp": (0,), "cp": (0,)}
-    assert strategy_groups(dp_inner, devices) == {"dp": (0, 1), "tp": (0, 2, 4, 6), "sdp": (0,), "cp": (0,)}
+    named = {a.name: g for a, g in strategy_groups(tp_inner, devices).items()}
+    assert named == {"tp": (0, 1, 2, 3), "dp": (0, 4), "sdp": (0,), "cp": (0,)}
+    named = {a.name: g for a, g in strategy_groups(dp_inner, devices).items()}
+    assert named == {"dp": (0, 1), "tp": (0, 2, 4, 6), "sdp": (0,), "cp": (0,)}
     assert tp_inner != dp_inner and str(tp_inner) == "DP2 x TP4" and str(dp_inner) == "TP4 x DP2"
     # the order of dimensions of degree 1 means nothing: equal layouts compare equal
     assert LayerStrategy(dp=8) == LayerStrategy(dp=8, order="sdp,dp,tp")
@@ -132,7 +135,7 @@ def test_the_simulator_adds_slice_gather_between_different_strategies(gpt2):
 
     def times(st, layers):
         links = strategy_links(cm.cluster, st, group)
-        out = [layer_time(cm.compute(0), gpt2, i, st, 8, links["tp"], links["sdp"], cm.overlap_slowdown)
+        out = [layer_time(cm.compute(0), gpt2, i, st, 8, links[TENSOR], links[SHARDED_DATA], cm.overlap_slowdown)
                for i in layers]
         return sum(t.forward_s for t in out), sum(t.backward_s for t in out)
 
@@ -162,7 +165,7 @@ def test_a_stage_pays_the_slice_gather_from_the_previous_stage_s_last_layout(gpt
     same, changed = stage_work(dp), stage_work(tp)
     def forward(st):
         links = strategy_links(cm.cluster, st, (2, 3))
-        return sum(layer_time(cm.compute(2), gpt2, i, st, 4, links["tp"], links["sdp"], cm.overlap_slowdown).forward_s
+        return sum(layer_time(cm.compute(2), gpt2, i, st, 4, links[TENSOR], links[SHARDED_DATA], cm.overlap_slowdown).forward_s
                    for i in range(3, n)) + cm.overheads.action_s
 
     assert changed.forward_s == pytest.approx(forward(tp) + f)

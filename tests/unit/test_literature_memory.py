@@ -81,8 +81,9 @@ def test_zero_figure_1(zero_stage, expected_gb):
 
 
 @pytest.mark.parametrize("form, tp, sp, recompute", [
-    ("none", 1, False, "none"), ("tp", 8, False, "none"), ("tp+sp", 8, True, "none"),
-    ("tp+selective", 8, False, "selective"), ("tp+sp+selective", 4, True, "selective"), ("full", 1, False, "full"),
+    ("none", 1, False, "none"), ("tensor", 8, False, "none"), ("tensor+sequence", 8, True, "none"),
+    ("tensor+selective", 8, False, "selective"), ("tensor+sequence+selective", 4, True, "selective"),
+    ("full", 1, False, "full"),
 ])
 @pytest.mark.parametrize("s, b, h, a", [(2048, 4, 6144, 64), (512, 3, 1024, 16), (4096, 1, 12288, 96)])
 def test_the_tensor_inventory_sums_to_table_2(form, tp, sp, recompute, s, b, h, a):

@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 
 from paraplan.hardware import load_cluster
+from paraplan.plans.axes import DATA, SHARDED_DATA, TENSOR
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
 from paraplan.simulator.predict import simulate_plan
 from paraplan.workload import cost_model, measured_model
@@ -78,11 +79,11 @@ def test_zero_2_reduce_scatters_every_micro_batch(setup):
     plain, zero2 = LayerStrategy(dp=N_D), LayerStrategy(dp=N_D, zero=2)
     links = strategy_links(cm.cluster, zero2, tuple(range(N_D)))
     for i in range(spec.n_layers):
-        a = layer_time(costs, spec, i, plain, 8.0, links["tp"], links["sdp"], dp_link=links["dp"])
-        b = layer_time(costs, spec, i, zero2, 8.0, links["tp"], links["sdp"], dp_link=links["dp"])
+        a = layer_time(costs, spec, i, plain, 8.0, links[TENSOR], links[SHARDED_DATA], dp_link=links[DATA])
+        b = layer_time(costs, spec, i, zero2, 8.0, links[TENSOR], links[SHARDED_DATA], dp_link=links[DATA])
         assert b.grad_allreduce_bytes == 0 and a.grad_allreduce_bytes == spec.layers[i].param_bytes
         assert b.backward_s - a.backward_s == pytest.approx(
-            ring_reducescatter_s(spec.layers[i].param_bytes, N_D, links["dp"]), rel=1e-12)
+            ring_reducescatter_s(spec.layers[i].param_bytes, N_D, links[DATA]), rel=1e-12)
 
 
 def test_zero_needs_data_parallel_replicas():

@@ -51,6 +51,7 @@ from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.timefn import LayerCosts
 from paraplan.hardware.cluster import Cluster, LinkSpec, RuntimeOverheads
 from paraplan.models.spec import ModelSpec
+from paraplan.plans.axes import CONTEXT, DATA, LAYER_AXES, SHARDED_DATA, TENSOR, Axis, gradient_sync_axes
 from paraplan.plans.plan import LayerStrategy
 
 _NO_LINK = LinkSpec(bandwidth_bytes_per_s=float("inf"), latency_s=0.0)
@@ -179,7 +180,7 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
         forward += gather
         comm = gather + ring_reducescatter_s(shard, sdp, data_link)
         backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)
-    dp_sync_bytes = shard / sdp if strategy.dp * cp > 1 else 0.0  # over dp x cp (strategy_groups)
+    dp_sync_bytes = shard / sdp if strategy.sync_degree > 1 else 0.0  # over dp x cp (strategy_groups)
     if strategy.zero >= 2 and strategy.dp > 1:
         # ZeRO-2 (as DeepSpeed's stage 2 and runtime/zero.py): each micro-batch's gradients are
         # reduce-scattered as its backward ends, overlapping the backward; nothing is left for the
@@ -199,9 +200,9 @@ def dp_sync_s(strategy: LayerStrategy, sync_bytes: float, dp_link: LinkSpec) -> 
     """The dp gradient sync of a layer after its last backward (it may overlap that backward): the
     all-reduce of its gradients, a reduce-scatter with ZeRO-1; nothing with ZeRO-2, whose
     reduce-scatters are in every backward (`layer_time`)."""
-    if strategy.dp * strategy.cp <= 1 or not sync_bytes:
+    if strategy.sync_degree <= 1 or not sync_bytes:
         return 0.0
-    return (ring_reducescatter_s if strategy.zero else ring_allreduce_s)(sync_bytes, strategy.dp * strategy.cp,
+    return (ring_reducescatter_s if strategy.zero else ring_allreduce_s)(sync_bytes, strategy.sync_degree,
                                                                            dp_link)
 
 
@@ -213,39 +214,50 @@ def zero_gather_layer_s(model: ModelSpec, index: int, strategy: LayerStrategy, d
     return ring_allgather_s(model.layers[index].param_bytes / (strategy.tp * strategy.sdp), strategy.dp, dp_link)
 
 
-def strategy_groups(strategy: LayerStrategy, devices: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
-    """The group of each dimension (tp, cp, sdp, dp) that holds the stage's first device, laid out by
-    `strategy.dims` (inner-most first: its groups are consecutive devices). With context parallelism
-    "dp" is the gradients' all-reduce group, dp x cp (Megatron-LM all-reduces over both)."""
-    out = {d: (devices[0],) for d in ("tp", "cp", "sdp", "dp")}
+def strategy_groups(strategy: LayerStrategy, devices: tuple[int, ...]) -> dict[Axis, tuple[int, ...]]:
+    """The group of each layer axis (plans/axes.py: LAYER_AXES) that holds the stage's first device,
+    laid out by `strategy.dims` (inner-most first: its groups are consecutive devices). DATA's entry
+    is the group the gradients are summed over: the product of the `syncs_gradients` axes' groups
+    (dp x cp with context parallelism, as Megatron-LM all-reduces over both)."""
+    out = {a: (devices[0],) for a in LAYER_AXES}
     stride, strides = 1, {}
-    for dim, k in strategy.dims:
-        out[dim] = tuple(devices[j * stride] for j in range(k))
-        strides[dim] = (stride, k)
+    for axis, k in strategy.dims:
+        out[axis] = tuple(devices[j * stride] for j in range(k))
+        strides[axis] = (stride, k)
         stride *= k
-    if strategy.cp > 1 and strategy.dp > 1:
-        (s_dp, k_dp), (s_cp, k_cp) = strides["dp"], strides["cp"]
-        out["dp"] = tuple(devices[i * s_dp + j * s_cp] for i in range(k_dp) for j in range(k_cp))
-    elif strategy.cp > 1:
-        out["dp"] = out["cp"]
+    syncing = [strides[a] for a in gradient_sync_axes() if a in strides]
+    if len(syncing) > 1 or (syncing and DATA not in strides):
+        positions = [0]
+        for s_axis, k_axis in syncing:  # each later axis of LAYER_AXES outer: dp-major, cp-minor
+            positions = [p + j * s_axis for j in range(k_axis) for p in positions]
+        out[DATA] = tuple(devices[p] for p in positions)
     return out
 
 
-def strategy_links(cluster: Cluster, strategy: LayerStrategy, devices: tuple[int, ...]) -> dict[str, LinkSpec]:
-    """The bottleneck link of each dimension's group (`strategy_groups`): the intra-node link when
-    the group fits in a node, the network when it spans nodes."""
-    return {dim: cluster.slowest_link(group) if len(group) > 1 else _NO_LINK
-            for dim, group in strategy_groups(strategy, devices).items()}
+def strategy_links(cluster: Cluster, strategy: LayerStrategy, devices: tuple[int, ...]) -> dict[Axis, LinkSpec]:
+    """The bottleneck link of each axis's group (`strategy_groups`): the intra-node link when the
+    group fits in a node, the network when it spans nodes."""
+    return {axis: cluster.slowest_link(group) if len(group) > 1 else _NO_LINK
+            for axis, group in strategy_groups(strategy, devices).items()}
+
+
+def layer_time_on(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,
+                  links: dict[Axis, LinkSpec], overlap_slowdown: float | None = None,
+                  runtime: RuntimeOverheads | None = None, compute_scale: float = 1.0) -> LayerTime:
+    """`layer_time` with each axis's collectives on its group's link (`strategy_links`)."""
+    return layer_time(costs, model, index, strategy, micro_batch, links[TENSOR], links[SHARDED_DATA], overlap_slowdown,
+                      runtime, compute_scale, dp_link=links[DATA], cp_link=links[CONTEXT])
 
 
 def data_rank(strategy: LayerStrategy, position: int) -> int:
     """Which slice of the micro-batch the device at `position` of its group processes (0 ..
-    data_degree - 1): its dp and sdp ranks read as one mixed-radix number, inner-most first."""
+    data_degree - 1): its ranks on the axes that split the batch (dp, sdp) read as one mixed-radix
+    number, inner-most first."""
     rank, scale, stride = 0, 1, 1
-    for dim, k in strategy.dims:
+    for axis, k in strategy.dims:
         r = (position // stride) % k
         stride *= k
-        if dim not in ("tp", "cp"):
+        if axis.splits_batch:
             rank += r * scale
             scale *= k
     return rank
@@ -254,8 +266,8 @@ def data_rank(strategy: LayerStrategy, position: int) -> int:
 def context_rank(strategy: LayerStrategy, position: int) -> int:
     """Which part of the sequence the device at `position` holds (0 .. cp - 1)."""
     stride = 1
-    for dim, k in strategy.dims:
-        if dim == "cp":
+    for axis, k in strategy.dims:
+        if axis.splits_sequence:
             return (position // stride) % k
         stride *= k
     return 0
@@ -273,12 +285,12 @@ def layout_ranks(strategy: LayerStrategy) -> tuple[np.ndarray, np.ndarray]:
     positions = np.arange(strategy.degree)
     data, context = np.zeros(strategy.degree, dtype=np.int64), np.zeros(strategy.degree, dtype=np.int64)
     scale, stride = 1, 1
-    for dim, k in strategy.dims:
+    for axis, k in strategy.dims:
         r = (positions // stride) % k
         stride *= k
-        if dim == "cp":
+        if axis.splits_sequence:
             context = r
-        elif dim != "tp":
+        elif axis.splits_batch:
             data += r * scale
             scale *= k
     data.setflags(write=False)
@@ -335,12 +347,11 @@ def strategy_arrays(costs: LayerCosts, model: ModelSpec, strategies: tuple[Layer
     for j, st in enumerate(strategies):
         links = strategy_links(cluster, st, devices)
         for row, i in enumerate(layers):
-            t = layer_time(costs, model, i, st, micro_batch, links["tp"], links["sdp"], overlap_slowdown, runtime,
-                           compute_scale, dp_link=links["dp"], cp_link=links["cp"])
+            t = layer_time_on(costs, model, i, st, micro_batch, links, overlap_slowdown, runtime, compute_scale)
             m = layer_memory(model, i, st, micro_batch, config)
             out["forward_s"][row, j], out["backward_s"][row, j] = t.forward_s, t.backward_s
-            out["grad_allreduce_s"][row, j] = dp_sync_s(st, t.grad_allreduce_bytes, links["dp"])
-            out["after_step_s"][row, j] = zero_gather_layer_s(model, i, st, links["dp"])
+            out["grad_allreduce_s"][row, j] = dp_sync_s(st, t.grad_allreduce_bytes, links[DATA])
+            out["after_step_s"][row, j] = zero_gather_layer_s(model, i, st, links[DATA])
             out["states_bytes"][row, j], out["saved_bytes"][row, j] = m.states_bytes, m.saved_bytes
             out["recompute_bytes"][row, j] = m.recompute_bytes
             out["copy_bytes"][row, j] = m.copy_bytes

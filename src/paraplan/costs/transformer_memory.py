@@ -138,13 +138,15 @@ def layer_activation_bytes(shape: TransformerShape, micro_batch: int, element_by
                if include_statistics or "statistics" not in t.name)
 
 
-def korthikanti_table2(s: int, b: int, h: int, a: int, t: int = 1, form: str = "tp") -> float:
+def korthikanti_table2(s: int, b: int, h: int, a: int, t: int = 1, form: str = "tensor") -> float:
     """Korthikanti et al. 2022, Table 2: activation bytes per layer, as printed (the oracle that
-    `activation_tensors` is checked against). `form`: "none" (no parallelism), "tp", "tp+sp",
-    "tp+selective", "tp+sp+selective", "full"."""
+    `activation_tensors` is checked against). `form`, the table's rows: "none" (no parallelism),
+    "tensor" (tensor parallel, the baseline), "tensor+sequence", "tensor+selective",
+    "tensor+sequence+selective", "full" (full activation recomputation)."""
     sbh = s * b * h
-    forms = {"none": 34 + 5 * a * s / h, "tp": 10 + 24 / t + 5 * a * s / (h * t), "tp+sp": 34 / t + 5 * a * s / (h * t),
-             "tp+selective": 10 + 24 / t, "tp+sp+selective": 34 / t, "full": 2}
+    forms = {"none": 34 + 5 * a * s / h, "tensor": 10 + 24 / t + 5 * a * s / (h * t),
+             "tensor+sequence": 34 / t + 5 * a * s / (h * t), "tensor+selective": 10 + 24 / t,
+             "tensor+sequence+selective": 34 / t, "full": 2}
     return sbh * forms[form]
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paraplan.errors import ParaplanError
+from paraplan.plans.axes import LAYER_AXES, TENSOR
 from paraplan.plans.plan import GradSync, LayerStrategy, Plan, Recompute
 from paraplan.plans.schedules import Schedule
 from paraplan.precision import Precision
@@ -92,7 +93,7 @@ def engine_layout(plan: Plan, kinds: tuple[str, ...]) -> EngineLayout:
     for i, st in others:  # the embedding and head follow the blocks' degrees in every engine
         if _degrees(st) != _degrees(first):
             raise ExportRefused("any", f"per-layer different strategies (layer {i} ({kinds[i]}): {st}; blocks: {first})")
-    if first.tp > 1 and first.order.split(",")[0] != "tp":
+    if first.tp > 1 and first.layout[0] is not TENSOR:
         raise ExportRefused("any", f"tensor parallelism not on the innermost devices (layout {first.order}): the engines "
                                    "put it there")
     n_ranks = plan.n_ranks
@@ -119,4 +120,4 @@ def engine_layout(plan: Plan, kinds: tuple[str, ...]) -> EngineLayout:
 
 
 def _degrees(st: LayerStrategy) -> tuple:
-    return st.dp, st.sdp, st.tp, st.cp, st.zero, st.order
+    return (*(st.degree_of(a) for a in LAYER_AXES), st.zero, st.order)

@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from paraplan.errors import ParaplanError
+from paraplan.plans.axes import LAYOUT_AXES
+
+# LayerStrategy and its enums live in their own module; imported here too, where every plan reader looks
+from paraplan.plans.layer_strategy import DEFAULT_ORDER, RECOMPUTES, ZERO_STAGES, LayerStrategy, Recompute  # noqa: F401
 from paraplan.plans.schedules import MULTI_CHUNK, Schedule, schedule_problem
 from paraplan.plans.schedules import stage_ranks as default_stage_ranks
 from paraplan.precision import PRECISIONS, Precision
@@ -69,96 +73,6 @@ class LayerRange:
 
     def __str__(self) -> str:
         return f"{self.start}..{self.stop - 1}"
-
-
-STRATEGY_DIMS = ("tp", "sdp", "dp")  # the default layout, inner-most first
-DEFAULT_ORDER = ",".join(STRATEGY_DIMS)
-
-
-class Recompute(StrEnum):
-    """What a layer keeps for its backward and what it runs again (Korthikanti et al. 2022)."""
-
-    NONE = "none"  # every saved tensor is kept
-    SELECTIVE = "selective"  # the attention core (QK^T, softmax, its dropout, attention over V) runs again
-    FULL = "full"  # only the layer's input is kept; its forward runs again in the backward (v1: checkpoint)
-
-
-RECOMPUTES = tuple(r.value for r in Recompute)
-ZERO_STAGES = (0, 1, 2)  # over a layer's dp replicas; ZeRO-3 is the sdp degree
-
-
-@dataclass(frozen=True)
-class LayerStrategy:
-    """Galvatron-BMW's per-layer choice (§III): data parallel, sharded data parallel (ZeRO-3 /
-    FSDP), tensor parallel degrees, and activation checkpointing; with today's training's
-    refinements (format version 2): recomputation none / selective / full, the ZeRO stage of the
-    dp replicas, sequence parallelism with TP, and a context-parallel degree.
-
-    State sharding per layer: DP (zero 0: every dp replica holds all the states), ZeRO-1 (zero 1:
-    the optimizer states sharded over the dp replicas), ZeRO-2 (zero 2: the gradients too), ZeRO-3
-    / FSDP (the `sdp` degree: parameters, gradients and optimizer states sharded sdp ways, as in
-    version 1). dp and sdp together are hybrid sharding: sharded sdp ways, replicated dp ways."""
-
-    dp: int = 1
-    sdp: int = 1
-    tp: int = 1
-    # How the group's devices are laid out, inner-most dimension first: the inner-most dimension's
-    # groups are consecutive devices (on the fastest links, Galvatron Takeaway #1). The default is
-    # the layout plans assumed before the field existed (tp innermost, then sdp, then dp). Kept
-    # canonical: dimensions of degree 1 go last in the default order, so equal layouts compare equal.
-    order: str = DEFAULT_ORDER
-    recompute: str = Recompute.NONE  # Recompute: none | selective | full
-    zero: int = 0  # the ZeRO stage over the dp replicas: 0, 1 or 2 (ZERO_STAGES)
-    sequence_parallel: bool = False  # with tp > 1: the norms, dropouts and residuals split over the tp ranks
-    # context parallelism (Megatron-LM's CP, torch's context_parallel): the sequence split cp ways,
-    # attention as a ring exchanging K and V; its groups sit right outside tp (Megatron's tp-cp-dp
-    # order), the gradients are all-reduced over dp x cp. Planned and simulated; not run (train says why)
-    cp: int = 1
-
-    def __post_init__(self):
-        if not isinstance(self.recompute, Recompute) and self.recompute in RECOMPUTES:
-            object.__setattr__(self, "recompute", Recompute(self.recompute))  # an unknown one: validate() names it
-        dims = self.order.split(",")
-        if sorted(dims) == sorted(STRATEGY_DIMS):  # a malformed order is left for validate() to name
-            degree = {"dp": self.dp, "sdp": self.sdp, "tp": self.tp}
-            canonical = [d for d in dims if degree[d] > 1] + [d for d in STRATEGY_DIMS if degree[d] <= 1]
-            object.__setattr__(self, "order", ",".join(canonical))
-
-    @property
-    def checkpoint(self) -> bool:
-        """Full recomputation (version 1's `checkpoint`, Galvatron's CKPT)."""
-        return self.recompute == Recompute.FULL
-
-    @property
-    def dims(self) -> tuple[tuple[str, int], ...]:
-        """(dimension, degree) of every dimension used, inner-most first; cp right outside tp (or
-        inner-most without tp)."""
-        degree = {"dp": self.dp, "sdp": self.sdp, "tp": self.tp}
-        out = [(d, degree[d]) for d in self.order.split(",") if degree.get(d, 1) > 1]
-        if self.cp > 1:
-            at = next((k + 1 for k, (d, _) in enumerate(out) if d == "tp"), 0)
-            out.insert(at, ("cp", self.cp))
-        return tuple(out)
-
-    def __str__(self) -> str:
-        """'SDP4 x TP2 + CKPT': outer-most dimension first (the last named is on the fastest links);
-        ZeRO-1/2 on the dp dimension as 'DP4 (ZeRO-2)', sequence parallelism as 'TP2+SP', context
-        parallelism as 'CP2', selective recomputation as '+ SEL'."""
-        def name(d, k):
-            extra = f" (ZeRO-{self.zero})" if d == "dp" and self.zero else "+SP" if d == "tp" and self.sequence_parallel else ""
-            return f"{d.upper()}{k}{extra}"
-
-        text = " x ".join(name(d, k) for d, k in reversed(self.dims)) or "1 device"
-        return text + {"full": " + CKPT", "selective": " + SEL"}.get(self.recompute, "")
-
-    @property
-    def degree(self) -> int:
-        return self.dp * self.sdp * self.tp * self.cp
-
-    @property
-    def data_degree(self) -> int:
-        """How many ways the micro-batch is split."""
-        return self.dp * self.sdp
 
 
 @dataclass(frozen=True)
@@ -383,7 +297,7 @@ def _validate_stages(plan: Plan) -> None:
                    [(stage.layers.start, stage.strategy(stage.layers.start))] if n_layers_here > 0 else [])
         for layer, s in checked:
             where = f"stages[{i}].strategies[{layer - stage.layers.start}]"
-            if sorted(s.order.split(",")) != sorted(STRATEGY_DIMS):
+            if sorted(s.order.split(",")) != sorted(a.name for a in LAYOUT_AXES):
                 raise PlanError(f"{where}.order: expected the dimensions tp, sdp, dp in some order "
                                 f"(inner-most first, comma-separated), got {s.order!r}")
             if min(s.dp, s.sdp, s.tp, s.cp) < 1:

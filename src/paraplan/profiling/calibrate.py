@@ -347,13 +347,15 @@ def measure_strategy_costs(spec, profile, cluster, runs: int, steps: int, progre
     from dataclasses import replace as dc_replace
 
     from paraplan.costs.model import profile_cost_model
+    from paraplan.plans.axes import SHARDED_DATA, TENSOR
     from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
     from paraplan.runtime.compare import step_times
     from paraplan.simulator.predict import simulate_plan
 
     n = spec.n_layers
     out = {}
-    for kind, strategy in (("tp", LayerStrategy(tp=2)), ("sdp", LayerStrategy(sdp=2))):
+    for axis, strategy in ((TENSOR, LayerStrategy(tp=2)), (SHARDED_DATA, LayerStrategy(sdp=2))):
+        kind = axis.name  # the evidence's key, as the calibration file has it
         plan = Plan(model=spec.ref or spec.name, cluster="local", n_layers=n, global_batch=OVERHEAD_PLAN["batch"],
                     n_micro=1, schedule="gpipe", grad_sync="none",
                     stages=(Stage(LayerRange(0, n), (0, 1), strategies=(strategy,) * n),))
@@ -361,17 +363,17 @@ def measure_strategy_costs(spec, profile, cluster, runs: int, steps: int, progre
         measured = []
         with tempfile.TemporaryDirectory(prefix="paraplan-calibrate-") as tmp:
             for r in range(runs):
-                progress(f"runtime: {kind.upper()}2 run {r + 1} of {runs} (the cost of its machinery per layer)")
+                progress(f"runtime: {axis.label}2 run {r + 1} of {runs} (the cost of its machinery per layer)")
                 times = step_times(_train(plan, steps, Path(tmp), f"{kind}{r}"))[2:]
                 measured.append(statistics.median(times))
         excess = max(0.0, statistics.median(measured) - predicted)
         # TP: DTensor's cost follows the operators it dispatches (per kernel of both passes);
         # SDP: FSDP2's follows its units (one per layer and pass)
-        per = sum(max(1, lay.forward_ops) + max(1, lay.backward_ops) for lay in spec.layers) if kind == "tp" else 2 * n
+        per = sum(max(1, lay.forward_ops) + max(1, lay.backward_ops) for lay in spec.layers) if axis is TENSOR else 2 * n
         out[kind] = {"measured_s": measured, "predicted_without_s": predicted, "per_unit_s": excess / per,
-                     "unit": "kernel of a pass" if kind == "tp" else "layer pass"}
-    cluster = dc_replace(cluster, overheads=dc_replace(cluster.overheads, tp_kernel_s=out["tp"]["per_unit_s"],
-                                                      sdp_layer_s=out["sdp"]["per_unit_s"]))
+                     "unit": "kernel of a pass" if axis is TENSOR else "layer pass"}
+    cluster = dc_replace(cluster, overheads=dc_replace(cluster.overheads, tp_kernel_s=out[TENSOR.name]["per_unit_s"],
+                                                      sdp_layer_s=out[SHARDED_DATA.name]["per_unit_s"]))
     return {"cluster": cluster, "evidence": out}
 
 

@@ -53,10 +53,11 @@ import torch.distributed as dist
 from torch import nn
 
 from paraplan.costs.strategy import data_rank
+from paraplan.plans.axes import DATA, LAYER_AXES, PIPELINE, SHARDED_DATA, TENSOR, Axis
 from paraplan.plans.plan import LayerStrategy, Plan, Stage
 from paraplan.runtime.memory_meter import local_value
 
-Layout = tuple[tuple[str, int], ...]  # LayerStrategy.dims: (dimension, degree), inner-most first
+Layout = tuple[tuple[Axis, int], ...]  # LayerStrategy.dims: (axis, degree), inner-most first
 
 
 def stage_strategies(stage: Stage) -> tuple[LayerStrategy, ...]:
@@ -98,16 +99,18 @@ class Meshes:
             shape = [len(groups)] + [k for _, k in outer_first]
             ranks = torch.tensor([list(g) for g in groups]).reshape(shape)
             # the groups are fixed by which ranks share a row, not by the order of the mesh's
-            # dimensions: put them in one canonical order (dp, sdp, tp), so that HSDP's
-            # (replicate, shard) = ("dp", "sdp") slice is in ascending order for any layout
-            names = ["pp"] + [d for d, _ in outer_first]
-            canonical = ["pp"] + [d for d in ("dp", "sdp", "tp") if d in names]
+            # dimensions: put them in one canonical order (the axis table's, outer-most first: dp,
+            # sdp, cp, tp), so that HSDP's (replicate, shard) = (dp, sdp) slice is in ascending order
+            # for any layout
+            names = [PIPELINE.name] + [a.name for a, _ in outer_first]
+            canonical = [PIPELINE.name] + [a.name for a in reversed(LAYER_AXES) if a.name in names]
             ranks = ranks.permute([names.index(d) for d in canonical])
             self._meshes[layout] = DeviceMesh(device_type, ranks, mesh_dim_names=tuple(canonical))
 
-    def sub(self, strategy: LayerStrategy, *dims: str):
-        """The sub-mesh of `strategy`'s layout over `dims` (outer first), for this rank."""
-        return self._meshes[strategy.dims][dims if len(dims) > 1 else dims[0]]
+    def sub(self, strategy: LayerStrategy, *axes: Axis):
+        """The sub-mesh of `strategy`'s layout over `axes` (outer first), for this rank."""
+        names = tuple(a.name for a in axes)
+        return self._meshes[strategy.dims][names if len(names) > 1 else names[0]]
 
 
 # --- Slice-Gather ----------------------------------------------------------------------------------
@@ -256,13 +259,13 @@ def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Mod
         if st.tp > 1:
             from paraplan.runtime.tensor_parallel import apply_tensor_parallel
 
-            apply_tensor_parallel(layer, meshes.sub(st, "tp"), tp_memo, st.sequence_parallel)
+            apply_tensor_parallel(layer, meshes.sub(st, TENSOR), tp_memo, st.sequence_parallel)
             if st.sequence_parallel and st.sdp == 1 and not st.zero:  # FSDP2 and ZeRO take them as they come
                 from paraplan.runtime.sequence_parallel import partial_grad_params
 
                 sequence_params += partial_grad_params(layer)
         if st.sdp > 1 and i == unit_of[i][-1]:  # the unit's last layer is materialised: shard the unit
-            mesh = meshes.sub(st, "dp", "sdp") if st.dp > 1 else meshes.sub(st, "sdp")
+            mesh = meshes.sub(st, DATA, SHARDED_DATA) if st.dp > 1 else meshes.sub(st, SHARDED_DATA)
             modules = [layers[j] for j in unit_of[i]]
             fsdp = fully_shard(modules if len(modules) > 1 else modules[0], mesh=mesh, mp_policy=policy)
             for m in (fsdp if isinstance(fsdp, list) else [fsdp]):
@@ -273,7 +276,7 @@ def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Mod
     seen: set[int] = set()
     for layer, st in zip(layers, strategies, strict=True):
         if st.dp > 1 and st.sdp == 1:
-            group = meshes.sub(st, "dp").get_group()
+            group = meshes.sub(st, DATA).get_group()
             for p in layer.parameters():
                 if id(p) not in seen:
                     seen.add(id(p))
@@ -282,7 +285,7 @@ def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Mod
     for i, (layer, st) in enumerate(zip(layers, strategies, strict=True)):
         enter, leave = _sequence_ends(layers, strategies, i)
         wrapped.append(StrategyLayer(layer, previous, st, position, stage_group, group_size,
-                                     meshes.sub(st, "tp") if enter else None, leave))
+                                     meshes.sub(st, TENSOR) if enter else None, leave))
         previous = st
     module = StageModule(wrapped)
     if sharded:
@@ -291,7 +294,7 @@ def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Mod
         # root the pipeline stage holds every unit's gradient reduction until the last micro-batch
         # (PipelineStage.perform_reduce_grad), one reduce-scatter per layer per iteration.
         first = strategies[sharded[0][0]]
-        mesh = meshes.sub(first, "dp", "sdp") if first.dp > 1 else meshes.sub(first, "sdp")
+        mesh = meshes.sub(first, DATA, SHARDED_DATA) if first.dp > 1 else meshes.sub(first, SHARDED_DATA)
         others = {p for layer, st in zip(layers, strategies, strict=True) if st.sdp == 1 for p in layer.parameters()}
         import warnings
 

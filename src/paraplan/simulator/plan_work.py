@@ -21,12 +21,13 @@ from __future__ import annotations
 from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
 from paraplan.costs.model import CostModel
 from paraplan.costs.strategy import (
-    layer_time,
+    layer_time_on,
     slice_gather_s,
     strategy_groups,
     strategy_links,
     weight_grad_fraction,
 )
+from paraplan.plans.axes import DATA
 from paraplan.plans.plan import Plan, PlanError, Stage, check_fits
 from paraplan.plans.worker_roles import worker_roles
 from paraplan.simulator.pipeline import PipelineWork, StageSync, StageWork, SyncBucket
@@ -196,8 +197,7 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
         for i in stage.layers:
             st = stage.strategy(i)
             links = strategy_links(cm.cluster, st, stage.devices)
-            t = layer_time(costs, cm.model, i, st, micro, links["tp"], links["sdp"], cm.overlap_slowdown,
-                           cm.overheads, scale, dp_link=links["dp"], cp_link=links["cp"])
+            t = layer_time_on(costs, cm.model, i, st, micro, links, cm.overlap_slowdown, cm.overheads, scale)
             fwd += t.forward_s
             bwd += t.backward_s
             # zero-bubble's W: the share of the layer's backward (its communication included) that
@@ -212,8 +212,8 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
                 fwd += f
                 bwd += b
             # the gradients' group: dp, or dp x cp with context parallelism (strategy_groups)
-            per_layer.append((t.grad_allreduce_bytes, t.backward_s, st.dp * st.cp,
-                              strategy_groups(st, stage.devices)["dp"], st.zero))
+            per_layer.append((t.grad_allreduce_bytes, t.backward_s, st.sync_degree,
+                              strategy_groups(st, stage.devices)[DATA], st.zero))
         send_f = send_b = 0.0
         if s + 1 < plan.n_stages and plan.stages[s + 1].devices[0] != lead:
             nxt = plan.stages[s + 1].devices[0]
@@ -263,7 +263,7 @@ def zero_gather_s(plan: Plan, cm: CostModel) -> float:
         for i in stage.layers:
             st = stage.strategy(i)
             if st.zero and st.dp > 1:
-                group = strategy_groups(st, stage.devices)["dp"]
+                group = strategy_groups(st, stage.devices)[DATA]
                 groups[group] = groups.get(group, 0.0) + cm.model.layers[i].param_bytes / (st.tp * st.sdp)
         worst = max(worst, sum(ring_allgather_s(nbytes, len(g), cm.cluster.slowest_link(g)) for g, nbytes in groups.items()))
     return worst

@@ -42,7 +42,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from paraplan.costs.strategy import layer_time, strategy_links
+from paraplan.costs.strategy import layer_time_on, strategy_links
 from paraplan.errors import FieldError
 from paraplan.planners import progress
 from paraplan.planners.galvatron.space import even_partition, held_stage_count, pipeline_degrees, stage_group
@@ -140,8 +140,7 @@ def compute_s(request: PlanRequest, plan: Plan) -> float:
     for s in plan.stages:
         for i in s.layers:
             st = s.strategy(i)
-            t = layer_time(cm.compute(lead), cm.model, i, st, micro, links["tp"], links["sdp"], cm.overlap_slowdown,
-                           cm.overheads, scale, dp_link=links["dp"], cp_link=links["cp"])
+            t = layer_time_on(cm.compute(lead), cm.model, i, st, micro, links, cm.overlap_slowdown, cm.overheads, scale)
             total += t.forward_s + t.backward_s
     ranks = len({s.devices for s in plan.stages})  # interleaved: several stages on each rank's group
     return plan.n_micro * total / ranks

@@ -132,11 +132,10 @@ def _interleaved(plan: Plan, prediction, request: PlanRequest, judge: Judge):
 # fewer, partitions and schedules they search too): their plans join the full variant's final
 # candidates, ranked by the simulator (issue 31, item 1). galvatron-1f1b-biobj's partition follows its
 # own strategies, so only BMW (which adjusts partitions) holds it; Base is inside BMW.
-PORTFOLIO = {
-    "galvatron-base": ("dp", "sdp", "tp", "pp", "dp+tp", "dp+pp", "deepspeed-3d", "galvatron"),
-    "galvatron-bmw": ("dp", "sdp", "tp", "pp", "dp+tp", "dp+pp", "deepspeed-3d", "galvatron", "galvatron-base",
-                      "galvatron-1f1b-biobj"),
-}
+# VARIANTS lists each variant after the ones inside its space: the portfolio of Base is dp .. galvatron,
+# BMW's adds galvatron-base and galvatron-1f1b-biobj.
+_NAMES = [v.name for v in VARIANTS]
+PORTFOLIO = {name: tuple(_NAMES[:_NAMES.index(name)]) for name in ("galvatron-base", "galvatron-bmw")}
 
 
 def _search(request: PlanRequest, variant: Variant, options: dict):

@@ -26,9 +26,13 @@ from dataclasses import dataclass, replace
 from itertools import permutations
 
 from paraplan.errors import FieldError
+from paraplan.plans.axes import DATA, LAYOUT_AXES, PIPELINE, SHARDED_DATA, TENSOR, Axis
 from paraplan.plans.plan import LayerStrategy
 
-DIMS = ("dp", "sdp", "tp")
+# Galvatron's decision trees (§III-B) split a group over the layout axes (dp, sdp, tp); the paper
+# lists them dp, sdp, tp, the order its trees are enumerated in
+TREE_AXES = (DATA, SHARDED_DATA, TENSOR)
+assert set(TREE_AXES) == set(LAYOUT_AXES)
 
 
 @dataclass(frozen=True)
@@ -65,14 +69,13 @@ def group_strategies(group_size: int, prune: bool = True, checkpoint: bool = Tru
     log2 = group_size.bit_length() - 1
     trees: list[LayerStrategy] = []
     for depth in range(0, min(3, log2) + 1):
-        for dims in permutations(DIMS, depth):  # outer-most first
-            if prune and {"dp", "sdp"} <= set(dims):
+        for axes in permutations(TREE_AXES, depth):  # outer-most first
+            if prune and {DATA, SHARDED_DATA} <= set(axes):  # Takeaway #3: never both DP and SDP
                 continue
             for degrees in _compositions(log2, depth):
-                degree = dict(zip(dims, degrees, strict=True))
-                order = ",".join([*reversed(dims), *[d for d in ("tp", "sdp", "dp") if d not in dims]])
-                trees.append(LayerStrategy(dp=degree.get("dp", 1), sdp=degree.get("sdp", 1),
-                                           tp=degree.get("tp", 1), order=order))
+                degree = {a.name: k for a, k in zip(axes, degrees, strict=True)}
+                order = ",".join(a.name for a in [*reversed(axes), *[a for a in LAYOUT_AXES if a not in axes]])
+                trees.append(LayerStrategy(**degree, order=order))
     flags = (False, True) if checkpoint else (False,)
     return tuple(LayerStrategy(dp=t.dp, sdp=t.sdp, tp=t.tp, recompute="full" if c else "none", order=t.order) for c in flags for t in trees)
 
@@ -100,25 +103,28 @@ class Variant:
     name: str
     summary: str
     schedules: tuple[str, ...]  # the first is the default; all of them are searched unless the request fixes one
-    dims: frozenset[str] = frozenset({"dp", "sdp", "tp"})  # the dimensions its trees may use
+    dims: frozenset[Axis] = frozenset(TREE_AXES)  # the axes its trees may use
     checkpoint: bool = True
     pp: str = "any"  # "any": every power of two; "one": no pipeline; "all": one device per stage
     bmw: bool = False  # Algorithm 2 (bi-objective partition) instead of the even partition
     fixed_3d: bool = False  # DeepSpeed 3D: PP 2 x (DP x TP 2) on every layer
 
 
-_ALL = frozenset({"dp", "sdp", "tp"})
+_ALL = frozenset(TREE_AXES)
+# The baselines of one axis are named after it (`--planner dp`: pure data parallelism)
 VARIANTS = (
-    Variant("dp", "pure data parallelism (PyTorch DDP) over every device", ("gpipe",), frozenset({"dp"}), False, "one"),
-    Variant("sdp", "pure sharded data parallelism (FSDP / ZeRO-3) over every device", ("gpipe",),
-            frozenset({"sdp"}), False, "one"),
-    Variant("tp", "pure tensor parallelism (Megatron) over every device", ("gpipe",), frozenset({"tp"}), False, "one"),
-    Variant("pp", "pure pipeline parallelism (GPipe), one device per stage, even partition", ("gpipe",),
+    Variant(DATA.name, "pure data parallelism (PyTorch DDP) over every device", ("gpipe",), frozenset({DATA}), False,
+            "one"),
+    Variant(SHARDED_DATA.name, "pure sharded data parallelism (FSDP / ZeRO-3) over every device", ("gpipe",),
+            frozenset({SHARDED_DATA}), False, "one"),
+    Variant(TENSOR.name, "pure tensor parallelism (Megatron) over every device", ("gpipe",), frozenset({TENSOR}), False,
+            "one"),
+    Variant(PIPELINE.name, "pure pipeline parallelism (GPipe), one device per stage, even partition", ("gpipe",),
             frozenset(), False, "all"),
     Variant("dp+tp", "Galvatron restricted to DP and TP per layer, no pipeline, no checkpointing", ("gpipe",),
-            frozenset({"dp", "tp"}), False, "one"),
+            frozenset({DATA, TENSOR}), False, "one"),
     Variant("dp+pp", "Galvatron restricted to DP and PP (even partition), no checkpointing", ("gpipe",),
-            frozenset({"dp"}), False),
+            frozenset({DATA}), False),
     Variant("deepspeed-3d", "DeepSpeed 3D: 2-way PP x 2-way TP x DP on every layer, 1F1B", ("1f1b", "gpipe"),
             _ALL, False, fixed_3d=True),
     Variant("galvatron", "Galvatron: per-layer DP / SDP / TP with PP (even partition), no checkpointing, GPipe",

@@ -1,0 +1,73 @@
+"""The axis table (plans/axes.py) is the one place a parallel axis is named, and what it says
+matches what the layout code does with it."""
+
+import ast
+import itertools
+import pathlib
+
+import pytest
+
+import paraplan
+from paraplan.costs.strategy import context_rank, data_rank, strategy_groups
+from paraplan.plans.axes import AXES, CONTEXT, DATA, LAYER_AXES, LAYOUT_AXES, TENSOR, default_order
+from paraplan.plans.plan import LayerStrategy
+
+SRC = pathlib.Path(paraplan.__file__).parent
+# Where an axis may be named as a string: the table, and the plan file's reader and writer (the
+# file's keys). Engine flag names ("--tensor-parallel-size") and labels for people are not axis names.
+NAMED_HERE = {SRC / "plans" / "axes.py", SRC / "plans" / "plan_file.py"}
+RESERVED = {"ep", "etp", "edp"}  # the expert view's axes (issue 50): named in the table when they come
+
+
+def axis_literals(path: pathlib.Path, names: set[str]) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [f"{path}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names]
+
+
+def test_no_axis_name_is_a_string_literal_outside_the_table_and_the_plan_file():
+    names = {a.name for a in AXES} | RESERVED
+    found = [hit for path in sorted(SRC.rglob("*.py")) if path not in NAMED_HERE for hit in axis_literals(path, names)]
+    assert not found, "axis names as string literals (use plans/axes.py):\n" + "\n".join(found)
+
+
+def test_the_check_sees_a_literal(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('groups["tp"]\nlabel = "tp+sp"\n')
+    assert len(axis_literals(sample, {"tp"})) == 1  # the key, not the label
+
+
+def test_a_layer_strategy_has_a_degree_field_per_axis_and_the_default_order_is_the_old_one():
+    fields = LayerStrategy.__dataclass_fields__
+    assert all(a.name in fields and fields[a.name].default == 1 for a in LAYER_AXES)
+    assert default_order() == "tp,sdp,dp" == LayerStrategy().order  # plan files written before keep their meaning
+    assert [a for a in LAYER_AXES if not a.in_layout] == [CONTEXT] and CONTEXT.outside == TENSOR.name
+
+
+def _strategies(group: int):
+    for degrees in itertools.product((1, 2, 4), repeat=len(LAYER_AXES)):
+        kw = {a.name: k for a, k in zip(LAYER_AXES, degrees, strict=True)}
+        if LayerStrategy(**kw).degree != group:
+            continue
+        for order in itertools.permutations(LAYOUT_AXES):
+            yield LayerStrategy(**kw, order=",".join(a.name for a in order))
+
+
+@pytest.mark.parametrize("group", [4, 8])
+def test_groups_and_ranks_follow_the_table_on_every_layout(group):
+    """Brute force over every strategy of a group: each axis's group has its degree in devices; the
+    devices of a batch-splitting axis's group hold distinct data slices and the same context part;
+    the gradient group is the product of the syncing axes' groups; data_rank covers every slice
+    equally often."""
+    devices = tuple(range(group))
+    for st in _strategies(group):
+        groups = strategy_groups(st, devices)
+        assert len(groups[TENSOR]) == st.tp and len(groups[CONTEXT]) == st.cp
+        assert len(groups[DATA]) == st.sync_degree and len(set(groups[DATA])) == st.sync_degree
+        for axis in LAYER_AXES:
+            if axis.splits_batch and axis is not DATA:
+                ranks = [data_rank(st, p) for p in groups[axis]]
+                assert len(set(ranks)) == st.degree_of(axis), (st, axis)
+        assert sorted({context_rank(st, p) for p in groups[CONTEXT]}) == list(range(st.cp))
+        counts = [sum(data_rank(st, p) == r for p in devices) for r in range(st.data_degree)]
+        assert counts == [group // st.data_degree] * st.data_degree, st

@@ -21,6 +21,7 @@ from enum import StrEnum
 
 from paraplan.errors import ParaplanError
 from paraplan.plans.axes import LAYOUT_AXES
+from paraplan.plans.kinds import PlanKind, kind_of
 
 # LayerStrategy and its enums live in their own module; imported here too, where every plan reader looks
 from paraplan.plans.layer_strategy import DEFAULT_ORDER, RECOMPUTES, ZERO_STAGES, LayerStrategy, Recompute  # noqa: F401
@@ -162,6 +163,12 @@ class Plan:
             value = getattr(self, name)
             if not isinstance(value, kind) and value in tuple(kind):
                 object.__setattr__(self, name, kind(value))
+
+    @property
+    def kind(self) -> PlanKind:
+        """Pipeline stages, per-layer strategies, Bi-Partition ranges or an operator placement
+        (plans/kinds.py)."""
+        return kind_of(self.schedule, self.stages, self.operators)
 
     @property
     def n_stages(self) -> int:

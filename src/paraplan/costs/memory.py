@@ -49,6 +49,7 @@ from paraplan.costs.memory_config import GIB, MemoryConfig
 from paraplan.costs.strategy import layer_memory, param_count
 from paraplan.models.spec import ModelSpec
 from paraplan.plans import schedules
+from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import DeviceMemory, LayerStrategy, Plan
 from paraplan.plans.worker_roles import worker_roles
 
@@ -181,7 +182,7 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
     # Bi-Partition run as the runtime runs it (plans/worker_roles.py): a layer whose forward ran on
     # another worker keeps no activations here between its forward and backward; its forward is
     # recomputed just before its backward, one micro-batch at a time, from one input tensor
-    role = worker_roles(plan)[stage_index] if stage.backward_layers is not None and \
+    role = worker_roles(plan)[stage_index] if plan.kind is PlanKind.BIPARTITION and \
         plan.split_layers == "recompute" else None
     recomputed = set(role.recomputed) if role is not None else set()
     for i in sorted(held):

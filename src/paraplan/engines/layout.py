@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from paraplan.errors import ParaplanError
 from paraplan.plans.axes import LAYER_AXES, TENSOR
+from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import GradSync, LayerStrategy, Plan, Recompute
 from paraplan.plans.schedules import Schedule
 from paraplan.precision import Precision
@@ -72,9 +73,9 @@ class EngineLayout:
 def engine_layout(plan: Plan, kinds: tuple[str, ...]) -> EngineLayout:
     """The plan in the engines' shared terms; `kinds` is the model's layer kinds in order
     ("embedding", "block", "head", ...). Raises ExportRefused (engine "any")."""
-    if plan.schedule == Schedule.DAG or plan.operators:
+    if plan.kind is PlanKind.OPERATORS:
         raise ExportRefused("any", "an operator placement (FD-DPS and its baselines) is not a stage pipeline")
-    if any(s.backward_layers is not None and s.backward_layers != s.layers for s in plan.stages):
+    if plan.kind is PlanKind.BIPARTITION and any(s.backward != s.layers for s in plan.stages):
         raise ExportRefused("any", "separate forward and backward ranges (Bi-Partition)")
     if len(kinds) != plan.n_layers:
         raise ParaplanError(f"the plan has {plan.n_layers} layers but its model {plan.model} has {len(kinds)}")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from paraplan.planners.schedule_variants import DEFAULT_VARIANTS, Variant, rewrite
+from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import LayerRange, Plan, Prediction, Stage
 
 Judge = Callable[[Plan], Prediction]
@@ -100,7 +101,7 @@ def _share_cuts(refined: list[Scored], judge: Judge, budget: list[int]) -> list[
     for s in refined:
         best = s
         for bounds in sorted(cuts[s.plan.n_stages] - {_bounds(s.plan)}):
-            if any(st.strategies or st.backward_layers is not None for st in s.plan.stages) or budget[0] <= 0:
+            if s.plan.kind in (PlanKind.LAYERS, PlanKind.BIPARTITION) or budget[0] <= 0:
                 break
             budget[0] -= 1
             moved = _with_bounds(s.plan, bounds)
@@ -151,7 +152,7 @@ BLOCK_SHIFT_STAGES = 16
 def _moved(plan: Plan, first: int, last: int, step: int) -> Plan | None:
     """`plan` with the boundaries before stages first..last moved by `step` layers; None when a stage
     would be left without layers (or the stages carry per-layer strategies)."""
-    if any(s.strategies or s.backward_layers is not None for s in plan.stages):
+    if plan.kind in (PlanKind.LAYERS, PlanKind.BIPARTITION):
         return None
     bounds = [s.layers.start for s in plan.stages] + [plan.n_layers]
     for b in range(first, last + 1):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from paraplan.costs.model import CostModel
+from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.schedules import MULTI_CHUNK, Schedule, schedule_problem, stage_ranks
 
@@ -79,9 +80,9 @@ def rewrite(plan: Plan, cm: CostModel, kind: str, virtual: int) -> Plan:
     pipeline cannot take it."""
     if plan.schedule not in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, *MULTI_CHUNK) or plan.multi_chunk:
         raise ValueError(f"a pipeline with one stage per rank is rewritten, not a {plan.schedule} plan")
-    if any(s.backward_layers is not None for s in plan.stages) and virtual > 1:
+    if plan.kind is PlanKind.BIPARTITION and virtual > 1:
         raise ValueError("stages with separate backward ranges keep one chunk per rank")
-    if any(s.strategies for s in plan.stages) and len({len(s.devices) for s in plan.stages}) > 1:
+    if plan.kind is PlanKind.LAYERS and len({len(s.devices) for s in plan.stages}) > 1:
         raise ValueError("stages with per-layer strategies on groups of different sizes keep their cut")
     n_ranks = plan.n_stages
     if n_ranks == 1 and kind in MULTI_CHUNK:
@@ -98,8 +99,7 @@ def rewrite(plan: Plan, cm: CostModel, kind: str, virtual: int) -> Plan:
     ranks = stage_ranks(kind, n_ranks, virtual)
     # per-layer strategies (Galvatron's plans) go with their layers: a strategy is a layout over a
     # group's positions, and every rank's group has the same size
-    by_layer = {i: s.strategy(i) for s in plan.stages for i in s.layers} if any(s.strategies for s in plan.stages) \
-        else None
+    by_layer = {i: s.strategy(i) for s in plan.stages for i in s.layers} if plan.kind is PlanKind.LAYERS else None
     stages = tuple(Stage(LayerRange(bounds[i], bounds[i + 1]), plan.stages[ranks[i]].devices,
                          strategies=tuple(by_layer[j] for j in range(bounds[i], bounds[i + 1])) if by_layer else ())
                    for i in range(n))

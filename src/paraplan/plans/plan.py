@@ -25,6 +25,7 @@ from paraplan.plans.kinds import PlanKind, kind_of
 
 # LayerStrategy and its enums live in their own module; imported here too, where every plan reader looks
 from paraplan.plans.layer_strategy import DEFAULT_ORDER, RECOMPUTES, ZERO_STAGES, LayerStrategy, Recompute  # noqa: F401
+from paraplan.plans.prediction import DeviceMemory, Prediction, SearchInfo  # noqa: F401  (read from here too)
 from paraplan.plans.schedules import MULTI_CHUNK, Schedule, schedule_problem
 from paraplan.plans.schedules import stage_ranks as default_stage_ranks
 from paraplan.precision import PRECISIONS, Precision
@@ -99,37 +100,6 @@ class OperatorPlacement:
 
     device: int
     ops: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class DeviceMemory:
-    device: int
-    peak_bytes: int
-    capacity_bytes: int
-
-    @property
-    def fits(self) -> bool:
-        return self.peak_bytes <= self.capacity_bytes
-
-
-@dataclass(frozen=True)
-class Prediction:
-    iteration_s: float
-    throughput_samples_per_s: float
-    memory: tuple[DeviceMemory, ...] = ()
-    feasible: bool = True
-    reason: str = ""  # when not feasible: e.g. "device 3 out of memory by 1.20 GiB"
-    # what the prediction stands on (issue 33; workload.cost_source): "this machine, calibrated on
-    # DATE", "analytic preset NAME", "profile FILE (...)"; "" in files written before it
-    cost_source: str = ""
-
-
-@dataclass(frozen=True)
-class SearchInfo:
-    planner: str
-    search_s: float
-    options: tuple[tuple[str, str | int | float | bool], ...] = ()
-    note: str = ""  # one line when the planner did less than asked (fewer stages) and why; "" otherwise
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from paraplan.costs.strategy import (
     weight_grad_fraction,
 )
 from paraplan.plans.axes import DATA
+from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import Plan, PlanError, Stage, check_fits
 from paraplan.plans.worker_roles import worker_roles
 from paraplan.simulator.pipeline import PipelineWork, StageSync, StageWork, SyncBucket
@@ -68,11 +69,11 @@ def _buckets(grad_sync: str, grads: list[float], backward_s: list[float], allred
 
 
 def plan_work(plan: Plan, cm: CostModel) -> PipelineWork:
-    if plan.schedule == "dag":
+    if plan.kind is PlanKind.OPERATORS:
         raise PlanError("schedule 'dag': operator-placement plans need the model's operator graph, which comes "
                         "with the FD-DPS planner; simulate.dag runs them from such a graph")
     check_fits(plan, cm.model.n_layers, cm.cluster.n_devices, cm.cluster.name)
-    if any(s.strategies for s in plan.stages):
+    if plan.kind is PlanKind.LAYERS:
         return _hybrid_work(plan, cm)
     return _data_parallel_work(plan, cm)
 
@@ -92,7 +93,7 @@ def _owner_transfers(plan: Plan, cm: CostModel, s: int, r: int, micro: float):
     `recompute` (what the runtime does, plans/worker_roles.py): this stage sends the one tensor a
     later backward owner recomputes from (x_s, the output of layer s - 1) to that worker."""
     stage = plan.stages[s]
-    if stage.backward_layers is None:
+    if plan.kind is not PlanKind.BIPARTITION:
         return (), ()
     forward_owner = {i: k for k, st in enumerate(plan.stages) for i in st.layers}
     backward_owner = {i: k for k, st in enumerate(plan.stages) for i in st.backward}
@@ -136,7 +137,7 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
             bwd = scale * sum(float(costs.backward[i](micro)) for i in stage.backward)
             weight_grad = scale * sum(float(costs.backward[i](micro)) * weight_grad_fraction(cm.model, i, micro)
                                       for i in stage.backward)
-            if stage.backward_layers is not None and plan.split_layers == "recompute":
+            if plan.kind is PlanKind.BIPARTITION and plan.split_layers == "recompute":
                 # the forward of every layer whose backward runs here but forward elsewhere, again
                 bwd += scale * sum(float(costs.forward[i](micro)) for i in worker_roles(plan)[s].recomputed)
             send_f = send_b = 0.0

@@ -9,6 +9,7 @@ import numpy as np
 from paraplan.costs.memory import MemoryBreakdown, out_of_memory_reason, plan_memory
 from paraplan.costs.model import CostModel
 from paraplan.models.op_split import split_as_named
+from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import DeviceMemory, Plan, PlanError, Prediction, refuse_features
 from paraplan.simulator import pipeline
 from paraplan.simulator.dag import DagRun, run_dag_plan
@@ -49,7 +50,7 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulat
     refuse_features(plan, MODELLED, "the simulator")
     if plan.precision != cm.precision:
         raise PlanError(f"precision: the plan trains in {plan.precision} but the cost model prices {cm.precision}")
-    if plan.schedule == "dag":
+    if plan.kind is PlanKind.OPERATORS:
         return _simulate_dag_plan(plan, cm, contention)
     work = plan_work(plan, cm)
     result = pipeline.run(work, cm.overlap_slowdown)
@@ -67,7 +68,7 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulat
     spans = pipeline.ASYNC_ITERATIONS if work.schedule == "async-1f1b" else 1  # iterations the timeline holds
     per_device, per_device_exposed = {}, {}
     for stage in plan.stages:
-        lead = work.replicas[0][plan.stages.index(stage)].device if any(s.strategies for s in plan.stages) else None
+        lead = work.replicas[0][plan.stages.index(stage)].device if plan.kind is PlanKind.LAYERS else None
         for d in stage.devices:
             drawn = lead if lead is not None else d
             per_device[d] = busy[drawn] / spans

@@ -5,7 +5,8 @@ memory model (costs/memory.py) and the planners' memory checks (Bi-Partition) al
 cannot disagree; Galvatron-BMW's dynamic program will read the same numbers as `[layer, strategy]`
 arrays (`strategy_arrays`).
 
-Time (Galvatron-BMW §V, on one device of the group, at the stage's micro-batch size b):
+Time (Galvatron-BMW §V, on one device of the group, at the stage's micro-batch size b); each
+axis's collectives are one function of costs/axis_costs.py, added here in one order:
   compute      forward(b / (dp x sdp)) / tp and backward(...) / tp (Megatron splits a layer's
                matrix products tp ways);
   tp           two all-reduces of the layer's activations per pass (Megatron: one after the
@@ -46,6 +47,13 @@ from functools import lru_cache
 
 import numpy as np
 
+from paraplan.costs.axis_costs import (
+    context_ring_s,
+    gradient_sync_bytes,
+    sharded_data_s,
+    tensor_s,
+    zero2_reduce_scatter_s,
+)
 from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.timefn import LayerCosts
@@ -153,16 +161,12 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
     if runtime is not None and tp > 1:  # measured by paraplan calibrate (RuntimeOverheads.tp_kernel_s)
         forward += runtime.tp_kernel_s * max(1, layer.forward_ops)
         backward += runtime.tp_kernel_s * max(1, layer.backward_ops)
-    if tp > 1:  # Megatron: two all-reduces of the activations per pass (of this cp rank's tokens)
-        forward += 2 * ring_allreduce_s(layer.output_bytes.at(local) / cp, tp, tp_link)
-        backward += 2 * ring_allreduce_s(layer.output_grad_bytes.at(local) / cp, tp, tp_link)
-    if cp > 1 and layer.attention_core_flops.at(local) > 0:
-        # ring attention (Liu et al. 2023; Megatron-LM's CP): each rank's K and V (taken as two
-        # tensors of the layer's output size, over tp: an upper bound under GQA) pass around the
-        # cp ring in cp - 1 steps, overlapping the attention's compute; the backward sends K, V
-        # and their gradients (twice the bytes)
-        kv = 2 * layer.output_bytes.at(local) / (tp * cp)
-        ring = (cp - 1) * (cp_link.latency_s + kv / cp_link.bandwidth_bytes_per_s)
+    if tp > 1:
+        tp_forward, tp_backward = tensor_s(layer, local, strategy, tp_link)
+        forward += tp_forward
+        backward += tp_backward
+    ring = context_ring_s(layer, local, strategy, cp_link) if cp > 1 else 0.0
+    if ring:  # the ring overlaps the attention's compute; the backward's carries twice the bytes
         slowdown = overlap_slowdown if overlap_slowdown is not None else 1.0
         forward = overlapped_s(forward, ring, slowdown)
         backward = overlapped_s(backward, 2 * ring, slowdown)
@@ -172,20 +176,15 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
         # the layer's measured compute rate: its share of the layer's forward FLOPs
         flops = layer.forward_flops.at(local)
         recompute = (forward_compute * layer.attention_core_flops.at(local) / flops) if flops > 0 else 0.0
-    shard = layer.param_bytes / tp
     if sdp > 1:  # ZeRO-3: gather the weights for each pass, scatter the gradients after the backward
-        # in mixed precision the weights are gathered in the compute dtype and the gradients reduced
-        # in fp32 (FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32))
-        gather = ring_allgather_s(shard * model.compute_dtype_bytes / model.dtype_bytes, sdp, data_link)
+        gather, comm = sharded_data_s(model, layer, strategy, data_link)
         forward += gather
-        comm = gather + ring_reducescatter_s(shard, sdp, data_link)
         backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)
-    dp_sync_bytes = shard / sdp if strategy.sync_degree > 1 else 0.0  # over dp x cp (strategy_groups)
+    dp_sync_bytes = gradient_sync_bytes(layer, strategy)  # over dp x cp (strategy_groups)
     if strategy.zero >= 2 and strategy.dp > 1:
-        # ZeRO-2 (as DeepSpeed's stage 2 and runtime/zero.py): each micro-batch's gradients are
-        # reduce-scattered as its backward ends, overlapping the backward; nothing is left for the
-        # end-of-step sync (the all-gather after the optimizer step: simulator/plan_work.zero_gather_s)
-        comm = ring_reducescatter_s(dp_sync_bytes, strategy.dp, dp_link or data_link)
+        # ZeRO-2: reduce-scattered in every backward; the end-of-step all-gather is
+        # simulator/plan_work.zero_gather_s
+        comm = zero2_reduce_scatter_s(dp_sync_bytes, strategy, dp_link or data_link)
         backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)
         dp_sync_bytes = 0.0
     if strategy.recompute != "none":

@@ -1,0 +1,66 @@
+"""Each parallel axis's cost term on one layer: what its collectives take on its group's link, per
+pass, on one device of the layer's group (plans/axes.py names the axes; costs/strategy.py:
+layer_time adds the terms to the layer's compute in one order). A new axis adds its term here.
+
+`local` is the samples a device of the group processes (the micro-batch over the axes that split
+the batch); byte counts are of that slice, before the tensor and context splits."""
+
+from __future__ import annotations
+
+from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
+from paraplan.hardware.cluster import LinkSpec
+from paraplan.models.spec import LayerSpec, ModelSpec
+from paraplan.plans.plan import LayerStrategy
+
+
+def tensor_s(layer: LayerSpec, local: float, strategy: LayerStrategy, link: LinkSpec) -> tuple[float, float]:
+    """TENSOR (Megatron): two all-reduces of the activations per pass (one after the attention, one
+    after the MLP), of this cp rank's tokens, ring over the tp group; with sequence parallelism each
+    becomes a reduce-scatter and an all-gather of the same tensor, the same time on a ring
+    (Korthikanti et al. 2022 §4.2.2). (forward s, backward s); 0 without tp."""
+    tp, cp = strategy.tp, strategy.cp
+    if tp <= 1:
+        return 0.0, 0.0
+    return (2 * ring_allreduce_s(layer.output_bytes.at(local) / cp, tp, link),
+            2 * ring_allreduce_s(layer.output_grad_bytes.at(local) / cp, tp, link))
+
+
+def context_ring_s(layer: LayerSpec, local: float, strategy: LayerStrategy, link: LinkSpec) -> float:
+    """CONTEXT, ring attention (Liu et al. 2023; Megatron-LM's CP): each rank's K and V (taken as two
+    tensors of the layer's output size, over tp: an upper bound under GQA) pass around the cp ring
+    in cp - 1 steps; the forward's ring in seconds (the backward sends K, V and their gradients,
+    twice that). It overlaps the attention's compute (layer_time). 0 without cp or attention."""
+    tp, cp = strategy.tp, strategy.cp
+    if cp <= 1 or layer.attention_core_flops.at(local) <= 0:
+        return 0.0
+    kv = 2 * layer.output_bytes.at(local) / (tp * cp)
+    return (cp - 1) * (link.latency_s + kv / link.bandwidth_bytes_per_s)
+
+
+def sharded_data_s(model: ModelSpec, layer: LayerSpec, strategy: LayerStrategy, link: LinkSpec) -> tuple[float, float]:
+    """SHARDED_DATA (ZeRO-3 / FSDP): the all-gather of the layer's weights before each pass and the
+    reduce-scatter of its gradients after the backward, over the sdp group; in mixed precision the
+    weights are gathered in the compute dtype and the gradients reduced in fp32 (FSDP2's
+    MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)). (forward's gather s, backward's
+    gather + reduce-scatter s); 0 without sdp."""
+    sdp = strategy.sdp
+    if sdp <= 1:
+        return 0.0, 0.0
+    shard = layer.param_bytes / strategy.tp
+    gather = ring_allgather_s(shard * model.compute_dtype_bytes / model.dtype_bytes, sdp, link)
+    return gather, gather + ring_reducescatter_s(shard, sdp, link)
+
+
+def gradient_sync_bytes(layer: LayerSpec, strategy: LayerStrategy) -> float:
+    """DATA (and CONTEXT, whose ranks hold the same weights): the bytes of this device's gradients
+    summed over the gradient-sync group (dp x cp) after the backward; 0 without such a group."""
+    return layer.param_bytes / strategy.tp / strategy.sdp if strategy.sync_degree > 1 else 0.0
+
+
+def zero2_reduce_scatter_s(sync_bytes: float, strategy: LayerStrategy, link: LinkSpec) -> float:
+    """DATA with ZeRO-2 (as DeepSpeed's stage 2 and runtime's zero.py): each micro-batch's gradients
+    reduce-scattered over the dp replicas as its backward ends (overlapping it); nothing is left for
+    the end-of-step sync. 0 unless ZeRO-2 over dp > 1."""
+    if strategy.zero < 2 or strategy.dp <= 1:
+        return 0.0
+    return ring_reducescatter_s(sync_bytes, strategy.dp, link)

@@ -14,8 +14,8 @@ parameters excluded, each underlying storage counted once.
 
 Mixed precision (`precision` bf16 / fp16): the layers are measured as the runtime runs them,
 under autocast (runtime/mixed_precision.py). Autocast does not act on meta tensors, so
-`_Autocast16` does its work one level up, where autograd sees it: the floating inputs of the ops
-autocast runs in 16 bits (its lower-precision list, common to the CPU and CUDA: linear, matmul
+`Autocast16` (models/autocast_meta.py) does its work one level up, where autograd sees it: the
+floating inputs of the ops autocast runs in 16 bits (its lower-precision list, common to the CPU and CUDA: linear, matmul
 and the mm family, convolutions, scaled-dot-product attention, einsum) are cast first. What a
 layer keeps is then what autocast keeps: 16-bit matmul inputs and outputs, an fp32 residual
 stream, fp32 norms of fp32 inputs. Autocast's 16-bit weight copies are saved too; they are not
@@ -36,11 +36,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from paraplan.models.adapters import decompose  # noqa: F401  (tests reach it through here)
+from paraplan.models.attention_kernel import ATTENTION, AttentionCore, SdpaKernel
+from paraplan.models.autocast_meta import Autocast16
 from paraplan.models.built import BuiltModel
 from paraplan.models.failures import MEASURE_ADVICE, model_step
 from paraplan.models.inputs import make_batch
 from paraplan.models.spec import Affine, InputSpec, LayerSpec, ModelSpec
 from paraplan.models.tensors import float_nbytes, nbytes, tensors
+from paraplan.models.weight_grads import gradients_kept_for_weights
 
 # Two batch sizes for the affine fit; 1 is avoided because some kernels special-case it.
 _FIT_BATCHES = (2, 4)
@@ -76,152 +79,6 @@ def _detach_inputs(value):
     return value
 
 
-class _Autocast16(torch.overrides.TorchFunctionMode):
-    """Autocast's casts, made where autograd records them (it works on meta, autocast does not)."""
-
-    def __init__(self, dtype: torch.dtype):
-        super().__init__()
-        self.dtype = dtype
-        f = torch.nn.functional
-        self.lower = {f.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
-                      torch.mm, torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm,
-                      torch.baddbmm, torch.Tensor.baddbmm, torch.addbmm, torch.Tensor.addbmm, f.conv1d, f.conv2d,
-                      f.conv3d, f.conv_transpose1d, f.conv_transpose2d, f.conv_transpose3d,
-                      f.scaled_dot_product_attention, torch.einsum, f.prelu}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in self.lower:
-            args, kwargs = self._cast(args), {k: self._cast(v) for k, v in kwargs.items()}
-        return func(*args, **kwargs)
-
-    def _cast(self, value):
-        if isinstance(value, torch.Tensor):
-            return value.to(self.dtype) if value.dtype == torch.float32 else value
-        if isinstance(value, (tuple, list)):
-            return type(value)(self._cast(v) for v in value)
-        return value
-
-
-class _AttentionCore(TorchDispatchMode):
-    """Finds a layer's attention core as aten sees it: the sizes s of every softmax over a
-    [..., s, s] tensor (the attention probabilities), and the matmuls that make such a tensor
-    (QK^T) or take one (attention over V), with their FLOPs. A fused attention kernel (SDPA's
-    flash or memory-efficient paths) shows no softmax: it keeps no s x s tensor to recompute."""
-
-    _SOFTMAX = {"_softmax", "softmax", "_safe_softmax"}
-    _MATMUL = {"bmm", "mm", "baddbmm", "addmm"}
-
-    def __init__(self):
-        super().__init__()
-        self.sizes: set[int] = set()
-        self.matmuls: list[tuple[tuple[int, ...], tuple[int, ...], float]] = []  # (first input, output, flops)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        name = func.__name__.split(".")[0]
-        if _FUSED[0]:
-            return out
-        if name in self._SOFTMAX and args[0].dim() >= 3 and args[0].shape[-1] == args[0].shape[-2]:
-            self.sizes.add(int(args[0].shape[-1]))
-        elif name in self._MATMUL and isinstance(out, torch.Tensor):
-            a = args[1] if name in ("baddbmm", "addmm") else args[0]
-            k = a.shape[-1]
-            self.matmuls.append((tuple(a.shape), tuple(out.shape), 2.0 * out.numel() * k))
-        return out
-
-    def flops(self) -> float:
-        def square(shape):
-            return len(shape) >= 2 and shape[-1] == shape[-2] and shape[-1] in self.sizes
-
-        return sum(f for a, out, f in self.matmuls if square(out) or square(a))
-
-    def kept(self, shape: tuple[int, ...]) -> bool:
-        return len(shape) >= 3 and shape[-1] == shape[-2] and shape[-1] in self.sizes
-
-
-_FUSED = [0]  # > 0 while a fused attention runs its math inside (`_FusedAttention`): not a core to find
-
-
-class _FusedAttention(torch.autograd.Function):
-    """PyTorch's scaled-dot-product attention as a GPU runs it (the flash and memory-efficient
-    kernels): it keeps q, k, v, its output and one fp32 log-sum-exp per row, never the s x s
-    probabilities, and its backward recomputes them. On meta SDPA takes its math path, which keeps
-    them; this stands in for it when the plan's devices are GPUs."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, mask, dropout_p, is_causal, scale, enable_gqa):
-        _FUSED[0] += 1
-        try:
-            with torch.no_grad():
-                out = torch.nn.functional.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                    enable_gqa=enable_gqa)
-        finally:
-            _FUSED[0] -= 1
-        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-        ctx.save_for_backward(q, k, v, out, lse, *(() if mask is None else (mask,)))
-        ctx.args = (dropout_p, is_causal, scale, enable_gqa)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        q, k, v, _, _, *mask = ctx.saved_tensors
-        dropout_p, is_causal, scale, enable_gqa = ctx.args
-        _FUSED[0] += 1
-        try:
-            with torch.enable_grad():
-                leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-                out = torch.nn.functional.scaled_dot_product_attention(
-                    *leaves, attn_mask=mask[0] if mask else None, dropout_p=dropout_p, is_causal=is_causal,
-                    scale=scale, enable_gqa=enable_gqa)
-                grads = torch.autograd.grad(out, leaves, grad)
-        finally:
-            _FUSED[0] -= 1
-        return (*grads, None, None, None, None, None)
-
-
-def _fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    return _FusedAttention.apply(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-
-
-ATTENTION = ("math", "fused", "cpu")
-
-
-class _SdpaKernel(torch.overrides.TorchFunctionMode):
-    """torch.nn.functional.scaled_dot_product_attention as the run's kernel keeps it: "fused"
-    (a GPU's flash / memory-efficient kernels), "cpu" (PyTorch's CPU flash kernel when there is no
-    dropout, else its math path, as observed here), "math" (what meta measures; an eager attention's
-    tensors)."""
-
-    def __init__(self, attention: str):
-        super().__init__()
-        self.attention = attention
-        # while SDPA's math path runs: the ids of its inputs (q, k, v, mask); every other tensor it
-        # saves is its attention core's (what a checkpoint around it would stop keeping)
-        self.inputs: set[int] | None = None
-        self.input_bytes = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention:
-            dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
-            if self.attention == "fused" or (self.attention == "cpu" and not dropout):
-                return _fused_sdpa(*args, **kwargs)
-            tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
-            self.inputs = {id(t) for t in tensors}
-            # a checkpoint around the attention keeps its inputs instead
-            self.input_bytes += sum(t.numel() * t.element_size() for t in tensors)
-            try:
-                return func(*args, **kwargs)
-            finally:
-                self.inputs = None
-        return func(*args, **kwargs)
-
-    def in_core(self, base: torch.Tensor) -> bool:
-        return self.inputs is not None and id(base) not in self.inputs
-
-
 def _is_weight_copy(t: torch.Tensor) -> bool:
     """A 16-bit copy of a parameter (a cast whose input is a leaf autograd accumulates into)."""
     fn = t.grad_fn
@@ -249,16 +106,16 @@ def _measure_once(layer: nn.Module, x, params: set[int], compute_dtype: torch.dt
         return t
 
     kernels = _KernelCounter()
-    core = _AttentionCore()
-    cast = _Autocast16(compute_dtype) if compute_dtype is not None else contextlib.nullcontext()
-    sdpa = fused = _SdpaKernel(attention)
+    core = AttentionCore()
+    cast = Autocast16(compute_dtype) if compute_dtype is not None else contextlib.nullcontext()
+    sdpa = fused = SdpaKernel(attention)
     with FlopCounterMode(display=False) as fwd_flops, kernels, core, fused, cast, \
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = layer(x)
     fwd_kernels = kernels.count
     outputs = [t for t in tensors(y) if t.requires_grad]
     bwd_kernels = _KernelCounter()
-    kept_for_weights = _gradients_kept_for_weights(outputs, x, [p for p in layer.parameters() if p.requires_grad])
+    kept_for_weights = gradients_kept_for_weights(outputs, x, [p for p in layer.parameters() if p.requires_grad])
     with FlopCounterMode(display=False) as bwd_flops, bwd_kernels:
         if outputs:
             torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
@@ -279,60 +136,6 @@ def _measure_once(layer: nn.Module, x, params: set[int], compute_dtype: torch.dt
     }
     return _detach_outputs(y), stats
 
-
-def _node(t: torch.Tensor):
-    """The autograd node a tensor's gradient enters: its grad_fn, or a leaf's AccumulateGrad."""
-    if t.grad_fn is not None:
-        return t.grad_fn
-    return t.view_as(t).grad_fn.next_functions[0][0] if t.requires_grad else None
-
-
-def _gradients_kept_for_weights(outputs: list[torch.Tensor], x, params: list[torch.Tensor]) -> list[int]:
-    """Hooks that record, during the backward, the bytes of the gradients torch's split backward keeps
-    from its input-gradient pass (I) to its weight-gradient pass (W): the gradients entering the
-    nodes where a weight's path meets the input's path (the matmul that uses a weight: the
-    gradient of its output). The same nodes as torch.distributed.pipelining._backward's
-    get_param_groups (its `intermediates`), found the same way: the nodes reachable back from the
-    input, met first when walking back from each weight. Returns the list the hooks fill."""
-    kept: list[int] = []
-    roots = [n for n in map(_node, outputs) if n is not None]
-    consumers: dict = {}  # node -> the nodes that take its output (the graph's reverse edges)
-    queue, seen = list(roots), set(roots)
-    while queue:
-        node = queue.pop()
-        for fn, _ in node.next_functions:
-            if fn is not None:
-                consumers.setdefault(fn, []).append(node)
-                if fn not in seen:
-                    seen.add(fn)
-                    queue.append(fn)
-
-    def closure(starts, stop_at=frozenset()):
-        reached, met, queue = set(starts), set(), list(starts)
-        while queue:
-            for fn in consumers.get(queue.pop(), ()):
-                if fn in reached:
-                    continue
-                if fn in stop_at:
-                    met.add(fn)
-                    continue
-                reached.add(fn)
-                queue.append(fn)
-        return reached, met
-
-    from_input, _ = closure([n for n in map(_node, [t for t in tensors(x) if t.requires_grad]) if n is not None])
-    meeting = set()
-    for p in params:
-        node = _node(p)
-        if node is not None and node in seen:
-            meeting |= closure([node], frozenset(from_input))[1]
-
-    def record(grad_outputs):
-        kept.append(sum(g.numel() * g.element_size() for g in grad_outputs if g is not None))
-
-    for node in meeting:
-        node.register_prehook(record)
-    return kept
 
 
 def _detach_outputs(value):
@@ -387,7 +190,7 @@ def _loss_saved_bytes(loss, out, targets, compute_dtype: torch.dtype | None) -> 
         saved[id(base)] = base.numel() * base.element_size()
         return t
 
-    cast = _Autocast16(compute_dtype) if compute_dtype is not None else contextlib.nullcontext()
+    cast = Autocast16(compute_dtype) if compute_dtype is not None else contextlib.nullcontext()
     try:
         with cast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss(out, targets)
@@ -476,7 +279,7 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
 def measure(built: BuiltModel, progress=None, precision: str = "fp32", attention: str = "math") -> ModelSpec:
     """Measure a zoo model (built on any device; measurement itself runs on meta copies of the
     shapes, so a model built on "meta" is the cheap way), as a plan in `precision` runs it, its
-    scaled-dot-product attention kept as `attention` says (`_SdpaKernel`: "fused", "cpu", "math")."""
+    scaled-dot-product attention kept as `attention` says (`SdpaKernel`: "fused", "cpu", "math")."""
     if attention not in ATTENTION:
         raise ValueError(f"attention: expected one of {ATTENTION}, got {attention!r}")
     from paraplan.precision import Precision

@@ -1,0 +1,105 @@
+"""Galvatron-BMW's per-layer strategy arrays of one device group (../shared/papers/galvatron-bmw.md):
+for every layer and every strategy of a variant, its time, memory and gradient sync
+(costs/strategy.py: strategy_arrays), the memory costs/memory.py counts beyond them, where the
+runtime allows each strategy, and the Slice-Gather transformation between layouts (R). Groups with
+the same devices in the same places share one set. The search over them is
+planners/galvatron/searcher.py's `Searcher`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from paraplan.costs import memory as memory_model
+from paraplan.costs.memory_config import MemoryConfig
+from paraplan.costs.strategy import layout_ranks, param_count, slice_gather_fraction, strategy_arrays
+from paraplan.planners.galvatron.space import Variant, variant_strategies
+from paraplan.planners.request import PlanRequest
+from paraplan.precision import is_mixed
+
+
+class StrategyArrays:
+    """The per-layer arrays of one request and variant, cached per group signature and micro-batch."""
+
+    def __init__(self, request: PlanRequest, variant: Variant):
+        self.request, self.variant = request, variant
+        self.cm = request.costs
+        self.model, self.cluster = self.cm.model, self.cm.cluster
+        self.config = self.cm.memory or MemoryConfig()
+        self.slow = self.cm.overlap_slowdown
+        self._arrays: dict = {}
+
+    def signature(self, devices: tuple[int, ...]) -> tuple:
+        """What a group's arrays depend on: its device types and where its devices sit in which
+        nodes (groups of a homogeneous cluster share one set of arrays)."""
+        slots = [self.cluster.devices[d] for d in devices]
+        first = slots[0].node
+        nodes = sorted({x.node for x in slots})
+        return (tuple((x.node - first, x.spec) for x in slots),
+                tuple((self.cluster.nodes[n].intra_link, self.cluster.nodes[n].network) for n in nodes))
+
+    def __call__(self, devices: tuple[int, ...], micro: float) -> dict:
+        key = (self.signature(devices), micro)
+        if key not in self._arrays:
+            sp = self.request.sequence_parallel
+            strategies = variant_strategies(self.variant, len(devices), today=is_mixed(self.cm.precision),
+                                            selective=any(layer.attention_core_bytes.per_sample > 0
+                                                          for layer in self.model.layers),
+                                            sequence_parallel=bool(sp),
+                                            context_parallel=int(self.request.options.get("context_parallel", 1)))
+            # the measured runtime figures of a calibrated cluster, as the simulator charges them
+            a = strategy_arrays(self.cm.compute(devices[0]), self.model, strategies, micro, self.cluster, devices,
+                                self.config, self.slow, runtime=self.cm.overheads,
+                                compute_scale=self.cm.overheads.scale_for(self.cluster.n_devices))
+            a["strategies"] = strategies
+            a["extra_forward"], a["extra_backward"] = self.extra_memory(strategies, micro)
+            # mixed precision: autocast's 16-bit weight copies stay with the states (costs/memory.py)
+            a["states_bytes"] = a["states_bytes"] + a["copy_bytes"]
+            # [layer, strategy]: the micro-batch splits into the strategy's data slices, and TP and
+            # SP only where the runtime runs them (PlanRequest.tensor_parallel, .sequence_parallel)
+            tp_ok = self.request.tensor_parallel  # None: TP anywhere (fp32, the paper's setting)
+            a["allowed"] = np.array([[micro == int(micro) and int(micro) % s.data_degree == 0
+                                      and (not s.sequence_parallel or (i, s.tp) in sp)
+                                      and (s.tp == 1 or tp_ok is None or (i, s.tp) in tp_ok) for s in strategies]
+                                     for i in range(self.model.n_layers)])
+            layouts: dict = {}
+            classes = [layouts.setdefault((s.data_degree, s.cp, *(x.tobytes() for x in layout_ranks(s))),
+                                          len(layouts)) for s in strategies]
+            reps = {k: strategies[classes.index(k)] for k in range(len(layouts))}
+            a["classes"] = np.array(classes)
+            a["frac"] = np.array([[slice_gather_fraction(reps[i], reps[j]) for j in reps] for i in reps])
+            self._arrays[key] = a
+        return self._arrays[key]
+
+    def extra_memory(self, strategies, micro: float) -> tuple[np.ndarray, np.ndarray]:
+        """[layer, strategy] bytes costs/memory.py counts beyond `layer_memory`: Megatron's activations
+        held whole on every tp rank (per micro-batch in flight: forward memory) and FSDP's gathered
+        weights and unsharded gradient (counted as backward memory, a per-layer upper bound of the
+        stage's largest: the memory model keeps the largest `sdp_gathered_layers` layers)."""
+        n = self.model.n_layers
+        forward, backward = np.zeros((n, len(strategies))), np.zeros((n, len(strategies)))
+        replicated = getattr(memory_model, "tp_replicated_bytes", None)
+        gathered_weight = getattr(self.config, "compute_copy_bytes_per_param", 0.0) or \
+            getattr(self.config, "param_bytes_per_param", 0)  # 16-bit in mixed precision, as costs/memory.py
+        gathered = getattr(self.config, "sdp_gathered_layers", 0) * gathered_weight \
+            + getattr(self.config, "grad_bytes_per_param", 0)
+        for j, st in enumerate(strategies):
+            for i in range(n):
+                if replicated is not None and st.tp > 1:
+                    forward[i, j] = replicated(self.model, i, st, micro, self.config)
+                if st.sdp > 1:
+                    backward[i, j] = param_count(self.model, i, False) / st.tp * gathered
+        return forward, backward
+
+    def transformation(self, a: dict, layers: range, micro: float, devices: tuple[int, ...]) -> np.ndarray:
+        """R per layer of the stage ([layer, from class, to class], per micro-batch): forward and backward."""
+        link = self.cluster.slowest_link(devices)
+        frac = a["frac"]
+        out = np.zeros((len(layers), *frac.shape))
+        for row, i in enumerate(layers):
+            if row == 0 or not frac.any():
+                continue
+            prev = self.model.layers[i - 1]
+            for f, nbytes in ((frac, prev.output_bytes.at(micro)), (frac.T, prev.output_grad_bytes.at(micro))):
+                out[row] += np.where(f > 0, link.latency_s + f * nbytes / link.bandwidth_bytes_per_s, 0.0)
+        return out

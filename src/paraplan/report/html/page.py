@@ -1,34 +1,29 @@
-"""`paraplan plan --planner auto --report DIR`: the comparison of every planner as one HTML page,
-DIR/index.html, that opens anywhere and can be mailed on its own: figures are PNGs embedded as
-base64 data URLs, the stylesheet is inline, nothing is fetched and no script runs.
-
-What it shows: the verdict (the chosen plan, its gap to the lower bound, the runner-up), every
-planner's row, the winner's and runner-up's timelines (the simulator's own Gantt drawing,
-simulator/export.py), their memory per device, the per-layer strategies (Galvatron family) or
-forward/backward ranges (Bi-Partition) where a plan has them, and every feasible plan against the
-lower bound. Numbers come from the Comparison's rows (judged with the request's cost model,
-memory budget included); plans are simulated again here only for their timelines.
-"""
+"""The HTML report's page (report/html/__init__.py): the verdict, every planner's row, the
+timelines, memory per device and what each device holds at its peak, the plans' structure and
+every feasible plan against the lower bound, in one self-contained page."""
 
 from __future__ import annotations
 
-import base64
-import html
-import io
-import tempfile
 from pathlib import Path
 
 from paraplan.errors import ParaplanError
-from paraplan.plans.worker_roles import worker_roles
+from paraplan.plans.kinds import PlanKind
+from paraplan.report.html.figures import (
+    bipartition_figure,
+    bound_figure,
+    gantt_html,
+    img,
+    memory_figure,
+    strategy_figure,
+)
+from paraplan.report.html.text import escape as _e
+from paraplan.report.html.text import fmt_bytes, fmt_time
 from paraplan.report.tables import compared_text, in_unit, memory_text, percent, seconds_unit, tightest_memory
-from paraplan.simulator.export import gantt
 from paraplan.simulator.predict import simulate_plan
 from paraplan.simulator.time_split import against_bound
 from paraplan.system.fileio import atomic_write_text, make_dirs
 
 STATUS_ORDER = {"ok": 0, "infeasible": 1, "failed": 2, "timeout": 3, "refused": 4, "skipped": 5}
-BLUE, GREEN, GREY, RED, ORANGE = "#4C72B0", "#55A868", "#9aa4b1", "#C44E52", "#DD8452"
-DPI = 100
 
 
 def write_report(result, cm, out_dir) -> Path:
@@ -61,42 +56,19 @@ def render(result, cm) -> str:
                      "and backwards green, with micro-batch numbers on the bars; operator placements colour "
                      "each operator by the model layer it belongs to.</p>")
         for label, row in zip(("Chosen", "Runner-up"), shown, strict=False):
-            parts.append(f"<h3>{label}: {_e(row.planner)}</h3>" + _gantt_html(row, sims))
+            parts.append(f"<h3>{label}: {_e(row.planner)}</h3>" + gantt_html(row, sims))
     memory_rows = shown or _closest_infeasible(result)
     if memory_rows:
         whose = "" if shown else " of the fastest plan found, which does not fit"
         parts.append(f"<h2>Memory per device{whose}</h2><p>Predicted peak per device against its capacity (the "
                      "black tick); a red bar does not fit.</p><div class=\"row\">")
-        parts += [f"<figure>{_img(_memory_figure(r, sims), f'memory of {r.planner}')}"
+        parts += [f"<figure>{img(memory_figure(r, sims), f'memory of {r.planner}')}"
                   f"<figcaption>{_e(r.planner)}</figcaption></figure>" for r in memory_rows]
         parts.append("</div>")
         parts.append(_peak_table(memory_rows[0], sims))
     parts.append(_structure_section(ranked, shown))
     parts.append(_bound_section(result, ranked, best))
     return PAGE.format(title=_e(f"paraplan: {model} on {cluster}"), css=CSS, body="\n".join(parts))
-
-
-# ----- text -------------------------------------------------------------------------------------
-
-def _e(x) -> str:
-    return html.escape(str(x), quote=True)
-
-
-def fmt_time(s: float | None) -> str:
-    if s is None:
-        return "—"
-    if s < 1e-3:
-        return f"{s * 1e6:.3g} µs"
-    return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"
-
-
-def fmt_bytes(b: float | None) -> str:
-    if b is None:
-        return "—"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if b >= size:  # 4 digits: 15.96 of 16 GiB must not read as full
-            return f"{b / size:.4g} {unit}"
-    return f"{b:.0f} B"
 
 
 def _identity(result, cm) -> tuple[str, str, str]:
@@ -199,27 +171,6 @@ def _memory_cell(r, cluster=None) -> str:
             f'<span style="width:{min(share, 1) * 100:.0f}%"></span></span>')
 
 
-# ----- figures ----------------------------------------------------------------------------------
-
-def _figure(width: float, height: float):
-    # Figure without pyplot: no global backend switch, nothing left open (Agg renders savefig)
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=DPI)
-    return fig, fig.add_subplot()
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=DPI)
-    return buf.getvalue()
-
-
-def _img(png: bytes, alt: str) -> str:
-    return f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}" alt="{_e(alt)}">'
-
-
 class _Simulations:
     """Each plan simulated once (a timeline and a memory breakdown come from the same run); a plan
     the simulator refuses (an operator placement without the operator graph) is its one-line reason."""
@@ -237,28 +188,12 @@ class _Simulations:
         return self.done[row.planner]
 
 
-def _gantt_html(row, sims) -> str:
-    """The project's own Gantt (what `paraplan simulate --gantt` draws), of the plan simulated again:
-    one row per device role (simulator/export.py: gantt_rows), the whole iteration, and under it
-    what the chart left out."""
-    sim = sims(row)
-    if isinstance(sim, str):
-        return f'<p class="note">No timeline: {_e(sim)}</p>'
-    # gantt() writes a file by name (atomically, beside it): a private temporary directory, read back
-    with tempfile.TemporaryDirectory(prefix="paraplan-report-") as tmp:
-        path = Path(tmp) / "gantt.png"
-        caption = gantt(sim.timeline, path, title=f"{row.planner}: {row.shape}, iteration "
-                        f"{fmt_time(sim.prediction.iteration_s)}", plan=row.plan, iteration_s=sim.prediction.iteration_s)
-        figure = _img(path.read_bytes(), f"timeline of {row.planner}")
-    return figure + (f'<p class="note">{_e(caption[0].upper() + caption[1:])}.</p>' if caption else "")
-
-
 def _peak_table(row, sims) -> str:
     """What each stage's devices hold at the instant of their peak, by category, heaviest first
     (MemoryBreakdown.at_peak: the parts sum to the peak); '' where the simulator has no breakdown."""
     from paraplan.costs.memory import by_category
 
-    if row.plan is None or row.plan.schedule == "dag":
+    if row.plan is None or row.plan.kind is PlanKind.OPERATORS:
         return ""
     sim = sims(row)
     if isinstance(sim, str) or not sim.memory:
@@ -276,64 +211,6 @@ def _peak_table(row, sims) -> str:
     return "\n".join(lines) + "</tbody></table>"
 
 
-def _memory_figure(row, sims) -> bytes:
-    """Peak per device, split into model states / activations / the rest where the simulator's
-    breakdown covers every device (layer plans), with each device's capacity as a tick."""
-    memory = row.plan.prediction.memory if row.plan is not None and row.plan.prediction else ()
-    devices = [m.device for m in memory] if len(memory) == len(row.peak_bytes) else list(range(len(row.peak_bytes)))
-    unit, size = ("GiB", 2**30) if max(row.peak_bytes + row.capacity_bytes) >= 2**30 else ("MiB", 2**20)
-    peaks = [b / size for b in row.peak_bytes]
-    caps = [b / size for b in row.capacity_bytes]
-    parts = _breakdown(row, sims, devices, size)
-    fig, ax = _figure(6.2, 3.4)
-    x = range(len(devices))
-    if parts is not None and all(p <= c for p, c in zip(peaks, caps, strict=True)):
-        bottom = [0.0] * len(devices)
-        for (label, values), colour in zip(parts.items(), (BLUE, GREEN, GREY), strict=True):
-            ax.bar(x, values, 0.7, bottom=bottom, color=colour, label=label)
-            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    else:
-        ax.bar(x, peaks, 0.7, color=[RED if p > c else BLUE for p, c in zip(peaks, caps, strict=True)],
-               label="peak")
-    ax.hlines(caps, [i - 0.45 for i in x], [i + 0.45 for i in x], colors="black", linewidth=2, label="capacity")
-    step = max(1, -(-len(devices) // 16))  # at most 16 labels: 64 overlapping numbers read as none
-    ax.set_xticks(list(x)[::step], [str(d) for d in devices][::step], fontsize=8)
-    ax.set_xlabel("device")
-    ax.set_ylabel(unit)
-    ax.set_ylim(0, max(peaks + caps) * 1.12)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4, frameon=False)
-    ax.spines[["top", "right"]].set_visible(False)
-    return _png(fig)
-
-
-def _breakdown(row, sims, devices, size: int) -> dict[str, list[float]] | None:
-    """States / activations / other (buffers, reserve, allocator) per device in `size` units at the
-    instant of its peak (they sum to it), or None where the
-    simulator gives no per-device breakdown (operator placements) or it does not match the peaks."""
-    if row.plan is None or row.plan.schedule == "dag":
-        return None
-    sim = sims(row)
-    if isinstance(sim, str):
-        return None
-    # a stage whose devices compute together (per-layer strategies) has one breakdown, on its
-    # first device, for all of them
-    by_device = {d: m for m in sim.memory for d in row.plan.stages[m.stage].devices}
-    if set(by_device) != set(devices) or len(devices) != len(row.peak_bytes) or any(
-            abs(by_device[d].peak_bytes - p) > 0.01 * p for d, p in zip(devices, row.peak_bytes, strict=True)):
-        return None
-    # what each device holds at the instant of its peak (MemoryBreakdown.at_peak), in three bars
-    groups = {"parameters": "model states", "16-bit weight copies": "model states", "gradients": "model states",
-              "optimizer states": "model states", "activations": "activations"}
-    out: dict[str, list[float]] = {"model states": [], "activations": [], "other": []}
-    for d in devices:
-        totals = dict.fromkeys(out, 0.0)
-        for name, nbytes in by_device[d].at_peak()[1]:
-            totals[groups.get(name, "other")] += nbytes / size
-        for key in out:
-            out[key].append(totals[key])
-    return out
-
-
 def _structure_section(ranked: list, shown: list) -> str:
     """Per-layer strategies and Bi-Partition ranges: of the plans above, and of the fastest feasible
     plan of each family when neither of those is one (so the page shows what that family chose)."""
@@ -342,74 +219,21 @@ def _structure_section(ranked: list, shown: list) -> str:
         first = next((r for r in ranked if r.plan is not None and has(r.plan)), None)
         return rows or ([first] if first is not None else [])
 
-    galvatron = pick(lambda p: any(s.strategies for s in p.stages))
-    bipartition = pick(lambda p: any(s.backward_layers is not None for s in p.stages))
+    galvatron = pick(lambda p: p.kind is PlanKind.LAYERS)
+    bipartition = pick(lambda p: p.kind is PlanKind.BIPARTITION)
     parts = []
     if galvatron:
         parts.append("<h3>Per-layer strategies</h3><p>Each layer's data-parallel (DP), sharded (SDP) and "
                      "tensor-parallel (TP) degrees; hatched layers recompute their activations (CKPT). "
-                     "Stages are separated by black lines.</p>" + _img(_strategy_figure(galvatron), "strategies"))
+                     "Stages are separated by black lines.</p>" + img(strategy_figure(galvatron), "strategies"))
     for r in bipartition:
         same = all(s.backward == s.layers for s in r.plan.stages)
         parts.append(f"<h3>Forward and backward ranges: {_e(r.planner)}</h3><p>Each worker runs the forward of "
                      "one range of layers and the backward of another; hatched layers are recomputed by their "
                      "backward owner." + (" Here the two ranges coincide on every worker: no layer is split, the "
                      "plan is a plain pipeline." if same else "") + "</p>"
-                     + _img(_bipartition_figure(r), f"ranges of {r.planner}"))
+                     + img(bipartition_figure(r), f"ranges of {r.planner}"))
     return ("<h2>Plan structure</h2>" + "".join(parts)) if parts else ""
-
-
-def _strategy_figure(rows: list) -> bytes:
-    from matplotlib.patches import Patch
-
-    palette = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C",
-               "#CCB974", "#64B5CD"]
-    colours: dict[str, str] = {}  # the layout without CKPT: the same layout, the same colour, in every row
-    fig, ax = _figure(11, 0.75 * len(rows) + 1.7)
-    n_layers = max(r.plan.n_layers for r in rows)
-    for y, r in enumerate(rows):
-        for stage in r.plan.stages:
-            for layer in stage.layers:
-                s = stage.strategy(layer)
-                key = str(s).removesuffix(" + CKPT")
-                colour = colours.setdefault(key, palette[len(colours) % len(palette)])
-                ax.barh(y, 1, left=layer, height=0.6, color=colour, edgecolor="white", linewidth=0.3,
-                        hatch="///" if s.checkpoint else None)
-            if stage.layers.start > 0:
-                ax.vlines(stage.layers.start, y - 0.4, y + 0.4, colors="black", linewidth=2)
-    ax.set_yticks(range(len(rows)), [r.planner for r in rows])
-    ax.invert_yaxis()
-    ax.set_xlim(0, n_layers)
-    ax.set_xlabel("layer")
-    handles = [Patch(facecolor=c, label=k) for k, c in colours.items()]
-    handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="+ CKPT"))
-    # legends above the axes: below, their distance would depend on the figure's height
-    ax.legend(handles=handles, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0),
-              ncol=min(len(handles), 6), frameon=False)
-    ax.spines[["top", "right"]].set_visible(False)
-    return _png(fig)
-
-
-def _bipartition_figure(row) -> bytes:
-    from matplotlib.patches import Patch
-
-    roles = worker_roles(row.plan)
-    fig, ax = _figure(11, 0.42 * len(roles) + 1.6)
-    for w, role in enumerate(roles):
-        for (start, stop), colour, dy in ((role.forward, BLUE, -0.2), (role.backward, GREEN, 0.2)):
-            if stop > start:
-                ax.barh(w + dy, stop - start, left=start, height=0.36, color=colour)
-        for layer in role.recomputed:
-            ax.barh(w + 0.2, 1, left=layer, height=0.36, color=GREEN, hatch="///", edgecolor="white", linewidth=0)
-    ax.set_yticks(range(len(roles)), [f"worker {w}" for w in range(len(roles))])
-    ax.invert_yaxis()
-    ax.set_xlim(0, row.plan.n_layers)
-    ax.set_xlabel("layer")
-    ax.legend(handles=[Patch(color=BLUE, label="forward"), Patch(color=GREEN, label="backward"),
-                       Patch(facecolor=GREEN, hatch="///", edgecolor="white", label="backward, recomputed")],
-              fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
-    ax.spines[["top", "right"]].set_visible(False)
-    return _png(fig)
 
 
 def _bound_section(result, ranked: list, best) -> str:
@@ -429,26 +253,7 @@ def _bound_section(result, ranked: list, best) -> str:
             + "</p>")
     if not ranked:
         return text
-    return text + _img(_bound_figure(ranked, b.iteration_s, best), "every feasible plan against the lower bound")
-
-
-def _bound_figure(ranked: list, bound: float, best) -> bytes:
-    fig, ax = _figure(9, 0.26 * len(ranked) + 1.3)
-    times = [r.iteration_s for r in ranked]
-    unit, scale = ("s", 1.0) if max(times + [bound]) >= 1 else ("ms", 1e3)
-    ax.barh(range(len(ranked)), [t * scale for t in times], 0.7,
-            color=[ORANGE if r is best else BLUE for r in ranked])
-    for i, t in enumerate(times):
-        ax.text(t * scale, i, f"  {fmt_time(t)}  (+{t / bound - 1:.0%})" if bound > 0 else f"  {fmt_time(t)}",
-                va="center", fontsize=9)
-    ax.axvline(bound * scale, color="black", linestyle="--", linewidth=1.2)
-    ax.text(bound * scale, -0.9, f" lower bound {fmt_time(bound)}", fontsize=9, va="bottom")
-    ax.set_yticks(range(len(ranked)), [r.planner for r in ranked], fontsize=9)
-    ax.set_ylim(len(ranked) - 0.5, -1.2)
-    ax.set_xlim(0, max(times) * scale * 1.25)
-    ax.set_xlabel(f"predicted iteration time ({unit})")
-    ax.spines[["top", "right"]].set_visible(False)
-    return _png(fig)
+    return text + img(bound_figure(ranked, b.iteration_s, best), "every feasible plan against the lower bound")
 
 
 CSS = """

@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from _paraplan_cli import bench_parser, cli  # noqa: E402
 
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage  # noqa: E402
-from paraplan.runtime.prove import run_interleaved, spearman  # noqa: E402
+from paraplan.runtime.launcher.prove import run_interleaved, spearman  # noqa: E402
 from paraplan.simulator.predict import simulate_plan  # noqa: E402
 from paraplan.workload import workload  # noqa: E402
 

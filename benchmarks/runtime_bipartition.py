@@ -31,7 +31,7 @@ from paraplan.planners.registry import make_plan  # noqa: E402
 from paraplan.plans.plan import LayerRange, Plan, Stage  # noqa: E402
 from paraplan.plans.plan_file import write_plan  # noqa: E402
 from paraplan.plans.worker_roles import worker_roles  # noqa: E402
-from paraplan.runtime.compare import memory_comparison, read_overheads  # noqa: E402
+from paraplan.runtime.measure.compare import memory_comparison, read_overheads  # noqa: E402
 from paraplan.simulator.predict import simulate_plan  # noqa: E402
 from paraplan.workload import workload  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""FD-DPS operator placements run for real (runtime/dag_runtime.py) against the simulator, and what
+"""FD-DPS operator placements run for real (runtime/dag/dag_runtime.py) against the simulator, and what
 the `runnable` constraint (every backward operator on its forward's device) costs in predicted
 iteration time on the paper's models.
 
@@ -37,7 +37,7 @@ from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
 from paraplan.plans.plan import OperatorPlacement
 from paraplan.plans.plan_file import write_plan
-from paraplan.runtime.dag_graph import build_program
+from paraplan.runtime.dag.dag_graph import build_program
 from paraplan.simulator.predict import simulate_plan
 from paraplan.workload import cost_model, measured_model, operator_graph, workload
 

@@ -29,7 +29,7 @@ from paraplan.planners.registry import make_plan  # noqa: E402
 from paraplan.planners.request import PlanRequest  # noqa: E402
 from paraplan.plans.plan import LayerStrategy  # noqa: E402
 from paraplan.plans.plan_file import write_plan  # noqa: E402
-from paraplan.runtime.compare import memory_comparison, read_overheads  # noqa: E402
+from paraplan.runtime.measure.compare import memory_comparison, read_overheads  # noqa: E402
 from paraplan.simulator.predict import simulate_plan  # noqa: E402
 from paraplan.workload import workload  # noqa: E402
 

@@ -47,7 +47,7 @@ def bare_rank(rank: int, world: int, port: int, plan_path: str, steps: int, out:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     from paraplan.plans.plan_file import read_plan
-    from paraplan.runtime.materialize import StageModule, build_layers, materialize
+    from paraplan.runtime.rank.materialize import StageModule, build_layers, materialize
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)

@@ -24,7 +24,7 @@ from _paraplan_cli import bench_parser, cli  # noqa: E402  (benchmarks/: shared 
 from paraplan.hardware import load_cluster  # noqa: E402
 from paraplan.plans.plan import LayerRange, Plan, Stage  # noqa: E402
 from paraplan.plans.plan_file import write_plan  # noqa: E402
-from paraplan.runtime.compare import measured_overheads  # noqa: E402
+from paraplan.runtime.measure.compare import measured_overheads  # noqa: E402
 from paraplan.simulator.predict import simulate_plan  # noqa: E402
 from paraplan.workload import cost_model, measured_model  # noqa: E402
 
@@ -33,7 +33,7 @@ MODEL = "gpt2-tiny"
 STEPS = 14
 WARMUP_STEPS = 2
 # The runtime's own costs (per pipeline action, per step) are read off the measured timeline of the
-# demo plan (runtime/compare.py: measured_overheads) and then used to predict every plan.
+# demo plan (runtime/measure/compare.py: measured_overheads) and then used to predict every plan.
 
 
 def pipeline(cuts, n_micro, schedule="1f1b", batch=32) -> Plan:

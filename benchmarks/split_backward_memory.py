@@ -5,7 +5,7 @@ needed), 8 micro-batches of 8, fp32, no dropout, under torch.distributed.pipelin
 ScheduleInterleaved1F1B (whole backwards) and ScheduleInterleavedZeroBubble (I, then W). Every
 tensor autograd saves is followed until autograd lets it go (a weak reference's finalizer), with
 two pack hooks:
-  identity  the hook returns the tensor itself (what runtime/memory_meter.py did before
+  identity  the hook returns the tensor itself (what runtime/measure/memory_meter.py did before
             2026-11-26): an op's saved *output* then holds its own grad_fn, a reference cycle inside
             autograd. A whole backward (retain_graph=False) releases the saved tensors and breaks
             it; zero-bubble's input pass runs with retain_graph=True and its weight pass never
@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.pipelining as pipelining
 
-from paraplan.runtime.data import batch_source
-from paraplan.runtime.materialize import StageModule, build_layers, materialize
+from paraplan.runtime.rank.data import batch_source
+from paraplan.runtime.rank.materialize import StageModule, build_layers, materialize
 from paraplan.system.localnet import free_port
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out"))

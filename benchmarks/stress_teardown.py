@@ -8,7 +8,7 @@ all alike):
   sdp    SDP2 on every layer (FSDP2), one stage on 2 ranks;
   mixed  alternately a 2-stage 1F1B pipeline (no DTensor) and one stage whose layers mix TP, SDP
          (with checkpointing) and DP, as Galvatron-BMW's plans do.
-Each run is `paraplan.runtime.launch.spawn` (the path `paraplan train` takes): two new rank
+Each run is `paraplan.runtime.launcher.launch.spawn` (the path `paraplan train` takes): two new rank
 processes (forked from this process's forkserver, as `paraplan train`'s are; PARAPLAN_START_METHOD=spawn
 for fresh interpreters) that train, tear down and exit; with --cli each run is a whole `paraplan train` process.
 Optionally L `paraplan calibrate --quick --devices 2` in a row (--calibrates): their exit status and
@@ -65,8 +65,8 @@ def _order(counts: dict[str, int]) -> list[tuple[str, int]]:
 def _run_spawn(plan, steps: int, timeout_s: float, out_dir: Path) -> str | None:
     """None when the launch ended cleanly, else its one-line failure."""
     from paraplan.errors import ParaplanError
-    from paraplan.runtime.launch import spawn
-    from paraplan.runtime.rank_base import TrainConfig
+    from paraplan.runtime.launcher.launch import spawn
+    from paraplan.runtime.rank.rank_base import TrainConfig
 
     config = TrainConfig(plan=plan, model=plan.model, steps=steps, timeout_s=timeout_s, out_dir=str(out_dir))
     try:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from paraplan.runtime.launch import RANK_MODULES
+from paraplan.runtime.launcher.launch import RANK_MODULES
 
 # what every command imports anyway; a name that fails to import is skipped by the forkserver
 # (one forkserver per process: the runtime's ranks start from it too, so its modules are here)

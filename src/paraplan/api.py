@@ -13,7 +13,7 @@
 
 Errors are ParaplanError (FieldError names the argument), as the command line's one-line messages.
 The command line builds the same requests with the same functions (workload.py: the model measured,
-its cost model and request; planners/registry, auto.compare, simulator/predict, runtime/launch).
+its cost model and request; planners/registry, auto.compare, simulator/predict, runtime/launcher/launch).
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_li
     if planner == "auto":
         if try_top:
             from paraplan.hardware import load_cluster
-            from paraplan.runtime.prove import check_this_machine
+            from paraplan.runtime.launcher.prove import check_this_machine
 
             if try_top < 2:
                 raise ParaplanError(f"try_top: at least 2 plans to try, got {try_top}")
@@ -227,7 +227,7 @@ def plan(model: str, cluster: str, batch: int, *, planner: str = "auto", time_li
 
 
 def _measured_best(result, k: int, rounds: int, steps: int) -> Plan:
-    from paraplan.runtime.prove import measured_best
+    from paraplan.runtime.launcher.prove import measured_best
 
     rows = result.distinct(k)
     if len(rows) < 2:
@@ -256,9 +256,9 @@ def train(plan_or_path: Plan | str | Path, *, steps: int = 3, nproc: int | None 
     import dataclasses
     import json
 
-    from paraplan.runtime.compare import step_times
-    from paraplan.runtime.launch import launch_checked
-    from paraplan.runtime.rank_base import TrainConfig
+    from paraplan.runtime.measure.compare import step_times
+    from paraplan.runtime.launcher.launch import launch_checked
+    from paraplan.runtime.rank.rank_base import TrainConfig
 
     p = _plan_of(plan_or_path, "train")
     fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"plan", "steps", "out_dir"}

@@ -228,7 +228,7 @@ def sequence_parallel_layers(built: BuiltModel, cluster: Cluster, precision: str
     pairs the runtime runs with Megatron sequence parallelism (PlanRequest.sequence_parallel); in
     fp32, the papers' setting, none."""
     from paraplan.precision import is_mixed
-    from paraplan.runtime.tensor_parallel import sequence_parallel_support, strict_for
+    from paraplan.runtime.layers.tensor_parallel import sequence_parallel_support, strict_for
 
     if not is_mixed(precision):
         return frozenset()
@@ -242,7 +242,7 @@ def tensor_parallel_layers(built: BuiltModel, cluster: Cluster, precision: str) 
     paraplan's TP cannot shard is never planned with TP (issue 46: it ran replicated, at twice the
     predicted states)."""
     from paraplan.precision import is_mixed
-    from paraplan.runtime.tensor_parallel import strict_for, tensor_parallel_support
+    from paraplan.runtime.layers.tensor_parallel import strict_for, tensor_parallel_support
 
     strict = strict_for(built.ref)
     if not is_mixed(precision) and not strict:

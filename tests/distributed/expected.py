@@ -6,7 +6,7 @@ import torch
 
 def initial_parameters(config) -> dict[str, torch.Tensor]:
     """Every parameter of config.model before training, by its name in the whole model."""
-    from paraplan.runtime.materialize import build_layers, materialize
+    from paraplan.runtime.rank.materialize import build_layers, materialize
 
     _, layers, names = build_layers(config.model, config.seed, dropout=False)
     modules = [m for _, _, m in layers]

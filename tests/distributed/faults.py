@@ -63,7 +63,7 @@ def one_gradient_sync_dropped(rank: int, step: int) -> None:
     the negative control of the mixed-precision comparison (tests/distributed/test_mixed_precision.py)."""
     if step != 1:
         return
-    from paraplan.runtime.pipeline_rank import GradSync
+    from paraplan.runtime.pipeline.pipeline_rank import GradSync
 
     real = GradSync.finish
 

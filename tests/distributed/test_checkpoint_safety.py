@@ -16,8 +16,8 @@ from conftest import run_cli_here
 from paraplan.errors import FieldError
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import write_plan
-from paraplan.runtime.checkpoints import MANIFEST, check_resume, remove_unlisted
-from paraplan.runtime.rank_base import TrainConfig
+from paraplan.runtime.state.checkpoints import MANIFEST, check_resume, remove_unlisted
+from paraplan.runtime.rank.rank_base import TrainConfig
 from paraplan.system.fileio import TEMP_MARK
 
 from .faults import rank1_meets_a_full_disk_from_step2, stage_files_meet_a_full_disk_from_step2
@@ -30,7 +30,7 @@ def _train_meeting(hook, root) -> tuple[int, str]:
     """`paraplan train --steps 2 --checkpoint-every 1` of PLAN in `root`, in this process, its ranks
     given `hook` (a step hook passed through the launcher): (exit status, stderr)."""
     from paraplan.cli import main
-    from paraplan.runtime import launch
+    from paraplan.runtime.launcher import launch
 
     write_plan(PLAN, root / "plan.json")
     spawn = launch.spawn
@@ -129,7 +129,7 @@ def test_a_damaged_checkpoint_is_named_before_launch(failed, tmp_path, damage, n
 def test_another_plan_is_accepted_and_said(failed):
     """Issue 32: the state is keyed by the model's names, so another cut, micro-batch count or
     strategy resumes (tests/distributed/test_replan_resume.py runs them); the CLI says so."""
-    from paraplan.runtime.checkpoints import resume_note
+    from paraplan.runtime.state.checkpoints import resume_note
 
     other = replace(PLAN, n_micro=4, stages=(Stage(LayerRange(0, 2), (0,)), Stage(LayerRange(2, 6), (1,))))
     config = _config(failed, plan=other)

@@ -1,4 +1,4 @@
-"""FD-DPS operator placements ('dag' plans) on real gloo processes (runtime/dag_runtime.py), against
+"""FD-DPS operator placements ('dag' plans) on real gloo processes (runtime/dag/dag_runtime.py), against
 one process of the same model, data and seed: after 3 steps, losses and every parameter within 1e-5
 relative (against max(|reference|, 1e-3), as tests/distributed/test_hybrid.py). SGD, dropout off.
 Plans come from the real planner (fddps, runnable=true) on `local` (2 devices) and on the first 3
@@ -17,10 +17,10 @@ from paraplan.models.op_split import PART, split_degrees
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
 from paraplan.plans.plan import OperatorPlacement
-from paraplan.runtime.dag_graph import build_program
-from paraplan.runtime.dag_runtime import dag_refusal
-from paraplan.runtime.rank_base import TrainConfig
-from paraplan.runtime.reference import reference_run
+from paraplan.runtime.dag.dag_graph import build_program
+from paraplan.runtime.dag.dag_runtime import dag_refusal
+from paraplan.runtime.rank.rank_base import TrainConfig
+from paraplan.runtime.measure.reference import reference_run
 
 from .many import train_many
 

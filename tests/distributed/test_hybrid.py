@@ -18,8 +18,8 @@ from paraplan_process import run_paraplan
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan import LayerStrategy as S
 from paraplan.plans.plan_file import read_plan, write_plan
-from paraplan.runtime.rank_base import TrainConfig
-from paraplan.runtime.reference import reference_run
+from paraplan.runtime.rank.rank_base import TrainConfig
+from paraplan.runtime.measure.reference import reference_run
 
 from .many import train_many
 
@@ -118,7 +118,7 @@ def check_against_one_process(config):
 
 
 def _parameter_bytes(model):
-    from paraplan.runtime.materialize import build_layers
+    from paraplan.runtime.rank.materialize import build_layers
 
     _, layers, _ = build_layers(model)
     return sum({id(p): p.numel() * 4 for _, _, m in layers for p in m.parameters()}.values())
@@ -237,7 +237,7 @@ def test_unsupported_combinations_are_refused_before_launch(tmp_path):
     """One line naming the layer and the reason, before any rank starts: on the command line (exit
     status 2, nothing written), and the checks behind it."""
     from paraplan.models import source
-    from paraplan.runtime.hybrid import hybrid_refusal
+    from paraplan.runtime.layers.hybrid import hybrid_refusal
 
     # GPT-2's wte is shared by the embedding and the head: they need one strategy
     tied = _one_stage("gpt2-tiny", [S(tp=2)] + [S(dp=2)] * 5, 2)

@@ -1,7 +1,7 @@
 """Per-layer strategies (Galvatron-BMW's plans) under interleaved 1F1B and looped BFS: several
-hybrid stages per pipeline rank (runtime/hybrid_rank.py), each built with its layers' DP / SDP /
+hybrid stages per pipeline rank (runtime/layers/hybrid_rank.py), each built with its layers' DP / SDP /
 TP (+SP) / ZeRO, on 4 gloo ranks (2 pipeline ranks x 2 devices, 2 chunks each), against one
-process running the same recipe (runtime/reference.py): within 1e-5."""
+process running the same recipe (runtime/measure/reference.py): within 1e-5."""
 
 import itertools
 import os

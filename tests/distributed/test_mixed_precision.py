@@ -1,5 +1,5 @@
-"""bf16 and fp16 mixed precision, ZeRO-1/2 and selective recomputation on real gloo processes (runtime/mixed_precision.py,
-runtime/zero.py), against one process running the same recipe (runtime/reference.py).
+"""bf16 and fp16 mixed precision, ZeRO-1/2 and selective recomputation on real gloo processes (runtime/rank/mixed_precision.py,
+runtime/layers/zero.py), against one process running the same recipe (runtime/measure/reference.py).
 
 How close is close enough in bf16. Distances are between the parameters after 2 SGD steps,
 relative to the size of the reference's update: d(A, B) = |A - B| / |B - theta_0| over the whole
@@ -23,8 +23,8 @@ import torch
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan import LayerStrategy as S
-from paraplan.runtime.rank_base import TrainConfig
-from paraplan.runtime.reference import reference_run
+from paraplan.runtime.rank.rank_base import TrainConfig
+from paraplan.runtime.measure.reference import reference_run
 
 from .expected import initial_parameters, predicted_memory
 from .faults import one_gradient_sync_dropped
@@ -59,7 +59,7 @@ RUNS = {
     "zero2": (_one_stage("gpt2-tiny", [S(dp=2, zero=2)] * 6), True, {}),
     "selective": (_one_stage("gpt2-tiny", [S(dp=2, recompute="selective")] * 6), True, {}),
     "zero2-fp32": (_one_stage("llama-tiny", [S(dp=2, zero=2)] * 6, "fp32"), True, {}),
-    # fp16, with the loss scaled (runtime/mixed_precision.py: LossScaler) on every rank and in the reference
+    # fp16, with the loss scaled (runtime/rank/mixed_precision.py: LossScaler) on every rank and in the reference
     # (DP replicas divide their loss by the micro-batch count only, the reference by the replicas
     # too: in fp16 a gradient twice as large underflows differently, so DP rounds differently here)
     "dp-fp16": (_plain(DATA_PARALLEL, "after-backward", "fp16"), False, {}),

@@ -1,4 +1,4 @@
-"""`paraplan train --print-launch` (runtime/launch_script.py): the printed node commands, run as
+"""`paraplan train --print-launch` (runtime/launcher/launch_script.py): the printed node commands, run as
 printed (through bash) as two "nodes" on loopback, train the plan with paraplan's runtime. The
 script's own checks are in tests/unit/test_launch_script.py."""
 

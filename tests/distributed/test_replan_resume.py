@@ -1,9 +1,9 @@
 """Issue 32, item 4: a run saved under one plan resumes under another (torch.distributed.checkpoint
-re-shards the state; runtime/layout_state.py). Two steps are saved, two more resumed; the losses
+re-shards the state; runtime/state/layout_state.py). Two steps are saved, two more resumed; the losses
 of all four must equal the new plan's own uninterrupted run within 1e-5 (fp32, Adam). Across
 precisions (fp32 saved, bf16 resumed as DP2) the check is the rule of "Today's training I"
 (tests/distributed/test_mixed_precision.py): against the one-process run that switches to the new plan
-(bf16, its micro-batches) at the same step (runtime/reference.py), SGD, the parameters' distance relative to the
+(bf16, its micro-batches) at the same step (runtime/measure/reference.py), SGD, the parameters' distance relative to the
 reference's update within 1e-5, as a bf16 plan whose operations are the reference's own must agree
 (losses are no test there: a DP2 bf16 run's losses differ from its own one-process run's by
 ~5e-5, reordered fp32 gradient sums rounded again in bf16).
@@ -18,8 +18,8 @@ import pytest
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan import LayerStrategy as S
-from paraplan.runtime.rank_base import TrainConfig
-from paraplan.runtime.reference import reference_run
+from paraplan.runtime.rank.rank_base import TrainConfig
+from paraplan.runtime.measure.reference import reference_run
 
 from .expected import initial_parameters
 from .many import train_many
@@ -86,7 +86,7 @@ def test_a_run_resumed_under_another_plan_continues_as_that_plans_own_run(runs, 
 
 def test_a_run_resumed_in_another_precision_matches_that_plans_run_from_the_same_state(runs):
     """The one-process run of the new plan (bf16, its micro-batches) from the checkpoint's own state
-    (runtime/reference.py, resume_from): the same bf16 operations as the resumed DP2 run, so the
+    (runtime/measure/reference.py, resume_from): the same bf16 operations as the resumed DP2 run, so the
     rule's 1e-5 holds; bf16's own rounding over those two steps (G, the same run in fp32) is far
     larger, so the check can fail. (From the initial weights instead, the fp32 steps' reordered sums
     differ by 1e-7, which bf16 rounds into differences of the order of G.)"""
@@ -118,7 +118,7 @@ def test_the_cli_says_the_plan_changed_when_resuming(runs, tmp_path, capsys):
     from conftest import run_cli_here
 
     from paraplan.plans.plan_file import write_plan
-    from paraplan.runtime.checkpoints import check_resume, resume_note
+    from paraplan.runtime.state.checkpoints import check_resume, resume_note
 
     # the copy the SDP2 run resumed from and saved into at its step 4
     config = _config(one_stage(S(dp=2)), tmp_path, "x", 5, checkpoint_dir=str(runs / "ck-1f1b-to-sdp2"),

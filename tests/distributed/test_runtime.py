@@ -15,9 +15,9 @@ from paraplan_process import run_paraplan
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import write_plan
-from paraplan.runtime.launch import free_port, spawn
-from paraplan.runtime.rank_base import TrainConfig
-from paraplan.runtime.reference import reference_run
+from paraplan.runtime.launcher.launch import free_port, spawn
+from paraplan.runtime.rank.rank_base import TrainConfig
+from paraplan.runtime.measure.reference import reference_run
 
 from .many import train_many
 

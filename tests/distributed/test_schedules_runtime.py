@@ -1,6 +1,6 @@
 """Interleaved 1F1B, looped BFS, interleaved zero-bubble (ZB-H1 and ZB-1P), ZB-V and DualPipeV plans
 on real gloo ranks (torch.distributed.pipelining's schedule classes, several stages per rank)
-against one process running the same recipe (runtime/reference.py): fp32 within 1e-5, bf16 by the
+against one process running the same recipe (runtime/measure/reference.py): fp32 within 1e-5, bf16 by the
 rule of tests/distributed/test_mixed_precision.py (the pipeline's bf16 operations are the
 reference's own, so 1e-5 too). GPT-2's tied embedding and head sit on one rank in a V (one
 parameter) and on two ranks in a loop (their gradients summed)."""
@@ -14,8 +14,8 @@ import torch
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.schedules import stage_ranks
-from paraplan.runtime.rank_base import TrainConfig
-from paraplan.runtime.reference import reference_run
+from paraplan.runtime.rank.rank_base import TrainConfig
+from paraplan.runtime.measure.reference import reference_run
 
 from .expected import initial_parameters, predicted_memory
 from .many import train_many, train_sgd
@@ -82,7 +82,7 @@ def test_two_ranks_agree_with_one_process(two_ranks, name):
 
 @pytest.mark.parametrize("name", list(MEMORY))
 def test_each_ranks_saved_tensors_are_what_the_walked_order_predicts(two_ranks, name):
-    """runtime/memory_meter.py against costs/memory.py, every rank: within 10%. The split backward's
+    """runtime/measure/memory_meter.py against costs/memory.py, every rank: within 10%. The split backward's
     kinds included: the meter's pack hook hands autograd a detached alias (returning the tensor itself
     made saved outputs hold their own grad_fn, a cycle the input pass's retained graph never broke:
     33.9 MiB measured for 10.3 on ZB-H1's last stage before)."""

@@ -1,4 +1,4 @@
-"""Megatron sequence parallelism (runtime/sequence_parallel.py) on 2 gloo ranks against one process.
+"""Megatron sequence parallelism (runtime/layers/sequence_parallel.py) on 2 gloo ranks against one process.
 
 Every run is a one-stage plan on ranks 0 and 1 trained by `train_rank` as `paraplan train` trains
 it (tests/distributed/many.py: one launch of the ranks for all of them), 2 SGD steps without
@@ -34,8 +34,8 @@ import torch
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan import LayerStrategy as S
-from paraplan.runtime.rank_base import TrainConfig
-from paraplan.runtime.reference import reference_run
+from paraplan.runtime.rank.rank_base import TrainConfig
+from paraplan.runtime.measure.reference import reference_run
 
 from .expected import initial_parameters, predicted_memory
 from .many import train_many
@@ -220,9 +220,9 @@ def test_layers_sequence_parallelism_cannot_run_are_refused_before_launch(tmp_pa
     """One line naming the layer, from the checks `paraplan train` runs before any rank starts."""
     from paraplan.errors import ParaplanError
     from paraplan.models import source
-    from paraplan.runtime.hybrid import hybrid_refusal
-    from paraplan.runtime.launch import check_before_launch
-    from paraplan.runtime.tensor_parallel import tp_refusal
+    from paraplan.runtime.layers.hybrid import hybrid_refusal
+    from paraplan.runtime.launcher.launch import check_before_launch
+    from paraplan.runtime.layers.tensor_parallel import tp_refusal
 
     gpt2 = source.build("gpt2-tiny").layers()
     bad = _one_stage("gpt2-tiny", [SP] * 6)  # GPT-2's embedding adds a whole-sequence position embedding

@@ -1,6 +1,6 @@
 """How ranks end, on real gloo processes: a rank's exception reaches the launcher as its type and
 message on one line; a tensor-parallel (DTensor) and an FSDP2 rank hold no DTensor and no DeviceMesh
-when the process group is destroyed (runtime/teardown.py: live ones keep gloo groups for the
+when the process group is destroyed (runtime/launcher/teardown.py: live ones keep gloo groups for the
 interpreter's shutdown, where gloo can abort the process). One launch per test, 2 steps."""
 
 import json
@@ -10,9 +10,9 @@ import pytest
 from paraplan.errors import ParaplanError
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import read_plan
-from paraplan.runtime.launch import spawn
-from paraplan.runtime.rank_base import TrainConfig
-from paraplan.runtime.teardown import RECORD_ENV
+from paraplan.runtime.launcher.launch import spawn
+from paraplan.runtime.rank.rank_base import TrainConfig
+from paraplan.runtime.launcher.teardown import RECORD_ENV
 
 from .rank_faults import rank1_raises_a_long_error_at_step1
 

@@ -1,4 +1,4 @@
-"""Megatron-style tensor parallelism (runtime/tensor_parallel.py) on 2 gloo ranks against one process.
+"""Megatron-style tensor parallelism (runtime/layers/tensor_parallel.py) on 2 gloo ranks against one process.
 
 One spawn runs every model (starting processes and importing transformers is most of the time on
 this 2-core machine): each rank builds and materialises the whole model, applies TP to every layer
@@ -21,8 +21,8 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from paraplan.runtime.materialize import build_layers
-from paraplan.runtime.tensor_parallel import tp_refusal
+from paraplan.runtime.rank.materialize import build_layers
+from paraplan.runtime.layers.tensor_parallel import tp_refusal
 from paraplan.system.localnet import free_port
 from paraplan.system.processes import start_method
 
@@ -50,8 +50,8 @@ def _step(built, layers, x, y):
 
 
 def _model_run(model: str, rank: int, mesh) -> dict:
-    from paraplan.runtime.materialize import materialize
-    from paraplan.runtime.tensor_parallel import apply_tensor_parallel, full_gradients, full_parameters
+    from paraplan.runtime.rank.materialize import materialize
+    from paraplan.runtime.layers.tensor_parallel import apply_tensor_parallel, full_gradients, full_parameters
 
     def build():
         built, layers, names = build_layers(model, seed=0, dropout=False)
@@ -114,7 +114,7 @@ def _tie_conflict(mesh) -> str:
     replicated cannot be both: apply_tensor_parallel must say so, naming it."""
     from torch import nn
 
-    from paraplan.runtime.tensor_parallel import apply_tensor_parallel
+    from paraplan.runtime.layers.tensor_parallel import apply_tensor_parallel
 
     torch.manual_seed(0)  # the same values on both ranks
     embedding, other = nn.Embedding(8, 4), nn.Sequential()
@@ -138,7 +138,7 @@ def _padding_errors(mesh) -> list[float]:
     or in rank 1's: its gradient is the unsharded one, and sharded as the weight."""
     from torch import nn
 
-    from paraplan.runtime.tensor_parallel import apply_tensor_parallel, full_gradients
+    from paraplan.runtime.layers.tensor_parallel import apply_tensor_parallel, full_gradients
 
     errors = []
     for padding in (1, 5):  # a row of rank 0, a row of rank 1

@@ -8,7 +8,7 @@ measured best is chosen, not the predicted one."""
 from dataclasses import replace
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
-from paraplan.runtime.prove import measured_best
+from paraplan.runtime.launcher.prove import measured_best
 
 
 def test_the_measured_best_is_chosen_over_a_wrong_prediction():

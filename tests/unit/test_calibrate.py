@@ -1,5 +1,5 @@
 """paraplan calibrate's pure parts: the compute fit, the cluster file's [runtime] table, how the
-measured runtime figures enter the cost model and the simulator; runtime/prove.py's helpers."""
+measured runtime figures enter the cost model and the simulator; runtime/launcher/prove.py's helpers."""
 
 from dataclasses import replace
 
@@ -13,7 +13,7 @@ from paraplan.hardware import load_cluster
 from paraplan.hardware.cluster_file import read_cluster_file, write_cluster_file
 from paraplan.models import measure, zoo
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
-from paraplan.runtime.prove import check_runs_here, one_process_plan, spearman
+from paraplan.runtime.launcher.prove import check_runs_here, one_process_plan, spearman
 from paraplan.simulator.predict import simulate_plan
 
 

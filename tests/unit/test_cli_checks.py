@@ -16,8 +16,8 @@ from paraplan_process import run_paraplan
 
 from paraplan.errors import UnknownNameError
 from paraplan.plans.plan_file import read_plan
-from paraplan.runtime.checkpoints import check_resume, checkpoint_record, write_manifest
-from paraplan.runtime.rank_base import TrainConfig
+from paraplan.runtime.state.checkpoints import check_resume, checkpoint_record, write_manifest
+from paraplan.runtime.rank.rank_base import TrainConfig
 from paraplan.system.fileio import make_dirs, output_problem, remove_if_empty
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,7 +141,7 @@ def test_make_dirs_and_remove_if_empty(tmp_path):
 
 
 def test_default_run_dir_is_a_timestamp_under_runs(tmp_path, monkeypatch):
-    from paraplan.runtime.launch import default_run_dir
+    from paraplan.runtime.launcher.launch import default_run_dir
 
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
         monkeypatch.delenv(key, raising=False)
@@ -165,7 +165,7 @@ def _config(tmp_path, **kw) -> TrainConfig:
 
 def _save(config, step=2, **changes):
     """A checkpoint as the ranks leave it: DCP's files in step<N>/ (stand-ins: the check reads their
-    sizes and sha256, not their contents), then the manifest (runtime/checkpoints.py)."""
+    sizes and sha256, not their contents), then the manifest (runtime/state/checkpoints.py)."""
     import hashlib
 
     directory = Path(config.checkpoint_dir)
@@ -324,7 +324,7 @@ def test_compare_png_draws_the_median_step_with_one_predicted_number(tmp_path, m
     from paraplan.costs.model import analytic_cost_model
     from paraplan.hardware import load_cluster
     from paraplan.models import measure, zoo
-    from paraplan.runtime.compare import compare_run
+    from paraplan.runtime.measure.compare import compare_run
 
     _fake_run(tmp_path, [0.30, 0.10, 0.12, 0.09, 0.11, 0.13])  # after the first: median 0.11, step 4
     seen = {}

@@ -16,7 +16,7 @@ from paraplan.planners.registry import make_plan
 from paraplan.plans.axes import CONTEXT, DATA, TENSOR
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, PlanError, Stage, validate
 from paraplan.plans.plan_file import plan_from_json, plan_to_json
-from paraplan.runtime.hybrid import hybrid_refusal
+from paraplan.runtime.layers.hybrid import hybrid_refusal
 from paraplan.simulator.predict import simulate_plan
 from paraplan.workload import workload
 

@@ -1,4 +1,4 @@
-"""runtime/data.py: `paraplan train --data` batches from a token file or an .npz, deterministic in
+"""runtime/rank/data.py: `paraplan train --data` batches from a token file or an .npz, deterministic in
 (seed, step), and every bad file refused in one line before any directory or rank exists."""
 
 import numpy as np
@@ -10,8 +10,8 @@ from paraplan.errors import FieldError
 from paraplan.models import source
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import write_plan
-from paraplan.runtime.data import batch_source, check_data, check_file
-from paraplan.runtime.rank_base import TrainConfig
+from paraplan.runtime.rank.data import batch_source, check_data, check_file
+from paraplan.runtime.rank.rank_base import TrainConfig
 
 GPT2 = source.build("gpt2-tiny", device="meta")  # tokens: sequence 32, vocabulary 512
 LENET = source.build("lenet-5", device="meta")  # images: 1 x 32 x 32, 10 classes
@@ -196,7 +196,7 @@ def test_archives_that_are_not_inputs_and_labels_are_refused(tmp_path):
 
 
 def test_the_vocabulary_check_reads_a_file_in_chunks(tmp_path, monkeypatch):
-    from paraplan.runtime import data
+    from paraplan.runtime.rank import data
 
     monkeypatch.setattr(data, "SCAN_ROWS", 7)  # 61 ids: 9 chunks, the offender in the 8th
     good = _tokens(tmp_path, [1] * 61, name="good.bin")

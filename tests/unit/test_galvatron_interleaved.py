@@ -16,8 +16,8 @@ import pytest
 from paraplan.planners.galvatron.planner import chunk_counts
 from paraplan.planners.registry import make_plan, simulator_judge
 from paraplan.planners.schedule_variants import rewrite
-from paraplan.runtime.launch import check_before_launch
-from paraplan.runtime.rank_base import TrainConfig
+from paraplan.runtime.launcher.launch import check_before_launch
+from paraplan.runtime.rank.rank_base import TrainConfig
 from paraplan.workload import workload
 
 MODEL = ("hf:llama?num_hidden_layers=16&hidden_size=2048&num_attention_heads=16&num_key_value_heads=16"

@@ -2,7 +2,7 @@
 precision the searcher may give a layer with TP the sequence-parallel form (Korthikanti et al.
 2022 §4.2.2: norms, dropouts and residuals split along the sequence; all-gather + reduce-scatter in
 place of each all-reduce, the same ring volume), but only on the layers paraplan's runtime runs it
-on (PlanRequest.sequence_parallel, from runtime/tensor_parallel.sequence_parallel_support), so the
+on (PlanRequest.sequence_parallel, from runtime/layers/tensor_parallel.sequence_parallel_support), so the
 planner never picks a plan `train` refuses."""
 
 from dataclasses import replace
@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from paraplan.planners.registry import make_plan
-from paraplan.runtime.hybrid import hybrid_refusal
+from paraplan.runtime.layers.hybrid import hybrid_refusal
 from paraplan.simulator.predict import simulate_plan
 from paraplan.workload import workload
 

@@ -1,4 +1,4 @@
-"""runtime/launch_script.py: the torchrun command of each node and the Slurm script that
+"""runtime/launcher/launch_script.py: the torchrun command of each node and the Slurm script that
 `paraplan train --print-launch` prints (tests/distributed/test_print_launch.py runs the node commands
 on loopback), and the command line's flags."""
 
@@ -10,7 +10,7 @@ import pytest
 from conftest import run_cli_here
 
 from paraplan.errors import FieldError
-from paraplan.runtime.launch_script import launch_text, make_launch, node_argv, node_commands, sbatch_script
+from paraplan.runtime.launcher.launch_script import launch_text, make_launch, node_argv, node_commands, sbatch_script
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN_2 = ROOT / "examples" / "gpt2-tiny-local-1f1b-2x4.json"  # 2 devices
@@ -155,7 +155,7 @@ def test_train_print_launch_reads_the_plan(capsys, tmp_path):
 
 
 def test_gloo_is_held_to_loopback_only_when_the_master_is_on_this_host():
-    from paraplan.runtime.launch import _loopback
+    from paraplan.runtime.launcher.launch import _loopback
 
     assert _loopback("127.0.0.1") and _loopback("localhost") and _loopback("::1") and _loopback("127.0.0.2")
     assert not _loopback("10.0.0.1") and not _loopback("node-0") and not _loopback("")

@@ -1,11 +1,11 @@
-"""runtime/layout_state.py in one process (DCP without a process group): the state keyed by the
+"""runtime/state/layout_state.py in one process (DCP without a process group): the state keyed by the
 model's parameter names, loaded back into another copy of the model, and a parameter that had no
 optimizer state when it was saved keeps none (the review of issue 32's checkpoints: it failed with
 "Missing key in checkpoint state_dict")."""
 
 import torch
 
-from paraplan.runtime import layout_state
+from paraplan.runtime.state import layout_state
 
 
 def _model(seed: int):

@@ -11,7 +11,7 @@ from paraplan.errors import ParaplanError
 from paraplan.models import source
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import write_plan
-from paraplan.runtime.preflight import check_model_fits_loss
+from paraplan.runtime.launcher.preflight import check_model_fits_loss
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -252,7 +252,7 @@ def _attention_and_mlp(up: str, down: str, third: str | None = None):
 def test_outside_the_zoo_a_block_whose_mlp_tp_cannot_shard_is_refused_not_half_sharded():
     """Review of issue 46's fix: an attention TP knows beside an MLP it does not shard the attention
     alone; for a model outside the zoo (`strict`) that is refused, and Meta's w1/w2/w3 MLP is known."""
-    from paraplan.runtime.tensor_parallel import tp_refusal
+    from paraplan.runtime.layers.tensor_parallel import tp_refusal
 
     half = _attention_and_mlp("up", "down")
     assert tp_refusal(half, 2) is None  # the zoo's rule: the rest of a block may stay replicated

@@ -1,4 +1,4 @@
-"""runtime/teardown.py's pure parts: a rank's failure as one line (from the exception, from what the
+"""runtime/launcher/teardown.py's pure parts: a rank's failure as one line (from the exception, from what the
 ranks recorded, from torch's traceback text), and the pipeline stage's timing wrapper leaving no
 reference cycle (the cycle kept FSDP2 ranks' DTensors alive until interpreter exit)."""
 
@@ -8,9 +8,9 @@ import traceback
 import weakref
 
 from paraplan.errors import ParaplanError
-from paraplan.runtime.launch import rank_failure
-from paraplan.runtime.teardown import from_traceback, one_line, record_failure
-from paraplan.runtime.timeline import Recorder
+from paraplan.runtime.launcher.launch import rank_failure
+from paraplan.runtime.launcher.teardown import from_traceback, one_line, record_failure
+from paraplan.runtime.measure.timeline import Recorder
 
 # what torch.distributed.pipelining raises around an error inside a stage's forward (stage.py)
 STAGE_WRAPPER = """

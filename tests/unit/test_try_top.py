@@ -1,12 +1,12 @@
 """`paraplan plan --try-top K` (issue 31, item 6): the K best predicted plans run for real and the
-measured best chosen (runtime/prove.py: measured_best). Here with a stand-in runner and its own
+measured best chosen (runtime/launcher/prove.py: measured_best). Here with a stand-in runner and its own
 clock; the real runs are tests/distributed/test_try_top.py."""
 
 import subprocess
 import sys
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
-from paraplan.runtime.prove import Measured, measured_best
+from paraplan.runtime.launcher.prove import Measured, measured_best
 
 PLAN = Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=8, n_micro=1, schedule="gpipe",
             grad_sync="none", stages=(Stage(LayerRange(0, 6), (0,)),))

@@ -59,7 +59,7 @@ def test_zero_moves_the_same_bytes_as_data_parallelism(setup):
     """Reduce-scatter + all-gather = all-reduce on a ring: with the sync after the backward (nothing
     to overlap) and no measured optimizer cost, ZeRO-1 takes the time of plain DP. ZeRO-2 moves the
     same bytes per micro-batch, but its reduce-scatter runs as each micro-batch's backward ends
-    (DeepSpeed's stage 2, runtime/zero.py), overlapping the backward: never slower at one micro-batch."""
+    (DeepSpeed's stage 2, runtime/layers/zero.py), overlapping the backward: never slower at one micro-batch."""
     spec, cm = setup
     times = [simulate_plan(_plan(spec, LayerStrategy(dp=N_D, zero=z)), cm).prediction.iteration_s for z in (0, 1, 2)]
     assert times[1] == pytest.approx(times[0], rel=1e-12)

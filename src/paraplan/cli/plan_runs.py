@@ -1,17 +1,17 @@
 """`paraplan plan --try-top K` and `--prove`: the comparison's best plans run for real on this
-machine (runtime/prove.py), predicted against measured."""
+machine (runtime/launcher/prove.py), predicted against measured."""
 
 from __future__ import annotations
 
 
 def try_top(result, args, err):
     """--try-top K: the K best predicted distinct plans run for real, interleaved; the measured best
-    (runtime/prove.py: measured_best) and a table of predicted against measured. Returns the chosen
+    (runtime/launcher/prove.py: measured_best) and a table of predicted against measured. Returns the chosen
     row (None when fewer than two distinct plans fit)."""
     from rich.table import Table
 
     from paraplan.report.tables import console
-    from paraplan.runtime.prove import measured_best
+    from paraplan.runtime.launcher.prove import measured_best
 
     rows = result.distinct(args.try_top)  # fastest predicted first; plans two planners share are run once
     if len(rows) < 2:
@@ -40,11 +40,11 @@ def try_top(result, args, err):
 
 
 def prove_best(best, request, err, args):
-    """The chosen plan, the even split over every device and one process, run for real (runtime/prove.py)."""
+    """The chosen plan, the even split over every device and one process, run for real (runtime/launcher/prove.py)."""
     from dataclasses import replace
 
     from paraplan.planners.registry import make_plan
-    from paraplan.runtime.prove import one_process_plan, run_interleaved
+    from paraplan.runtime.launcher.prove import one_process_plan, run_interleaved
     from paraplan.simulator.predict import simulate_plan
 
     cm = request.costs

@@ -9,7 +9,7 @@ from paraplan.cli.args import add_sizes, check_output
 from paraplan.cli.ui import BARS
 from paraplan.errors import FieldError, ParaplanError
 
-# what a run writes into --out-dir (runtime/stage_loop.py, dag_runtime.py, compare.py): each must be a
+# what a run writes into --out-dir (runtime/pipeline/stage_loop.py, dag_runtime.py, compare.py): each must be a
 # regular file if it is there already (writes never replace a device, a FIFO or a link)
 RUN_FILES = ("losses.json", "steps_rank*.json", "timeline_rank*.json", "memory_rank*.json", "memory_dag_rank*.json",
              "stage*.pt", "overheads.json", "measured.trace.json", "simulated.trace.json", "compare.png")
@@ -70,7 +70,7 @@ def add_parser(sub) -> None:
 
 
 def _data_check(check, *args):
-    """runtime/data.py's and launch_script.py's checks name the field (data_dtype, gpus_per_node);
+    """runtime/rank/data.py's and launch_script.py's checks name the field (data_dtype, gpus_per_node);
     here it is the flag."""
     try:
         return check(*args)
@@ -80,7 +80,7 @@ def _data_check(check, *args):
 
 def run(args) -> int:
     from paraplan.plans.plan_file import read_plan
-    from paraplan.runtime.launch import default_run_dir
+    from paraplan.runtime.launcher.launch import default_run_dir
     from paraplan.workload import attention_here, cost_model, measured_model
 
     plan = read_plan(args.plan)
@@ -118,7 +118,7 @@ def _launch_flags_given(args) -> list[str]:
 def _print_launch(args, plan) -> int:
     """--print-launch: the commands that run the plan on --nodes machines, with every option given
     besides the launch's (those that differ from their defaults); nothing starts."""
-    from paraplan.runtime.launch_script import launch_text, make_launch
+    from paraplan.runtime.launcher.launch_script import launch_text, make_launch
 
     if not args.print_launch:
         raise ParaplanError(f"{', '.join(_launch_flags_given(args))}: only with --print-launch")
@@ -135,7 +135,7 @@ def _print_launch(args, plan) -> int:
 
 
 def _check_outputs(args, out_dir: str) -> None:
-    from paraplan.runtime.checkpoints import FILES
+    from paraplan.runtime.state.checkpoints import FILES
     from paraplan.system.fileio import output_problem
 
     check_output("--out-dir", out_dir, directory=True)
@@ -149,9 +149,9 @@ def _check_outputs(args, out_dir: str) -> None:
 
 def _config(args, plan, model: str, out_dir: str):
     """The run's TrainConfig (validated once), after the data file and before the checkpoints."""
-    from paraplan.runtime.checkpoints import check_resume
-    from paraplan.runtime.data import check_file
-    from paraplan.runtime.rank_base import TrainConfig
+    from paraplan.runtime.state.checkpoints import check_resume
+    from paraplan.runtime.rank.data import check_file
+    from paraplan.runtime.rank.rank_base import TrainConfig
 
     if args.data:  # the file alone first: a missing one fails before the model is measured
         _data_check(check_file, args.data, args.data_dtype)
@@ -161,7 +161,7 @@ def _config(args, plan, model: str, out_dir: str):
                          checkpoint_every=args.checkpoint_every, resume=args.resume, timeout_s=args.timeout,
                          log=not args.json, data=args.data, data_dtype=args.data_dtype)
     if args.resume:
-        from paraplan.runtime.checkpoints import resume_note
+        from paraplan.runtime.state.checkpoints import resume_note
 
         note = resume_note(config, check_resume(config))
         if note and not args.json:
@@ -174,13 +174,13 @@ def _comparison(args, plan):
     measurement named on the command line, else the calibrated cluster's own (paraplan
     calibrate), else the one shipped for this kind of machine."""
     from paraplan.hardware import load_cluster
-    from paraplan.runtime.compare import read_overheads
+    from paraplan.runtime.measure.compare import read_overheads
 
     compare_cluster = None
     if args.compare:  # as simulate: `local` is this machine's cached calibration (cli/machine.py), made
         # here if there is none, but never by the ranks of a torchrun launch (one per node would)
         from paraplan.cli.machine import machine_cluster
-        from paraplan.runtime.launch import under_torchrun
+        from paraplan.runtime.launcher.launch import under_torchrun
 
         compare_cluster = load_cluster(machine_cluster(args.cluster or plan.cluster, plan.precision,
                                                        skip=args.no_calibration or bool(args.profile or args.overheads),
@@ -199,9 +199,9 @@ def _check_model(args, config, plan, model: str, built, spec, compare_cluster) -
     the plan. Returns the world size and whether torchrun started this process."""
     import os
 
-    from paraplan.runtime.data import check_data
-    from paraplan.runtime.launch import check_before_launch, under_torchrun
-    from paraplan.runtime.preflight import check_model_fits_loss
+    from paraplan.runtime.rank.data import check_data
+    from paraplan.runtime.launcher.launch import check_before_launch, under_torchrun
+    from paraplan.runtime.launcher.preflight import check_model_fits_loss
 
     if args.data:  # against the model, the whole file read once; before any directory or rank
         _data_check(check_data, args.data, args.data_dtype, built.inputs, model)
@@ -247,8 +247,8 @@ def _launch(args, config, world: int, out_dir: str, torchrun: bool) -> bool:
     directories are created only now, and removed again if the run ends before writing anything."""
     import os
 
-    from paraplan.runtime.checkpoints import remove_unlisted
-    from paraplan.runtime.launch import run_under_torchrun, spawn
+    from paraplan.runtime.state.checkpoints import remove_unlisted
+    from paraplan.runtime.launcher.launch import run_under_torchrun, spawn
     from paraplan.system.fileio import make_dirs_all, remove_if_empty, remove_temporaries
 
     created = make_dirs_all(out_dir, args.checkpoint_dir or None)
@@ -279,7 +279,7 @@ def _report(args, plan, out_dir: str, cm, compare_cluster, overheads, predicted_
     import statistics
     from pathlib import Path
 
-    from paraplan.runtime.compare import (
+    from paraplan.runtime.measure.compare import (
         against_prediction,
         compare_run,
         measured_overheads,
@@ -327,13 +327,13 @@ DRIFT = 0.25  # issue 33: a measured step this far from the prediction is worth 
 
 def drift_warning(error: float, source: str) -> str | None:
     """One line when the measured step differs from the prediction by more than DRIFT (`error`:
-    (measured - predicted) / predicted, runtime/compare.py): the machine may have changed or be busy
+    (measured - predicted) / predicted, runtime/measure/compare.py): the machine may have changed or be busy
     (the load average it saw), and what to do."""
     if abs(error) <= DRIFT:
         return None
     import os
 
-    from paraplan.runtime.compare import against_prediction
+    from paraplan.runtime.measure.compare import against_prediction
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     cores = os.cpu_count() or 1
@@ -346,7 +346,7 @@ def drift_warning(error: float, source: str) -> str | None:
 
 
 def _report_memory(plan, out_dir: str, predicted_memory, breakdowns, summary: dict, say) -> None:
-    from paraplan.runtime.compare import dag_memory_comparison, memory_comparison
+    from paraplan.runtime.measure.compare import dag_memory_comparison, memory_comparison
 
     for row in memory_comparison(breakdowns, out_dir):
         summary["memory"].append({"rank": row.rank, "measured_bytes": row.measured_states + row.measured_activations,

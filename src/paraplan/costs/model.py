@@ -42,7 +42,7 @@ class CostModel:
     # the low-precision weight copies in memory (MemoryConfig.for_precision)
     precision: str = "fp32"
     # the (layer, tp degree) pairs paraplan's runtime runs tensor parallel (PlanRequest.tensor_parallel,
-    # from runtime/tensor_parallel.py); a plan with TP elsewhere is not runnable, and its prediction
+    # from runtime/layers/tensor_parallel.py); a plan with TP elsewhere is not runnable, and its prediction
     # says so (simulator/predict.py). None: TP anywhere (the zoo's models in fp32, the papers' setting)
     tensor_parallel: frozenset | None = None
     # device type -> LayerCosts; not an init field, so dataclasses.replace() starts a fresh one

@@ -92,7 +92,7 @@ class RuntimeOverheads:
     """What the runtime (torch.distributed.pipelining on gloo) costs beyond compute and transfers.
 
     The papers' models have none of these; a prediction of a real run needs them. They come from a
-    measurement (`runtime/compare.py: measured_overheads` on a recorded timeline, averaged over
+    measurement (`runtime/measure/compare.py: measured_overheads` on a recorded timeline, averaged over
     several runs by `paraplan calibrate`), never from constants: `source` says which. A cluster
     file written by `paraplan calibrate` carries them (its [runtime] table), so that plan,
     simulate and train --compare on that cluster predict with them.

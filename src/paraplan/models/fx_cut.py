@@ -125,7 +125,7 @@ class _HeldTensor(nn.Module):
     of its own: split_module passes a tensor attribute into a layer as an extra input, which a
     pipeline cannot give (each layer takes only the previous one's output), while a module it
     copies into the layer that calls it. The tensor is the model's own object, so the layer owns
-    it, trains it and checkpoints it under the model's name (runtime/layout_state.py keys by
+    it, trains it and checkpoints it under the model's name (runtime/state/layout_state.py keys by
     identity)."""
 
     def __init__(self, value, persistent: bool = True):

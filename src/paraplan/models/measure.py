@@ -13,7 +13,7 @@ autograd keeps for this layer's backward, the layer's own input included when an
 parameters excluded, each underlying storage counted once.
 
 Mixed precision (`precision` bf16 / fp16): the layers are measured as the runtime runs them,
-under autocast (runtime/mixed_precision.py). Autocast does not act on meta tensors, so
+under autocast (runtime/rank/mixed_precision.py). Autocast does not act on meta tensors, so
 `Autocast16` (models/autocast_meta.py) does its work one level up, where autograd sees it: the
 floating inputs of the ops autocast runs in 16 bits (its lower-precision list, common to the CPU and CUDA: linear, matmul
 and the mm family, convolutions, scaled-dot-product attention, einsum) are cast first. What a
@@ -195,7 +195,7 @@ def _loss_saved_bytes(loss, out, targets, compute_dtype: torch.dtype | None) -> 
         with cast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss(out, targets)
     except (RuntimeError, ValueError, TypeError):
-        # an output the loss cannot take is the run's pre-flight check to report (runtime/preflight.py),
+        # an output the loss cannot take is the run's pre-flight check to report (runtime/launcher/preflight.py),
         # in one line before launch; measuring goes on without the loss's tensors
         return 0
     return sum(saved.values())

@@ -46,7 +46,7 @@ class PlanRequest:
     # may use fewer and says why in the plan's SearchInfo.note
     exact_stages: bool = False
     # (layer, tp degree) pairs the runtime runs with Megatron sequence parallelism
-    # (runtime/tensor_parallel.sequence_parallel_support, filled by paraplan.workload): the layers a
+    # (runtime/layers/tensor_parallel.sequence_parallel_support, filled by paraplan.workload): the layers a
     # planner may give TP + SP. Empty (a request built without the model's modules): SP not searched.
     sequence_parallel: frozenset = frozenset()
     # (layer, tp degree) pairs the runtime runs tensor parallel (tensor_parallel_support, filled by

@@ -112,30 +112,27 @@ class LayerStrategy:
         text = " x ".join(name(a, k) for a, k in reversed(self.dims)) or "1 device"
         return text + {"full": " + CKPT", "selective": " + SEL"}.get(self.recompute, "")
 
-    @property
-    def degree(self) -> int:
+    def _product(self, counts) -> int:
         out = 1
         for axis in LAYER_AXES:
-            out *= self.degree_of(axis)
+            if counts(axis):
+                out *= self.degree_of(axis)
         return out
 
     @property
+    def degree(self) -> int:
+        """The devices of the layer's group: the product of its degrees."""
+        return self._product(lambda axis: True)
+
+    @property
     def data_degree(self) -> int:
-        """How many ways the micro-batch is split."""
-        out = 1
-        for axis in LAYER_AXES:
-            if axis.splits_batch:
-                out *= self.degree_of(axis)
-        return out
+        """How many ways the micro-batch is split (the axes that split the batch: dp, sdp)."""
+        return self._product(lambda axis: axis.splits_batch)
 
     @property
     def sync_degree(self) -> int:
         """The size of the group the gradients are summed over (dp x cp)."""
-        out = 1
-        for axis in LAYER_AXES:
-            if axis.syncs_gradients:
-                out *= self.degree_of(axis)
-        return out
+        return self._product(lambda axis: axis.syncs_gradients)
 
 
 assert {r.field for r in REFINEMENTS} <= set(LayerStrategy.__dataclass_fields__)

@@ -35,7 +35,7 @@ READABLE_VERSIONS = (1, 2)  # a version-1 file loads unchanged, as fp32 (docs/pl
 
 
 class GradSync(StrEnum):
-    """When data-parallel replicas average their gradients (simulator/pipeline.py, runtime/pipeline_rank.py)."""
+    """When data-parallel replicas average their gradients (simulator/pipeline.py, runtime/pipeline/pipeline_rank.py)."""
 
     NONE = "none"
     AFTER_BACKWARD = "after-backward"  # one all-reduce once the whole pipeline has flushed

@@ -1,6 +1,6 @@
 """What each worker of a Bi-Partition plan does with the layers it holds, when a layer's forward
 and backward run on different workers and the backward owner rebuilds the layer's autograd graph
-by recomputing its forward (runtime/bipartition_rank.py). Pure: the runtime, the simulator
+by recomputing its forward (runtime/bipartition/bipartition_rank.py). Pure: the runtime, the simulator
 (simulator/plan_work.py) and the memory model (costs/memory.py) read the same roles.
 
 Worker w runs the forward of F = [f0, f1) and the backward of B = [b0, b1) (Bi-Partition §3;

@@ -9,7 +9,7 @@ Three measurements, each the way training meets it (a training run keeps every c
   2. links: gloo ping-pong between two processes, fitted to alpha + bytes / beta
      (profiling/links.py), idle and while every core also runs a busy process ("loaded": a
      transfer in a pipeline waits for a core that is computing);
-  3. the runtime's own overheads (per pipeline action, per step; runtime/compare.py) read off the
+  3. the runtime's own overheads (per pipeline action, per step; runtime/measure/compare.py) read off the
      timelines of several real `paraplan train` runs of one plan and averaged, so one run's noise
      does not become the model.
 Everything measured is kept in the file's [calibration] table, beside the figures it chose.
@@ -194,13 +194,13 @@ def _notice(line: str) -> None:
 
 def _run_train(plan_path: Path, steps: int, out: Path) -> subprocess.CompletedProcess:
     """One real training run of the plan, launched from this process as `paraplan train` launches
-    it (the same checks before launch, the same ranks, the same files; runtime/launch.py), and
+    it (the same checks before launch, the same ranks, the same files; runtime/launcher/launch.py), and
     returned as the status and error line a `paraplan train` process would give. Not a process of
     its own: the calibration's runs then start their ranks from one warm forkserver instead of each
     paying a fresh interpreter and a fresh server (~10 s of a core per run here)."""
     from paraplan.plans.plan_file import read_plan
-    from paraplan.runtime.launch import launch_checked
-    from paraplan.runtime.rank_base import TrainConfig
+    from paraplan.runtime.launcher.launch import launch_checked
+    from paraplan.runtime.rank.rank_base import TrainConfig
 
     argv = ["paraplan", "train", "--plan", str(plan_path), "--steps", str(steps), "--out-dir", str(out)]
     try:
@@ -287,7 +287,7 @@ def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]):
     """`runs` real `paraplan train` runs of the overhead plan; each run's overheads read off its
     timeline (steps after the first two)."""
     from paraplan.plans.plan import LayerRange, Plan, Stage
-    from paraplan.runtime.compare import measured_overheads
+    from paraplan.runtime.measure.compare import measured_overheads
 
     cfg = OVERHEAD_PLAN
     bounds = [0, *cfg["cuts"], 6]
@@ -295,7 +295,7 @@ def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]):
                 schedule="1f1b", grad_sync="none",
                 stages=tuple(Stage(LayerRange(a, b), (i,)) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:],
                                                                                           strict=True))))
-    from paraplan.runtime.compare import step_times
+    from paraplan.runtime.measure.compare import step_times
 
     measured, step_medians = [], []
     with tempfile.TemporaryDirectory(prefix="paraplan-calibrate-") as tmp:
@@ -349,7 +349,7 @@ def measure_strategy_costs(spec, profile, cluster, runs: int, steps: int, progre
     from paraplan.costs.model import profile_cost_model
     from paraplan.plans.axes import SHARDED_DATA, TENSOR
     from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
-    from paraplan.runtime.compare import step_times
+    from paraplan.runtime.measure.compare import step_times
     from paraplan.simulator.predict import simulate_plan
 
     n = spec.n_layers

@@ -97,7 +97,7 @@ def tensor_parallel_refusal(plan: Plan, runs: frozenset | None) -> str:
         for i, st in zip(stage.layers, stage.strategies, strict=False):
             if st.tp > 1 and (i, st.tp) not in runs:
                 return (f"stages[{s}]: layer {i} with TP{st.tp}, which paraplan's runtime cannot shard "
-                        "(runtime/tensor_parallel.py; it runs TP at power-of-two degrees up to 64 on the layers "
+                        "(runtime/layers/tensor_parallel.py; it runs TP at power-of-two degrees up to 64 on the layers "
                         "it knows how to split); plan it without TP there")
     return ""
 

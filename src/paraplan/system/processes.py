@@ -5,7 +5,7 @@ They start from a forkserver that imported torch, torch.distributed and transfor
 launching process, not each importing them anew (`spawn`: 4-8 s of a core per process, most of a
 short run's start, and a third of the test suite's CPU time when every process paid it). The
 server has run no kernel, so no thread pool is copied into a child; cwd and sys.path are set as for
-`spawn`. A child that needs the launcher's current environment gets it passed (runtime/launch.py):
+`spawn`. A child that needs the launcher's current environment gets it passed (runtime/launcher/launch.py):
 a forked child otherwise sees the server's, as of its start. PARAPLAN_START_METHOD=spawn starts
 each process as a fresh interpreter instead.
 """
@@ -17,7 +17,7 @@ import os
 
 # what the server imports before it forks anything (one list for every caller: the first caller's
 # list is the server's, and a process has one server)
-WARM_MODULES = ["paraplan.runtime.dispatch", "paraplan.runtime.teardown", "transformers.modeling_utils",
+WARM_MODULES = ["paraplan.runtime.launcher.dispatch", "paraplan.runtime.launcher.teardown", "transformers.modeling_utils",
                 "torch.distributed.tensor", "torch.distributed.pipelining", "torch.distributed.fsdp"]
 
 

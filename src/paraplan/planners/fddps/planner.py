@@ -171,7 +171,7 @@ def _boolean(name: str):
 
 
 # runnable (ours; the paper places every node freely): PyTorch's autograd runs an operator's
-# backward where its forward ran, so a plan meant for `paraplan train` (runtime/dag_runtime.py)
+# backward where its forward ran, so a plan meant for `paraplan train` (runtime/dag/dag_runtime.py)
 # keeps each backward node on its forward op's device; false: the paper's unconstrained placement,
 # for simulation studies (benchmarks/runtime_dag.py measures what the constraint costs)
 _RUNNABLE = {"runnable": OptionSpec(True, "keep every backward operator on its forward operator's device, as "

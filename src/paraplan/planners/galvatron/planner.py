@@ -80,7 +80,7 @@ def _pp_choices(request: PlanRequest, variant: Variant) -> tuple[tuple[int, ...]
 # tried where the layers cut into chunks more evenly (`chunk_counts`)
 INTERLEAVED_CHUNKS = (2, 3, 4)
 BALANCED_CHUNKS = 3
-# the multi-chunk kinds the runtime runs with per-layer strategies (runtime/launch.py): auto must not
+# the multi-chunk kinds the runtime runs with per-layer strategies (runtime/launcher/launch.py): auto must not
 # pick what `train` refuses
 INTERLEAVED_KINDS = ("interleaved-1f1b",)
 

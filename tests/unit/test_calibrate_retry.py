@@ -9,7 +9,7 @@ import pytest
 
 from paraplan.errors import ParaplanError
 from paraplan.plans.plan import LayerRange, Plan, Stage
-from paraplan.profiling import calibrate
+from paraplan.profiling.calibrate import runtime_costs as calibrate
 
 PLAN = Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=8, n_micro=2, schedule="1f1b",
             grad_sync="none", stages=(Stage(LayerRange(0, 3), (0,)), Stage(LayerRange(3, 6), (1,))))

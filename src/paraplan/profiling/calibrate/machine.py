@@ -1,0 +1,135 @@
+"""`paraplan calibrate` (profiling/calibrate/): this machine's three measurements put together into
+the calibrated cluster: the device model fitted to the loaded compute, the loaded links with the
+latency a running pipeline sees, the runtime's overheads; everything measured kept in the file's
+[calibration] table, beside the figures it chose.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from paraplan.errors import ParaplanError
+from paraplan.profiling.calibrate.compute import BATCH_SIZES, measure_compute, measure_links
+from paraplan.profiling.calibrate.runtime_costs import (
+    effective_latency,
+    measure_optimizer,
+    measure_overheads,
+    measure_strategy_costs,
+)
+
+REFERENCE_MODELS = ("gpt2-tiny", "vgg-tiny", "bert-tiny")  # attention + MLP, convolutions, another transformer
+QUICK_MODELS = ("gpt2-tiny", "llama-tiny")  # two attention styles (explicit with dropout; fused SDPA with RMSNorm, rotary, SwiGLU)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    cluster: object  # hardware.Cluster, the calibrated one
+    evidence: dict  # what goes into the file's [calibration] table
+    summary: list[str]  # lines for the terminal
+
+
+def calibrate(quick: bool = False, devices: int | None = None,
+              progress: Callable[[str], None] = lambda s: None) -> Calibration:
+    """`devices`: how many of this machine's cores the cluster has (default: all), each its own
+    process in training; the compute is measured with that many cores busy."""
+    import os
+
+    from paraplan.costs.calibration_fit import fit_compute, fitted_device, layer_samples
+    from paraplan.hardware.cluster import Cluster, LinkSpec, NodeSpec, RuntimeOverheads
+    from paraplan.hardware.presets import local_cluster
+
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        raise ParaplanError("calibrate measures links and a 2-process run: this machine has one core")
+    if devices is not None and not 2 <= devices <= cores:
+        raise ParaplanError(f"calibrate: devices must be between 2 and this machine's {cores} cores, got {devices}")
+    cores = devices or cores
+    models = QUICK_MODELS if quick else REFERENCE_MODELS
+    repeats = 5 if quick else 9
+    compute = measure_compute(models, cores, repeats, progress)
+    fit = fit_compute(layer_samples([(spec, loaded) for spec, _, loaded, _ in compute]))
+    fit_idle = fit_compute(layer_samples([(spec, idle) for spec, idle, _, _ in compute]))
+    largest = BATCH_SIZES[-1]
+    slowdown = {spec.name: ratio for spec, _, _, ratio in compute}
+    idle_links, loaded_links = measure_links(2, progress)
+    runs, overhead_plan, overhead_step_s = measure_overheads(2 if quick else 4, 10 if quick else 14, progress)
+    optimizer = measure_optimizer(cores, progress)
+    compute_scale = statistics.median(slowdown.values())
+    # the time outside the schedule includes the overhead plan's own optimizer step: take it out,
+    # it is charged per plan (RuntimeOverheads.optimizer_s_per_byte)
+    from paraplan.costs.memory import plan_memory
+    from paraplan.costs.memory_config import MemoryConfig
+
+    gpt2_spec = next(spec for spec, _, _, _ in compute if spec.name == "gpt2-tiny")
+    _, breakdown = plan_memory(overhead_plan, gpt2_spec, {0: 2**40, 1: 2**40}, MemoryConfig().for_device_kind("cpu-core"))
+    own_step = optimizer["per_byte_s"] * max(b.states_bytes for b in breakdown)
+    overheads = RuntimeOverheads(
+        rendezvous=True, action_s=statistics.median(o.action_s for o in runs),
+        step_s=max(0.0, statistics.median(o.step_s for o in runs) - own_step), compute_scale=compute_scale,
+        optimizer_s_per_byte=optimizer["per_byte_s"],
+        source=f"paraplan calibrate: median of {len(runs)} runs of a 2-stage 1F1B gpt2-tiny plan on this machine; "
+               f"compute scale loaded / idle over {', '.join(models)}; TP / SDP per layer from TP2 / SDP2 runs")
+
+    base = local_cluster()
+    device = fitted_device(base.nodes[0].devices[0], fit,
+                           f"paraplan calibrate: fitted to {', '.join(models)} profiled with every core loaded "
+                           f"(peak_flops is the effective rate)")
+    link = LinkSpec(bandwidth_bytes_per_s=loaded_links.p2p.bandwidth_bytes_per_s,
+                    latency_s=loaded_links.p2p.latency_s)
+    cluster = Cluster(name="local-calibrated", overheads=overheads,
+                      description=f"this machine ({cores} CPU cores as devices, gloo on loopback), measured by "
+                                  f"paraplan calibrate on {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC",
+                      nodes=(NodeSpec(name="localhost", devices=(device,) * cores, intra_link=link, network=link),))
+    gpt2 = next((spec, idle) for spec, idle, _, _ in compute if spec.name == "gpt2-tiny")
+    progress("runtime: the latency of a message inside a running pipeline")
+    alpha = effective_latency(overhead_plan, gpt2[0], gpt2[1], cluster, overhead_step_s, link.latency_s)
+    link = LinkSpec(bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, latency_s=alpha)
+    cluster = replace(cluster, nodes=tuple(NodeSpec(n.name, n.devices, link, link) for n in cluster.nodes))
+    strategies = measure_strategy_costs(gpt2[0], gpt2[1], cluster, 1 if quick else 2, 8 if quick else 10, progress)
+    cluster = strategies["cluster"]
+
+    def link_table(lp):
+        return {"latency_s": lp.p2p.latency_s, "bandwidth_bytes_per_s": lp.p2p.bandwidth_bytes_per_s,
+                "r_squared": lp.p2p.r_squared, "sizes": list(lp.sizes), "p2p_median_s": list(lp.p2p_s)}
+
+    evidence = {
+        "compute": {"models": list(models), "batch_sizes": list(BATCH_SIZES), "repeats": repeats,
+                    f"step_busy_over_idle_at_batch_{largest}": slowdown,
+                    "fit_loaded": _fit_table(fit), "fit_idle": _fit_table(fit_idle)},
+        "links": {"idle": link_table(idle_links), "loaded": link_table(loaded_links),
+                  "overhead_plan_step_s": overhead_step_s, "effective_latency_s": alpha,
+                  "chosen": "the loaded bandwidth; the latency at which the simulator reproduces the overhead plan's "
+                            "measured step (never below the loaded ping-pong's)"},
+        "runtime": {"runs": [{"action_s": o.action_s, "step_s": o.step_s} for o in runs],
+                    "optimizer": optimizer, "overhead_plan_own_optimizer_s": own_step,
+                    "strategies": strategies["evidence"]},
+    }
+    summary = [
+        f"compute: effective {fit.flops_per_s / 1e9:.1f} GFLOP/s per core, {fit.kernel_overhead_s * 1e6:.1f} us per "
+        f"kernel, {fit.memory_bandwidth_bytes_per_s / 1e9:.2f} GB/s (fitted to {fit.samples} layer passes of "
+        f"{', '.join(models)} with every core loaded; median layer error {fit.median_abs_error:.0%})",
+        f"compute: a training step with the other cores busy / idle, at batch {largest}: "
+        + ", ".join(f"{m} {r:.2f}x" for m, r in slowdown.items()),
+        f"links: idle alpha {idle_links.p2p.latency_s * 1e6:.0f} us, beta {idle_links.p2p.bandwidth_bytes_per_s / 1e9:.2f}"
+        f" GB/s; loaded alpha {loaded_links.p2p.latency_s * 1e6:.0f} us, beta "
+        f"{loaded_links.p2p.bandwidth_bytes_per_s / 1e9:.2f} GB/s; inside a running pipeline a message costs "
+        f"{alpha * 1e6:.0f} us (the latency written, fitted to the overhead plan's measured {overhead_step_s * 1e3:.1f} "
+        f"ms step)",
+        f"runtime: {overheads.action_s * 1e3:.2f} ms per pipeline action, {overheads.step_s * 1e3:.2f} ms per step "
+        f"(median of {len(runs)} runs: " + ", ".join(f"{o.action_s * 1e3:.2f}/{o.step_s * 1e3:.2f}" for o in runs)
+        + f" ms, less {own_step * 1e3:.2f} ms of its own optimizer step); compute x{compute_scale:.2f} while every "
+        f"core computes; the optimizer {optimizer['per_byte_s'] * 16e9:.2f} ns per parameter (Adam)",
+        f"runtime: TP (DTensor) {cluster.overheads.tp_kernel_s * 1e6:.0f} us per kernel of a pass, SDP (FSDP2) "
+        f"{cluster.overheads.sdp_layer_s * 1e3:.2f} ms per layer and pass, beyond the collectives' link time",
+    ]
+    return Calibration(cluster=cluster, evidence=evidence, summary=summary)
+
+
+def _fit_table(fit) -> dict:
+    return {"flops_per_s": fit.flops_per_s, "kernel_overhead_s": fit.kernel_overhead_s,
+            "memory_bandwidth_bytes_per_s": fit.memory_bandwidth_bytes_per_s,
+            "median_abs_layer_error": fit.median_abs_error,
+            "step_errors": {m: {str(b): e for b, e in errs.items()} for m, errs in fit.step_errors.items()}}

@@ -1,0 +1,217 @@
+"""`paraplan calibrate`'s third measurement (profiling/calibrate/): the runtime's own overheads (per
+pipeline action, per step; runtime/measure/compare.py) read off the timelines of several real
+`paraplan train` runs of one plan and averaged, so one run's noise does not become the model; Adam's
+step per byte of states; the latency of a message inside a running pipeline (`effective_latency`);
+and the TP (DTensor) and SDP (FSDP2) machinery's own cost per layer, from TP2 / SDP2 runs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from paraplan.errors import ParaplanError
+from paraplan.profiling.calibrate.compute import CoresLoaded
+
+# the plan whose timeline gives the overheads: the shipped measurement's plan (gpt2-tiny, 2 stages
+# of 3 layers, 1F1B, 4 micro-batches of 8)
+OVERHEAD_PLAN = dict(model="gpt2-tiny", cuts=(3,), n_micro=4, batch=32)
+# the most a message inside a running pipeline is allowed to cost (effective_latency): twice the
+# ~1 ms gloo loopback messages measured inside pipelines here (shared/notes/runtime-on-cpu.md: 1.5 ms)
+CAP_LATENCY_S = 2e-3
+
+
+def _notice(line: str) -> None:
+    """A line that stays on the console (stderr), above the progress spinner."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _run_train(plan_path: Path, steps: int, out: Path) -> subprocess.CompletedProcess:
+    """One real training run of the plan, launched from this process as `paraplan train` launches
+    it (the same checks before launch, the same ranks, the same files; runtime/launcher/launch.py), and
+    returned as the status and error line a `paraplan train` process would give. Not a process of
+    its own: the calibration's runs then start their ranks from one warm forkserver instead of each
+    paying a fresh interpreter and a fresh server (~10 s of a core per run here)."""
+    from paraplan.plans.plan_file import read_plan
+    from paraplan.runtime.launcher.launch import launch_checked
+    from paraplan.runtime.rank.rank_base import TrainConfig
+
+    argv = ["paraplan", "train", "--plan", str(plan_path), "--steps", str(steps), "--out-dir", str(out)]
+    try:
+        plan = read_plan(plan_path)
+        launch_checked(TrainConfig(plan=plan, model=plan.model, steps=steps, out_dir=str(out)))
+    except ParaplanError as exc:
+        return subprocess.CompletedProcess(argv, 2, "", f"paraplan: {exc}\n")
+    return subprocess.CompletedProcess(argv, 0, "", "")
+
+
+def _finished_steps(out: Path, steps: int, ranks: int) -> bool:
+    """Whether a run wrote everything a finished run writes: every step's loss and every rank's step
+    times and timeline (each written whole, by an atomic rename)."""
+    import json
+
+    try:
+        if len(json.loads((out / "losses.json").read_text())) != steps:
+            return False
+        for r in range(ranks):
+            if len(json.loads((out / f"steps_rank{r}.json").read_text())) != steps:
+                return False
+            json.loads((out / f"timeline_rank{r}.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+    return True
+
+
+def _train(plan, steps: int, tmp: Path, name: str, notice: Callable[[str], None] = _notice) -> Path:
+    """One real `paraplan train` run of `plan`; its output directory. A run that died after
+    finishing its steps (a rank that aborted at exit, e.g. code -6 while gloo tears down) is run once
+    more rather than ending the calibration, and the console says so."""
+    import re
+
+    from paraplan.plans.plan_file import write_plan
+
+    write_plan(plan, tmp / f"{name}.json")
+    out = tmp / name
+
+    def attempt() -> tuple[int, str]:
+        shutil.rmtree(out, ignore_errors=True)  # a retry starts from an empty directory
+        res = _run_train(tmp / f"{name}.json", steps, out)
+        return res.returncode, (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+
+    code, last = attempt()
+    if code != 0 and _finished_steps(out, steps, len(plan.devices)):
+        died = re.search(r"exited with code (-?\d+)", last)
+        notice(f"run {name} died at exit (code {died.group(1) if died else code}) after finishing its steps; "
+               "retrying once")
+        code, last = attempt()
+    if code != 0:
+        raise ParaplanError(f"calibrate: the run of {name} failed: {last}")
+    return out
+
+
+def measure_optimizer(cores: int, progress: Callable[[str], None]) -> dict:
+    """Adam's step plus zeroing the gradients (what `paraplan train` does after the schedule), on
+    one thread while the other cores are busy: seconds per byte of model states (parameters,
+    gradients and Adam's two moments: 16 bytes per fp32 parameter), the slope between 1M and 4M
+    parameters (the intercept, per-call overhead, is in step_s)."""
+    import torch
+
+    progress("runtime: timing the optimizer step")
+    torch.set_num_threads(1)
+    medians = {}
+    with CoresLoaded(cores - 1):
+        for n in (1_000_000, 4_000_000):
+            params = [torch.nn.Parameter(torch.randn(n // 4)) for _ in range(4)]
+            for p in params:
+                p.grad = torch.randn_like(p)
+            opt = torch.optim.Adam(params, lr=1e-3)
+            times = []
+            for r in range(12):
+                t0 = time.perf_counter()
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+                if r >= 2:
+                    times.append(time.perf_counter() - t0)
+            medians[n] = statistics.median(times)
+    per_byte = max(0.0, (medians[4_000_000] - medians[1_000_000]) / (3_000_000 * 16))
+    return {"per_byte_s": per_byte, "median_s": {str(n): t for n, t in medians.items()}}
+
+
+def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]):
+    """`runs` real `paraplan train` runs of the overhead plan; each run's overheads read off its
+    timeline (steps after the first two)."""
+    from paraplan.plans.plan import LayerRange, Plan, Stage
+    from paraplan.runtime.measure.compare import measured_overheads
+
+    cfg = OVERHEAD_PLAN
+    bounds = [0, *cfg["cuts"], 6]
+    plan = Plan(model=cfg["model"], cluster="local", n_layers=6, global_batch=cfg["batch"], n_micro=cfg["n_micro"],
+                schedule="1f1b", grad_sync="none",
+                stages=tuple(Stage(LayerRange(a, b), (i,)) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:],
+                                                                                          strict=True))))
+    from paraplan.runtime.measure.compare import step_times
+
+    measured, step_medians = [], []
+    with tempfile.TemporaryDirectory(prefix="paraplan-calibrate-") as tmp:
+        for r in range(runs):
+            progress(f"runtime: overhead run {r + 1} of {runs} ({steps} steps of a 2-stage 1F1B plan)")
+            out = _train(plan, steps, Path(tmp), f"run{r}")
+            measured.append(measured_overheads(out))
+            step_medians.append(statistics.median(step_times(out)[2:]))
+            shutil.rmtree(out, ignore_errors=True)
+    return measured, plan, statistics.median(step_medians)
+
+
+def effective_latency(plan, spec, profile, cluster, measured_s: float, floor_s: float) -> float:
+    """The link latency at which the simulator reproduces the overhead plan's measured step, with
+    everything else calibrated: a gloo message inside a running pipeline costs more than an idle
+    or loaded ping-pong shows (the receiving core is busy, torch's pipelining posts and waits per
+    micro-batch), and the pipeline's per-micro-batch transfers carry that cost. Never below the
+    ping-pong's `floor_s`, never above `CAP_LATENCY_S`: the fit puts every millisecond the
+    simulator does not explain on the messages, so a machine that slowed down between the compute
+    measurement and the runs (this shared VM drifts by a third within minutes) would otherwise
+    turn into a latency of several ms (seen once: 5.7 ms). Bisection (the simulated step grows
+    with the latency)."""
+    from dataclasses import replace as dc_replace
+
+    from paraplan.costs.model import profile_cost_model
+    from paraplan.hardware.cluster import LinkSpec, NodeSpec
+    from paraplan.simulator.predict import simulate_plan
+
+    def predicted(alpha: float) -> float:
+        link = LinkSpec(cluster.nodes[0].intra_link.bandwidth_bytes_per_s, alpha)
+        c = dc_replace(cluster, nodes=tuple(NodeSpec(n.name, n.devices, link, link) for n in cluster.nodes))
+        return simulate_plan(plan, profile_cost_model(spec, c, profile)).prediction.iteration_s
+
+    lo, hi = floor_s, max(floor_s, CAP_LATENCY_S)
+    if predicted(lo) >= measured_s:
+        return lo
+    if predicted(hi) < measured_s:
+        return hi
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if predicted(mid) < measured_s else (lo, mid)
+    return (lo + hi) / 2
+
+
+def measure_strategy_costs(spec, profile, cluster, runs: int, steps: int, progress: Callable[[str], None]) -> dict:
+    """The TP (DTensor) and SDP (FSDP2) machinery's own cost per layer and pass: gpt2-tiny as one
+    stage of TP2 (and of SDP2) on every layer, run for real; the part of the measured step the
+    simulator (with everything else calibrated) does not explain, spread over layers x 2 passes."""
+    from dataclasses import replace as dc_replace
+
+    from paraplan.costs.model import profile_cost_model
+    from paraplan.plans.axes import SHARDED_DATA, TENSOR
+    from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
+    from paraplan.runtime.measure.compare import step_times
+    from paraplan.simulator.predict import simulate_plan
+
+    n = spec.n_layers
+    out = {}
+    for axis, strategy in ((TENSOR, LayerStrategy(tp=2)), (SHARDED_DATA, LayerStrategy(sdp=2))):
+        kind = axis.name  # the evidence's key, as the calibration file has it
+        plan = Plan(model=spec.ref or spec.name, cluster="local", n_layers=n, global_batch=OVERHEAD_PLAN["batch"],
+                    n_micro=1, schedule="gpipe", grad_sync="none",
+                    stages=(Stage(LayerRange(0, n), (0, 1), strategies=(strategy,) * n),))
+        predicted = simulate_plan(plan, profile_cost_model(spec, cluster, profile)).prediction.iteration_s
+        measured = []
+        with tempfile.TemporaryDirectory(prefix="paraplan-calibrate-") as tmp:
+            for r in range(runs):
+                progress(f"runtime: {axis.label}2 run {r + 1} of {runs} (the cost of its machinery per layer)")
+                times = step_times(_train(plan, steps, Path(tmp), f"{kind}{r}"))[2:]
+                measured.append(statistics.median(times))
+        excess = max(0.0, statistics.median(measured) - predicted)
+        # TP: DTensor's cost follows the operators it dispatches (per kernel of both passes);
+        # SDP: FSDP2's follows its units (one per layer and pass)
+        per = sum(max(1, lay.forward_ops) + max(1, lay.backward_ops) for lay in spec.layers) if axis is TENSOR else 2 * n
+        out[kind] = {"measured_s": measured, "predicted_without_s": predicted, "per_unit_s": excess / per,
+                     "unit": "kernel of a pass" if axis is TENSOR else "layer pass"}
+    cluster = dc_replace(cluster, overheads=dc_replace(cluster.overheads, tp_kernel_s=out[TENSOR.name]["per_unit_s"],
+                                                      sdp_layer_s=out[SHARDED_DATA.name]["per_unit_s"]))
+    return {"cluster": cluster, "evidence": out}

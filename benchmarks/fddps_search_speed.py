@@ -38,8 +38,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from paraplan.planners.fddps.baselines import schedule_fastt, schedule_heft, schedule_mpdps  # noqa: E402
+from paraplan.planners.fddps.critical_path import critical_path_times  # noqa: E402
 from paraplan.planners.fddps.dps import schedule_fddps  # noqa: E402
-from paraplan.planners.fddps.list_scheduling import critical_path_times  # noqa: E402
 from paraplan.planners.fddps.problem import DagProblem, replay  # noqa: E402
 
 OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out"))

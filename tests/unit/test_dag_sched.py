@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from paraplan.planners.fddps.baselines import merge_nodes, schedule_fastt, schedule_heft, schedule_mpdps
+from paraplan.planners.fddps.critical_path import critical_path_times
 from paraplan.planners.fddps.dps import schedule_fddps
-from paraplan.planners.fddps.list_scheduling import critical_path_times
 from paraplan.planners.fddps.problem import DagProblem, DagProblemError, device_peaks, peak_memory, replay
 
 

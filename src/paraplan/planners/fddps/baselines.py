@@ -3,7 +3,7 @@ on the same `DagProblem`, memory ledger and timing (`replay`) as FD-DPS.
 
 FastT-like (Yi et al., Middleware 2020), as FD-DPS §2.2/§5.1 describe it: "static operator priority
 according to the critical path". One EST/LST pass with mean costs, computed up front and never
-updated (list_scheduling.critical_path_times with nothing placed); schedulable nodes go in order of least
+updated (critical_path.critical_path_times with nothing placed); schedulable nodes go in order of least
 static slack LST - EST (ties: the longer remaining path, then index), each to the device giving its
 earliest finish time with idle-slot insertion. FastT's own device rule is not spelled out in the
 FD-DPS paper; earliest finish is the DCP/HEFT family's rule and what FastT's EST/LST machinery
@@ -39,15 +39,8 @@ import time
 
 import numpy as np
 
-from paraplan.planners.fddps.list_scheduling import (
-    INF,
-    ScheduleBuilder,
-    bottom_levels,
-    check_links,
-    critical_path_times,
-    mean_costs,
-    quantize,
-)
+from paraplan.planners.fddps.critical_path import bottom_levels, critical_path_times, mean_costs, quantize
+from paraplan.planners.fddps.list_scheduling import INF, ScheduleBuilder, check_links
 from paraplan.planners.fddps.problem import DagProblem, DagSchedule
 
 

@@ -12,7 +12,7 @@ Algorithm 3's loop, as implemented:
   update the edge weights, EST and LST (line 27) and repeat.
 
 Definitions, as the DCP literature (Kwok & Ahmad 1996, which FastT and FD-DPS follow) uses them:
-  ET / w of unscheduled nodes and edges: their means (list_scheduling.py's module doc).
+  ET / w of unscheduled nodes and edges: their means (critical_path.py's module doc).
   EST(o_i), eq. (6): the longest path to o_i over the graph plus the sequence edges of the placed
     nodes; for a placed node it is its start time.
   LST(o_i), eq. (7): DCPL - blevel(o_i), blevel = the longest path from o_i's start to the end.
@@ -47,7 +47,7 @@ Choices where the paper is ambiguous (each a deviation to keep in mind when comp
     EST + blevel (least slack), ties in queue order, which differs only among nodes whose slack is
     within the tolerance of 0.
   * Memory (eq. (4)'s M_v < C): a device is a candidate only if the node fits its memory ledger
-    (list_scheduling.MemoryLedger, an upper bound of the finished schedule's peak). If no device has room
+    (device_state.MemoryLedger, an upper bound of the finished schedule's peak). If no device has room
     the schedule is marked infeasible, naming the node and its bytes, and the node goes to the
     device that comes closest, so the result is still a complete, replayable schedule.
 
@@ -71,7 +71,7 @@ into the children sorted once by w + blevel). The priority key EST + blevel of a
 fixed once it is schedulable, so Node_Queue is a heap. The LSTs of placed nodes (the ancestors
 the paper's update would walk) are not kept: no rule reads them once placed nodes are pinned (rule
 (4) reads the slack a node had when it was placed). Per placement: O(in-degree x d + deg log n) plus
-the slot search (idle gaps after EST(o_i, v_k), usually few). `debug_check=True` runs the full pass (list_scheduling.critical_path_times) after every
+the slot search (idle gaps after EST(o_i, v_k), usually few). `debug_check=True` runs the full pass (critical_path.critical_path_times) after every
 placement and compares.
 """
 
@@ -80,16 +80,14 @@ from __future__ import annotations
 import heapq
 import time
 
-from paraplan.planners.fddps.list_scheduling import (
-    INF,
-    ScheduleBuilder,
+from paraplan.planners.fddps.critical_path import (
     bottom_levels,
-    check_links,
     critical_path_times,
     mean_costs,
     quantize,
     tolerance,
 )
+from paraplan.planners.fddps.list_scheduling import INF, ScheduleBuilder, check_links
 from paraplan.planners.fddps.problem import DagProblem, DagSchedule
 
 FALLBACKS = ("lowest_priority", "earliest_finish")

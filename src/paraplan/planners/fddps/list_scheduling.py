@@ -1,16 +1,8 @@
-"""Machinery shared by the DAG schedulers (FD-DPS and its baselines): mean costs, static levels, the
-full EST/LST pass of eqs. (6)-(10), device timelines with idle-slot insertion, a memory ledger and a
-builder that commits placements with exactly `replay`'s arithmetic.
-
-Unscheduled nodes (the DCP literature's convention, which FD-DPS inherits through FastT):
-  ET of an unscheduled node     = its mean over the devices (HEFT's and DCP's choice; the minimum
-                                  would make every estimate optimistic and the slack meaningless on
-                                  heterogeneous devices)
-  w of an edge with an unscheduled end = the mean of w(k, l) over ordered device pairs k != l, i.e.
-                                  mean(alpha) + bytes * mean(1 / beta): Definition 4 is linear in the
-                                  bytes, so this is the exact mean transfer. One device: 0.
-Scheduled nodes use their own ET and the real link; consecutive nodes on one device are joined by a
-zero-weight sequence edge, so with everything placed EST = `replay`'s start and DCPL = makespan.
+"""Machinery shared by the DAG schedulers (FD-DPS and its baselines): a builder that commits
+placements with exactly `replay`'s arithmetic (`ScheduleBuilder`), on the devices' timelines and
+memory ledger (planners/fddps/device_state.py) and, with links="ports", their send and receive ports
+(planners/fddps/ports.py). The critical-path numbers (mean costs, static levels, the full EST/LST
+pass of eqs. (6)-(10)) are planners/fddps/critical_path.py.
 
 Link contention (links="ports", ours, beyond the FD-DPS paper): the transfers of a partial schedule
 booked on every device's send and receive port, planners/fddps/ports.py (`PortLedger`; its module doc has
@@ -20,19 +12,10 @@ the port model, the booking rule and why).
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right, insort
-from dataclasses import dataclass
 
-import numpy as np
-
+from paraplan.planners.fddps.device_state import DeviceTimeline, MemoryLedger
 from paraplan.planners.fddps.ports import PortLedger
-from paraplan.planners.fddps.problem import (
-    DagProblem,
-    DagProblemError,
-    DagSchedule,
-    format_bytes,
-    make_schedule,
-)
+from paraplan.planners.fddps.problem import DagProblem, DagSchedule, format_bytes, make_schedule
 
 INF = math.inf
 LINKS = ("free", "ports")  # the paper's contention-free links | one send and one receive port per device (ours)
@@ -41,245 +24,6 @@ LINKS = ("free", "ports")  # the paper's contention-free links | one send and on
 def check_links(links: str) -> None:
     if links not in LINKS:
         raise ValueError(f"links must be one of {LINKS}, got {links!r}")
-
-
-def tolerance(scale: float) -> float:
-    """EST = LST 'within a tolerance' (eq. (8)): relative to the schedule length, floats drift."""
-    return 1e-9 * abs(scale) + 1e-15
-
-
-def quantize(value: float, scale: float) -> int:
-    """A priority with float noise removed (ties within `tolerance(scale)` compare equal, so the
-    explicit tie-breaks decide, e.g. HEFT's two rank-80 nodes of its published example)."""
-    return round(value / tolerance(scale))
-
-
-@dataclass(frozen=True, eq=False)
-class MeanCosts:
-    et_mean: list[float]  # ET of an unscheduled node
-    mean_alpha: float
-    mean_inv_beta: float
-
-    def transfer(self, nbytes: float) -> float:
-        """w of an edge with an unscheduled end."""
-        return self.mean_alpha + nbytes * self.mean_inv_beta
-
-
-def mean_costs(problem: DagProblem) -> MeanCosts:
-    d = problem.n_devices
-    et_mean = problem.exec_s.mean(axis=1).tolist()
-    if d == 1:
-        return MeanCosts(et_mean, 0.0, 0.0)
-    off = ~np.eye(d, dtype=bool)
-    inv_beta = 1.0 / problem.link_bytes_per_s[off]
-    return MeanCosts(et_mean, float(problem.link_alpha_s[off].mean()), float(inv_beta.mean()))
-
-
-def bottom_levels(problem: DagProblem, mean: MeanCosts) -> tuple[list[float], list[float]]:
-    """Static upward levels with mean costs: blevel(i) = ET(i) + tail(i), tail(i) = max over children
-    of w(e) + blevel(c) (0 for an exit). HEFT's rank_u; DCPL - blevel is the LST of eq. (7) of any
-    node whose descendants are all unscheduled."""
-    children = problem.lists.children
-    et_mean = mean.et_mean
-    ma, mib = mean.mean_alpha, mean.mean_inv_beta
-    n = problem.n_nodes
-    blevel, tail = [0.0] * n, [0.0] * n
-    for i in range(n - 1, -1, -1):  # reverse topological: every child has a larger index
-        best = 0.0
-        for c, nb in children[i]:
-            v = (ma + nb * mib) + blevel[c]
-            if v > best:
-                best = v
-        tail[i] = best
-        blevel[i] = et_mean[i] + best
-    return blevel, tail
-
-
-@dataclass(frozen=True, eq=False)
-class CriticalPathTimes:
-    est: np.ndarray  # EST(o_i), eq. (6)
-    lst: np.ndarray  # LST(o_i), eq. (7) in its standard form (see dps.py)
-    dcpl: float  # eq. (10)
-    critical: np.ndarray  # eq. (8)
-    path: tuple[int, ...]  # one dynamic critical path, entry to exit
-
-
-def critical_path_times(problem: DagProblem, device=None, order=None) -> CriticalPathTimes:
-    """The full O(n + e) pass over the graph plus the device sequence edges of a partial schedule:
-    device[i] = -1 marks o_i unscheduled, order[k] lists device k's scheduled nodes in run order.
-    The schedulers keep these numbers incrementally; this is the reference they are tested against
-    (and FastT's one static pass, with nothing scheduled)."""
-    n = problem.n_nodes
-    lists, mean = problem.lists, mean_costs(problem)
-    dev = [-1] * n if device is None else [int(x) for x in np.asarray(device).tolist()]
-    nxt, has_prev = [-1] * n, [False] * n
-    for seq in order or ():
-        for a, b in zip(seq, seq[1:], strict=False):
-            nxt[a], has_prev[b] = b, True
-    et = [lists.et[i][dev[i]] if dev[i] >= 0 else mean.et_mean[i] for i in range(n)]
-
-    def weight(a: int, b: int, nb: float) -> float:
-        ka, kb = dev[a], dev[b]
-        if ka < 0 or kb < 0:
-            return mean.transfer(nb)
-        return 0.0 if ka == kb else lists.alpha[ka][kb] + nb / lists.beta[ka][kb]
-
-    succ = [[(c, weight(i, c, nb)) for c, nb in lists.children[i]] + ([(nxt[i], 0.0)] if nxt[i] >= 0 else [])
-            for i in range(n)]
-    waiting = [len(lists.parents[i]) + has_prev[i] for i in range(n)]
-    queue = [i for i in range(n) if waiting[i] == 0]
-    topo = []
-    est = [0.0] * n
-    while queue:
-        i = queue.pop()
-        topo.append(i)
-        fin = est[i] + et[i]
-        for c, w in succ[i]:
-            arrive = fin + w if w else fin
-            if arrive > est[c]:
-                est[c] = arrive
-            waiting[c] -= 1
-            if waiting[c] == 0:
-                queue.append(c)
-    if len(topo) < n:
-        raise DagProblemError("order: the device orders deadlock with the edges")
-    dcpl = max(est[i] + et[i] for i in range(n))
-    lst = [0.0] * n
-    for i in reversed(topo):
-        latest = dcpl
-        for c, w in succ[i]:
-            v = lst[c] - w
-            if v < latest:
-                latest = v
-        lst[i] = latest - et[i]
-    tol = tolerance(dcpl)
-    critical = [abs(lst[i] - est[i]) <= tol for i in range(n)]
-    path = _trace_path(est, et, succ, critical, tol)
-    return CriticalPathTimes(np.array(est), np.array(lst), dcpl, np.array(critical), path)
-
-
-def _trace_path(est, et, succ, critical, tol) -> tuple[int, ...]:
-    """Section 4.2's last step: follow critical nodes whose finish + w is exactly a critical
-    successor's EST, from a critical entry node (EST = 0)."""
-    starts = [i for i in range(len(est)) if critical[i] and est[i] <= tol]
-    if not starts:
-        return ()
-    path = [starts[0]]
-    while True:
-        i = path[-1]
-        step = next((c for c, w in succ[i] if critical[c] and abs(est[i] + et[i] + w - est[c]) <= tol), None)
-        if step is None:
-            return tuple(path)
-        path.append(step)
-
-
-class DeviceTimeline:
-    """One device's run order with start/finish times and its idle gaps (for insertion). Nodes are
-    never moved once placed, so gaps only shrink or split; gaps shorter than `min_gap` (no node
-    with work fits) are not kept."""
-
-    def __init__(self, min_gap: float):
-        self.nodes: list[int] = []
-        self.starts: list[float] = []
-        self.finishes: list[float] = []
-        self.gap_lo: list[float] = []
-        self.gap_hi: list[float] = []
-        self.min_gap = min_gap
-
-    @property
-    def free_at(self) -> float:
-        return self.finishes[-1] if self.nodes else 0.0
-
-    def earliest_slot(self, est: float, dur: float) -> tuple[float, int]:
-        """The earliest start >= est with room for `dur`: (start, gap index) or (start, -1) at the end."""
-        lo, hi = self.gap_lo, self.gap_hi
-        for g in range(bisect_right(hi, est), len(hi)):
-            s = lo[g] if lo[g] > est else est
-            if s + dur <= hi[g]:
-                return s, g
-        free = self.free_at
-        return (free if free > est else est), -1
-
-    def place(self, node: int, start: float, finish: float, gap: int) -> None:
-        if gap < 0:
-            free = self.free_at
-            if start - free >= self.min_gap and start > free:
-                self.gap_lo.append(free)
-                self.gap_hi.append(start)
-            self.nodes.append(node)
-            self.starts.append(start)
-            self.finishes.append(finish)
-            return
-        lo, hi = self.gap_lo[gap], self.gap_hi[gap]
-        at = bisect_left(self.starts, hi)  # before the node that ends the gap
-        self.nodes.insert(at, node)
-        self.starts.insert(at, start)
-        self.finishes.insert(at, finish)
-        pieces = [(a, b) for a, b in ((lo, start), (finish, hi)) if b - a >= self.min_gap and b > a]
-        self.gap_lo[gap:gap + 1] = [a for a, _ in pieces]
-        self.gap_hi[gap:gap + 1] = [b for _, b in pieces]
-
-
-class MemoryLedger:
-    """Per-device memory of a partial schedule, an upper bound of the final peak (problem.py's
-    rule): an output whose consumers are not all placed is alive to +inf. Releases only lower the
-    usage, so a placement that fits here still fits in the finished schedule."""
-
-    def __init__(self, problem: DagProblem):
-        d = problem.n_devices
-        self.capacity = problem.capacity_bytes.tolist()
-        self.resident = [0.0] * d
-        self.alive_total = [0.0] * d  # alive at +inf
-        self.peak_bound = [0.0] * d  # >= max over time of the alive outputs
-        self.peak_exact = [True] * d
-        self.events: list[list[tuple[float, int, float]]] = [[] for _ in range(d)]  # (time, 0 birth | 1 death, delta)
-
-    def _suffix_max(self, k: int, t: float) -> float:
-        """max over tau >= t of the alive outputs on k."""
-        events = self.events[k]
-        pos = bisect_left(events, (t, 0))
-        tail = events[pos:]
-        value = self.alive_total[k] - sum(e[2] for e in tail)
-        best = value
-        for e in tail:
-            value += e[2]
-            if value > best:
-                best = value
-        return best
-
-    def _peak(self, k: int) -> float:
-        if not self.peak_exact[k]:
-            self.peak_bound[k] = max(0.0, self._suffix_max(k, -INF))
-            self.peak_exact[k] = True
-        return self.peak_bound[k]
-
-    def headroom(self, k: int, finish: float, resident: float, output: float) -> float:
-        """Bytes to spare on k after placing a node finishing at `finish` (< 0: it does not fit)."""
-        cap = self.capacity[k]
-        if cap == INF:
-            return INF
-        base = self.resident[k] + resident
-        bound = self.peak_bound[k]
-        quick = cap - (base + bound + output)
-        if quick >= 0:
-            return quick
-        later = self._suffix_max(k, finish) + output  # usually short: `finish` is near the device's end
-        if base + bound > cap:  # only the resident part needs the exact peak (a full scan)
-            bound = self._peak(k)
-        return cap - base - max(bound, later)
-
-    def place(self, k: int, finish: float, resident: float, output: float) -> None:
-        self.resident[k] += resident
-        if output > 0:
-            self.peak_bound[k] = max(self.peak_bound[k], self._suffix_max(k, finish) + output)
-            insort(self.events[k], (finish, 0, output))
-            self.alive_total[k] += output
-
-    def release(self, k: int, time: float, output: float) -> None:
-        if output > 0:
-            insort(self.events[k], (time, 1, -output))
-            self.alive_total[k] -= output
-            self.peak_exact[k] = False  # the bound stays an upper bound
 
 
 class ScheduleBuilder:
@@ -329,65 +73,9 @@ class ScheduleBuilder:
         return est
 
     def port_arrivals(self, i: int) -> list[float]:
-        """EST(o_i, v_k) with link contention: for every k, o_i's incoming transfers from other
-        devices booked tentatively in FIFO order (parent finish, edge index) where the simulator's
-        first-come-first-served ports would start them (or, for an inversion, in the earliest
-        interval both ports are free); a tensor already sent to v_k is not sent again. Kept for
-        `commit`."""
-        d, device, finish, ledger = self.d, self.device, self.finish, self.ports
-        alpha, beta, units = self.lists.alpha, self.lists.beta, ledger.units
-        incoming = sorted((finish[p], e, p, nb) for p, nb, e in ledger.in_edges[i])
-        # the send-port bounds are the same for every k: the transfers its port serves before and after
-        sent_before = [ledger.served_before(device[p], (fp, e)) for fp, e, p, _ in incoming]
-        sent_after = [ledger.served_after(device[p], (fp, e)) for fp, e, p, _ in incoming]
-        est = [0.0] * d
-        plans: list[list[tuple]] = [[] for _ in range(d)]
-        inverted = [0] * d
-        penalty = [0.0] * d  # per device: the seconds of its inverted transfers
-        for k in range(d):
-            recv = d + k
-            booked = plans[k]
-            tentative: dict[int, float] = {}  # port -> last tentative finish (all FIFO-earlier)
-            fresh: dict[tuple[int, int, float], float] = {}  # this node's own new transfers -> finish
-            best = 0.0
-            for (fp, e, p, nb), sent, later in zip(incoming, sent_before, sent_after, strict=True):
-                kp = device[p]
-                unit = (p, k, nb)
-                if kp == k:
-                    a = fp
-                elif unit in units:  # already on its way to v_k
-                    a = units[unit][2]
-                    booked.append((unit, e))
-                elif unit in fresh:
-                    a = fresh[unit]
-                    booked.append((unit, e))
-                else:
-                    w = alpha[kp][k] + nb / beta[kp][k]
-                    t = fp
-                    if sent > t:
-                        t = sent
-                    got = ledger.served_before(recv, (fp, e))
-                    if got > t:
-                        t = got
-                    for port in (kp, recv):
-                        if tentative.get(port, 0.0) > t:
-                            t = tentative[port]
-                    # t: where the simulator's first-come-first-served ports start it. Exact iff it
-                    # finishes before every booked transfer those ports serve after it starts.
-                    got = ledger.served_after(recv, (fp, e))
-                    if got < later:
-                        later = got
-                    if t + w > later:  # it would delay them: an inversion (see the module doc)
-                        inverted[k] += 1
-                        penalty[k] += w
-                        t = ledger.earliest(kp, recv, t, w)
-                    a = t + w
-                    tentative[kp] = tentative[recv] = fresh[unit] = a
-                    booked.append((unit, e, fp, kp, recv, t, a))
-                if a > best:
-                    best = a
-            est[k] = best
-        self._pending = (i, plans, inverted, penalty)
+        """EST(o_i, v_k) with link contention: o_i's incoming transfers booked tentatively on the
+        ports (PortLedger.tentative_arrivals), kept for `commit`."""
+        est, self._pending = self.ports.tentative_arrivals(i, self.lists, self.device, self.finish)
         return est
 
     def exact_devices(self, i: int, devices: list[int], finish: list[float]) -> list[int]:

@@ -137,6 +137,68 @@ class PortLedger:
             self._insert_key(port, new, start, finish)
         entry[0] = new
 
+    def tentative_arrivals(self, i: int, lists, device: list[int], finish: list[float]):
+        """EST(o_i, v_k) with link contention (list_scheduling.ScheduleBuilder.port_arrivals): for
+        every k, o_i's incoming transfers from other devices booked tentatively in FIFO order (parent
+        finish, edge index) where the simulator's first-come-first-served ports would start them (or,
+        for an inversion, in the earliest interval both ports are free); a tensor already sent to v_k
+        is not sent again. Returns the arrivals and, per device, the bookings, how many of them
+        invert FIFO and their seconds (for `commit`)."""
+        d = self.d
+        alpha, beta, units = lists.alpha, lists.beta, self.units
+        incoming = sorted((finish[p], e, p, nb) for p, nb, e in self.in_edges[i])
+        # the send-port bounds are the same for every k: the transfers its port serves before and after
+        sent_before = [self.served_before(device[p], (fp, e)) for fp, e, p, _ in incoming]
+        sent_after = [self.served_after(device[p], (fp, e)) for fp, e, p, _ in incoming]
+        est = [0.0] * d
+        plans: list[list[tuple]] = [[] for _ in range(d)]
+        inverted = [0] * d
+        penalty = [0.0] * d  # per device: the seconds of its inverted transfers
+        for k in range(d):
+            recv = d + k
+            booked = plans[k]
+            tentative: dict[int, float] = {}  # port -> last tentative finish (all FIFO-earlier)
+            fresh: dict[tuple[int, int, float], float] = {}  # this node's own new transfers -> finish
+            best = 0.0
+            for (fp, e, p, nb), sent, later in zip(incoming, sent_before, sent_after, strict=True):
+                kp = device[p]
+                unit = (p, k, nb)
+                if kp == k:
+                    a = fp
+                elif unit in units:  # already on its way to v_k
+                    a = units[unit][2]
+                    booked.append((unit, e))
+                elif unit in fresh:
+                    a = fresh[unit]
+                    booked.append((unit, e))
+                else:
+                    w = alpha[kp][k] + nb / beta[kp][k]
+                    t = fp
+                    if sent > t:
+                        t = sent
+                    got = self.served_before(recv, (fp, e))
+                    if got > t:
+                        t = got
+                    for port in (kp, recv):
+                        if tentative.get(port, 0.0) > t:
+                            t = tentative[port]
+                    # t: where the simulator's first-come-first-served ports start it. Exact iff it
+                    # finishes before every booked transfer those ports serve after it starts.
+                    got = self.served_after(recv, (fp, e))
+                    if got < later:
+                        later = got
+                    if t + w > later:  # it would delay them: an inversion (see the module doc)
+                        inverted[k] += 1
+                        penalty[k] += w
+                        t = self.earliest(kp, recv, t, w)
+                    a = t + w
+                    tentative[kp] = tentative[recv] = fresh[unit] = a
+                    booked.append((unit, e, fp, kp, recv, t, a))
+                if a > best:
+                    best = a
+            est[k] = best
+        return est, (i, plans, inverted, penalty)
+
     def _insert_key(self, port: int, key: tuple[float, int], start: float, finish: float) -> None:
         j = bisect_left(self.keys[port], key)
         self.keys[port].insert(j, key)

@@ -23,6 +23,8 @@ PURE = ["models/spec.py", "models/opspec.py", "costs/op_costs.py", "costs/op_mem
         "planners/fddps/problem.py", "planners/fddps/port_replay.py", "planners/fddps/ports.py",
         "planners/fddps/list_scheduling.py", "planners/fddps/dps.py", "planners/fddps/baselines.py",
         "planners/fddps/planner.py",
+        "planners/galvatron/arrays.py", "planners/galvatron/partitions.py", "planners/bipartition/prefix_dp.py",
+        "planners/fddps/critical_path.py", "planners/fddps/device_state.py",
         "simulator/engine.py", "plans/schedules.py",
         "simulator/pipeline.py", "simulator/plan_work.py", "simulator/predict.py", "simulator/dag.py",
         "engines/layout.py", "engines/torchtitan.py", "engines/megatron.py", "engines/deepspeed.py"]

@@ -114,7 +114,7 @@ def main() -> None:
 
 
 def _describe(plan) -> str:
-    from paraplan.planners.galvatron.describe import describe_strategies
+    from paraplan.report.describe import describe_strategies
 
     return "; ".join(describe_strategies(plan))
 

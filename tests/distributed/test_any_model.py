@@ -19,8 +19,8 @@ from paraplan.hardware import load_cluster
 from paraplan.models import measure, source
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
-from paraplan.runtime.rank.rank_base import TrainConfig
 from paraplan.runtime.measure.reference import reference_run
+from paraplan.runtime.rank.rank_base import TrainConfig
 from paraplan.simulator.predict import simulate_plan
 
 from .many import train_many

@@ -16,8 +16,8 @@ from conftest import run_cli_here
 from paraplan.errors import FieldError
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import write_plan
-from paraplan.runtime.state.checkpoints import MANIFEST, check_resume, remove_unlisted
 from paraplan.runtime.rank.rank_base import TrainConfig
+from paraplan.runtime.state.checkpoints import MANIFEST, check_resume, remove_unlisted
 from paraplan.system.fileio import TEMP_MARK
 
 from .faults import rank1_meets_a_full_disk_from_step2, stage_files_meet_a_full_disk_from_step2

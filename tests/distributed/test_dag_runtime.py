@@ -19,8 +19,8 @@ from paraplan.planners.request import PlanRequest
 from paraplan.plans.plan import OperatorPlacement
 from paraplan.runtime.dag.dag_graph import build_program
 from paraplan.runtime.dag.dag_runtime import dag_refusal
-from paraplan.runtime.rank.rank_base import TrainConfig
 from paraplan.runtime.measure.reference import reference_run
+from paraplan.runtime.rank.rank_base import TrainConfig
 
 from .many import train_many
 

@@ -14,9 +14,9 @@ from paraplan.errors import ParaplanError
 from paraplan.planners.registry import planner, planner_names
 from paraplan.plans.plan_file import read_plan
 from paraplan.runtime.launcher.launch import check_before_launch
+from paraplan.runtime.measure.reference import reference_run
 from paraplan.runtime.rank.materialize import build_layers
 from paraplan.runtime.rank.rank_base import TrainConfig
-from paraplan.runtime.measure.reference import reference_run
 
 from .many import train_many
 

@@ -18,8 +18,8 @@ from paraplan_process import run_paraplan
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan import LayerStrategy as S
 from paraplan.plans.plan_file import read_plan, write_plan
-from paraplan.runtime.rank.rank_base import TrainConfig
 from paraplan.runtime.measure.reference import reference_run
+from paraplan.runtime.rank.rank_base import TrainConfig
 
 from .many import train_many
 

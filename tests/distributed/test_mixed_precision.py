@@ -23,8 +23,8 @@ import torch
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan import LayerStrategy as S
-from paraplan.runtime.rank.rank_base import TrainConfig
 from paraplan.runtime.measure.reference import reference_run
+from paraplan.runtime.rank.rank_base import TrainConfig
 
 from .expected import initial_parameters, predicted_memory
 from .faults import one_gradient_sync_dropped

@@ -18,8 +18,8 @@ import pytest
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan import LayerStrategy as S
-from paraplan.runtime.rank.rank_base import TrainConfig
 from paraplan.runtime.measure.reference import reference_run
+from paraplan.runtime.rank.rank_base import TrainConfig
 
 from .expected import initial_parameters
 from .many import train_many

@@ -34,8 +34,8 @@ import torch
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan import LayerStrategy as S
-from paraplan.runtime.rank.rank_base import TrainConfig
 from paraplan.runtime.measure.reference import reference_run
+from paraplan.runtime.rank.rank_base import TrainConfig
 
 from .expected import initial_parameters, predicted_memory
 from .many import train_many
@@ -220,8 +220,8 @@ def test_layers_sequence_parallelism_cannot_run_are_refused_before_launch(tmp_pa
     """One line naming the layer, from the checks `paraplan train` runs before any rank starts."""
     from paraplan.errors import ParaplanError
     from paraplan.models import source
-    from paraplan.runtime.layers.hybrid import hybrid_refusal
     from paraplan.runtime.launcher.launch import check_before_launch
+    from paraplan.runtime.layers.hybrid import hybrid_refusal
     from paraplan.runtime.layers.tensor_parallel import tp_refusal
 
     gpt2 = source.build("gpt2-tiny").layers()

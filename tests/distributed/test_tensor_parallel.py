@@ -21,8 +21,8 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from paraplan.runtime.rank.materialize import build_layers
 from paraplan.runtime.layers.tensor_parallel import tp_refusal
+from paraplan.runtime.rank.materialize import build_layers
 from paraplan.system.localnet import free_port
 from paraplan.system.processes import start_method
 
@@ -50,8 +50,8 @@ def _step(built, layers, x, y):
 
 
 def _model_run(model: str, rank: int, mesh) -> dict:
-    from paraplan.runtime.rank.materialize import materialize
     from paraplan.runtime.layers.tensor_parallel import apply_tensor_parallel, full_gradients, full_parameters
+    from paraplan.runtime.rank.materialize import materialize
 
     def build():
         built, layers, names = build_layers(model, seed=0, dropout=False)

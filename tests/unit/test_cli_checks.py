@@ -16,8 +16,8 @@ from paraplan_process import run_paraplan
 
 from paraplan.errors import UnknownNameError
 from paraplan.plans.plan_file import read_plan
-from paraplan.runtime.state.checkpoints import check_resume, checkpoint_record, write_manifest
 from paraplan.runtime.rank.rank_base import TrainConfig
+from paraplan.runtime.state.checkpoints import check_resume, checkpoint_record, write_manifest
 from paraplan.system.fileio import make_dirs, output_problem, remove_if_empty
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -461,7 +461,7 @@ BAD_DOC = """\
 Plan it:
 
 ```console
-$ paraplan plan --model gpt2-tiny --cluster local --batch 8 --options context_parallel=2
+$ paraplan plan --model gpt2-tiny --cluster local --batch 8 --knobs context_parallel=2
 $ paraplan plan --model gpt2-tiny --cluster local --batch 8 --schedule sideways
 $ paraplan planx --model gpt2-tiny
 $ paraplan simulate plan.json --gantt g.png --memory 16GiB
@@ -487,8 +487,8 @@ def test_the_reader_finds_what_is_wrong(tmp_path, monkeypatch):
     commands, prose = read_docs()
     found = report(commands, command_problems) + report(prose, prose_problems)
     expected = [
-        "README.md:4: `paraplan plan --model gpt2-tiny --cluster local --batch 8 --options context_parallel=2`: "
-        "--options: not an option of paraplan plan",
+        "README.md:4: `paraplan plan --model gpt2-tiny --cluster local --batch 8 --knobs context_parallel=2`: "
+        "--knobs: not an option of paraplan plan",
         "README.md:5: ", "--schedule sideways: expected one of",
         "README.md:6: ", "no subcommand 'planx'",
         "README.md:7: ", "--memory: not an option of paraplan simulate",

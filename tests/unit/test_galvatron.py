@@ -21,7 +21,6 @@ from paraplan.errors import FieldError
 from paraplan.hardware import load_cluster
 from paraplan.hardware.cluster import Cluster, NodeSpec
 from paraplan.models import measure, zoo
-from paraplan.planners.galvatron.describe import describe_strategies
 from paraplan.planners.galvatron.dp import INF, backtrack, dp_table, search_stage
 from paraplan.planners.galvatron.searcher import Searcher
 from paraplan.planners.galvatron.space import VARIANTS, group_strategies, strategy_space
@@ -30,6 +29,7 @@ from paraplan.planners.request import PlanRequest
 from paraplan.plans.axes import SHARDED_DATA, TENSOR
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, PlanError, Stage, validate
 from paraplan.plans.plan_file import plan_from_json, plan_to_dict, plan_to_json
+from paraplan.report.describe import describe_strategies
 from paraplan.simulator.predict import simulate_plan
 
 GIB = 2**30

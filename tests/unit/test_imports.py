@@ -19,7 +19,7 @@ PURE = ["models/spec.py", "models/opspec.py", "costs/op_costs.py", "costs/op_mem
         "planners/bipartition/division.py", "planners/bipartition/dp.py", "planners/bipartition/dp_memory.py",
         "planners/bipartition/algorithm2.py", "planners/bipartition/recompute.py", "planners/bipartition/planner.py",
         "planners/galvatron/space.py", "planners/galvatron/dp.py", "planners/galvatron/searcher.py",
-        "planners/galvatron/batch.py", "planners/galvatron/describe.py", "planners/galvatron/planner.py",
+        "planners/galvatron/batch.py", "planners/galvatron/planner.py",
         "planners/fddps/problem.py", "planners/fddps/port_replay.py", "planners/fddps/ports.py",
         "planners/fddps/list_scheduling.py", "planners/fddps/dps.py", "planners/fddps/baselines.py",
         "planners/fddps/planner.py",

@@ -10,7 +10,13 @@ import pytest
 from conftest import run_cli_here
 
 from paraplan.errors import FieldError
-from paraplan.runtime.launcher.launch_script import launch_text, make_launch, node_argv, node_commands, sbatch_script
+from paraplan.runtime.launcher.launch_script import (
+    launch_text,
+    make_launch,
+    node_argv,
+    node_commands,
+    sbatch_script,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN_2 = ROOT / "examples" / "gpt2-tiny-local-1f1b-2x4.json"  # 2 devices

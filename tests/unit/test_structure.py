@@ -12,7 +12,17 @@ import networkx as nx
 import paraplan
 
 SRC = pathlib.Path(paraplan.__file__).parent
-METHODS = ("csimd", "gropipe", "bipartition", "galvatron", "fddps", "baselines")
+
+
+def _registered_methods() -> tuple[str, ...]:
+    """The method folders, planners/<method>/: those of the modules that register planners
+    (planners/registry.py: PLANNER_MODULES)."""
+    from paraplan.planners.registry import PLANNER_MODULES
+
+    return tuple(dict.fromkeys(m.split(".")[2] for m in PLANNER_MODULES if m.count(".") >= 3))
+
+
+METHODS = _registered_methods()
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -96,6 +106,7 @@ def _method(module: str) -> str | None:
 
 
 def test_every_method_has_its_folder():
+    assert {p.parent.name for p in (SRC / "planners").glob("*/__init__.py")} == set(METHODS) != set()
     for method in METHODS:
         assert (SRC / "planners" / method / "__init__.py").exists(), method
 

@@ -38,9 +38,9 @@ import torch
 import torch.distributed as dist
 
 from paraplan.plans.worker_roles import WorkerRole, worker_roles
-from paraplan.runtime.materialize import StageModule, materialize
-from paraplan.runtime.memory_meter import note_checkpoint_input
-from paraplan.runtime.rank_base import RankSetup, TrainConfig
+from paraplan.runtime.measure.memory_meter import note_checkpoint_input
+from paraplan.runtime.rank.materialize import StageModule, materialize
+from paraplan.runtime.rank.rank_base import RankSetup, TrainConfig
 
 # message tags: kind * TAG_STRIDE + micro-batch
 FORWARD_TAG, GRAD_TAG, SIDE_TAG, WEIGHT_TAG = 1, 2, 3, 4
@@ -314,7 +314,7 @@ def bipartition_setup(config: TrainConfig, rank: int, device, built, layers, nam
 
 def _random(layer) -> bool:
     """Whether a layer draws random numbers in training (dropout as a module, or as a float
-    probability applied functionally, which runtime/materialize.without_dropout also zeroes)."""
+    probability applied functionally, which runtime/rank/materialize.without_dropout also zeroes)."""
     for m in layer.modules():
         if isinstance(m, torch.nn.Dropout) and m.p > 0:
             return True

@@ -1,5 +1,5 @@
 """An FD-DPS operator placement ('dag' plan) made executable: which aten call each operator name
-is, what every rank runs, and which tensors cross between ranks (runtime/dag_runtime.py runs it).
+is, what every rank runs, and which tensors cross between ranks (runtime/dag/dag_runtime.py runs it).
 
 The forward is the one models/op_trace.py traces, recorded once more on meta at the plan's batch
 (`op_trace.forward_program`: same node names): every aten call with the meta tensors it read and

@@ -1,6 +1,6 @@
 """Run an FD-DPS operator placement ('dag' plan) on N gloo processes, one per device of the plan.
 
-Mechanism (runtime/dag_graph.py builds the static part):
+Mechanism (runtime/dag/dag_graph.py builds the static part):
   - Forward: every rank walks its own operators in the plan's order and runs their aten calls on
     real tensors under autograd (the calls op_trace recorded on meta, so the names are the plan's).
     A read of a storage version written on another rank is a blocking `recv` of the whole storage
@@ -34,10 +34,10 @@ Mechanism (runtime/dag_graph.py builds the static part):
   - Dropout off (TrainConfig.dropout=False): the plan's graph was traced with dropout (its names
     include the mask ops), so the mask's bernoulli_(q) runs as fill_(q); the next div_(q) makes
     the mask exactly 1 (q / q), the multiply exactly the identity.
-Outputs as the stage loop's (runtime/stage_loop.py): losses.json (rank 0), steps_rank{r}.json,
+Outputs as the stage loop's (runtime/pipeline/stage_loop.py): losses.json (rank 0), steps_rank{r}.json,
 memory_dag_rank{r}.json (the last step: what autograd saved during this rank's forward, and its
 parameters, gradients and optimizer state, every rank counting the whole model's copies it uses)
-and stage{r}.pt (the parameters it owns). Not written: the timeline (runtime/timeline.py's Recorder wraps pipeline stages).
+and stage{r}.pt (the parameters it owns). Not written: the timeline (runtime/measure/timeline.py's Recorder wraps pipeline stages).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ import torch.distributed as dist
 
 from paraplan.errors import ParaplanError
 from paraplan.models.op_record import BATCH_OPERAND
-from paraplan.runtime.dag_graph import (
+from paraplan.runtime.dag.dag_graph import (
     EXTERNAL,
     Analysis,
     DagRefusal,
@@ -65,10 +65,10 @@ from paraplan.runtime.dag_graph import (
     rebuild,
     substitute,
 )
-from paraplan.runtime.data import batch_source
-from paraplan.runtime.materialize import build_layers, materialize
-from paraplan.runtime.memory_meter import MemoryMeter, state_bytes
-from paraplan.runtime.rank_base import TrainConfig, make_optimizer
+from paraplan.runtime.measure.memory_meter import MemoryMeter, state_bytes
+from paraplan.runtime.rank.data import batch_source
+from paraplan.runtime.rank.materialize import build_layers, materialize
+from paraplan.runtime.rank.rank_base import TrainConfig, make_optimizer
 
 
 @functools.lru_cache(maxsize=8)

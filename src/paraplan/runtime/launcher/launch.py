@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from paraplan.runtime.rank_base import TrainConfig
+from paraplan.runtime.rank.rank_base import TrainConfig
 from paraplan.system.localnet import free_port
 from paraplan.system.processes import WARM_MODULES, start_method
 
@@ -21,7 +21,7 @@ def spawn(config: TrainConfig, world: int) -> None:
     """One process per device of the plan, gloo on 127.0.0.1. Whatever ends the launch (a rank
     that dies or fails, Ctrl-C, SIGTERM), every rank is stopped before the launcher returns, and a
     rank's failure becomes one clear line: `rank R failed: Type: message` from what the rank itself
-    recorded (runtime/teardown.py), the earliest failure when several ranks failed. The ranks also
+    recorded (runtime/launcher/teardown.py), the earliest failure when several ranks failed. The ranks also
     die with the launcher if it is killed outright (die_with_parent, die_with_launcher)."""
     import logging
     import tempfile
@@ -118,7 +118,7 @@ def worker_main(rank: int, world: int, port: int, config: TrainConfig, error_dir
                 environ: dict[str, str] | None = None, launcher_pid: int | None = None) -> None:
     """One started rank. A failure's type and message go to `error_dir` for the launcher (torch hands
     it only the traceback); the teardown releases DTensors, meshes and groups in order
-    (runtime/teardown.py). `environ`: the launcher's environment, which a rank forked from the
+    (runtime/launcher/teardown.py). `environ`: the launcher's environment, which a rank forked from the
     forkserver would otherwise not see."""
     import datetime
 
@@ -129,9 +129,9 @@ def worker_main(rank: int, world: int, port: int, config: TrainConfig, error_dir
     import torch
     import torch.distributed as dist
 
-    from paraplan.runtime.dispatch import train_rank
-    from paraplan.runtime.rank_base import backend
-    from paraplan.runtime.teardown import end_rank, record_failure
+    from paraplan.runtime.launcher.dispatch import train_rank
+    from paraplan.runtime.launcher.teardown import end_rank, record_failure
+    from paraplan.runtime.rank.rank_base import backend
 
     die_with_parent()
     if launcher_pid is not None:
@@ -157,7 +157,7 @@ def worker_main(rank: int, world: int, port: int, config: TrainConfig, error_dir
 def rank_failure(error_dir, error_index: int, traceback_text: str) -> str:
     """The line for a launch a rank's exception ended: the earliest failure the ranks recorded, or,
     if none did (it failed before it could), the exception read off torch's traceback text."""
-    from paraplan.runtime.teardown import from_traceback, recorded_failures
+    from paraplan.runtime.launcher.teardown import from_traceback, recorded_failures
 
     recorded = recorded_failures(error_dir)
     if recorded:
@@ -207,9 +207,9 @@ def run_under_torchrun(config: TrainConfig) -> dict:
     import torch
     import torch.distributed as dist
 
-    from paraplan.runtime.dispatch import train_rank
-    from paraplan.runtime.rank_base import backend
-    from paraplan.runtime.teardown import end_rank
+    from paraplan.runtime.launcher.dispatch import train_rank
+    from paraplan.runtime.launcher.teardown import end_rank
+    from paraplan.runtime.rank.rank_base import backend
 
     if _loopback(os.environ.get("MASTER_ADDR", "")):
         # every rank on this host: gloo on the loopback interface (../shared/notes/runtime-on-cpu.md);
@@ -237,7 +237,7 @@ def check_before_launch(config: TrainConfig, world: int, n_layers: int, layers=N
 
     plan = config.plan
     if plan.schedule == "dag":  # an operator placement (FD-DPS)
-        from paraplan.runtime.dag_runtime import dag_refusal
+        from paraplan.runtime.dag.dag_runtime import dag_refusal
 
         used = sorted(plan.devices)
         if used != list(range(world)):
@@ -272,17 +272,17 @@ def check_before_launch(config: TrainConfig, world: int, n_layers: int, layers=N
     if len(counts) != 1:
         raise ParaplanError("the runtime runs plans whose stages all have the same number of devices")
     if any(s.strategies for s in plan.stages):
-        from paraplan.runtime.hybrid import hybrid_refusal
+        from paraplan.runtime.layers.hybrid import hybrid_refusal
 
         if config.checkpoint_dir and any(st.zero for s in plan.stages for st in s.strategies):
-            # ZeRO-1/2's optimizer steps flat views of each replica's chunk (runtime/zero.py), not the
+            # ZeRO-1/2's optimizer steps flat views of each replica's chunk (runtime/layers/zero.py), not the
             # parameters: its state has no layout-independent names yet
             raise FieldError("checkpoint_dir", "checkpoints of plans with ZeRO-1/2 layers are not written yet")
         reason = hybrid_refusal(plan, layers) if layers is not None else None
         if reason:
             raise ParaplanError(f"this plan cannot run: {reason}")
     if any(s.backward_layers is not None for s in plan.stages):
-        from paraplan.runtime.bipartition_rank import bipartition_refusal
+        from paraplan.runtime.bipartition.bipartition_rank import bipartition_refusal
 
         if config.checkpoint_dir:
             raise FieldError("checkpoint_dir", "checkpoints of Bi-Partition plans are not written yet")
@@ -310,7 +310,7 @@ def launch_checked(config: TrainConfig, world: int | None = None) -> Path:
     Calibrate and `--prove` launch their runs this way rather than as `paraplan
     train` processes, so that their ranks fork from this process's one warm forkserver."""
     from paraplan.models import source
-    from paraplan.runtime.preflight import check_model_fits_loss
+    from paraplan.runtime.launcher.preflight import check_model_fits_loss
     from paraplan.system.fileio import make_dirs_all
 
     if world is not None and (isinstance(world, bool) or not isinstance(world, int) or world < 1):
@@ -323,11 +323,11 @@ def launch_checked(config: TrainConfig, world: int | None = None) -> Path:
     check_before_launch(config, world, len(layers), layers)
     check_model_fits_loss(built, config.plan, layers, config.seed)
     if config.data is not None:
-        from paraplan.runtime.data import check_data
+        from paraplan.runtime.rank.data import check_data
 
         check_data(config.data, config.data_dtype, built.inputs, config.model)
     if config.resume:
-        from paraplan.runtime.checkpoints import check_resume
+        from paraplan.runtime.state.checkpoints import check_resume
 
         check_resume(config)
     if config.out_dir is None:

@@ -1,6 +1,6 @@
 """The commands that run a plan on several machines (`paraplan train --print-launch`): one torchrun
 command line per node, and a Slurm batch script that runs the same through srun. Pure: plain values
-in, text out; nothing is started or read here (what those commands run is runtime/launch.py's
+in, text out; nothing is started or read here (what those commands run is runtime/launcher/launch.py's
 `run_under_torchrun`, one process per device of the plan)."""
 
 from __future__ import annotations

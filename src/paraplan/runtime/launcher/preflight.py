@@ -27,7 +27,7 @@ def check_model_fits_loss(built, plan, layers=None, seed: int = 0) -> None:
     out = inputs
     try:
         with torch.no_grad():
-            for _, _, layer in layers:  # as runtime/materialize.StageModule chains them
+            for _, _, layer in layers:  # as runtime/rank/materialize.StageModule chains them
                 out = layer(out)
     except NotImplementedError:
         return  # an operator without a meta kernel: nothing can be said before the run
@@ -58,7 +58,7 @@ def _check_classes(built, out: torch.Tensor, seed: int) -> None:
     """Integer targets are classes: the training data draws them below the sample's largest + 1,
     so that must not pass the model's scores per sample. Values need the sample on the CPU (the
     meta build has shapes only): built again as the ranks build it, parameters on meta."""
-    from paraplan.runtime.materialize import build_layers
+    from paraplan.runtime.rank.materialize import build_layers
 
     real, _, _ = build_layers(built.ref or built.name, seed)
     targets = real.sample[1]

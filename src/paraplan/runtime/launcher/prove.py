@@ -1,7 +1,7 @@
 """`paraplan plan --prove`: run the chosen plan, the even split and one process for real on this
 machine, interleaved, and set each measurement beside its prediction.
 
-The three plans run for real as `paraplan train` runs them (runtime/launch.py's launch_checked: the
+The three plans run for real as `paraplan train` runs them (runtime/launcher/launch.py's launch_checked: the
 same checks, ranks and files; launched from this process, so that every run's ranks fork from one
 warm forkserver rather than each run paying a fresh interpreter and server), in rounds
 (chosen, even, one, chosen, even, one, ...) so that the drift of a shared machine (10-25% over
@@ -37,16 +37,16 @@ class Measured:
 
     @property
     def error(self) -> float:
-        """(measured - predicted) / predicted (runtime/compare.py: relative_error): positive when
+        """(measured - predicted) / predicted (runtime/measure/compare.py: relative_error): positive when
         the run was slower than predicted."""
-        from paraplan.runtime.compare import relative_error
+        from paraplan.runtime.measure.compare import relative_error
 
         return relative_error(self.predicted_s, self.median_s)
 
     @property
     def ratio(self) -> str:
-        """'2.04x (+104%)': measured over predicted (runtime/compare.py: ratio_text)."""
-        from paraplan.runtime.compare import ratio_text
+        """'2.04x (+104%)': measured over predicted (runtime/measure/compare.py: ratio_text)."""
+        from paraplan.runtime.measure.compare import ratio_text
 
         return ratio_text(self.predicted_s, self.median_s)
 
@@ -69,9 +69,9 @@ def run_plan(path: Path, steps: int, out_dir: Path) -> float:
     """One real training run of the plan file, as `paraplan train --plan PATH --steps STEPS`; its
     median step after the warm-up steps."""
     from paraplan.plans.plan_file import read_plan
-    from paraplan.runtime.compare import step_times
-    from paraplan.runtime.launch import launch_checked
-    from paraplan.runtime.rank_base import TrainConfig
+    from paraplan.runtime.launcher.launch import launch_checked
+    from paraplan.runtime.measure.compare import step_times
+    from paraplan.runtime.rank.rank_base import TrainConfig
 
     plan = read_plan(path)
     try:

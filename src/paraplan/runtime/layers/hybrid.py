@@ -14,8 +14,8 @@ layout.
 
 Per layer (Galvatron-BMW §III), with the field's tools:
   SDP    FSDP2 `fully_shard` over the sdp dimension (dp x sdp: HSDP, the 2-D mesh (dp, sdp));
-  TP     DTensor `parallelize_module` (runtime/tensor_parallel.py), before FSDP2 when both;
-         with `sequence_parallel`, Megatron's SP (runtime/sequence_parallel.py): consecutive SP
+  TP     DTensor `parallelize_module` (runtime/layers/tensor_parallel.py), before FSDP2 when both;
+         with `sequence_parallel`, Megatron's SP (runtime/layers/sequence_parallel.py): consecutive SP
          layers of a stage pass sequence-sharded DTensors, `StrategyLayer` cuts and gathers them
          at the ends of such a run (`_sequence_ends`);
   DP     replicated parameters, gradients all-reduced over the dp dimension once per iteration
@@ -23,18 +23,18 @@ Per layer (Galvatron-BMW §III), with the field's tools:
          (one all-reduce per iteration, `grad_allreduce_bytes`). FSDP2's `replicate` was the other
          choice: it reduces after every micro-batch's backward unless the pipeline stage is itself
          the FSDP root, and here the root holds layers of other strategies;
-  ZeRO   DP with ZeRO-1 / ZeRO-2 over the dp dimension: runtime/zero.py (reduce-scatter, sharded
+  ZeRO   DP with ZeRO-1 / ZeRO-2 over the dp dimension: runtime/layers/zero.py (reduce-scatter, sharded
          optimizer step, all-gather);
   CKPT   `torch.utils.checkpoint` (non-reentrant) around the layer (FSDP2 re-gathers inside the
          recomputation, as its hooks run again); selective recomputation checkpoints only the
-         attention core (runtime/selective.py).
+         attention core (runtime/layers/selective.py).
 Between neighbouring layers whose data splits differ, the activation is redistributed
 (`Regroup`, Galvatron §VI's Slice-Gather): a slice the device already holds is cut locally; a
 missing one is all-gathered over the stage group (more bytes than the minimum the simulator prices
 for some pairs; said where it applies). The same happens at the start of a stage, from the
 previous stage's last layout.
 
-Mixed precision: runtime/mixed_precision.py (autocast around the step; FSDP2's
+Mixed precision: runtime/rank/mixed_precision.py (autocast around the step; FSDP2's
 MixedPrecisionPolicy on the SDP layers).
 
 Loss scaling: the last layer's devices each compute the loss of their slice; it is divided by the
@@ -55,7 +55,7 @@ from torch import nn
 from paraplan.costs.strategy import data_rank
 from paraplan.plans.axes import DATA, LAYER_AXES, PIPELINE, SHARDED_DATA, TENSOR, Axis
 from paraplan.plans.plan import LayerStrategy, Plan, Stage
-from paraplan.runtime.memory_meter import local_value
+from paraplan.runtime.measure.memory_meter import local_value
 
 Layout = tuple[tuple[Axis, int], ...]  # LayerStrategy.dims: (axis, degree), inner-most first
 
@@ -183,7 +183,7 @@ def regroup(value, held: LayerStrategy, wanted: LayerStrategy, position: int, gr
 class StrategyLayer(nn.Module):
     """A layer of the model under its strategy: its input regrouped from the previous layer's
     layout, then the layer itself (tensor parallel / sharded inside), checkpointed if asked.
-    Sequence parallelism (runtime/sequence_parallel.py): `enter` (a mesh) cuts the whole input into
+    Sequence parallelism (runtime/layers/sequence_parallel.py): `enter` (a mesh) cuts the whole input into
     this rank's part of the sequence first, `leave` gathers the sequence-sharded output whole after;
     between consecutive SP layers of one layout neither is set and the Shard(1) DTensor passes."""
 
@@ -198,14 +198,14 @@ class StrategyLayer(nn.Module):
     def forward(self, x):
         x = regroup(x, self.held, self.strategy, self.position, self._group, self.group_size)
         if self._enter is not None or self.leave:
-            from paraplan.runtime.sequence_parallel import to_shards, to_whole
+            from paraplan.runtime.layers.sequence_parallel import to_shards, to_whole
 
             if self._enter is not None:
                 x = to_shards(x, self._enter)
         if self.strategy.checkpoint:
             from torch.utils.checkpoint import checkpoint
 
-            from paraplan.runtime.memory_meter import note_checkpoint_input
+            from paraplan.runtime.measure.memory_meter import note_checkpoint_input
 
             note_checkpoint_input(x)
             y = checkpoint(self.layer, x, use_reentrant=False)
@@ -232,8 +232,8 @@ def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Mod
     layers sharing a parameter) before it is split or sharded, never the stage."""
     from torch.distributed.fsdp import fully_shard
 
-    from paraplan.runtime.materialize import StageModule, materialize
-    from paraplan.runtime.mixed_precision import fsdp_policy
+    from paraplan.runtime.rank.materialize import StageModule, materialize
+    from paraplan.runtime.rank.mixed_precision import fsdp_policy
 
     policy = fsdp_policy(plan.precision)
 
@@ -252,16 +252,16 @@ def build_stage(plan: Plan, stage_index: int, position: int, layers: list[nn.Mod
     made: dict = {}  # one materialisation for the stage: tied parameters stay tied
     for i, (layer, st) in enumerate(zip(layers, strategies, strict=True)):
         materialize([layer], names, seed, device, made)
-        if st.recompute == "selective":  # the attention core under a checkpoint (runtime/selective.py)
-            from paraplan.runtime.selective import apply_selective
+        if st.recompute == "selective":  # the attention core under a checkpoint (runtime/layers/selective.py)
+            from paraplan.runtime.layers.selective import apply_selective
 
             apply_selective(layer)
         if st.tp > 1:
-            from paraplan.runtime.tensor_parallel import apply_tensor_parallel
+            from paraplan.runtime.layers.tensor_parallel import apply_tensor_parallel
 
             apply_tensor_parallel(layer, meshes.sub(st, TENSOR), tp_memo, st.sequence_parallel)
             if st.sequence_parallel and st.sdp == 1 and not st.zero:  # FSDP2 and ZeRO take them as they come
-                from paraplan.runtime.sequence_parallel import partial_grad_params
+                from paraplan.runtime.layers.sequence_parallel import partial_grad_params
 
                 sequence_params += partial_grad_params(layer)
         if st.sdp > 1 and i == unit_of[i][-1]:  # the unit's last layer is materialised: shard the unit
@@ -311,7 +311,7 @@ def _sequence_ends(layers: list[nn.Module], strategies: tuple[LayerStrategy, ...
     """(layer i cuts its whole input into sequence shards, layer i gathers its sharded output whole):
     the shards pass as they are only from an SP layer that gives them to the next SP layer of the
     stage that takes them, under the same layout (the same tp mesh and data slices)."""
-    from paraplan.runtime.sequence_parallel import sequence_io
+    from paraplan.runtime.layers.sequence_parallel import sequence_io
 
     def io(j):
         return sequence_io(layers[j]) if 0 <= j < len(layers) and strategies[j].sequence_parallel else (False, False)
@@ -348,12 +348,12 @@ class DataParallelSync:
     """The dp dimension's gradient all-reduce (a sum), once per iteration, one flattened
     all-reduce per dp group; for tensor-parallel parameters, on their local shards. Before it, the
     sequence-parallel norms' Partial gradients are summed over their tp ranks (`sequence_params`). Layers with
-    ZeRO-1/2 go to runtime/zero.py's `ZeroSync`, one per (dp group, stage): the optimizer steps
+    ZeRO-1/2 go to runtime/layers/zero.py's `ZeroSync`, one per (dp group, stage): the optimizer steps
     its `views` instead of those parameters (`optimizer_params`), and `gather` follows the step."""
 
     def __init__(self, groups: list[tuple[object, int, list[nn.Parameter]]], recorder=None,
                  sequence_params: list[nn.Parameter] | None = None):
-        from paraplan.runtime.zero import ZeroSync
+        from paraplan.runtime.layers.zero import ZeroSync
 
         self.sequence_params = sequence_params or []
         self.groups = [(group, params) for group, zero, params in groups if not zero]
@@ -377,7 +377,7 @@ class DataParallelSync:
         import time
 
         if self.sequence_params:  # (no ZeRO layer among them; the dp all-reduce below then sums tp sums)
-            from paraplan.runtime.sequence_parallel import sum_partial_grads
+            from paraplan.runtime.layers.sequence_parallel import sum_partial_grads
 
             start = time.time()
             sum_partial_grads(self.sequence_params)
@@ -438,7 +438,7 @@ def hybrid_refusal(plan: Plan, layers: list) -> str | None:
             if st.zero and st.sdp > 1:
                 return f"{where}: ZeRO-{st.zero} over the dp replicas of a sharded (sdp) layer is not run"
             if st.tp > 1:
-                from paraplan.runtime.tensor_parallel import strict_for, tp_refusal
+                from paraplan.runtime.layers.tensor_parallel import strict_for, tp_refusal
 
                 strict = strict_for(plan.model)  # outside the zoo every Linear must be sharded
                 reason = tp_refusal(module, st.tp, strict=strict)

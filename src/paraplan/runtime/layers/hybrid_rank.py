@@ -1,5 +1,5 @@
 """One rank of a plan with per-layer strategies (Galvatron-BMW): its stage built under
-runtime/hybrid.py's strategies, what it feeds the schedule, how its loss counts.
+runtime/layers/hybrid.py's strategies, what it feeds the schedule, how its loss counts.
 
 Every device of a stage takes the whole global batch (token ids or images: small) and the stage's
 first layer cuts its own slice; the last layer's devices each compute the loss of their slice.
@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from paraplan.costs.strategy import data_rank
-from paraplan.runtime.hybrid import DataParallelSync, Meshes, build_stage, data_rows, full_value
-from paraplan.runtime.rank_base import RankSetup, TrainConfig, make_groups, stage_and_position
+from paraplan.runtime.layers.hybrid import DataParallelSync, Meshes, build_stage, data_rows, full_value
+from paraplan.runtime.rank.rank_base import RankSetup, TrainConfig, make_groups, stage_and_position
 
 
 def hybrid_setup(config: TrainConfig, rank: int, device, built, layers, names, recorder) -> RankSetup:
@@ -55,7 +55,7 @@ def hybrid_setup(config: TrainConfig, rank: int, device, built, layers, names, r
         state: dict[str, torch.Tensor] = {}
         for layer, st, by_path in zip(owns, strategies, all_paths, strict=True):
             if st.tp > 1:
-                from paraplan.runtime.tensor_parallel import full_parameters
+                from paraplan.runtime.layers.tensor_parallel import full_parameters
             values = full_parameters(layer) if st.tp > 1 else {
                 path: full_value(p.detach()) for path, p in layer.named_parameters(remove_duplicate=False)}
             for path, value in values.items():

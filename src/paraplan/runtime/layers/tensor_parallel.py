@@ -16,7 +16,7 @@ forward, identity backward) are the input/output hooks of DTensor's ColwiseParal
 Replicate) and RowwiseParallel (output Replicate): a layer keeps taking and returning plain
 tensors identical on every rank, and its input gradient comes back whole on every rank.
 
-With Megatron's sequence parallelism (runtime/sequence_parallel.py rewrites a layer's plan), f and g
+With Megatron's sequence parallelism (runtime/layers/sequence_parallel.py rewrites a layer's plan), f and g
 become an all-gather and a reduce-scatter along the sequence, the norms between them on shards.
 
 A layer's plan is read off its structure (the q/k/v/o, c_attn, fc1/fc2, ... submodules transformers
@@ -43,8 +43,8 @@ from torch.distributed.tensor.parallel import (
 )
 
 from paraplan.models.adapters import T5Layer
-from paraplan.runtime.sequence_parallel import SUMMED_AFTER_STEP
-from paraplan.runtime.tp_styles import Conv1DColwise, Conv1DRowwise, GatheredColwise, HeadSharded
+from paraplan.runtime.layers.sequence_parallel import SUMMED_AFTER_STEP
+from paraplan.runtime.layers.tp_styles import Conv1DColwise, Conv1DRowwise, GatheredColwise, HeadSharded
 
 # attention attributes that count or measure heads: set to the local value (see _plan_attention)
 _HEAD_ATTRS = ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_key_value_heads",
@@ -288,10 +288,10 @@ def _left_replicated(paths: list[str]) -> str:
 
 # --------------------------------------------------------------------------- the API
 def _layer_plan(layer: nn.Module, tp: int, sequence_parallel: bool) -> _Plan:
-    """The layer's TP plan, rewritten for sequence parallelism if asked (runtime/sequence_parallel.py)."""
+    """The layer's TP plan, rewritten for sequence parallelism if asked (runtime/layers/sequence_parallel.py)."""
     plan = _plan(layer, tp)
     if sequence_parallel:
-        from paraplan.runtime.sequence_parallel import SequenceRefused, sequence_styles
+        from paraplan.runtime.layers.sequence_parallel import SequenceRefused, sequence_styles
 
         try:
             sequence_styles(layer, plan.styles)
@@ -349,7 +349,7 @@ def apply_tensor_parallel(layer: nn.Module, mesh: DeviceMesh, memo: dict | None 
                           sequence_parallel: bool = False) -> None:
     """In place, on a materialised layer (values identical on every rank of the 1-D `mesh`), as the
     module docstring says; the layer's input and output stay plain tensors identical on every rank,
-    except with `sequence_parallel` (runtime/sequence_parallel.py: `sequence_io` says which of them
+    except with `sequence_parallel` (runtime/layers/sequence_parallel.py: `sequence_io` says which of them
     are then Shard(1) DTensors). `memo` (id of an original parameter -> its new parameter) keeps a
     parameter tied across the calls that share it (GPT-2's wte: Shard(0) in the embedding and in the
     LM head); a tied parameter that would need two different layouts raises ValueError naming it."""

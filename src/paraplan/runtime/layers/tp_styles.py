@@ -1,4 +1,4 @@
-"""The DTensor parallel styles paraplan adds to torch's (runtime/tensor_parallel.py uses them):
+"""The DTensor parallel styles paraplan adds to torch's (runtime/layers/tensor_parallel.py uses them):
 a lone Linear's column-parallel output gathered into a tensor of its own, Conv1D (transformers'
 GPT-2 linear, weight stored (in, out)) column- and row-parallel, and a per-head table sharded on
 its head dimension (Swin's relative position bias)."""

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paraplan.runtime.memory_meter import local_value
+from paraplan.runtime.measure.memory_meter import local_value
 
 
 class ZeroSync:

@@ -10,7 +10,7 @@ from pathlib import Path
 from paraplan.costs.model import CostModel, RuntimeOverheads
 from paraplan.errors import ParaplanError
 from paraplan.plans.plan import Plan
-from paraplan.runtime.timeline import load_runs, measured_trace, one_step, side_by_side
+from paraplan.runtime.measure.timeline import load_runs, measured_trace, one_step, side_by_side
 from paraplan.simulator.export import chrome_trace
 from paraplan.simulator.predict import simulate_plan
 
@@ -79,7 +79,7 @@ def compare_run(plan: Plan, cm: CostModel, out_dir: str | Path) -> Comparison:
     runs = load_runs(out_dir)
     out = Path(out_dir)
     chrome_trace(sim.timeline, out / "simulated.trace.json")
-    if not runs:  # an operator placement's ranks record no timeline (runtime/dag_runtime.py): numbers only
+    if not runs:  # an operator placement's ranks record no timeline (runtime/dag/dag_runtime.py): numbers only
         return result
     measured_trace(runs, out / "measured.trace.json")
     # draw the step the numbers are about: the measured step nearest the median (per_step[i] is the
@@ -111,7 +111,7 @@ def _count(n: int, one: str, many: str | None = None) -> str:
 
 
 OVERHEADS_VERSION = 1
-DEFAULT_OVERHEADS = Path(__file__).with_name("overheads-local.json")  # measured on this kind of machine
+DEFAULT_OVERHEADS = Path(__file__).parents[1] / "overheads-local.json"  # package data: measured on this kind of machine
 
 
 def measured_overheads(out_dir: str | Path, skip_steps: int = 2) -> RuntimeOverheads:

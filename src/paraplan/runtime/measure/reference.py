@@ -1,14 +1,14 @@
 """The single-process run every distributed run is checked against: same model, init, data, seed,
-and the same mixed-precision recipe (runtime/mixed_precision.py)."""
+and the same mixed-precision recipe (runtime/rank/mixed_precision.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from paraplan.runtime.data import batch_source
-from paraplan.runtime.materialize import StageModule, build_layers, materialize
-from paraplan.runtime.mixed_precision import LossScaler, reference_layer, step_context
-from paraplan.runtime.rank_base import TrainConfig, make_optimizer
+from paraplan.runtime.rank.data import batch_source
+from paraplan.runtime.rank.materialize import StageModule, build_layers, materialize
+from paraplan.runtime.rank.mixed_precision import LossScaler, reference_layer, step_context
+from paraplan.runtime.rank.rank_base import TrainConfig, make_optimizer
 
 
 def reference_run(config: TrainConfig, resume_from: str | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -21,7 +21,7 @@ def reference_run(config: TrainConfig, resume_from: str | None = None) -> tuple[
     modules = [m for _, _, m in layers]
     materialize(modules, names, config.seed, torch.device("cpu"))  # one call: tied weights stay tied
     plan = config.plan
-    # the plan's mixed-precision recipe, layer by layer (runtime/mixed_precision.py): an SDP layer
+    # the plan's mixed-precision recipe, layer by layer (runtime/rank/mixed_precision.py): an SDP layer
     # computes with bf16 weights as FSDP2's MixedPrecisionPolicy does; the rest under autocast
     sharded = {i for stage in plan.stages for i in stage.layers if stage.strategies and stage.strategy(i).sdp > 1}
     model = StageModule([reference_layer(m, plan.precision, i in sharded) for i, m in enumerate(modules)])
@@ -36,7 +36,7 @@ def reference_run(config: TrainConfig, resume_from: str | None = None) -> tuple[
     batches = batch_source(built, plan.global_batch, config.seed, config.data, config.data_dtype)
     first = 0
     if resume_from is not None:
-        from paraplan.runtime.checkpoints import load_checkpoint
+        from paraplan.runtime.state.checkpoints import load_checkpoint
 
         first, _, _ = load_checkpoint(resume_from, {names.get(id(p)): p for p in params}, optim)
     for step in range(first, config.steps):

@@ -29,7 +29,7 @@ class Recorder:
     def wrap_stage(self, stage) -> None:
         # the class's functions and a weak reference, not the stage's bound methods: those make
         # stage -> wrapper -> stage a cycle that gc.collect() was seen not to free after FSDP2 runs,
-        # so the stage's modules, DTensors and meshes outlived the process group (runtime/teardown.py)
+        # so the stage's modules, DTensors and meshes outlived the process group (runtime/launcher/teardown.py)
         import weakref
 
         fwd, bwd, ref = type(stage).forward_one_chunk, type(stage).backward_one_chunk, weakref.ref(stage)

@@ -1,5 +1,5 @@
 """One rank of a plain pipeline plan: its stage of one pipeline replica, and the gradient averaging
-between the replicas of that stage (the stage loop, runtime/stage_loop.py, runs the schedule).
+between the replicas of that stage (the stage loop, runtime/pipeline/stage_loop.py, runs the schedule).
 
 Data parallelism across pipeline replicas (stage s, replica r runs on plan.stages[s].devices[r]):
   - "after-backward": the gradients, flattened, are all-reduced (averaged) once the step is over;
@@ -21,8 +21,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from paraplan.runtime.materialize import StageModule, materialize
-from paraplan.runtime.rank_base import RankSetup, TrainConfig, make_groups, stage_and_position
+from paraplan.runtime.rank.materialize import StageModule, materialize
+from paraplan.runtime.rank.rank_base import RankSetup, TrainConfig, make_groups, stage_and_position
 
 BUCKET_BYTES = 25 * 2**20
 

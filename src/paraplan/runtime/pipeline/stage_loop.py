@@ -5,7 +5,7 @@ checkpoints, reported losses and what the run writes.
 Pipelining uses torch.distributed.pipelining (PipelineStage + ScheduleGPipe / Schedule1F1B) with
 stages cut by us. Following shared/notes/runtime-on-cpu.md: scale_grads=False with the loss divided
 by the number of micro-batches; no DDP (its reducer breaks with several stages per rank), our own
-gradient all-reduce instead (runtime/pipeline_rank.py); a barrier before destroying the process group.
+gradient all-reduce instead (runtime/pipeline/pipeline_rank.py); a barrier before destroying the process group.
 
 A tied weight held by two stages (GPT-2's embedding and head) has its gradient summed between the
 ranks that hold it, as DeepSpeed's TiedLayerSpec does. Gradient clipping uses the norm over the
@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from paraplan.runtime.data import batch_source
-from paraplan.runtime.materialize import build_layers
-from paraplan.runtime.memory_meter import MemoryMeter, local_value, state_bytes
-from paraplan.runtime.mixed_precision import LossScaler, step_context
-from paraplan.runtime.rank_base import RankSetup, TrainConfig, make_optimizer, rank_device
+from paraplan.runtime.measure.memory_meter import MemoryMeter, local_value, state_bytes
+from paraplan.runtime.rank.data import batch_source
+from paraplan.runtime.rank.materialize import build_layers
+from paraplan.runtime.rank.mixed_precision import LossScaler, step_context
+from paraplan.runtime.rank.rank_base import RankSetup, TrainConfig, make_optimizer, rank_device
 
 REPORT_EVERY_S = 0.5  # rank 0 prints the step losses, and losses.json is rewritten, at most this often
 
@@ -37,7 +37,7 @@ SetupFn = Callable[..., RankSetup]
 
 def train_stages(config: TrainConfig, setup_fn: SetupFn) -> dict:
     """One rank of a stage plan: `setup_fn` (the plan kind's) builds its stage, then the steps run."""
-    from paraplan.runtime.timeline import Recorder
+    from paraplan.runtime.measure.timeline import Recorder
 
     plan = config.plan
     rank = dist.get_rank()
@@ -61,7 +61,7 @@ def train_stages(config: TrainConfig, setup_fn: SetupFn) -> dict:
     scaler = LossScaler(plan.precision)  # fp16's loss scaling (off otherwise: scale 1)
     schedule = _schedule(plan, setup, device, recorder, scaler) if setup.run_step is None else None
     optim = make_optimizer(config, setup.optimizer_params(params) if setup.optimizer_params else params)
-    from paraplan.runtime.checkpoints import save_checkpoint
+    from paraplan.runtime.state.checkpoints import save_checkpoint
 
     first_step, losses = _resume(config, setup, optim, scaler)
     report = _LossReport(config, setup, device, losses, first_step, rank)
@@ -175,10 +175,10 @@ def step_seed(seed: int, stage: int, step: int) -> int:
 def _resume(config: TrainConfig, setup: RankSetup, optim, scaler) -> tuple[int, list]:
     """(the first step to run, the losses so far): (0, []) for a new run; when resuming
     (collective), the checkpoint's, this plan's parameters and optimizer state read from it
-    whatever plan wrote it (runtime/layout_state.py), and fp16's loss scale."""
+    whatever plan wrote it (runtime/state/layout_state.py), and fp16's loss scale."""
     if not config.resume:
         return 0, []
-    from paraplan.runtime.checkpoints import load_checkpoint
+    from paraplan.runtime.state.checkpoints import load_checkpoint
 
     # check_resume has checked the files (sha256) and what they belong to
     step, losses, loss_scale = load_checkpoint(config.checkpoint_dir, setup.named, optim, setup.module)
@@ -227,7 +227,7 @@ def _real_target(target):
 def _clip_gradients(config: TrainConfig, setup: RankSetup, owner_names: list[str], params, device) -> None:
     """Scale the gradients so that the whole model's norm is at most config.clip_norm (squares
     summed over this rank's pipeline, each parameter by its owner)."""
-    from paraplan.runtime.hybrid import squared_norm
+    from paraplan.runtime.layers.hybrid import squared_norm
 
     sq = squared_norm(setup.named[n] for n in owner_names).to(device)
     dist.all_reduce(sq, group=setup.pp_group)

@@ -1,11 +1,11 @@
 """What every rank shares, whatever kind of plan it runs: the run's `TrainConfig` (validated once),
 the optimizer, the backend and device, the rank's stage and position, its groups, and `RankSetup`,
-what a plan kind hands the stage loop (runtime/stage_loop.py).
+what a plan kind hands the stage loop (runtime/pipeline/stage_loop.py).
 
-The plan kinds (runtime/dispatch.py picks one): the plain pipeline x data-parallel replicas
-(runtime/pipeline_rank.py), per-layer strategies (runtime/hybrid_rank.py), Bi-Partition's separate
-forward and backward ranges (runtime/bipartition_rank.py) and operator placements
-(runtime/dag_runtime.py). Each imports this module, never the dispatcher.
+The plan kinds (runtime/launcher/dispatch.py picks one): the plain pipeline x data-parallel replicas
+(runtime/pipeline/pipeline_rank.py), per-layer strategies (runtime/layers/hybrid_rank.py), Bi-Partition's separate
+forward and backward ranges (runtime/bipartition/bipartition_rank.py) and operator placements
+(runtime/dag/dag_runtime.py). Each imports this module, never the dispatcher.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import torch.distributed as dist
 
 from paraplan.errors import FieldError
 from paraplan.plans.plan import Plan
-from paraplan.runtime.data import TOKEN_DTYPES
+from paraplan.runtime.rank.data import TOKEN_DTYPES
 
 # the version-2 plan features (plans/plan.py: FEATURES) the runtime runs so far: the precision
-# (fp32, tf32, bf16: runtime/mixed_precision.py), ZeRO-1/2 (runtime/zero.py), selective
-# recomputation (runtime/selective.py) and sequence parallelism (runtime/sequence_parallel.py)
+# (fp32, tf32, bf16: runtime/rank/mixed_precision.py), ZeRO-1/2 (runtime/layers/zero.py), selective
+# recomputation (runtime/layers/selective.py) and sequence parallelism (runtime/layers/sequence_parallel.py)
 RUNS: frozenset[str] = frozenset({"precision", "zero", "selective", "schedule", "sequence_parallel"})
 
 
@@ -47,7 +47,7 @@ class TrainConfig:
     out_dir: str | None = None  # losses and each stage's final parameters go here
     seq_len: int | None = None
     image_size: int | None = None
-    # real data (runtime/data.py): a token file (flat ids of `data_dtype`) or an .npz of inputs and
+    # real data (runtime/rank/data.py): a token file (flat ids of `data_dtype`) or an .npz of inputs and
     # labels; None: synthetic batches
     data: str | None = None
     data_dtype: str = "uint16"
@@ -68,7 +68,7 @@ class TrainConfig:
             refuse_features(self.plan, RUNS, "the runtime")
         except PlanError as exc:
             raise FieldError("plan", str(exc)) from None
-        from paraplan.runtime.mixed_precision import refusal
+        from paraplan.runtime.rank.mixed_precision import refusal
 
         reason = refusal(self.plan.precision)
         if reason:
@@ -153,7 +153,7 @@ def stage_and_position(plan: Plan, rank: int) -> tuple[int, int]:
 @dataclass
 class RankSetup:
     """What one rank runs, however the plan splits the work: the pipeline x data-parallel path
-    (runtime/pipeline_rank.py) or per-layer strategies (runtime/hybrid_rank.py)."""
+    (runtime/pipeline/pipeline_rank.py) or per-layer strategies (runtime/layers/hybrid_rank.py)."""
 
     module: torch.nn.Module  # the stage as the PipelineStage runs it
     stage_index: int
@@ -168,7 +168,7 @@ class RankSetup:
     writes: bool  # this rank writes the stage's parameters and checkpoint
     # a plan torch's pipelining cannot express (Bi-Partition's separate backward ranges) runs its own
     # step: run_step(inputs, targets, micro_losses) instead of a PipelineStage schedule, and
-    # after_step() once the optimizer has stepped (runtime/bipartition_rank.py)
+    # after_step() once the optimizer has stepped (runtime/bipartition/bipartition_rank.py)
     run_step: Callable | None = None
     after_step: Callable | None = None
     copies: tuple = ()  # parameters held but not updated here (Bi-Partition's forward-only weight copies)

@@ -2,7 +2,7 @@
 any rank starts.
 
 A checkpoint (version 3) is the training state keyed by the whole model's parameter names, written
-by torch.distributed.checkpoint into `step<N>/` (runtime/layout_state.py: each rank offers what its
+by torch.distributed.checkpoint into `step<N>/` (runtime/state/layout_state.py: each rank offers what its
 plan gives it, DCP writes each piece once), and a manifest, `checkpoint.json`, written last by rank
 0 once DCP's save has completed on every rank: the step, every file of `step<N>/` with its size and
 sha256, the losses so far, fp16's loss scale, and a record of what resuming must match (the model
@@ -62,7 +62,7 @@ def optimizer_record(config) -> dict:
     weight decay, ...) and the clipping: the optimizer's state is only meaningful under them."""
     import torch
 
-    from paraplan.runtime.rank_base import make_optimizer
+    from paraplan.runtime.rank.rank_base import make_optimizer
 
     group = make_optimizer(config, [torch.zeros(1, requires_grad=True)]).param_groups[0]
     hyper = {k: v for k, v in sorted(group.items()) if k != "params" and k not in _IMPLEMENTATION
@@ -89,7 +89,7 @@ def save_checkpoint(config, step: int, named: dict, optim, losses: list, loss_sc
 
     import torch.distributed as dist
 
-    from paraplan.runtime import layout_state
+    from paraplan.runtime.state import layout_state
 
     directory = Path(config.checkpoint_dir)
     target = directory / state_dir(step)
@@ -142,7 +142,7 @@ def write_manifest(directory: Path, step: int, files: list[dict], record: dict, 
 def load_checkpoint(checkpoint_dir: str | Path, named: dict, optim, module=None) -> tuple[int, list, float]:
     """Collective: this plan's state read from the checkpoint (written under any plan of the model;
     check_resume has checked it); (its step, the losses so far, fp16's loss scale)."""
-    from paraplan.runtime import layout_state
+    from paraplan.runtime.state import layout_state
 
     directory = Path(checkpoint_dir)
     manifest = json.loads((directory / MANIFEST).read_text())
@@ -259,7 +259,7 @@ def _compare(found: dict, expected: dict, path: Path, refuse) -> None:
     if found.get("data") != expected["data"]:
         refuse(f"the checkpoint's batches came from {_describe_data(found.get('data'))}; this run's come from "
                f"{_describe_data(expected['data'])}: resuming must continue from the same data position")
-    # the plan may differ: the state is keyed by the model's parameter names (runtime/layout_state.py)
+    # the plan may differ: the state is keyed by the model's parameter names (runtime/state/layout_state.py)
 
 
 def _check_file(directory: Path, entry: dict, manifest: Path, state: str, refuse) -> None:

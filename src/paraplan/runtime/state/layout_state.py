@@ -10,9 +10,9 @@ for the same keys in the new layout (other stages, other DTensor placements) and
 pieces each rank needs: the re-sharding is DCP's, not ours. The optimizer's state (Adam's
 moments and step count) is keyed "optim/<name>/<key>" and follows its parameter's layout.
 
-Kept outside the DCP files (in the manifest, runtime/checkpoints.py): the step, the losses so far,
+Kept outside the DCP files (in the manifest, runtime/state/checkpoints.py): the step, the losses so far,
 fp16's loss scale. The data position is the step (every plan draws step s's global batch from
-(seed, s): runtime/data.py), and the random state of step s is a function of (seed, stage, s)
+(seed, s): runtime/rank/data.py), and the random state of step s is a function of (seed, stage, s)
 (stage_loop.step_seed), so a run resumed under another plan continues as that plan's own
 uninterrupted run would.
 """
@@ -30,7 +30,7 @@ MODEL, OPTIM = "model/", "optim/"
 
 def permuted(module) -> dict[int, tuple[torch.Tensor, int]]:
     """id(parameter) -> (column order, dim) for the parameters tensor parallelism stores with their
-    columns permuted (GPT-2's fused QKV: runtime/tensor_parallel.py's `_tp_column_order`). Their
+    columns permuted (GPT-2's fused QKV: runtime/layers/tensor_parallel.py's `_tp_column_order`). Their
     DTensor's global tensor is not the model's, and a rank's shard is not one block of the model's
     columns: such a parameter is saved whole, in the model's order, and sharded again on load."""
     out = {}

@@ -1,0 +1,1 @@
+"""Operator placements (FD-DPS 'dag' plans): the traced forward aten calls replayed per device."""

@@ -62,6 +62,7 @@ from paraplan.models.spec import ModelSpec
 from paraplan.plans.axes import CONTEXT, DATA, LAYER_AXES, SHARDED_DATA, TENSOR, Axis, gradient_sync_axes
 from paraplan.plans.plan import LayerStrategy
 
+_SYNC_AXES = gradient_sync_axes()
 _NO_LINK = LinkSpec(bandwidth_bytes_per_s=float("inf"), latency_s=0.0)
 
 
@@ -224,7 +225,7 @@ def strategy_groups(strategy: LayerStrategy, devices: tuple[int, ...]) -> dict[A
         out[axis] = tuple(devices[j * stride] for j in range(k))
         strides[axis] = (stride, k)
         stride *= k
-    syncing = [strides[a] for a in gradient_sync_axes() if a in strides]
+    syncing = [strides[a] for a in _SYNC_AXES if a in strides]
     if len(syncing) > 1 or (syncing and DATA not in strides):
         positions = [0]
         for s_axis, k_axis in syncing:  # each later axis of LAYER_AXES outer: dp-major, cp-minor

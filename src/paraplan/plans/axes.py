@@ -27,7 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True, order=True)  # ordered by name first: layouts sort as they did as strings
+# eq=False: an axis is one object of this table (identity is equality, and a C-level hash keeps
+# the planners' dict lookups fast); pickled by name (__reduce__) so that it stays one object
+@dataclass(frozen=True, eq=False, repr=False)
 class Axis:
     name: str  # the plan file's key of its degree, its name in LayerStrategy.order and in the device mesh
     label: str  # for people: 'SDP4 x TP2'
@@ -44,6 +46,17 @@ class Axis:
 
     def __str__(self) -> str:
         return self.label
+
+    def __repr__(self) -> str:
+        return f"Axis({self.name!r})"
+
+    def __lt__(self, other: Axis) -> bool:  # layouts sort by their axes' names, as they did as strings
+        return self.name < other.name
+
+    def __reduce__(self):
+        """Pickled by name: a strategy's cached axes come back from another process as the table's
+        own objects, so `axis is TENSOR` holds there too."""
+        return axis_named, (self.name,)
 
 
 TENSOR = Axis("tp", "TP", "tensor parallelism (Megatron-LM)", shards="each Linear's weight, by column or by row",

@@ -4,6 +4,7 @@ recomputation (Galvatron-BMW §III, with today's training's refinements)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from enum import StrEnum
 
 from paraplan.plans.axes import (
@@ -84,12 +85,12 @@ class LayerStrategy:
         """Full recomputation (version 1's `checkpoint`, Galvatron's CKPT)."""
         return self.recompute == Recompute.FULL
 
-    @property
+    @cached_property  # read in the planners' inner loops: computed once per strategy
     def layout(self) -> tuple[Axis, ...]:
         """The layout axes in `order`, inner-most first (order validated: plan.validate)."""
         return tuple(axis_named(n) for n in self.order.split(","))
 
-    @property
+    @cached_property  # read in the planners' inner loops: computed once per strategy
     def dims(self) -> tuple[tuple[Axis, int], ...]:
         """(axis, degree) of every axis used, inner-most first: the layout axes in `order`, and each
         axis outside the order right outside the axis it names (inner-most without it)."""
@@ -119,17 +120,17 @@ class LayerStrategy:
                 out *= self.degree_of(axis)
         return out
 
-    @property
+    @cached_property  # read in the planners' inner loops: computed once per strategy
     def degree(self) -> int:
         """The devices of the layer's group: the product of its degrees."""
         return self._product(lambda axis: True)
 
-    @property
+    @cached_property  # read in the planners' inner loops: computed once per strategy
     def data_degree(self) -> int:
         """How many ways the micro-batch is split (the axes that split the batch: dp, sdp)."""
         return self._product(lambda axis: axis.splits_batch)
 
-    @property
+    @cached_property  # read in the planners' inner loops: computed once per strategy
     def sync_degree(self) -> int:
         """The size of the group the gradients are summed over (dp x cp)."""
         return self._product(lambda axis: axis.syncs_gradients)

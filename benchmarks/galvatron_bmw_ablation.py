@@ -4,7 +4,7 @@ Galvatron-BMW (../shared/papers/galvatron-bmw.md §IV-B, Algorithm 2) adds two t
 Galvatron-Base (Algorithm 1): the bi-objective pipeline partition (start from the memory-balanced
 partition p_m, keep every stage within p_t's largest stage memory) and the workload-balance
 adjustment (move the slowest stage's boundary layer to a neighbour while the limits hold). Each is
-switched off with the planner option `bmw_partition` (planners/galvatron/searcher.py: BMW_PARTS):
+switched off with the planner option `bmw_partition` (planners/galvatron/partitions.py: BMW_PARTS):
 `even+biobj` (our default: Algorithm 2 and the even partition), `even+memory` (the adjustment off),
 `even+time` (the time-balanced p_t in place of Algorithm 2), `memory` / `time` / `biobj` alone
 (Table IV's rows 1F1B+Mem / 1F1B+Time / 1F1B+Bi-obj), `even` (both off). Every row is the variant's

@@ -4,9 +4,9 @@ The public API is small; see docs/architecture.md for the flow of data.
 """
 
 from paraplan.errors import ParaplanError
+from paraplan.version import __version__
 
 __all__ = ["ParaplanError", "__version__", "compare", "export", "load_plan", "plan", "simulate", "train"]
-__version__ = "0.1.0"
 _API = ("compare", "export", "load_plan", "plan", "simulate", "train")
 
 

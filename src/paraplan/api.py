@@ -24,6 +24,7 @@ from numbers import Integral, Real
 from pathlib import Path
 
 from paraplan.errors import FieldError, ParaplanError
+from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import Plan
 
 
@@ -95,31 +96,19 @@ def _limit_to_this_machine() -> None:
     set_memory_source(available_memory_bytes)
 
 
-def _machine(cluster: str, precision, profile, calibrate: bool):
-    """`local` as this machine's cached calibration where one exists (measured now only when
-    `calibrate`; issue 33), else the analytic preset: the plan's prediction names which
-    (Prediction.cost_source)."""
-    if cluster != "local" or profile:
-        return cluster
-    from paraplan.hardware import load_cluster
-    from paraplan.profiling.calibration_cache import machine_calibration
-
-    found = machine_calibration(precision, allowed=calibrate)
-    return load_cluster(str(found.path)) if found else cluster
-
-
 def _workload(model: str, cluster: str, batch: int, *, operators: bool, memory=None, stages=None,
               micro_batches=None, schedule=None, profile=None, seq_len=None, image_size=None, exact_stages=False,
               options=None, precision=None, calibrate: bool = False):
     """The Workload of the keywords (paraplan/workload.py, as the command line builds it); the
     operator graph, where asked, only where the model can be traced. calibrate=True: on `local`,
     measure this machine now if it has no cached calibration."""
+    from paraplan.profiling.calibration_cache import local_cluster
     from paraplan.workload import workload
 
     _limit_to_this_machine()
-    name = cluster
-    cluster = _machine(cluster, precision, profile, calibrate)
-    return workload(model, cluster, cluster_name=name, batch=batch, profile=profile, memory=memory, seq_len=seq_len,
+    # `local`: this machine's cached calibration where one exists (measured now only when
+    # `calibrate`; issue 33), else the analytic preset: the prediction names which (cost_source)
+    return workload(model, local_cluster(cluster, precision, skip=bool(profile), make=calibrate), cluster_name=cluster, batch=batch, profile=profile, memory=memory, seq_len=seq_len,
                     image_size=image_size, operators="optional" if operators else None, stages=stages,
                     micro_batches=micro_batches, schedule=schedule, exact_stages=exact_stages,
                     options=options, precision=precision)
@@ -149,13 +138,9 @@ def compare(model: str, cluster: str, batch: int, *, time_limit: float = 60.0, p
     result = run(w.request, planners=planners, time_limit_s=time_limit)
     if engine is None:
         return result
-    from paraplan.engines.restrict import restrict
-    from paraplan.engines.shape import shape_of
-    from paraplan.planners.auto import judged_row
+    from paraplan.engines.restrict import restrict_workload
 
-    return restrict(result, engine, shape_of(w.built, w.built.ref),
-                    judge=lambda name, plan: judged_row(name, plan, w.request.costs),
-                    sequence_parallel=w.request.sequence_parallel)
+    return restrict_workload(result, engine, w)
 
 
 def export(plan_or_path: Plan | str | Path, to: str, out: str | Path | None = None):
@@ -244,7 +229,7 @@ def simulate(plan_or_path: Plan | str | Path, *, cluster: str | None = None, pro
     from paraplan.simulator.predict import simulate_plan
 
     p = _plan_of(plan_or_path, "simulate")
-    request = _request(p.model, cluster or p.cluster, p.global_batch, operators=p.schedule == "dag", profile=profile,
+    request = _request(p.model, cluster or p.cluster, p.global_batch, operators=p.kind is PlanKind.OPERATORS, profile=profile,
                        precision=p.precision, calibrate=calibrate)
     return simulate_plan(p, request.costs)
 

@@ -178,7 +178,7 @@ def test_a_one_process_plan_says_so_whichever_planner_found_it(mixed_run):
 
 def test_the_report_says_it_is_being_written_and_how_long_it_took(mixed_run, tmp_path, monkeypatch):
     import paraplan.report.html
-    from paraplan.cli.plan import _write_report
+    from paraplan.cli.plan_auto import _write_report
 
     assert re.search(r"report written to \S+index\.html in \d+\.\d s", mixed_run.stdout)
     said = []

@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-import paraplan
 from paraplan.cli import bench, calibrate, export, inspect, listing, plan, profile, simulate, train
 from paraplan.cli.args import FLAGS, SEE_NAMES, Parser
 from paraplan.cli.ui import Terminated, on_sigterm
 from paraplan.errors import FieldError, ParaplanError, UnknownNameError
+from paraplan.version import __version__
 
 # each command's subparser, in the order `paraplan --help` lists them
 SUBPARSERS = (listing.add_models, listing.add_clusters, inspect.add_parser, plan.add_parser, simulate.add_parser,
@@ -29,7 +29,7 @@ SUBPARSERS = (listing.add_models, listing.add_clusters, inspect.add_parser, plan
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="paraplan", description="Plan, predict and run distributed training of PyTorch models.")
-    parser.add_argument("--version", action="version", version=f"paraplan {paraplan.__version__}")
+    parser.add_argument("--version", action="version", version=f"paraplan {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND",
                                 help="what to do (`paraplan COMMAND --help` for its options)")
     for add in SUBPARSERS:

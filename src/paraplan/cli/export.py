@@ -55,13 +55,9 @@ def run(args) -> int:
 def restricted(result, engine: str, w):
     """`plan --engine`: the comparison of workload `w` restricted to what `engine` runs
     (engines/restrict.py), projections judged on the request's costs."""
-    from paraplan.engines.restrict import restrict
-    from paraplan.engines.shape import shape_of
-    from paraplan.planners.auto import judged_row
+    from paraplan.engines.restrict import restrict_workload
 
-    return restrict(result, engine, shape_of(w.built, w.built.ref),
-                    judge=lambda name, plan: judged_row(name, plan, w.request.costs),
-                    sequence_parallel=w.request.sequence_parallel)
+    return restrict_workload(result, engine, w)
 
 
 def _seconds(s: float) -> str:

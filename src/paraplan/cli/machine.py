@@ -22,10 +22,8 @@ def machine_cluster(name: str | None, precision: str | None, *, skip: bool = Fal
     False only a cached one (`local` itself without). `check()` runs before a measurement starts:
     what can refuse the request in one line (the model, built on meta) does so before the user waits
     a minute for this machine to be measured."""
-    if name != "local" or skip:
-        return name
     from paraplan.errors import ParaplanError
-    from paraplan.profiling.calibration_cache import machine_calibration
+    from paraplan.profiling.calibration_cache import local_cluster
 
     refused: list[ParaplanError] = []  # the request's own refusal, not the calibration's
 
@@ -40,18 +38,16 @@ def machine_cluster(name: str | None, precision: str | None, *, skip: bool = Fal
                      "about 20 s)")
         print(f"paraplan: measuring {what}: it is kept in {path}", file=sys.stderr, flush=True)
 
+    def on_made(found) -> None:
+        print(f"paraplan: this machine measured in {found.seconds:.0f} s; `paraplan calibrate` redoes it, "
+              "--no-calibration plans on the analytic preset", file=sys.stderr, flush=True)
+
     try:
-        found = machine_calibration(precision, allowed=make, on_start=on_start)
+        return local_cluster(name, precision, skip=skip, make=make, on_start=on_start, on_made=on_made)
     except ParaplanError as exc:  # the library names no flag; the command line's way out is this one
         if refused:
             raise
         raise ParaplanError(f"{exc} (--no-calibration)") from None
-    if found is None:
-        return name
-    if found.made:
-        print(f"paraplan: this machine measured in {found.seconds:.0f} s; `paraplan calibrate` redoes it, "
-              "--no-calibration plans on the analytic preset", file=sys.stderr, flush=True)
-    return str(found.path)
 
 
 def costs_line(source: str) -> str:

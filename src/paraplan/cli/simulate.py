@@ -8,6 +8,7 @@ from dataclasses import asdict
 from paraplan.cli.args import JSON_HELP, add_sizes, check_output
 from paraplan.cli.ui import BARS, pure_work
 from paraplan.errors import ParaplanError, require_positive
+from paraplan.plans.kinds import PlanKind
 
 
 def add_parser(sub) -> None:
@@ -66,7 +67,7 @@ def run(args) -> int:
     check_fits(plan, plan.n_layers, cluster.n_devices, cluster.name)
     w = workload(plan.model, cluster, profile=args.profile, overlap_slowdown=args.overlap_slowdown,
                  seq_len=args.seq_len, image_size=args.image_size, precision=plan.precision,
-                 operators="required" if plan.schedule == "dag" else None, watch=BARS)
+                 operators="required" if plan.kind is PlanKind.OPERATORS else None, watch=BARS)
     with pure_work():
         sim = simulate_plan(plan, w.costs, contention=not args.no_contention)
         free = (simulate_plan(plan, w.costs, contention=False).prediction.iteration_s
@@ -97,7 +98,7 @@ def _compare_schedules(plan, cm, which: str) -> list:
     from paraplan.planners.schedule_variants import DEFAULT_VARIANTS, parse_variants, variants
     from paraplan.simulator.predict import simulate_plan
 
-    if plan.schedule == "dag":
+    if plan.kind is PlanKind.OPERATORS:
         raise ParaplanError("--schedules: an operator placement has no pipeline schedule to vary")
     try:
         kinds = DEFAULT_VARIANTS if which == "all" else parse_variants(which)
@@ -128,7 +129,7 @@ def _write_figures(args, plan, sim, cluster) -> None:
 
     if args.gantt:
         what = (f"{sum(len(p.ops) for p in plan.operators)} operators on {len(plan.operators)} devices"
-                if plan.schedule == "dag" else f"{plan.n_stages} stages, {plan.n_micro} micro-batches")
+                if plan.kind is PlanKind.OPERATORS else f"{plan.n_stages} stages, {plan.n_micro} micro-batches")
         gantt(sim.timeline, args.gantt, title=f"{plan.model} on {cluster.name}: {plan.schedule}, {what}, "
               f"iteration {sim.prediction.iteration_s:.4g} s", plan=sim.plan, iteration_s=sim.prediction.iteration_s)
     if args.trace:

@@ -8,6 +8,7 @@ import sys
 from paraplan.cli.args import add_sizes, check_output
 from paraplan.cli.ui import BARS
 from paraplan.errors import FieldError, ParaplanError
+from paraplan.plans.kinds import PlanKind
 
 # what a run writes into --out-dir (runtime/pipeline/stage_loop.py, dag_runtime.py, compare.py): each must be a
 # regular file if it is there already (writes never replace a device, a FIFO or a link)
@@ -227,7 +228,7 @@ def _predicted_memory(plan, built, spec, world: int):
     local = load_cluster("local")
     capacities = {d: local.device(0).memory_bytes for d in range(world)}
     graph = None
-    if plan.schedule == "dag":  # an operator placement: its memory is counted on the operator graph
+    if plan.kind is PlanKind.OPERATORS:  # an operator placement: its memory is counted on the operator graph
         from paraplan.simulator.predict import simulate_plan
 
         graph = operator_graph(built, watch=BARS)
@@ -357,7 +358,7 @@ def _report_memory(plan, out_dir: str, predicted_memory, breakdowns, summary: di
         say(f"rank {row.rank} (stage {row.stage}): states {row.measured_states / 2**20:.2f} MiB measured, "
             f"{row.predicted_states / 2**20:.2f} predicted; activations {row.measured_activations / 2**20:.2f} MiB "
             f"measured, {row.predicted_activations / 2**20:.2f} predicted")
-    if plan.schedule == "dag":
+    if plan.kind is PlanKind.OPERATORS:
         for rank, measured, predicted in dag_memory_comparison(predicted_memory, out_dir):
             summary["memory"].append({"rank": rank, "measured_bytes": measured, "predicted_bytes": predicted})
             say(f"rank {rank}: {measured / 2**20:.2f} MiB measured (parameters, gradients, optimizer states and "

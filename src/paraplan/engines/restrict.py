@@ -48,6 +48,18 @@ def restrict(result: Comparison, engine: str, shape: ModelShape,
                    unrestricted=unrestricted)
 
 
+def restrict_workload(result: Comparison, engine: str, w) -> Comparison:
+    """`restrict` for a comparison of workload `w` (paraplan/workload.py: its built model's shape,
+    its request's costs and sequence-parallel layers), as `paraplan plan --engine` and
+    `paraplan.compare(..., engine=...)` both ask: projections judged on the request's costs."""
+    from paraplan.engines.shape import shape_of
+    from paraplan.planners.auto import judged_row
+
+    return restrict(result, engine, shape_of(w.built, w.built.ref),
+                    judge=lambda name, plan: judged_row(name, plan, w.request.costs),
+                    sequence_parallel=w.request.sequence_parallel)
+
+
 def _best_projection(row: Row, engine: str, shape: ModelShape, judge, sequence_parallel) -> list[Row]:
     name = f"{row.planner} for {engine}"
     judged = [judge(name, p) for p in projections(row.plan, shape, sequence_parallel)

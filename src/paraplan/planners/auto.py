@@ -24,21 +24,10 @@ from paraplan.planners import progress
 from paraplan.planners.bound import LowerBound, lower_bound
 from paraplan.planners.registry import make_plan, planner, planner_names
 from paraplan.planners.request import PlanRequest
+from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import Plan, SearchInfo
 from paraplan.plans.worker_roles import worker_roles
 from paraplan.simulator.time_split import TimeSplit
-
-FLAGSHIP = "galvatron-bmw"
-# the slow searches, in the order they start once the flagship and the quick planners have: those
-# whose plans win most often first (at 1,024 GPUs only the Galvatron family and the uniform grid
-# find a plan; the grid takes 14-22 s at 64-1,024 GPUs, so it starts beside the flagship), the
-# operator placements and Bi-Partition's exact DP (minutes at 80 layers) last
-SLOW_FIRST = ("megatron-grid", "galvatron-base", "galvatron-1f1b-biobj", "galvatron", "gropipe", "fddps", "fddps-nosplit", "mpdps",
-              "fastt", "heft", "pipedream-layerwise", "bipartition", "fddps-ports")
-
-# planners that exist to check others or to show the paper's printed pseudo-code, not to be chosen
-NOT_COMPARED = {"random": "a random division (a baseline for tests)", "brute-force": "the exact check of CSIMD "
-                "on small models", "csimd-paper": "CSIMD's printed pseudo-code (csimd is the same, fixed)"}
 
 
 @dataclass(frozen=True)
@@ -108,11 +97,12 @@ def no_plan_reason(result: Comparison, time_limit_s: float | None = None) -> str
 
 def describe(plan: Plan) -> str:
     """The plan's shape in a few words."""
-    if len({p.device for p in plan.operators if p.ops} if plan.operators else set(plan.devices)) == 1:
+    kind = plan.kind
+    if len({p.device for p in plan.operators if p.ops} if kind is PlanKind.OPERATORS else set(plan.devices)) == 1:
         # whichever planner found it: its name in the table must not read as a split
         chunks = f", {plan.virtual_stages} chunks, {plan.schedule}" if plan.virtual_stages > 1 else ""
         return "one process on 1 device" + chunks
-    if plan.operators:
+    if kind is PlanKind.OPERATORS:
         used = [p for p in plan.operators if p.ops]
         splits = sum("/part" in op for p in plan.operators for op in p.ops)
         return f"operators on {len(used)} devices" + (f", {splits} split parts" if splits else "")
@@ -120,11 +110,11 @@ def describe(plan: Plan) -> str:
     if plan.schedule not in ("gpipe", "1f1b", "async-1f1b"):  # the schedules of "Today's training II"
         chunks = f" x {plan.virtual_stages} chunks" if plan.virtual_stages > 1 else ""
         stages = f"{plan.n_ranks} stage{'s' if plan.n_ranks != 1 else ''}{chunks}, {plan.schedule}"
-    if any(s.backward_layers is not None for s in plan.stages):
+    if kind is PlanKind.BIPARTITION:
         split = sum(len(r.recomputed) for r in worker_roles(plan))
         return f"{plan.n_stages} worker{'s' if plan.n_stages != 1 else ''}" + (
             f", {split} layer{'s' if split != 1 else ''} split fwd/bwd" if split else ", layer-wise")
-    if any(s.strategies for s in plan.stages) and any(st.degree > 1 for s in plan.stages for st in s.strategies):
+    if kind is PlanKind.LAYERS and any(st.degree > 1 for s in plan.stages for st in s.strategies):
         kinds = []
         for stage in plan.stages:
             for layer in stage.layers:
@@ -139,9 +129,9 @@ def describe(plan: Plan) -> str:
 
 def skip_reason(name: str, request: PlanRequest) -> str | None:
     """Why a planner does not take part (None: it does)."""
-    if name in NOT_COMPARED:
-        return NOT_COMPARED[name]
     spec = planner(name)
+    if spec.not_compared:
+        return spec.not_compared
     if spec.needs_operators and request.costs.operators is None:
         return "needs the model's operator graph, which could not be traced"
     if request.schedule not in (None, "best") and request.schedule not in spec.schedules:
@@ -230,16 +220,11 @@ def _run_one(name: str, request: PlanRequest, conn, allowed_s: float | None = No
     conn.close()
 
 
-def _start_order(name: str) -> tuple[int, int]:
-    """The quick planners first (milliseconds to seconds, at 1,024 GPUs too), then the flagship (it holds
-    the best plans of the most requests and, stopped, keeps its best so far), then the other slow
-    searches (SLOW_FIRST: Galvatron-Base soon after, searching from the other end: `_request_for`).
+def _start_order(name: str) -> int:
+    """The quick planners first (milliseconds to seconds, at 1,024 GPUs too), then the slow searches
+    in the order their registration gives (planners/table.py: PlannerSpec.slow; the flagship first).
     Measured on gpt2-xl at 8 devices and a Llama-2-70B-like model at 1,024 (issue 31, item 5)."""
-    if name not in SLOW_FIRST and name != FLAGSHIP:
-        return (0, 0)
-    if name == FLAGSHIP:
-        return (1, 0)
-    return (2, SLOW_FIRST.index(name))
+    return planner(name).slow
 
 
 def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_s: float = 60.0,
@@ -278,18 +263,13 @@ def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_
 
 
 def _request_for(name: str, request: PlanRequest, compared: frozenset) -> PlanRequest:
-    """The request as planner `name` gets it: Galvatron-Base and -BMW leave their portfolio (the plans
-    of the variants inside their space, planners/galvatron/planner.py) to the comparison when every
-    one of those variants is a row of it already: the same plans, searched once instead of twice."""
-    from paraplan.planners.galvatron.planner import GRID, PORTFOLIO
-
-    options = dict(request.options)
-    if name in PORTFOLIO and set(PORTFOLIO[name]) | {GRID} <= compared and "portfolio" not in options:
-        options["portfolio"] = False
-    # Base's space lies inside BMW's: where both run, Base searches the pipeline degrees from the
-    # deepest while BMW goes from one stage, so that under the deadline the two cover both ends
-    if name == "galvatron-base" and FLAGSHIP in compared and "pp_order" not in options:
-        options["pp_order"] = "descending"
+    """The request as planner `name` gets it beside the planners `compared`: its registration's
+    options for a comparison where it has them (planners/table.py: PlannerSpec.in_comparison; e.g.
+    Galvatron-Base and -BMW leave the variants inside their space to the rows of their own)."""
+    spec = planner(name)
+    if spec.in_comparison is None:
+        return request
+    options = spec.in_comparison(dict(request.options), compared)
     return replace(request, options=options) if options != dict(request.options) else request
 
 

@@ -141,11 +141,14 @@ DIVIDERS: dict[str, Divider] = {}
 OPTIONS: dict[str, Mapping[str, OptionSpec]] = {}  # planner name -> its options
 
 
-def register_split(name: str, summary: str, divider: Divider, options: Mapping[str, OptionSpec] | None = None) -> None:
-    """Add a split planner: its divider here, and the planner (GPipe or 1F1B) to the planner table."""
+def register_split(name: str, summary: str, divider: Divider, options: Mapping[str, OptionSpec] | None = None, *,
+                   not_compared: str = "") -> None:
+    """Add a split planner: its divider here, and the planner (GPipe or 1F1B) to the planner table
+    (`not_compared`: planners/table.py PlannerSpec)."""
     DIVIDERS[name] = divider
     OPTIONS[name] = dict(options or {})
-    register(name, summary, schedules=("gpipe", "1f1b", *MULTI_CHUNK, "best"), options=options)(
+    register(name, summary, schedules=("gpipe", "1f1b", *MULTI_CHUNK, "best"), options=options,
+             not_compared=not_compared)(
         lambda request, values, judge: _plan(request, values, name, judge))
 
 

@@ -24,21 +24,32 @@ class PlannerSpec:
     options: Mapping[str, OptionSpec] = field(default_factory=dict)
     # plans operators, not layers: the caller builds the model's operator graph (CostModel.operators)
     needs_operators: bool = False
+    # `--planner auto` (planners/auto.py): when it starts this planner. 0: with the quick planners
+    # (milliseconds to seconds, at 1,024 GPUs too), first; n >= 1: a slow search, started after
+    # them, the lower n the sooner (1: the flagship, whose plans win most requests)
+    slow: int = 0
+    # why `--planner auto` leaves it out ("": compared), e.g. a planner that checks others
+    not_compared: str = ""
+    # the options it takes when `--planner auto` runs it beside the planners named in the frozenset
+    # (options, compared) -> options; None: the request's own
+    in_comparison: Callable[[dict, frozenset], dict] | None = None
 
 
 PLANNERS: dict[str, PlannerSpec] = {}
 
 
 def register(name: str, summary: str, schedules=(Schedule.GPIPE,), options: Mapping[str, OptionSpec] | None = None,
-             needs_operators: bool = False):
-    """Decorator: add a planner function to the table under `name`."""
+             needs_operators: bool = False, *, slow: int = 0, not_compared: str = "",
+             in_comparison: Callable[[dict, frozenset], dict] | None = None):
+    """Decorator: add a planner function to the table under `name` (`slow`, `not_compared`,
+    `in_comparison`: how `--planner auto` runs it, PlannerSpec)."""
 
     def add(fn: PlannerFn) -> PlannerFn:
         if name in PLANNERS:
             raise RuntimeError(f"planner {name!r} registered twice")
         # "best": the planner also chooses the schedule (planners/request.py: BEST_SCHEDULE)
         PLANNERS[name] = PlannerSpec(name, fn, summary, tuple(s if s == "best" else Schedule(s) for s in schedules),
-                                     dict(options or {}), needs_operators)
+                                     dict(options or {}), needs_operators, slow, not_compared, in_comparison)
         return fn
 
     return add

@@ -50,11 +50,11 @@ def machine_key() -> dict:
     """What identifies a measurement of this machine (the precision apart)."""
     import torch
 
-    import paraplan
+    from paraplan.version import __version__
 
     return {"cpu": cpu_model(), "cores": os.cpu_count() or 1, "torch": torch.__version__,
             "threads": {k: os.environ.get(k, "") for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")},
-            "paraplan": paraplan.__version__}
+            "paraplan": __version__}
 
 
 def entry_path(key: dict, precision: str) -> Path:
@@ -142,6 +142,24 @@ def machine_calibration(precision: str | None, *, allowed: bool = True,
     if other is None:
         return None
     return CachedCalibration(other.path, other.made or base.made, other.seconds + base.seconds)
+
+
+def local_cluster(name: str | None, precision: str | None, *, skip: bool = False, make: bool = True,
+                  on_start: Callable[[Path], None] = lambda path: None,
+                  on_made: Callable[[CachedCalibration], None] = lambda found: None) -> str | None:
+    """What a cluster name means where a prediction is asked for (issue 33), for the Python API and
+    the command line alike: `name` itself, or for `local` (unless `skip`: a profile, or the analytic
+    preset asked for) the path of this machine's calibration in `precision`, the cached one or, when
+    `make`, one measured now (`on_start(path)` before, `on_made(found)` after); `local` itself
+    when there is none."""
+    if name != "local" or skip:
+        return name
+    found = machine_calibration(precision, allowed=make, on_start=on_start)
+    if found is None:
+        return name
+    if found.made:
+        on_made(found)
+    return str(found.path)
 
 
 def store(cluster_file: Path) -> Path:

@@ -66,10 +66,11 @@ def _pipedream(problem: SplitProblem, n_micro, options, memory=None, exactly=Fal
 register_split("even", "GPipe-E: equal layer counts",
                lambda pr, p, o, m=None, x=False: with_odpa(pr, partition.even(pr.n_layers, pr.n_stages), p, m))
 register_split("random", "GPipe-R: random cuts and micro-batch count", _random,
-               {"seed": OptionSpec(0, "random seed", whole_number("seed"))})
+               {"seed": OptionSpec(0, "random seed", whole_number("seed"))},
+               not_compared="a random division (a baseline for tests)")
 register_split("params", "DeepSpeed: balance parameters", lambda pr, p, o, m=None, x=False: with_odpa(
     pr, partition.balanced_1d(pr.param_bytes, pr.n_stages, x), p, m))
 register_split("time-1d", "torchgpipe: balance forward + backward time", _time_1d)
 register_split("pipedream-dp", "PipeDream's min-max dynamic program", _pipedream)
 register_split("brute-force", f"every division and micro-batch count (at most {BRUTE_FORCE_MAX_LAYERS} layers): "
-                              "eq. (8)'s optimum", _brute_force)
+                              "eq. (8)'s optimum", _brute_force, not_compared="the exact check of CSIMD on small models")

@@ -299,12 +299,12 @@ _MODE = {"mode": OptionSpec("runtime", "runtime: cost split layers as paraplan t
 
 
 @register("bipartition", "Bi-Partition: separate forward and backward ranges per worker (1F1B)", schedules=("1f1b",),
-          options=_MODE)
+          options=_MODE, slow=13)
 def _bipartition(request: PlanRequest, options: dict, judge: Judge) -> Plan:
     return plan_bipartition(request, judge, mode=options.get("mode", "runtime"))[0]
 
 
 @register("pipedream-layerwise", "PipeDream's layer-wise partition (Bi-Partition's baseline, 1F1B)",
-          schedules=("1f1b",))
+          schedules=("1f1b",), slow=12)
 def _layerwise(request: PlanRequest, options: dict, judge: Judge) -> Plan:
     return plan_bipartition(request, judge, layerwise=True)[0]

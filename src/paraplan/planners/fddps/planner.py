@@ -195,6 +195,8 @@ def _fddps_options(links: str, fallback: str = "lowest_priority") -> dict:
 _FDDPS_OPTIONS = _fddps_options("free")
 _MPDPS_OPTIONS = {**_RUNNABLE, "groups_per_device": OptionSpec(32, "MP-DPS node merging: groups per device",
                                                   at_least("groups_per_device", 1))}
+# --planner auto starts these searches late, after the Galvatron family and GroPipe (planners/table.py: slow)
+_SLOW = {"fddps": 7, "fddps-nosplit": 8, "mpdps": 9, "fastt": 10, "heft": 11, "fddps-ports": 14}
 
 for _name, _summary, _scheduler, _split, _options in (
     ("fddps", "FD-DPS: operator placement by dynamic critical paths, compute-heavy operators split along the batch",
@@ -216,5 +218,5 @@ for _name, _summary, _scheduler, _split, _options in (
     ("mpdps", "MP-DPS-like: node merging and path prediction", lambda p, o: schedule_mpdps(
         p, groups_per_device=o.get("groups_per_device", 32)), False, _MPDPS_OPTIONS),
 ):
-    register(_name, _summary, schedules=("dag",), options=_options, needs_operators=True)(
+    register(_name, _summary, schedules=("dag",), options=_options, needs_operators=True, slow=_SLOW[_name])(
         _plan_with(_name, _scheduler, _split))

@@ -290,10 +290,37 @@ _OPTIONS = {
 }
 
 
+FLAGSHIP = "galvatron-bmw"
+# `--planner auto` starts these after the quick planners, in this order (planners/table.py: slow):
+# the flagship first (it holds the best plans of the most requests and, stopped, keeps its best so
+# far), the grid beside it (14-22 s at 64-1,024 GPUs), Galvatron-Base soon after, searching from
+# the other end (`_in_comparison`); the other variants are quick
+SLOW = {FLAGSHIP: 1, GRID: 2, "galvatron-base": 3, "galvatron-1f1b-biobj": 4, "galvatron": 5}
+
+
+def _in_comparison(name: str):
+    """The options of Galvatron-Base or -BMW in `--planner auto`: their portfolio (the plans of the
+    variants inside their space) left to the comparison when every one of those variants is a row of
+    it already: the same plans, searched once instead of twice. Base's space lies inside BMW's: where
+    both run, Base searches the pipeline degrees from the deepest while BMW goes from one stage, so
+    that under the deadline the two cover both ends."""
+
+    def options_in(options: dict, compared: frozenset) -> dict:
+        options = dict(options)
+        if set(PORTFOLIO[name]) | {GRID} <= compared and "portfolio" not in options:
+            options["portfolio"] = False
+        if name == "galvatron-base" and FLAGSHIP in compared and "pp_order" not in options:
+            options["pp_order"] = "descending"
+        return options
+
+    return options_in
+
+
 def _register(variant: Variant) -> None:
     schedules = variant.schedules + ((BEST_SCHEDULE,) if variant.checkpoint and not variant.fixed_3d else ())
 
-    @register(variant.name, variant.summary, schedules=schedules, options=_OPTIONS)
+    @register(variant.name, variant.summary, schedules=schedules, options=_OPTIONS, slow=SLOW.get(variant.name, 0),
+              in_comparison=_in_comparison(variant.name) if variant.name in PORTFOLIO else None)
     def _planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
         return galvatron_plan(request, variant, options, judge)
 
@@ -303,7 +330,8 @@ for _variant in VARIANTS:
 
 
 @register(GRID, "uniform Megatron-style layouts (PP x TP x DP, ZeRO-1 and SP in mixed precision, the least "
-          "recomputation that fits, interleaved 1F1B) judged by the simulator", schedules=("1f1b", "gpipe", BEST_SCHEDULE))
+          "recomputation that fits, interleaved 1F1B) judged by the simulator", schedules=("1f1b", "gpipe", BEST_SCHEDULE),
+          slow=SLOW[GRID])
 def _grid_planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
     t0 = time.perf_counter()
     note = stage_counts(request)[1]

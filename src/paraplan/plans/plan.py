@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from paraplan.errors import ParaplanError
-from paraplan.plans.axes import LAYOUT_AXES
+from paraplan.plans.axes import CONTEXT, LAYOUT_AXES
 from paraplan.plans.kinds import PlanKind, kind_of
 
 # LayerStrategy and its enums live in their own module; imported here too, where every plan reader looks
@@ -334,7 +334,7 @@ def _validate_operators(plan: Plan) -> None:
 
 # version 2's strategies beyond version 1's, each with the field that uses it first (the simulator
 # and the runtime refuse, in one line, what they do not model or run yet: `refuse_features`)
-FEATURES = ("precision", "zero", "sequence_parallel", "selective", "schedule")
+FEATURES = ("precision", "zero", "sequence_parallel", "selective", "schedule", "context_parallel")
 # the issue that brings each
 _FEATURE_ISSUE = {"schedule": "issue 30, Today's training II"}
 
@@ -353,15 +353,20 @@ def features_used(plan: Plan) -> dict[str, str]:
                 found.setdefault("sequence_parallel", f"{where}.sequence_parallel: true")
             if x.recompute == Recompute.SELECTIVE:
                 found.setdefault("selective", f"{where}.recompute: selective")
+            if getattr(x, CONTEXT.name) > 1:
+                found.setdefault("context_parallel", f"{where}.{CONTEXT.name}: {getattr(x, CONTEXT.name)}")
     if plan.schedule in MULTI_CHUNK:  # the schedules of "Today's training II" (plans/schedules.py)
         found["schedule"] = f"schedule.kind: {plan.schedule}"
     return found
 
 
-def refuse_features(plan: Plan, supported: frozenset[str] | set[str], what: str) -> None:
+def refuse_features(plan: Plan, supported: frozenset[str] | set[str], what: str,
+                    reasons: dict[str, str] | None = None) -> None:
     """PlanError naming the first feature the plan uses that `what` (e.g. "the simulator") does not
-    support yet."""
+    support yet; `reasons` (by feature): why `what` does not, said instead of the issue that brings it."""
     for feature, where in features_used(plan).items():
+        if feature not in supported and reasons and feature in reasons:
+            raise PlanError(f"{where}: {reasons[feature]}")
         if feature not in supported:
             issue = _FEATURE_ISSUE.get(feature, "issue 29, Today's training I")
             raise PlanError(f"{where}: {what} does not support this yet ({issue})")

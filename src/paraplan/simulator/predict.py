@@ -41,7 +41,8 @@ class Simulation:
 
 
 # the version-2 plan features (plans/plan.py: FEATURES) the simulator models so far
-MODELLED: frozenset[str] = frozenset({"precision", "zero", "sequence_parallel", "selective", "schedule"})
+MODELLED: frozenset[str] = frozenset({"precision", "zero", "sequence_parallel", "selective", "schedule",
+                                     "context_parallel"})
 
 
 def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulation:

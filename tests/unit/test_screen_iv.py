@@ -218,8 +218,8 @@ def test_clusters_show_the_peak_of_the_default_precision_and_name_it(capsys):
 def test_an_error_is_measured_against_predicted_everywhere(capsys):
     from paraplan.cli.plan_runs import print_proof
     from paraplan.cli.train import drift_warning
-    from paraplan.runtime.measure.compare import Comparison, against_prediction
     from paraplan.runtime.launcher.prove import Measured
+    from paraplan.runtime.measure.compare import Comparison, against_prediction
 
     slow = Comparison(predicted_s=0.1, measured_median_s=0.204, measured_q1_s=0.2, measured_q3_s=0.21, steps=8)
     assert slow.error == pytest.approx(1.04)

@@ -150,9 +150,9 @@ def _check_outputs(args, out_dir: str) -> None:
 
 def _config(args, plan, model: str, out_dir: str):
     """The run's TrainConfig (validated once), after the data file and before the checkpoints."""
-    from paraplan.runtime.state.checkpoints import check_resume
     from paraplan.runtime.rank.data import check_file
     from paraplan.runtime.rank.rank_base import TrainConfig
+    from paraplan.runtime.state.checkpoints import check_resume
 
     if args.data:  # the file alone first: a missing one fails before the model is measured
         _data_check(check_file, args.data, args.data_dtype)
@@ -200,9 +200,9 @@ def _check_model(args, config, plan, model: str, built, spec, compare_cluster) -
     the plan. Returns the world size and whether torchrun started this process."""
     import os
 
-    from paraplan.runtime.rank.data import check_data
     from paraplan.runtime.launcher.launch import check_before_launch, under_torchrun
     from paraplan.runtime.launcher.preflight import check_model_fits_loss
+    from paraplan.runtime.rank.data import check_data
 
     if args.data:  # against the model, the whole file read once; before any directory or rank
         _data_check(check_data, args.data, args.data_dtype, built.inputs, model)
@@ -248,8 +248,8 @@ def _launch(args, config, world: int, out_dir: str, torchrun: bool) -> bool:
     directories are created only now, and removed again if the run ends before writing anything."""
     import os
 
-    from paraplan.runtime.state.checkpoints import remove_unlisted
     from paraplan.runtime.launcher.launch import run_under_torchrun, spawn
+    from paraplan.runtime.state.checkpoints import remove_unlisted
     from paraplan.system.fileio import make_dirs_all, remove_if_empty, remove_temporaries
 
     created = make_dirs_all(out_dir, args.checkpoint_dir or None)

@@ -4,8 +4,8 @@ recomputation (Galvatron-BMW §III, with today's training's refinements)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from enum import StrEnum
+from functools import cached_property
 
 from paraplan.plans.axes import (
     LAYER_AXES,

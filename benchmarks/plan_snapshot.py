@@ -68,12 +68,12 @@ COMMANDS = [
     ("inspect-gpt2-xl", ["inspect", "gpt2-xl", "--batch", "8", "--cluster", "galvatron-8xtitan", "--json"], None),
 ] + [(f"simulate-{p.stem}", ["simulate", str(p), "--json"], None) for p in sorted((ROOT / "examples").glob("*.json"))]
 
-# A plan through the Python API: the code runs with OUT as sys.argv[1] (context_parallel was an
+# A plan through the Python API: the code runs with OUT in $SNAPSHOT_OUT (context_parallel was an
 # API-only option before `plan --option`); "@name" in an argv is the file command `name` wrote.
 API = "--api"
-CP_PLAN = ("from sys import argv\nfrom paraplan import api\nfrom paraplan.plans.plan_file import write_plan\n"
+CP_PLAN = ("import os\nfrom paraplan import api\nfrom paraplan.plans.plan_file import write_plan\n"
            "write_plan(api.plan('llama3.1-8b', 'dgx-h100-80gb', 8, planner='galvatron-bmw', precision='bf16', "
-           "seq_len=16384, options={'context_parallel': 2}), argv[1])\n")
+           "seq_len=16384, options={'context_parallel': 2}), os.environ['SNAPSHOT_OUT'])\n")
 COMMANDS += [
     ("axes-galvatron-cp2-llama", [API, CP_PLAN], "OUT"),
     ("axes-simulate-cp", ["simulate", "@axes-galvatron-cp2-llama", "--json"], None),
@@ -108,9 +108,9 @@ def snapshot(paraplan: list[str], python: list[str], env_extra: dict) -> dict:
             target = str(Path(tmp) / f"{name}.json")
             argv = [target if a == "OUT" else str(Path(tmp) / f"{a[1:]}.json") if a.startswith("@") else a
                     for a in argv]
-            command = [*python, "-c", argv[1], target] if argv[0] == API else [*paraplan, *argv]
+            command = [*python, "-c", argv[1]] if argv[0] == API else [*paraplan, *argv]
             t0 = time.perf_counter()
-            res = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp)
+            res = subprocess.run(command, capture_output=True, text=True, env={**env, "SNAPSHOT_OUT": target}, cwd=tmp)
             print(f"[{i}/{len(COMMANDS)}] {name}: exit {res.returncode} ({time.perf_counter() - t0:.1f} s)",
                   file=sys.stderr)
             entry = {"exit": res.returncode}

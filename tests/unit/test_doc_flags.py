@@ -57,7 +57,7 @@ FOREIGN = {
     "--ckpt-format", "--sequence-parallel", "--num-layers-per-virtual-pipeline-stage", "--pipeline-model-parallel-layout",
     "--micro-batch-size", "--global-batch-size", "--recompute-granularity", "--recompute-modules", "--recompute-method",
     "--recompute-num-layers", "--bf16", "--fp16", "--torch-fsdp2-no-reshard-after-forward", "--no-rope-fusion",
-    "--DDP-impl",
+    "--DDP-impl", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
     # DeepSpeed
     "--deepspeed_config",
 }

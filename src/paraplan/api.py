@@ -241,9 +241,9 @@ def train(plan_or_path: Plan | str | Path, *, steps: int = 3, nproc: int | None 
     import dataclasses
     import json
 
+    from paraplan.runtime.config import TrainConfig
     from paraplan.runtime.launcher.launch import launch_checked
     from paraplan.runtime.measure.compare import step_times
-    from paraplan.runtime.rank.rank_base import TrainConfig
 
     p = _plan_of(plan_or_path, "train")
     fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"plan", "steps", "out_dir"}

@@ -15,7 +15,7 @@ from paraplan.system.processes import start_method
 
 
 def _ranks(rank: int, world: int, port: int, configs: list) -> None:
-    from paraplan.runtime.launcher.dispatch import train_rank
+    from paraplan.runtime.kinds import train_rank
     from paraplan.runtime.launcher.launch import die_with_parent
 
     die_with_parent()
@@ -40,7 +40,7 @@ def train_many(configs: list, world: int) -> None:
 def train_sgd(root: Path, plans: dict, world: int) -> dict:
     """Each plan (name -> Plan) trained 2 SGD steps (lr 0.1, no dropout) into root/name, in one
     launch of `world` ranks: the recipe the agreement-with-one-process tests compare; name -> config."""
-    from paraplan.runtime.rank.rank_base import TrainConfig
+    from paraplan.runtime.config import TrainConfig
 
     configs = {name: TrainConfig(plan=plan, model=plan.model, out_dir=str(Path(root) / name), dropout=False, steps=2,
                                  optimizer="sgd", lr=0.1) for name, plan in plans.items()}

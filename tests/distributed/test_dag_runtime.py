@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paraplan.runtime.config import TrainConfig
 
 from paraplan.models.op_split import PART, split_degrees
 from paraplan.planners.registry import make_plan
@@ -20,7 +21,6 @@ from paraplan.plans.plan import OperatorPlacement
 from paraplan.runtime.dag.dag_graph import build_program
 from paraplan.runtime.dag.dag_runtime import dag_refusal
 from paraplan.runtime.measure.reference import reference_run
-from paraplan.runtime.rank.rank_base import TrainConfig
 
 from .many import train_many
 

@@ -8,12 +8,12 @@ import os
 import numpy as np
 import pytest
 import torch
+from paraplan.runtime.config import TrainConfig
 from paraplan_process import run_paraplan
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import write_plan
 from paraplan.runtime.measure.reference import reference_run
-from paraplan.runtime.rank.rank_base import TrainConfig
 
 # 2 stages, 4 micro-batches of 2 windows of 32 tokens (gpt2-tiny: vocabulary 512, sequence 32)
 PLAN = Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=8, n_micro=4, schedule="1f1b",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paraplan.runtime.config import TrainConfig
 
 from paraplan.errors import ParaplanError
 from paraplan.planners.registry import planner, planner_names
@@ -16,7 +17,6 @@ from paraplan.plans.plan_file import read_plan
 from paraplan.runtime.launcher.launch import check_before_launch
 from paraplan.runtime.measure.reference import reference_run
 from paraplan.runtime.rank.materialize import build_layers
-from paraplan.runtime.rank.rank_base import TrainConfig
 
 from .many import train_many
 

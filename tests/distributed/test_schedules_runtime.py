@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from paraplan.runtime.config import TrainConfig
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.schedules import stage_ranks
 from paraplan.runtime.measure.reference import reference_run
-from paraplan.runtime.rank.rank_base import TrainConfig
 
 from .expected import initial_parameters, predicted_memory
 from .many import train_many, train_sgd

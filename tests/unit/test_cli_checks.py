@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from paraplan.runtime.config import TrainConfig
 from paraplan_process import run_paraplan
 
 from paraplan.errors import UnknownNameError
 from paraplan.plans.plan_file import read_plan
-from paraplan.runtime.rank.rank_base import TrainConfig
 from paraplan.runtime.state.checkpoints import check_resume, checkpoint_record, write_manifest
 from paraplan.system.fileio import make_dirs, output_problem, remove_if_empty
 

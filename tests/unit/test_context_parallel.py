@@ -11,11 +11,13 @@ import pytest
 
 from paraplan.costs.collectives import ring_allreduce_s
 from paraplan.costs.strategy import layer_memory, layer_time, slice_gather_fraction, strategy_groups
+from paraplan.errors import FieldError
 from paraplan.hardware.cluster import LinkSpec
 from paraplan.planners.registry import make_plan
 from paraplan.plans.axes import CONTEXT, DATA, TENSOR
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, PlanError, Stage, validate
 from paraplan.plans.plan_file import plan_from_json, plan_to_json
+from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.layers.hybrid import hybrid_refusal
 from paraplan.simulator.predict import simulate_plan
 from paraplan.workload import workload
@@ -92,8 +94,13 @@ def test_plans_with_cp_validate_round_trip_simulate_and_train_refuses_them(world
     sim = simulate_plan(plan, world.costs).prediction
     tp8 = simulate_plan(_plan(n, LayerStrategy(tp=8, sequence_parallel=True)), world.costs).prediction
     assert sim.feasible and tp8.feasible
-    reason = hybrid_refusal(plan, world.built.layers())
-    assert reason and "context parallelism is planned and simulated, not run" in reason and "\n" not in reason
+    # the runtime refuses it as a plan feature (plans/plan.py: FEATURES), in one line naming the layer's cp
+    with pytest.raises(FieldError) as refused:
+        TrainConfig(plan=plan, model=plan.model)
+    assert refused.value.field == "plan" and "\n" not in str(refused.value)
+    assert str(refused.value.detail).startswith("stages[0].strategies[0].cp: 2: context parallelism is planned and "
+                                                "simulated, not run (torch's context_parallel shards only CUDA's")
+    assert hybrid_refusal(plan, world.built.layers()) is None  # the layers themselves pass the other checks
 
 
 def test_galvatron_searches_cp_only_when_asked_and_uses_it_at_32k_tokens(world):

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from paraplan.runtime.config import TrainConfig
 
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware.presets import load_cluster
@@ -21,7 +22,6 @@ from paraplan.planners.request import FieldError, PlanRequest
 from paraplan.plans.plan import OperatorPlacement
 from paraplan.runtime.dag.dag_graph import DagRefusal, analyse, build_program
 from paraplan.runtime.dag.dag_runtime import dag_refusal
-from paraplan.runtime.rank.rank_base import TrainConfig
 
 PLANNERS = ["fddps", "fddps-nosplit", "fddps-ports", "fastt", "heft", "mpdps"]
 

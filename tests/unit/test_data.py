@@ -4,6 +4,7 @@
 import numpy as np
 import pytest
 import torch
+from paraplan.runtime.config import TrainConfig
 
 from paraplan.cli import main
 from paraplan.errors import FieldError
@@ -11,7 +12,6 @@ from paraplan.models import source
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import write_plan
 from paraplan.runtime.rank.data import batch_source, check_data, check_file
-from paraplan.runtime.rank.rank_base import TrainConfig
 
 GPT2 = source.build("gpt2-tiny", device="meta")  # tokens: sequence 32, vocabulary 512
 LENET = source.build("lenet-5", device="meta")  # images: 1 x 32 x 32, 10 classes

@@ -12,12 +12,12 @@ is tests/unit/test_schedule_search.py."""
 from dataclasses import replace
 
 import pytest
+from paraplan.runtime.config import TrainConfig
 
 from paraplan.planners.galvatron.planner import chunk_counts
 from paraplan.planners.registry import make_plan, simulator_judge
 from paraplan.planners.schedule_variants import rewrite
 from paraplan.runtime.launcher.launch import check_before_launch
-from paraplan.runtime.rank.rank_base import TrainConfig
 from paraplan.workload import workload
 
 MODEL = ("hf:llama?num_hidden_layers=16&hidden_size=2048&num_attention_heads=16&num_key_value_heads=16"

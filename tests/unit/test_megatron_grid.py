@@ -47,8 +47,9 @@ def test_pruning_is_exact_against_every_layout(tight):
 def test_train_accepts_the_grid_s_plans():
     """The grid's layouts are ones the runtime runs (per-layer strategies under 1F1B and interleaved
     1F1B, SP only where runtime/layers/tensor_parallel.py supports it): auto must not pick what `train` refuses."""
+    from paraplan.runtime.config import TrainConfig
+
     from paraplan.runtime.launcher.launch import check_before_launch
-    from paraplan.runtime.rank.rank_base import TrainConfig
 
     w = workload(MODEL, "dgx-a100-80gb?nodes=1", batch=16, memory="20GiB")
     layers = w.built.layers()
@@ -103,8 +104,9 @@ def test_no_tensor_parallelism_where_the_runtime_has_none():
     (PlanRequest.tensor_parallel): GPT-2-tiny's 4 heads do not split over 8 ranks, a convolution
     has no TP plan. On 8 P100s (fp32 there: TP anywhere, the papers' setting) the grid's best
     was TP8, which `train` refuses; in fp16 its plan and BMW's run."""
+    from paraplan.runtime.config import TrainConfig
+
     from paraplan.runtime.launcher.launch import check_before_launch
-    from paraplan.runtime.rank.rank_base import TrainConfig
 
     for model in ("gpt2-tiny", "lenet-5"):
         w = workload(model, "fddps-8xp100", batch=16, precision="fp16")

@@ -135,8 +135,9 @@ def test_a_device_without_the_dtype_is_one_line_before_any_work(capsys, tmp_path
 
 
 def test_the_runtime_takes_mixed_precision_where_it_runs_it():
+    from paraplan.runtime.config import TrainConfig
+
     from paraplan.errors import FieldError
-    from paraplan.runtime.rank.rank_base import TrainConfig
 
     for precision in ("bf16", "fp16", "tf32"):
         TrainConfig(plan=replace(_plan(precision), cluster="local"), model="gpt2-tiny")

@@ -150,8 +150,8 @@ def _check_outputs(args, out_dir: str) -> None:
 
 def _config(args, plan, model: str, out_dir: str):
     """The run's TrainConfig (validated once), after the data file and before the checkpoints."""
+    from paraplan.runtime.config import TrainConfig
     from paraplan.runtime.rank.data import check_file
-    from paraplan.runtime.rank.rank_base import TrainConfig
     from paraplan.runtime.state.checkpoints import check_resume
 
     if args.data:  # the file alone first: a missing one fails before the model is measured
@@ -209,7 +209,7 @@ def _check_model(args, config, plan, model: str, built, spec, compare_cluster) -
     torchrun = under_torchrun()
     world = int(os.environ["WORLD_SIZE"]) if torchrun else (len(plan.devices) if args.nproc is None else args.nproc)
     layers = built.layers()
-    check_before_launch(config, world, spec.n_layers, layers)
+    check_before_launch(config, world, spec.n_layers, layers, built)
     check_model_fits_loss(built, plan, layers, args.seed)  # the loss takes what the model returns
     if compare_cluster is not None:  # before the run, not after it: the comparison simulates on this cluster
         from paraplan.plans.plan import check_fits

@@ -17,7 +17,7 @@ import os
 
 # what the server imports before it forks anything (one list for every caller: the first caller's
 # list is the server's, and a process has one server)
-WARM_MODULES = ["paraplan.runtime.launcher.dispatch", "paraplan.runtime.launcher.teardown", "transformers.modeling_utils",
+WARM_MODULES = ["paraplan.runtime.kinds", "paraplan.runtime.launcher.teardown", "transformers.modeling_utils",
                 "torch.distributed.tensor", "torch.distributed.pipelining", "torch.distributed.fsdp"]
 
 

@@ -39,8 +39,8 @@ def _run_train(plan_path: Path, steps: int, out: Path) -> subprocess.CompletedPr
     its own: the calibration's runs then start their ranks from one warm forkserver instead of each
     paying a fresh interpreter and a fresh server (~10 s of a core per run here)."""
     from paraplan.plans.plan_file import read_plan
+    from paraplan.runtime.config import TrainConfig
     from paraplan.runtime.launcher.launch import launch_checked
-    from paraplan.runtime.rank.rank_base import TrainConfig
 
     argv = ["paraplan", "train", "--plan", str(plan_path), "--steps", str(steps), "--out-dir", str(out)]
     try:

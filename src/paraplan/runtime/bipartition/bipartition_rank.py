@@ -40,7 +40,7 @@ import torch.distributed as dist
 from paraplan.plans.worker_roles import WorkerRole, worker_roles
 from paraplan.runtime.measure.memory_meter import note_checkpoint_input
 from paraplan.runtime.rank.materialize import StageModule, materialize
-from paraplan.runtime.rank.rank_base import RankSetup, TrainConfig
+from paraplan.runtime.rank.rank_base import RankSetup, RunConfig
 
 # message tags: kind * TAG_STRIDE + micro-batch
 FORWARD_TAG, GRAD_TAG, SIDE_TAG, WEIGHT_TAG = 1, 2, 3, 4
@@ -118,7 +118,7 @@ def boundary_shapes(built, layers, micro: int) -> list[tuple[torch.Size, torch.d
 class BipartitionStep:
     """Runs one step's schedule on this worker: its forwards and backwards in the plan's order."""
 
-    def __init__(self, config: TrainConfig, role: WorkerRole, layers: _Layers, shapes, built, device, recorder):
+    def __init__(self, config: RunConfig, role: WorkerRole, layers: _Layers, shapes, built, device, recorder):
         from paraplan.plans.schedules import ORDERS
 
         self.config, self.role, self.layers, self.shapes, self.built, self.device, self.recorder = \
@@ -286,7 +286,7 @@ class _NoSync:
         pass
 
 
-def bipartition_setup(config: TrainConfig, rank: int, device, built, layers, names, recorder) -> RankSetup:
+def bipartition_setup(config: RunConfig, rank: int, device, built, layers, names, recorder) -> RankSetup:
     plan = config.plan
     roles = worker_roles(plan)
     index = next(k for k, s in enumerate(plan.stages) if rank in s.devices)

@@ -183,8 +183,11 @@ class _Tensors:
                          "the operator runtime cannot reproduce it")
 
 
-def build_program(model: str, batch: int, seq_len=None, image_size=None) -> Program:
-    built = source.build(model, device="meta", seq_len=seq_len, image_size=image_size)
+def build_program(model: str, batch: int, seq_len=None, image_size=None, built=None) -> Program:
+    """The static program of `model`'s forward at `batch` samples; `built`: the model already built
+    on meta (the launcher's one build), else it is built here."""
+    if built is None:
+        built = source.build(model, device="meta", seq_len=seq_len, image_size=image_size)
     trace, names, prog = forward_program(built, batch)
     reg = _Tensors(built, prog)
     tensors = reg.tensors

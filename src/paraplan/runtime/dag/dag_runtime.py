@@ -31,7 +31,7 @@ Mechanism (runtime/dag/dag_graph.py builds the static part):
     stay equal without a broadcast; its owner (the lowest such rank) writes it. The simulator and
     the FD-DPS cost model price this sum as the backward gather's additions on one device and no
     all-reduce: the all-reduce is a real cost they do not see.
-  - Dropout off (TrainConfig.dropout=False): the plan's graph was traced with dropout (its names
+  - Dropout off (RunConfig.dropout=False): the plan's graph was traced with dropout (its names
     include the mask ops), so the mask's bernoulli_(q) runs as fill_(q); the next div_(q) makes
     the mask exactly 1 (q / q), the multiply exactly the identity.
 Outputs as the stage loop's (runtime/pipeline/stage_loop.py): losses.json (rank 0), steps_rank{r}.json,
@@ -68,7 +68,7 @@ from paraplan.runtime.dag.dag_graph import (
 from paraplan.runtime.measure.memory_meter import MemoryMeter, state_bytes
 from paraplan.runtime.rank.data import batch_source
 from paraplan.runtime.rank.materialize import build_layers, materialize
-from paraplan.runtime.rank.rank_base import TrainConfig, make_optimizer
+from paraplan.runtime.rank.rank_base import RunConfig, make_optimizer
 
 
 @functools.lru_cache(maxsize=8)
@@ -76,17 +76,21 @@ def _program(model: str, batch: int, seq_len, image_size):
     return build_program(model, batch, seq_len, image_size)
 
 
-def dag_analysis(config: TrainConfig) -> Analysis:
+def dag_analysis(config: RunConfig, built=None) -> Analysis:
+    """The plan's placement against the model's traced program; `built`: the model on meta, if
+    the caller built it already (the launcher), else the program is built here (once per process)."""
     plan = config.plan
+    if built is not None:
+        return analyse(plan, build_program(config.model, plan.global_batch, built=built))
     return analyse(plan, _program(config.model, plan.global_batch, config.seq_len, config.image_size))
 
 
-def dag_refusal(config: TrainConfig) -> str | None:
-    """One line saying why this 'dag' plan cannot run, or None."""
+def dag_refusal(config: RunConfig, built=None) -> str | None:
+    """One line saying why this 'dag' plan cannot run, or None (`built`: as dag_analysis takes it)."""
     if config.checkpoint_dir or config.resume:
         return "checkpoints of operator placements are not written yet"
     try:
-        dag_analysis(config)
+        dag_analysis(config, built)
     except (DagRefusal, ParaplanError) as exc:
         return str(exc)
     except Exception as exc:  # noqa: BLE001 - a model the analysis does not handle: one line, not a traceback
@@ -332,7 +336,7 @@ def _externals(built, named: dict[str, torch.nn.Parameter], inputs, targets) -> 
     return ext
 
 
-def train_dag_rank(config: TrainConfig) -> dict:
+def train_dag_rank(config: RunConfig) -> dict:
     plan = config.plan
     rank, world = dist.get_rank(), dist.get_world_size()
     an = dag_analysis(config)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from paraplan.runtime.rank.rank_base import TrainConfig
+from paraplan.runtime.config import TrainConfig
 from paraplan.system.localnet import free_port
 from paraplan.system.processes import WARM_MODULES, start_method
 
@@ -129,7 +129,7 @@ def worker_main(rank: int, world: int, port: int, config: TrainConfig, error_dir
     import torch
     import torch.distributed as dist
 
-    from paraplan.runtime.launcher.dispatch import train_rank
+    from paraplan.runtime.kinds import train_rank
     from paraplan.runtime.launcher.teardown import end_rank, record_failure
     from paraplan.runtime.rank.rank_base import backend
 
@@ -207,7 +207,7 @@ def run_under_torchrun(config: TrainConfig) -> dict:
     import torch
     import torch.distributed as dist
 
-    from paraplan.runtime.launcher.dispatch import train_rank
+    from paraplan.runtime.kinds import train_rank
     from paraplan.runtime.launcher.teardown import end_rank
     from paraplan.runtime.rank.rank_base import backend
 
@@ -229,76 +229,14 @@ def run_under_torchrun(config: TrainConfig) -> dict:
     return result
 
 
-def check_before_launch(config: TrainConfig, world: int, n_layers: int, layers=None) -> None:
+def check_before_launch(config: TrainConfig, world: int, n_layers: int, layers=None, built=None) -> None:
     """Refuse a plan that cannot run, before any process starts: one clear line. `layers` (the
-    model's layer list, on meta) lets plans with per-layer strategies be checked layer by layer."""
-    from paraplan.errors import FieldError, ParaplanError
-    from paraplan.plans.plan import check_fits
+    model's layer list, on meta) lets plans with per-layer strategies be checked layer by layer;
+    `built` (the model built on meta) is what an operator placement's trace replays, so that the
+    launcher builds the model once. What is checked is the plan's kind's (runtime/kinds.py)."""
+    from paraplan.runtime.kinds import RUNNERS
 
-    plan = config.plan
-    if plan.schedule == "dag":  # an operator placement (FD-DPS)
-        from paraplan.runtime.dag.dag_runtime import dag_refusal
-
-        used = sorted(plan.devices)
-        if used != list(range(world)):
-            raise FieldError("nproc", f"the plan places operators on devices {used} but the world has {world} "
-                                      f"ranks (0..{world - 1}): start {len(used)}")
-        reason = dag_refusal(config)
-        if reason:
-            raise ParaplanError(f"this plan cannot run: {reason}")
-        return
-    from paraplan.plans.schedules import MULTI_CHUNK
-
-    if plan.schedule not in ("gpipe", "1f1b", *MULTI_CHUNK):
-        raise ParaplanError(f"schedule '{plan.schedule}': the runtime runs gpipe, 1f1b and the multi-chunk "
-                            f"schedules ({', '.join(MULTI_CHUNK)})")
-    if plan.schedule in MULTI_CHUNK:
-        if any(s.strategies for s in plan.stages) and plan.schedule not in ("interleaved-1f1b", "looped-bfs"):
-            # tried: under interleaved-zb, TP, FSDP2, ZeRO-1 and SP layers each fail in the weight pass
-            # ("Can't detach views in-place"); plain DP layers agree with one process (7e-9)
-            raise ParaplanError(f"schedule '{plan.schedule}': stages with per-layer strategies run under gpipe, 1f1b, "
-                                "interleaved-1f1b and looped-bfs; under the zero-bubble and V-shaped kinds they "
-                                "are simulated, not run yet")
-        if config.checkpoint_dir:
-            raise FieldError("checkpoint_dir", f"checkpoints of {plan.schedule} plans are not written yet")
-    used = sorted(plan.devices)
-    if used != list(range(world)):
-        if len(used) != world:
-            raise FieldError("nproc", f"the plan uses {len(used)} devices ({used[:8]}...) but the world has {world} "
-                                      f"ranks (0..{world - 1}): start {len(used)}")
-        raise ParaplanError(f"the plan's devices {used} are not the ranks 0..{world - 1}")
-    check_fits(plan, n_layers, world, "the world")
-    counts = {len(s.devices) for s in plan.stages}
-    if len(counts) != 1:
-        raise ParaplanError("the runtime runs plans whose stages all have the same number of devices")
-    if any(s.strategies for s in plan.stages):
-        from paraplan.runtime.layers.hybrid import hybrid_refusal
-
-        if config.checkpoint_dir and any(st.zero for s in plan.stages for st in s.strategies):
-            # ZeRO-1/2's optimizer steps flat views of each replica's chunk (runtime/layers/zero.py), not the
-            # parameters: its state has no layout-independent names yet
-            raise FieldError("checkpoint_dir", "checkpoints of plans with ZeRO-1/2 layers are not written yet")
-        reason = hybrid_refusal(plan, layers) if layers is not None else None
-        if reason:
-            raise ParaplanError(f"this plan cannot run: {reason}")
-    if any(s.backward_layers is not None for s in plan.stages):
-        from paraplan.runtime.bipartition.bipartition_rank import bipartition_refusal
-
-        if config.checkpoint_dir:
-            raise FieldError("checkpoint_dir", "checkpoints of Bi-Partition plans are not written yet")
-        reason = bipartition_refusal(plan, layers) if layers is not None else None
-        if reason:
-            raise ParaplanError(f"this plan cannot run: {reason}")
-    for r in range(counts.pop()):
-        ranks = [s.devices[r] for s in plan.stages[:plan.n_ranks]]  # the pipeline ranks, one per rank's first stage
-        if ranks != sorted(ranks):
-            raise ParaplanError(f"replica {r} runs its stages on devices {ranks}: they must increase along the pipeline")
-    n_replicas = 1 if any(s.strategies for s in plan.stages) else len(plan.stages[0].devices)
-    if plan.global_batch % (n_replicas * plan.n_micro):
-        raise ParaplanError(f"global batch {plan.global_batch} does not split into {n_replicas} replicas x "
-                            f"{plan.n_micro} micro-batches")
-    if plan.schedule in ("1f1b", "interleaved-1f1b") and plan.n_micro < plan.n_ranks:
-        raise ParaplanError(f"1F1B needs at least as many micro-batches ({plan.n_micro}) as stages ({plan.n_stages})")
+    RUNNERS[config.plan.kind].check(config, world, n_layers, layers, built)
 
 
 def launch_checked(config: TrainConfig, world: int | None = None) -> Path:
@@ -318,9 +256,10 @@ def launch_checked(config: TrainConfig, world: int | None = None) -> Path:
 
         raise FieldError("nproc", f"must be a positive whole number of ranks, got {world!r}")
     world = world or len(config.plan.devices)
+    # the model built on meta once for every check of the launch (the ranks build their own)
     built = source.build(config.model, device="meta", seq_len=config.seq_len, image_size=config.image_size)
     layers = built.layers()
-    check_before_launch(config, world, len(layers), layers)
+    check_before_launch(config, world, len(layers), layers, built)
     check_model_fits_loss(built, config.plan, layers, config.seed)
     if config.data is not None:
         from paraplan.runtime.rank.data import check_data

@@ -13,15 +13,17 @@ from __future__ import annotations
 import torch
 
 from paraplan.errors import ParaplanError
+from paraplan.plans.kinds import PlanKind
 
 
 def check_model_fits_loss(built, plan, layers=None, seed: int = 0) -> None:
     """Refuse, in one line, a model whose output the loss cannot take. `built` is the model built
     on meta (as the CLI measures it), `layers` its layer list if already cut."""
-    if plan.schedule == "dag":  # operator placements compute their loss in the replayed graph
+    if plan.kind is PlanKind.OPERATORS:  # operator placements compute their loss in the replayed graph
         return
     layers = built.layers() if layers is None else layers
-    replicas = 1 if any(s.strategies for s in plan.stages) else len(plan.stages[0].devices)
+    # a stage's group shares every micro-batch under per-layer strategies; else each device is a replica
+    replicas = 1 if plan.kind is PlanKind.LAYERS else len(plan.stages[0].devices)
     micro = max(1, plan.global_batch // max(1, replicas * plan.n_micro))  # what one loss call sees
     inputs, targets = built.batch(micro, device="meta")
     out = inputs

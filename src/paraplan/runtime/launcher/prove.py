@@ -69,9 +69,9 @@ def run_plan(path: Path, steps: int, out_dir: Path) -> float:
     """One real training run of the plan file, as `paraplan train --plan PATH --steps STEPS`; its
     median step after the warm-up steps."""
     from paraplan.plans.plan_file import read_plan
+    from paraplan.runtime.config import TrainConfig
     from paraplan.runtime.launcher.launch import launch_checked
     from paraplan.runtime.measure.compare import step_times
-    from paraplan.runtime.rank.rank_base import TrainConfig
 
     plan = read_plan(path)
     try:

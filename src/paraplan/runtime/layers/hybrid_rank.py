@@ -10,11 +10,14 @@ from __future__ import annotations
 import torch
 
 from paraplan.costs.strategy import data_rank
-from paraplan.runtime.layers.hybrid import DataParallelSync, Meshes, build_stage, data_rows, full_value
-from paraplan.runtime.rank.rank_base import RankSetup, TrainConfig, make_groups, stage_and_position
+from paraplan.runtime.layers.grad_sync import DataParallelSync
+from paraplan.runtime.layers.meshes import Meshes
+from paraplan.runtime.layers.parallelize import parallelize_stage
+from paraplan.runtime.layers.regroup import data_rows
+from paraplan.runtime.rank.rank_base import RankSetup, RunConfig, full_value, make_groups, stage_and_position
 
 
-def hybrid_setup(config: TrainConfig, rank: int, device, built, layers, names, recorder) -> RankSetup:
+def hybrid_setup(config: RunConfig, rank: int, device, built, layers, names, recorder) -> RankSetup:
     plan = config.plan
     stage_index, position = stage_and_position(plan, rank)
     # collective creation, the same order on every rank: pipelines, stage groups, then the meshes
@@ -31,7 +34,7 @@ def hybrid_setup(config: TrainConfig, rank: int, device, built, layers, names, r
         own = [m for _, _, m in layers[stage.layers.start:stage.layers.stop]]  # still on meta
         # each parameter's name in the whole model, by its path in its layer (paths survive TP and FSDP2)
         paths = [{path: names[id(p)] for path, p in layer.named_parameters(remove_duplicate=False)} for layer in own]
-        hybrid = build_stage(plan, s, position, own, meshes, stage_groups[s], names, config.seed, device)
+        hybrid = parallelize_stage(plan, s, position, own, meshes, stage_groups[s], names, config.seed, device)
         for layer, by_path in zip(own, paths, strict=True):
             for path, p in layer.named_parameters(remove_duplicate=False):
                 named.setdefault(by_path[path], p)

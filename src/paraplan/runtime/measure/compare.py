@@ -9,6 +9,7 @@ from pathlib import Path
 
 from paraplan.costs.model import CostModel, RuntimeOverheads
 from paraplan.errors import ParaplanError
+from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import Plan
 from paraplan.runtime.measure.timeline import load_runs, measured_trace, one_step, side_by_side
 from paraplan.simulator.export import chrome_trace
@@ -93,7 +94,7 @@ def compare_run(plan: Plan, cm: CostModel, out_dir: str | Path) -> Comparison:
         label = (f"measured: step {steps[drawn]}, {per_step[drawn] * 1e3:.1f} ms, nearest the median "
                  f"({median * 1e3:.1f} ms) of {len(measured)} steps")
     replicas = len(plan.stages[0].devices)
-    if any(s.strategies for s in plan.stages):  # Galvatron: each stage's group shares every micro-batch
+    if plan.kind is PlanKind.LAYERS:  # Galvatron: each stage's group shares every micro-batch
         shape = (f"{_count(plan.n_stages, 'stage')} x {replicas} devices with per-layer strategies, "
                  f"{_count(plan.n_micro, 'micro-batch', 'micro-batches')} of {plan.micro_batch_size:g}")
     else:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import torch
 
+from paraplan.plans.kinds import PlanKind
 from paraplan.runtime.rank.data import batch_source
 from paraplan.runtime.rank.materialize import StageModule, build_layers, materialize
 from paraplan.runtime.rank.mixed_precision import LossScaler, reference_layer, step_context
-from paraplan.runtime.rank.rank_base import TrainConfig, make_optimizer
+from paraplan.runtime.rank.rank_base import RunConfig, make_optimizer
 
 
-def reference_run(config: TrainConfig, resume_from: str | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference_run(config: RunConfig, resume_from: str | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
     """`resume_from`: a checkpoint directory (any plan's): the run starts from its state and step, as
     one process (the uninterrupted run of a plan from the state a checkpoint holds:
     tests/distributed/test_replan_resume.py); the losses returned are those of the steps run."""
@@ -23,7 +24,8 @@ def reference_run(config: TrainConfig, resume_from: str | None = None) -> tuple[
     plan = config.plan
     # the plan's mixed-precision recipe, layer by layer (runtime/rank/mixed_precision.py): an SDP layer
     # computes with bf16 weights as FSDP2's MixedPrecisionPolicy does; the rest under autocast
-    sharded = {i for stage in plan.stages for i in stage.layers if stage.strategies and stage.strategy(i).sdp > 1}
+    sharded = {i for stage in plan.stages for i in stage.layers
+               if plan.kind is PlanKind.LAYERS and stage.strategy(i).sdp > 1}
     model = StageModule([reference_layer(m, plan.precision, i in sharded) for i, m in enumerate(modules)])
     model.train()
     params = list(model.parameters())

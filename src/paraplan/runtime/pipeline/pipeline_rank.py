@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from paraplan.runtime.rank.materialize import StageModule, materialize
-from paraplan.runtime.rank.rank_base import RankSetup, TrainConfig, make_groups, stage_and_position
+from paraplan.runtime.rank.rank_base import RankSetup, RunConfig, make_groups, stage_and_position
 
 BUCKET_BYTES = 25 * 2**20
 
@@ -97,7 +97,7 @@ class GradSync:
         self.bucket_ready = [0] * len(self.buckets)
 
 
-def replica_setup(config: TrainConfig, rank: int, device, built, layers, names, recorder) -> RankSetup:
+def replica_setup(config: RunConfig, rank: int, device, built, layers, names, recorder) -> RankSetup:
     plan = config.plan
     stage_index, replica = stage_and_position(plan, rank)
     n_replicas = len(plan.stages[0].devices)

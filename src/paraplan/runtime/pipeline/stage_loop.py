@@ -27,7 +27,7 @@ from paraplan.runtime.measure.memory_meter import MemoryMeter, local_value, stat
 from paraplan.runtime.rank.data import batch_source
 from paraplan.runtime.rank.materialize import build_layers
 from paraplan.runtime.rank.mixed_precision import LossScaler, step_context
-from paraplan.runtime.rank.rank_base import RankSetup, TrainConfig, make_optimizer, rank_device
+from paraplan.runtime.rank.rank_base import RankSetup, RunConfig, make_optimizer, rank_device
 
 REPORT_EVERY_S = 0.5  # rank 0 prints the step losses, and losses.json is rewritten, at most this often
 
@@ -35,7 +35,7 @@ REPORT_EVERY_S = 0.5  # rank 0 prints the step losses, and losses.json is rewrit
 SetupFn = Callable[..., RankSetup]
 
 
-def train_stages(config: TrainConfig, setup_fn: SetupFn) -> dict:
+def train_stages(config: RunConfig, setup_fn: SetupFn) -> dict:
     """One rank of a stage plan: `setup_fn` (the plan kind's) builds its stage, then the steps run."""
     from paraplan.runtime.measure.timeline import Recorder
 
@@ -172,7 +172,7 @@ def step_seed(seed: int, stage: int, step: int) -> int:
     return (seed * 1_000_003 + stage * 7_919 + step) % 2**63
 
 
-def _resume(config: TrainConfig, setup: RankSetup, optim, scaler) -> tuple[int, list]:
+def _resume(config: RunConfig, setup: RankSetup, optim, scaler) -> tuple[int, list]:
     """(the first step to run, the losses so far): (0, []) for a new run; when resuming
     (collective), the checkpoint's, this plan's parameters and optimizer state read from it
     whatever plan wrote it (runtime/state/layout_state.py), and fp16's loss scale."""
@@ -224,10 +224,10 @@ def _real_target(target):
     return target
 
 
-def _clip_gradients(config: TrainConfig, setup: RankSetup, owner_names: list[str], params, device) -> None:
+def _clip_gradients(config: RunConfig, setup: RankSetup, owner_names: list[str], params, device) -> None:
     """Scale the gradients so that the whole model's norm is at most config.clip_norm (squares
     summed over this rank's pipeline, each parameter by its owner)."""
-    from paraplan.runtime.layers.hybrid import squared_norm
+    from paraplan.runtime.rank.rank_base import squared_norm
 
     sq = squared_norm(setup.named[n] for n in owner_names).to(device)
     dist.all_reduce(sq, group=setup.pp_group)
@@ -245,7 +245,7 @@ class _LossReport:
     collective: about REPORT_EVERY_S apart (the first two steps are reported at once). Rank 0
     prints them (config.log), and losses.json is rewritten, at each flush."""
 
-    def __init__(self, config: TrainConfig, setup: RankSetup, device, losses: list, first_step: int, rank: int):
+    def __init__(self, config: RunConfig, setup: RankSetup, device, losses: list, first_step: int, rank: int):
         self.config, self.setup, self.device = config, setup, device
         self.losses = losses  # every step's summed loss so far (the checkpoint's first when resuming)
         self.first_step = first_step
@@ -294,7 +294,7 @@ class _LossReport:
             self.progress.stop()
 
 
-def _write_outputs(config: TrainConfig, rank: int, setup: RankSetup, recorder, step_times: list[float],
+def _write_outputs(config: RunConfig, rank: int, setup: RankSetup, recorder, step_times: list[float],
                    memory: dict | None) -> None:
     """The rank's timeline, step times and memory, and the stage's final parameters (its writer's)."""
     from paraplan.system.fileio import atomic_torch_save, atomic_write_text

@@ -1,17 +1,18 @@
-"""What every rank shares, whatever kind of plan it runs: the run's `TrainConfig` (validated once),
-the optimizer, the backend and device, the rank's stage and position, its groups, and `RankSetup`,
-what a plan kind hands the stage loop (runtime/pipeline/stage_loop.py).
+"""What every rank shares, whatever kind of plan it runs: the run's settings (`RunConfig`, each field
+checked once), the optimizer, the backend and device, the rank's stage and position, its groups,
+and `RankSetup`, what a plan kind hands the stage loop (runtime/pipeline/stage_loop.py).
 
-The plan kinds (runtime/launcher/dispatch.py picks one): the plain pipeline x data-parallel replicas
-(runtime/pipeline/pipeline_rank.py), per-layer strategies (runtime/layers/hybrid_rank.py), Bi-Partition's separate
-forward and backward ranges (runtime/bipartition/bipartition_rank.py) and operator placements
-(runtime/dag/dag_runtime.py). Each imports this module, never the dispatcher.
+The plan kinds (runtime/kinds.py: RUNNERS, one lookup by Plan.kind): the plain pipeline x
+data-parallel replicas (runtime/pipeline/pipeline_rank.py), per-layer strategies
+(runtime/layers/hybrid_rank.py), Bi-Partition's separate forward and backward ranges
+(runtime/bipartition/bipartition_rank.py) and operator placements (runtime/dag/dag_runtime.py).
+Each imports this package, never runtime/kinds.py.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -22,11 +23,6 @@ from paraplan.errors import FieldError
 from paraplan.plans.plan import Plan
 from paraplan.runtime.rank.data import TOKEN_DTYPES
 
-# the version-2 plan features (plans/plan.py: FEATURES) the runtime runs so far: the precision
-# (fp32, tf32, bf16: runtime/rank/mixed_precision.py), ZeRO-1/2 (runtime/layers/zero.py), selective
-# recomputation (runtime/layers/selective.py) and sequence parallelism (runtime/layers/sequence_parallel.py)
-RUNS: frozenset[str] = frozenset({"precision", "zero", "selective", "schedule", "sequence_parallel"})
-
 
 class Optimizer(StrEnum):
     ADAM = "adam"
@@ -34,8 +30,10 @@ class Optimizer(StrEnum):
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    """Everything one training run needs, validated once here (errors name the field)."""
+class RunConfig:
+    """Everything one training run needs, each field checked here (errors name the field); what the
+    plan's kind does not run is refused by its subclass, runtime/config.py's TrainConfig, which the
+    callers make (the kinds' modules read a run's settings through this class, below the kinds)."""
 
     plan: Plan
     model: str
@@ -62,22 +60,6 @@ class TrainConfig:
     step_hook: Callable[[int, int], None] | None = None
 
     def __post_init__(self):
-        from paraplan.plans.plan import PlanError, refuse_features
-
-        try:
-            refuse_features(self.plan, RUNS, "the runtime")
-        except PlanError as exc:
-            raise FieldError("plan", str(exc)) from None
-        from paraplan.runtime.rank.mixed_precision import refusal
-
-        reason = refusal(self.plan.precision)
-        if reason:
-            raise FieldError("plan", reason)
-        if reason := _precision_refusal(self.plan):
-            raise FieldError("plan", reason)
-        if self.clip_norm is not None and any(st.zero for stage in self.plan.stages for st in stage.strategies):
-            raise FieldError("clip_norm", "gradient clipping with ZeRO-1/2 layers is not run yet (the norm needs "
-                                          "every replica's gradient chunk)")
         for name in ("steps", "seed", "checkpoint_every"):  # whole numbers (an API caller's "3" is no step count)
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -104,21 +86,7 @@ class TrainConfig:
                                           f"{', '.join(o.value for o in Optimizer)}") from None
 
 
-def _precision_refusal(plan: Plan) -> str | None:
-    """Mixed precision runs on the stage plans (pipeline, DP, SDP, TP, per-layer strategies), not
-    yet on operator placements or Bi-Partition's separate backward ranges."""
-    from paraplan.precision import is_mixed
-
-    if not is_mixed(plan.precision):
-        return None
-    if plan.schedule == "dag":
-        return f"precision {plan.precision}: operator placements (FD-DPS) train in fp32 only so far"
-    if any(s.backward_layers is not None for s in plan.stages):
-        return f"precision {plan.precision}: Bi-Partition plans train in fp32 only so far"
-    return None
-
-
-def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
+def make_optimizer(config: RunConfig, params) -> torch.optim.Optimizer:
     """The same optimizer for every stage and for the single-process reference."""
     optimizers = {Optimizer.ADAM: torch.optim.Adam, Optimizer.SGD: torch.optim.SGD}
     params = list(params)
@@ -187,3 +155,20 @@ def make_groups(plan: Plan) -> tuple[list, list]:
     # (a rank holding several stages is in its pipeline once: the group ranks are the pipeline ranks)
     pipelines = [dist.new_group(list(dict.fromkeys(s.devices[r] for s in plan.stages))) for r in range(width)]
     return pipelines, [dist.new_group(list(s.devices)) for s in plan.stages]
+
+
+def full_value(t: torch.Tensor) -> torch.Tensor:
+    """A parameter or gradient as one whole tensor (collective over its mesh for a DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def squared_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
+    """The sum of squares of the gradients' whole values (DTensors gathered: every device of the
+    stage calls this in the same order)."""
+    total = torch.zeros(())
+    for p in params:
+        if p.grad is not None:
+            total = total + full_value(p.grad).double().pow(2).sum().to(total.device)
+    return total

@@ -40,7 +40,7 @@ def state_dir(step: int) -> str:
 
 
 def checkpoint_record(config) -> dict:
-    """What a checkpoint must match to be resumed under `config` (the run's TrainConfig), as it is
+    """What a checkpoint must match to be resumed under `config` (the run's RunConfig), as it is
     stored in the manifest (JSON values)."""
     plan = config.plan
     record = {"model": config.model, "seq_len": config.seq_len, "image_size": config.image_size,

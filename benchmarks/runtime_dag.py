@@ -37,7 +37,7 @@ from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
 from paraplan.plans.plan import OperatorPlacement
 from paraplan.plans.plan_file import write_plan
-from paraplan.runtime.dag.dag_graph import build_program
+from paraplan.runtime.dag.program import build_program
 from paraplan.simulator.predict import simulate_plan
 from paraplan.workload import cost_model, measured_model, operator_graph, workload
 

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from paraplan.runtime.config import TrainConfig
 
 from paraplan.models.op_split import PART, split_degrees
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
 from paraplan.plans.plan import OperatorPlacement
-from paraplan.runtime.dag.dag_graph import build_program
+from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.dag.dag_runtime import dag_refusal
+from paraplan.runtime.dag.program import build_program
 from paraplan.runtime.measure.reference import reference_run
 
 from .many import train_many

@@ -50,7 +50,7 @@ def _step(built, layers, x, y):
 
 
 def _model_run(model: str, rank: int, mesh) -> dict:
-    from paraplan.runtime.layers.tensor_parallel import apply_tensor_parallel, full_gradients, full_parameters
+    from paraplan.runtime.layers.tp_apply import apply_tensor_parallel, full_gradients, full_parameters
     from paraplan.runtime.rank.materialize import materialize
 
     def build():
@@ -114,7 +114,7 @@ def _tie_conflict(mesh) -> str:
     replicated cannot be both: apply_tensor_parallel must say so, naming it."""
     from torch import nn
 
-    from paraplan.runtime.layers.tensor_parallel import apply_tensor_parallel
+    from paraplan.runtime.layers.tp_apply import apply_tensor_parallel
 
     torch.manual_seed(0)  # the same values on both ranks
     embedding, other = nn.Embedding(8, 4), nn.Sequential()
@@ -138,7 +138,7 @@ def _padding_errors(mesh) -> list[float]:
     or in rank 1's: its gradient is the unsharded one, and sharded as the weight."""
     from torch import nn
 
-    from paraplan.runtime.layers.tensor_parallel import apply_tensor_parallel, full_gradients
+    from paraplan.runtime.layers.tp_apply import apply_tensor_parallel, full_gradients
 
     errors = []
     for padding in (1, 5):  # a row of rank 0, a row of rank 1

@@ -1,4 +1,4 @@
-"""The operator runtime's static side (runtime/dag/dag_graph.py) and the planners' `runnable` constraint:
+"""The operator runtime's static side (runtime/dag/program.py, analysis.py) and the planners' `runnable` constraint:
 names resolve to the traced calls, the transfers are the graph's cross-device edges, plans that
 autograd cannot run are refused in one line, and constrained planners keep every backward node on
 its forward op's device (unconstrained ones are untouched)."""
@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from paraplan.runtime.config import TrainConfig
 
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware.presets import load_cluster
@@ -20,8 +19,10 @@ from paraplan.planners.fddps.problem import DagProblem
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import FieldError, PlanRequest
 from paraplan.plans.plan import OperatorPlacement
-from paraplan.runtime.dag.dag_graph import DagRefusal, analyse, build_program
+from paraplan.runtime.config import TrainConfig
+from paraplan.runtime.dag.analysis import analyse
 from paraplan.runtime.dag.dag_runtime import dag_refusal
+from paraplan.runtime.dag.program import DagRefusal, build_program
 
 PLANNERS = ["fddps", "fddps-nosplit", "fddps-ports", "fastt", "heft", "mpdps"]
 

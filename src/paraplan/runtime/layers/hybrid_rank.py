@@ -58,7 +58,7 @@ def hybrid_setup(config: RunConfig, rank: int, device, built, layers, names, rec
         state: dict[str, torch.Tensor] = {}
         for layer, st, by_path in zip(owns, strategies, all_paths, strict=True):
             if st.tp > 1:
-                from paraplan.runtime.layers.tensor_parallel import full_parameters
+                from paraplan.runtime.layers.tp_apply import full_parameters
             values = full_parameters(layer) if st.tp > 1 else {
                 path: full_value(p.detach()) for path, p in layer.named_parameters(remove_duplicate=False)}
             for path, value in values.items():

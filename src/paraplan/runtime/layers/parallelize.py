@@ -96,7 +96,7 @@ def apply_tp(layer: nn.Module, strategy: LayerStrategy, meshes: Meshes, memo: di
     plan), rewritten for sequence shards when the layer is also sequence parallel; `memo` keeps a
     parameter tied across the layers that share it."""
     if strategy.tp > 1:
-        from paraplan.runtime.layers.tensor_parallel import apply_tensor_parallel
+        from paraplan.runtime.layers.tp_apply import apply_tensor_parallel
 
         apply_tensor_parallel(layer, meshes.sub(strategy, TENSOR), memo, strategy.sequence_parallel)
 

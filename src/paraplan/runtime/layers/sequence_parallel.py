@@ -175,7 +175,7 @@ def sequence_io(layer: nn.Module) -> tuple[bool, bool]:
 
 
 def sequence_styles(layer: nn.Module, styles: dict[str, ParallelStyle]) -> None:
-    """Rewrite `styles`, the TP plan of `layer` (path -> style, as tensor_parallel._plan makes it), in
+    """Rewrite `styles`, the TP plan of `layer` (path -> style, as tensor_parallel.layer_plan makes it), in
     place into its SP plan (module docstring); SequenceRefused with one line if SP cannot run it."""
     sequence_io(layer)
     if isinstance(layer, nn.Embedding):

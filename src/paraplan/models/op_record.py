@@ -4,7 +4,7 @@ training iteration on meta into node records and storage edges, and what it know
 The mechanism (which ops are nodes, how views fold into edges, how backward ops are attributed to
 autograd Nodes, the meta cache) is described in models/op_trace.py's docstring; op_trace drives the
 iteration, this module records it. BATCH_OPERAND (the batch operand of convolutions and matmul-like
-ops) is also what the operator runtime slices a split call by (runtime/dag/dag_graph.py, dag_runtime.py).
+ops) is also what the operator runtime slices a split call by (runtime/dag/program.py, rank_step.py).
 """
 
 from __future__ import annotations

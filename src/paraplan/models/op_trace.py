@@ -92,7 +92,7 @@ def operator_calls(built: BuiltModel, batch: int) -> dict[str, list[tuple]]:
 
 def forward_program(built: BuiltModel, batch: int) -> tuple[Trace, list[str], dict]:
     """The trace of build_op_graph at `batch` (same node names) plus what makes its forward
-    executable (runtime/dag/dag_graph.py): every forward aten call in order as (op, args, kwargs,
+    executable (runtime/dag/program.py): every forward aten call in order as (op, args, kwargs,
     out, node index, -1 for a view or an allocation) with the meta tensors themselves (their
     identities say which call produced what), the batch's inputs and targets, the loss, and the
     modules (for parameter and buffer names). Backward nodes carry `forward_of` as in the graph."""

@@ -205,7 +205,7 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
             # is the weights' gradients (an approximation: TP's all-reduce belongs to I)
             weight_grad += t.backward_s * weight_grad_fraction(cm.model, i, micro / st.data_degree)
             # Slice-Gather from the previous layer's layout: in the stage, or at its start from the
-            # previous stage's last layer (runtime/layers/hybrid.py regroups what it receives)
+            # previous stage's last layer (runtime/layers/regroup.py regroups what it receives)
             before = stage.strategy(i - 1) if i > stage.layers.start else \
                 plan.stages[s - 1].strategy(i - 1) if s > 0 and plan.stages[s - 1].layers.stop == i else st
             if before != st:

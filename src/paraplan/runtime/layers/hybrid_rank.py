@@ -1,5 +1,5 @@
 """One rank of a plan with per-layer strategies (Galvatron-BMW): its stage built under
-runtime/layers/hybrid.py's strategies, what it feeds the schedule, how its loss counts.
+runtime/layers/parallelize.py's apply steps, what it feeds the schedule, how its loss counts.
 
 Every device of a stage takes the whole global batch (token ids or images: small) and the stage's
 first layer cuts its own slice; the last layer's devices each compute the loss of their slice.

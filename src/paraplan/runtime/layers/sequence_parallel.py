@@ -16,7 +16,7 @@ What runs where (`sequence_styles` rewrites the TP plan of one layer):
     post_attention_layernorm, mlp): the norms `SequenceParallel()` (input and output Shard(1), their
     weights Replicate DTensors whose gradients come out Partial, each rank's sum over its tokens:
     summed over the tp ranks once per step in one flattened all-reduce, as Megatron does
-    (`partial_grad_params`, `sum_partial_grads`, called by runtime/layers/hybrid.py's DataParallelSync),
+    (`partial_grad_params`, `sum_partial_grads`, called by runtime/layers/grad_sync.py's DataParallelSync),
     or, in layers FSDP2 or ZeRO also shard, in their backward by tensor_parallel's gradient hook,
     one all-reduce per parameter and micro-batch); the attention and the MLP gather their input along the
     sequence once on entry (`_GatherSequence`: one all-gather for q, k and v, or gate and up; the
@@ -38,7 +38,7 @@ What runs where (`sequence_styles` rewrites the TP plan of one layer):
 
 Between layers: the sequence-sharded layout is KEPT between consecutive SP layers of one stage
 with the same layout (the tensor passed is a Shard(1) DTensor), and converted only at the ends of
-such a region (runtime/layers/hybrid.py: `StrategyLayer`): entering it, the whole replicated tensor is
+such a region (runtime/layers/regroup.py: `StrategyLayer`): entering it, the whole replicated tensor is
 cut locally (`to_shards`: no communication forward, an all-gather of the gradient backward);
 leaving it (before a layer without SP, another layout, or the stage's end: pipeline sends, the
 loss) it is all-gathered (`to_whole`: the backward keeps the local part of the whole gradient, no

@@ -94,3 +94,12 @@ def run_paraplan(*args, cwd=None, env=None, timeout: float = 120, check: bool = 
     if check:
         done.check_returncode()
     return done
+
+
+def refused(res, *needles):
+    """Exit 2, one line on stderr naming every needle, no traceback."""
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    for needle in needles:
+        assert needle in res.stderr, res.stderr

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from paraplan.runtime.config import TrainConfig
-from paraplan_process import run_paraplan
+from paraplan_process import refused, run_paraplan
 
 from paraplan.errors import UnknownNameError
 from paraplan.plans.plan_file import read_plan
+from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.state.checkpoints import check_resume, checkpoint_record, write_manifest
 from paraplan.system.fileio import make_dirs, output_problem, remove_if_empty
 
@@ -28,15 +28,6 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 def run(*args, cwd=None, env=None, timeout=60):
     return run_paraplan(*args, env={**ENV, **(env or {})}, cwd=cwd, timeout=timeout)
-
-
-def refused(res, *needles):
-    """Exit 2, one line on stderr naming every needle, no traceback."""
-    assert res.returncode == 2, (res.returncode, res.stderr)
-    assert "Traceback" not in res.stderr, res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
-    for needle in needles:
-        assert needle in res.stderr, res.stderr
 
 
 # --- 5. outputs are checked before any work --------------------------------------------------

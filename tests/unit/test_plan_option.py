@@ -7,6 +7,7 @@ import json
 
 import pytest
 from conftest import run_cli_here
+from paraplan_process import refused
 
 from paraplan.cli.plan_options import option_pair, typed
 from paraplan.errors import ParaplanError
@@ -15,15 +16,6 @@ from paraplan.plans.plan_file import read_plan
 CP = ["plan", "--planner", "galvatron-bmw", "--model", "llama3.1-8b", "--cluster", "dgx-h100-80gb", "--batch", "8",
       "--precision", "bf16", "--seq-len", "16384"]
 SMALL = ["plan", "--model", "lenet-5", "--cluster", "bipartition-7vm", "--batch", "64"]
-
-
-def refused(res, *needles):
-    """Exit 2, one line on stderr naming every needle, no traceback."""
-    assert res.returncode == 2, (res.returncode, res.stderr)
-    assert "Traceback" not in res.stderr, res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
-    for needle in needles:
-        assert needle in res.stderr, res.stderr
 
 
 def _without_clock(d):

@@ -84,8 +84,21 @@ class StageRuntime(KindRuntime):
         if plan.schedule in MULTI_CHUNK and config.checkpoint_dir:
             raise FieldError("checkpoint_dir", f"checkpoints of {plan.schedule} plans are not written yet")
 
+    def checkpoints_refused(self, plan: Plan) -> str | None:
+        """Why this kind's runs write no checkpoints yet; None: they do."""
+        return None
+
+    def layer_refusal(self, plan: Plan, layers) -> str | None:
+        """Why this kind's runtime cannot run the plan on the model's layers; None: it can."""
+        return None
+
     def check_layers(self, config, layers) -> None:
         """What this kind checks of the plan against the model's layers (after the devices)."""
+        if config.checkpoint_dir and (why := self.checkpoints_refused(config.plan)):
+            raise FieldError("checkpoint_dir", why)
+        reason = self.layer_refusal(config.plan, layers) if layers is not None else None
+        if reason:
+            raise ParaplanError(f"this plan cannot run: {reason}")
 
     def check(self, config, world: int, n_layers: int, layers=None, built=None) -> None:
         plan = config.plan
@@ -152,16 +165,15 @@ class LayersRuntime(StageRuntime):
                                 "are simulated, not run yet")
         super().check_schedule(config)
 
-    def check_layers(self, config, layers) -> None:
+    def checkpoints_refused(self, plan: Plan) -> str | None:
+        # ZeRO-1/2's optimizer steps flat views of each replica's chunk (layers/zero.py), not the
+        # parameters: its state has no layout-independent names yet
+        return "checkpoints of plans with ZeRO-1/2 layers are not written yet" if _zero_layers(plan) else None
+
+    def layer_refusal(self, plan: Plan, layers) -> str | None:
         from paraplan.runtime.layers.hybrid import hybrid_refusal
 
-        if config.checkpoint_dir and _zero_layers(config.plan):
-            # ZeRO-1/2's optimizer steps flat views of each replica's chunk (layers/zero.py), not the
-            # parameters: its state has no layout-independent names yet
-            raise FieldError("checkpoint_dir", "checkpoints of plans with ZeRO-1/2 layers are not written yet")
-        reason = hybrid_refusal(config.plan, layers) if layers is not None else None
-        if reason:
-            raise ParaplanError(f"this plan cannot run: {reason}")
+        return hybrid_refusal(plan, layers)
 
     def setup(self):
         from paraplan.runtime.layers.hybrid_rank import hybrid_setup
@@ -173,14 +185,13 @@ class BipartitionRuntime(StageRuntime):
     kind = PlanKind.BIPARTITION
     mixed_precision = "Bi-Partition plans train in fp32 only so far"
 
-    def check_layers(self, config, layers) -> None:
+    def checkpoints_refused(self, plan: Plan) -> str | None:
+        return "checkpoints of Bi-Partition plans are not written yet"
+
+    def layer_refusal(self, plan: Plan, layers) -> str | None:
         from paraplan.runtime.bipartition.bipartition_rank import bipartition_refusal
 
-        if config.checkpoint_dir:
-            raise FieldError("checkpoint_dir", "checkpoints of Bi-Partition plans are not written yet")
-        reason = bipartition_refusal(config.plan, layers) if layers is not None else None
-        if reason:
-            raise ParaplanError(f"this plan cannot run: {reason}")
+        return bipartition_refusal(plan, layers)
 
     def setup(self):
         from paraplan.runtime.bipartition.bipartition_rank import bipartition_setup

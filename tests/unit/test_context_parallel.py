@@ -94,7 +94,7 @@ def test_plans_with_cp_validate_round_trip_simulate_and_train_refuses_them(world
     sim = simulate_plan(plan, world.costs).prediction
     tp8 = simulate_plan(_plan(n, LayerStrategy(tp=8, sequence_parallel=True)), world.costs).prediction
     assert sim.feasible and tp8.feasible
-    # the runtime refuses it as a plan feature (plans/plan.py: FEATURES), in one line naming the layer's cp
+    # the runtime refuses it as a plan feature (plans/features.py: FEATURES), in one line naming the layer's cp
     with pytest.raises(FieldError) as refused:
         TrainConfig(plan=plan, model=plan.model)
     assert refused.value.field == "plan" and "\n" not in str(refused.value)

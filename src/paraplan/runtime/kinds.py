@@ -19,12 +19,13 @@ module nor another kind; this module imports each kind's module where it hands a
 from __future__ import annotations
 
 from paraplan.errors import FieldError, ParaplanError
+from paraplan.plans.features import refuse_features
 from paraplan.plans.kinds import PlanKind
-from paraplan.plans.plan import Plan, PlanError, check_fits, refuse_features
+from paraplan.plans.plan import Plan, PlanError, check_fits
 from paraplan.plans.schedules import MULTI_CHUNK, Schedule
 from paraplan.precision import is_mixed
 
-# the version-2 plan features (plans/plan.py: FEATURES) the runtime runs so far: the precision
+# the version-2 plan features (plans/features.py: FEATURES) the runtime runs so far: the precision
 # (fp32, tf32, bf16: rank/mixed_precision.py), ZeRO-1/2 (layers/zero.py), selective recomputation
 # (layers/selective.py), sequence parallelism (layers/sequence_parallel.py) and the multi-chunk
 # schedules; context parallelism is refused with its reason (layers/parallelize.py: apply_cp)

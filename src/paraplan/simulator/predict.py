@@ -9,8 +9,9 @@ import numpy as np
 from paraplan.costs.memory import MemoryBreakdown, out_of_memory_reason, plan_memory
 from paraplan.costs.model import CostModel
 from paraplan.models.op_split import split_as_named
+from paraplan.plans.features import refuse_features
 from paraplan.plans.kinds import PlanKind
-from paraplan.plans.plan import DeviceMemory, Plan, PlanError, Prediction, refuse_features
+from paraplan.plans.plan import DeviceMemory, Plan, PlanError, Prediction
 from paraplan.simulator import pipeline
 from paraplan.simulator.dag import DagRun, run_dag_plan
 from paraplan.simulator.engine import Timeline
@@ -40,7 +41,7 @@ class Simulation:
         return self.plan.prediction
 
 
-# the version-2 plan features (plans/plan.py: FEATURES) the simulator models so far
+# the version-2 plan features (plans/features.py: FEATURES) the simulator models so far
 MODELLED: frozenset[str] = frozenset({"precision", "zero", "sequence_parallel", "selective", "schedule",
                                      "context_parallel"})
 

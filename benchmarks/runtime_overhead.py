@@ -46,6 +46,7 @@ def bare_rank(rank: int, world: int, port: int, plan_path: str, steps: int, out:
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
+    from paraplan.plans.kinds import PlanKind
     from paraplan.plans.plan_file import read_plan
     from paraplan.runtime.rank.materialize import StageModule, build_layers, materialize
 
@@ -54,7 +55,7 @@ def bare_rank(rank: int, world: int, port: int, plan_path: str, steps: int, out:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     plan = read_plan(plan_path)
     built, layers, names = build_layers(plan.model, 0)
-    hybrid = any(s.strategies for s in plan.stages)
+    hybrid = plan.kind is PlanKind.LAYERS
     stage_index = 0 if hybrid else rank
     stage = plan.stages[stage_index]
     own = [m for _, _, m in layers[stage.layers.start:stage.layers.stop]]

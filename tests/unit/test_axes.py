@@ -9,7 +9,16 @@ import pytest
 
 import paraplan
 from paraplan.costs.strategy import context_rank, data_rank, strategy_groups
-from paraplan.plans.axes import AXES, CONTEXT, DATA, LAYER_AXES, LAYOUT_AXES, TENSOR, default_order
+from paraplan.plans.axes import (
+    AXES,
+    CONTEXT,
+    DATA,
+    LAYER_AXES,
+    LAYOUT_AXES,
+    SHARDED_DATA,
+    TENSOR,
+    default_order,
+)
 from paraplan.plans.plan import LayerStrategy
 
 SRC = pathlib.Path(paraplan.__file__).parent
@@ -20,9 +29,12 @@ RESERVED = {"ep", "etp", "edp"}  # the expert view's axes (issue 50): named in t
 
 
 def axis_literals(path: pathlib.Path, names: set[str]) -> list[str]:
+    """Every string constant that is an axis name, or a comma-joined list of them (a layout order
+    such as "tp,dp,sdp")."""
     tree = ast.parse(path.read_text(), filename=str(path))
     return [f"{path}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names]
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and all(part in names for part in node.value.split(","))]
 
 
 def test_no_axis_name_is_a_string_literal_outside_the_table_and_the_plan_file():
@@ -33,8 +45,8 @@ def test_no_axis_name_is_a_string_literal_outside_the_table_and_the_plan_file():
 
 def test_the_check_sees_a_literal(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text('groups["tp"]\nlabel = "tp+sp"\n')
-    assert len(axis_literals(sample, {"tp"})) == 1  # the key, not the label
+    sample.write_text('groups["tp"]\nlabel = "tp+sp"\norder = "tp,dp,sdp"\nsay = "tp, sdp, dp in some order"\n')
+    assert len(axis_literals(sample, {"tp", "dp", "sdp"})) == 2  # the key and the order, not the labels
 
 
 def test_a_layer_strategy_has_a_degree_field_per_axis_and_the_default_order_is_the_old_one():
@@ -47,8 +59,8 @@ def test_a_layer_strategy_has_a_degree_field_per_axis_and_the_default_order_is_t
 def _strategies(group: int):
     for degrees in itertools.product((1, 2, 4), repeat=len(LAYER_AXES)):
         kw = {a.name: k for a, k in zip(LAYER_AXES, degrees, strict=True)}
-        if LayerStrategy(**kw).degree != group:
-            continue
+        if LayerStrategy(**kw).degree != group or (kw["cp"] > 1 and kw["sdp"] > 1):
+            continue  # another group size, or what plan.validate refuses (CP with plain DP only)
         for order in itertools.permutations(LAYOUT_AXES):
             yield LayerStrategy(**kw, order=",".join(a.name for a in order))
 
@@ -56,9 +68,10 @@ def _strategies(group: int):
 @pytest.mark.parametrize("group", [4, 8])
 def test_groups_and_ranks_follow_the_table_on_every_layout(group):
     """Brute force over every strategy of a group: each axis's group has its degree in devices; the
-    devices of a batch-splitting axis's group hold distinct data slices and the same context part;
-    the gradient group is the product of the syncing axes' groups; data_rank covers every slice
-    equally often."""
+    devices of a batch-splitting axis's group hold distinct data slices; a tensor group's devices
+    hold the same data slice and sequence part (they split the weights, not the data); the gradient
+    group is exactly the devices that hold the same weights as the first one (same tp rank, the same
+    sdp shard); data_rank covers every slice equally often."""
     devices = tuple(range(group))
     for st in _strategies(group):
         groups = strategy_groups(st, devices)
@@ -69,5 +82,25 @@ def test_groups_and_ranks_follow_the_table_on_every_layout(group):
                 ranks = [data_rank(st, p) for p in groups[axis]]
                 assert len(set(ranks)) == st.degree_of(axis), (st, axis)
         assert sorted({context_rank(st, p) for p in groups[CONTEXT]}) == list(range(st.cp))
+        assert len({(data_rank(st, p), context_rank(st, p)) for p in groups[TENSOR]}) == 1
+        same_weights = [p for p in devices if tp_rank(st, p) == tp_rank(st, 0) and shard(st, p) == shard(st, 0)]
+        assert sorted(groups[DATA]) == same_weights, st
         counts = [sum(data_rank(st, p) == r for p in devices) for r in range(st.data_degree)]
         assert counts == [group // st.data_degree] * st.data_degree, st
+
+
+def _rank_on(st: LayerStrategy, axis, position: int) -> int:
+    stride = 1
+    for a, k in st.dims:
+        if a is axis:
+            return (position // stride) % k
+        stride *= k
+    return 0
+
+
+def tp_rank(st, position):
+    return _rank_on(st, TENSOR, position)
+
+
+def shard(st, position):
+    return _rank_on(st, SHARDED_DATA, position)

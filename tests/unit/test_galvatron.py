@@ -146,7 +146,7 @@ def test_the_simulator_adds_slice_gather_between_different_strategies(gpt2):
 
 def test_a_stage_pays_the_slice_gather_from_the_previous_stage_s_last_layout(gpt2):
     """The runtime regroups what a stage receives from the previous stage's last layout (runtime/
-    hybrid.py: `build_stage`'s `held`): the simulator prices it as within a stage."""
+    layers/parallelize.py: `parallelize_stage`'s `held`): the simulator prices it as within a stage."""
     from paraplan.simulator.plan_work import plan_work
 
     cm = analytic_cost_model(gpt2, _small_cluster())

@@ -1,4 +1,4 @@
-"""`paraplan calibrate`: this machine measured once (profiling/calibrate.py) into a cluster file for plan,
+"""`paraplan calibrate`: this machine measured once (profiling/calibrate/) into a cluster file for plan,
 simulate and train --compare."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from paraplan.cli.ui import BARS
 from paraplan.errors import FieldError, ParaplanError
 from paraplan.plans.kinds import PlanKind
 
-# what a run writes into --out-dir (runtime/pipeline/stage_loop.py, dag_runtime.py, compare.py): each must be a
+# what a run writes into --out-dir (runtime/pipeline/stage_loop.py, runtime/dag/dag_runtime.py, runtime/measure/compare.py): each must be a
 # regular file if it is there already (writes never replace a device, a FIFO or a link)
 RUN_FILES = ("losses.json", "steps_rank*.json", "timeline_rank*.json", "memory_rank*.json", "memory_dag_rank*.json",
              "stage*.pt", "overheads.json", "measured.trace.json", "simulated.trace.json", "compare.png")

@@ -7,7 +7,7 @@ file's keys) reads it from the entries' fields instead of testing a name; a test
 (tests/unit/test_axes.py) refuses the axis names as string literals anywhere else in src/paraplan
 but the plan file's reader and writer.
 
-A layer strategy (`plans/plan.py: LayerStrategy`) has a degree on each of `LAYER_AXES`; its
+A layer strategy (`plans/layer_strategy.py: LayerStrategy`) has a degree on each of `LAYER_AXES`; its
 `order` lays out the `in_layout` axes inner-most first (the inner-most axis's groups are
 consecutive devices, on the fastest links: Galvatron-BMW Takeaway #1); an axis outside the order
 sits right outside the axis it names in `outside` (Megatron-LM's tp-cp-dp order), inner-most when
@@ -76,9 +76,13 @@ PIPELINE = Axis("pp", "PP", "pipeline parallelism", shards="the layers (a plan's
                 collectives="activations and their gradients sent point to point between stages",
                 in_layout=False)
 
-# A layer strategy's degrees, in the default layout, inner-most first (the layout plans assumed
-# before `order` existed: tp innermost, then sdp, then dp); CONTEXT is placed by its `outside`.
+# A layer strategy's degrees on the dense view of the devices, in the default layout, inner-most first
+# (the layout plans assumed before `order` existed: tp innermost, then sdp, then dp); CONTEXT is
+# placed by its `outside`. The expert view's axes will be a tuple of their own beside it, read by
+# the expert groups and mesh; nothing that iterates LAYER_AXES sees them.
+DENSE = "dense"
 LAYER_AXES = (TENSOR, CONTEXT, SHARDED_DATA, DATA)
+assert all(a.view == DENSE for a in LAYER_AXES)
 LAYOUT_AXES = tuple(a for a in LAYER_AXES if a.in_layout)
 AXES = (*LAYER_AXES, PIPELINE)
 BY_NAME = {a.name: a for a in AXES}

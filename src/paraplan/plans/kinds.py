@@ -26,11 +26,6 @@ class PlanKind(StrEnum):
     BIPARTITION = "bipartition"
     OPERATORS = "operators"
 
-    @property
-    def has_stages(self) -> bool:
-        """Whether the plan's work is layer stages (every kind but an operator placement)."""
-        return self is not PlanKind.OPERATORS
-
 
 def kind_of(schedule: str, stages, operators) -> PlanKind:
     """The kind of a plan of this schedule, stages and operator placements (Plan.kind). A plan

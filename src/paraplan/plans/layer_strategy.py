@@ -8,6 +8,7 @@ from enum import StrEnum
 from functools import cached_property
 
 from paraplan.plans.axes import (
+    BY_NAME,
     LAYER_AXES,
     LAYOUT_AXES,
     REFINEMENTS,
@@ -76,10 +77,6 @@ class LayerStrategy:
     def degree_of(self, axis: Axis) -> int:
         return getattr(self, axis.name)
 
-    def refinement(self, refinement) -> object:
-        """The value of one of axes.REFINEMENTS (the ZeRO stage, sequence parallelism)."""
-        return getattr(self, refinement.field)
-
     @property
     def checkpoint(self) -> bool:
         """Full recomputation (version 1's `checkpoint`, Galvatron's CKPT)."""
@@ -87,8 +84,9 @@ class LayerStrategy:
 
     @cached_property  # read in the planners' inner loops: computed once per strategy
     def layout(self) -> tuple[Axis, ...]:
-        """The layout axes in `order`, inner-most first (order validated: plan.validate)."""
-        return tuple(axis_named(n) for n in self.order.split(","))
+        """The layout axes in `order`, inner-most first; a name that is no layout axis is left out
+        (plan.validate names it), so that a strategy still prints before it is validated."""
+        return tuple(a for a in (BY_NAME.get(n) for n in self.order.split(",")) if a is not None and a.in_layout)
 
     @cached_property  # read in the planners' inner loops: computed once per strategy
     def dims(self) -> tuple[tuple[Axis, int], ...]:

@@ -213,6 +213,8 @@ def validate(plan: Plan) -> Plan:
         raise PlanError(f"n_micro: {plan.n_micro} micro-batches do not divide the global batch {plan.global_batch}")
     if plan.schedule == "dag":
         _validate_operators(plan)
+    elif plan.operators:  # one kind of plan at a time (plans/kinds.py)
+        raise PlanError(f"operators: an operator placement runs with schedule 'dag', not {plan.schedule}")
     elif not plan.stages:
         raise PlanError(f"stages: schedule '{plan.schedule}' needs at least one stage")
     _validate_schedule_record(plan)  # first: the stages' check reads its stage -> rank mapping

@@ -47,6 +47,7 @@ from paraplan.errors import FieldError
 from paraplan.planners import progress
 from paraplan.planners.galvatron.space import even_partition, held_stage_count, pipeline_degrees, stage_group
 from paraplan.planners.request import BEST_SCHEDULE, Judge, PlanRequest
+from paraplan.plans.axes import DATA, SHARDED_DATA, TENSOR
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Prediction, Recompute, Stage
 from paraplan.precision import is_mixed
 
@@ -73,13 +74,17 @@ def micro_counts(request: PlanRequest, n_stages: int, replicas: int) -> tuple[in
                          and (m >= n_stages or n_stages == 1)}))
 
 
+# Megatron's layout: TP inner-most, then DP (no SDP in these layouts)
+_TP_DP_ORDER = ",".join(a.name for a in (TENSOR, DATA, SHARDED_DATA))
+
+
 def uniform_plan(request: PlanRequest, n_stages: int, tp: int, zero: int, recompute: str, n_micro: int) -> Plan:
     """Every layer one strategy: P stages of n / P consecutive devices, TP inner-most, the rest DP;
     the layers cut evenly (Galvatron's even partition), SP with TP where the runtime runs it."""
     n_layers = request.costs.model.n_layers
     group = group_size(request, n_stages)
     dp = group // tp
-    base = LayerStrategy(dp=dp, tp=tp, zero=zero if dp > 1 else 0, recompute=recompute, order="tp,dp,sdp")
+    base = LayerStrategy(dp=dp, tp=tp, zero=zero if dp > 1 else 0, recompute=recompute, order=_TP_DP_ORDER)
     cuts = np.concatenate([[0], np.cumsum(even_partition(n_layers, n_stages))]).astype(int)
     stages = []
     for s in range(n_stages):

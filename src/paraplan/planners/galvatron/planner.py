@@ -53,6 +53,7 @@ from paraplan.planners.request import (
     one_of,
 )
 from paraplan.planners.table import register
+from paraplan.plans.axes import DATA, PIPELINE, SHARDED_DATA, TENSOR
 from paraplan.plans.plan import Plan, SearchInfo
 
 MEMORY_BINS = 512  # memory granularity: the device's capacity / 512 (32 MiB at 16 GiB), see docs/galvatron.md
@@ -132,10 +133,11 @@ def _interleaved(plan: Plan, prediction, request: PlanRequest, judge: Judge):
 # fewer, partitions and schedules they search too): their plans join the full variant's final
 # candidates, ranked by the simulator (issue 31, item 1). galvatron-1f1b-biobj's partition follows its
 # own strategies, so only BMW (which adjusts partitions) holds it; Base is inside BMW.
-# VARIANTS lists each variant after the ones inside its space: the portfolio of Base is dp .. galvatron,
-# BMW's adds galvatron-base and galvatron-1f1b-biobj.
-_NAMES = [v.name for v in VARIANTS]
-PORTFOLIO = {name: tuple(_NAMES[:_NAMES.index(name)]) for name in ("galvatron-base", "galvatron-bmw")}
+_INSIDE_BASE = (DATA.name, SHARDED_DATA.name, TENSOR.name, PIPELINE.name, "dp+tp", "dp+pp", "deepspeed-3d", "galvatron")
+PORTFOLIO = {
+    "galvatron-base": _INSIDE_BASE,
+    "galvatron-bmw": (*_INSIDE_BASE, "galvatron-base", "galvatron-1f1b-biobj"),
+}
 
 
 def _search(request: PlanRequest, variant: Variant, options: dict):

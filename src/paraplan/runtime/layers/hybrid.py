@@ -42,10 +42,9 @@ def hybrid_refusal(plan: Plan, layers: list) -> str | None:
             i, name, st = uses[0]
             return (f"layer {i} ({name}, {st}): a weight tied across stages with ZeRO-{st.zero} is not run (its "
                     f"gradient is summed between stages after ZeRO's reduce-scatter)")
-        layouts = {(st.dp, st.sdp, st.tp, st.order) for _, _, st in uses}
+        layouts = {st.dims for _, _, st in uses}  # every axis's degree, in the layout's order
         if len(layouts) > 1:
-            (i, a, sa), (j, b, sb) = uses[0], next(u for u in uses if (u[2].dp, u[2].sdp, u[2].tp, u[2].order)
-                                                  != (uses[0][2].dp, uses[0][2].sdp, uses[0][2].tp, uses[0][2].order))
+            (i, a, sa), (j, b, sb) = uses[0], next(u for u in uses if u[2].dims != uses[0][2].dims)
             return (f"layers {i} ({a}, {sa}) and {j} ({b}, {sb}) share a parameter (tied weights) and must have "
                     f"the same strategy")
     return None

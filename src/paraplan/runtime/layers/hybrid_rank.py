@@ -24,7 +24,7 @@ def hybrid_setup(config: RunConfig, rank: int, device, built, layers, names, rec
     pp_groups, stage_groups = make_groups(plan)
     meshes = Meshes(plan, device.type)
     # every stage this rank runs: one, or several chunks under an interleaved schedule (the loop
-    # mapping: the chunks of one rank are stages r, r + p, ...; launch.py refuses the V-shaped and
+    # mapping: the chunks of one rank are stages r, r + p, ...; runtime/kinds.py refuses the V-shaped and
     # zero-bubble kinds with per-layer strategies), built one after another in stage order
     held = [s for s, st in enumerate(plan.stages) if rank in st.devices]
     chunks, owns, all_paths, strategies, dp_params, sequence_params = [], [], [], [], [], []

@@ -184,6 +184,9 @@ def parallelize_stage(plan: Plan, stage_index: int, position: int, layers: list[
         apply_cp(layer, st, meshes)
         apply_tp(layer, st, meshes, tp_memo)
         sequence_params += apply_sp(layer, st)
+        # selective recomputation ran before TP until issue 47; it only points the attention modules'
+        # config at the checkpointed core (layers/selective.py), which TP's plan does not touch, so the
+        # order is torchtitan's now (test_sequence_parallel runs SP + selective against one process)
         full_recompute.append(apply_recompute(layer, st))
         if st.sdp > 1 and i == unit_of[i][-1]:  # the unit's last layer is materialised: shard the unit
             modules = [layers[j] for j in unit_of[i]]

@@ -15,6 +15,10 @@ another checkout's source with this Python (`git worktree add /tmp/old COMMIT`, 
 `--src /tmp/old/src`). Exit status 1 when `--compare` finds a difference, with the differing paths
 printed.
 
+The commands on `--cluster local` read this machine's cached calibration (`paraplan calibrate`,
+which `make demo` runs, replaces it): take both snapshots under the same one; `--compare` says when
+they were not.
+
 Beside the documented commands, the axes a refactoring of the parallel dimensions moves (issue 47):
 a Galvatron-BMW plan with `context_parallel=2` (through the Python API, which had that option before
 the command line did) that chooses CP, then `simulate` and `export` of it; a hybrid TP+SDP plan
@@ -161,6 +165,10 @@ def main() -> int:
     if args.compare:
         found = differences(json.loads(Path(args.compare).read_text()), snap)
         print(f"against {args.compare}: {len(found)} difference(s)")
+        if any("/cost_source:" in line for line in found):
+            # `--cluster local` reads this machine's cached calibration, which `paraplan calibrate`
+            # (make demo) replaces: the two snapshots must be taken under the same one
+            print("  this machine's calibration changed between the two snapshots: take both again under one")
         for line in found:
             print("  " + line)
         return 1 if found else 0

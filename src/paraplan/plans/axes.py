@@ -4,8 +4,8 @@ This table is the one place an axis is named. Everything that needs to know what
 (the layout of a group's devices, each axis's group and link, which slice of the batch or of the
 sequence a device holds, which group sums the gradients, the runtime's device mesh, the plan
 file's keys) reads it from the entries' fields instead of testing a name; a test
-(tests/unit/test_axes.py) refuses the axis names as string literals anywhere else in src/paraplan
-but the plan file's reader and writer.
+(tests/unit/test_axes.py) refuses the axis names as string literals anywhere else in src/paraplan;
+the plan file's keys are the axes' names.
 
 A layer strategy (`plans/layer_strategy.py: LayerStrategy`) has a degree on each of `LAYER_AXES`; its
 `order` lays out the `in_layout` axes inner-most first (the inner-most axis's groups are

@@ -77,6 +77,10 @@ class LayerStrategy:
     def degree_of(self, axis: Axis) -> int:
         return getattr(self, axis.name)
 
+    def refinement_value(self, refinement) -> object:
+        """The value of one of axes.REFINEMENTS (the ZeRO stage, sequence parallelism)."""
+        return getattr(self, refinement.field)
+
     @property
     def checkpoint(self) -> bool:
         """Full recomputation (version 1's `checkpoint`, Galvatron's CKPT)."""

@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+from paraplan.plans.axes import LAYER_AXES, LAYOUT_AXES, SEQUENCE, ZERO
 from paraplan.plans.plan import (
     DEFAULT_ORDER,
     FORMAT_VERSION,
@@ -23,14 +24,21 @@ from paraplan.plans.plan import (
 )
 from paraplan.system.fileio import atomic_write_text, read_text
 
+# a strategy's keys are the axes' names (plans/axes.py): the layout axes always, in the order files
+# have always had them (dp, sdp, tp); the axes outside the layout (cp) optional, after the refinements
+_FILE_AXES = tuple(reversed(LAYOUT_AXES))
+_OPTIONAL_AXES = tuple(a for a in LAYER_AXES if not a.in_layout)
+
 
 def _strategy_to_dict(x: LayerStrategy) -> dict:
-    out = {"dp": x.dp, "sdp": x.sdp, "tp": x.tp, "recompute": str(x.recompute)}
-    if x.order != LayerStrategy(dp=x.dp, sdp=x.sdp, tp=x.tp).order:  # optional: the default layout is left out
+    layout = {a.name: x.degree_of(a) for a in _FILE_AXES}
+    out = {**layout, "recompute": str(x.recompute)}
+    if x.order != LayerStrategy(**layout).order:  # optional: the default layout is left out
         out["order"] = x.order
     # optional, left out at their defaults: the ZeRO stage of the dp replicas, sequence parallelism, cp
-    out.update({k: v for k, v in (("zero", x.zero), ("sequence_parallel", x.sequence_parallel), ("cp", x.cp))
-                if v != getattr(LayerStrategy, k)})
+    optional = [(r.field, x.refinement_value(r)) for r in (ZERO, SEQUENCE)]
+    optional += [(a.name, x.degree_of(a)) for a in _OPTIONAL_AXES]
+    out.update({k: v for k, v in optional if v != getattr(LayerStrategy, k)})
     return out
 
 
@@ -209,14 +217,15 @@ def plan_from_dict(data: object, origin: str = "plan") -> Plan:
 def _strategy(r: _Reader, x: dict, wx: str, version: int) -> LayerStrategy:
     """One layer's strategy; version 1 says `checkpoint` (true: full recomputation), version 2
     `recompute` (none | selective | full) and adds zero, sequence_parallel and cp."""
-    common = dict(dp=r.get(x, "dp", wx, int, 1), sdp=r.get(x, "sdp", wx, int, 1), tp=r.get(x, "tp", wx, int, 1),
-                  order=r.get(x, "order", wx, str, DEFAULT_ORDER))
+    common = {a.name: r.get(x, a.name, wx, int, 1) for a in _FILE_AXES}
+    common["order"] = r.get(x, "order", wx, str, DEFAULT_ORDER)
     if version == 1:
         return LayerStrategy(**common, recompute="full" if r.get(x, "checkpoint", wx, bool, False) else "none")
     if "checkpoint" in x:
         r.fail(f"{wx}checkpoint", "version 2 says recompute (none | selective | full) instead")
-    return LayerStrategy(**common, recompute=r.get(x, "recompute", wx, str, "none"), zero=r.get(x, "zero", wx, int, 0),
-                         sequence_parallel=r.get(x, "sequence_parallel", wx, bool, False), cp=r.get(x, "cp", wx, int, 1))
+    refined = dict(recompute=r.get(x, "recompute", wx, str, "none"), zero=r.get(x, ZERO.field, wx, int, 0),
+                   sequence_parallel=r.get(x, SEQUENCE.field, wx, bool, False))
+    return LayerStrategy(**common, **refined, **{a.name: r.get(x, a.name, wx, int, 1) for a in _OPTIONAL_AXES})
 
 
 def _schedule(r: _Reader, d: dict, version: int) -> dict:

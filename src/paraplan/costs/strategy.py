@@ -162,11 +162,10 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
     if runtime is not None and tp > 1:  # measured by paraplan calibrate (RuntimeOverheads.tp_kernel_s)
         forward += runtime.tp_kernel_s * max(1, layer.forward_ops)
         backward += runtime.tp_kernel_s * max(1, layer.backward_ops)
-    if tp > 1:
-        tp_forward, tp_backward = tensor_s(layer, local, strategy, tp_link)
-        forward += tp_forward
-        backward += tp_backward
-    ring = context_ring_s(layer, local, strategy, cp_link) if cp > 1 else 0.0
+    tp_forward, tp_backward = tensor_s(layer, local, strategy, tp_link)  # each term is 0 without its axis
+    forward += tp_forward
+    backward += tp_backward
+    ring = context_ring_s(layer, local, strategy, cp_link)
     if ring:  # the ring overlaps the attention's compute; the backward's carries twice the bytes
         slowdown = overlap_slowdown if overlap_slowdown is not None else 1.0
         forward = overlapped_s(forward, ring, slowdown)

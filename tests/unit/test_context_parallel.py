@@ -36,25 +36,49 @@ def world():
 
 
 def test_a_block_under_cp_is_the_closed_form(world):
-    """Compute / cp; the ring: (cp - 1) steps of K and V of this rank's tokens, overlapping the
-    attention's compute (max of the two without a measured slowdown); backward twice the bytes;
-    the activations kept / cp; a layer without attention (the embedding) exchanges nothing."""
+    """Compute / cp; the ring: (cp - 1) steps of K and V of this rank's tokens, each overlapping one
+    of the cp attention blocks (the attention core only: the projections around it cannot hide it);
+    backward twice the bytes, and its last hop (dK, dV home) after all compute; the activations kept
+    / cp; a layer without attention (the embedding) exchanges nothing."""
+    from paraplan.costs.axis_costs import attention_flops
+
     costs, model = world.costs.compute(0), world.costs.model
     block = 1
+    layer = model.layers[block]
+    share = attention_flops(layer, 1.0) / layer.forward_flops.at(1.0)
+    assert 0.05 < share < 0.9  # fused attention on the A100 preset: a real share, not 0
     one = layer_time(costs, model, block, LayerStrategy(), 1.0, NONE, NONE)
     for cp in (2, 4, 8):
         t = layer_time(costs, model, block, LayerStrategy(cp=cp), 1.0, NONE, NONE, dp_link=LINK, cp_link=LINK)
-        kv = 2 * model.layers[block].output_bytes.at(1.0) / cp
-        ring = (cp - 1) * (LINK.latency_s + kv / LINK.bandwidth_bytes_per_s)
-        assert t.forward_s == pytest.approx(max(one.forward_s / cp, ring), rel=1e-12)
-        assert t.backward_s == pytest.approx(max(one.backward_s / cp, 2 * ring), rel=1e-12)
-        assert t.grad_allreduce_bytes == model.layers[block].param_bytes  # all-reduced over the cp ranks
+        kv = 2 * layer.output_bytes.at(1.0) / cp
+        hop = LINK.latency_s + kv / LINK.bandwidth_bytes_per_s
+        ring = (cp - 1) * hop
+        hidden_f, hidden_b = (x / cp * share * (cp - 1) / cp for x in (one.forward_s, one.backward_s))
+        assert t.forward_s == pytest.approx(one.forward_s / cp - hidden_f + max(hidden_f, ring), rel=1e-12)
+        assert t.backward_s == pytest.approx(one.backward_s / cp - hidden_b + max(hidden_b, 2 * ring) + hop,
+                                             rel=1e-12)
+        assert t.grad_allreduce_bytes == layer.param_bytes  # all-reduced over the cp ranks
         saved = layer_memory(model, block, LayerStrategy(cp=cp), 1.0, world.costs.memory)
         whole = layer_memory(model, block, LayerStrategy(), 1.0, world.costs.memory)
         assert saved.saved_bytes == pytest.approx(whole.saved_bytes / cp)
         assert saved.states_bytes == whole.states_bytes  # CP replicates the weights
     embedding = layer_time(costs, model, 0, LayerStrategy(cp=4), 1.0, NONE, NONE, dp_link=LINK, cp_link=LINK)
     assert embedding.forward_s == pytest.approx(layer_time(costs, model, 0, LayerStrategy(), 1.0, NONE, NONE).forward_s / 4)
+
+
+def test_cp2_costs_more_than_cp1_by_its_kv_exchange(world):
+    """Issue 48: CP was priced as free (the ring hidden under the whole layer's compute, and not at
+    all under a fused attention). Two CP2 ranks now take longer per token than one CP1 rank, by at
+    least the exposed hop of K and V's gradients, even on a link fast enough to hide the ring."""
+    costs, model = world.costs.compute(0), world.costs.model
+    one = layer_time(costs, model, 1, LayerStrategy(), 1.0, NONE, NONE)
+    two = layer_time(costs, model, 1, LayerStrategy(cp=2), 1.0, NONE, NONE, dp_link=LINK, cp_link=LINK)
+    kv = 2 * model.layers[1].output_bytes.at(1.0) / 2
+    hop = LINK.latency_s + kv / LINK.bandwidth_bytes_per_s
+    assert two.forward_s + two.backward_s >= (one.forward_s + one.backward_s) / 2 + hop * (1 - 1e-12)
+    slow = LinkSpec(bandwidth_bytes_per_s=5e9, latency_s=5e-6)  # a ring longer than the attention
+    slower = layer_time(costs, model, 1, LayerStrategy(cp=2), 1.0, NONE, NONE, dp_link=slow, cp_link=slow)
+    assert slower.forward_s > two.forward_s and slower.backward_s > two.backward_s
 
 
 def test_tp_all_reduces_move_this_ranks_tokens(world):

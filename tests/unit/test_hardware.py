@@ -234,3 +234,28 @@ def test_unknown_cluster_and_missing_file():
         load_cluster("galvatron-8xtitn")
     with pytest.raises(ParaplanError, match="cannot read"):
         load_cluster("/nonexistent/cluster.toml")
+
+
+def test_a_ring_across_nodes_uses_a_rail_per_gpu_of_the_group():
+    """Issue 48, item 3: a DGX node has one network port per GPU. An all-reduce over k GPUs on each
+    of N nodes leaves each node over k rails: 2 (n-1)/n M / (k x port) + 2 (n-1) alpha, where the
+    simulator once priced one port per ring; one GPU per node still has one rail; the NVLink hops
+    bound it; a node with one shared port (rails = 1) keeps one."""
+    from dataclasses import replace as dc_replace
+
+    from paraplan.costs.collectives import ring_allreduce_s
+
+    cluster = load_cluster("dgx-a100-80gb?nodes=4")
+    port = cluster.nodes[0].network
+    nbytes = 2**30
+    for k in (1, 2, 4, 8):
+        group = tuple(node * 8 + i for node in range(4) for i in range(k))
+        n = len(group)
+        expected = 2 * (n - 1) / n * nbytes / min(k * port.bandwidth_bytes_per_s,
+                                                   cluster.nodes[0].intra_link.bandwidth_bytes_per_s)
+        expected += 2 * (n - 1) * port.latency_s
+        assert ring_allreduce_s(nbytes, n, cluster.slowest_link(group)) == pytest.approx(expected, rel=1e-12)
+    one_port = dc_replace(cluster, nodes=tuple(dc_replace(node, rails=1) for node in cluster.nodes))
+    assert one_port.slowest_link(tuple(range(32))).bandwidth_bytes_per_s == port.bandwidth_bytes_per_s
+    # inside one node nothing changes
+    assert cluster.slowest_link(tuple(range(8))) == cluster.nodes[0].intra_link

@@ -1,5 +1,8 @@
 """Analytic per-layer costs from a measured ModelSpec and a device model.
 
+On a GPU described down to its SMs a layer's passes are priced kernel by kernel (costs/
+op_roofline.py, from the kernels the measurement inventoried); elsewhere by the layer roofline below.
+
 The FLOPs, bytes and kernel counts come from the meta-device measurement; the device model turns
 them into seconds (costs/timefn.py). Memory traffic is a rough count of what each pass must move
 through device memory at least once:
@@ -9,6 +12,7 @@ through device memory at least once:
 
 from __future__ import annotations
 
+from paraplan.costs.op_roofline import OperatorTime
 from paraplan.costs.timefn import ComputeTime, LayerCosts, TransferTime
 from paraplan.hardware.cluster import DeviceSpec, LinkSpec
 from paraplan.models.spec import Affine, ModelSpec
@@ -28,8 +32,13 @@ def analytic_costs(model: ModelSpec, device: DeviceSpec, link: LinkSpec) -> Laye
         fwd_traffic = _plus(fwd_params, previous_output, layer.output_bytes, layer.saved_bytes)
         bwd_traffic = _plus(params, params, layer.saved_bytes, previous_output, layer.output_grad_bytes,
                             layer.output_grad_bytes)
-        forward.append(ComputeTime(layer.forward_flops, fwd_traffic, max(1, layer.forward_ops), device))
-        backward.append(ComputeTime(layer.backward_flops, bwd_traffic, max(1, layer.backward_ops), device))
+        if device.operator_priced and layer.forward_inventory is not None and layer.backward_inventory is not None:
+            # a GPU described down to its SMs: kernel by kernel (costs/op_roofline.py)
+            forward.append(OperatorTime(layer.forward_inventory, device))
+            backward.append(OperatorTime(layer.backward_inventory, device))
+        else:
+            forward.append(ComputeTime(layer.forward_flops, fwd_traffic, max(1, layer.forward_ops), device))
+            backward.append(ComputeTime(layer.backward_flops, bwd_traffic, max(1, layer.backward_ops), device))
         send_f.append(TransferTime(layer.output_bytes, link))
         send_b.append(TransferTime(layer.output_grad_bytes, link))
         previous_output = layer.output_bytes

@@ -25,16 +25,29 @@ def tensor_s(layer: LayerSpec, local: float, strategy: LayerStrategy, link: Link
             2 * ring_allreduce_s(layer.output_grad_bytes.at(local) / cp, tp, link))
 
 
-def context_ring_s(layer: LayerSpec, local: float, strategy: LayerStrategy, link: LinkSpec) -> float:
+def attention_flops(layer: LayerSpec, local: float) -> float:
+    """The FLOPs of the layer's attention core in one forward: a fused kernel's (what it does, causal
+    halved: models/op_inventory.py), else the eager core's matmuls (models/attention_kernel.py)."""
+    inventory = layer.forward_inventory
+    if inventory is not None and inventory.attention_kernels:
+        return inventory.attention_flops.at(local)
+    return layer.attention_core_flops.at(local)
+
+
+def context_ring_s(layer: LayerSpec, local: float, strategy: LayerStrategy, link: LinkSpec) -> tuple[float, float]:
     """CONTEXT, ring attention (Liu et al. 2023; Megatron-LM's CP): each rank's K and V (taken as two
     tensors of the layer's output size, over tp: an upper bound under GQA) pass around the cp ring
-    in cp - 1 steps; the forward's ring in seconds (the backward sends K, V and their gradients,
-    twice that). It overlaps the attention's compute (layer_time). 0 without cp or attention."""
+    in cp - 1 steps. (the forward's ring in seconds, one step's hop); the backward sends K, V and
+    their gradients, twice the ring, and its last hop (the gradients of K and V coming home after
+    the last block) follows all compute. layer_time overlaps the rest with the attention core only:
+    the projections before it make K and V, and the one after it needs its output. (0, 0) without
+    cp or attention."""
     tp, cp = strategy.tp, strategy.cp
-    if cp <= 1 or layer.attention_core_flops.at(local) <= 0:
-        return 0.0
+    if cp <= 1 or attention_flops(layer, local) <= 0:
+        return 0.0, 0.0
     kv = 2 * layer.output_bytes.at(local) / (tp * cp)
-    return (cp - 1) * (link.latency_s + kv / link.bandwidth_bytes_per_s)
+    hop = link.latency_s + kv / link.bandwidth_bytes_per_s
+    return (cp - 1) * hop, hop
 
 
 def sharded_data_s(model: ModelSpec, layer: LayerSpec, strategy: LayerStrategy, link: LinkSpec) -> tuple[float, float]:

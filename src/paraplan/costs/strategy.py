@@ -48,6 +48,7 @@ from functools import lru_cache
 import numpy as np
 
 from paraplan.costs.axis_costs import (
+    attention_flops,
     context_ring_s,
     gradient_sync_bytes,
     sharded_data_s,
@@ -142,6 +143,21 @@ def overlapped_s(compute_s: float, comm_s: float, slowdown: float) -> float:
     return both * slowdown + max(compute_s, comm_s) - both
 
 
+def _ring_overlapped(compute: tuple[float, float], forward: float, backward: float, ring: float, hop: float,
+                     attention_share: float, cp: int, slowdown: float | None) -> tuple[float, float]:
+    """Ring attention's K/V exchange as Megatron-LM's CP runs it: step i's transfer overlaps the
+    attention block computed at step i, so cp - 1 of the cp blocks hide the ring, and only the
+    attention core (its FLOP share of the layer, `attention_share`), not the projections around it;
+    the backward's ring carries K, V and their gradients (twice), and its last hop, the gradients
+    of K and V coming home, follows the last block. (forward s, backward s)."""
+    slowdown = slowdown if slowdown is not None else 1.0
+    attention_f, attention_b = compute[0] * attention_share, compute[1] * attention_share
+    hidden = (cp - 1) / cp
+    forward = forward - attention_f * hidden + overlapped_s(attention_f * hidden, ring, slowdown)
+    backward = backward - attention_b * hidden + overlapped_s(attention_b * hidden, 2 * ring, slowdown) + hop
+    return forward, backward
+
+
 def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,
                tp_link: LinkSpec, data_link: LinkSpec, overlap_slowdown: float | None = None,
                runtime: RuntimeOverheads | None = None, compute_scale: float = 1.0,
@@ -158,18 +174,18 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
     # context parallelism: each cp rank computes 1/cp of the sequence's tokens (Megatron's load-
     # balanced split of a causal attention's work; attention's s^2 part splits the same way)
     forward = forward_compute = compute_scale * float(costs.forward[index](local)) / (tp * cp)
-    backward = compute_scale * float(costs.backward[index](local)) / (tp * cp)
+    backward = backward_compute = compute_scale * float(costs.backward[index](local)) / (tp * cp)
     if runtime is not None and tp > 1:  # measured by paraplan calibrate (RuntimeOverheads.tp_kernel_s)
         forward += runtime.tp_kernel_s * max(1, layer.forward_ops)
         backward += runtime.tp_kernel_s * max(1, layer.backward_ops)
     tp_forward, tp_backward = tensor_s(layer, local, strategy, tp_link)  # each term is 0 without its axis
     forward += tp_forward
     backward += tp_backward
-    ring = context_ring_s(layer, local, strategy, cp_link)
-    if ring:  # the ring overlaps the attention's compute; the backward's carries twice the bytes
-        slowdown = overlap_slowdown if overlap_slowdown is not None else 1.0
-        forward = overlapped_s(forward, ring, slowdown)
-        backward = overlapped_s(backward, 2 * ring, slowdown)
+    ring, hop = context_ring_s(layer, local, strategy, cp_link)
+    if ring:
+        forward, backward = _ring_overlapped((forward_compute, backward_compute), forward, backward, ring, hop,
+                                             attention_flops(layer, local) / max(layer.forward_flops.at(local), 1.0),
+                                             cp, overlap_slowdown)
     recompute = forward  # with tp, the recomputation repeats the forward's all-reduces (§III-A)
     if strategy.recompute == "selective":
         # only the attention core runs again (no communication: it is local to each tp rank), at

@@ -7,6 +7,7 @@ Links are full duplex: a device can send and receive at full bandwidth at once.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from functools import cached_property
 from itertools import pairwise
@@ -37,6 +38,17 @@ class DeviceSpec:
     # A100: 0.869 of 312 TFLOPS in bf16, benchmarks/efficiency_fit.py; fp32 fitted apart,
     # benchmarks/paper_fidelity.py); a dtype missing here uses max_efficiency
     other_efficiencies: tuple[tuple[str, float], ...] = ()
+    # The per-operator cost model (costs/op_roofline.py) for GPUs described down to their SMs; 0: the
+    # layer roofline prices this device (CPUs, the papers' testbeds with their fitted constants)
+    sm_count: int = 0
+    gemm_tile: tuple[int, int] = (256, 128)  # cuBLAS's thread-block tile (M x N) for large GEMMs
+    attention_efficiency: float = 0.0  # fraction of peak a fused (flash) attention kernel reaches
+    memory_efficiency: float = 1.0  # fraction of the datasheet's memory bandwidth copies reach
+
+    @property
+    def operator_priced(self) -> bool:
+        """Whether kernels are priced one by one on this device (costs/op_roofline.py)."""
+        return self.sm_count > 0 and self.attention_efficiency > 0
 
     @property
     def peaks(self) -> dict[str, float]:
@@ -135,7 +147,11 @@ class NodeSpec:
     name: str
     devices: tuple[DeviceSpec, ...]
     intra_link: LinkSpec  # between two devices of this node (PCIe, NVLink, shared memory)
-    network: LinkSpec  # this node's port to the inter-node network (Ethernet, InfiniBand)
+    network: LinkSpec  # one port of this node to the inter-node network (Ethernet, InfiniBand)
+    # network ports (rails) of the node, each of `network`'s bandwidth: a DGX has one per GPU (8), and
+    # a collective whose group has k GPUs on the node sends over min(k, rails) of them (NCCL runs one
+    # ring channel per rail); 1: one port the node's GPUs share
+    rails: int = 1
 
 
 @dataclass(frozen=True)
@@ -198,14 +214,24 @@ class Cluster:
         if key not in cache:
             ring = list(group) + [group[0]]
             links = [self.link(x, y) for x, y in pairwise(ring)]
-            cache[key] = LinkSpec(bandwidth_bytes_per_s=min(lk.bandwidth_bytes_per_s for lk in links),
-                                  latency_s=max(lk.latency_s for lk in links))
+            bandwidth = min(lk.bandwidth_bytes_per_s for lk in links)
+            per_node = Counter(self.devices[d].node for d in group)
+            if len(per_node) > 1:
+                # across nodes: each node's traffic leaves over as many rails as it has group members
+                # (NCCL's channels, one per rail; 2 (n-1)/n M bytes leave each node in all), so the
+                # ring's inter-node hops carry min(k, rails) ports' bandwidth; the nodes' own links
+                # (a ring's intra-node hops) still bound it
+                inter = min(self.nodes[n].network.bandwidth_bytes_per_s * min(k, self.nodes[n].rails)
+                            for n, k in per_node.items())
+                intra = [self.nodes[n].intra_link.bandwidth_bytes_per_s for n, k in per_node.items() if k > 1]
+                bandwidth = min([inter, *intra])
+            cache[key] = LinkSpec(bandwidth_bytes_per_s=bandwidth, latency_s=max(lk.latency_s for lk in links))
         return cache[key]
 
     def with_memory(self, memory_bytes: int) -> Cluster:
         """The same cluster with every device's memory set to a budget (a user's limit)."""
         return replace(self, nodes=tuple(
-            NodeSpec(n.name, tuple(replace(d, memory_bytes=memory_bytes) for d in n.devices), n.intra_link, n.network)
+            replace(n, devices=tuple(replace(d, memory_bytes=memory_bytes) for d in n.devices))
             for n in self.nodes))
 
     def check_precision(self, precision: str) -> None:

@@ -75,6 +75,12 @@ _DEVICE_FIELDS = {
     "max_efficiency": "a fraction in (0, 1]",
     "half_efficiency_flops": "FLOPs",
 }
+# optional: a GPU described down to its SMs is priced kernel by kernel (costs/op_roofline.py)
+_OPERATOR_FIELDS = {
+    "sm_count": "streaming multiprocessors, a whole number",
+    "attention_efficiency": "a fraction in (0, 1]",
+    "memory_efficiency": "a fraction in (0, 1]",
+}
 
 
 class ClusterFileError(ParaplanError):
@@ -162,7 +168,32 @@ def _device(where: str, name: str, table: object) -> DeviceSpec:
         memory_bytes=int(values["memory_gib"] * GIB), kernel_overhead_s=values["kernel_overhead_s"],
         max_efficiency=efficiency, other_efficiencies=other_efficiencies,
         half_efficiency_flops=values["half_efficiency_flops"], source=str(table.get("source", "")),
+        **_operator_fields(where, table),
     )
+
+
+def _operator_fields(where: str, table: dict) -> dict:
+    """The optional figures of the per-operator cost model: all of sm_count, attention_efficiency and
+    memory_efficiency, or none; gemm_tile = [M, N] optional."""
+    given = [key for key in _OPERATOR_FIELDS if key in table]
+    if not given:
+        return {}
+    if len(given) < len(_OPERATOR_FIELDS):
+        missing = next(key for key in _OPERATOR_FIELDS if key not in table)
+        raise ClusterFileError(f"{where}.{missing}: missing (expected {_OPERATOR_FIELDS[missing]}; "
+                               f"{', '.join(_OPERATOR_FIELDS)} go together)")
+    sm = _number(where, table, "sm_count", _OPERATOR_FIELDS["sm_count"])
+    if sm != int(sm):
+        raise ClusterFileError(f"{where}.sm_count: expected a whole number of SMs, got {table['sm_count']!r}")
+    out = {"sm_count": int(sm), "attention_efficiency": _fraction(where, table, "attention_efficiency"),
+           "memory_efficiency": _fraction(where, table, "memory_efficiency")}
+    if "gemm_tile" in table:
+        tile = table["gemm_tile"]
+        if not (isinstance(tile, list) and len(tile) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                                   and x > 0 for x in tile)):
+            raise ClusterFileError(f"{where}.gemm_tile: expected [M, N], two positive whole numbers, got {tile!r}")
+        out["gemm_tile"] = (tile[0], tile[1])
+    return out
 
 
 def cluster_from_dict(data: dict, origin: str) -> Cluster:
@@ -197,10 +228,15 @@ def cluster_from_dict(data: dict, origin: str) -> Cluster:
         _check_materialisable(f"{where}.count", count, len(devices), sum(len(n.devices) for n in nodes))
         intra = _link(f"{where}.intra_link", node.get("intra_link"))
         network = _link(f"{where}.network", node.get("network"))
+        rails = node.get("rails", 1)
+        if isinstance(rails, bool) or not isinstance(rails, int) or rails < 1:
+            raise ClusterFileError(f"{where}.rails: expected the node's number of network ports, a positive "
+                                   f"integer, got {rails!r}")
         base = str(node.get("name", f"node{i}"))
         for c in range(count):
             nodes.append(NodeSpec(name=base if count == 1 else f"{base}{c}",
-                                  devices=tuple(types[d] for d in devices), intra_link=intra, network=network))
+                                  devices=tuple(types[d] for d in devices), intra_link=intra, network=network,
+                                  rails=rails))
     cluster = Cluster(name=name, nodes=tuple(nodes), description=str(data.get("description", "")),
                       overheads=_runtime(f"{origin}: runtime", data["runtime"]) if "runtime" in data else None,
                       default_precision=_default_precision(origin, data))
@@ -285,11 +321,14 @@ def cluster_to_dict(cluster: Cluster, calibration: dict | None = None) -> dict:
                    "memory_gib": d.memory_bytes / GIB, "kernel_overhead_s": d.kernel_overhead_s,
                    "max_efficiency": d.efficiencies if d.other_efficiencies else d.max_efficiency,
                    "half_efficiency_flops": d.half_efficiency_flops,
+                   **({"sm_count": d.sm_count, "gemm_tile": list(d.gemm_tile),
+                       "attention_efficiency": d.attention_efficiency, "memory_efficiency": d.memory_efficiency}
+                      if d.sm_count else {}),
                    "source": d.source}
             for name, d in types.items()
         },
         "nodes": [{"name": n.name, "devices": [d.name for d in n.devices], "intra_link": link(n.intra_link),
-                   "network": link(n.network)} for n in cluster.nodes],
+                   "network": link(n.network), **({"rails": n.rails} if n.rails > 1 else {})} for n in cluster.nodes],
     }
     if cluster.overheads is not None:
         o = cluster.overheads

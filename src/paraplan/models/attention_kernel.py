@@ -51,6 +51,26 @@ class AttentionCore(TorchDispatchMode):
 
 
 _FUSED = [0]  # > 0 while a fused attention runs its math inside (`FusedAttention`): not a core to find
+# what listens for fused attention kernels (models/op_inventory.py: OpInventory while it records a pass)
+ATTENTION_LISTENERS: list = []
+
+
+def fused_running() -> bool:
+    """True while a fused attention runs its math inside: those aten ops are the kernel's own."""
+    return _FUSED[0] > 0
+
+
+def _flash_flops(q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> float:
+    """The forward FLOPs a flash kernel does (Dao 2023, FlashAttention-2 §4.1's count): two matmuls of
+    4 x batch x heads x s_q x s_kv x head dim, halved when causal (the kernel skips the masked blocks)."""
+    *lead, s_q, d = q.shape
+    flops = 4.0 * float(torch.Size(lead).numel()) * s_q * k.shape[-2] * d
+    return flops / 2 if is_causal and s_q == k.shape[-2] else flops
+
+
+def _notify(flops: float, nbytes: float) -> None:
+    if ATTENTION_LISTENERS:
+        ATTENTION_LISTENERS[-1].record_attention(flops, nbytes)
 
 
 class FusedAttention(torch.autograd.Function):
@@ -70,14 +90,20 @@ class FusedAttention(torch.autograd.Function):
         finally:
             _FUSED[0] -= 1
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        io = [t for t in (q, k, v, out, lse) if t is not None]
+        _notify(_flash_flops(q, k, is_causal), sum(t.numel() * t.element_size() for t in io))
         ctx.save_for_backward(q, k, v, out, lse, *(() if mask is None else (mask,)))
         ctx.args = (dropout_p, is_causal, scale, enable_gqa)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v, _, _, *mask = ctx.saved_tensors
+        q, k, v, out_, lse, *mask = ctx.saved_tensors
         dropout_p, is_causal, scale, enable_gqa = ctx.args
+        # FlashAttention-2's backward: 5 matmuls to the forward's 2 (2.5 x its FLOPs); it reads q, k, v,
+        # the output, its gradient and the log-sum-exp and writes dq, dk, dv
+        io = (q, k, v, out_, lse, grad, q, k, v)
+        _notify(2.5 * _flash_flops(q, k, is_causal), sum(t.numel() * t.element_size() for t in io))
         _FUSED[0] += 1
         try:
             with torch.enable_grad():
@@ -108,12 +134,39 @@ class SdpaKernel(torch.overrides.TorchFunctionMode):
         # saves is its attention core's (what a checkpoint around it would stop keeping)
         self.inputs: set[int] | None = None
         self.input_bytes = 0
+        self._modules: list = []  # the modules running now, innermost last
+        self._hooks: list = []
+
+    def __enter__(self):
+        # which module calls SDPA: a decoder's attention (`is_causal`) runs causal on a GPU, where
+        # transformers drops the mask when nothing is padded and passes is_causal=True instead; on
+        # meta it cannot tell that no token is padded and passes the mask
+        from torch.nn.modules import module as nn_module
+
+        def leave(module, args, output):
+            self._modules.pop()  # a hook that returns something replaces the output
+
+        self._hooks = [nn_module.register_module_forward_pre_hook(lambda m, a: self._modules.append(m)),
+                       nn_module.register_module_forward_hook(leave, always_call=True)]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for hook in self._hooks:
+            hook.remove()
+        self._modules.clear()
+        return super().__exit__(*exc)
+
+    def _causal(self) -> bool:
+        return bool(self._modules) and getattr(self._modules[-1], "is_causal", False) is True
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.nn.functional.scaled_dot_product_attention:
             dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
             if self.attention == "fused" or (self.attention == "cpu" and not dropout):
+                if self._causal() and not kwargs.get("is_causal", len(args) > 5 and args[5]):
+                    kwargs = {**kwargs, "is_causal": True, "attn_mask": None}
+                    args = args[:3]
                 return _fused_sdpa(*args, **kwargs)
             tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
             self.inputs = {id(t) for t in tensors}

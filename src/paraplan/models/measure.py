@@ -41,6 +41,7 @@ from paraplan.models.autocast_meta import Autocast16
 from paraplan.models.built import BuiltModel
 from paraplan.models.failures import MEASURE_ADVICE, model_step
 from paraplan.models.inputs import make_batch
+from paraplan.models.op_inventory import OpInventory, fit_pass
 from paraplan.models.spec import Affine, InputSpec, LayerSpec, ModelSpec
 from paraplan.models.tensors import float_nbytes, nbytes, tensors
 from paraplan.models.weight_grads import gradients_kept_for_weights
@@ -109,14 +110,15 @@ def _measure_once(layer: nn.Module, x, params: set[int], compute_dtype: torch.dt
     core = AttentionCore()
     cast = Autocast16(compute_dtype) if compute_dtype is not None else contextlib.nullcontext()
     sdpa = fused = SdpaKernel(attention)
-    with FlopCounterMode(display=False) as fwd_flops, kernels, core, fused, cast, \
+    fwd_inventory, bwd_inventory = OpInventory(), OpInventory()
+    with FlopCounterMode(display=False) as fwd_flops, kernels, fwd_inventory, core, fused, cast, \
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = layer(x)
     fwd_kernels = kernels.count
     outputs = [t for t in tensors(y) if t.requires_grad]
     bwd_kernels = _KernelCounter()
     kept_for_weights = gradients_kept_for_weights(outputs, x, [p for p in layer.parameters() if p.requires_grad])
-    with FlopCounterMode(display=False) as bwd_flops, bwd_kernels:
+    with FlopCounterMode(display=False) as bwd_flops, bwd_kernels, bwd_inventory:
         if outputs:
             torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
     stats = {
@@ -133,6 +135,8 @@ def _measure_once(layer: nn.Module, x, params: set[int], compute_dtype: torch.dt
         "weight_grad_input_bytes": sum(kept_for_weights),
         "fwd_ops": fwd_kernels,
         "bwd_ops": bwd_kernels.count,
+        "fwd_inventory": fwd_inventory.entries,
+        "bwd_inventory": bwd_inventory.entries,
     }
     return _detach_outputs(y), stats
 
@@ -270,6 +274,8 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
             attention_core_bytes=_fit(small["core_bytes"], large["core_bytes"]),
             attention_core_flops=_fit(small["core_flops"], large["core_flops"]),
             weight_grad_input_bytes=_fit(small["weight_grad_input_bytes"], large["weight_grad_input_bytes"]),
+            forward_inventory=fit_pass(small["fwd_inventory"], large["fwd_inventory"], _FIT_BATCHES),
+            backward_inventory=fit_pass(small["bwd_inventory"], large["bwd_inventory"], _FIT_BATCHES),
         ))
     return ModelSpec(name=name, family=family, layers=tuple(specs), inputs=inputs,
                      input_bytes=_fit(*input_bytes),

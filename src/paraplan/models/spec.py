@@ -12,6 +12,10 @@ position bias); `per_sample` is the slope.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from paraplan.models.op_inventory import PassOps
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,11 @@ class LayerSpec:
     # input-gradient pass (I) keeps for the weight-gradient pass (W), beyond saved_bytes (the graph,
     # its saved tensors included, is retained from I to W too)
     weight_grad_input_bytes: Affine = Affine(0.0, 0.0)
+    # the kernels of one forward and one backward by operator class (models/op_inventory.py), for the
+    # per-operator cost model (costs/op_roofline.py); None where not measured (built by hand, or a
+    # layer whose kernels change with the batch size): the layer roofline prices it
+    forward_inventory: PassOps | None = field(default=None, compare=False)
+    backward_inventory: PassOps | None = field(default=None, compare=False)
 
     @property
     def flops_per_sample(self) -> float:
@@ -116,7 +125,9 @@ class ModelSpec:
         layers = tuple(replace(layer, saved_bytes=layer.saved_bytes.scaled(factor),
                                attention_core_bytes=layer.attention_core_bytes.scaled(factor),
                                output_bytes=layer.output_bytes.scaled(factor),
-                               output_grad_bytes=layer.output_grad_bytes.scaled(factor)) for layer in self.layers)
+                               output_grad_bytes=layer.output_grad_bytes.scaled(factor),
+                               # its kernels were inventoried in the other dtype: the layer roofline
+                               forward_inventory=None, backward_inventory=None) for layer in self.layers)
         return replace(self, layers=layers, compute_dtype_bytes=element_bytes)
 
     @property

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from paraplan.hardware.cluster import Cluster, NodeSpec
+from paraplan.hardware.cluster import Cluster
 
 
 def calibrate_precision(cluster: Cluster, precision: str, progress: Callable[[str], None] = lambda s: None,
@@ -46,6 +46,6 @@ def calibrate_precision(cluster: Cluster, precision: str, progress: Callable[[st
                                 source=f"{d.source}; {precision}: fitted to {', '.join(QUICK_MODELS)} under autocast "
                                        f"with every core loaded ({when} UTC)")
                         for d in node.devices)
-        nodes.append(NodeSpec(node.name, devices, node.intra_link, node.network))
+        nodes.append(replace(node, devices=devices))
     return replace(cluster, nodes=tuple(nodes),
                    description=f"{cluster.description}; its {precision} compute measured on {when} UTC")

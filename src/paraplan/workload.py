@@ -192,6 +192,23 @@ def cost_model(spec: ModelSpec, cluster: Cluster, *, profile: str | Path | None 
     return analytic_cost_model(spec, cluster, **kwargs)
 
 
+def engine_block(built, attention: str):
+    """The transformer block's shape an engine profile prices fused kernels and a 16-bit residual
+    stream with (costs/engine_profile.py: BlockShape); None for a model that is not a decoder the
+    engines build (its layers are then priced as measured)."""
+    from paraplan.costs.engine_profile import BlockShape
+    from paraplan.engines.shape import shape_of
+
+    shape = shape_of(built, built.ref)
+    if not shape.decoder:
+        return None
+    llama = shape.family == "llama"
+    config = getattr(built.module, "config", None)
+    dropout = not llama and any(getattr(config, key, 0) for key in ("resid_pdrop", "attn_pdrop"))
+    return BlockShape(hidden=shape.hidden, heads=shape.heads, kv_heads=shape.query_groups, ffn=shape.ffn,
+                      seq_len=shape.seq_len, gated=llama, dropout=bool(dropout), eager_attention=attention == "math")
+
+
 ESTIMATE_NOTE = "absolute times are estimates until `paraplan calibrate` measures this machine; trust the rankings"
 
 
@@ -255,15 +272,22 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
              overlap_slowdown: float | None = None, memory=None, seq_len: int | None = None,
              image_size: int | None = None, layers: str | None = None, operators: str | None = None,
              stages: int | None = None, micro_batches: int | None = None, schedule=None, exact_stages: bool = False,
-             options=None, watch: Watch | None = None, precision: str | None = None) -> Workload:
+             options=None, watch: Watch | None = None, precision: str | None = None,
+             engine: str = "paraplan") -> Workload:
     """The cluster loaded (unless it is one already), the model built and measured, its operator
     graph traced (`operators`: see OPERATORS), its cost model and, with a `batch`, the PlanRequest
     (its model named by the built reference, its cluster by `cluster_name`, by default the name or
-    file as given). `overheads` replace the cluster's (a calibrated one carries its own)."""
+    file as given). `overheads` replace the cluster's (a calibrated one carries its own). `engine`:
+    whose implementation prices the plans (costs/engine_profile.py; paraplan's own runtime by default)."""
+    from paraplan.costs.engine_profile import engine_profile
     from paraplan.hardware import Cluster, load_cluster
 
     if operators not in OPERATORS:
         raise ValueError(f"operators: expected one of {OPERATORS}, got {operators!r}")
+    engine_profile(engine)  # an unknown engine: one line, before anything is measured
+    if engine != "paraplan" and profile:
+        raise ParaplanError(f"a measured profile prices paraplan's own runtime, not {engine}: leave out --profile or "
+                            f"--engine {engine}")
     if isinstance(cluster, Cluster):
         loaded, name = cluster, cluster_name or cluster.name
     else:
@@ -274,7 +298,11 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
     graph = operator_graph(built, optional=operators == "optional", watch=watch) if operators else None
     extra = {key: value for key, value in (("overheads", overheads), ("overlap_slowdown", overlap_slowdown))
              if value is not None}
+    if engine != "paraplan":
+        extra.update(engine=engine, block=engine_block(built, attention_kernel(loaded, precision)))
     costs = cost_model(spec, loaded, profile=profile, operators=graph, precision=precision, **extra)
+    if engine != "paraplan":
+        costs = replace(costs, source=f"{costs.source}, priced as {engine} runs the model")
     # the simulator refuses TP where the runtime cannot run it: for plans simulated (`paraplan
     # simulate`) as for plans made
     tensor_parallel = tensor_parallel_layers(built, loaded, precision)

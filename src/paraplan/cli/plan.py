@@ -84,8 +84,10 @@ def add_parser(sub) -> None:
     add_sizes(p)
     add_precision(p)
     p.add_argument("--engine", default=None, metavar="ENGINE",
-                   help="auto: keep only the plans this engine can run (torchtitan, megatron, deepspeed; "
-                        "docs/engines.md), the unrestricted best beside; export it with paraplan export")
+                   help="price the plans as this engine runs them (torchtitan, megatron, deepspeed: its dtypes, "
+                        "fused kernels and overlaps, docs/engines.md; default: paraplan's own runtime); auto: keep "
+                        "only the plans this engine can run, the unrestricted best beside; export it with paraplan "
+                        "export")
     p.add_argument("--out", default="plan.json", help="write the plan (with its prediction) here")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(func=run)
@@ -110,10 +112,13 @@ def _options(args, given: dict) -> tuple[object, dict]:
     from paraplan.cli.plan_options import checked, options_given
     from paraplan.planners.registry import planner
 
-    for flag, value in (("--time-limit", args.time_limit), ("--report", args.report), ("--try-top", args.try_top),
-                        ("--engine", args.engine)):
+    for flag, value in (("--time-limit", args.time_limit), ("--report", args.report), ("--try-top", args.try_top)):
         if value is not None:
             raise ParaplanError(f"{flag}: only with --planner auto (the comparison of every planner)")
+    if args.engine is not None:  # one planner: the plan priced as the engine runs it
+        from paraplan.costs.engine_profile import engine_profile
+
+        engine_profile(args.engine)
     spec_of_planner = planner(args.planner)  # an unknown name fails before any work
     if args.batch in ("max", "best"):
         if "batch_search" not in spec_of_planner.options:

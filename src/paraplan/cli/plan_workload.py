@@ -28,7 +28,8 @@ def plan_workload(args, cluster, *, batch, operators: str | None, watch, options
                     memory=None if args.memory_gib is None else gib_bytes(args.memory_gib), seq_len=args.seq_len,
                     image_size=args.image_size, layers=args.layers, operators=operators, stages=args.stages,
                     micro_batches=args.micro_batches, schedule=args.schedule, exact_stages=args.exact_stages,
-                    options=options, watch=watch, precision=args.precision)
+                    options=options, watch=watch, precision=args.precision,
+                    engine=getattr(args, "engine", None) or "paraplan")
 
 
 def print_input(args, built) -> None:

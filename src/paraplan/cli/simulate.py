@@ -32,6 +32,9 @@ def add_parser(sub) -> None:
                         "interleaved-zb:2, zbv, dualpipev; or a comma-separated list of those (KIND:CHUNKS)")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("--profile", default=None, help="measured profile (paraplan profile) in place of analytic costs")
+    p.add_argument("--engine", default=None, metavar="ENGINE",
+                   help="price the plan as this engine runs it: paraplan, torchtitan, megatron, deepspeed "
+                        "(default: the engine the plan file's prediction was priced for, else paraplan)")
     from paraplan.cli.machine import add_calibration_flag
 
     add_calibration_flag(p)
@@ -65,8 +68,9 @@ def run(args) -> int:
     # the plan's devices against the cluster before the model is measured (seconds for a large one);
     # its layer count is checked against the model's once it is measured
     check_fits(plan, plan.n_layers, cluster.n_devices, cluster.name)
+    engine = args.engine or (plan.prediction.engine if plan.prediction is not None else "paraplan")
     w = workload(plan.model, cluster, profile=args.profile, overlap_slowdown=args.overlap_slowdown,
-                 seq_len=args.seq_len, image_size=args.image_size, precision=plan.precision,
+                 seq_len=args.seq_len, image_size=args.image_size, precision=plan.precision, engine=engine,
                  operators="required" if plan.kind is PlanKind.OPERATORS else None, watch=BARS)
     with pure_work():
         sim = simulate_plan(plan, w.costs, contention=not args.no_contention)

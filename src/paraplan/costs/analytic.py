@@ -12,6 +12,9 @@ through device memory at least once:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from paraplan.costs.engine_profile import BlockShape, EngineProfile, megatron_block_kernels
 from paraplan.costs.op_roofline import OperatorTime
 from paraplan.costs.timefn import ComputeTime, LayerCosts, TransferTime
 from paraplan.hardware.cluster import DeviceSpec, LinkSpec
@@ -22,7 +25,12 @@ def _plus(*terms: Affine) -> Affine:
     return Affine(fixed=sum(t.fixed for t in terms), per_sample=sum(t.per_sample for t in terms))
 
 
-def analytic_costs(model: ModelSpec, device: DeviceSpec, link: LinkSpec) -> LayerCosts:
+def analytic_costs(model: ModelSpec, device: DeviceSpec, link: LinkSpec, engine: EngineProfile | None = None,
+                   block: BlockShape | None = None) -> LayerCosts:
+    """`engine` with fused blocks (Megatron) and the model's `block` shape: a transformer block's
+    memory-bound kernels are the engine's fused ones (costs/engine_profile.py), its GEMMs and
+    attention kernel as measured."""
+    fused = megatron_block_kernels(block) if engine is not None and engine.fused_blocks and block else None
     forward, backward, send_f, send_b = [], [], [], []
     previous_output = model.input_bytes
     for layer in model.layers:
@@ -34,8 +42,9 @@ def analytic_costs(model: ModelSpec, device: DeviceSpec, link: LinkSpec) -> Laye
                             layer.output_grad_bytes)
         if device.operator_priced and layer.forward_inventory is not None and layer.backward_inventory is not None:
             # a GPU described down to its SMs: kernel by kernel (costs/op_roofline.py)
-            forward.append(OperatorTime(layer.forward_inventory, device))
-            backward.append(OperatorTime(layer.backward_inventory, device))
+            fwd, bwd = _engine_passes(layer, engine, fused, device)
+            forward.append(fwd)
+            backward.append(bwd)
         else:
             forward.append(ComputeTime(layer.forward_flops, fwd_traffic, max(1, layer.forward_ops), device))
             backward.append(ComputeTime(layer.backward_flops, bwd_traffic, max(1, layer.backward_ops), device))
@@ -43,4 +52,26 @@ def analytic_costs(model: ModelSpec, device: DeviceSpec, link: LinkSpec) -> Laye
         send_b.append(TransferTime(layer.output_grad_bytes, link))
         previous_output = layer.output_bytes
     return LayerCosts(forward=tuple(forward), backward=tuple(backward), send_forward=tuple(send_f),
-                      send_backward=tuple(send_b), source=f"analytic:{device.name}")
+                      send_backward=tuple(send_b), source=f"analytic:{device.name}",
+                      fsdp_prefetch=engine is not None and engine.fsdp_prefetch)
+
+
+def _engine_passes(layer, engine: EngineProfile | None, fused, device: DeviceSpec) -> tuple[OperatorTime, OperatorTime]:
+    """A layer's two passes priced kernel by kernel as `engine` runs them (costs/engine_profile.py)."""
+    measured, measured_backward = layer.forward_inventory, layer.backward_inventory
+    if fused is not None and layer.kind == "block":
+        # Megatron: its fused memory-bound kernels; selective recomputation runs the attention core
+        # again: the batched GEMMs (QK^T, attention over V) or the flash kernel, the softmax and dropout
+        core = replace(measured, gemms=tuple(g for g in measured.gemms if g.batch.at(1.0) > 1),
+                       memory_ops=fused.core_forward.memory_ops, other_kernels=0)
+        return (OperatorTime(replace(measured, memory_ops=fused.forward.memory_ops), device,
+                             replicated=fused.replicated_forward, selective=core),
+                OperatorTime(replace(measured_backward, memory_ops=fused.backward.memory_ops), device,
+                             replicated=fused.replicated_backward))
+    selective = None
+    if engine is not None and engine.name == "torchtitan" and layer.kind == "block":
+        # torchtitan's per-operator selective checkpointing saves SDPA's output and every second
+        # matmul's: it runs the other half of the matmuls and every memory-bound kernel again
+        selective = replace(measured, gemms=tuple(replace(g, count=g.count / 2) for g in measured.gemms),
+                            attention_kernels=0, attention_flops=Affine(0.0, 0.0), attention_bytes=Affine(0.0, 0.0))
+    return OperatorTime(measured, device, selective=selective), OperatorTime(measured_backward, device)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from paraplan.costs.analytic import analytic_costs
+from paraplan.costs.engine_profile import BlockShape, engine_profile
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.op_costs import OperatorProfile
 from paraplan.costs.profile import Profile, profile_costs
@@ -45,6 +46,9 @@ class CostModel:
     # from runtime/layers/tensor_parallel.py); a plan with TP elsewhere is not runnable, and its prediction
     # says so (simulator/predict.py). None: TP anywhere (the zoo's models in fp32, the papers' setting)
     tensor_parallel: frozenset | None = None
+    # the engine whose implementation prices the plan (costs/engine_profile.py): paraplan's own runtime
+    # unless the plan is priced for the engine it is exported to
+    engine: str = "paraplan"
     # device type -> LayerCosts; not an init field, so dataclasses.replace() starts a fresh one
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -73,13 +77,39 @@ class CostModel:
         return self._cache[spec.name]
 
 
-def analytic_cost_model(model: ModelSpec, cluster: Cluster, precision: str = "fp32", **kwargs) -> CostModel:
-    """The device model's compute at the cluster's peak in `precision`, the activations at its element size."""
+def analytic_cost_model(model: ModelSpec, cluster: Cluster, precision: str = "fp32", engine: str = "paraplan",
+                        block: BlockShape | None = None, **kwargs) -> CostModel:
+    """The device model's compute at the cluster's peak in `precision`, the activations at its element
+    size, as `engine` runs the model (costs/engine_profile.py; `block`: the transformer block's shape,
+    which an engine with fused kernels or a 16-bit residual stream needs to price them)."""
     from paraplan.precision import element_bytes
 
+    profile = engine_profile(engine)
     model = model.in_compute_dtype(element_bytes(precision))
+    if profile.residual_bytes is not None and block is not None:
+        model = residual_stream_in(model, block, profile.residual_bytes)
     link = cluster.nodes[0].intra_link  # unused for compute; transfers use cluster.link(a, b)
-    return CostModel(model, cluster, lambda spec: analytic_costs(model, spec, link), precision=precision, **kwargs)
+    return CostModel(model, cluster, lambda spec: analytic_costs(model, spec, link, profile, block), precision=precision,
+                     engine=engine, **kwargs)
+
+
+def residual_stream_in(model: ModelSpec, block: BlockShape, element_bytes: int) -> ModelSpec:
+    """The model with its residual stream (what the embedding and every block output, and its
+    gradient: TP collectives and pipeline sends move these) at `element_bytes` per element, where
+    the measurement kept it in another dtype (autocast keeps fp32). A layer whose output is not
+    one hidden vector per token is left as measured."""
+    from dataclasses import replace
+
+    per_sample = block.seq_len * block.hidden
+    layers = []
+    for layer in model.layers:
+        measured = layer.output_bytes.per_sample / per_sample
+        if layer.kind in ("embedding", "block") and measured in (2.0, 4.0) and measured != element_bytes:
+            factor = element_bytes / measured
+            layer = replace(layer, output_bytes=layer.output_bytes.scaled(factor),
+                            output_grad_bytes=layer.output_grad_bytes.scaled(factor))
+        layers.append(layer)
+    return replace(model, layers=tuple(layers))
 
 
 def profile_cost_model(model: ModelSpec, cluster: Cluster, profile: Profile, **kwargs) -> CostModel:

@@ -93,11 +93,23 @@ def _gemm(g: Gemm, device: DeviceSpec, b: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class OperatorTime:
-    """A TimeFunction (costs/timefn.py): one pass of one layer, priced kernel by kernel."""
+    """A TimeFunction (costs/timefn.py): one pass of one layer, priced kernel by kernel.
+    `replicated`: the part of `ops` every tensor-parallel rank runs whole unless sequence
+    parallelism splits it (an engine profile's norms and residual adds: costs/engine_profile.py);
+    None: all of it splits over tp (costs/strategy.py: layer_time). `selective`: the part the
+    engine's selective recomputation runs again, where the profile knows it."""
 
     ops: PassOps
     device: DeviceSpec
+    replicated: PassOps | None = None
+    selective: PassOps | None = None  # the kernels the engine's selective recomputation runs again; None: unknown
 
     def __call__(self, batch):
         t = pass_seconds(self.ops, self.device, batch)
         return t if t.ndim else float(t)
+
+    def selective_s(self, batch) -> float | None:
+        return float(pass_seconds(self.selective, self.device, batch)) if self.selective is not None else None
+
+    def replicated_s(self, batch) -> float:
+        return float(pass_seconds(self.replicated, self.device, batch)) if self.replicated is not None else 0.0

@@ -143,6 +143,16 @@ def overlapped_s(compute_s: float, comm_s: float, slowdown: float) -> float:
     return both * slowdown + max(compute_s, comm_s) - both
 
 
+def _split_compute(fn, local: float, tp: int, cp: int, strategy: LayerStrategy) -> float:
+    """A pass's compute on one rank: split over tp x cp, except the kernels every tensor-parallel rank
+    runs whole without sequence parallelism (norms, residual adds: an engine profile names them,
+    costs/op_roofline.py OperatorTime.replicated_s), which split over cp only."""
+    whole = float(fn(local))
+    replicated = fn.replicated_s(local) if tp > 1 and not strategy.sequence_parallel and hasattr(fn, "replicated_s") \
+        else 0.0
+    return (whole - replicated) / (tp * cp) + replicated / cp
+
+
 def _ring_overlapped(compute: tuple[float, float], forward: float, backward: float, ring: float, hop: float,
                      attention_share: float, cp: int, slowdown: float | None) -> tuple[float, float]:
     """Ring attention's K/V exchange as Megatron-LM's CP runs it: step i's transfer overlaps the
@@ -173,8 +183,8 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
     tp, sdp, cp = strategy.tp, strategy.sdp, strategy.cp
     # context parallelism: each cp rank computes 1/cp of the sequence's tokens (Megatron's load-
     # balanced split of a causal attention's work; attention's s^2 part splits the same way)
-    forward = forward_compute = compute_scale * float(costs.forward[index](local)) / (tp * cp)
-    backward = backward_compute = compute_scale * float(costs.backward[index](local)) / (tp * cp)
+    forward = forward_compute = compute_scale * _split_compute(costs.forward[index], local, tp, cp, strategy)
+    backward = backward_compute = compute_scale * _split_compute(costs.backward[index], local, tp, cp, strategy)
     if runtime is not None and tp > 1:  # measured by paraplan calibrate (RuntimeOverheads.tp_kernel_s)
         forward += runtime.tp_kernel_s * max(1, layer.forward_ops)
         backward += runtime.tp_kernel_s * max(1, layer.backward_ops)
@@ -190,11 +200,20 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
     if strategy.recompute == "selective":
         # only the attention core runs again (no communication: it is local to each tp rank), at
         # the layer's measured compute rate: its share of the layer's forward FLOPs
-        flops = layer.forward_flops.at(local)
-        recompute = (forward_compute * layer.attention_core_flops.at(local) / flops) if flops > 0 else 0.0
+        core = getattr(costs.forward[index], "selective_s", lambda _: None)(local)
+        if core is not None:  # what the engine's selective recomputation runs again, kernel by kernel
+            recompute = compute_scale * core / (tp * cp)
+        else:
+            flops = layer.forward_flops.at(local)
+            recompute = (forward_compute * layer.attention_core_flops.at(local) / flops) if flops > 0 else 0.0
     if sdp > 1:  # ZeRO-3: gather the weights for each pass, scatter the gradients after the backward
         gather, comm = sharded_data_s(model, layer, strategy, data_link)
-        forward += gather
+        if costs.fsdp_prefetch:  # FSDP2 gathers the next layer's weights while this one computes
+            forward = overlapped_s(forward, gather, overlap_slowdown or 1.0)
+            backward = overlapped_s(backward, comm, overlap_slowdown or 1.0)
+            comm = 0.0
+        else:
+            forward += gather
         backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)
     dp_sync_bytes = gradient_sync_bytes(layer, strategy)  # over dp x cp (strategy_groups)
     if strategy.zero >= 2 and strategy.dp > 1:

@@ -78,6 +78,9 @@ class LayerCosts:
     send_forward: tuple[TimeFunction, ...]
     send_backward: tuple[TimeFunction, ...]
     source: str  # "analytic:<device>" or "profile:<file>"
+    # the engine prefetches FSDP's all-gathers (FSDP2: the next layer's gather runs while this one
+    # computes), so they overlap the forward (costs/engine_profile.py; costs/strategy.py: layer_time)
+    fsdp_prefetch: bool = False
 
     @property
     def n_layers(self) -> int:

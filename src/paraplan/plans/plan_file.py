@@ -22,6 +22,7 @@ from paraplan.plans.plan import (
     Stage,
     validate,
 )
+from paraplan.plans.prediction import PRICED_BY
 from paraplan.system.fileio import atomic_write_text, read_text
 
 # a strategy's keys are the axes' names (plans/axes.py): the layout axes always, in the order files
@@ -84,6 +85,8 @@ def plan_to_dict(plan: Plan) -> dict:
         }
         if p.cost_source:  # optional: files without it (and older files) load with ""
             out["prediction"]["cost_source"] = p.cost_source
+        if p.engine != "paraplan":  # optional: files without it (and older files) were priced as paraplan runs
+            out["prediction"]["engine"] = p.engine
     if plan.search is not None:
         out["search"] = {"planner": plan.search.planner, "search_s": plan.search.search_s,
                          "options": dict(plan.search.options)}
@@ -186,7 +189,10 @@ def plan_from_dict(data: object, origin: str = "plan") -> Plan:
             throughput_samples_per_s=r.get(p, "throughput_samples_per_s", "prediction.", float),
             memory=tuple(memory), feasible=r.get(p, "feasible", "prediction.", bool, True),
             reason=r.get(p, "reason", "prediction.", str, ""),
-            cost_source=r.get(p, "cost_source", "prediction.", str, ""))
+            cost_source=r.get(p, "cost_source", "prediction.", str, ""),
+            engine=r.get(p, "engine", "prediction.", str, "paraplan"))
+        if prediction.engine not in PRICED_BY:
+            r.fail("prediction.engine", f"unknown engine {prediction.engine!r}; expected one of {', '.join(PRICED_BY)}")
     search = None
     if d.get("search") is not None:
         s = r.table(d["search"], "search")

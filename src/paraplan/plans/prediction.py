@@ -17,6 +17,10 @@ class DeviceMemory:
         return self.peak_bytes <= self.capacity_bytes
 
 
+# the engines whose implementation can price a plan (costs/engine_profile.py: PROFILES, in this order)
+PRICED_BY = ("paraplan", "megatron", "torchtitan", "deepspeed")
+
+
 @dataclass(frozen=True)
 class Prediction:
     iteration_s: float
@@ -27,6 +31,9 @@ class Prediction:
     # what the prediction stands on (issue 33; workload.cost_source): "this machine, calibrated on
     # DATE", "analytic preset NAME", "profile FILE (...)"; "" in files written before it
     cost_source: str = ""
+    # whose implementation priced it (costs/engine_profile.py): "paraplan" (its own runtime; files
+    # written before issue 48 load so), "torchtitan", "megatron", "deepspeed"
+    engine: str = "paraplan"
 
 
 @dataclass(frozen=True)

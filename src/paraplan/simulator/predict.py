@@ -81,7 +81,7 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulat
     stats = tuple(DeviceStats(d, float(b), float(max(0.0, iteration - b))) for d, b in sorted(per_device.items()))
     reason = out_of_memory_reason(memory) or tensor_parallel_refusal(plan, cm.tensor_parallel)
     prediction = Prediction(iteration_s=iteration, throughput_samples_per_s=plan.global_batch / iteration,
-                            memory=memory, feasible=not reason, reason=reason, cost_source=cm.source)
+                            memory=memory, feasible=not reason, reason=reason, cost_source=cm.source, engine=cm.engine)
     used_busy = np.array([s.busy_s for s in stats])
     bubble = float(1.0 - used_busy.sum() / (len(stats) * iteration)) if iteration > 0 else 0.0
     split = split_time(iteration, per_device, per_device_exposed, after, cm.cluster.n_devices)
@@ -116,7 +116,7 @@ def _simulate_dag_plan(plan: Plan, cm: CostModel, contention: bool) -> Simulatio
     memory = tuple(DeviceMemory(d, int(run.peak_bytes[d]), capacities[d]) for d in used)
     reason = out_of_memory_reason(memory)
     prediction = Prediction(iteration_s=iteration, throughput_samples_per_s=plan.global_batch / iteration,
-                            memory=memory, feasible=not reason, reason=reason, cost_source=cm.source)
+                            memory=memory, feasible=not reason, reason=reason, cost_source=cm.source, engine=cm.engine)
     stats = tuple(DeviceStats(d, float(run.busy_s[d]), float(max(0.0, iteration - run.busy_s[d]))) for d in used)
     busy = np.array([s.busy_s for s in stats])
     bubble = float(1.0 - busy.sum() / (len(stats) * iteration)) if iteration > 0 else 0.0

@@ -1,0 +1,129 @@
+"""How an engine runs the same model: an implementation profile per engine (issue 48, item 2).
+
+The measurement (models/measure.py) records a layer as paraplan's own runtime runs it: a
+transformers module under autocast, eager, its residual stream in fp32. The engines a plan is
+exported to run the same math otherwise, and the price follows the engine:
+
+  paraplan    the measurement as it is (the default: `paraplan train` runs this).
+  megatron    Megatron-LM / megatron-core: parameters and the residual stream in the 16-bit dtype,
+              so TP collectives and pipeline sends move 2 bytes per element; a transformer block's
+              memory-bound work is its fused kernels (fused layer norm / RMSNorm, scale-mask-softmax,
+              bias-dropout-add, bias-GeLU / SwiGLU, fused rotary; `megatron_block_kernels`), the
+              weight gradients accumulated into fp32 main_grad inside the GEMM (gradient
+              accumulation fusion): no kernel of their own.
+  torchtitan  FSDP2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): parameters and
+              activations in bf16 (2-byte residual stream, collectives and sends), eager kernels as
+              measured (no fusion), FSDP's all-gathers prefetched (costs/strategy.py: layer_time).
+  deepspeed   the model's own modules (eager, as measured) with bf16 parameters (DeepSpeed's bf16
+              mode casts the module): 2-byte residual stream and sends.
+
+What is not modelled yet, stated: torch.compile's fusion (torchtitan `--compile`), AsyncTP and
+--tp-comm-overlap, DeepSpeed's overlap_comm (priced as the engines' defaults: not overlapped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paraplan.errors import ParaplanError
+from paraplan.models.op_inventory import MemoryOp, PassOps
+from paraplan.models.spec import Affine
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    name: str
+    residual_bytes: int | None  # bytes per element of the residual stream, collectives and sends; None: as measured
+    fused_blocks: bool  # a transformer block's memory-bound kernels are the engine's fused ones
+    fsdp_prefetch: bool  # FSDP's forward all-gathers overlap the previous layer's compute
+    description: str
+
+
+PROFILES = {p.name: p for p in (
+    EngineProfile("paraplan", None, False, False,
+                  "paraplan's runtime: transformers modules under autocast, fp32 residual stream, eager"),
+    EngineProfile("megatron", 2, True, False,
+                  "Megatron-LM 0.16 / megatron-core: 16-bit residual stream and communication, fused kernels"),
+    EngineProfile("torchtitan", 2, False, True,
+                  "torchtitan 0.3 eager: FSDP2 bf16 parameters and activations, all-gathers prefetched"),
+    EngineProfile("deepspeed", 2, False, False, "DeepSpeed 0.19 bf16: the module's own kernels in bf16"),
+)}
+ENGINES = tuple(PROFILES)
+
+
+def engine_profile(name: str) -> EngineProfile:
+    if name not in PROFILES:
+        raise ParaplanError(f"unknown engine {name!r}; expected one of {', '.join(ENGINES)}")
+    return PROFILES[name]
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """A decoder block as its fused kernels see it (engines/shape.py's ModelShape carries these)."""
+
+    hidden: int  # h
+    heads: int  # a
+    kv_heads: int  # g (grouped-query attention)
+    ffn: int  # f
+    seq_len: int  # s: tokens per sample
+    gated: bool  # SwiGLU (Llama) rather than GeLU (GPT)
+    dropout: bool  # GPT-style dropout after the softmax, the attention output and the MLP
+    eager_attention: bool  # the s x s softmax in memory (no flash kernel)
+
+
+@dataclass(frozen=True)
+class FusedBlock:
+    """A block's memory-bound kernels as an engine fuses them (`megatron_block_kernels`)."""
+
+    forward: PassOps
+    backward: PassOps
+    replicated_forward: PassOps  # the part every TP rank runs whole without sequence parallelism
+    replicated_backward: PassOps
+    core_forward: PassOps  # the attention core's (what selective recomputation runs again)
+
+
+def megatron_block_kernels(shape: BlockShape, element_bytes: int = 2) -> FusedBlock:
+    """The memory-bound kernels of one Megatron block per sample, bytes read and written. The
+    replicated kernels (norms, residual adds, bias-dropout-adds) run whole on every tensor-parallel
+    rank unless sequence parallelism splits them (Korthikanti et al. 2022 §4.2.2); the rest splits
+    over tp; the attention core's (the eager softmax and its dropout) are what selective
+    recomputation runs again with the core's two batched GEMMs.
+
+    With e bytes per element, T = s tokens, 1-byte dropout masks (Korthikanti §4.1's convention):
+      norm (fused LN / RMSNorm)        fwd: read + write x: 2eTh;  bwd: x, dy -> dx: 3eTh
+      bias-dropout-add / residual add  fwd: (3e + 1)Th with dropout (out, residual -> sum, mask), 3eTh
+                                       without; bwd: the residual fork's sum 3eTh, plus (2e + 1)Th
+                                       through the dropout mask
+      rotary (fused, Llama)            fwd and bwd: q and k read and written: 2eT(h + g h/a)
+      softmax (fused scale-mask, eager) fwd: 2e aTs; bwd: 3e aTs; its dropout: (2e + 1) aTs both ways
+      MLP activation                   GeLU (bias fused): fwd 2eTf, bwd 3eTf; SwiGLU: fwd 3eTf,
+                                       bwd 5eTf
+    GEMMs (their biases in the GEMM's epilogue) and a flash kernel are priced from the measurement."""
+    e, t, h, f = element_bytes, shape.seq_len, shape.hidden, shape.ffn
+    kv_width = shape.kv_heads * h // shape.heads
+    scores = shape.heads * t * shape.seq_len  # a T s per sample
+    residual_f = (3 * e + 1) * t * h if shape.dropout else 3 * e * t * h
+    residual_b = 3 * e * t * h + ((2 * e + 1) * t * h if shape.dropout else 0)
+    replicated_f = [2 * e * t * h] * 2 + [residual_f] * 2
+    replicated_b = [3 * e * t * h] * 2 + [residual_b] * 2
+    split_f = [3 * e * t * f if shape.gated else 2 * e * t * f]
+    split_b = [5 * e * t * f if shape.gated else 3 * e * t * f]
+    if shape.gated:  # Llama's rotary position embedding, fused
+        split_f.append(2 * e * t * (h + kv_width))
+        split_b.append(2 * e * t * (h + kv_width))
+    core_f = []
+    if shape.eager_attention:
+        core_f.append(2 * e * scores)
+        split_b.append(3 * e * scores)
+        if shape.dropout:
+            core_f.append((2 * e + 1) * scores)
+            split_b.append((2 * e + 1) * scores)
+
+    def ops(sizes: list[int]) -> PassOps:
+        counts: dict[int, int] = {}
+        for size in sizes:
+            counts[size] = counts.get(size, 0) + 1
+        return PassOps(memory_ops=tuple(MemoryOp(Affine(0.0, float(size)), n) for size, n in counts.items()))
+
+    return FusedBlock(ops(replicated_f + split_f + core_f), ops(replicated_b + split_b), ops(replicated_f),
+                      ops(replicated_b), ops(core_f))

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from paraplan.costs.analytic import analytic_costs
+from paraplan.costs.engine_memory import engine_activations
 from paraplan.costs.engine_profile import BlockShape, engine_profile
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.op_costs import OperatorProfile
@@ -88,6 +89,7 @@ def analytic_cost_model(model: ModelSpec, cluster: Cluster, precision: str = "fp
     model = model.in_compute_dtype(element_bytes(precision))
     if profile.residual_bytes is not None and block is not None:
         model = residual_stream_in(model, block, profile.residual_bytes)
+        model = engine_activations(model, block, profile, profile.residual_bytes)
     link = cluster.nodes[0].intra_link  # unused for compute; transfers use cluster.link(a, b)
     return CostModel(model, cluster, lambda spec: analytic_costs(model, spec, link, profile, block), precision=precision,
                      engine=engine, **kwargs)

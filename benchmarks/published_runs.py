@@ -301,17 +301,18 @@ def main() -> None:
     bench_parser(__doc__).parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     from published_runs_today import rows as today_rows
-    from published_runs_today import table_5_orderings
+    from published_runs_today import table_5_orderings, zero_bubble_orderings
 
     table1, table5 = narayanan_rows(), korthikanti_rows()
-    today, table_5 = today_rows(), table_5_orderings()
+    today, table_5, zero_bubble = today_rows(), table_5_orderings(), zero_bubble_orderings()
     figure_12 = figure_12_rows()
     expert = expert_rows()
     result = {"expert_vs_auto": expert, "figure_12_prediction_only": figure_12, "preset": "dgx-a100-80gb", "precision": PRECISION,
               "assumed_for_table_1": "micro-batch 1, 1F1B (non-interleaved), gradient all-reduce after the "
                                      "backward (Megatron's local DDP), attention keeping the s x s scores",
               "narayanan_table_1": table1, "korthikanti_table_5": table5, "todays_runs": today,
-              "torchtitan_table_5_orderings": table_5, "summary": summary(table1, table5, today)}
+              "torchtitan_table_5_orderings": table_5, "zero_bubble_issue_21_orderings": zero_bubble,
+              "summary": summary(table1, table5, today)}
     (OUT / "published_runs.json").write_text(json.dumps(result, indent=2) + "\n")
     figure(table1, table5, today, OUT / "published_runs.png")
     for r in table1:

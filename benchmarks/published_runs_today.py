@@ -81,6 +81,7 @@ class Run:
     published_s: float | None = None
     published_tokens_per_gpu_s: float | None = None
     published_gib: float | None = None
+    schedule: str = ""  # "" : 1f1b / interleaved-1f1b / gpipe from pp and virtual
 
 
 H100_96 = {"memory_gib": 96.0, "bandwidth": 2.4e12}  # torchtitan's H100s: 96 GB HBM2e at 2.4 TB/s
@@ -118,7 +119,7 @@ def run_plan(run: Run, n_layers: int) -> Plan:
     n_stages = run.pp * run.virtual
     blocks = n_layers - 2
     bounds = [0] + [1 + (blocks * k) // n_stages for k in range(1, n_stages)] + [n_layers]
-    schedule = "interleaved-1f1b" if run.virtual > 1 else "1f1b" if run.pp > 1 else "gpipe"
+    schedule = run.schedule or ("interleaved-1f1b" if run.virtual > 1 else "1f1b" if run.pp > 1 else "gpipe")
     ranks = stage_ranks(schedule, run.pp, run.virtual)
     group = run.tp * run.sdp * run.dp
     stages = []
@@ -189,3 +190,40 @@ def table_5_orderings() -> dict:
     return {"published": TABLE_5_PUBLISHED,
             "predicted": {k: (round(v["tokens_per_gpu_s"], 1), round(v["peak_gib"], 1)) for k, v in ours.items()},
             "time_ordering_right": faster == published_faster, "memory_ordering_right": smaller == published_smaller}
+
+
+# sail-sg/zero-bubble-pipeline-parallelism issue #21: a 6.2B model on 8 H800, samples/s and GB per
+# schedule. The thread gives neither the pipeline degree, the micro-batches nor the shape; assumed:
+# the zero-bubble paper's 6.2B configuration (Qi et al. 2024, Table 3: 30 layers, hidden 4096, 32
+# heads, sequence 1024), PP 8 on one node, micro-batch 1, 24 micro-batches, Megatron's kernels (the
+# repository is a Megatron-LM fork), H800 as the H100 preset (its NVLink is 400 GB/s, not used by
+# PP's sends within a node at these sizes). ZB-2P is not one of paraplan's schedules: it is left out.
+ZB_PUBLISHED = {"1f1b": (55, 48), "interleaved-1f1b": (66, 57), "zb-2p": (67, 79), "zbv": (64, 53)}
+ZB_MODEL = "hf:gpt2?n_layer=30&n_embd=4096&n_head=32&vocab_size=50257&n_positions=1024&seq_len=1024"
+ZB_BLOCK = BlockShape(4096, 32, 32, 4 * 4096, 1024, gated=False, dropout=True, eager_attention=False)
+ZB_RUN = Run("6.2B, PP 8", "sail-sg/zero-bubble-pipeline-parallelism#21", ZB_MODEL, ZB_BLOCK, 8, 1, 8, 1, 1, 24, 1,
+             "bf16", "megatron", "none")
+
+
+def zero_bubble_orderings() -> dict:
+    """The orderings the thread's numbers resolve (a tie where they differ by under 2%: 66 and 67),
+    against the predicted ones, for the schedules paraplan has."""
+    runs = {"1f1b": ZB_RUN, "interleaved-1f1b": replace(ZB_RUN, virtual=2),
+            "zbv": replace(ZB_RUN, virtual=2, schedule="zbv")}
+    ours = {k: predict(r) for k, r in runs.items()}
+    pairs = []
+    names = list(runs)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            for what, index, key, larger_better in (("time", 0, "tokens_per_gpu_s", True),
+                                                      ("memory", 1, "peak_gib", False)):
+                pa, pb = ZB_PUBLISHED[a][index], ZB_PUBLISHED[b][index]
+                if abs(pa / pb - 1) < 0.02:
+                    continue  # a tie in the thread: no ordering to check
+                published_a_better = (pa > pb) == larger_better
+                predicted_a_better = (ours[a][key] > ours[b][key]) == larger_better
+                pairs.append({"pair": f"{a} vs {b}", "what": what, "right": published_a_better == predicted_a_better})
+    return {"published": ZB_PUBLISHED,
+            "predicted": {k: {"samples_per_s": round(ZB_RUN.global_batch / v["iteration_s"], 1),
+                              "peak_gib": round(v["peak_gib"], 1)} for k, v in ours.items()},
+            "orderings": pairs, "right": sum(p["right"] for p in pairs), "of": len(pairs)}

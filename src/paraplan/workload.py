@@ -286,8 +286,8 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
         raise ValueError(f"operators: expected one of {OPERATORS}, got {operators!r}")
     engine_profile(engine)  # an unknown engine: one line, before anything is measured
     if engine != "paraplan" and profile:
-        raise ParaplanError(f"a measured profile prices paraplan's own runtime, not {engine}: leave out --profile or "
-                            f"--engine {engine}")
+        raise ParaplanError(f"a measured profile prices paraplan's own runtime, not {engine}: price with the "
+                            "profile or with the engine, not both")
     if isinstance(cluster, Cluster):
         loaded, name = cluster, cluster_name or cluster.name
     else:

@@ -52,14 +52,18 @@ def test_megatron_fused_kernels_are_the_closed_form():
 
 
 def test_collectives_and_sends_move_each_engines_dtype(gpt):
-    """Autocast keeps the residual stream in fp32: paraplan's runtime moves 4 bytes per element in
-    each TP all-reduce and pipeline send, Megatron and torchtitan 2."""
+    """Autocast keeps the residual stream in fp32 (checked with a bf16 run on the CPU: a block returns
+    fp32, its o_proj and down_proj bf16): paraplan's runtime sends 4 bytes per element between
+    pipeline stages where Megatron and torchtitan send 2; the TP all-reduces act on the row-parallel
+    linear's bf16 output in all of them, 2 bytes."""
     paraplan, megatron = gpt["paraplan"].model.layers[1], gpt["megatron"].model.layers[1]
-    assert paraplan.output_bytes.per_sample == 4 * SEQ * H
-    assert megatron.output_bytes.per_sample == 2 * SEQ * H
+    assert paraplan.output_bytes.per_sample == 4 * SEQ * H and paraplan.output_element_bytes == 4
+    assert megatron.output_bytes.per_sample == 2 * SEQ * H and megatron.output_element_bytes == 2
     assert gpt["torchtitan"].model.layers[1].output_bytes == megatron.output_bytes
     tp = LayerStrategy(tp=4)
-    assert tensor_s(megatron, 2.0, tp, LINK)[0] == pytest.approx(tensor_s(paraplan, 2.0, tp, LINK)[0] / 2)
+    two_bytes = tensor_s(megatron, 2.0, tp, LINK, 2)[0]
+    assert tensor_s(paraplan, 2.0, tp, LINK, 2)[0] == pytest.approx(two_bytes)
+    assert tensor_s(paraplan, 2.0, tp, LINK)[0] == pytest.approx(2 * two_bytes)  # what fp32 would cost
 
 
 def test_a_plan_priced_for_two_engines_differs_by_kernels_and_overlap(gpt):
@@ -136,3 +140,30 @@ def test_plan_files_record_the_engine_and_old_files_load_as_paraplan(tmp_path):
     text = plan_to_json(priced).replace('"megatron"', '"titan"')
     with pytest.raises(ParaplanError, match="prediction.engine: unknown engine 'titan'"):
         plan_from_json(text)
+
+
+def test_engine_activations_are_korthikantis_on_a_gpt_and_a_llama_shape(gpt):
+    """Megatron keeps Korthikanti et al. 2022's 34 s b h + 5 a s^2 b bytes per GPT layer (their §4.1,
+    plus the norms' fp32 statistics they leave out: 2 x 8 s b); selective recomputation drops the
+    5 a s^2 b. A Llama block (GQA, SwiGLU, RMSNorm, flash attention, no dropout), tensor by tensor:
+    norm inputs 2 x 2sh, QKV input 2sh, Q and K 2sh(1 + g/a), V 2sh g/a, SDPA output 2sh and its
+    fp32 log-sum-exp 4as, output-projection input 2sh, MLP input 2sh, four SwiGLU tensors 8sf,
+    RMSNorm's rstd 2 x 4s."""
+    from paraplan.costs.engine_memory import engine_activations, torchtitan_op_sac_bytes
+    from paraplan.costs.engine_profile import PROFILES
+
+    s, h, a = SEQ, H, HEADS
+    block = gpt["megatron"].model.layers[1]
+    assert block.saved_bytes.per_sample == 34 * s * h + 5 * a * s * s + 2 * 8 * s
+    assert block.attention_core_bytes.per_sample == 5 * a * s * s
+    g, f = 2, FFN
+    llama = BlockShape(h, a, g, f, s, gated=True, dropout=False, eager_attention=False)
+    spec = measured_model("hf:llama?hidden_size=512&intermediate_size=2048&num_hidden_layers=1&num_attention_heads=8"
+                          "&num_key_value_heads=2&vocab_size=1000&seq_len=256", precision="bf16", attention="fused")[1]
+    kept = engine_activations(spec, llama, PROFILES["megatron"]).layers[1].saved_bytes.per_sample
+    assert kept == (4 * s * h + 2 * s * h + 2 * s * h * (1 + g / a) + 2 * s * h * g / a + 2 * s * h + 4 * a * s
+                    + 2 * s * h + 2 * s * h + 8 * s * f + 2 * 4 * s)
+    # torchtitan's per-operator SAC: q, v, the gate, w2's output, SDPA's output, the block input
+    assert torchtitan_op_sac_bytes(llama) == 2 * s * (h + h * g // a + f + h + h + h) + 4 * a * s
+    titan = engine_activations(spec, llama, PROFILES["torchtitan"]).layers[1]
+    assert titan.saved_bytes.per_sample - titan.attention_core_bytes.per_sample == torchtitan_op_sac_bytes(llama)

@@ -16,8 +16,8 @@ from paraplan.hardware import load_cluster
 from paraplan.hardware.cluster import DeviceSpec, LinkSpec
 from paraplan.hardware.cluster_file import ClusterFileError, cluster_from_dict, cluster_to_dict
 from paraplan.models.attention_kernel import SdpaKernel
-from paraplan.models.op_inventory import Gemm, MemoryOp, OpInventory, PassOps, fit_pass
-from paraplan.models.spec import Affine
+from paraplan.models.op_inventory import OpInventory, fit_pass
+from paraplan.models.spec import Affine, Gemm, MemoryOp, PassOps
 
 # 4 SMs, 2 x 2 tiles: a tile's 2 x 2 x K MACs at peak x MAMF / 4 per SM
 GPU = DeviceSpec(name="g", peak_flops=1e12, memory_bandwidth_bytes_per_s=1e12, memory_bytes=2**30,

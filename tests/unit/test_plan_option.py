@@ -34,7 +34,8 @@ def test_context_parallel_on_the_command_line_is_the_apis_cp_plan(capsys, tmp_pa
     res = run_cli_here(capsys, *CP, "--option", "context_parallel=2", "--out", str(out))
     assert res.returncode == 0, res.stderr
     plan = read_plan(out)
-    assert {st.cp for s in plan.stages for st in s.strategies} == {2}  # every layer: CP2 (x TP2)
+    # CP2 where its K/V exchange pays (issue 48 prices it: no longer free on every layer)
+    assert 2 in {st.cp for s in plan.stages for st in s.strategies}
     assert "CP2" in res.stdout
     # the same plan as the Python API's options={"context_parallel": 2}
     ours = api.plan("llama3.1-8b", "dgx-h100-80gb", 8, planner="galvatron-bmw", precision="bf16", seq_len=16384,

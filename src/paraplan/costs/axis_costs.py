@@ -13,16 +13,22 @@ from paraplan.models.spec import LayerSpec, ModelSpec
 from paraplan.plans.plan import LayerStrategy
 
 
-def tensor_s(layer: LayerSpec, local: float, strategy: LayerStrategy, link: LinkSpec) -> tuple[float, float]:
+def tensor_s(layer: LayerSpec, local: float, strategy: LayerStrategy, link: LinkSpec,
+             compute_bytes: int = 0) -> tuple[float, float]:
     """TENSOR (Megatron): two all-reduces of the activations per pass (one after the attention, one
     after the MLP), of this cp rank's tokens, ring over the tp group; with sequence parallelism each
     becomes a reduce-scatter and an all-gather of the same tensor, the same time on a ring
-    (Korthikanti et al. 2022 §4.2.2). (forward s, backward s); 0 without tp."""
+    (Korthikanti et al. 2022 §4.2.2). What is all-reduced is the row-parallel linear's output, in
+    the compute dtype (`compute_bytes` per element): under autocast the block's output (the residual
+    stream) is fp32, the output projection's bf16 (checked on the CPU with a bf16 run: o_proj and
+    down_proj return bf16, the block fp32). (forward s, backward s); 0 without tp."""
     tp, cp = strategy.tp, strategy.cp
     if tp <= 1:
         return 0.0, 0.0
-    return (2 * ring_allreduce_s(layer.output_bytes.at(local) / cp, tp, link),
-            2 * ring_allreduce_s(layer.output_grad_bytes.at(local) / cp, tp, link))
+    scale = compute_bytes / layer.output_element_bytes if compute_bytes and layer.output_element_bytes else 1.0
+    scale = min(scale, 1.0)
+    return (2 * ring_allreduce_s(layer.output_bytes.at(local) * scale / cp, tp, link),
+            2 * ring_allreduce_s(layer.output_grad_bytes.at(local) * scale / cp, tp, link))
 
 
 def attention_flops(layer: LayerSpec, local: float) -> float:
@@ -48,6 +54,28 @@ def context_ring_s(layer: LayerSpec, local: float, strategy: LayerStrategy, link
     kv = 2 * layer.output_bytes.at(local) / (tp * cp)
     hop = link.latency_s + kv / link.bandwidth_bytes_per_s
     return (cp - 1) * hop, hop
+
+
+def overlapped_s(compute_s: float, comm_s: float, slowdown: float) -> float:
+    """Compute and communication overlapping on one device (Galvatron §V): while both run, both
+    are `slowdown` times slower; the longer one finishes alone."""
+    both = min(compute_s, comm_s)
+    return both * slowdown + max(compute_s, comm_s) - both
+
+
+def context_overlapped(compute: tuple[float, float], forward: float, backward: float, ring: float, hop: float,
+                     attention_share: float, cp: int, slowdown: float | None) -> tuple[float, float]:
+    """Ring attention's K/V exchange as Megatron-LM's CP runs it: step i's transfer overlaps the
+    attention block computed at step i, so cp - 1 of the cp blocks hide the ring, and only the
+    attention core (its FLOP share of the layer, `attention_share`), not the projections around it;
+    the backward's ring carries K, V and their gradients (twice), and its last hop, the gradients
+    of K and V coming home, follows the last block. (forward s, backward s)."""
+    slowdown = slowdown if slowdown is not None else 1.0
+    attention_f, attention_b = compute[0] * attention_share, compute[1] * attention_share
+    hidden = (cp - 1) / cp
+    forward = forward - attention_f * hidden + overlapped_s(attention_f * hidden, ring, slowdown)
+    backward = backward - attention_b * hidden + overlapped_s(attention_b * hidden, 2 * ring, slowdown) + hop
+    return forward, backward
 
 
 def sharded_data_s(model: ModelSpec, layer: LayerSpec, strategy: LayerStrategy, link: LinkSpec) -> tuple[float, float]:

@@ -26,8 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paraplan.errors import ParaplanError
-from paraplan.models.op_inventory import MemoryOp, PassOps
-from paraplan.models.spec import Affine
+from paraplan.models.spec import Affine, MemoryOp, PassOps
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,23 @@ class MemoryConfig:
             return replace(self, compute_copy_bytes_per_param=0.0)
         return replace(self, compute_copy_bytes_per_param=float(element_bytes(precision)))
 
+    def for_engine(self, engine: str, precision: str) -> MemoryConfig:
+        """The model states per parameter as `engine` keeps them in a mixed `precision`, unsharded
+        (costs/engine_states.py; strategy.py: state_parts_per_param shards them by ZeRO stage and sdp):
+        megatron 2-byte parameters, 4-byte main gradients, 12 bytes of fp32 master weights and Adam
+        (18; ZeRO-1 = the distributed optimizer's 6 + 12/d); deepspeed 2 + 2 + 16 (ZeRO-2: 2 + 18/N);
+        torchtitan FSDP2's fp32 parameters, gradients and Adam, 16 (16/N sharded). The engines keep
+        their parameters in the compute dtype or gather them in it: no autocast weight copies."""
+        from paraplan.costs.engine_states import deepspeed_states, fsdp2_states, megatron_states
+        from paraplan.precision import is_mixed
+
+        if engine == "paraplan" or not is_mixed(precision):
+            return self
+        states = {"megatron": lambda: megatron_states(str(precision), 1, distributed_optimizer=False),
+                  "deepspeed": lambda: deepspeed_states(1, 1), "torchtitan": lambda: fsdp2_states(1)}[engine]()
+        return replace(self, state_bytes_per_param=states.total, param_bytes_per_param=states.parameters,
+                       grad_bytes_per_param=states.gradients, compute_copy_bytes_per_param=0.0)
+
     def for_device_kind(self, kind: str | None) -> MemoryConfig:
         """The terms that apply on a device of this kind (DeviceSpec.name): a CPU has no CUDA context
         and no caching allocator; anything else (or unknown) is treated as a CUDA device."""

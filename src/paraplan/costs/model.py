@@ -60,7 +60,8 @@ class CostModel:
         if self.model.compute_dtype_bytes != element_bytes(self.precision):
             raise ValueError(f"the model computes in {self.model.compute_dtype_bytes}-byte activations, a {self.precision} "
                              "cost model needs model.in_compute_dtype(element_bytes(precision))")
-        object.__setattr__(self, "memory", self.memory.for_precision(self.precision))
+        object.__setattr__(self, "memory", self.memory.for_precision(self.precision).for_engine(self.engine,
+                                                                                                  self.precision))
         # A calibrated cluster carries the runtime's measured overheads: used unless the caller
         # gives its own (train --compare --overheads FILE)
         if self.overheads is NO_OVERHEADS and self.cluster.overheads is not None:
@@ -109,7 +110,7 @@ def residual_stream_in(model: ModelSpec, block: BlockShape, element_bytes: int) 
         if layer.kind in ("embedding", "block") and measured in (2.0, 4.0) and measured != element_bytes:
             factor = element_bytes / measured
             layer = replace(layer, output_bytes=layer.output_bytes.scaled(factor),
-                            output_grad_bytes=layer.output_grad_bytes.scaled(factor))
+                            output_grad_bytes=layer.output_grad_bytes.scaled(factor), output_element_bytes=element_bytes)
         layers.append(layer)
     return replace(model, layers=tuple(layers))
 

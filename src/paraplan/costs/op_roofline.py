@@ -39,8 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from paraplan.hardware.cluster import DeviceSpec
-from paraplan.models.op_inventory import Gemm, PassOps
-from paraplan.models.spec import Affine
+from paraplan.models.spec import Affine, Gemm, PassOps
 
 
 def _at(value: Affine, b: np.ndarray) -> np.ndarray:

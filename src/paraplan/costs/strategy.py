@@ -49,8 +49,10 @@ import numpy as np
 
 from paraplan.costs.axis_costs import (
     attention_flops,
+    context_overlapped,
     context_ring_s,
     gradient_sync_bytes,
+    overlapped_s,
     sharded_data_s,
     tensor_s,
     zero2_reduce_scatter_s,
@@ -136,13 +138,6 @@ def layer_memory(model: ModelSpec, index: int, strategy: LayerStrategy, micro_ba
                        copy_bytes=params / strategy.tp * config.compute_copy_bytes_per_param if strategy.sdp == 1 else 0.0)
 
 
-def overlapped_s(compute_s: float, comm_s: float, slowdown: float) -> float:
-    """Compute and communication overlapping on one device (Galvatron §V): while both run, both
-    are `slowdown` times slower; the longer one finishes alone."""
-    both = min(compute_s, comm_s)
-    return both * slowdown + max(compute_s, comm_s) - both
-
-
 def _split_compute(fn, local: float, tp: int, cp: int, strategy: LayerStrategy) -> float:
     """A pass's compute on one rank: split over tp x cp, except the kernels every tensor-parallel rank
     runs whole without sequence parallelism (norms, residual adds: an engine profile names them,
@@ -151,21 +146,6 @@ def _split_compute(fn, local: float, tp: int, cp: int, strategy: LayerStrategy) 
     replicated = fn.replicated_s(local) if tp > 1 and not strategy.sequence_parallel and hasattr(fn, "replicated_s") \
         else 0.0
     return (whole - replicated) / (tp * cp) + replicated / cp
-
-
-def _ring_overlapped(compute: tuple[float, float], forward: float, backward: float, ring: float, hop: float,
-                     attention_share: float, cp: int, slowdown: float | None) -> tuple[float, float]:
-    """Ring attention's K/V exchange as Megatron-LM's CP runs it: step i's transfer overlaps the
-    attention block computed at step i, so cp - 1 of the cp blocks hide the ring, and only the
-    attention core (its FLOP share of the layer, `attention_share`), not the projections around it;
-    the backward's ring carries K, V and their gradients (twice), and its last hop, the gradients
-    of K and V coming home, follows the last block. (forward s, backward s)."""
-    slowdown = slowdown if slowdown is not None else 1.0
-    attention_f, attention_b = compute[0] * attention_share, compute[1] * attention_share
-    hidden = (cp - 1) / cp
-    forward = forward - attention_f * hidden + overlapped_s(attention_f * hidden, ring, slowdown)
-    backward = backward - attention_b * hidden + overlapped_s(attention_b * hidden, 2 * ring, slowdown) + hop
-    return forward, backward
 
 
 def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,
@@ -188,12 +168,12 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
     if runtime is not None and tp > 1:  # measured by paraplan calibrate (RuntimeOverheads.tp_kernel_s)
         forward += runtime.tp_kernel_s * max(1, layer.forward_ops)
         backward += runtime.tp_kernel_s * max(1, layer.backward_ops)
-    tp_forward, tp_backward = tensor_s(layer, local, strategy, tp_link)  # each term is 0 without its axis
+    tp_forward, tp_backward = tensor_s(layer, local, strategy, tp_link, model.compute_dtype_bytes)  # each term is 0 without its axis
     forward += tp_forward
     backward += tp_backward
     ring, hop = context_ring_s(layer, local, strategy, cp_link)
     if ring:
-        forward, backward = _ring_overlapped((forward_compute, backward_compute), forward, backward, ring, hop,
+        forward, backward = context_overlapped((forward_compute, backward_compute), forward, backward, ring, hop,
                                              attention_flops(layer, local) / max(layer.forward_flops.at(local), 1.0),
                                              cp, overlap_slowdown)
     recompute = forward  # with tp, the recomputation repeats the forward's all-reduces (§III-A)

@@ -126,6 +126,7 @@ def _measure_once(layer: nn.Module, x, params: set[int], compute_dtype: torch.dt
         "bwd_flops": bwd_flops.get_total_flops(),
         "out_bytes": nbytes(y),
         "out_grad_bytes": float_nbytes(y),
+        "out_element_bytes": max((t.element_size() for t in tensors(y) if t.is_floating_point()), default=0),
         "saved_bytes": sum(saved.values()),
         # SDPA's math path: what it saves (its own fp32 copies of q, k, v included) less the inputs a
         # checkpoint around it keeps instead; an eager attention: its s x s tensors (Korthikanti's 5as^2b)
@@ -270,7 +271,7 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
             output_bytes=_fit(small["out_bytes"], large["out_bytes"]),
             output_grad_bytes=_fit(small["out_grad_bytes"], large["out_grad_bytes"]),
             saved_bytes=_fit(small["saved_bytes"], large["saved_bytes"]),
-            forward_ops=small["fwd_ops"], backward_ops=small["bwd_ops"],
+            forward_ops=small["fwd_ops"], backward_ops=small["bwd_ops"], output_element_bytes=small["out_element_bytes"],
             attention_core_bytes=_fit(small["core_bytes"], large["core_bytes"]),
             attention_core_flops=_fit(small["core_flops"], large["core_flops"]),
             weight_grad_input_bytes=_fit(small["weight_grad_input_bytes"], large["weight_grad_input_bytes"]),

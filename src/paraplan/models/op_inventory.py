@@ -18,14 +18,12 @@ in the same order, so every dimension and byte count is fitted as fixed + per_sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from paraplan.models.attention_kernel import ATTENTION_LISTENERS, fused_running
-from paraplan.models.spec import Affine
+from paraplan.models.spec import Affine, Gemm, MemoryOp, PassOps
 
 _GEMM = {"mm", "addmm", "bmm", "baddbmm"}
 # ops that launch no kernel or move no data worth pricing (views, metadata, allocation)
@@ -34,46 +32,6 @@ _FREE = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsquee
          "empty_like", "new_empty", "lift_fresh", "view_as", "chunk", "narrow", "flatten", "unflatten",
          "empty_strided", "new_empty_strided", "sym_size", "sym_stride", "sym_numel", "size", "stride", "numel",
          "dim", "is_contiguous", "is_same_size", "_local_scalar_dense"}
-
-
-@dataclass(frozen=True)
-class Gemm:
-    """`count` GEMMs of one shape: `batch` independent (M x K) @ (K x N) products, operands of
-    `element_bytes` bytes. Each dimension is affine in the micro-batch."""
-
-    batch: Affine
-    m: Affine
-    n: Affine
-    k: Affine
-    element_bytes: int
-    count: int = 1
-
-
-@dataclass(frozen=True)
-class MemoryOp:
-    """`count` memory-bound kernels, each reading and writing `nbytes` in all."""
-
-    nbytes: Affine
-    count: int = 1
-
-
-@dataclass(frozen=True)
-class PassOps:
-    """One pass (forward or backward) of one layer, by operator class."""
-
-    gemms: tuple[Gemm, ...] = ()
-    memory_ops: tuple[MemoryOp, ...] = ()
-    attention_flops: Affine = Affine(0.0, 0.0)  # fused attention kernels: the FLOPs they do
-    attention_bytes: Affine = Affine(0.0, 0.0)
-    attention_kernels: int = 0
-    other_flops: Affine = Affine(0.0, 0.0)  # convolutions and other compute with a FLOP formula
-    other_bytes: Affine = Affine(0.0, 0.0)
-    other_kernels: int = 0
-
-    @property
-    def n_kernels(self) -> int:
-        return (sum(g.count for g in self.gemms) + sum(m.count for m in self.memory_ops) + self.attention_kernels
-                + self.other_kernels)
 
 
 def _tensors(value) -> list[torch.Tensor]:

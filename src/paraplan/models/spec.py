@@ -12,10 +12,6 @@ position bias); `per_sample` is the slope.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from paraplan.models.op_inventory import PassOps
 
 
 @dataclass(frozen=True)
@@ -30,6 +26,48 @@ class Affine:
 
     def scaled(self, factor: float) -> Affine:
         return Affine(self.fixed * factor, self.per_sample * factor)
+
+
+# One pass's kernels by class, as models/op_inventory.py records them on meta and costs/op_roofline.py
+# prices them.
+@dataclass(frozen=True)
+class Gemm:
+    """`count` GEMMs of one shape: `batch` independent (M x K) @ (K x N) products, operands of
+    `element_bytes` bytes. Each dimension is affine in the micro-batch."""
+
+    batch: Affine
+    m: Affine
+    n: Affine
+    k: Affine
+    element_bytes: int
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class MemoryOp:
+    """`count` memory-bound kernels, each reading and writing `nbytes` in all."""
+
+    nbytes: Affine
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class PassOps:
+    """One pass (forward or backward) of one layer, by operator class."""
+
+    gemms: tuple[Gemm, ...] = ()
+    memory_ops: tuple[MemoryOp, ...] = ()
+    attention_flops: Affine = Affine(0.0, 0.0)  # fused attention kernels: the FLOPs they do
+    attention_bytes: Affine = Affine(0.0, 0.0)
+    attention_kernels: int = 0
+    other_flops: Affine = Affine(0.0, 0.0)  # convolutions and other compute with a FLOP formula
+    other_bytes: Affine = Affine(0.0, 0.0)
+    other_kernels: int = 0
+
+    @property
+    def n_kernels(self) -> int:
+        return (sum(g.count for g in self.gemms) + sum(m.count for m in self.memory_ops) + self.attention_kernels
+                + self.other_kernels)
 
 
 @dataclass(frozen=True)
@@ -66,6 +104,9 @@ class LayerSpec:
     # the kernels of one forward and one backward by operator class (models/op_inventory.py), for the
     # per-operator cost model (costs/op_roofline.py); None where not measured (built by hand, or a
     # layer whose kernels change with the batch size): the layer roofline prices it
+    # bytes per element of the output (the residual stream between blocks: fp32 under autocast, where
+    # the block's matmuls run in 16 bits); 0: not measured (taken as the compute dtype's)
+    output_element_bytes: int = 0
     forward_inventory: PassOps | None = field(default=None, compare=False)
     backward_inventory: PassOps | None = field(default=None, compare=False)
 
@@ -126,6 +167,7 @@ class ModelSpec:
                                attention_core_bytes=layer.attention_core_bytes.scaled(factor),
                                output_bytes=layer.output_bytes.scaled(factor),
                                output_grad_bytes=layer.output_grad_bytes.scaled(factor),
+                               output_element_bytes=round(layer.output_element_bytes * factor),
                                # its kernels were inventoried in the other dtype: the layer roofline
                                forward_inventory=None, backward_inventory=None) for layer in self.layers)
         return replace(self, layers=layers, compute_dtype_bytes=element_bytes)

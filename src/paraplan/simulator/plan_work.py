@@ -78,6 +78,14 @@ def plan_work(plan: Plan, cm: CostModel) -> PipelineWork:
     return _data_parallel_work(plan, cm)
 
 
+def _send_split(cm: CostModel, strategy) -> int:
+    """Over how many TP ranks a pipeline send between hybrid stages is split, each rank sending its
+    part over its own link at once: the tp ranks under sequence parallelism (the activation is
+    already split along the sequence), and always with Megatron-LM (Narayanan et al. 2021 §4.1:
+    the scatter/gather optimisation); else every rank sends the whole tensor, 1."""
+    return strategy.tp if strategy.sequence_parallel or cm.engine == "megatron" else 1
+
+
 def _output_bytes(cm: CostModel, index: int, micro: float) -> float:
     """Bytes of layer `index`'s output per micro-batch (-1: the model's input)."""
     spec = cm.model.layers[index].output_bytes if index >= 0 else cm.model.input_bytes
@@ -220,12 +228,14 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
             nxt = plan.stages[s + 1].devices[0]
             last = stage.strategy(stage.layers.stop - 1)
             send_f = cm.cluster.link(lead, nxt).transfer_s(  # a cp rank sends its part of the sequence
-                layers[stage.layers.stop - 1].output_bytes.at(micro / last.data_degree) / last.cp)
+                layers[stage.layers.stop - 1].output_bytes.at(micro / last.data_degree) / last.cp
+                / _send_split(cm, last))
         if s > 0 and plan.stages[s - 1].devices[0] != lead:
             prev = plan.stages[s - 1].devices[0]
             first = stage.strategy(stage.layers.start)
             send_b = cm.cluster.link(lead, prev).transfer_s(
-                layers[stage.layers.start - 1].output_grad_bytes.at(micro / first.data_degree) / first.cp)
+                layers[stage.layers.start - 1].output_grad_bytes.at(micro / first.data_degree) / first.cp
+                / _send_split(cm, first))
         # the same runtime overheads as plain stages (one forward and one backward action per micro-batch)
         row.append(StageWork(device=lead, forward_s=fwd + cm.overheads.action_s,
                              backward_s=bwd + cm.overheads.action_s, send_forward_s=send_f, send_backward_s=send_b,

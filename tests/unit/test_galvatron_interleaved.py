@@ -12,11 +12,11 @@ is tests/unit/test_schedule_search.py."""
 from dataclasses import replace
 
 import pytest
-from paraplan.runtime.config import TrainConfig
 
 from paraplan.planners.galvatron.planner import chunk_counts
 from paraplan.planners.registry import make_plan, simulator_judge
 from paraplan.planners.schedule_variants import rewrite
+from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.launcher.launch import check_before_launch
 from paraplan.workload import workload
 

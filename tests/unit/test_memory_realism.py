@@ -52,7 +52,7 @@ def test_ddp_buckets_are_a_flat_copy_of_the_gradients_of_the_dp_layers(tiny):
 def test_ddp_buckets_count_at_the_step_not_while_the_activations_peak(tiny):
     b = stage_memory(_group(tiny, LayerStrategy(dp=4), grad_sync="bucketed"), tiny, 0)
     assert b.forward_peak_bytes == pytest.approx(b.states_bytes + b.activation_bytes + b.allocator_bytes
-                                                 + b.reserve_bytes)
+                                                 + b.reserve_bytes + b.loss_gradient_bytes)
     assert b.step_peak_bytes == pytest.approx(b.states_bytes + b.reserve_bytes + b.ddp_bucket_bytes)
     assert b.peak_bytes == max(b.forward_peak_bytes, b.step_peak_bytes)
     # a tiny batch: the step (gradients and buckets both alive) is the peak
@@ -143,3 +143,17 @@ def test_table_ii_vit_huge_32_within_one_step(vit):
     assert abs(_max_batch(vit, LayerStrategy(tp=8), 8) - 24) <= 8
     assert abs(_max_batch(vit, LayerStrategy(tp=8), 20) - 88) <= 8
     assert abs(_max_batch(vit, LayerStrategy(sdp=8), 8) - 64) <= 8
+
+
+def test_the_loss_stage_peaks_with_the_losss_gradients(tiny):
+    """Issue 48: the stage holding the loss peaks at the loss's backward, every layer's activations
+    still held, with a gradient of each tensor the loss saved (the fp32 log-softmax: 4 bytes x
+    tokens x vocabulary for a language model's cross-entropy) and the logits' own gradient."""
+    plan = _pipeline(tiny, n_stages=2)
+    head = tiny.layers[-1]
+    assert head.loss_gradient_bytes.per_sample > 0
+    first, last = stage_memory(plan, tiny, 0), stage_memory(plan, tiny, 1)
+    assert first.loss_gradient_bytes == 0
+    micro = plan.global_batch / plan.n_micro
+    assert last.loss_gradient_bytes == pytest.approx(head.loss_gradient_bytes.at(micro) + head.output_grad_bytes.at(micro))
+    assert dict(last.at_peak()[1])["the loss's gradients"] == last.loss_gradient_bytes

@@ -59,7 +59,7 @@ __all__ = ["GIB", "MEMORY_CATEGORIES", "MemoryBreakdown", "MemoryConfig", "PeakR
 
 # what MemoryBreakdown.at_peak names, in the order tables show them
 MEMORY_CATEGORIES = ("parameters", "16-bit weight copies", "gradients", "optimizer states", "activations",
-                     "gradients awaiting the weight pass",
+                     "gradients awaiting the weight pass", "the loss's gradients",
                      "communication buffers", "allocator reserve", "CUDA context and libraries", "weight stash",
                      "optimizer temporaries")
 
@@ -88,6 +88,9 @@ class MemoryBreakdown:
     # a split backward (zero-bubble): the gradients the input pass keeps for the weight pass, of the
     # micro-batches between the two (LayerSpec.weight_grad_input_bytes), at the activations' peak
     weight_pass_bytes: float = 0.0
+    # the stage holding the loss: its backward's gradients (of the fp32 log-softmax, of the logits),
+    # alive while every layer's activations still are (LayerSpec.loss_gradient_bytes)
+    loss_gradient_bytes: float = 0.0
 
     @property
     def forward_peak_bytes(self) -> float:
@@ -96,7 +99,7 @@ class MemoryBreakdown:
         the buckets stand in its place; both are alive only once the activations are freed (the step)."""
         return (self.states_bytes + self.activation_bytes + self.allocator_bytes + self.stash_bytes
                 + self.reserve_bytes + self.tp_replicated_bytes + self.sdp_buffer_bytes + self.compute_copy_bytes
-                + self.weight_pass_bytes)
+                + self.weight_pass_bytes + self.loss_gradient_bytes)
 
     @property
     def step_peak_bytes(self) -> float:
@@ -118,6 +121,7 @@ class MemoryBreakdown:
             moment, parts = "forward/backward", (*common, ("16-bit weight copies", self.compute_copy_bytes),
                                                 ("activations", self.activation_bytes + self.tp_replicated_bytes),
                                                 ("gradients awaiting the weight pass", self.weight_pass_bytes),
+                                                ("the loss's gradients", self.loss_gradient_bytes),
                                                 ("communication buffers", self.sdp_buffer_bytes),
                                                 ("allocator reserve", self.allocator_bytes))
         else:
@@ -223,6 +227,13 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
             # the worker's own forward output, kept from its forward to its backward
             activations += in_flight_here * model.layers[role.before[0] - 1].output_bytes.at(micro) * \
                 config.activation_scale
+    last = model.n_layers - 1
+    loss_gradients = 0.0
+    if last in stage.backward and model.layers[last].loss_gradient_bytes.per_sample > 0:
+        # the loss's backward: a gradient of each tensor the loss saved, and the logits' own gradient
+        head, strategy = model.layers[last], stage.strategy(last)
+        local = micro / strategy.data_degree
+        loss_gradients = (head.loss_gradient_bytes.at(local) + head.output_grad_bytes.at(local)) / (strategy.tp * strategy.cp)
     stash_versions = plan.n_stages - stage_index - 1 if plan.schedule == "async-1f1b" else 0
     dynamic = activations + recompute  # scaled by activation_scale, which holds the allocator's share
     allocator = dynamic * config.allocator_fraction / (1.0 + config.allocator_fraction)
@@ -234,7 +245,8 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
                            ddp_bucket_bytes=ddp_grads * config.grad_bytes_per_param * config.ddp_bucket_fraction,
                            optimizer_step_bytes=optimizer_params * config.optimizer_step_bytes_per_param,
                            compute_copy_bytes=compute_copies, param_state_bytes=param_states, grad_bytes=grads,
-                           optimizer_bytes=optimizer_states, recompute_bytes=recompute / (1.0 + config.allocator_fraction))
+                           optimizer_bytes=optimizer_states, recompute_bytes=recompute / (1.0 + config.allocator_fraction),
+                           loss_gradient_bytes=loss_gradients)
 
 
 def tp_replicated_bytes(model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,
@@ -307,7 +319,8 @@ def _rank_memory(plan: Plan, model: ModelSpec, rank: int, stages: list[int], con
     kept = sum(waiting[s] * for_weights.get(s, 0.0) for s in stages)  # the allocator's share included, as saved
     total = {f: sum(getattr(b, f) for b in parts) for f in (
         "states_bytes", "stash_bytes", "allocator_bytes", "tp_replicated_bytes", "ddp_bucket_bytes",
-        "optimizer_step_bytes", "compute_copy_bytes", "param_state_bytes", "grad_bytes", "optimizer_bytes")}
+        "optimizer_step_bytes", "compute_copy_bytes", "param_state_bytes", "grad_bytes", "optimizer_bytes",
+        "loss_gradient_bytes")}
     recompute = max(b.recompute_bytes for b in parts)  # one checkpointed layer recomputes at a time
     return MemoryBreakdown(device=parts[0].device, stage=stages[0], reserve_bytes=parts[0].reserve_bytes,
                            in_flight=sum(held.values()), recompute_bytes=recompute,

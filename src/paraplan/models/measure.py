@@ -254,9 +254,10 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
                 progress()
         if loss is not None and stats:
             # the loss keeps its own tensors until the backward (the log-softmax of the logits, in
-            # fp32 under autocast: 4 bytes x sequence x vocabulary per sample): the last layer's
-            stats[-1] = {**stats[-1], "saved_bytes": stats[-1]["saved_bytes"] +
-                         _loss_saved_bytes(loss, x, targets, compute_dtype)}
+            # fp32 under autocast: 4 bytes x sequence x vocabulary per sample): the last layer's;
+            # its backward makes a gradient of each (LayerSpec.loss_gradient_bytes)
+            kept = _loss_saved_bytes(loss, x, targets, compute_dtype)
+            stats[-1] = {**stats[-1], "saved_bytes": stats[-1]["saved_bytes"] + kept, "loss_bytes": kept}
         per_batch.append(stats)
 
     specs = []
@@ -275,6 +276,7 @@ def measure_layers(layers: Iterable[tuple[str, str, nn.Module]], inputs: InputSp
             attention_core_bytes=_fit(small["core_bytes"], large["core_bytes"]),
             attention_core_flops=_fit(small["core_flops"], large["core_flops"]),
             weight_grad_input_bytes=_fit(small["weight_grad_input_bytes"], large["weight_grad_input_bytes"]),
+            loss_gradient_bytes=_fit(small.get("loss_bytes", 0), large.get("loss_bytes", 0)),
             forward_inventory=fit_pass(small["fwd_inventory"], large["fwd_inventory"], _FIT_BATCHES),
             backward_inventory=fit_pass(small["bwd_inventory"], large["bwd_inventory"], _FIT_BATCHES),
         ))

@@ -107,6 +107,10 @@ class LayerSpec:
     # bytes per element of the output (the residual stream between blocks: fp32 under autocast, where
     # the block's matmuls run in 16 bits); 0: not measured (taken as the compute dtype's)
     output_element_bytes: int = 0
+    # the loss's backward (the last layer's): the gradients it makes of what it saved (the fp32
+    # log-softmax's) live beside the gradient of the logits and every layer's activations: the
+    # moment a stage holding the loss peaks at (costs/memory.py)
+    loss_gradient_bytes: Affine = Affine(0.0, 0.0)
     forward_inventory: PassOps | None = field(default=None, compare=False)
     backward_inventory: PassOps | None = field(default=None, compare=False)
 
@@ -168,6 +172,7 @@ class ModelSpec:
                                output_bytes=layer.output_bytes.scaled(factor),
                                output_grad_bytes=layer.output_grad_bytes.scaled(factor),
                                output_element_bytes=round(layer.output_element_bytes * factor),
+                               loss_gradient_bytes=layer.loss_gradient_bytes.scaled(factor),
                                # its kernels were inventoried in the other dtype: the layer roofline
                                forward_inventory=None, backward_inventory=None) for layer in self.layers)
         return replace(self, layers=layers, compute_dtype_bytes=element_bytes)

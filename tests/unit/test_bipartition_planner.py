@@ -127,4 +127,7 @@ def _count_layer_by_layer(cm, plan, w, config):
             total += m.states_bytes + max(1, min(plan.n_micro, math.ceil(m_total - (a + w) / 2))) * m.saved_bytes
         else:
             total += m.weights_bytes
+    head = cm.model.layers[-1]
+    if cm.model.n_layers - 1 in stage.backward:  # the loss's backward: its gradients and the logits'
+        total += head.loss_gradient_bytes.at(micro) + head.output_grad_bytes.at(micro)
     return total

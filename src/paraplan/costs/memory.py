@@ -53,7 +53,7 @@ from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import DeviceMemory, LayerStrategy, Plan
 from paraplan.plans.worker_roles import worker_roles
 
-__all__ = ["GIB", "MEMORY_CATEGORIES", "MemoryBreakdown", "MemoryConfig", "PeakRow", "by_category", "micro_batches_in_flight", "out_of_memory_reason",
+__all__ = ["GIB", "MEMORY_CATEGORIES", "MemoryBreakdown", "MemoryConfig", "PeakRow", "by_category", "loss_gradient_bytes", "micro_batches_in_flight", "out_of_memory_reason",
            "plan_memory", "sdp_buffer_bytes", "stage_memory", "tp_replicated_bytes"]
 
 
@@ -228,12 +228,7 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
             activations += in_flight_here * model.layers[role.before[0] - 1].output_bytes.at(micro) * \
                 config.activation_scale
     last = model.n_layers - 1
-    loss_gradients = 0.0
-    if last in stage.backward and model.layers[last].loss_gradient_bytes.per_sample > 0:
-        # the loss's backward: a gradient of each tensor the loss saved, and the logits' own gradient
-        head, strategy = model.layers[last], stage.strategy(last)
-        local = micro / strategy.data_degree
-        loss_gradients = (head.loss_gradient_bytes.at(local) + head.output_grad_bytes.at(local)) / (strategy.tp * strategy.cp)
+    loss_gradients = loss_gradient_bytes(model, stage.strategy(last), micro) if last in stage.backward else 0.0
     stash_versions = plan.n_stages - stage_index - 1 if plan.schedule == "async-1f1b" else 0
     dynamic = activations + recompute  # scaled by activation_scale, which holds the allocator's share
     allocator = dynamic * config.allocator_fraction / (1.0 + config.allocator_fraction)
@@ -247,6 +242,17 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
                            compute_copy_bytes=compute_copies, param_state_bytes=param_states, grad_bytes=grads,
                            optimizer_bytes=optimizer_states, recompute_bytes=recompute / (1.0 + config.allocator_fraction),
                            loss_gradient_bytes=loss_gradients)
+
+
+def loss_gradient_bytes(model: ModelSpec, strategy: LayerStrategy, micro_batch: float) -> float:
+    """What the loss's backward adds at the stage holding the last layer (`micro_batch` entering
+    its group): a gradient of each tensor the loss saved and the logits' own gradient
+    (LayerSpec.loss_gradient_bytes), on one device of the group; 0 for a model measured without a loss."""
+    head = model.layers[-1]
+    if head.loss_gradient_bytes.per_sample <= 0 and head.loss_gradient_bytes.fixed <= 0:
+        return 0.0
+    local = micro_batch / strategy.data_degree
+    return (head.loss_gradient_bytes.at(local) + head.output_grad_bytes.at(local)) / (strategy.tp * strategy.cp)
 
 
 def tp_replicated_bytes(model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,

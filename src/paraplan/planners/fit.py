@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from paraplan.costs.memory import micro_batches_in_flight
+from paraplan.costs.memory import loss_gradient_bytes, micro_batches_in_flight
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.model import CostModel
 from paraplan.costs.strategy import layer_memory
@@ -58,6 +58,8 @@ class StageMemory:
         self.states = _prefix([m.states_bytes + m.copy_bytes for m in per_layer])
         self.saved = _prefix([m.saved_bytes for m in per_layer])
         self.weights = _prefix([m.weights_bytes for m in per_layer])
+        # the stage holding the loss peaks at its backward with the loss's gradients (costs/memory.py)
+        self.loss_gradients = loss_gradient_bytes(model, strategy, micro)
         # (layer, owners, extra states, extra weights) of a tied weight held without its owner
         self.tied = []
         for i, layer in enumerate(model.layers):
@@ -93,7 +95,8 @@ class StageMemory:
         flight, stash = self.counts(n_stages)
         total = (self.reserve + self.states[stop] - self.states[first]
                  + flight[stage] * (self.saved[stop] - self.saved[first])
-                 + stash[stage] * (self.weights[stop] - self.weights[first]))
+                 + stash[stage] * (self.weights[stop] - self.weights[first])
+                 + (stop == self.n_layers) * self.loss_gradients)
         for i, owners, extra_states, extra_weights in self.tied:
             held = (first <= i) & (i < stop)
             alone = np.zeros(np.broadcast(first, stop).shape, dtype=bool)

@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from paraplan.costs.memory import loss_gradient_bytes
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.strategy import layer_memory
 from paraplan.errors import FieldError
@@ -57,6 +58,7 @@ def worker_memory(cm, micro: float, n_micro: int, max_workers: int, config: Memo
     tied = [(i, model.layers[i].shared_owners,
              layer_memory(model, i, LayerStrategy(), micro, config, tied_copy=True), per_layer[i])
             for i in range(model.n_layers) if model.layers[i].shared_param_bytes]
+    loss_gradients = loss_gradient_bytes(model, LayerStrategy(), micro)  # where the loss's backward runs
 
     def in_flight(forward_worker: int, w: int) -> int:
         return max(1, min(n_micro, math.ceil(max_workers - (forward_worker + w) / 2)))
@@ -66,7 +68,7 @@ def worker_memory(cm, micro: float, n_micro: int, max_workers: int, config: Memo
 
     def count(w: int, fr: tuple[int, int], br: tuple[int, int]) -> float:
         (f0, f1), (b0, b1) = fr, br
-        total = float(config.reserve_bytes) + span(states, b0, b1)
+        total = float(config.reserve_bytes) + span(states, b0, b1) + (loss_gradients if b1 == model.n_layers else 0.0)
         # activations of the backward range, by where their forward ran: the earliest worker
         # before this one (the most micro-batches it could be), this one, or the next one
         total += in_flight(0, w) * span(saved, b0, min(b1, f0))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from paraplan.costs.memory import loss_gradient_bytes
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.strategy import layer_memory
 from paraplan.planners.bipartition.division import BiPartition, Worker
@@ -62,6 +63,7 @@ def worker_memory_recompute(cm, micro: float, n_micro: int, max_workers: int, co
     saved = prefix([m.saved_bytes for m in per_layer])
     weights = prefix([m.weights_bytes for m in per_layer])
     out = np.array([0.0] + [layer.output_bytes.at(micro) * config.activation_scale for layer in model.layers])
+    loss_gradients = loss_gradient_bytes(model, LayerStrategy(), micro)
 
     def span(prefix_sums, a, b):
         return np.where(b > a, prefix_sums[np.maximum(b, a)] - prefix_sums[a], 0.0)
@@ -71,6 +73,7 @@ def worker_memory_recompute(cm, micro: float, n_micro: int, max_workers: int, co
         c0, c1 = np.maximum(f0, b0), np.minimum(f1, b1)
         graph = c1 > c0
         total = config.reserve_bytes + span(states, b0, b1) + span(weights, f0, f1) - span(weights, c0, c1)
+        total = total + np.where(np.asarray(b1) == model.n_layers, loss_gradients, 0.0)  # the loss's backward
         total = total + in_flight * span(saved, c0, c1)
         before = np.where(graph, span(saved, b0, c0), span(saved, b0, b1))
         after = np.where(graph, span(saved, c1, b1), 0.0)

@@ -209,3 +209,24 @@ def test_a_refused_plan_is_never_written_by_plan_engine_with_nothing_runnable(ti
     assert restricted.best is None and restricted.unrestricted == row
     assert restricted.rows[0].status == "refused" and "gpipe" in restricted.rows[0].reason
     assert replace(restricted, engine="").engine == ""
+
+
+def test_export_prints_the_engines_own_prediction_beside_the_launch(capsys, tmp_path):
+    """Issue 48: `export --to E --out F` prices the plan as E runs it (costs/engine_profile.py) and
+    says so beside the launch; Megatron's fused kernels make its prediction faster than torchtitan's
+    eager one for the same plan."""
+    model = ("hf:llama?hidden_size=512&intermediate_size=1792&num_hidden_layers=2&num_attention_heads=8"
+             "&num_key_value_heads=2&vocab_size=1000&seq_len=512")
+    plan_path = tmp_path / "p.json"
+    res = run_cli_here(capsys, "plan", "--model", model, "--cluster", "dgx-h100-80gb?nodes=1", "--batch", "8",
+                       "--planner", "megatron-grid", "--out", str(plan_path))
+    assert res.returncode == 0, res.stderr
+    seconds = {}
+    for engine, name in (("megatron", "Megatron-LM"), ("torchtitan", "torchtitan")):
+        res = run_cli_here(capsys, "export", str(plan_path), "--to", engine, "--out", str(tmp_path / f"{engine}.out"))
+        assert res.returncode == 0, res.stderr
+        line = res.stdout.strip().splitlines()[-1]
+        assert line.startswith(f"predicted as {name} runs it: ") and f"--engine {engine}" in line
+        value, unit = line.split(": ")[1].split(" per iteration")[0].split()
+        seconds[engine] = float(value) * (1e-3 if unit == "ms" else 1.0)
+    assert seconds["megatron"] < seconds["torchtitan"]

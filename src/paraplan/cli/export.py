@@ -49,7 +49,30 @@ def run(args) -> int:
     for note in result.notes:
         print(f"note: {note}")
     print(f"run: {result.command}")
+    print(_engine_prediction(plan, engine))
     return 0
+
+
+def _engine_prediction(plan, engine: str) -> str:
+    """The plan priced as `engine` runs it (costs/engine_profile.py), beside its launch: one line.
+    `local` is this machine's cached calibration when there is one (none is measured for this)."""
+    from paraplan.cli.machine import machine_cluster
+    from paraplan.engines.layout import ENGINE_NAMES
+    from paraplan.errors import ParaplanError
+    from paraplan.hardware import load_cluster
+    from paraplan.simulator.predict import simulate_plan
+    from paraplan.workload import workload
+
+    try:
+        cluster = load_cluster(machine_cluster(plan.cluster, plan.precision, make=False) or plan.cluster)
+        w = workload(plan.model, cluster, precision=plan.precision, engine=engine)
+        p = simulate_plan(plan, w.costs).prediction
+    except ParaplanError as exc:  # the file is written: a plan that cannot be priced here says why
+        return f"no prediction as {ENGINE_NAMES[engine]} runs it: {exc}"
+    peak = max((m.peak_bytes for m in p.memory), default=0) / 2**30
+    return (f"predicted as {ENGINE_NAMES[engine]} runs it: {_seconds(p.iteration_s)} per iteration, {peak:.1f} GiB on "
+            f"the fullest device{'' if p.feasible else ' (' + p.reason + ')'} (paraplan simulate PLAN --engine "
+            f"{engine}: the details)")
 
 
 def restricted(result, engine: str, w):

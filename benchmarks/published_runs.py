@@ -287,7 +287,7 @@ def figure(table1: list[dict], table5: list[dict], today: list[dict], path: Path
     ax.set_yticks(list(y), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("predicted iteration time / published - 1 (dashed: +-15%)")
-    ax.set_title("predicted vs published iteration time (T1/T5: Megatron-LM on A100; the rest: today's runs)",
+    ax.set_title("predicted vs published iteration time\n(T1, T5: Megatron-LM's A100 tables; [engine]: today's runs)",
                  fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()

@@ -119,6 +119,8 @@ def test_torchtitan_8_to_128_gpus_within_5_points():
     # and each within 15% of the published time (not fitted: datasheets and publications only)
     for row, tokens in ((eight, 5762), (many, 5605)):
         assert row["tokens_per_gpu_s"] == pytest.approx(tokens, rel=0.15)
+    # and their memory within 15% (82.4 and 67.0 GiB: the loss's gradients at the loss's backward)
+    assert eight["peak_gib"] == pytest.approx(82.4, rel=0.15) and many["peak_gib"] == pytest.approx(67.0, rel=0.15)
 
 
 def test_plan_files_record_the_engine_and_old_files_load_as_paraplan(tmp_path):

@@ -5,7 +5,9 @@ vs selective recomputation with sequence parallelism), built as Plans and simula
 comparison first ran (benchmarks/efficiency_fit.py) and never to these rows.
 
 Measured when written (2026-11-26): median |time error| 8.9% over 18 rows, worst 23% (the 1.7B
-row, predicted faster); full / selective ratios within 6% of the published ones."""
+row, predicted faster); full / selective ratios within 6% of the published ones. Since issue 48 the
+rows are priced as Megatron-LM runs them (the `megatron` engine profile, kernel by kernel, the
+figures committed before the comparison): 6.5% and 11.2% (2026-11-28)."""
 
 import importlib.util
 import sys
@@ -46,6 +48,8 @@ def test_median_time_error_within_15_percent(tables):
                     + [abs(r[k] - 1) for r in table5 for k in ("full_time_ratio", "selective_time_ratio")])
     assert len(errors) == 18
     assert errors[len(errors) // 2 - 1] <= 0.15 and errors[len(errors) // 2] <= 0.15
+    # issue 48's goal: median at most 12%, none above 25%
+    assert errors[len(errors) // 2] <= 0.12 and errors[-1] <= 0.25
 
 
 def test_full_over_selective_recomputation_within_10_percent(tables):

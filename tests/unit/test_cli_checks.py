@@ -375,3 +375,23 @@ def test_make_dirs_that_fails_halfway_removes_what_it_made(tmp_path, monkeypatch
     with pytest.raises(WriteError, match=r"cannot create the directory .*/a/b/c: Read-only file system"):
         make_dirs(tmp_path / "a" / "b" / "c" / "d")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_proof_says_when_splitting_cannot_pay_and_when_the_load_makes_it_meaningless():
+    """Issue 48, item 7: the demo's proof says plainly when one process was the fastest measured,
+    and gives the load average before the runs, saying when it was too high to mean much."""
+    from types import SimpleNamespace
+
+    from paraplan.cli.plan_runs import BUSY_LOAD, proof_verdict
+
+    def run(name, seconds):
+        return SimpleNamespace(name=name, median_s=seconds)
+
+    split_loses = [run("chosen (dp)", 0.05), run("even split (2 stages)", 0.06), run("one process", 0.04)]
+    lines = proof_verdict(split_loses, 0.3)
+    assert lines[0] == "this machine cannot gain from splitting this model: one process was the fastest measured"
+    assert lines[1].startswith("load average 0.30 on ") and "say little" not in lines[1]
+    split_wins = [run("chosen (dp)", 0.03), run("one process", 0.04)]
+    busy = proof_verdict(split_wins, BUSY_LOAD + 1)
+    assert len(busy) == 1 and "say little about this machine idle" in busy[0]
+    assert proof_verdict(split_wins, float("nan")) == []

@@ -105,11 +105,12 @@ def run_auto(args, given: dict) -> int:
         if chosen is not None:
             write_plan(chosen.plan, args.out)
     if best is not None and args.prove:
-        from paraplan.cli.plan_runs import print_proof, prove_best
+        from paraplan.cli.plan_runs import load_average, print_proof, prove_best
 
+        load = load_average()  # before the runs: their own ranks load the cores while they run
         proof = prove_best(best, request, err, args)
         if not args.json:
-            print_proof(proof, best.planner)
+            print_proof(proof, best.planner, load)
     if best is None:
         from paraplan.planners.auto import no_plan_reason
 

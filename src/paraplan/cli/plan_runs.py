@@ -61,7 +61,17 @@ def prove_best(best, request, err, args):
                                progress=lambda text: status.update(f"running the plans for real: {text}"))
 
 
-def print_proof(proof, chosen: str) -> None:
+# above this 1-minute load average (beside the runs' own ranks) the comparison measures the other work too
+BUSY_LOAD = 1.5
+
+
+def load_average() -> float:
+    import os
+
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def print_proof(proof, chosen: str, load_before: float = float("nan")) -> None:
     from rich.table import Table
 
     from paraplan.report.tables import console
@@ -86,3 +96,26 @@ def print_proof(proof, chosen: str) -> None:
         out.print(f"measured, {fastest_measured.name} is faster than the chosen plan "
                   f"({first.median_s / fastest_measured.median_s:.2f}x); the prediction ranked "
                   f"{fastest_predicted.name} first")
+    for line in proof_verdict(proof, load_before):
+        out.print(line)
+
+
+def proof_verdict(proof, load_before: float) -> list[str]:
+    """What the proof says about this machine, plainly: when one process was the fastest measured,
+    that splitting this model does not pay here; the load average before the runs, and when it was
+    high enough that the timings measured other work too."""
+    import math
+    import os
+
+    lines = []
+    fastest = min(proof, key=lambda m: m.median_s)
+    if fastest.name == "one process":
+        lines.append("this machine cannot gain from splitting this model: one process was the fastest measured")
+    if not math.isnan(load_before):
+        cores = os.cpu_count() or 1
+        line = f"load average {load_before:.2f} on {cores} cores before the runs"
+        if load_before > BUSY_LOAD:
+            line += (f": above {BUSY_LOAD}, other work shared the cores, so these timings say little about this "
+                     "machine idle; run it again when it is quiet")
+        lines.append(line)
+    return lines

@@ -69,7 +69,7 @@ def _engine_passes(layer, engine: EngineProfile | None, fused, device: DeviceSpe
                 OperatorTime(replace(measured_backward, memory_ops=fused.backward.memory_ops), device,
                              replicated=fused.replicated_backward))
     selective = None
-    if engine is not None and engine.name == "torchtitan" and layer.kind == "block":
+    if engine is not None and engine.per_op_selective and layer.kind == "block":
         # torchtitan's per-operator selective checkpointing saves SDPA's output and every second
         # matmul's: it runs the other half of the matmuls and every memory-bound kernel again
         selective = replace(measured, gemms=tuple(replace(g, count=g.count / 2) for g in measured.gemms),

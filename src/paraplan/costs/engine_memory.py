@@ -50,7 +50,7 @@ def engine_activations(model: ModelSpec, block: BlockShape, engine: EngineProfil
     the measurement's are), and the bytes its `selective` recomputation drops."""
     shape = transformer_shape(block)
     whole = layer_activation_bytes(shape, 1, element_bytes)
-    if engine.name == "torchtitan":
+    if engine.per_op_selective:
         kept_selective = torchtitan_op_sac_bytes(block, element_bytes)
     else:
         kept_selective = layer_activation_bytes(shape, 1, element_bytes, recompute="selective")

@@ -36,15 +36,23 @@ class EngineProfile:
     fused_blocks: bool  # a transformer block's memory-bound kernels are the engine's fused ones
     fsdp_prefetch: bool  # FSDP's forward all-gathers overlap the previous layer's compute
     description: str
+    # `selective` recomputation per operator (torchtitan's SAC: every second matmul's output and SDPA's
+    # kept, the rest run again) rather than the attention core (Korthikanti et al. 2022 §5)
+    per_op_selective: bool = False
+    # pipeline sends between tensor-parallel stages split over the TP ranks even without sequence
+    # parallelism (Megatron-LM's scatter/gather, Narayanan et al. 2021 §4.1: simulator/plan_work.py)
+    scatter_gather_sends: bool = False
 
 
 PROFILES = {p.name: p for p in (
     EngineProfile("paraplan", None, False, False,
                   "paraplan's runtime: transformers modules under autocast, fp32 residual stream, eager"),
     EngineProfile("megatron", 2, True, False,
-                  "Megatron-LM 0.16 / megatron-core: 16-bit residual stream and communication, fused kernels"),
+                  "Megatron-LM 0.16 / megatron-core: 16-bit residual stream and communication, fused kernels",
+                  scatter_gather_sends=True),
     EngineProfile("torchtitan", 2, False, True,
-                  "torchtitan 0.3 eager: FSDP2 bf16 parameters and activations, all-gathers prefetched"),
+                  "torchtitan 0.3 eager: FSDP2 bf16 parameters and activations, all-gathers prefetched",
+                  per_op_selective=True),
     EngineProfile("deepspeed", 2, False, False, "DeepSpeed 0.19 bf16: the module's own kernels in bf16"),
 )}
 ENGINES = tuple(PROFILES)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from paraplan.costs.analytic import analytic_costs
 from paraplan.costs.engine_memory import engine_activations
@@ -89,25 +89,21 @@ def analytic_cost_model(model: ModelSpec, cluster: Cluster, precision: str = "fp
     profile = engine_profile(engine)
     model = model.in_compute_dtype(element_bytes(precision))
     if profile.residual_bytes is not None and block is not None:
-        model = residual_stream_in(model, block, profile.residual_bytes)
+        model = residual_stream_in(model, profile.residual_bytes)
         model = engine_activations(model, block, profile, profile.residual_bytes)
     link = cluster.nodes[0].intra_link  # unused for compute; transfers use cluster.link(a, b)
     return CostModel(model, cluster, lambda spec: analytic_costs(model, spec, link, profile, block), precision=precision,
                      engine=engine, **kwargs)
 
 
-def residual_stream_in(model: ModelSpec, block: BlockShape, element_bytes: int) -> ModelSpec:
+def residual_stream_in(model: ModelSpec, element_bytes: int) -> ModelSpec:
     """The model with its residual stream (what the embedding and every block output, and its
     gradient: TP collectives and pipeline sends move these) at `element_bytes` per element, where
-    the measurement kept it in another dtype (autocast keeps fp32). A layer whose output is not
-    one hidden vector per token is left as measured."""
-    from dataclasses import replace
-
-    per_sample = block.seq_len * block.hidden
+    the measurement kept it in another dtype (autocast keeps fp32: LayerSpec.output_element_bytes)."""
     layers = []
     for layer in model.layers:
-        measured = layer.output_bytes.per_sample / per_sample
-        if layer.kind in ("embedding", "block") and measured in (2.0, 4.0) and measured != element_bytes:
+        measured = layer.output_element_bytes
+        if layer.kind in ("embedding", "block") and measured and measured != element_bytes:
             factor = element_bytes / measured
             layer = replace(layer, output_bytes=layer.output_bytes.scaled(factor),
                             output_grad_bytes=layer.output_grad_bytes.scaled(factor), output_element_bytes=element_bytes)

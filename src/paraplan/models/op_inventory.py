@@ -18,12 +18,12 @@ in the same order, so every dimension and byte count is fitted as fixed + per_sa
 
 from __future__ import annotations
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from paraplan.models.attention_kernel import ATTENTION_LISTENERS, fused_running
 from paraplan.models.spec import Affine, Gemm, MemoryOp, PassOps
+from paraplan.models.tensors import nbytes
 
 _GEMM = {"mm", "addmm", "bmm", "baddbmm"}
 # ops that launch no kernel or move no data worth pricing (views, metadata, allocation)
@@ -32,20 +32,6 @@ _FREE = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsquee
          "empty_like", "new_empty", "lift_fresh", "view_as", "chunk", "narrow", "flatten", "unflatten",
          "empty_strided", "new_empty_strided", "sym_size", "sym_stride", "sym_numel", "size", "stride", "numel",
          "dim", "is_contiguous", "is_same_size", "_local_scalar_dense"}
-
-
-def _tensors(value) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
-
-
-def _bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class OpInventory(TorchDispatchMode):
@@ -79,7 +65,7 @@ class OpInventory(TorchDispatchMode):
             batch = a.shape[0] if a.dim() == 3 else 1
             self.entries.append(("gemm", batch, a.shape[-2], b.shape[-1], a.shape[-1], a.element_size()))
             return out
-        moved = _bytes(_tensors(args) + _tensors(kwargs)) + _bytes(_tensors(out))
+        moved = nbytes(args) + nbytes(kwargs) + nbytes(out)
         flop_fn = flop_registry.get(func._overloadpacket)
         if flop_fn is not None:
             self.entries.append(("other", float(flop_fn(*args, **kwargs, out_val=out)), moved))

@@ -83,7 +83,9 @@ def _send_split(cm: CostModel, strategy) -> int:
     part over its own link at once: the tp ranks under sequence parallelism (the activation is
     already split along the sequence), and always with Megatron-LM (Narayanan et al. 2021 §4.1:
     the scatter/gather optimisation); else every rank sends the whole tensor, 1."""
-    return strategy.tp if strategy.sequence_parallel or cm.engine == "megatron" else 1
+    from paraplan.costs.engine_profile import engine_profile
+
+    return strategy.tp if strategy.sequence_parallel or engine_profile(cm.engine).scatter_gather_sends else 1
 
 
 def _output_bytes(cm: CostModel, index: int, micro: float) -> float:

@@ -151,7 +151,7 @@ def test_the_first_ranks_activations_are_korthikantis(n_ranks, virtual, n_micro)
     stage-sized micro-batches (Korthikanti et al. 2022 §4.2.3), where 1F1B keeps p."""
     order = schedules.rank_order(Schedule.INTERLEAVED_1F1B, n_ranks, virtual, n_micro, 0)
     chunk = 1.0 / virtual  # each chunk holds 1/v of the rank's layers
-    peak, _, _ = schedules.live_peak(order, {s: chunk for s in range(0, n_ranks * virtual, n_ranks)})
+    peak = schedules.live_peak(order, {s: chunk for s in range(0, n_ranks * virtual, n_ranks)}).bytes
     assert peak == pytest.approx(n_ranks * (1 + (n_ranks - 1) / (n_ranks * virtual)))
     one_f_one_b = schedules.rank_order(Schedule.ONE_F_ONE_B, n_ranks, 1, n_micro, 0)
     assert schedules.in_flight(one_f_one_b) == n_ranks

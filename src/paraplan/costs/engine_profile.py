@@ -42,6 +42,14 @@ class EngineProfile:
     # pipeline sends between tensor-parallel stages split over the TP ranks even without sequence
     # parallelism (Megatron-LM's scatter/gather, Narayanan et al. 2021 §4.1: simulator/plan_work.py)
     scatter_gather_sends: bool = False
+    # FSDP under pipelining keeps a stage's units gathered and its gradients unsharded (in the reduce
+    # dtype, fp32) across the step's micro-batches, syncing and resharding once after the stage's
+    # last backward: torchtitan 0.3.0's `fsdp_reshard_after_forward="default"` is `not pp_enabled`
+    # (torchtitan/distributed/fsdp.py), and torch.distributed.pipelining turns gradient sync and
+    # reshard-after-backward off until the stage's REDUCE_GRAD (pipelining/stage.py,
+    # schedules.py: _add_reduce_grad); FSDP2 upcasts the unsynced gradient to reduce_dtype
+    # (_fsdp_param.py: to_accumulated_grad_if_needed). costs/memory.py prices it.
+    pipeline_keeps_fsdp_units: bool = False
 
 
 PROFILES = {p.name: p for p in (
@@ -52,7 +60,7 @@ PROFILES = {p.name: p for p in (
                   scatter_gather_sends=True),
     EngineProfile("torchtitan", 2, False, True,
                   "torchtitan 0.3 eager: FSDP2 bf16 parameters and activations, all-gathers prefetched",
-                  per_op_selective=True),
+                  per_op_selective=True, pipeline_keeps_fsdp_units=True),
     EngineProfile("deepspeed", 2, False, False, "DeepSpeed 0.19 bf16: the module's own kernels in bf16"),
 )}
 ENGINES = tuple(PROFILES)

@@ -60,6 +60,7 @@ __all__ = ["GIB", "MEMORY_CATEGORIES", "MemoryBreakdown", "MemoryConfig", "PeakR
 # what MemoryBreakdown.at_peak names, in the order tables show them
 MEMORY_CATEGORIES = ("parameters", "16-bit weight copies", "gradients", "optimizer states", "activations",
                      "gradients awaiting the weight pass", "the loss's gradients",
+                     "gathered weights kept for the step", "unsharded gradients kept for the step",
                      "communication buffers", "allocator reserve", "CUDA context and libraries", "weight stash",
                      "optimizer temporaries")
 
@@ -91,6 +92,10 @@ class MemoryBreakdown:
     # the stage holding the loss: its backward's gradients (of the fp32 log-softmax, of the logits),
     # alive while every layer's activations still are (LayerSpec.loss_gradient_bytes)
     loss_gradient_bytes: float = 0.0
+    # FSDP under pipelining (torchtitan): the stage's gathered weights and unsharded gradients, kept
+    # across micro-batches until its last backward (MemoryConfig.pipeline_keeps_sdp_units)
+    kept_weight_bytes: float = 0.0
+    kept_grad_bytes: float = 0.0
 
     @property
     def forward_peak_bytes(self) -> float:
@@ -99,7 +104,8 @@ class MemoryBreakdown:
         the buckets stand in its place; both are alive only once the activations are freed (the step)."""
         return (self.states_bytes + self.activation_bytes + self.allocator_bytes + self.stash_bytes
                 + self.reserve_bytes + self.tp_replicated_bytes + self.sdp_buffer_bytes + self.compute_copy_bytes
-                + self.weight_pass_bytes + self.loss_gradient_bytes)
+                + self.weight_pass_bytes + self.loss_gradient_bytes + self.kept_weight_bytes
+                + self.kept_grad_bytes)
 
     @property
     def step_peak_bytes(self) -> float:
@@ -122,6 +128,8 @@ class MemoryBreakdown:
                                                 ("activations", self.activation_bytes + self.tp_replicated_bytes),
                                                 ("gradients awaiting the weight pass", self.weight_pass_bytes),
                                                 ("the loss's gradients", self.loss_gradient_bytes),
+                                                ("gathered weights kept for the step", self.kept_weight_bytes),
+                                                ("unsharded gradients kept for the step", self.kept_grad_bytes),
                                                 ("communication buffers", self.sdp_buffer_bytes),
                                                 ("allocator reserve", self.allocator_bytes))
         else:
@@ -180,6 +188,10 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
     param_states = grads = optimizer_states = 0.0
     tp_replicated = ddp_grads = optimizer_params = compute_copies = 0.0
     gathered = [0.0]  # the unsharded weights of each sdp layer
+    # FSDP under pipelining (MemoryConfig.pipeline_keeps_sdp_units): the stage's units stay gathered,
+    # their gradients unsharded, across the micro-batches; in place of the per-layer buffers
+    keeps_units = config.pipeline_keeps_sdp_units and plan.n_ranks > 1
+    kept_weights = kept_grads = 0.0
     in_flight_here = micro_batches_in_flight(plan.schedule, plan.n_stages, stage_index, plan.n_micro) \
         if in_flight is None else in_flight
     ddp = plan.grad_sync == "bucketed"
@@ -208,7 +220,10 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
                 activations += waiting * m.saved_bytes
             recompute = max(recompute, m.recompute_bytes)
             tp_replicated += waiting * tp_replicated_bytes(model, i, strategy, micro, config)
-            if strategy.sdp > 1:
+            if strategy.sdp > 1 and keeps_units:
+                kept_weights += params / strategy.tp * gathered_bytes_per_param(config)
+                kept_grads += params / strategy.tp * config.grad_bytes_per_param
+            elif strategy.sdp > 1:
                 gathered.append(params / strategy.tp)
             if ddp and strategy.dp > 1 and strategy.zero < 2:  # ZeRO-2 reduce-scatters, no full buckets
                 ddp_grads += params / (strategy.tp * strategy.sdp)
@@ -241,7 +256,8 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
                            optimizer_step_bytes=optimizer_params * config.optimizer_step_bytes_per_param,
                            compute_copy_bytes=compute_copies, param_state_bytes=param_states, grad_bytes=grads,
                            optimizer_bytes=optimizer_states, recompute_bytes=recompute / (1.0 + config.allocator_fraction),
-                           loss_gradient_bytes=loss_gradients)
+                           loss_gradient_bytes=loss_gradients, kept_weight_bytes=kept_weights,
+                           kept_grad_bytes=kept_grads)
 
 
 def loss_gradient_bytes(model: ModelSpec, strategy: LayerStrategy, micro_batch: float) -> float:
@@ -275,9 +291,14 @@ def sdp_buffer_bytes(gathered: list[float], config: MemoryConfig) -> float:
     gradient of the largest, from `gathered` (parameters per layer after tp)."""
     largest = sorted(gathered, reverse=True)
     # gathered in the compute dtype in mixed precision (FSDP2's MixedPrecisionPolicy(param_dtype))
-    weights = sum(largest[:config.sdp_gathered_layers]) * (config.compute_copy_bytes_per_param
-                                                           or config.param_bytes_per_param)
+    weights = sum(largest[:config.sdp_gathered_layers]) * gathered_bytes_per_param(config)
     return weights + largest[0] * config.grad_bytes_per_param
+
+
+def gathered_bytes_per_param(config: MemoryConfig) -> float:
+    """An all-gathered parameter's bytes: in the compute dtype in mixed precision (FSDP2's
+    MixedPrecisionPolicy(param_dtype); an engine's 16-bit parameters), else as stored."""
+    return config.gathered_bytes_per_param or config.compute_copy_bytes_per_param or config.param_bytes_per_param
 
 
 def plan_memory(plan: Plan, model: ModelSpec, capacities: dict[int, int], config: MemoryConfig | None = None,
@@ -292,13 +313,21 @@ def plan_memory(plan: Plan, model: ModelSpec, capacities: dict[int, int], config
         here = [s for s in range(plan.n_stages) if ranks[s] == rank]
         devices = plan.stages[here[0]].devices
         kind = device_kinds.get(devices[0], device_kind) if device_kinds else device_kind
-        b = stage_memory(plan, model, here[0], config, kind) \
-            if len(here) == 1 and plan.schedule not in schedules.SPLIT_BACKWARD else \
-            _rank_memory(plan, model, rank, here, config, kind)
+        # a walk over the rank's order where its peak depends on the moment: several stages, a split
+        # backward, or FSDP units kept per stage under pipelining (freed after the stage's last backward)
+        walk = len(here) > 1 or plan.schedule in schedules.SPLIT_BACKWARD or _keeps_units(plan, config)
+        b = _rank_memory(plan, model, rank, here, config, kind) if walk else stage_memory(plan, model, here[0], config, kind)
         breakdowns.append(b)
         for d in devices:
             out.append(DeviceMemory(device=d, peak_bytes=int(round(b.peak_bytes)), capacity_bytes=capacities[d]))
     return tuple(out), tuple(breakdowns)
+
+
+def _keeps_units(plan: Plan, config: MemoryConfig | None) -> bool:
+    """Whether a pipelined plan keeps FSDP units per stage for its engine (MemoryConfig.pipeline_keeps_sdp_units)."""
+    return (config is not None and config.pipeline_keeps_sdp_units and plan.n_ranks > 1
+            and plan.kind is not PlanKind.BIPARTITION and plan.schedule in schedules.ORDERS
+            and any(st.strategy(i).sdp > 1 for st in plan.stages for i in st.layers))
 
 
 def _rank_memory(plan: Plan, model: ModelSpec, rank: int, stages: list[int], config: MemoryConfig | None,
@@ -320,7 +349,9 @@ def _rank_memory(plan: Plan, model: ModelSpec, rank: int, stages: list[int], con
                           for i in plan.stages[s].backward) * config.activation_scale
                    for s in stages} if plan.schedule in schedules.SPLIT_BACKWARD else {}
     order = schedules.rank_order(plan.schedule, plan.n_ranks, plan.virtual_stages, plan.n_micro, rank)
-    _, held, waiting = schedules.live_peak(order, per_micro, for_weights)
+    peak = schedules.live_peak(order, per_micro, for_weights,
+                               {s: (one[s].kept_weight_bytes, one[s].kept_grad_bytes) for s in stages})
+    held, waiting = peak.held, peak.waiting
     parts = [stage_memory(plan, model, s, config, device_kind, held[s], here) for s in stages]
     kept = sum(waiting[s] * for_weights.get(s, 0.0) for s in stages)  # the allocator's share included, as saved
     total = {f: sum(getattr(b, f) for b in parts) for f in (
@@ -332,6 +363,8 @@ def _rank_memory(plan: Plan, model: ModelSpec, rank: int, stages: list[int], con
                            in_flight=sum(held.values()), recompute_bytes=recompute,
                            activation_bytes=sum(b.activation_bytes - b.recompute_bytes for b in parts) + recompute,
                            weight_pass_bytes=kept,
+                           kept_weight_bytes=sum(b.kept_weight_bytes for b, s in zip(parts, stages, strict=True) if peak.units[s][0]),
+                           kept_grad_bytes=sum(b.kept_grad_bytes for b, s in zip(parts, stages, strict=True) if peak.units[s][1]),
                            sdp_buffer_bytes=max(b.sdp_buffer_bytes for b in parts), **total)
 
 

@@ -63,6 +63,13 @@ class MemoryConfig:
     # copy of every weight a forward casts (its cache lives as long as the saved tensors that use
     # it): 2 bytes per parameter of the layers a device runs forward, filed under parameters.
     compute_copy_bytes_per_param: float = 0.0
+    # What an FSDP / ZeRO-3 all-gather materialises per parameter when the engine gathers in the
+    # compute dtype (FSDP2's MixedPrecisionPolicy(param_dtype) casts the shard before gathering;
+    # DeepSpeed's 16-bit parameters); 0: as compute_copy_bytes_per_param, else the parameters'.
+    gathered_bytes_per_param: float = 0.0
+    # FSDP under pipelining keeps each stage's units gathered and their gradients unsharded until the
+    # stage's last backward (EngineProfile.pipeline_keeps_fsdp_units: torchtitan)
+    pipeline_keeps_sdp_units: bool = False
 
     @property
     def activation_scale(self) -> float:
@@ -85,15 +92,20 @@ class MemoryConfig:
         (18; ZeRO-1 = the distributed optimizer's 6 + 12/d); deepspeed 2 + 2 + 16 (ZeRO-2: 2 + 18/N);
         torchtitan FSDP2's fp32 parameters, gradients and Adam, 16 (16/N sharded). The engines keep
         their parameters in the compute dtype or gather them in it: no autocast weight copies."""
+        from paraplan.costs.engine_profile import engine_profile
         from paraplan.costs.engine_states import deepspeed_states, fsdp2_states, megatron_states
-        from paraplan.precision import is_mixed
+        from paraplan.precision import element_bytes, is_mixed
 
-        if engine == "paraplan" or not is_mixed(precision):
+        if engine == "paraplan":
             return self
+        config = replace(self, pipeline_keeps_sdp_units=engine_profile(engine).pipeline_keeps_fsdp_units)
+        if not is_mixed(precision):
+            return config
         states = {"megatron": lambda: megatron_states(str(precision), 1, distributed_optimizer=False),
                   "deepspeed": lambda: deepspeed_states(1, 1), "torchtitan": lambda: fsdp2_states(1)}[engine]()
-        return replace(self, state_bytes_per_param=states.total, param_bytes_per_param=states.parameters,
-                       grad_bytes_per_param=states.gradients, compute_copy_bytes_per_param=0.0)
+        return replace(config, state_bytes_per_param=states.total, param_bytes_per_param=states.parameters,
+                       grad_bytes_per_param=states.gradients, compute_copy_bytes_per_param=0.0,
+                       gathered_bytes_per_param=float(element_bytes(precision)))
 
     def for_device_kind(self, kind: str | None) -> MemoryConfig:
         """The terms that apply on a device of this kind (DeviceSpec.name): a CPU has no CUDA context

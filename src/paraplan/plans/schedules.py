@@ -37,6 +37,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 
 class Schedule(StrEnum):
@@ -370,28 +371,53 @@ def in_flight(order: list[Action]) -> int:
     return peak
 
 
+class LivePeak(NamedTuple):
+    bytes: float  # the most bytes the rank's stages hold at once
+    held: dict[int, int]  # at that moment: micro-batches each stage holds
+    waiting: dict[int, int]  # ... and how many of them wait for their W
+    units: dict[int, tuple[bool, bool]]  # ... and whether each stage keeps its gathered weights, its gradients
+
+
 def live_peak(order: list[Action], per_micro: dict[int, float],
-              kept_for_weights: dict[int, float] | None = None) -> tuple[float, dict[int, int], dict[int, int]]:
+              kept_for_weights: dict[int, float] | None = None,
+              units: dict[int, tuple[float, float]] | None = None) -> LivePeak:
     """Walking one rank's order: the most bytes its stages hold at once, with `per_micro[stage]`
     bytes kept from each micro-batch's forward to its backward (its W when split) and, with a split
     backward, `kept_for_weights[stage]` more from its I to its W (the gradients W starts from);
-    and, at that moment, how many micro-batches each stage holds and how many of them wait for W."""
+    and, at that moment, how many micro-batches each stage holds and how many of them wait for W.
+    `units[stage]` = (weights, gradients): FSDP under pipelining (torchtitan: reshard_after_forward
+    off with PP; torch.distributed.pipelining syncs and reshards a stage's FSDP units once, after
+    its last backward, its REDUCE_GRAD): the stage's gathered weights from its first forward, its
+    unsharded gradients from its first weight-gradient pass (B, or W when split), both until its
+    last one."""
     extra = kept_for_weights or {}
+    spans = units or {}
     live = {s: 0 for s in per_micro}
     waiting = {s: 0 for s in per_micro}
-    peak, at_peak, waiting_at_peak = 0.0, dict(live), dict(waiting)
+    weight_passes = {s: sum(1 for a in order if a.stage == s and a.computation in (B, W)) for s in per_micro}
+    passes_done = {s: 0 for s in per_micro}
+    gathered = {s: False for s in per_micro}
+    best = LivePeak(0.0, dict(live), dict(waiting), {s: (False, False) for s in per_micro})
     for action in order:
         s = action.stage
         if action.computation == F:
             live[s] += 1
+            gathered[s] = True
         elif action.computation == I:
             waiting[s] += 1
         elif action.computation == W:
             live[s] -= 1
             waiting[s] -= 1
+            passes_done[s] += 1
         else:
             live[s] -= 1
-        held = sum(live[t] * per_micro[t] + waiting[t] * extra.get(t, 0.0) for t in live)
-        if held > peak:
-            peak, at_peak, waiting_at_peak = held, dict(live), dict(waiting)
-    return peak, at_peak, waiting_at_peak
+            passes_done[s] += 1
+        # a stage's units are alive through its last weight-gradient pass, freed after it
+        running = s if action.computation in (B, W) else None
+        state = {t: (t == running or (gathered[t] and passes_done[t] < weight_passes[t]),
+                     t == running or 0 < passes_done[t] < weight_passes[t]) for t in live}
+        held = sum(live[t] * per_micro[t] + waiting[t] * extra.get(t, 0.0) for t in live) + sum(
+            spans.get(t, (0.0, 0.0))[0] * state[t][0] + spans.get(t, (0.0, 0.0))[1] * state[t][1] for t in live)
+        if held > best.bytes:
+            best = LivePeak(held, dict(live), dict(waiting), state)
+    return best

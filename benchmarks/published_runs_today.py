@@ -203,7 +203,8 @@ def table_5_orderings() -> dict:
 # the zero-bubble paper's 6.2B configuration (Qi et al. 2024, Table 3: 30 layers, hidden 4096, 32
 # heads, sequence 1024), PP 8 on one node, micro-batch 1, 24 micro-batches, Megatron's kernels (the
 # repository is a Megatron-LM fork), H800 as the H100 preset (its NVLink is 400 GB/s, not used by
-# PP's sends within a node at these sizes). ZB-2P is not one of paraplan's schedules: it is left out.
+# PP's sends within a node at these sizes). ZB-2P is paraplan's zb-2p (plans/zero_bubble_auto.py: the
+# paper's heuristic without its ILP refinement).
 ZB_PUBLISHED = {"1f1b": (55, 48), "interleaved-1f1b": (66, 57), "zb-2p": (67, 79), "zbv": (64, 53)}
 ZB_MODEL = "hf:gpt2?n_layer=30&n_embd=4096&n_head=32&vocab_size=50257&n_positions=1024&seq_len=1024"
 ZB_BLOCK = BlockShape(4096, 32, 32, 4 * 4096, 1024, gated=False, dropout=True, eager_attention=False)
@@ -213,9 +214,9 @@ ZB_RUN = Run("6.2B, PP 8", "sail-sg/zero-bubble-pipeline-parallelism#21", ZB_MOD
 
 def zero_bubble_orderings() -> dict:
     """The orderings the thread's numbers resolve (a tie where they differ by under 2%: 66 and 67),
-    against the predicted ones, for the schedules paraplan has."""
+    against the predicted ones."""
     runs = {"1f1b": ZB_RUN, "interleaved-1f1b": replace(ZB_RUN, virtual=2),
-            "zbv": replace(ZB_RUN, virtual=2, schedule="zbv")}
+            "zb-2p": replace(ZB_RUN, schedule="zb-2p"), "zbv": replace(ZB_RUN, virtual=2, schedule="zbv")}
     ours = {k: predict(r) for k, r in runs.items()}
     pairs = []
     names = list(runs)

@@ -1,5 +1,6 @@
-"""Interleaved 1F1B, looped BFS, interleaved zero-bubble (ZB-H1 and ZB-1P), ZB-V and DualPipeV plans
-on real gloo ranks (torch.distributed.pipelining's schedule classes, several stages per rank)
+"""Interleaved 1F1B, looped BFS, interleaved zero-bubble (ZB-H1 and ZB-1P), ZB-2P, ZB-V and DualPipeV
+plans on real gloo ranks (torch.distributed.pipelining's schedule classes, several stages per rank;
+ZB-2P's orders through its _PipelineScheduleRuntime)
 against one process running the same recipe (runtime/measure/reference.py): fp32 within 1e-5, bf16 by the
 rule of tests/distributed/test_mixed_precision.py (the pipeline's bf16 operations are the
 reference's own, so 1e-5 too). GPT-2's tied embedding and head sit on one rank in a V (one
@@ -11,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from paraplan.runtime.config import TrainConfig
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.schedules import stage_ranks
+from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.measure.reference import reference_run
 
 from .expected import initial_parameters, predicted_memory
@@ -36,6 +37,7 @@ TWO_RANKS = {
     "interleaved-1f1b": _plan("interleaved-1f1b", 2, 2, FOUR, 4),
     "looped-bfs": _plan("looped-bfs", 2, 2, FOUR, 4),
     "zb-h1": _plan("interleaved-zb", 2, 1, [0, 3, 6], 4),
+    "zb-2p": _plan("zb-2p", 2, 1, [0, 3, 6], 4),
     "interleaved-zb": _plan("interleaved-zb", 2, 2, FOUR, 4),
     "zbv": _plan("zbv", 2, 2, FOUR, 4),
     "dualpipev": _plan("dualpipev", 2, 2, FOUR, 4),
@@ -47,6 +49,7 @@ TWO_RANKS = {
 # the memory of each kind against the walked order (dropout on, as the model is measured: its masks
 # are saved tensors); gpt2-tiny, 8 micro-batches of 4
 MEMORY = {"1f1b": _plan("1f1b", 2, 1, [0, 3, 6], 8), "zb-h1": _plan("interleaved-zb", 2, 1, [0, 3, 6], 8),
+          "zb-2p": _plan("zb-2p", 2, 1, [0, 3, 6], 8),
           "interleaved-1f1b": _plan("interleaved-1f1b", 2, 2, FOUR, 8), "zbv": _plan("zbv", 2, 2, FOUR, 8),
           "dualpipev": _plan("dualpipev", 2, 2, FOUR, 8)}
 

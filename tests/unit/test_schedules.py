@@ -60,15 +60,16 @@ def test_every_ranks_order_is_torchs(kind, n_ranks, virtual, n_micro):
 
 
 def test_the_cases_cover_every_multi_chunk_kind_and_ranks_up_to_four():
-    assert {c[0] for c in CASES} == set(schedules.MULTI_CHUNK)
+    # ZB-2P has no torch class (torch runs its orders: test_zb_2p_* below and tests/distributed)
+    assert {c[0] for c in CASES} == set(schedules.MULTI_CHUNK) - {Schedule.ZB_2P}
     assert len(CASES) > 80
 
 
 @pytest.mark.parametrize("kind", [Schedule.INTERLEAVED_1F1B, Schedule.LOOPED_BFS, Schedule.INTERLEAVED_ZB,
-                                  Schedule.ZBV, Schedule.DUALPIPE_V])
+                                  Schedule.ZBV, Schedule.DUALPIPE_V, Schedule.ZB_2P])
 def test_each_action_runs_once_and_in_dependency_order_within_a_rank(kind):
     n_ranks, n_micro = 4, 8
-    virtual = 2
+    virtual = 1 if kind == Schedule.ZB_2P else 2
     ranks = schedules.stage_ranks(kind, n_ranks, virtual)
     for r, order in enumerate(schedules.rank_orders(kind, n_ranks, virtual, n_micro)):
         mine = [s for s in range(n_ranks * virtual) if ranks[s] == r]
@@ -87,6 +88,28 @@ def test_each_action_runs_once_and_in_dependency_order_within_a_rank(kind):
         assert weights == forwards  # every micro-batch's weights' gradients exactly once
         if not split:
             assert all(a.computation in ("F", "B") for a in order)
+
+
+@pytest.mark.parametrize("n_ranks,n_micro", [(2, 4), (4, 8), (4, 16), (8, 16), (8, 24)])
+def test_zb_2p_fills_the_bubbles_within_its_memory_limit(n_ranks, n_micro):
+    """ZB-2p (Qi et al. 2024 §3.1's heuristic, plans/zero_bubble_auto.py): at most 2p micro-batches'
+    activations on a rank; with T_F = T_I = T_W (the handcrafted schedules' setting, §2.2) only the
+    fill is left, the last rank's first forward waiting (p - 1) T_F, as ZB-H2's parallelogram (Fig. 3);
+    with a heavier input pass (T_I = 2 T_F) ZB-H1 idles (p - 1)(T_F + T_I - T_W) and ZB-2p the fill."""
+    orders = schedules.rank_orders(Schedule.ZB_2P, n_ranks, 1, n_micro)
+    assert max(schedules.in_flight(o) for o in orders) <= 2 * n_ranks
+    f = 1.0
+    ideal = n_micro * 3 * f
+    assert _simulated(Schedule.ZB_2P, n_ranks, 1, n_micro, f, 2 * f, f) == pytest.approx(ideal + (n_ranks - 1) * f)
+    b, w = 3 * f, f  # T_I = 2, T_W = 1
+    ideal = n_micro * (f + b)
+    h1 = _simulated(Schedule.INTERLEAVED_ZB, n_ranks, 1, n_micro, f, b, w)
+    assert h1 == pytest.approx(ideal + (n_ranks - 1) * (f + (b - w) - w))
+    assert _simulated(Schedule.ZB_2P, n_ranks, 1, n_micro, f, b, w) == pytest.approx(ideal + (n_ranks - 1) * f)
+    # ZB-H2's warm-up (Fig. 3): rank r runs 2(p - 1 - r) + 1 forwards before its first input pass
+    for r, order in enumerate(orders):
+        first_input = next(i for i, a in enumerate(order) if a.computation == "I")
+        assert first_input == min(n_micro, 2 * (n_ranks - 1 - r) + 1)
 
 
 def test_the_mappings_are_the_papers():

@@ -59,7 +59,7 @@ def add_parser(sub) -> None:
     p.add_argument("--exact-stages", action="store_true",
                    help="use exactly --stages stages (workers), even where fewer would be faster")
     p.add_argument("--schedule", default=None,
-                   help="gpipe, 1f1b, interleaved-1f1b, looped-bfs, interleaved-zb, zbv, dualpipev (the split "
+                   help="gpipe, 1f1b, interleaved-1f1b, looped-bfs, interleaved-zb, zb-2p, zbv, dualpipev (the split "
                         "planners search its chunks per device), or best: the split planners choose the schedule "
                         "and its chunks with the cut and the micro-batch count, the others plan their own "
                         "(default: the planner's own)")

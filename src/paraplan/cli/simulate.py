@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
     p.add_argument("--schedules", nargs="?", const="all", default=None, metavar="LIST",
                    help="also the same pipeline under other schedules: a table, and with --gantt the timelines side "
                         "by side. Alone: gpipe, 1f1b, zb-h1, interleaved-1f1b:2, interleaved-1f1b:4, looped-bfs:2, "
-                        "interleaved-zb:2, zbv, dualpipev; or a comma-separated list of those (KIND:CHUNKS)")
+                        "interleaved-zb:2, zb-2p, zbv, dualpipev; or a comma-separated list of those (KIND:CHUNKS)")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("--profile", default=None, help="measured profile (paraplan profile) in place of analytic costs")
     p.add_argument("--engine", default=None, metavar="ENGINE",

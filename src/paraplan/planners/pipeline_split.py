@@ -208,7 +208,7 @@ def _as_plan(request: PlanRequest, cuts, n_micro: int, schedule: str) -> Plan:
 
 # the chunk counts per device tried when one multi-chunk kind is asked (`--schedule interleaved-1f1b`)
 CHUNK_COUNTS = {"interleaved-1f1b": (2, 3, 4), "looped-bfs": (2, 3, 4), "interleaved-zb": (1, 2, 3, 4),
-                "zbv": (2,), "dualpipev": (2,)}
+                "zb-2p": (1,), "zbv": (2,), "dualpipev": (2,)}
 
 
 def _search_schedule(request: PlanRequest, options: dict, planner: str, n_stages: int, exactly: bool,

@@ -27,7 +27,7 @@ from paraplan.plans.schedules import MULTI_CHUNK, Schedule, schedule_problem, st
 DEFAULT_VARIANTS: tuple[tuple[str, int], ...] = (
     (Schedule.GPIPE, 1), (Schedule.ONE_F_ONE_B, 1), (Schedule.INTERLEAVED_ZB, 1),
     (Schedule.INTERLEAVED_1F1B, 2), (Schedule.INTERLEAVED_1F1B, 4), (Schedule.LOOPED_BFS, 2),
-    (Schedule.INTERLEAVED_ZB, 2), (Schedule.ZBV, 2), (Schedule.DUALPIPE_V, 2))
+    (Schedule.INTERLEAVED_ZB, 2), (Schedule.ZB_2P, 1), (Schedule.ZBV, 2), (Schedule.DUALPIPE_V, 2))
 
 
 def parse_variants(text: str) -> tuple[tuple[str, int], ...]:

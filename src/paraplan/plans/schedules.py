@@ -24,6 +24,8 @@ The kinds and their papers:
                     1F1B with the backward split, W delayed into the cool-down; v = 1 is ZB-H1
   zbv               ZB-V (Qi et al. 2024 §6): 2 chunks per rank in a V (rank r holds stages r and
                     2p - 1 - r), zero bubble when F = I = W, peak memory of 1F1B
+  zb-2p             ZB-2p (Qi et al. 2024 §3.1, §5): one chunk per rank, the backward split, up to 2p
+                    micro-batches in flight; the paper's heuristic order (plans/zero_bubble_auto.py)
   dualpipev         DualPipeV (DeepSeek-V3 report 2024, §3.2.1, its V-shaped variant): 2 chunks
                     in a V, one chunk's forward paired with the other's backward in the steady state
 The orders are torch 2.13's (`torch/distributed/pipelining/schedules.py`), which implement those
@@ -52,6 +54,7 @@ class Schedule(StrEnum):
     INTERLEAVED_ZB = "interleaved-zb"  # Qi et al. 2024 ZB-1P: the backward split, W fills the bubbles
     ZBV = "zbv"  # Qi et al. 2024 ZB-V: 2 chunks per rank in a V
     DUALPIPE_V = "dualpipev"  # DeepSeek-V3's DualPipeV: 2 chunks in a V, forward and backward paired
+    ZB_2P = "zb-2p"  # Qi et al. 2024 ZB-2p: one chunk, the backward split, 2p micro-batches in flight
     DAG = "dag"  # an operator placement (FD-DPS)
 
 
@@ -102,10 +105,12 @@ def parse(text: str) -> list[Action]:
 F, B, W = Computation.FORWARD, Computation.BACKWARD, Computation.BACKWARD_WEIGHT
 I = Computation.BACKWARD_INPUT  # noqa: E741 (the zero-bubble paper's and torch's letter)
 # the kinds whose backward is split into I and W, and those whose two chunks sit in a V
-SPLIT_BACKWARD = (Schedule.INTERLEAVED_ZB, Schedule.ZBV, Schedule.DUALPIPE_V)
+SPLIT_BACKWARD = (Schedule.INTERLEAVED_ZB, Schedule.ZBV, Schedule.DUALPIPE_V, Schedule.ZB_2P)
 V_SHAPED = (Schedule.ZBV, Schedule.DUALPIPE_V)
+# the kinds torch runs with its multi-stage runtime (PipelineScheduleMulti), several chunks per rank
+# or one (ZB-H1 = interleaved-zb with v = 1, zb-2p)
 MULTI_CHUNK = (Schedule.INTERLEAVED_1F1B, Schedule.LOOPED_BFS, Schedule.INTERLEAVED_ZB, Schedule.ZBV,
-               Schedule.DUALPIPE_V)
+               Schedule.DUALPIPE_V, Schedule.ZB_2P)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,7 +163,7 @@ def rounds(n_ranks: int, n_micro: int) -> int:
 def schedule_problem(kind: str, n_ranks: int, virtual: int, n_micro: int) -> str:
     """'' when (kind, p, v, n_micro) can run, else one line saying why (torch's schedule classes
     refuse the same: shared/notes/runtime-on-cpu.md's traps)."""
-    if kind in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.ASYNC_1F1B):
+    if kind in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.ASYNC_1F1B, Schedule.ZB_2P):
         return "" if virtual == 1 else f"{kind} runs one chunk per rank (virtual_stages 1), got {virtual}"
     if kind in V_SHAPED and virtual != 2:
         return f"{kind} runs exactly 2 chunks per rank in a V (virtual_stages 2), got {virtual}"
@@ -349,6 +354,10 @@ def rank_order(kind: str, n_ranks: int, virtual: int, n_micro: int, rank: int) -
         return _zbv(n_ranks, n_micro, rank)
     if kind == Schedule.DUALPIPE_V:
         return _dualpipe_v(n_ranks, n_micro, rank)
+    if kind == Schedule.ZB_2P:
+        from paraplan.plans.zero_bubble_auto import zb_2p  # it builds on this module's Action
+
+        return zb_2p(n_ranks, n_micro, rank)
     raise ValueError(f"no action order for schedule {kind!r}")
 
 

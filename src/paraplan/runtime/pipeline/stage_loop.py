@@ -150,21 +150,39 @@ def _schedule(plan, setup: RankSetup, device, recorder, scaler):
     classes = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B",
                "looped-bfs": "ScheduleLoopedBFS", "interleaved-zb": "ScheduleInterleavedZeroBubble",
                "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
-    if plan.schedule not in classes:
-        raise RuntimeError(f"the runtime runs the schedules {', '.join(classes)}, not {plan.schedule!r}")
+    if plan.schedule not in classes and plan.schedule != "zb-2p":
+        raise RuntimeError(f"the runtime runs the schedules {', '.join(classes)}, zb-2p, not {plan.schedule!r}")
     chunks = setup.chunks or ((setup.stage_index, setup.module),)
     stages = [pipelining.PipelineStage(m, s, plan.n_stages, device, group=setup.pp_group) for s, m in chunks]
     for stage in stages:
         recorder.wrap_stage(stage)
     recorder.patch_p2p()
-    schedule_cls = getattr(pipelining, classes[plan.schedule])
+
     def loss(out, target):
         return setup.loss(out, _real_target(target)) * scaler.scale  # scale 1 unless fp16
 
-
+    if plan.schedule == "zb-2p":
+        return _ordered_schedule(plan, stages, loss)
+    schedule_cls = getattr(pipelining, classes[plan.schedule])
     # the multi-stage classes take a list of stages even for one chunk per rank (ZB-H1)
     single = plan.schedule in ("gpipe", "1f1b")
     return schedule_cls(stages[0] if single else stages, plan.n_micro, loss_fn=loss, scale_grads=False)
+
+
+def _ordered_schedule(plan, stages, loss):
+    """A kind torch has no class for (zb-2p: plans/zero_bubble_auto.py): every rank's order of
+    compute actions handed to torch's _PipelineScheduleRuntime, which adds the sends, receives and
+    the gradient reduction as for its own classes (its `_prepare_schedule_with_comms`)."""
+    from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
+
+    from paraplan.plans.schedules import rank_orders
+
+    schedule = _PipelineScheduleRuntime(stages, plan.n_micro, loss_fn=loss, scale_grads=False)
+    orders = {r: [_Action.from_str(str(a)) for a in order]
+              for r, order in enumerate(rank_orders(plan.schedule, plan.n_ranks, plan.virtual_stages, plan.n_micro))}
+    schedule.pipeline_order = orders
+    schedule._prepare_schedule_with_comms(orders)
+    return schedule
 
 
 def step_seed(seed: int, stage: int, step: int) -> int:

@@ -59,6 +59,28 @@ def test_the_runtime_table_round_trips_and_enters_the_cost_model(tmp_path):
     assert analytic_cost_model(spec, load_cluster("local")).overheads.step_s == 0.0  # uncalibrated: none
 
 
+def test_the_optimizer_step_follows_its_measured_curve(tmp_path, capsys):
+    """Inside the cache the step is cheap per byte, beyond it dear (1.0 and 3.5 ns per Adam parameter
+    measured here): the curve is read linearly between its points, from (0, 0) to the first and
+    with its last slope beyond the last; without a curve the per-byte rate. It round-trips through
+    the cluster file; a curve out of order is one line."""
+    curve = ((16e6, 1e-3), (64e6, 14e-3))
+    o = RuntimeOverheads(optimizer_s_per_byte=2e-10, optimizer_curve=curve)
+    assert o.optimizer_step_s(8e6) == pytest.approx(0.5e-3)
+    assert o.optimizer_step_s(40e6) == pytest.approx(1e-3 + 13e-3 / 2)
+    assert o.optimizer_step_s(112e6) == pytest.approx(14e-3 + 13e-3)
+    assert o.optimizer_step_s(0.0) == 0.0
+    assert RuntimeOverheads(optimizer_s_per_byte=2e-10).optimizer_step_s(1e6) == pytest.approx(2e-4)
+    cluster = replace(load_cluster("local"), overheads=o)
+    write_cluster_file(cluster, tmp_path / "c.toml")
+    assert read_cluster_file(tmp_path / "c.toml").overheads == o
+    text = (tmp_path / "c.toml").read_text().replace("16000000.0", "99000000.0")
+    (tmp_path / "bad.toml").write_text(text)
+    assert main(["simulate", "examples/gpt2-tiny-local-1f1b-2x4.json", "--cluster", str(tmp_path / "bad.toml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runtime.optimizer_curve" in err[0] and "ascending" in err[0]
+
+
 def test_a_malformed_runtime_table_is_one_line(tmp_path, capsys):
     cluster = replace(load_cluster("local"), overheads=RuntimeOverheads(action_s=1e-4))
     write_cluster_file(cluster, tmp_path / "c.toml")
@@ -123,3 +145,26 @@ def test_prove_on_a_cluster_larger_than_this_machine_is_one_line(capsys):
                  "--out", "/tmp/never-written-prove.json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "this machine" in err[0]
+
+
+def test_the_compute_inside_a_run_is_read_off_its_timeline(tmp_path):
+    """calibrate's in-run compute scale starts from the compute a measured step ran, every rank's
+    forwards and backwards summed, the median over the steps after the first two (transfers and
+    waits on other lanes not counted)."""
+    import json
+
+    from paraplan.runtime.measure.compare import measured_compute_s
+
+    spans = [0.5, 0.5, 1.0, 2.0, 1.5, 1.2]  # per step: each rank's forward and backward take this much each
+    for rank in range(2):
+        events = []
+        for step, span in enumerate(spans):
+            t = 10.0 * step
+            events += [{"step": step, "lane": "compute", "kind": "forward", "micro": 0, "start": t, "end": t + span},
+                       {"step": step, "lane": "p2p", "kind": "send", "micro": 0, "start": t + span,
+                        "end": t + span + 3.0},
+                       {"step": step, "lane": "compute", "kind": "backward", "micro": 0, "start": t + 4.0,
+                        "end": t + 4.0 + span}]
+        (tmp_path / f"timeline_rank{rank}.json").write_text(json.dumps({"rank": rank, "events": events}))
+        (tmp_path / f"steps_rank{rank}.json").write_text(json.dumps([10.0] * len(spans)))
+    assert measured_compute_s(tmp_path) == pytest.approx(4 * 1.35)  # median of 1.0, 2.0, 1.5, 1.2, 4 spans a step

@@ -34,6 +34,8 @@
     tp_kernel_s = 5e-5                     # optional (default 0): per kernel of a TP layer's pass
     sdp_layer_s = 1e-3                     # optional (default 0): per layer and pass under SDP
     optimizer_s_per_byte = 3e-10          # optional (default 0): per byte of model states a device holds
+    optimizer_curve = [[1.6e7, 1e-3], [6.4e7, 1.4e-2]]  # optional: (state bytes, seconds) measured, ascending;
+                                           # replaces the per-byte rate where given
     source = "how they were measured"
 
     [calibration]                          # optional, not read back: the evidence behind the
@@ -282,9 +284,26 @@ def _runtime(where: str, table: object) -> RuntimeOverheads:
                 for key, unit in (("compute_scale", "a factor"), ("tp_kernel_s", "seconds"), ("sdp_layer_s", "seconds"),
                                   ("optimizer_s_per_byte", "seconds per byte"))
                 if key in table}
+    if "optimizer_curve" in table:
+        optional["optimizer_curve"] = _optimizer_curve(f"{where}.optimizer_curve", table["optimizer_curve"])
     return RuntimeOverheads(rendezvous=rendezvous, action_s=_number(where, table, "action_s", "seconds", True),
                             step_s=_number(where, table, "step_s", "seconds", True),
                             source=str(table.get("source", where)), **optional)
+
+
+def _optimizer_curve(where: str, value: object) -> tuple[tuple[float, float], ...]:
+    """[[state bytes, seconds], ...]: sizes positive and ascending, seconds not negative."""
+    def number(x: object) -> bool:
+        return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+    if not isinstance(value, list) or not value or not all(
+            isinstance(p, list) and len(p) == 2 and all(number(x) for x in p) for p in value):
+        raise ClusterFileError(f"{where}: expected a list of [state bytes, seconds] pairs, got {value!r}")
+    points = tuple((float(b), float(s)) for b, s in value)
+    sizes = [b for b, _ in points]
+    if any(b <= 0 or s < 0 for b, s in points) or sizes != sorted(set(sizes)):
+        raise ClusterFileError(f"{where}: sizes must be positive and ascending and seconds not negative, got {value!r}")
+    return points
 
 
 def read_cluster_file(path: str | Path) -> Cluster:
@@ -334,7 +353,9 @@ def cluster_to_dict(cluster: Cluster, calibration: dict | None = None) -> dict:
         o = cluster.overheads
         data["runtime"] = {"rendezvous": o.rendezvous, "action_s": o.action_s, "step_s": o.step_s,
                            "compute_scale": o.compute_scale, "tp_kernel_s": o.tp_kernel_s, "sdp_layer_s": o.sdp_layer_s,
-                           "optimizer_s_per_byte": o.optimizer_s_per_byte, "source": o.source}
+                           "optimizer_s_per_byte": o.optimizer_s_per_byte,
+                           **({"optimizer_curve": [list(p) for p in o.optimizer_curve]} if o.optimizer_curve else {}),
+                           "source": o.source}
     if calibration:
         data["calibration"] = calibration
     return data

@@ -60,7 +60,7 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulat
     memory, breakdown = plan_memory(plan, cm.model, capacities, cm.memory)
     # the optimizer's step after the schedule, on the device holding the most model states
     # (a measured rate: paraplan calibrate; 0 on uncalibrated clusters, as the papers' models)
-    optimizer_s = cm.overheads.optimizer_s_per_byte * max((b.states_bytes for b in breakdown), default=0.0)
+    optimizer_s = cm.overheads.optimizer_step_s(max((b.states_bytes for b in breakdown), default=0.0))
     after = cm.overheads.step_s + optimizer_s + zero_gather_s(plan, cm)
     iteration = result.iteration_s + after
     # a stage group that computes together (Galvatron strategies) is drawn on its first device;

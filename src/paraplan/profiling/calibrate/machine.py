@@ -15,6 +15,7 @@ from paraplan.errors import ParaplanError
 from paraplan.profiling.calibrate.compute import BATCH_SIZES, measure_compute, measure_links
 from paraplan.profiling.calibrate.runtime_costs import (
     effective_latency,
+    in_run_compute_scale,
     measure_optimizer,
     measure_overheads,
     measure_strategy_costs,
@@ -55,7 +56,8 @@ def calibrate(quick: bool = False, devices: int | None = None,
     largest = BATCH_SIZES[-1]
     slowdown = {spec.name: ratio for spec, _, _, ratio in compute}
     idle_links, loaded_links = measure_links(2, progress)
-    runs, overhead_plan, overhead_step_s = measure_overheads(2 if quick else 4, 10 if quick else 14, progress)
+    runs, overhead_plan, overhead_step_s, overhead_compute_s = measure_overheads(2 if quick else 4, 10 if quick else 14,
+                                                                                 progress)
     optimizer = measure_optimizer(cores, progress)
     compute_scale = statistics.median(slowdown.values())
     # the time outside the schedule includes the overhead plan's own optimizer step: take it out,
@@ -65,11 +67,12 @@ def calibrate(quick: bool = False, devices: int | None = None,
 
     gpt2_spec = next(spec for spec, _, _, _ in compute if spec.name == "gpt2-tiny")
     _, breakdown = plan_memory(overhead_plan, gpt2_spec, {0: 2**40, 1: 2**40}, MemoryConfig().for_device_kind("cpu-core"))
-    own_step = optimizer["per_byte_s"] * max(b.states_bytes for b in breakdown)
+    curve = tuple(tuple(p) for p in optimizer["curve"])
+    own_step = RuntimeOverheads(optimizer_curve=curve).optimizer_step_s(max(b.states_bytes for b in breakdown))
     overheads = RuntimeOverheads(
         rendezvous=True, action_s=statistics.median(o.action_s for o in runs),
         step_s=max(0.0, statistics.median(o.step_s for o in runs) - own_step), compute_scale=compute_scale,
-        optimizer_s_per_byte=optimizer["per_byte_s"],
+        optimizer_s_per_byte=optimizer["per_byte_s"], optimizer_curve=curve,
         source=f"paraplan calibrate: median of {len(runs)} runs of a 2-stage 1F1B gpt2-tiny plan on this machine; "
                f"compute scale loaded / idle over {', '.join(models)}; TP / SDP per layer from TP2 / SDP2 runs")
 
@@ -84,6 +87,13 @@ def calibrate(quick: bool = False, devices: int | None = None,
                                   f"paraplan calibrate on {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC",
                       nodes=(NodeSpec(name="localhost", devices=(device,) * cores, intra_link=link, network=link),))
     gpt2 = next((spec, idle) for spec, idle, _, _ in compute if spec.name == "gpt2-tiny")
+    # the compute scale as the overhead plan's runs measured it (their ranks' compute against the
+    # same compute profiled alone), where it exceeds the busy-loop's: what the latency fit below
+    # would otherwise put on the messages
+    loaded_scale = compute_scale
+    in_runs = in_run_compute_scale(overhead_plan, gpt2[0], gpt2[1], cluster, overhead_compute_s)
+    compute_scale = max(loaded_scale, in_runs)
+    cluster = replace(cluster, overheads=replace(cluster.overheads, compute_scale=compute_scale))
     progress("runtime: the latency of a message inside a running pipeline")
     alpha = effective_latency(overhead_plan, gpt2[0], gpt2[1], cluster, overhead_step_s, link.latency_s)
     link = LinkSpec(bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, latency_s=alpha)
@@ -105,6 +115,8 @@ def calibrate(quick: bool = False, devices: int | None = None,
                             "measured step (never below the loaded ping-pong's)"},
         "runtime": {"runs": [{"action_s": o.action_s, "step_s": o.step_s} for o in runs],
                     "optimizer": optimizer, "overhead_plan_own_optimizer_s": own_step,
+                    "compute_scale_in_runs": in_runs, "compute_scale_beside_busy_loops": loaded_scale,
+                    "overhead_plan_compute_s": overhead_compute_s,
                     "strategies": strategies["evidence"]},
     }
     summary = [
@@ -121,7 +133,8 @@ def calibrate(quick: bool = False, devices: int | None = None,
         f"runtime: {overheads.action_s * 1e3:.2f} ms per pipeline action, {overheads.step_s * 1e3:.2f} ms per step "
         f"(median of {len(runs)} runs: " + ", ".join(f"{o.action_s * 1e3:.2f}/{o.step_s * 1e3:.2f}" for o in runs)
         + f" ms, less {own_step * 1e3:.2f} ms of its own optimizer step); compute x{compute_scale:.2f} while every "
-        f"core computes; the optimizer {optimizer['per_byte_s'] * 16e9:.2f} ns per parameter (Adam)",
+        f"core computes (x{in_runs:.2f} inside the runs, x{loaded_scale:.2f} beside busy loops); the optimizer (Adam) " + ", ".join(f"{s / (b / 16) * 1e9:.2f}" for b, s in curve)
+        + f" ns per parameter at {', '.join(f'{b / 16 / 1e6:g}M' for b, _ in curve)} parameters",
         f"runtime: TP (DTensor) {cluster.overheads.tp_kernel_s * 1e6:.0f} us per kernel of a pass, SDP (FSDP2) "
         f"{cluster.overheads.sdp_layer_s * 1e3:.2f} ms per layer and pass, beyond the collectives' link time",
     ]

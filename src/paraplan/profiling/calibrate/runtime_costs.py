@@ -95,18 +95,24 @@ def _train(plan, steps: int, tmp: Path, name: str, notice: Callable[[str], None]
     return out
 
 
+# parameters the optimizer's step is timed at: from well inside a CPU's last-level cache to well
+# beyond it (16 bytes of states per parameter: 4 MiB to 128 MiB)
+OPTIMIZER_SIZES = (250_000, 500_000, 1_000_000, 2_000_000, 4_000_000, 8_000_000)
+
+
 def measure_optimizer(cores: int, progress: Callable[[str], None]) -> dict:
     """Adam's step plus zeroing the gradients (what `paraplan train` does after the schedule), on
-    one thread while the other cores are busy: seconds per byte of model states (parameters,
-    gradients and Adam's two moments: 16 bytes per fp32 parameter), the slope between 1M and 4M
-    parameters (the intercept, per-call overhead, is in step_s)."""
+    one thread while the other cores are busy, at each size of OPTIMIZER_SIZES: the curve of
+    seconds against bytes of model states (parameters, gradients and Adam's two moments: 16 bytes
+    per fp32 parameter), RuntimeOverheads.optimizer_curve, and, for readers of the rate alone, the
+    slope of its last segment (beyond the cache) per byte."""
     import torch
 
     progress("runtime: timing the optimizer step")
     torch.set_num_threads(1)
     medians = {}
     with CoresLoaded(cores - 1):
-        for n in (1_000_000, 4_000_000):
+        for n in OPTIMIZER_SIZES:
             params = [torch.nn.Parameter(torch.randn(n // 4)) for _ in range(4)]
             for p in params:
                 p.grad = torch.randn_like(p)
@@ -119,15 +125,21 @@ def measure_optimizer(cores: int, progress: Callable[[str], None]) -> dict:
                 if r >= 2:
                     times.append(time.perf_counter() - t0)
             medians[n] = statistics.median(times)
-    per_byte = max(0.0, (medians[4_000_000] - medians[1_000_000]) / (3_000_000 * 16))
-    return {"per_byte_s": per_byte, "median_s": {str(n): t for n, t in medians.items()}}
+    a, b = OPTIMIZER_SIZES[-2:]
+    per_byte = max(0.0, (medians[b] - medians[a]) / ((b - a) * 16))
+    # the measured times, made non-decreasing (a smaller step never takes longer: noise)
+    curve, most = [], 0.0
+    for n in OPTIMIZER_SIZES:
+        most = max(most, medians[n])
+        curve.append([float(n * 16), most])
+    return {"per_byte_s": per_byte, "curve": curve, "median_s": {str(n): t for n, t in medians.items()}}
 
 
 def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]):
     """`runs` real `paraplan train` runs of the overhead plan; each run's overheads read off its
     timeline (steps after the first two)."""
     from paraplan.plans.plan import LayerRange, Plan, Stage
-    from paraplan.runtime.measure.compare import measured_overheads
+    from paraplan.runtime.measure.compare import measured_compute_s, measured_overheads
 
     cfg = OVERHEAD_PLAN
     bounds = [0, *cfg["cuts"], 6]
@@ -137,15 +149,32 @@ def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]):
                                                                                           strict=True))))
     from paraplan.runtime.measure.compare import step_times
 
-    measured, step_medians = [], []
+    measured, step_medians, computes = [], [], []
     with tempfile.TemporaryDirectory(prefix="paraplan-calibrate-") as tmp:
         for r in range(runs):
             progress(f"runtime: overhead run {r + 1} of {runs} ({steps} steps of a 2-stage 1F1B plan)")
             out = _train(plan, steps, Path(tmp), f"run{r}")
             measured.append(measured_overheads(out))
             step_medians.append(statistics.median(step_times(out)[2:]))
+            computes.append(measured_compute_s(out))
             shutil.rmtree(out, ignore_errors=True)
-    return measured, plan, statistics.median(step_medians)
+    return measured, plan, statistics.median(step_medians), statistics.median(computes)
+
+
+def in_run_compute_scale(plan, spec, profile, cluster, measured_compute: float) -> float:
+    """The overhead plan's compute as measured inside its runs (every rank's forwards and
+    backwards) over the same compute profiled with one process alone (`profile`): how much slower a
+    layer runs while the other cores run the other ranks, gloo's threads included. A busy loop on
+    the other cores (measure_compute's CoresLoaded) understated it: 1.02-1.04x against 1.06-1.09x
+    in the 2-stage runs here."""
+    from dataclasses import replace as dc_replace
+
+    from paraplan.costs.model import profile_cost_model
+    from paraplan.simulator.predict import simulate_plan
+
+    alone = dc_replace(cluster, overheads=dc_replace(cluster.overheads, compute_scale=1.0))
+    profiled = float(simulate_plan(plan, profile_cost_model(spec, alone, profile)).timeline.compute_busy().sum())
+    return measured_compute / profiled if profiled > 0 else 1.0
 
 
 def effective_latency(plan, spec, profile, cluster, measured_s: float, floor_s: float) -> float:

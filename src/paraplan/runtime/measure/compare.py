@@ -143,6 +143,19 @@ def measured_overheads(out_dir: str | Path, skip_steps: int = 2) -> RuntimeOverh
                             source=f"measured: timeline of {out_dir}")
 
 
+def measured_compute_s(out_dir: str | Path, skip_steps: int = 2) -> float:
+    """The compute a step ran, summed over every rank (its forwards and backwards on the measured
+    timeline), the median over the steps after `skip_steps`: what calibrate sets against the same
+    plan's compute profiled with one process alone (the machine's compute scale inside a run)."""
+    runs = load_runs(out_dir)
+    steps = sorted({e["step"] for ev in runs.values() for e in ev if e["step"] >= skip_steps})
+    per_step = [sum(e["end"] - e["start"] for ev in runs.values() for e in ev
+                    if e["step"] == s and e["lane"] == "compute") for s in steps]
+    if not per_step:
+        raise ParaplanError("the timeline has too few steps to read the compute from")
+    return statistics.median(per_step)
+
+
 def write_overheads(overheads: RuntimeOverheads, path: str | Path) -> None:
     from paraplan.system.fileio import atomic_write_text
 

@@ -47,7 +47,7 @@ def test_the_fit_stays_close_under_noise():
 
 def test_the_runtime_table_round_trips_and_enters_the_cost_model(tmp_path):
     o = RuntimeOverheads(rendezvous=True, action_s=3e-4, step_s=5e-3, compute_scale=1.3, tp_kernel_s=1e-3,
-                         sdp_layer_s=2e-3, source="test")
+                         sdp_layer_s=2e-3, dp_sync_s=1e-3, source="test")
     cluster = replace(load_cluster("local"), overheads=o)
     write_cluster_file(cluster, tmp_path / "c.toml", calibration={"note": {"x": 1.0}})
     back = read_cluster_file(tmp_path / "c.toml")
@@ -168,3 +168,19 @@ def test_the_compute_inside_a_run_is_read_off_its_timeline(tmp_path):
         (tmp_path / f"timeline_rank{rank}.json").write_text(json.dumps({"rank": rank, "events": events}))
         (tmp_path / f"steps_rank{rank}.json").write_text(json.dumps([10.0] * len(spans)))
     assert measured_compute_s(tmp_path) == pytest.approx(4 * 1.35)  # median of 1.0, 2.0, 1.5, 1.2, 4 spans a step
+
+
+def test_the_gradient_sync_machinery_is_charged_once_per_step_where_gradients_sync():
+    """RuntimeOverheads.dp_sync_s (calibrate's DP2 run: DDP's hooks, bucket copies and an
+    all-reduce waiting on the slower replica, beyond the link time): once per step of a plan whose
+    replicas sync gradients, nothing where none do; it round-trips through the cluster file."""
+    spec = measure.measure(zoo.build("gpt2-tiny"))
+    base = replace(load_cluster("local"), overheads=RuntimeOverheads())
+    charged = replace(load_cluster("local"), overheads=RuntimeOverheads(dp_sync_s=4e-3))
+    dp = replace(_gpt2(1, (0, 1), (LayerStrategy(dp=2),) * 6), grad_sync="bucketed")
+    gap = (simulate_plan(dp, analytic_cost_model(spec, charged)).prediction.iteration_s
+           - simulate_plan(dp, analytic_cost_model(spec, base)).prediction.iteration_s)
+    assert gap == pytest.approx(4e-3, rel=1e-9)
+    one = _gpt2(1, (0,))
+    assert simulate_plan(one, analytic_cost_model(spec, charged)).prediction.iteration_s == pytest.approx(
+        simulate_plan(one, analytic_cost_model(spec, base)).prediction.iteration_s, rel=1e-12)

@@ -13,7 +13,9 @@ exported to run the same math otherwise, and the price follows the engine:
               accumulation fusion): no kernel of their own.
   torchtitan  FSDP2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): parameters and
               activations in bf16 (2-byte residual stream, collectives and sends), eager kernels as
-              measured (no fusion), FSDP's all-gathers prefetched (costs/strategy.py: layer_time).
+              measured (no fusion), FSDP's all-gathers prefetched (costs/strategy.py: layer_time);
+              under pipelining each stage's units kept gathered with fp32 gradients until its last
+              backward (costs/memory.py).
   deepspeed   the model's own modules (eager, as measured) with bf16 parameters (DeepSpeed's bf16
               mode casts the module): 2-byte residual stream and sends.
 

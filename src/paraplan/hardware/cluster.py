@@ -119,6 +119,9 @@ class RuntimeOverheads:
                   of the layer: its cost grows with the kernel count), beyond the collectives' link time;
       sdp_layer_s: per layer and pass under sharded data parallelism (FSDP2: one unit per layer,
                   its hooks, copies and collective calls), beyond the collectives' link time;
+      dp_sync_s:  per step of a plan whose layers sync their gradients over data-parallel replicas
+                  (DDP's hooks, bucket copies and the all-reduce as it runs inside a step), beyond
+                  the all-reduce's link time;
       optimizer_s_per_byte: the optimizer's step and the zeroing of gradients, per byte of model
                   states (parameters, gradients, optimizer states) a device holds; the device
                   holding the most finishes its step last.
@@ -136,11 +139,13 @@ class RuntimeOverheads:
     compute_scale: float = 1.0
     tp_kernel_s: float = 0.0
     sdp_layer_s: float = 0.0
+    dp_sync_s: float = 0.0
     optimizer_s_per_byte: float = 0.0
     optimizer_curve: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self):
-        if min(self.action_s, self.step_s, self.tp_kernel_s, self.sdp_layer_s, self.optimizer_s_per_byte) < 0 or not self.compute_scale > 0:
+        if min(self.action_s, self.step_s, self.tp_kernel_s, self.sdp_layer_s, self.dp_sync_s,
+               self.optimizer_s_per_byte) < 0 or not self.compute_scale > 0:
             raise ValueError(f"runtime overheads must not be negative: {self}")
         sizes = [b for b, _ in self.optimizer_curve]
         if any(b <= 0 or s < 0 for b, s in self.optimizer_curve) or sizes != sorted(set(sizes)):

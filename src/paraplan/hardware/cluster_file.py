@@ -33,6 +33,7 @@
     compute_scale = 1.1                    # optional (default 1): compute while every device computes
     tp_kernel_s = 5e-5                     # optional (default 0): per kernel of a TP layer's pass
     sdp_layer_s = 1e-3                     # optional (default 0): per layer and pass under SDP
+    dp_sync_s = 2e-3                       # optional (default 0): per step of a plan syncing DP gradients
     optimizer_s_per_byte = 3e-10          # optional (default 0): per byte of model states a device holds
     optimizer_curve = [[1.6e7, 1e-3], [6.4e7, 1.4e-2]]  # optional: (state bytes, seconds) measured, ascending;
                                            # replaces the per-byte rate where given
@@ -282,7 +283,7 @@ def _runtime(where: str, table: object) -> RuntimeOverheads:
         raise ClusterFileError(f"{where}.rendezvous: expected true or false, got {rendezvous!r}")
     optional = {key: _number(where, table, key, unit, allow_zero=key != "compute_scale")
                 for key, unit in (("compute_scale", "a factor"), ("tp_kernel_s", "seconds"), ("sdp_layer_s", "seconds"),
-                                  ("optimizer_s_per_byte", "seconds per byte"))
+                                  ("dp_sync_s", "seconds"), ("optimizer_s_per_byte", "seconds per byte"))
                 if key in table}
     if "optimizer_curve" in table:
         optional["optimizer_curve"] = _optimizer_curve(f"{where}.optimizer_curve", table["optimizer_curve"])
@@ -353,6 +354,7 @@ def cluster_to_dict(cluster: Cluster, calibration: dict | None = None) -> dict:
         o = cluster.overheads
         data["runtime"] = {"rendezvous": o.rendezvous, "action_s": o.action_s, "step_s": o.step_s,
                            "compute_scale": o.compute_scale, "tp_kernel_s": o.tp_kernel_s, "sdp_layer_s": o.sdp_layer_s,
+                           "dp_sync_s": o.dp_sync_s,
                            "optimizer_s_per_byte": o.optimizer_s_per_byte,
                            **({"optimizer_curve": [list(p) for p in o.optimizer_curve]} if o.optimizer_curve else {}),
                            "source": o.source}

@@ -61,7 +61,9 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulat
     # the optimizer's step after the schedule, on the device holding the most model states
     # (a measured rate: paraplan calibrate; 0 on uncalibrated clusters, as the papers' models)
     optimizer_s = cm.overheads.optimizer_step_s(max((b.states_bytes for b in breakdown), default=0.0))
-    after = cm.overheads.step_s + optimizer_s + zero_gather_s(plan, cm)
+    # the runtime's gradient-sync machinery per step beyond its link time (measured: paraplan calibrate)
+    dp_sync = cm.overheads.dp_sync_s if plan.grad_sync != "none" else 0.0
+    after = cm.overheads.step_s + optimizer_s + zero_gather_s(plan, cm) + dp_sync
     iteration = result.iteration_s + after
     # a stage group that computes together (Galvatron strategies) is drawn on its first device;
     # all of its devices are equally busy

@@ -136,7 +136,8 @@ def calibrate(quick: bool = False, devices: int | None = None,
         f"core computes (x{in_runs:.2f} inside the runs, x{loaded_scale:.2f} beside busy loops); the optimizer (Adam) " + ", ".join(f"{s / (b / 16) * 1e9:.2f}" for b, s in curve)
         + f" ns per parameter at {', '.join(f'{b / 16 / 1e6:g}M' for b, _ in curve)} parameters",
         f"runtime: TP (DTensor) {cluster.overheads.tp_kernel_s * 1e6:.0f} us per kernel of a pass, SDP (FSDP2) "
-        f"{cluster.overheads.sdp_layer_s * 1e3:.2f} ms per layer and pass, beyond the collectives' link time",
+        f"{cluster.overheads.sdp_layer_s * 1e3:.2f} ms per layer and pass, DP (DDP) {cluster.overheads.dp_sync_s * 1e3:.2f}"
+        " ms per step, beyond the collectives' link time",
     ]
     return Calibration(cluster=cluster, evidence=evidence, summary=summary)
 

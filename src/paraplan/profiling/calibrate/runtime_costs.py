@@ -210,23 +210,27 @@ def effective_latency(plan, spec, profile, cluster, measured_s: float, floor_s: 
 
 
 def measure_strategy_costs(spec, profile, cluster, runs: int, steps: int, progress: Callable[[str], None]) -> dict:
-    """The TP (DTensor) and SDP (FSDP2) machinery's own cost per layer and pass: gpt2-tiny as one
-    stage of TP2 (and of SDP2) on every layer, run for real; the part of the measured step the
-    simulator (with everything else calibrated) does not explain, spread over layers x 2 passes."""
+    """The TP (DTensor) and SDP (FSDP2) machinery's own cost per layer and pass, and DDP's per
+    step: gpt2-tiny as one stage of TP2 (of SDP2, of DP2 with DDP's buckets) on every layer, run
+    for real; the part of the measured step the simulator (with everything else calibrated) does
+    not explain, spread over layers x 2 passes (TP, SDP) or charged once per step (DP: DDP's hooks,
+    bucket copies and an all-reduce that waits for the slower replica; one run cannot tell a
+    per-byte part from a fixed one, so it is one figure per step)."""
     from dataclasses import replace as dc_replace
 
     from paraplan.costs.model import profile_cost_model
-    from paraplan.plans.axes import SHARDED_DATA, TENSOR
+    from paraplan.plans.axes import DATA, SHARDED_DATA, TENSOR
     from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
     from paraplan.runtime.measure.compare import step_times
     from paraplan.simulator.predict import simulate_plan
 
     n = spec.n_layers
     out = {}
-    for axis, strategy in ((TENSOR, LayerStrategy(tp=2)), (SHARDED_DATA, LayerStrategy(sdp=2))):
+    for axis, strategy in ((TENSOR, LayerStrategy(tp=2)), (SHARDED_DATA, LayerStrategy(sdp=2)),
+                           (DATA, LayerStrategy(dp=2))):
         kind = axis.name  # the evidence's key, as the calibration file has it
         plan = Plan(model=spec.ref or spec.name, cluster="local", n_layers=n, global_batch=OVERHEAD_PLAN["batch"],
-                    n_micro=1, schedule="gpipe", grad_sync="none",
+                    n_micro=1, schedule="gpipe", grad_sync="bucketed" if axis is DATA else "none",
                     stages=(Stage(LayerRange(0, n), (0, 1), strategies=(strategy,) * n),))
         predicted = simulate_plan(plan, profile_cost_model(spec, cluster, profile)).prediction.iteration_s
         measured = []
@@ -238,9 +242,11 @@ def measure_strategy_costs(spec, profile, cluster, runs: int, steps: int, progre
         excess = max(0.0, statistics.median(measured) - predicted)
         # TP: DTensor's cost follows the operators it dispatches (per kernel of both passes);
         # SDP: FSDP2's follows its units (one per layer and pass)
-        per = sum(max(1, lay.forward_ops) + max(1, lay.backward_ops) for lay in spec.layers) if axis is TENSOR else 2 * n
+        per = (sum(max(1, lay.forward_ops) + max(1, lay.backward_ops) for lay in spec.layers) if axis is TENSOR
+               else 2 * n if axis is SHARDED_DATA else 1)
         out[kind] = {"measured_s": measured, "predicted_without_s": predicted, "per_unit_s": excess / per,
-                     "unit": "kernel of a pass" if axis is TENSOR else "layer pass"}
+                     "unit": {TENSOR: "kernel of a pass", SHARDED_DATA: "layer pass", DATA: "step"}[axis]}
     cluster = dc_replace(cluster, overheads=dc_replace(cluster.overheads, tp_kernel_s=out[TENSOR.name]["per_unit_s"],
-                                                      sdp_layer_s=out[SHARDED_DATA.name]["per_unit_s"]))
+                                                      sdp_layer_s=out[SHARDED_DATA.name]["per_unit_s"],
+                                                      dp_sync_s=out[DATA.name]["per_unit_s"]))
     return {"cluster": cluster, "evidence": out}

@@ -35,11 +35,12 @@ the dependencies, not the slots.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
+
+from paraplan.plans.actions import Action, Computation, parse  # noqa: F401 (parse: schedules.parse for callers)
+from paraplan.plans.zero_bubble_auto import zb_2p
 
 
 class Schedule(StrEnum):
@@ -58,48 +59,7 @@ class Schedule(StrEnum):
     DAG = "dag"  # an operator placement (FD-DPS)
 
 
-class Computation(StrEnum):
-    FORWARD = "F"
-    BACKWARD = "B"  # the whole backward (input and weight gradients)
-    BACKWARD_INPUT = "I"  # zero-bubble's first half: the gradient of the stage's input
-    BACKWARD_WEIGHT = "W"  # zero-bubble's second half: the weights' gradients
-
-
-_ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
-_PLAN_ACTION = re.compile(r"^([FBIW])(\d+)\.(\d+)$")
-
-
-@dataclass(frozen=True)
-class Action:
-    stage: int
-    computation: Computation
-    micro: int
-
-    def __str__(self) -> str:
-        return f"{self.stage}{self.computation}{self.micro}"
-
-    @staticmethod
-    def from_str(text: str) -> Action:
-        match = _ACTION.match(text.strip())
-        if match is None:
-            raise ValueError(f"not an action: {text!r} (expected e.g. '0F3': stage, F/B/I/W, micro-batch)")
-        return Action(int(match[1]), Computation(match[2]), int(match[3]))
-
-    def plan_text(self) -> str:
-        """The plan file's form: "F3.0" (kind, micro-batch, stage)."""
-        return f"{self.computation}{self.micro}.{self.stage}"
-
-    @staticmethod
-    def from_plan_text(text: str) -> Action:
-        match = _PLAN_ACTION.match(text.strip())
-        if match is None:
-            raise ValueError(f"not an action: {text!r} (expected e.g. 'F3.0': F/B/I/W, micro-batch, stage)")
-        return Action(int(match[3]), Computation(match[1]), int(match[2]))
-
-
-def parse(text: str) -> list[Action]:
-    """A whitespace-separated order: "0F0 0F1 0B0 ..."."""
-    return [Action.from_str(word) for word in text.split()]
+# the actions themselves live in plans/actions.py (a leaf, which plans/zero_bubble_auto.py imports too)
 
 
 F, B, W = Computation.FORWARD, Computation.BACKWARD, Computation.BACKWARD_WEIGHT
@@ -355,8 +315,6 @@ def rank_order(kind: str, n_ranks: int, virtual: int, n_micro: int, rank: int) -
     if kind == Schedule.DUALPIPE_V:
         return _dualpipe_v(n_ranks, n_micro, rank)
     if kind == Schedule.ZB_2P:
-        from paraplan.plans.zero_bubble_auto import zb_2p  # it builds on this module's Action
-
         return zb_2p(n_ranks, n_micro, rank)
     raise ValueError(f"no action order for schedule {kind!r}")
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from paraplan.plans.schedules import Action, Computation
+from paraplan.plans.actions import Action, Computation
 
 F, I, W = Computation.FORWARD, Computation.BACKWARD_INPUT, Computation.BACKWARD_WEIGHT  # noqa: E741
 

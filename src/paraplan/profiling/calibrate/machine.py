@@ -60,21 +60,16 @@ def calibrate(quick: bool = False, devices: int | None = None,
                                                                                  progress)
     optimizer = measure_optimizer(cores, progress)
     compute_scale = statistics.median(slowdown.values())
-    # the time outside the schedule includes the overhead plan's own optimizer step: take it out,
-    # it is charged per plan (RuntimeOverheads.optimizer_s_per_byte)
-    from paraplan.costs.memory import plan_memory
-    from paraplan.costs.memory_config import MemoryConfig
-
-    gpt2_spec = next(spec for spec, _, _, _ in compute if spec.name == "gpt2-tiny")
-    _, breakdown = plan_memory(overhead_plan, gpt2_spec, {0: 2**40, 1: 2**40}, MemoryConfig().for_device_kind("cpu-core"))
+    gpt2 = next((spec, idle) for spec, idle, _, _ in compute if spec.name == "gpt2-tiny")
     curve = tuple(tuple(p) for p in optimizer["curve"])
-    own_step = RuntimeOverheads(optimizer_curve=curve).optimizer_step_s(max(b.states_bytes for b in breakdown))
+    own_step = _own_optimizer_step_s(overhead_plan, gpt2[0], curve)
     overheads = RuntimeOverheads(
         rendezvous=True, action_s=statistics.median(o.action_s for o in runs),
         step_s=max(0.0, statistics.median(o.step_s for o in runs) - own_step), compute_scale=compute_scale,
         optimizer_s_per_byte=optimizer["per_byte_s"], optimizer_curve=curve,
         source=f"paraplan calibrate: median of {len(runs)} runs of a 2-stage 1F1B gpt2-tiny plan on this machine; "
-               f"compute scale loaded / idle over {', '.join(models)}; TP / SDP per layer from TP2 / SDP2 runs")
+               f"compute scale loaded / idle over {', '.join(models)} and inside those runs; TP / SDP per layer and "
+               f"DP per step from TP2 / SDP2 / DP2 runs")
 
     base = local_cluster()
     device = fitted_device(base.nodes[0].devices[0], fit,
@@ -86,7 +81,6 @@ def calibrate(quick: bool = False, devices: int | None = None,
                       description=f"this machine ({cores} CPU cores as devices, gloo on loopback), measured by "
                                   f"paraplan calibrate on {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC",
                       nodes=(NodeSpec(name="localhost", devices=(device,) * cores, intra_link=link, network=link),))
-    gpt2 = next((spec, idle) for spec, idle, _, _ in compute if spec.name == "gpt2-tiny")
     # the compute scale as the overhead plan's runs measured it (their ranks' compute against the
     # same compute profiled alone), where it exceeds the busy-loop's: what the latency fit below
     # would otherwise put on the messages
@@ -100,16 +94,11 @@ def calibrate(quick: bool = False, devices: int | None = None,
     cluster = replace(cluster, nodes=tuple(NodeSpec(n.name, n.devices, link, link) for n in cluster.nodes))
     strategies = measure_strategy_costs(gpt2[0], gpt2[1], cluster, 1 if quick else 2, 8 if quick else 10, progress)
     cluster = strategies["cluster"]
-
-    def link_table(lp):
-        return {"latency_s": lp.p2p.latency_s, "bandwidth_bytes_per_s": lp.p2p.bandwidth_bytes_per_s,
-                "r_squared": lp.p2p.r_squared, "sizes": list(lp.sizes), "p2p_median_s": list(lp.p2p_s)}
-
     evidence = {
         "compute": {"models": list(models), "batch_sizes": list(BATCH_SIZES), "repeats": repeats,
                     f"step_busy_over_idle_at_batch_{largest}": slowdown,
                     "fit_loaded": _fit_table(fit), "fit_idle": _fit_table(fit_idle)},
-        "links": {"idle": link_table(idle_links), "loaded": link_table(loaded_links),
+        "links": {"idle": _link_table(idle_links), "loaded": _link_table(loaded_links),
                   "overhead_plan_step_s": overhead_step_s, "effective_latency_s": alpha,
                   "chosen": "the loaded bandwidth; the latency at which the simulator reproduces the overhead plan's "
                             "measured step (never below the loaded ping-pong's)"},
@@ -140,6 +129,22 @@ def calibrate(quick: bool = False, devices: int | None = None,
         " ms per step, beyond the collectives' link time",
     ]
     return Calibration(cluster=cluster, evidence=evidence, summary=summary)
+
+
+def _own_optimizer_step_s(overhead_plan, spec, curve) -> float:
+    """The overhead plan's own optimizer step, inside the time it measured outside its schedule:
+    taken out of step_s, since it is charged per plan (RuntimeOverheads.optimizer_step_s)."""
+    from paraplan.costs.memory import plan_memory
+    from paraplan.costs.memory_config import MemoryConfig
+    from paraplan.hardware.cluster import RuntimeOverheads
+
+    _, breakdown = plan_memory(overhead_plan, spec, {0: 2**40, 1: 2**40}, MemoryConfig().for_device_kind("cpu-core"))
+    return RuntimeOverheads(optimizer_curve=curve).optimizer_step_s(max(b.states_bytes for b in breakdown))
+
+
+def _link_table(lp) -> dict:
+    return {"latency_s": lp.p2p.latency_s, "bandwidth_bytes_per_s": lp.p2p.bandwidth_bytes_per_s,
+            "r_squared": lp.p2p.r_squared, "sizes": list(lp.sizes), "p2p_median_s": list(lp.p2p_s)}
 
 
 def _fit_table(fit) -> dict:

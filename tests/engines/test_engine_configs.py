@@ -259,11 +259,70 @@ def test_each_megatron_argument_is_the_transformer_config_field_of_the_same_mean
             elif value == "":
                 expected = True
             else:
-                expected = int(value) if value.isdigit() else value
+                expected = _number_or_text(value)
             assert config[field] == expected, f"{cell_id}: {arg} against {field}={config[field]!r}"
         unsaid = {k for k in set(config) - seen - derived if config[k] != default[k]}  # a default needs no flag
         assert not unsaid, f"{cell_id}: {unsaid} from no argument"
 
 
+def _number_or_text(value: str):
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
 def shape_layers(plan) -> int:
     return sum(1 for s in plan.stages for _ in s.layers) - 2  # the blocks: the embedding and head left out
+
+
+def test_the_megatron_export_carries_the_settings_the_prediction_assumed(shape):
+    """Megatron-LM's defaults differ from the model the prediction measured (dropout 0.1, norm
+    epsilon 1e-5, rotary base 10000) and leave off the overlaps the prediction counts on: the
+    export states each (issue 49, item 3; Megatron-LM core_v0.16.1's own parser and validate_args
+    took all nine files of tests/engines/megatron_lm_validate.py with these, field for field)."""
+    from paraplan.engines import model_shape as shape_of
+
+    args = json.loads(export(make_plan(shape, [0, 17, 34], LayerStrategy(dp=4, zero=1), n_micro=4), "megatron",
+                             shape).text)["arguments"]
+    assert shape.family == "llama" and shape.attention_dropout == shape.hidden_dropout == 0.0
+    for setting in ("--attention-dropout=0.0", "--hidden-dropout=0.0", f"--norm-epsilon={shape.norm_eps!r}",
+                    f"--rotary-base={int(shape.rope_theta)}", "--overlap-grad-reduce", "--overlap-param-gather",
+                    "--use-distributed-optimizer"):
+        assert setting in args, setting
+    assert shape.norm_eps == 1e-5 and shape.rope_theta == 10000.0  # Llama 2 7B's config (meta-llama on the Hub)
+    # without the distributed optimizer: the gradients' overlap only (Megatron asserts the pairing)
+    plain = json.loads(export(make_plan(shape, [0, 17, 34], LayerStrategy(dp=2)), "megatron", shape).text)["arguments"]
+    assert "--overlap-grad-reduce" in plain and "--overlap-param-gather" not in plain
+    # GPT-2 keeps its dropout (0.1) and LayerNorm epsilon, and has no rotary base
+    gpt = shape_of("gpt2-tiny")
+    assert (gpt.attention_dropout, gpt.hidden_dropout, gpt.norm_eps, gpt.rope_theta) == (0.1, 0.1, 1e-5, 0.0)
+
+
+def test_torchtitans_registered_configs_are_the_table_and_the_launch_names_them(shape):
+    """engines/torchtitan.py's LLAMA3_CONFIGS against the installed torchtitan's model flavors; a
+    model of one of those shapes is launched with that config, others keep the placeholder; the
+    launch command carries the plan's nodes and GPUs per node (Cluster.placement), not <N> <G>."""
+    from torchtitan.models import llama3
+
+    from paraplan.engines import model_shape as shape_of
+    from paraplan.engines.torchtitan import LLAMA3_CONFIGS, registered_config
+    from paraplan.hardware import load_cluster
+
+    for name, dims in LLAMA3_CONFIGS.items():
+        m = getattr(llama3, "_" + name.split("_")[1])("flex")
+        block = m.layers[0]
+        assert (len(m.layers), m.dim, block.attention.n_heads, block.attention.n_kv_heads,
+                block.feed_forward.w1.out_features, m.vocab_size, float(block.attention.rope.theta)) == dims, name
+        assert not m.enable_weight_tying
+    assert registered_config(shape_of("llama3.1-8b")) == "llama3_8b"
+    assert registered_config(shape) is None  # Llama 2 7B: another FFN, vocabulary and rotary base
+    plan = make_plan(shape, [0, 17, 34], LayerStrategy(dp=4), n_micro=4)
+    placement = load_cluster("dgx-a100-80gb?nodes=2").placement(plan.devices)
+    assert placement == (1, 8)
+    exported = export(plan, "torchtitan", shape, placement=placement)
+    assert exported.command.startswith("torchrun --nproc-per-node 8 --nnodes 1 -m torchtitan.train --module llama3 "
+                                       "--config <a llama3 config") and "<G>" not in exported.text
+    assert "--nproc-per-node <G> --nnodes <N>" in export(plan, "megatron", shape).command  # without: placeholders

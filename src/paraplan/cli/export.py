@@ -35,7 +35,7 @@ def run(args) -> int:
         csv_path = str(Path(args.out).with_suffix(".schedule.csv"))
         check_output("--out", csv_path)
     plan = read_plan(args.plan)
-    result = export(plan, engine, schedule_csv_path=csv_path or "schedule.csv")
+    result = export(plan, engine, schedule_csv_path=csv_path or "schedule.csv", placement=placement_of(plan))
     if result.schedule_csv and not args.out:
         raise ParaplanError("this plan's order of actions goes to torchtitan in a CSV file beside the arguments: "
                             "give --out")
@@ -51,6 +51,18 @@ def run(args) -> int:
     print(f"run: {result.command}")
     print(_engine_prediction(plan, engine))
     return 0
+
+
+def placement_of(plan) -> tuple[int, int] | None:
+    """(nodes, GPUs per node) of the plan's devices on its cluster, for the launch command; None
+    where the cluster cannot be loaded here (the command keeps its placeholders)."""
+    from paraplan.errors import ParaplanError
+    from paraplan.hardware import load_cluster
+
+    try:
+        return load_cluster(plan.cluster).placement(plan.devices)
+    except (ParaplanError, IndexError):
+        return None
 
 
 def _engine_prediction(plan, engine: str) -> str:

@@ -49,9 +49,12 @@ def engine_problem(plan: Plan, engine: str, shape: ModelShape) -> str | None:
     return deepspeed.refusal(layout, shape, shape.params)
 
 
-def export(plan: Plan, to: str, shape: ModelShape | None = None, schedule_csv_path: str = "schedule.csv") -> Exported:
+def export(plan: Plan, to: str, shape: ModelShape | None = None, schedule_csv_path: str = "schedule.csv",
+           placement: tuple[int, int] | None = None) -> Exported:
     """The plan as `to`'s configuration. `shape`: the model's (built on meta from the plan's model
-    when not given); `schedule_csv_path`: where torchtitan's arguments say the order of actions is."""
+    when not given); `schedule_csv_path`: where torchtitan's arguments say the order of actions is;
+    `placement`: (nodes, GPUs per node) the plan's devices take (Cluster.placement), written into
+    the launch command (placeholders <N>, <G> without it)."""
     engine = check_engine(to)
     shape = shape or model_shape(plan.model)
     try:
@@ -59,6 +62,7 @@ def export(plan: Plan, to: str, shape: ModelShape | None = None, schedule_csv_pa
     except ExportRefused as exc:
         raise ExportRefused(engine, exc.feature) from None
     header = f"paraplan plan for {ENGINE_NAMES[engine]}: {plan.model} on {plan.cluster}, batch {plan.global_batch}"
+    nodes, per_node = (str(x) for x in placement) if placement else ("<N>", "<G>")
     if engine == "torchtitan":
         args, rows, notes = torchtitan.overrides(layout, shape)
         csv = ""
@@ -66,22 +70,24 @@ def export(plan: Plan, to: str, shape: ModelShape | None = None, schedule_csv_pa
             args.insert(args.index("--training.disable_cuda_graphs"),
                         f"--parallelism.pipeline_parallel_schedule_csv={schedule_csv_path}")
             csv = "\n".join(",".join(row) for row in rows) + "\n"
-        module = "--module llama3 --config <a llama3 config of this shape, e.g. llama3_8b>"
-        lines = [f"# {header}", f"# torchtitan {torchtitan.VERSION}: torchrun --nproc-per-node ... -m torchtitan.train "
-                 f"{module} $(grep -v '^#' THIS_FILE)", *[f"# note: {n}" for n in notes], *args]
-        return Exported(engine, "\n".join(lines) + "\n", ".args", tuple(notes),
-                        f"torchrun --nproc-per-node <G> --nnodes <N> -m torchtitan.train {module} " + " ".join(args),
-                        csv)
+        # the registered config of the model's shape where torchtitan has one (its other settings are
+        # overridden by the arguments); else the user picks or adds one
+        config = torchtitan.registered_config(shape) or "<a llama3 config of this shape, e.g. llama3_8b>"
+        module = f"--module llama3 --config {config}"
+        launch = f"torchrun --nproc-per-node {per_node} --nnodes {nodes} -m torchtitan.train {module}"
+        lines = [f"# {header}", f"# torchtitan {torchtitan.VERSION}: {launch} $(grep -v '^#' THIS_FILE)",
+                 *[f"# note: {n}" for n in notes], *args]
+        return Exported(engine, "\n".join(lines) + "\n", ".args", tuple(notes), f"{launch} " + " ".join(args), csv)
     if engine == "megatron":
         args, config, notes, env = megatron.arguments(layout, shape)
         doc = {"format": FORMAT, "engine": f"Megatron-LM ({megatron.VERSION})", "plan": header, "arguments": args,
                "transformer_config": config, "environment": env, "world_size": layout.world, "notes": notes}
         prefix = "".join(f"{k}={v} " for k, v in env.items())
         return Exported(engine, json.dumps(doc, indent=1) + "\n", ".json", tuple(notes),
-                        f"{prefix}torchrun --nproc-per-node <G> --nnodes <N> pretrain_gpt.py " + " ".join(args))
+                        f"{prefix}torchrun --nproc-per-node {per_node} --nnodes {nodes} pretrain_gpt.py " + " ".join(args))
     config, notes = deepspeed.config(layout, shape, shape.params)
     return Exported(engine, json.dumps(config, indent=1) + "\n", ".json", tuple(notes),
-                    f"deepspeed --num_gpus <G> --num_nodes <N> train.py --deepspeed_config ds_config.json "
+                    f"deepspeed --num_gpus {per_node} --num_nodes {nodes} train.py --deepspeed_config ds_config.json "
                     f"({layout.dp} data-parallel ranks of {layout.world})")
 
 

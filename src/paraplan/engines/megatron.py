@@ -42,7 +42,7 @@ FIELD_OF_ARGUMENT = {"--decoder-first-pipeline-num-layers": "num_layers_in_first
                      "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
                      "--num-layers-per-virtual-pipeline-stage": "virtual_pipeline_model_parallel_size",
                      "--swiglu": "gated_linear_unit", "--disable-bias-linear": "add_bias_linear",
-                     "--group-query-attention": "num_query_groups"}
+                     "--group-query-attention": "num_query_groups", "--norm-epsilon": "layernorm_epsilon"}
 
 
 def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
@@ -103,6 +103,12 @@ def arguments(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], dict,
         args += ["--recompute-granularity=full", "--recompute-method=uniform", "--recompute-num-layers=1"]
         config.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     args += _sharding(layout)
+    # the prediction overlaps the data-parallel gradient reduction with the backward and the
+    # distributed optimizer's parameter all-gather with the next forward (Megatron: off by default)
+    if layout.dp_replicate > 1 and layout.dp_shard == 1 and layout.zero < 2:
+        args.append("--overlap-grad-reduce")
+        if layout.zero == 1:
+            args.append("--overlap-param-gather")
     if layout.precision in (Precision.BF16, Precision.FP16):
         args.append(f"--{layout.precision.value}")
         config[layout.precision.value] = True
@@ -154,13 +160,18 @@ def _sharding(layout: EngineLayout) -> list[str]:
 
 def _model(shape: ModelShape) -> tuple[list[str], dict]:
     """The model's shape and architecture flags (pretrain_gpt.py's GPT model)."""
+    # the model's own dropout and norm epsilon: Megatron's defaults (0.1, 1e-5) are not the model's
     args = [f"--num-layers={shape.layers}", f"--hidden-size={shape.hidden}",
             f"--num-attention-heads={shape.heads}", f"--ffn-hidden-size={shape.ffn}",
-            f"--seq-length={shape.seq_len}", f"--max-position-embeddings={shape.seq_len}"]
+            f"--seq-length={shape.seq_len}", f"--max-position-embeddings={shape.seq_len}",
+            f"--attention-dropout={shape.attention_dropout!r}", f"--hidden-dropout={shape.hidden_dropout!r}",
+            f"--norm-epsilon={shape.norm_eps!r}"]
     config = {"num_layers": shape.layers, "hidden_size": shape.hidden, "num_attention_heads": shape.heads,
-              "ffn_hidden_size": shape.ffn}
+              "ffn_hidden_size": shape.ffn, "attention_dropout": shape.attention_dropout,
+              "hidden_dropout": shape.hidden_dropout, "layernorm_epsilon": shape.norm_eps}
     if shape.family == "llama":
-        args += ["--swiglu", "--normalization=RMSNorm", "--position-embedding-type=rope", "--disable-bias-linear"]
+        args += ["--swiglu", "--normalization=RMSNorm", "--position-embedding-type=rope", "--disable-bias-linear",
+                 f"--rotary-base={int(shape.rope_theta)}"]  # an int in Megatron-LM's parser
         config.update(gated_linear_unit=True, activation_func="silu", normalization="RMSNorm", add_bias_linear=False)
         if not shape.tied_embeddings:
             args.append("--untie-embeddings-and-output-weights")

@@ -26,6 +26,12 @@ class ModelShape:
     vocab: int = 0
     tied_embeddings: bool = False
     params: tuple[int, ...] = ()  # each layer's parameters (a tied weight counted in every layer using it)
+    # what the model's config sets and an engine has its own default for (Megatron-LM: dropout 0.1,
+    # norm epsilon 1e-5, rotary base 10000): the prediction was made on the model's values
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    norm_eps: float = 1e-5
+    rope_theta: float = 0.0  # 0: no rotary embedding (learned positions)
 
     @property
     def decoder(self) -> bool:
@@ -49,13 +55,19 @@ def shape_of(built, reference: str) -> ModelShape:
     model_type = getattr(config, "model_type", built.family)
     seq = built.inputs.seq_len
     if model_type == "llama":
+        # transformers 5 keeps the rotary base in rope_parameters, 4.x in rope_theta
+        rope = (getattr(config, "rope_parameters", None) or {}).get("rope_theta") or getattr(config, "rope_theta", 1e4)
         return ModelShape(reference, "llama", kinds, layers=config.num_hidden_layers, hidden=config.hidden_size,
                           heads=config.num_attention_heads,
                           query_groups=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
                           ffn=config.intermediate_size, seq_len=seq, vocab=config.vocab_size,
-                          tied_embeddings=bool(config.tie_word_embeddings), params=params)
+                          tied_embeddings=bool(config.tie_word_embeddings), params=params,
+                          attention_dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
+                          hidden_dropout=0.0, norm_eps=float(config.rms_norm_eps), rope_theta=float(rope))
     if model_type == "gpt2":
         return ModelShape(reference, "gpt2", kinds, layers=config.n_layer, hidden=config.n_embd, heads=config.n_head,
                           query_groups=config.n_head, ffn=config.n_inner or 4 * config.n_embd, seq_len=seq,
-                          vocab=config.vocab_size, tied_embeddings=True, params=params)
+                          vocab=config.vocab_size, tied_embeddings=True, params=params,
+                          attention_dropout=float(config.attn_pdrop), hidden_dropout=float(config.resid_pdrop),
+                          norm_eps=float(config.layer_norm_epsilon))
     return ModelShape(reference, str(model_type or built.family), kinds, seq_len=seq, params=params)

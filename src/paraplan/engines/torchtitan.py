@@ -44,6 +44,22 @@ SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B", Schedule.INT
              Schedule.ZBV: "ZBVZeroBubble", Schedule.DUALPIPE_V: "DualPipeV"}
 
 
+# torchtitan 0.3.0's registered Llama 3 configs (torchtitan/models/llama3/config_registry.py, whose
+# model flavors are llama3/__init__.py's _8b, _70b, _405b): (blocks, dim, heads, kv heads, FFN,
+# vocabulary, rotary base), all untied; tests/engines checks the table against the installed registry
+LLAMA3_CONFIGS = {"llama3_8b": (32, 4096, 32, 8, 14336, 128256, 500000.0),
+                  "llama3_70b": (80, 8192, 64, 8, 28672, 128256, 500000.0),
+                  "llama3_405b": (126, 16384, 128, 8, 53248, 128256, 500000.0)}
+
+
+def registered_config(shape: ModelShape) -> str | None:
+    """The torchtitan config function of the model's exact shape, or None."""
+    key = (shape.layers, shape.hidden, shape.heads, shape.query_groups, shape.ffn, shape.vocab, shape.rope_theta)
+    if shape.family != "llama" or shape.tied_embeddings:
+        return None
+    return next((name for name, dims in LLAMA3_CONFIGS.items() if dims == key), None)
+
+
 def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
     """The first feature of the plan torchtitan cannot run, or None."""
     if not shape.decoder:  # its trainer builds its own model definitions only (torchtitan/models/)

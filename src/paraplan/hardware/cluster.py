@@ -211,6 +211,12 @@ class Cluster:
                 slots.append(DeviceSlot(id=len(slots), node=n, local_index=i, spec=spec))
         return tuple(slots)
 
+    def placement(self, devices) -> tuple[int, int]:
+        """(nodes, devices per node) that `devices` (ids) take: what a launcher's --nnodes and
+        --nproc-per-node say (the fullest node's count)."""
+        per_node = Counter(self.devices[d].node for d in devices)
+        return len(per_node), max(per_node.values(), default=0)
+
     @property
     def n_devices(self) -> int:
         return len(self.devices)

@@ -66,6 +66,7 @@ def _llama(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab:
         cfg = LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                           num_key_value_heads=kv_heads, intermediate_size=ffn, vocab_size=vocab,
                           tie_word_embeddings=tied, rope_theta=rope_theta,
+                          rms_norm_eps=1e-5,  # Meta's Llama 2 / 3 configs (transformers' default is 1e-6)
                           max_position_embeddings=max(4096, inputs.seq_len), attn_implementation="sdpa",
                           bos_token_id=0, eos_token_id=0, pad_token_id=None)
         return LlamaForCausalLM(cfg)

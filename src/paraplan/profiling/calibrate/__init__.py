@@ -24,12 +24,12 @@ from paraplan.profiling.calibrate.machine import QUICK_MODELS, REFERENCE_MODELS,
 from paraplan.profiling.calibrate.runtime_costs import (
     CAP_LATENCY_S,
     OVERHEAD_PLAN,
-    effective_latency,
     measure_optimizer,
     measure_overheads,
     measure_strategy_costs,
+    message_and_step_costs,
 )
 
 __all__ = ["BATCH_SIZES", "CAP_LATENCY_S", "OVERHEAD_PLAN", "QUICK_MODELS", "REFERENCE_MODELS", "Calibration",
-           "CoresLoaded", "calibrate", "effective_latency", "measure_compute", "measure_links", "measure_optimizer",
-           "measure_overheads", "measure_strategy_costs"]
+           "CoresLoaded", "calibrate", "measure_compute", "measure_links", "measure_optimizer",
+           "measure_overheads", "measure_strategy_costs", "message_and_step_costs"]

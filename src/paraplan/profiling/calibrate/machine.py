@@ -14,11 +14,12 @@ from dataclasses import dataclass, replace
 from paraplan.errors import ParaplanError
 from paraplan.profiling.calibrate.compute import BATCH_SIZES, measure_compute, measure_links
 from paraplan.profiling.calibrate.runtime_costs import (
-    effective_latency,
+    doubled_overhead_step,
     in_run_compute_scale,
     measure_optimizer,
     measure_overheads,
     measure_strategy_costs,
+    message_and_step_costs,
 )
 
 REFERENCE_MODELS = ("gpt2-tiny", "vgg-tiny", "bert-tiny")  # attention + MLP, convolutions, another transformer
@@ -88,10 +89,8 @@ def calibrate(quick: bool = False, devices: int | None = None,
     in_runs = in_run_compute_scale(overhead_plan, gpt2[0], gpt2[1], cluster, overhead_compute_s)
     compute_scale = max(loaded_scale, in_runs)
     cluster = replace(cluster, overheads=replace(cluster.overheads, compute_scale=compute_scale))
-    progress("runtime: the latency of a message inside a running pipeline")
-    alpha = effective_latency(overhead_plan, gpt2[0], gpt2[1], cluster, overhead_step_s, link.latency_s)
-    link = LinkSpec(bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, latency_s=alpha)
-    cluster = replace(cluster, nodes=tuple(NodeSpec(n.name, n.devices, link, link) for n in cluster.nodes))
+    cluster, alpha, step_extra, doubled_step_s = _messages_and_step(cluster, overhead_plan, gpt2, overhead_step_s,
+                                                                    link, quick, progress)
     strategies = measure_strategy_costs(gpt2[0], gpt2[1], cluster, 1 if quick else 2, 8 if quick else 10, progress)
     cluster = strategies["cluster"]
     evidence = {
@@ -99,9 +98,11 @@ def calibrate(quick: bool = False, devices: int | None = None,
                     f"step_busy_over_idle_at_batch_{largest}": slowdown,
                     "fit_loaded": _fit_table(fit), "fit_idle": _fit_table(fit_idle)},
         "links": {"idle": _link_table(idle_links), "loaded": _link_table(loaded_links),
-                  "overhead_plan_step_s": overhead_step_s, "effective_latency_s": alpha,
-                  "chosen": "the loaded bandwidth; the latency at which the simulator reproduces the overhead plan's "
-                            "measured step (never below the loaded ping-pong's)"},
+                  "overhead_plan_step_s": overhead_step_s, "doubled_plan_step_s": doubled_step_s,
+                  "effective_latency_s": alpha, "step_s_beyond_the_timeline": step_extra,
+                  "chosen": "the loaded bandwidth; the latency at which the simulator reproduces what twice the "
+                            "micro-batches added to the overhead plan's measured step (never below the loaded "
+                            "ping-pong's), the rest of that step a cost per step"},
         "runtime": {"runs": [{"action_s": o.action_s, "step_s": o.step_s} for o in runs],
                     "optimizer": optimizer, "overhead_plan_own_optimizer_s": own_step,
                     "compute_scale_in_runs": in_runs, "compute_scale_beside_busy_loops": loaded_scale,
@@ -117,9 +118,11 @@ def calibrate(quick: bool = False, devices: int | None = None,
         f"links: idle alpha {idle_links.p2p.latency_s * 1e6:.0f} us, beta {idle_links.p2p.bandwidth_bytes_per_s / 1e9:.2f}"
         f" GB/s; loaded alpha {loaded_links.p2p.latency_s * 1e6:.0f} us, beta "
         f"{loaded_links.p2p.bandwidth_bytes_per_s / 1e9:.2f} GB/s; inside a running pipeline a message costs "
-        f"{alpha * 1e6:.0f} us (the latency written, fitted to the overhead plan's measured {overhead_step_s * 1e3:.1f} "
-        f"ms step)",
+        f"{alpha * 1e6:.0f} us (the latency written, fitted to what twice the micro-batches added to the overhead plan's "
+        f"measured step, {overhead_step_s * 1e3:.1f} -> {doubled_step_s * 1e3:.1f} ms; {step_extra * 1e3:.2f} ms more "
+        f"per step)",
         f"runtime: {overheads.action_s * 1e3:.2f} ms per pipeline action, {overheads.step_s * 1e3:.2f} ms per step "
+        f"(+{step_extra * 1e3:.2f} beyond the timeline) "
         f"(median of {len(runs)} runs: " + ", ".join(f"{o.action_s * 1e3:.2f}/{o.step_s * 1e3:.2f}" for o in runs)
         + f" ms, less {own_step * 1e3:.2f} ms of its own optimizer step); compute x{compute_scale:.2f} while every "
         f"core computes (x{in_runs:.2f} inside the runs, x{loaded_scale:.2f} beside busy loops); the optimizer (Adam) " + ", ".join(f"{s / (b / 16) * 1e9:.2f}" for b, s in curve)
@@ -129,6 +132,21 @@ def calibrate(quick: bool = False, devices: int | None = None,
         " ms per step, beyond the collectives' link time",
     ]
     return Calibration(cluster=cluster, evidence=evidence, summary=summary)
+
+
+def _messages_and_step(cluster, overhead_plan, gpt2, overhead_step_s: float, link, quick: bool, progress):
+    """A message's cost and the step's, told apart by the overhead plan run again with twice the
+    micro-batches: (the cluster with both, the latency, the step's extra, the doubled plan's step)."""
+    from paraplan.hardware.cluster import LinkSpec, NodeSpec
+
+    doubled, doubled_step_s = doubled_overhead_step(overhead_plan, 2 if quick else 4, 10 if quick else 14, progress)
+    progress("runtime: the latency of a message inside a running pipeline")
+    alpha, step_extra = message_and_step_costs(overhead_plan, doubled, gpt2[0], gpt2[1], cluster, overhead_step_s,
+                                               doubled_step_s, link.latency_s)
+    link = LinkSpec(bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, latency_s=alpha)
+    cluster = replace(cluster, nodes=tuple(NodeSpec(n.name, n.devices, link, link) for n in cluster.nodes),
+                      overheads=replace(cluster.overheads, step_s=cluster.overheads.step_s + step_extra))
+    return cluster, alpha, step_extra, doubled_step_s
 
 
 def _own_optimizer_step_s(overhead_plan, spec, curve) -> float:

@@ -1,7 +1,7 @@
 """`paraplan calibrate`'s third measurement (profiling/calibrate/): the runtime's own overheads (per
 pipeline action, per step; runtime/measure/compare.py) read off the timelines of several real
 `paraplan train` runs of one plan and averaged, so one run's noise does not become the model; Adam's
-step per byte of states; the latency of a message inside a running pipeline (`effective_latency`);
+step per byte of states; the latency of a message inside a running pipeline (`message_and_step_costs`);
 and the TP (DTensor) and SDP (FSDP2) machinery's own cost per layer, from TP2 / SDP2 runs.
 """
 
@@ -22,7 +22,7 @@ from paraplan.profiling.calibrate.compute import CoresLoaded
 # the plan whose timeline gives the overheads: the shipped measurement's plan (gpt2-tiny, 2 stages
 # of 3 layers, 1F1B, 4 micro-batches of 8)
 OVERHEAD_PLAN = dict(model="gpt2-tiny", cuts=(3,), n_micro=4, batch=32)
-# the most a message inside a running pipeline is allowed to cost (effective_latency): twice the
+# the most a message inside a running pipeline is allowed to cost (message_and_step_costs): twice the
 # ~1 ms gloo loopback messages measured inside pipelines here (shared/notes/runtime-on-cpu.md: 1.5 ms)
 CAP_LATENCY_S = 2e-3
 
@@ -161,6 +161,61 @@ def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]):
     return measured, plan, statistics.median(step_medians), statistics.median(computes)
 
 
+def doubled_overhead_step(plan, runs: int, steps: int, progress: Callable[[str], None]):
+    """The overhead plan with twice the micro-batches (of the same size): (that plan, its measured
+    median step). Set beside the plan's own step it tells a cost per message from a cost per step."""
+    from dataclasses import replace as dc_replace
+
+    from paraplan.runtime.measure.compare import step_times
+
+    doubled = dc_replace(plan, global_batch=2 * plan.global_batch, n_micro=2 * plan.n_micro)
+    medians = []
+    with tempfile.TemporaryDirectory(prefix="paraplan-calibrate-") as tmp:
+        for r in range(runs):
+            progress(f"runtime: overhead run {r + 1} of {runs} with {doubled.n_micro} micro-batches")
+            out = _train(doubled, steps, Path(tmp), f"double{r}")
+            medians.append(statistics.median(step_times(out)[2:]))
+            shutil.rmtree(out, ignore_errors=True)
+    return doubled, statistics.median(medians)
+
+
+def message_and_step_costs(plan, doubled, spec, profile, cluster, measured_s: float, doubled_s: float,
+                           floor_s: float) -> tuple[float, float]:
+    """(the latency of a message inside a running pipeline, the step's cost beyond step_s): the
+    latency at which the simulator reproduces what doubling the micro-batches added to the step
+    (twice the messages, the same step), by bisection (the added time grows with the latency); the
+    rest of the plan's
+    measured step not explained at that latency is a cost per step. One plan alone put all of it on
+    the messages (0.77-1.06 ms each, where a ping-pong takes 0.05), which over-priced a pipeline
+    with more micro-batches than the overhead plan's by up to 25% here."""
+    from dataclasses import replace as dc_replace
+
+    from paraplan.costs.model import profile_cost_model
+    from paraplan.hardware.cluster import LinkSpec, NodeSpec
+    from paraplan.simulator.predict import simulate_plan
+
+    def predicted(p, alpha: float) -> float:
+        link = LinkSpec(cluster.nodes[0].intra_link.bandwidth_bytes_per_s, alpha)
+        c = dc_replace(cluster, nodes=tuple(NodeSpec(n.name, n.devices, link, link) for n in cluster.nodes))
+        return simulate_plan(p, profile_cost_model(spec, c, profile)).prediction.iteration_s
+
+    def added(alpha: float) -> float:
+        return predicted(doubled, alpha) - predicted(plan, alpha)
+
+    target = doubled_s - measured_s
+    lo, hi = floor_s, max(floor_s, CAP_LATENCY_S)
+    if added(lo) >= target:
+        alpha = lo
+    elif added(hi) < target:
+        alpha = hi
+    else:
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if added(mid) < target else (lo, mid)
+        alpha = (lo + hi) / 2
+    return alpha, max(0.0, measured_s - predicted(plan, alpha))
+
+
 def in_run_compute_scale(plan, spec, profile, cluster, measured_compute: float) -> float:
     """The overhead plan's compute as measured inside its runs (every rank's forwards and
     backwards) over the same compute profiled with one process alone (`profile`): how much slower a
@@ -175,38 +230,6 @@ def in_run_compute_scale(plan, spec, profile, cluster, measured_compute: float) 
     alone = dc_replace(cluster, overheads=dc_replace(cluster.overheads, compute_scale=1.0))
     profiled = float(simulate_plan(plan, profile_cost_model(spec, alone, profile)).timeline.compute_busy().sum())
     return measured_compute / profiled if profiled > 0 else 1.0
-
-
-def effective_latency(plan, spec, profile, cluster, measured_s: float, floor_s: float) -> float:
-    """The link latency at which the simulator reproduces the overhead plan's measured step, with
-    everything else calibrated: a gloo message inside a running pipeline costs more than an idle
-    or loaded ping-pong shows (the receiving core is busy, torch's pipelining posts and waits per
-    micro-batch), and the pipeline's per-micro-batch transfers carry that cost. Never below the
-    ping-pong's `floor_s`, never above `CAP_LATENCY_S`: the fit puts every millisecond the
-    simulator does not explain on the messages, so a machine that slowed down between the compute
-    measurement and the runs (this shared VM drifts by a third within minutes) would otherwise
-    turn into a latency of several ms (seen once: 5.7 ms). Bisection (the simulated step grows
-    with the latency)."""
-    from dataclasses import replace as dc_replace
-
-    from paraplan.costs.model import profile_cost_model
-    from paraplan.hardware.cluster import LinkSpec, NodeSpec
-    from paraplan.simulator.predict import simulate_plan
-
-    def predicted(alpha: float) -> float:
-        link = LinkSpec(cluster.nodes[0].intra_link.bandwidth_bytes_per_s, alpha)
-        c = dc_replace(cluster, nodes=tuple(NodeSpec(n.name, n.devices, link, link) for n in cluster.nodes))
-        return simulate_plan(plan, profile_cost_model(spec, c, profile)).prediction.iteration_s
-
-    lo, hi = floor_s, max(floor_s, CAP_LATENCY_S)
-    if predicted(lo) >= measured_s:
-        return lo
-    if predicted(hi) < measured_s:
-        return hi
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if predicted(mid) < measured_s else (lo, mid)
-    return (lo + hi) / 2
 
 
 def measure_strategy_costs(spec, profile, cluster, runs: int, steps: int, progress: Callable[[str], None]) -> dict:

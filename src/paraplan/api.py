@@ -148,18 +148,14 @@ def export(plan_or_path: Plan | str | Path, to: str, out: str | Path | None = No
     with `out`, also written there (`paraplan export PLAN --to ENGINE --out FILE`). Raises
     ParaplanError (ExportRefused) naming what the engine cannot run."""
     from paraplan.engines import export as run
-    from paraplan.hardware import load_cluster
+    from paraplan.hardware import launch_placement
     from paraplan.system.fileio import atomic_write_text
 
     plan = _plan_of(plan_or_path, "export")
     if not isinstance(to, str):
         raise ApiArgumentError(f"export: to= names an engine (torchtitan, megatron, deepspeed), got {to!r}")
     csv_path = str(Path(out).with_suffix(".schedule.csv")) if out is not None else "schedule.csv"
-    try:  # the launch command's nodes and GPUs per node (placeholders where the cluster is not loadable)
-        placement = load_cluster(plan.cluster).placement(plan.devices)
-    except (ParaplanError, IndexError):
-        placement = None
-    result = run(plan, to, schedule_csv_path=csv_path, placement=placement)
+    result = run(plan, to, schedule_csv_path=csv_path, placement=launch_placement(plan.cluster, plan.devices))
     if out is not None:
         if result.schedule_csv:
             atomic_write_text(csv_path, result.schedule_csv)

@@ -25,6 +25,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from paraplan.engines import check_engine, export
     from paraplan.errors import ParaplanError
+    from paraplan.hardware import launch_placement
     from paraplan.plans.plan_file import read_plan
     from paraplan.system.fileio import atomic_write_text
 
@@ -35,7 +36,8 @@ def run(args) -> int:
         csv_path = str(Path(args.out).with_suffix(".schedule.csv"))
         check_output("--out", csv_path)
     plan = read_plan(args.plan)
-    result = export(plan, engine, schedule_csv_path=csv_path or "schedule.csv", placement=placement_of(plan))
+    result = export(plan, engine, schedule_csv_path=csv_path or "schedule.csv",
+                    placement=launch_placement(plan.cluster, plan.devices))
     if result.schedule_csv and not args.out:
         raise ParaplanError("this plan's order of actions goes to torchtitan in a CSV file beside the arguments: "
                             "give --out")
@@ -51,18 +53,6 @@ def run(args) -> int:
     print(f"run: {result.command}")
     print(_engine_prediction(plan, engine))
     return 0
-
-
-def placement_of(plan) -> tuple[int, int] | None:
-    """(nodes, GPUs per node) of the plan's devices on its cluster, for the launch command; None
-    where the cluster cannot be loaded here (the command keeps its placeholders)."""
-    from paraplan.errors import ParaplanError
-    from paraplan.hardware import load_cluster
-
-    try:
-        return load_cluster(plan.cluster).placement(plan.devices)
-    except (ParaplanError, IndexError):
-        return None
 
 
 def _engine_prediction(plan, engine: str) -> str:

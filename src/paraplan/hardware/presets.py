@@ -110,3 +110,12 @@ def local_cluster() -> Cluster:
     loopback = LinkSpec(bandwidth_bytes_per_s=2.2e9, latency_s=1.5e-3)
     return Cluster(name=LOCAL, description=f"this machine: {cores} CPU cores as devices, gloo on loopback",
                    nodes=(NodeSpec(name="localhost", devices=(core,) * cores, intra_link=loopback, network=loopback),))
+
+
+def launch_placement(cluster_ref: str, devices) -> tuple[int, int] | None:
+    """(nodes, devices per node) that `devices` take on cluster `cluster_ref` (Cluster.placement:
+    a launcher's --nnodes and --nproc-per-node), or None where that cluster cannot be loaded here."""
+    try:
+        return load_cluster(cluster_ref).placement(devices)
+    except (ParaplanError, IndexError):
+        return None

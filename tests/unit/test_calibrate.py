@@ -184,3 +184,48 @@ def test_the_gradient_sync_machinery_is_charged_once_per_step_where_gradients_sy
     one = _gpt2(1, (0,))
     assert simulate_plan(one, analytic_cost_model(spec, charged)).prediction.iteration_s == pytest.approx(
         simulate_plan(one, analytic_cost_model(spec, base)).prediction.iteration_s, rel=1e-12)
+
+
+def test_a_one_process_plan_pays_its_own_measured_step():
+    """RuntimeOverheads.solo_step_s (calibrate's one-process run): a one-device plan's cost outside
+    its schedule where it was measured apart, step_s for every other plan; it round-trips."""
+    spec = measure.measure(zoo.build("gpt2-tiny"))
+    o = RuntimeOverheads(step_s=5e-3, solo_step_s=1e-3)
+    cm = analytic_cost_model(spec, replace(load_cluster("local"), overheads=o))
+    plain = analytic_cost_model(spec, replace(load_cluster("local"), overheads=RuntimeOverheads()))
+    one = _gpt2(1, (0,))
+    dp = _gpt2(1, (0, 1), (LayerStrategy(dp=2),) * 6)
+    for plan, step in ((one, 1e-3), (dp, 5e-3)):
+        gap = simulate_plan(plan, cm).prediction.iteration_s - simulate_plan(plan, plain).prediction.iteration_s
+        assert gap == pytest.approx(step, rel=1e-9)
+    assert RuntimeOverheads(step_s=5e-3).step_for(1) == 5e-3  # not measured apart: step_s
+    assert o.step_for(2) == 5e-3
+
+
+def test_a_message_costs_the_ping_pong_unless_the_doubling_says_more_than_its_noise():
+    """profiling/calibrate: message_and_step_costs. The doubled plan's addition, as the simulator
+    makes it at a known latency, is given back as the measurement: with pairs that agree the fit
+    finds that latency; with pairs whose spread covers the excess it keeps the floor."""
+    from paraplan.profiling.calibrate import message_and_step_costs
+
+    spec = measure.measure(zoo.build("gpt2-tiny"))
+    cluster = replace(load_cluster("local"), overheads=RuntimeOverheads(rendezvous=True))  # as calibrate has it
+    plan = Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=32, n_micro=4, schedule="1f1b",
+                grad_sync="none", stages=(Stage(LayerRange(0, 3), (0,)), Stage(LayerRange(3, 6), (1,))))
+    doubled = replace(plan, global_batch=64, n_micro=8)
+    from paraplan.hardware.cluster import LinkSpec, NodeSpec
+
+    def at(alpha):
+        link = LinkSpec(cluster.nodes[0].intra_link.bandwidth_bytes_per_s, alpha)
+        c = replace(cluster, nodes=tuple(NodeSpec(n.name, n.devices, link, link) for n in cluster.nodes))
+        cm = analytic_cost_model(spec, c)
+        return simulate_plan(plan, cm).prediction.iteration_s, simulate_plan(doubled, cm).prediction.iteration_s
+
+    floor, true = 5e-5, 1e-3
+    step, twice = at(true)
+    alpha, extra = message_and_step_costs(plan, doubled, spec, None, cluster, step, (twice - step,) * 3, floor)
+    assert alpha == pytest.approx(true, rel=1e-3) and extra == pytest.approx(0.0, abs=1e-6)
+    excess = (twice - step) - (at(floor)[1] - at(floor)[0])
+    noisy = (twice - step - 1.5 * excess, twice - step, twice - step + 1.5 * excess)
+    alpha, extra = message_and_step_costs(plan, doubled, spec, None, cluster, step, noisy, floor)
+    assert alpha == floor and extra == pytest.approx(step - at(floor)[0], rel=1e-6)

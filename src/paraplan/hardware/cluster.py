@@ -112,6 +112,9 @@ class RuntimeOverheads:
                   receive (simulator/pipeline.py);
       action_s:   per pipeline action (schedule bookkeeping, the autograd engine starting, p2p calls);
       step_s:     per iteration, outside the schedule (optimizer, zeroing gradients, the loss).
+      solo_step_s: the same for a plan on one device, where it was measured apart (None: step_s):
+                  one process has no ranks to wait for at the step's end; the 2-rank figure put
+                  3-6 ms too many on a one-process step of 44 ms here (paraplan calibrate).
       compute_scale: a layer's time while every device of the machine computes over its time
                   alone (CPU cores sharing caches, memory bandwidth or a host's hyperthreads); it
                   multiplies the compute of plans that use more than one device;
@@ -142,10 +145,12 @@ class RuntimeOverheads:
     dp_sync_s: float = 0.0
     optimizer_s_per_byte: float = 0.0
     optimizer_curve: tuple[tuple[float, float], ...] = ()
+    solo_step_s: float | None = None
 
     def __post_init__(self):
         if min(self.action_s, self.step_s, self.tp_kernel_s, self.sdp_layer_s, self.dp_sync_s,
-               self.optimizer_s_per_byte) < 0 or not self.compute_scale > 0:
+               self.optimizer_s_per_byte, 0.0 if self.solo_step_s is None else self.solo_step_s) < 0 \
+                or not self.compute_scale > 0:
             raise ValueError(f"runtime overheads must not be negative: {self}")
         sizes = [b for b, _ in self.optimizer_curve]
         if any(b <= 0 or s < 0 for b, s in self.optimizer_curve) or sizes != sorted(set(sizes)):
@@ -168,6 +173,10 @@ class RuntimeOverheads:
     def scale_for(self, n_devices_used: int) -> float:
         """What multiplies compute times in a plan on `n_devices_used` devices."""
         return self.compute_scale if n_devices_used > 1 else 1.0
+
+    def step_for(self, n_devices_used: int) -> float:
+        """The per-iteration cost outside the schedule of a plan on `n_devices_used` devices."""
+        return self.solo_step_s if n_devices_used == 1 and self.solo_step_s is not None else self.step_s
 
 
 @dataclass(frozen=True)

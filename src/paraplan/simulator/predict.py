@@ -63,7 +63,7 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulat
     optimizer_s = cm.overheads.optimizer_step_s(max((b.states_bytes for b in breakdown), default=0.0))
     # the runtime's gradient-sync machinery per step beyond its link time (measured: paraplan calibrate)
     dp_sync = cm.overheads.dp_sync_s if plan.grad_sync != "none" else 0.0
-    after = cm.overheads.step_s + optimizer_s + zero_gather_s(plan, cm) + dp_sync
+    after = cm.overheads.step_for(len(set(plan.devices))) + optimizer_s + zero_gather_s(plan, cm) + dp_sync
     iteration = result.iteration_s + after
     # a stage group that computes together (Galvatron strategies) is drawn on its first device;
     # all of its devices are equally busy
@@ -112,8 +112,9 @@ def _simulate_dag_plan(plan: Plan, cm: CostModel, contention: bool) -> Simulatio
                         "(models/op_trace.py builds it)")
     graph = split_as_named(cm.operators, [op for p in plan.operators for op in p.ops])
     run = run_dag_plan(plan, graph, cm, contention)
-    iteration = run.timeline.makespan + cm.overheads.step_s
     used = sorted(p.device for p in plan.operators)
+    step_s = cm.overheads.step_for(len(set(used)))
+    iteration = run.timeline.makespan + step_s
     capacities = {slot.id: slot.spec.memory_bytes for slot in cm.cluster.devices}
     memory = tuple(DeviceMemory(d, int(run.peak_bytes[d]), capacities[d]) for d in used)
     reason = out_of_memory_reason(memory)
@@ -123,7 +124,7 @@ def _simulate_dag_plan(plan: Plan, cm: CostModel, contention: bool) -> Simulatio
     busy = np.array([s.busy_s for s in stats])
     bubble = float(1.0 - busy.sum() / (len(stats) * iteration)) if iteration > 0 else 0.0
     exposed = exposed_comm(run.timeline)
-    split = split_time(iteration, {s.device: s.busy_s for s in stats}, exposed, cm.overheads.step_s,
+    split = split_time(iteration, {s.device: s.busy_s for s in stats}, exposed, step_s,
                        cm.cluster.n_devices)
     return Simulation(plan=replace(plan, prediction=prediction), timeline=run.timeline, devices=stats, memory=(),
                       bubble_fraction=bubble, dag=run, split=split)

@@ -188,7 +188,7 @@ class Searcher:
             sends.append(link.transfer_s(layer.output_bytes.at(micro / last.data_degree))
                          + link.transfer_s(layer.output_grad_bytes.at(micro / first.data_degree)))
         return pipeline_cost([st.per_micro_s for st in stages], [st.sync_s for st in stages], sends,
-                             n_micro) + self.cm.overheads.step_s
+                             n_micro) + self.cm.overheads.step_for(self.cluster.n_devices)
 
     def fits(self, n_stages: int, n_micro: int, schedule: str) -> bool:
         """The batch search's quick memory probe (partitions.py: fits)."""

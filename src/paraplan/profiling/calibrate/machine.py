@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 from paraplan.errors import ParaplanError
 from paraplan.profiling.calibrate.compute import BATCH_SIZES, measure_compute, measure_links
 from paraplan.profiling.calibrate.runtime_costs import (
-    doubled_overhead_step,
     in_run_compute_scale,
     measure_optimizer,
     measure_overheads,
@@ -57,16 +56,18 @@ def calibrate(quick: bool = False, devices: int | None = None,
     largest = BATCH_SIZES[-1]
     slowdown = {spec.name: ratio for spec, _, _, ratio in compute}
     idle_links, loaded_links = measure_links(2, progress)
-    runs, overhead_plan, overhead_step_s, overhead_compute_s = measure_overheads(2 if quick else 4, 10 if quick else 14,
-                                                                                 progress)
+    overhead = measure_overheads(3 if quick else 4, 12 if quick else 14, progress)
+    runs, overhead_plan, overhead_step_s = overhead.overheads, overhead.plan, overhead.step_s
     optimizer = measure_optimizer(cores, progress)
     compute_scale = statistics.median(slowdown.values())
     gpt2 = next((spec, idle) for spec, idle, _, _ in compute if spec.name == "gpt2-tiny")
     curve = tuple(tuple(p) for p in optimizer["curve"])
     own_step = _own_optimizer_step_s(overhead_plan, gpt2[0], curve)
+    solo_own_step = _own_optimizer_step_s(overhead.solo, gpt2[0], curve)
     overheads = RuntimeOverheads(
         rendezvous=True, action_s=statistics.median(o.action_s for o in runs),
         step_s=max(0.0, statistics.median(o.step_s for o in runs) - own_step), compute_scale=compute_scale,
+        solo_step_s=max(0.0, overhead.solo_outside_s - solo_own_step),
         optimizer_s_per_byte=optimizer["per_byte_s"], optimizer_curve=curve,
         source=f"paraplan calibrate: median of {len(runs)} runs of a 2-stage 1F1B gpt2-tiny plan on this machine; "
                f"compute scale loaded / idle over {', '.join(models)} and inside those runs; TP / SDP per layer and "
@@ -86,12 +87,12 @@ def calibrate(quick: bool = False, devices: int | None = None,
     # same compute profiled alone), where it exceeds the busy-loop's: what the latency fit below
     # would otherwise put on the messages
     loaded_scale = compute_scale
-    in_runs = in_run_compute_scale(overhead_plan, gpt2[0], gpt2[1], cluster, overhead_compute_s)
+    in_runs = in_run_compute_scale(overhead_plan, gpt2[0], gpt2[1], cluster, overhead.compute_s)
     compute_scale = max(loaded_scale, in_runs)
     cluster = replace(cluster, overheads=replace(cluster.overheads, compute_scale=compute_scale))
-    cluster, alpha, step_extra, doubled_step_s = _messages_and_step(cluster, overhead_plan, gpt2, overhead_step_s,
-                                                                    link, quick, progress)
-    strategies = measure_strategy_costs(gpt2[0], gpt2[1], cluster, 1 if quick else 2, 8 if quick else 10, progress)
+    cluster, alpha, step_extra = _messages_and_step(cluster, overhead, gpt2, link, progress)
+    doubled_step_s = overhead.doubled_step_s
+    strategies = measure_strategy_costs(gpt2[0], gpt2[1], cluster, 1 if quick else 2, 12 if quick else 14, progress)
     cluster = strategies["cluster"]
     evidence = {
         "compute": {"models": list(models), "batch_sizes": list(BATCH_SIZES), "repeats": repeats,
@@ -99,14 +100,17 @@ def calibrate(quick: bool = False, devices: int | None = None,
                     "fit_loaded": _fit_table(fit), "fit_idle": _fit_table(fit_idle)},
         "links": {"idle": _link_table(idle_links), "loaded": _link_table(loaded_links),
                   "overhead_plan_step_s": overhead_step_s, "doubled_plan_step_s": doubled_step_s,
+                  "doubling_added_s": overhead.added_s, "doubling_added_each_s": list(overhead.added_each_s),
                   "effective_latency_s": alpha, "step_s_beyond_the_timeline": step_extra,
                   "chosen": "the loaded bandwidth; the latency at which the simulator reproduces what twice the "
-                            "micro-batches added to the overhead plan's measured step (never below the loaded "
-                            "ping-pong's), the rest of that step a cost per step"},
+                            "micro-batches added to the overhead plan's measured step (the loaded ping-pong's unless "
+                            "the addition beyond it exceeds the spread of the pairs), the rest of that step a cost "
+                            "per step"},
         "runtime": {"runs": [{"action_s": o.action_s, "step_s": o.step_s} for o in runs],
                     "optimizer": optimizer, "overhead_plan_own_optimizer_s": own_step,
+                    "one_process_outside_schedule_s": overhead.solo_outside_s, "one_process_own_optimizer_s": solo_own_step,
                     "compute_scale_in_runs": in_runs, "compute_scale_beside_busy_loops": loaded_scale,
-                    "overhead_plan_compute_s": overhead_compute_s,
+                    "overhead_plan_compute_s": overhead.compute_s,
                     "strategies": strategies["evidence"]},
     }
     summary = [
@@ -119,12 +123,14 @@ def calibrate(quick: bool = False, devices: int | None = None,
         f" GB/s; loaded alpha {loaded_links.p2p.latency_s * 1e6:.0f} us, beta "
         f"{loaded_links.p2p.bandwidth_bytes_per_s / 1e9:.2f} GB/s; inside a running pipeline a message costs "
         f"{alpha * 1e6:.0f} us (the latency written, fitted to what twice the micro-batches added to the overhead plan's "
-        f"measured step, {overhead_step_s * 1e3:.1f} -> {doubled_step_s * 1e3:.1f} ms; {step_extra * 1e3:.2f} ms more "
+        f"measured step, {overhead_step_s * 1e3:.1f} -> {doubled_step_s * 1e3:.1f} ms, +{overhead.added_s * 1e3:.1f} "
+        f"over pairs run back to back; {step_extra * 1e3:.2f} ms more "
         f"per step)",
         f"runtime: {overheads.action_s * 1e3:.2f} ms per pipeline action, {overheads.step_s * 1e3:.2f} ms per step "
         f"(+{step_extra * 1e3:.2f} beyond the timeline) "
         f"(median of {len(runs)} runs: " + ", ".join(f"{o.action_s * 1e3:.2f}/{o.step_s * 1e3:.2f}" for o in runs)
-        + f" ms, less {own_step * 1e3:.2f} ms of its own optimizer step); compute x{compute_scale:.2f} while every "
+        + f" ms, less {own_step * 1e3:.2f} ms of its own optimizer step); one process {overheads.solo_step_s * 1e3:.2f} ms "
+        f"per step; compute x{compute_scale:.2f} while every "
         f"core computes (x{in_runs:.2f} inside the runs, x{loaded_scale:.2f} beside busy loops); the optimizer (Adam) " + ", ".join(f"{s / (b / 16) * 1e9:.2f}" for b, s in curve)
         + f" ns per parameter at {', '.join(f'{b / 16 / 1e6:g}M' for b, _ in curve)} parameters",
         f"runtime: TP (DTensor) {cluster.overheads.tp_kernel_s * 1e6:.0f} us per kernel of a pass, SDP (FSDP2) "
@@ -134,19 +140,18 @@ def calibrate(quick: bool = False, devices: int | None = None,
     return Calibration(cluster=cluster, evidence=evidence, summary=summary)
 
 
-def _messages_and_step(cluster, overhead_plan, gpt2, overhead_step_s: float, link, quick: bool, progress):
-    """A message's cost and the step's, told apart by the overhead plan run again with twice the
-    micro-batches: (the cluster with both, the latency, the step's extra, the doubled plan's step)."""
+def _messages_and_step(cluster, overhead, gpt2, link, progress):
+    """A message's cost and the step's, told apart by what twice the micro-batches added to the
+    overhead plan's step (measure_overheads): (the cluster with both, the latency, the step's extra)."""
     from paraplan.hardware.cluster import LinkSpec, NodeSpec
 
-    doubled, doubled_step_s = doubled_overhead_step(overhead_plan, 2 if quick else 4, 10 if quick else 14, progress)
     progress("runtime: the latency of a message inside a running pipeline")
-    alpha, step_extra = message_and_step_costs(overhead_plan, doubled, gpt2[0], gpt2[1], cluster, overhead_step_s,
-                                               doubled_step_s, link.latency_s)
+    alpha, step_extra = message_and_step_costs(overhead.plan, overhead.doubled, gpt2[0], gpt2[1], cluster,
+                                               overhead.step_s, overhead.added_each_s, link.latency_s)
     link = LinkSpec(bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, latency_s=alpha)
     cluster = replace(cluster, nodes=tuple(NodeSpec(n.name, n.devices, link, link) for n in cluster.nodes),
                       overheads=replace(cluster.overheads, step_s=cluster.overheads.step_s + step_extra))
-    return cluster, alpha, step_extra, doubled_step_s
+    return cluster, alpha, step_extra
 
 
 def _own_optimizer_step_s(overhead_plan, spec, curve) -> float:

@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from paraplan.errors import ParaplanError
 from paraplan.profiling.calibrate.compute import CoresLoaded
@@ -135,11 +136,35 @@ def measure_optimizer(cores: int, progress: Callable[[str], None]) -> dict:
     return {"per_byte_s": per_byte, "curve": curve, "median_s": {str(n): t for n, t in medians.items()}}
 
 
-def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]):
-    """`runs` real `paraplan train` runs of the overhead plan; each run's overheads read off its
-    timeline (steps after the first two)."""
+class OverheadRuns(NamedTuple):
+    """The overhead plan's runs and its doubled plan's, interleaved (measure_overheads)."""
+    overheads: list  # each run's RuntimeOverheads read off its timeline
+    plan: object  # the overhead plan
+    step_s: float  # its median step over the runs
+    compute_s: float  # its ranks' measured compute, median over the runs
+    doubled: object  # the plan with twice the micro-batches of the same size
+    doubled_step_s: float  # its median step over the runs
+    added_s: float  # what doubling added: the median over pairs run back to back
+    added_each_s: tuple  # each pair's addition
+    solo: object  # the overhead plan's model on one device, the whole batch at once
+    solo_outside_s: float  # its step outside its schedule (measured_overheads' step_s)
+
+
+def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]) -> OverheadRuns:
+    """`runs` real `paraplan train` runs of the overhead plan, each followed at once by a run of
+    the same plan with twice the micro-batches of the same size; each run's overheads read off its
+    timeline (steps after the first two). Set beside the plan's own step, the doubled plan's tells a
+    cost per message from a cost per step (message_and_step_costs). The pairs are interleaved and
+    the addition is the median of each pair's own difference: run as two blocks, the machine's drift
+    between the blocks (a few ms a step here) went whole into the difference and one calibration
+    put 454 us on a message where a ping-pong takes 50. Last, one run of the same model on one
+    device: a one-process step's cost outside its schedule, which has no rank to wait for
+    (RuntimeOverheads.solo_step_s)."""
+    from dataclasses import replace as dc_replace
+
     from paraplan.plans.plan import LayerRange, Plan, Stage
-    from paraplan.runtime.measure.compare import measured_compute_s, measured_overheads
+    from paraplan.runtime.launcher.prove import one_process_plan
+    from paraplan.runtime.measure.compare import measured_compute_s, measured_overheads, step_times
 
     cfg = OVERHEAD_PLAN
     bounds = [0, *cfg["cuts"], 6]
@@ -147,9 +172,8 @@ def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]):
                 schedule="1f1b", grad_sync="none",
                 stages=tuple(Stage(LayerRange(a, b), (i,)) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:],
                                                                                           strict=True))))
-    from paraplan.runtime.measure.compare import step_times
-
-    measured, step_medians, computes = [], [], []
+    doubled = dc_replace(plan, global_batch=2 * plan.global_batch, n_micro=2 * plan.n_micro)
+    measured, step_medians, doubled_medians, computes = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="paraplan-calibrate-") as tmp:
         for r in range(runs):
             progress(f"runtime: overhead run {r + 1} of {runs} ({steps} steps of a 2-stage 1F1B plan)")
@@ -158,53 +182,52 @@ def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]):
             step_medians.append(statistics.median(step_times(out)[2:]))
             computes.append(measured_compute_s(out))
             shutil.rmtree(out, ignore_errors=True)
-    return measured, plan, statistics.median(step_medians), statistics.median(computes)
-
-
-def doubled_overhead_step(plan, runs: int, steps: int, progress: Callable[[str], None]):
-    """The overhead plan with twice the micro-batches (of the same size): (that plan, its measured
-    median step). Set beside the plan's own step it tells a cost per message from a cost per step."""
-    from dataclasses import replace as dc_replace
-
-    from paraplan.runtime.measure.compare import step_times
-
-    doubled = dc_replace(plan, global_batch=2 * plan.global_batch, n_micro=2 * plan.n_micro)
-    medians = []
-    with tempfile.TemporaryDirectory(prefix="paraplan-calibrate-") as tmp:
-        for r in range(runs):
             progress(f"runtime: overhead run {r + 1} of {runs} with {doubled.n_micro} micro-batches")
             out = _train(doubled, steps, Path(tmp), f"double{r}")
-            medians.append(statistics.median(step_times(out)[2:]))
+            doubled_medians.append(statistics.median(step_times(out)[2:]))
             shutil.rmtree(out, ignore_errors=True)
-    return doubled, statistics.median(medians)
+        solo = one_process_plan(plan)
+        progress(f"runtime: the same model on one process ({steps} steps)")
+        solo_outside = measured_overheads(_train(solo, steps, Path(tmp), "solo")).step_s
+    added_each = tuple(d - m for d, m in zip(doubled_medians, step_medians, strict=True))
+    return OverheadRuns(measured, plan, statistics.median(step_medians), statistics.median(computes), doubled,
+                        statistics.median(doubled_medians), statistics.median(added_each), added_each, solo, solo_outside)
 
 
-def message_and_step_costs(plan, doubled, spec, profile, cluster, measured_s: float, doubled_s: float,
+def message_and_step_costs(plan, doubled, spec, profile, cluster, measured_s: float, added_each_s,
                            floor_s: float) -> tuple[float, float]:
     """(the latency of a message inside a running pipeline, the step's cost beyond step_s): the
     latency at which the simulator reproduces what doubling the micro-batches added to the step
-    (twice the messages, the same step), by bisection (the added time grows with the latency); the
-    rest of the plan's
-    measured step not explained at that latency is a cost per step. One plan alone put all of it on
-    the messages (0.77-1.06 ms each, where a ping-pong takes 0.05), which over-priced a pipeline
-    with more micro-batches than the overhead plan's by up to 25% here."""
+    (twice the messages, the same step; `profile`: the layers' measured times, None for the
+    analytic costs; `added_each_s`: each back-to-back pair's addition, their
+    median the target), by bisection (the added time grows with the latency); the rest of the
+    plan's measured step not explained at that latency is a cost per step. One plan alone put all
+    of it on the messages (0.77-1.06 ms each, where a ping-pong takes 0.05), which over-priced a
+    pipeline with more micro-batches than the overhead plan's by up to 25% here.
+
+    The latency rises above `floor_s` (the loaded ping-pong's) only when the addition beyond what
+    the floor explains exceeds the pairs' own spread: here eight more messages at 1 ms each add
+    ~4 ms to a ~24 ms addition, while pairs moved by 3-6 ms, so an unchecked fit put 380-450 us on
+    a message in two calibrations of five and the floor in the rest."""
     from dataclasses import replace as dc_replace
 
-    from paraplan.costs.model import profile_cost_model
+    from paraplan.costs.model import analytic_cost_model, profile_cost_model
     from paraplan.hardware.cluster import LinkSpec, NodeSpec
     from paraplan.simulator.predict import simulate_plan
 
     def predicted(p, alpha: float) -> float:
         link = LinkSpec(cluster.nodes[0].intra_link.bandwidth_bytes_per_s, alpha)
         c = dc_replace(cluster, nodes=tuple(NodeSpec(n.name, n.devices, link, link) for n in cluster.nodes))
-        return simulate_plan(p, profile_cost_model(spec, c, profile)).prediction.iteration_s
+        cm = profile_cost_model(spec, c, profile) if profile is not None else analytic_cost_model(spec, c)
+        return simulate_plan(p, cm).prediction.iteration_s
 
     def added(alpha: float) -> float:
         return predicted(doubled, alpha) - predicted(plan, alpha)
 
-    target = doubled_s - measured_s
+    target = statistics.median(added_each_s)
+    spread = max(added_each_s) - min(added_each_s)
     lo, hi = floor_s, max(floor_s, CAP_LATENCY_S)
-    if added(lo) >= target:
+    if added(lo) + spread >= target:
         alpha = lo
     elif added(hi) < target:
         alpha = hi

@@ -57,7 +57,7 @@ def calibrate(quick: bool = False, devices: int | None = None,
     slowdown = {spec.name: ratio for spec, _, _, ratio in compute}
     idle_links, loaded_links = measure_links(2, progress)
     overhead = measure_overheads(3 if quick else 4, 12 if quick else 14, progress)
-    runs, overhead_plan, overhead_step_s = overhead.overheads, overhead.plan, overhead.step_s
+    runs, overhead_plan = overhead.overheads, overhead.plan
     optimizer = measure_optimizer(cores, progress)
     compute_scale = statistics.median(slowdown.values())
     gpt2 = next((spec, idle) for spec, idle, _, _ in compute if spec.name == "gpt2-tiny")
@@ -91,21 +91,14 @@ def calibrate(quick: bool = False, devices: int | None = None,
     compute_scale = max(loaded_scale, in_runs)
     cluster = replace(cluster, overheads=replace(cluster.overheads, compute_scale=compute_scale))
     cluster, alpha, step_extra = _messages_and_step(cluster, overhead, gpt2, link, progress)
-    doubled_step_s = overhead.doubled_step_s
+    links_evidence, links_line = _links_evidence(idle_links, loaded_links, overhead, alpha, step_extra)
     strategies = measure_strategy_costs(gpt2[0], gpt2[1], cluster, 1 if quick else 2, 12 if quick else 14, progress)
     cluster = strategies["cluster"]
     evidence = {
         "compute": {"models": list(models), "batch_sizes": list(BATCH_SIZES), "repeats": repeats,
                     f"step_busy_over_idle_at_batch_{largest}": slowdown,
                     "fit_loaded": _fit_table(fit), "fit_idle": _fit_table(fit_idle)},
-        "links": {"idle": _link_table(idle_links), "loaded": _link_table(loaded_links),
-                  "overhead_plan_step_s": overhead_step_s, "doubled_plan_step_s": doubled_step_s,
-                  "doubling_added_s": overhead.added_s, "doubling_added_each_s": list(overhead.added_each_s),
-                  "effective_latency_s": alpha, "step_s_beyond_the_timeline": step_extra,
-                  "chosen": "the loaded bandwidth; the latency at which the simulator reproduces what twice the "
-                            "micro-batches added to the overhead plan's measured step (the loaded ping-pong's unless "
-                            "the addition beyond it exceeds the spread of the pairs), the rest of that step a cost "
-                            "per step"},
+        "links": links_evidence,
         "runtime": {"runs": [{"action_s": o.action_s, "step_s": o.step_s} for o in runs],
                     "optimizer": optimizer, "overhead_plan_own_optimizer_s": own_step,
                     "one_process_outside_schedule_s": overhead.solo_outside_s, "one_process_own_optimizer_s": solo_own_step,
@@ -119,13 +112,7 @@ def calibrate(quick: bool = False, devices: int | None = None,
         f"{', '.join(models)} with every core loaded; median layer error {fit.median_abs_error:.0%})",
         f"compute: a training step with the other cores busy / idle, at batch {largest}: "
         + ", ".join(f"{m} {r:.2f}x" for m, r in slowdown.items()),
-        f"links: idle alpha {idle_links.p2p.latency_s * 1e6:.0f} us, beta {idle_links.p2p.bandwidth_bytes_per_s / 1e9:.2f}"
-        f" GB/s; loaded alpha {loaded_links.p2p.latency_s * 1e6:.0f} us, beta "
-        f"{loaded_links.p2p.bandwidth_bytes_per_s / 1e9:.2f} GB/s; inside a running pipeline a message costs "
-        f"{alpha * 1e6:.0f} us (the latency written, fitted to what twice the micro-batches added to the overhead plan's "
-        f"measured step, {overhead_step_s * 1e3:.1f} -> {doubled_step_s * 1e3:.1f} ms, +{overhead.added_s * 1e3:.1f} "
-        f"over pairs run back to back; {step_extra * 1e3:.2f} ms more "
-        f"per step)",
+        links_line,
         f"runtime: {overheads.action_s * 1e3:.2f} ms per pipeline action, {overheads.step_s * 1e3:.2f} ms per step "
         f"(+{step_extra * 1e3:.2f} beyond the timeline) "
         f"(median of {len(runs)} runs: " + ", ".join(f"{o.action_s * 1e3:.2f}/{o.step_s * 1e3:.2f}" for o in runs)
@@ -138,6 +125,25 @@ def calibrate(quick: bool = False, devices: int | None = None,
         " ms per step, beyond the collectives' link time",
     ]
     return Calibration(cluster=cluster, evidence=evidence, summary=summary)
+
+
+def _links_evidence(idle_links, loaded_links, overhead, alpha: float, step_extra: float) -> tuple[dict, str]:
+    """The file's [calibration.links] table and the summary's links line."""
+    evidence = {"idle": _link_table(idle_links), "loaded": _link_table(loaded_links),
+                "overhead_plan_step_s": overhead.step_s, "doubled_plan_step_s": overhead.doubled_step_s,
+                "doubling_added_s": overhead.added_s, "doubling_added_each_s": list(overhead.added_each_s),
+                "effective_latency_s": alpha, "step_s_beyond_the_timeline": step_extra,
+                "chosen": "the loaded bandwidth; the latency at which the simulator reproduces what twice the "
+                          "micro-batches added to the overhead plan's measured step (the loaded ping-pong's unless "
+                          "the addition beyond it exceeds the spread of the pairs), the rest of that step a cost "
+                          "per step"}
+    line = (f"links: idle alpha {idle_links.p2p.latency_s * 1e6:.0f} us, beta "
+            f"{idle_links.p2p.bandwidth_bytes_per_s / 1e9:.2f} GB/s; loaded alpha {loaded_links.p2p.latency_s * 1e6:.0f} "
+            f"us, beta {loaded_links.p2p.bandwidth_bytes_per_s / 1e9:.2f} GB/s; inside a running pipeline a message "
+            f"costs {alpha * 1e6:.0f} us (the latency written, fitted to what twice the micro-batches added to the "
+            f"overhead plan's measured step, {overhead.step_s * 1e3:.1f} -> {overhead.doubled_step_s * 1e3:.1f} ms, "
+            f"+{overhead.added_s * 1e3:.1f} over pairs run back to back; {step_extra * 1e3:.2f} ms more per step)")
+    return evidence, line
 
 
 def _messages_and_step(cluster, overhead, gpt2, link, progress):

@@ -163,7 +163,6 @@ def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]) ->
     from dataclasses import replace as dc_replace
 
     from paraplan.plans.plan import LayerRange, Plan, Stage
-    from paraplan.runtime.launcher.prove import one_process_plan
     from paraplan.runtime.measure.compare import measured_compute_s, measured_overheads, step_times
 
     cfg = OVERHEAD_PLAN
@@ -186,7 +185,8 @@ def measure_overheads(runs: int, steps: int, progress: Callable[[str], None]) ->
             out = _train(doubled, steps, Path(tmp), f"double{r}")
             doubled_medians.append(statistics.median(step_times(out)[2:]))
             shutil.rmtree(out, ignore_errors=True)
-        solo = one_process_plan(plan)
+        # the whole model on device 0, the whole batch at once (what `--prove` runs as one process)
+        solo = dc_replace(plan, n_micro=1, schedule="gpipe", stages=(Stage(LayerRange(0, plan.n_layers), (0,)),))
         progress(f"runtime: the same model on one process ({steps} steps)")
         solo_outside = measured_overheads(_train(solo, steps, Path(tmp), "solo")).step_s
     added_each = tuple(d - m for d, m in zip(doubled_medians, step_medians, strict=True))

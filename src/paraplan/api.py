@@ -51,7 +51,7 @@ def _plan_of(plan_or_path, what: str) -> Plan:
 
 # the keywords every request takes (compare's and plan's **kw), as `_workload` names them
 REQUEST_KEYWORDS = ("memory", "stages", "micro_batches", "schedule", "profile", "seq_len", "image_size",
-                    "exact_stages", "options", "precision", "calibrate")
+                    "exact_stages", "options", "precision", "calibrate", "headroom")
 
 
 def _check_request_keywords(kw: dict, what: str) -> None:
@@ -98,10 +98,12 @@ def _limit_to_this_machine() -> None:
 
 def _workload(model: str, cluster: str, batch: int, *, operators: bool, memory=None, stages=None,
               micro_batches=None, schedule=None, profile=None, seq_len=None, image_size=None, exact_stages=False,
-              options=None, precision=None, calibrate: bool = False):
+              options=None, precision=None, calibrate: bool = False, headroom=None, engine: str = "paraplan"):
     """The Workload of the keywords (paraplan/workload.py, as the command line builds it); the
     operator graph, where asked, only where the model can be traced. calibrate=True: on `local`,
-    measure this machine now if it has no cached calibration."""
+    measure this machine now if it has no cached calibration. `headroom`: the share of memory left
+    unplanned (None: planners/request.py DEFAULT_HEADROOM without a memory budget); `engine`: whose
+    implementation prices the plans."""
     from paraplan.profiling.calibration_cache import local_cluster
     from paraplan.workload import workload
 
@@ -111,7 +113,7 @@ def _workload(model: str, cluster: str, batch: int, *, operators: bool, memory=N
     return workload(model, local_cluster(cluster, precision, skip=bool(profile), make=calibrate), cluster_name=cluster, batch=batch, profile=profile, memory=memory, seq_len=seq_len,
                     image_size=image_size, operators="optional" if operators else None, stages=stages,
                     micro_batches=micro_batches, schedule=schedule, exact_stages=exact_stages,
-                    options=options, precision=precision)
+                    options=options, precision=precision, headroom=headroom, engine=engine)
 
 
 def _request(model: str, cluster: str, batch: int, **kw):
@@ -134,7 +136,7 @@ def compare(model: str, cluster: str, batch: int, *, time_limit: float = 60.0, p
         from paraplan.engines import check_engine
 
         check_engine(engine)
-    w = _workload(model, cluster, batch, operators=True, **kw)
+    w = _workload(model, cluster, batch, operators=True, engine=engine or "paraplan", **kw)
     result = run(w.request, planners=planners, time_limit_s=time_limit)
     if engine is None:
         return result

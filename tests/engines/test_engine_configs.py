@@ -76,6 +76,10 @@ def checked(shape, tmp_path_factory):
     plans["full-recompute-pp"] = make_plan(shape, [0, 17, 34], LayerStrategy(dp=2, recompute="full"))
     plans["sdp"] = make_plan(shape, [0, 34], LayerStrategy(sdp=8), n_micro=1, precision="fp32")
     plans["zero-1-pp"] = make_plan(shape, [0, 17, 34], LayerStrategy(dp=4, zero=1), n_micro=4, precision="fp16")
+    # interleaved with a stage of the embedding alone and one of the loss alone (the Megatron grid's
+    # 70B plans at 9-10 chunks; Megatron's layout "E|t*8|...|L")
+    plans["embedding-alone"] = make_plan(shape, [0, 1, 9, 17, 25, 33, 34], LayerStrategy(), schedule="interleaved-1f1b",
+                                         virtual=3, n_micro=8)
     # a plan's own per-rank order (format version 2's schedule.actions, GPipe's order written out;
     # paraplan's runtime does not run such plans yet, validate() says so): torchtitan takes it as a CSV
     plans["actions-csv"] = make_plan(shape, [0, 17, 34], LayerStrategy(), schedule="gpipe", n_micro=2, check=False,
@@ -172,7 +176,7 @@ def _same_as_plan(engine: str, read: dict, plan: Plan, shape) -> None:
             assert read["parts"] == [s.layers.start for s in plan.stages] + [plan.n_layers]
 
 
-@pytest.mark.parametrize("name", ["uneven-1f1b", "full-recompute-pp", "sdp", "zero-1-pp", "actions-csv"])
+@pytest.mark.parametrize("name", ["uneven-1f1b", "full-recompute-pp", "sdp", "zero-1-pp", "actions-csv", "embedding-alone"])
 def test_more_plans_load_in_every_engine_that_takes_them(checked, shape, name):
     results, exported, plans = checked
     ids = [k for k in results if k.startswith(name + "/")]
@@ -261,7 +265,10 @@ def test_each_megatron_argument_is_the_transformer_config_field_of_the_same_mean
             else:
                 expected = _number_or_text(value)
             assert config[field] == expected, f"{cell_id}: {arg} against {field}={config[field]!r}"
-        unsaid = {k for k in set(config) - seen - derived if config[k] != default[k]}  # a default needs no flag
+        # with a layout, Megatron-LM derives the chunks per rank from it (arguments.py: num_stages // pp)
+        layout_derived = {"virtual_pipeline_model_parallel_size"} if "pipeline_model_parallel_layout" in config else set()
+        unsaid = {k for k in set(config) - seen - derived - layout_derived
+                  if config[k] != default[k]}  # a default needs no flag
         assert not unsaid, f"{cell_id}: {unsaid} from no argument"
 
 

@@ -94,10 +94,14 @@ def engine_line(result, best) -> str:
     """--engine: the best plan the engine can run against the best of all, and how to export it."""
     from paraplan.engines.layout import ENGINE_NAMES
 
+    from paraplan.engines.recipes import recipes_name
+
     name, top = ENGINE_NAMES[result.engine], result.unrestricted
     if best is None:
+        recipes = next((r for r in result.rows if r.planner == recipes_name(result.engine)), None)
         return f"{name} can run none of the plans that fit" + (
-            f"; the best of all, {top.planner}: {_seconds(top.iteration_s)}" if top else "")
+            f"; the best of all, {top.planner}: {_seconds(top.iteration_s)}" if top else "") + (
+            f"; its own recipes: {recipes.shape + ': ' if recipes.shape else ''}{recipes.reason}" if recipes else "")
     text = f"{name}: the best plan it can run is {best.planner}'s"
     if top is not None and top.planner != best.planner:
         refused = next(r for r in result.rows if r.planner == top.planner)

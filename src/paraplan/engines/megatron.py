@@ -58,8 +58,11 @@ def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
         if layout.virtual > 1 and (layout.n_micro < layout.pp or layout.n_micro % layout.pp):
             return (f"interleaved 1F1B with {layout.n_micro} micro-batches on {layout.pp} ranks (Megatron-LM needs a "
                     "multiple of the pipeline size)")
-        if min(layout.blocks_per_stage) == 0:
-            return "a stage without transformer blocks"
+        for k, layers in enumerate(layout.layers_per_stage):
+            # a stage of the embedding or the loss alone is Megatron's own layout ("Ettt|(tt|)*29,m|L",
+            # pipeline_parallel_layer_layout.py; Llama 3's first chunk holds only the embedding)
+            if layout.blocks_per_stage[k] == 0 and not {"embedding", "head"} & {shape.kinds[i] for i in layers}:
+                return "a stage without transformer blocks, the embedding or the loss"
     if layout.pp > 1 and (layout.zero >= 2 or layout.dp_shard > 1):
         # arguments.py refuses torch FSDP2 with a pipeline; Megatron FSDP's own documentation
         # (docs/user-guide/features/megatron_fsdp.md) composes it with TP, CP and EP, not PP

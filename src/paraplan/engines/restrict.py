@@ -51,13 +51,23 @@ def restrict(result: Comparison, engine: str, shape: ModelShape,
 def restrict_workload(result: Comparison, engine: str, w) -> Comparison:
     """`restrict` for a comparison of workload `w` (paraplan/workload.py: its built model's shape,
     its request's costs and sequence-parallel layers), as `paraplan plan --engine` and
-    `paraplan.compare(..., engine=...)` both ask: projections judged on the request's costs."""
+    `paraplan.compare(..., engine=...)` both ask: projections judged on the request's costs, and the
+    engine's own recipes as one more row (engines/recipes.py)."""
+    from paraplan.engines.recipes import recipe_row
     from paraplan.engines.shape import shape_of
     from paraplan.planners.auto import judged_row
 
-    return restrict(result, engine, shape_of(w.built, w.built.ref),
-                    judge=lambda name, plan: judged_row(name, plan, w.request.costs),
-                    sequence_parallel=w.request.sequence_parallel)
+    shape = shape_of(w.built, w.built.ref)
+    out = restrict(result, engine, shape, judge=lambda name, plan: judged_row(name, plan, w.request.costs),
+                   sequence_parallel=w.request.sequence_parallel)
+    return with_row(out, recipe_row(w.request, engine, shape))
+
+
+def with_row(result: Comparison, row: Row) -> Comparison:
+    """The comparison with one more row, its best chosen again."""
+    rows = (*result.rows, row)
+    feasible = sorted((r for r in rows if r.status == "ok"), key=lambda r: (r.iteration_s, r.planner))
+    return replace(result, rows=rows, best=feasible[0].planner if feasible else None)
 
 
 def _best_projection(row: Row, engine: str, shape: ModelShape, judge, sequence_parallel) -> list[Row]:

@@ -17,7 +17,7 @@ Every layer has the same strategy, laid out as Megatron-LM lays it out:
     every replica whole samples;
   - the least recomputation (none, selective where the model has an attention core, full) under
     which the plan fits;
-  - 1F1B (one stage: no schedule to choose), then, in today's space, interleaved 1F1B with every
+  - 1F1B (one stage: gradient accumulation, one micro-batch in flight), then, in today's space, interleaved 1F1B with every
     chunk count up to MAX_CHUNKS for the GRID_INTERLEAVED fastest pipelines and twice as many first
     by Narayanan et al.'s interleaved bubble (their closed form misranks the counts themselves: at
     16 micro-batches on 8 stages it puts 10 chunks fourth, the simulator first).
@@ -65,11 +65,14 @@ def tp_degrees(request: PlanRequest, group: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def micro_counts(request: PlanRequest, n_stages: int, replicas: int) -> tuple[int, ...]:
+def micro_counts(request: PlanRequest, n_stages: int, replicas: int, accumulation: bool = False) -> tuple[int, ...]:
     """P, 2P, 4P and one sample per replica (B / d), those giving each replica whole samples; the
-    request's count where it fixes one."""
+    request's count where it fixes one. `accumulation`: without a pipeline, every power of two up to
+    B / d too (gradient accumulation, the FSDP / ZeRO-3 recipe's way to fit a large batch)."""
     batch = request.batch
     wanted = (request.n_micro,) if request.n_micro else (n_stages, 2 * n_stages, 4 * n_stages, batch // replicas)
+    if accumulation and n_stages == 1 and not request.n_micro:
+        wanted += tuple(2**k for k in range(max(1, batch // replicas).bit_length()))
     return tuple(sorted({m for m in wanted if m >= 1 and batch % m == 0 and (batch // m) % replicas == 0
                          and (m >= n_stages or n_stages == 1)}))
 
@@ -78,13 +81,16 @@ def micro_counts(request: PlanRequest, n_stages: int, replicas: int) -> tuple[in
 _TP_DP_ORDER = ",".join(a.name for a in (TENSOR, DATA, SHARDED_DATA))
 
 
-def uniform_plan(request: PlanRequest, n_stages: int, tp: int, zero: int, recompute: str, n_micro: int) -> Plan:
-    """Every layer one strategy: P stages of n / P consecutive devices, TP inner-most, the rest DP;
-    the layers cut evenly (Galvatron's even partition), SP with TP where the runtime runs it."""
+def uniform_plan(request: PlanRequest, n_stages: int, tp: int, zero: int, recompute: str, n_micro: int,
+                 sharded: bool = False) -> Plan:
+    """Every layer one strategy: P stages of n / P consecutive devices, TP inner-most, the rest DP
+    (`sharded`: SDP, i.e. FSDP / ZeRO-3, instead); the layers cut evenly (Galvatron's even
+    partition), SP with TP where the runtime runs it."""
     n_layers = request.costs.model.n_layers
     group = group_size(request, n_stages)
     dp = group // tp
-    base = LayerStrategy(dp=dp, tp=tp, zero=zero if dp > 1 else 0, recompute=recompute, order=_TP_DP_ORDER)
+    base = (LayerStrategy(sdp=dp, tp=tp, recompute=recompute, order=_TP_DP_ORDER) if sharded and dp > 1 else
+            LayerStrategy(dp=dp, tp=tp, zero=zero if dp > 1 else 0, recompute=recompute, order=_TP_DP_ORDER))
     cuts = np.concatenate([[0], np.cumsum(even_partition(n_layers, n_stages))]).astype(int)
     stages = []
     for s in range(n_stages):
@@ -95,8 +101,11 @@ def uniform_plan(request: PlanRequest, n_stages: int, tp: int, zero: int, recomp
         stages.append(Stage(LayerRange(layers.start, layers.stop), tuple(range(s * group, (s + 1) * group)),
                             strategies=strategies))
     return Plan(model=request.model_name, cluster=request.cluster_name, n_layers=n_layers,
-                global_batch=request.batch, n_micro=n_micro, schedule="1f1b" if n_stages > 1 else "gpipe",
-                stages=tuple(stages), grad_sync="bucketed" if dp > 1 else "none")
+                global_batch=request.batch, n_micro=n_micro,
+                # one stage with several micro-batches is gradient accumulation: each micro-batch's
+                # backward right after its forward (1F1B; GPipe would hold all m in flight)
+                schedule="1f1b" if n_stages > 1 or n_micro > 1 else "gpipe",
+                stages=tuple(stages), grad_sync="bucketed" if dp > 1 and base.dp > 1 else "none")
 
 
 def _runs_tensor_parallel(request: PlanRequest, tp: int) -> bool:
@@ -151,22 +160,35 @@ def compute_s(request: PlanRequest, plan: Plan) -> float:
     return plan.n_micro * total / ranks
 
 
-def grid_candidates(request: PlanRequest, judge: Judge) -> list[tuple[Plan, Prediction]]:
+# the data-parallel kinds a layout's replicas take, as (sharded, ZeRO stage): Megatron's (plain DP,
+# and ZeRO-1 as its distributed optimizer, in mixed precision), the grid's own
+MEGATRON_FAMILIES = ((False, 0), (False, 1))
+
+
+def grid_candidates(request: PlanRequest, judge: Judge, families=None, accept=None,
+                    accumulation: bool = False) -> list[tuple[Plan, Prediction]]:
     """The uniform layouts of the grid judged (module docstring), each at the least recomputation
     that fits (where none fits, with full recomputation), best first. Layouts are judged in order of
     their compute (`compute_s`), and one whose compute is no less than the best plan so far is not
-    judged: it cannot win."""
+    judged: it cannot win. `families`: the replicas' kinds, (sharded, ZeRO stage) pairs (default:
+    MEGATRON_FAMILIES in mixed precision, plain DP in fp32); `accept(plan)`: whether a layout may be
+    judged at all (an engine's own refusals: engines/recipes.py); `accumulation`: micro_counts'."""
     today = is_mixed(request.costs.precision)
+    families = families or (MEGATRON_FAMILIES if today else ((False, 0),))
     layouts = []
     for n_stages in stage_counts(request)[0]:
         group = group_size(request, n_stages)
         for tp in tp_degrees(request, group):
             if not _runs_tensor_parallel(request, tp):
                 continue
-            for zero in ((0, 1) if today and group // tp > 1 else (0,)):
-                for n_micro in micro_counts(request, n_stages, group // tp):
-                    plans = [uniform_plan(request, n_stages, tp, zero, r, n_micro) for r in _recomputations(request)]
-                    layouts.append([(compute_s(request, plan), plan) for plan in plans])
+            kinds = families if group // tp > 1 else ((False, 0),)
+            for sharded, zero in dict.fromkeys(kinds):
+                for n_micro in micro_counts(request, n_stages, group // tp, accumulation):
+                    plans = [uniform_plan(request, n_stages, tp, zero, r, n_micro, sharded)
+                             for r in _recomputations(request)]
+                    plans = [p for p in plans if accept is None or accept(p)]
+                    if plans:
+                        layouts.append([(compute_s(request, plan), plan) for plan in plans])
     layouts.sort(key=lambda x: x[0][0])
     judged: list[tuple[Plan, Prediction]] = []
     best = np.inf
@@ -191,11 +213,11 @@ def grid_candidates(request: PlanRequest, judge: Judge) -> list[tuple[Plan, Pred
                                   + (", fewer devices or other fixed counts" if held else " or fewer devices"))
     judged.sort(key=_key)
     if interleaves(request):
-        judged = sorted(judged + _interleaved(request, judged, judge, best), key=_key)
+        judged = sorted(judged + _interleaved(request, judged, judge, best, accept), key=_key)
     return judged
 
 
-def _interleaved(request: PlanRequest, judged, judge: Judge, best: float) -> list[tuple[Plan, Prediction]]:
+def _interleaved(request: PlanRequest, judged, judge: Judge, best: float, accept=None) -> list[tuple[Plan, Prediction]]:
     """Interleaved 1F1B rewrites (planners/schedule_variants.py), 2..MAX_CHUNKS chunks per rank, of
     the GRID_INTERLEAVED fastest pipelines that fit and twice as many first by `_interleaved_guess`
     (a 1F1B bubble that chunks shrink hides those: 16 micro-batches on 8 stages); not of a pipeline
@@ -213,6 +235,8 @@ def _interleaved(request: PlanRequest, judged, judge: Judge, best: float) -> lis
             try:
                 candidate = rewrite(plan, request.costs, "interleaved-1f1b", v)
             except ValueError:
+                continue
+            if accept is not None and not accept(candidate):
                 continue
             prediction = judge(candidate)
             out.append((candidate, prediction))

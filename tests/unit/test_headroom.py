@@ -1,0 +1,44 @@
+"""Issue 49 item 5: plans are not made to the last byte. `paraplan plan` leaves DEFAULT_HEADROOM of
+each device's memory unplanned (none of a budget the user gave), `--headroom` changes it."""
+
+from __future__ import annotations
+
+import pytest
+
+from paraplan.errors import FieldError
+from paraplan.planners.request import DEFAULT_HEADROOM
+from paraplan.simulator.predict import simulate_plan
+from paraplan.workload import workload
+
+GIB = 2**30
+
+
+def _budgets(w) -> set[int]:
+    return {slot.spec.memory_bytes for slot in w.request.costs.cluster.devices}
+
+
+def test_the_default_headroom_applies_to_the_devices_memory_not_to_a_budget_given():
+    capacity = 80 * GIB  # dgx-h100-80gb
+    assert _budgets(workload("gpt2-tiny", "dgx-h100-80gb", batch=16)) == {int(capacity * (1 - DEFAULT_HEADROOM))}
+    assert _budgets(workload("gpt2-tiny", "dgx-h100-80gb", batch=16, memory="16GiB")) == {16 * GIB}
+    assert _budgets(workload("gpt2-tiny", "dgx-h100-80gb", batch=16, memory="16GiB", headroom=0.25)) == {12 * GIB}
+    assert _budgets(workload("gpt2-tiny", "dgx-h100-80gb", batch=16, headroom=0.0)) == {capacity}
+    for bad in (1.0, -0.1, True):
+        with pytest.raises(FieldError, match="headroom"):
+            workload("gpt2-tiny", "dgx-h100-80gb", batch=16, headroom=bad)
+
+
+def test_a_plan_made_with_headroom_leaves_it_free_on_the_real_device():
+    """The Megatron grid on Llama 3.1 8B over 16 H100: with the default headroom its plan peaks
+    within 95% of 80 GiB, judged again on the whole device; planned to the last byte it goes past."""
+    from paraplan.planners.registry import make_plan
+
+    peaks = {}
+    for headroom in (None, 0.0):
+        w = workload("llama3.1-8b", "dgx-h100-80gb", batch=256, precision="bf16", engine="megatron", headroom=headroom)
+        whole = workload("llama3.1-8b", "dgx-h100-80gb", precision="bf16", engine="megatron").costs
+        plan = make_plan(w.request, "megatron-grid")
+        p = simulate_plan(plan, whole).prediction
+        assert p.feasible
+        peaks[headroom] = max(m.peak_bytes for m in p.memory)
+    assert peaks[None] <= (1 - DEFAULT_HEADROOM) * 80 * GIB < peaks[0.0]

@@ -93,7 +93,6 @@ def _seconds(s: float) -> str:
 def engine_line(result, best) -> str:
     """--engine: the best plan the engine can run against the best of all, and how to export it."""
     from paraplan.engines.layout import ENGINE_NAMES
-
     from paraplan.engines.recipes import recipes_name
 
     name, top = ENGINE_NAMES[result.engine], result.unrestricted

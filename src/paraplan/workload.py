@@ -28,6 +28,7 @@ from paraplan.sizes import memory_bytes
 
 if TYPE_CHECKING:
     from paraplan.costs.model import CostModel
+    from paraplan.costs.model_flops import ModelFlops
     from paraplan.hardware.cluster import Cluster, RuntimeOverheads
     from paraplan.models.built import BuiltModel
     from paraplan.models.opspec import OpGraph
@@ -110,6 +111,19 @@ def size_note(built: BuiltModel, *, seq_len: int | None = None, image_size: int 
     from paraplan.models.input_note import built_note
 
     return built_note(built, seq_len=seq_len, image_size=image_size)
+
+
+def model_flops_of(built: BuiltModel, spec: ModelSpec) -> ModelFlops:
+    """The model FLOPs per sample that MFU counts (costs/model_flops.py): a decoder-only transformer's
+    6*N + 6*L*d*s per token, its blocks and hidden size read from the model (engines/shape.py); any
+    other model 3 x its measured forward FLOPs."""
+    from paraplan.costs.model_flops import model_flops
+    from paraplan.engines.shape import shape_of
+
+    shape = shape_of(built, built.ref)
+    if shape.decoder:
+        return model_flops(spec, layers=shape.layers, hidden=shape.hidden)
+    return model_flops(spec)
 
 
 def attention_kernel(cluster: Cluster, precision: str) -> str:

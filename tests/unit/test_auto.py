@@ -124,15 +124,26 @@ def test_cli_json_schema_and_the_plan_written(tmp_path):
     data = json.loads(res.stdout)
     assert data["schema"] == "paraplan.plan.auto/1"
     assert set(data) == {"schema", "best", "out", "gap_to_bound", "wall_s", "lower_bound", "rows", "cost_source",
-                         "engine", "unrestricted_best", "best_time_split", "input_note"}
+                         "engine", "unrestricted_best", "best_time_split", "input_note", "model_flops"}
+    assert set(data["model_flops"]) == {"per_sample", "per_token", "tokens_per_sample", "formula", "mfu_formula"}
+    assert data["model_flops"]["tokens_per_sample"] is None  # lenet-5: images, no tokens/s
     assert data["input_note"].startswith("image 32x32 (the zoo's setting for lenet-5")
     assert data["engine"] is None and data["unrestricted_best"] is None and data["cost_source"]
     assert set(data["lower_bound"]) == {"iteration_s", "work_s", "one_device_s", "n_devices", "binding", "micro_batch",
                                         "operator_work_s"}
     row_keys = {"planner", "status", "shape", "n_micro", "iteration_s", "throughput_samples_per_s", "peak_bytes",
-                "capacity_bytes", "bubble_fraction", "search_s", "reason", "timed_out"}
+                "capacity_bytes", "bubble_fraction", "search_s", "reason", "timed_out",
+                "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_tflops_per_gpu"}
     assert all(set(r) == row_keys for r in data["rows"])
     best = next(r for r in data["rows"] if r["planner"] == data["best"])
+    # MFU: 3 x the measured forward FLOPs per sample at the row's throughput, over its GPUs' peak
+    from paraplan.plans.plan_file import read_plan
+
+    gpus = len(read_plan(out).devices)
+    assert best["tflops_per_gpu"] == pytest.approx(
+        data["model_flops"]["per_sample"] * best["throughput_samples_per_s"] / gpus / 1e12, rel=1e-9)
+    assert 0 < best["mfu"] <= 1 and best["tokens_per_s_per_gpu"] is None
+    assert all(r["mfu"] is None for r in data["rows"] if r["throughput_samples_per_s"] is None)
     ok = [r["iteration_s"] for r in data["rows"] if r["status"] == "ok"]
     assert best["status"] == "ok" and best["iteration_s"] == min(ok)
     written = json.loads(out.read_text())

@@ -34,11 +34,19 @@ def test_plan_with_one_planner_and_simulate(tmp_path):
     out = tmp_path / "p.json"
     d = _json("plan", "--planner", "csimd", "--model", "lenet-5", "--cluster", "local", "--batch", "8", "--out",
               str(out))
+    # tokens/s, TFLOP/s and MFU per GPU and how the model's FLOPs were counted (costs/model_flops.py)
+    per_gpu = {"tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_tflops_per_gpu", "model_flops"}
     assert set(d) == {"feasible", "input_note", "layers", "n_micro", "n_stages", "note", "operators_per_device", "out",
-                      "planner", "prediction", "reason", "search"}
+                      "planner", "prediction", "reason", "search", *per_gpu}
     s = _json("simulate", str(out))
     assert set(s) == {"bubble_fraction", "cost_source", "devices", "feasible", "input_note", "iteration_s", "memory",
-                      "memory_at_peak", "precision", "reason", "throughput_samples_per_s", "time_split"}
+                      "memory_at_peak", "precision", "reason", "throughput_samples_per_s", "time_split", *per_gpu}
+    for doc in (d, s):  # lenet-5 reads images: no tokens; 3 x its measured forward FLOPs
+        assert doc["tokens_per_s_per_gpu"] is None and doc["model_flops"]["tokens_per_sample"] is None
+        assert doc["model_flops"]["formula"].startswith("3 x the measured forward FLOPs per sample")
+        assert set(doc["model_flops"]) == {"per_sample", "per_token", "tokens_per_sample", "formula", "mfu_formula"}
+        assert 0 < doc["mfu"] <= 1 and doc["tflops_per_gpu"] == pytest.approx(doc["mfu"] * doc["peak_tflops_per_gpu"])
+    assert s["mfu"] == pytest.approx(d["mfu"], rel=1e-9)
     assert d["input_note"] == s["input_note"] and d["input_note"].startswith("image 32x32 (the zoo's setting")
     split = s["time_split"]  # the parts add up to the iteration (simulator/time_split.py)
     assert split["compute_s"] + split["exposed_comm_s"] + split["after_s"] + split["idle_s"] == \

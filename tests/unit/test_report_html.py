@@ -170,6 +170,22 @@ def test_the_verdict_names_the_winner_and_the_runner_up(mixed, mixed_page):
     assert f"{gap:.1%} above the lower bound of {fmt_time(mixed.bound.iteration_s)}" in page.verdict
 
 
+def test_the_report_says_what_users_compare_runs_by(mixed, tmp_path, cm):
+    """Issue 49: MFU beside samples/s in the table, tokens/s, TFLOP/s and MFU per GPU in the verdict."""
+    from paraplan.costs.model_flops import model_flops, plan_achieved
+    from paraplan.engines.shape import model_shape
+
+    shape = model_shape("gpt2-tiny")
+    flops = model_flops(cm.model, layers=shape.layers, hidden=shape.hidden)
+    page = Page(write_report(mixed, cm, tmp_path / "r", flops).read_text())
+    best = mixed.row(mixed.best)
+    a = plan_achieved(flops, best.plan, cm.cluster, best.throughput)
+    assert f"Per GPU: {a.tokens_per_s_per_gpu:,.0f} tokens/s, " in page.verdict
+    assert f"MFU {a.mfu:.1%} (of the fp32 peak" in page.verdict and "6*N + 6*L*d*s per token" in page.verdict
+    assert page.rows[0]["cells"][6] == f"{a.mfu:.1%}"  # the MFU column, beside samples/s
+    assert all(r["cells"][6] == "—" for r in page.rows if r["cells"][5] == "—")
+
+
 def test_an_operator_placement_winner_gets_its_gantt(tmp_path, cm):
     result = auto.compare(_request(cm), planners=["heft", "fddps"], time_limit_s=60)
     assert result.best is not None and result.row(result.best).plan.schedule == "dag"

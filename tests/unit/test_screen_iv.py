@@ -188,7 +188,7 @@ def test_the_report_says_it_is_being_written_and_how_long_it_took(mixed_run, tmp
             said.append(text)
             return contextlib.nullcontext()
 
-    monkeypatch.setattr(paraplan.report.html, "write_report", lambda result, cm, out: Path(out) / "index.html")
+    monkeypatch.setattr(paraplan.report.html, "write_report", lambda result, cm, out, flops: Path(out) / "index.html")
     args = SimpleNamespace(report=str(tmp_path / "r"), json=True)
     with contextlib.redirect_stderr(io.StringIO()) as err:
         _write_report(args, None, None, Err())
@@ -272,4 +272,4 @@ def test_a_time_column_has_one_unit_and_a_bubble_is_never_negative_zero(small):
 
     cells = [r["cells"][4] for r in Page(page).rows if r["cells"][4] != "—"]  # the iteration column
     assert len(cells) >= 2 and len({c.split()[-1] for c in cells}) == 1
-    assert "-0%" not in [r["cells"][7] for r in Page(page).rows]  # the bubble column
+    assert "-0%" not in [r["cells"][8] for r in Page(page).rows]  # the bubble column

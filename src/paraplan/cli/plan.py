@@ -158,12 +158,19 @@ def run_one(args, given: dict) -> int:
     feasible = sim.prediction.feasible
     if feasible:
         write_plan(sim.plan, args.out)
+    from paraplan.costs.model_flops import plan_achieved
+    from paraplan.report.tables import achieved_text
+    from paraplan.workload import model_flops_of
+
+    flops = model_flops_of(w.built, w.spec)  # tokens/s, TFLOP/s and MFU per GPU (costs/model_flops.py)
+    per_gpu = plan_achieved(flops, sim.plan, request.costs.cluster, sim.prediction.throughput_samples_per_s)
     if args.json:
-        _print_one_json(args, sim, feasible, input_note(args, w.built))
+        _print_one_json(args, sim, feasible, input_note(args, w.built), {**per_gpu.as_json(),
+                                                                          "model_flops": flops.as_json()})
     elif feasible and sim.plan.kind is PlanKind.OPERATORS:
-        _print_placement(args, sim, request.costs.cluster)
+        _print_placement(args, sim, request.costs.cluster, achieved_text(per_gpu, flops))
     elif feasible:
-        _print_stages(args, sim, request.costs.cluster)
+        _print_stages(args, sim, request.costs.cluster, achieved_text(per_gpu, flops))
     if not args.json:
         print_input(args, w.built)
     if not feasible:
@@ -174,7 +181,7 @@ def run_one(args, given: dict) -> int:
     return 0
 
 
-def _print_one_json(args, sim, feasible: bool, input_note: str) -> None:
+def _print_one_json(args, sim, feasible: bool, input_note: str, per_gpu: dict) -> None:
     from paraplan.plans.plan_file import plan_to_dict
 
     d = plan_to_dict(sim.plan)
@@ -183,14 +190,16 @@ def _print_one_json(args, sim, feasible: bool, input_note: str) -> None:
                       "n_micro": sim.plan.n_micro, "layers": [s["layers"] for s in d["stages"]],
                       "operators_per_device": {str(p.device): len(p.ops) for p in sim.plan.operators},
                       "prediction": d["prediction"], "search": d["search"],
-                      "note": flags_in(sim.plan.search.note), "input_note": input_note}, indent=2))
+                      "note": flags_in(sim.plan.search.note), "input_note": input_note, **per_gpu}, indent=2))
 
 
-def _print_placement(args, sim, cluster) -> None:
-    """An operator placement: its table, the schedule's own length beside the contended one."""
+def _print_placement(args, sim, cluster, per_gpu: str) -> None:
+    """An operator placement: its table, tokens/s, TFLOP/s and MFU per GPU, the schedule's own
+    length beside the contended one."""
     from paraplan.report.tables import console, dag_table
 
     console().print(dag_table(sim, cluster))
+    console().print(per_gpu)
     length = dict(sim.plan.search.options).get("schedule_length_s")
     gap = (f"; the schedule's own length {length:.4g} s, simulated with link contention "
            f"{sim.prediction.iteration_s:.4g} s ({sim.prediction.iteration_s / length - 1:+.1%})" if length else "")
@@ -202,14 +211,16 @@ def _print_placement(args, sim, cluster) -> None:
         console().print(flags_in(sim.plan.search.note))
 
 
-def _print_stages(args, sim, cluster) -> None:
-    """A plan of stages: its table, its shape in one line, a Galvatron plan's runs of one strategy."""
+def _print_stages(args, sim, cluster, per_gpu: str) -> None:
+    """A plan of stages: its table, tokens/s, TFLOP/s and MFU per GPU, its shape in one line, a
+    Galvatron plan's runs of one strategy."""
     from paraplan.report.describe import strategy_lines
     from paraplan.report.tables import console, memory_table, simulation_table
 
     console().print(simulation_table(sim, cluster))
     if sim.memory:
         console().print(memory_table(sim))
+    console().print(per_gpu)
     opts = dict(sim.plan.search.options)
     eq8 = f"; eq. (8) {opts['eq8_time_s']:.6g} s" if "eq8_time_s" in opts else ""
     ranges = [f"{s.layers}" + (f" (backward {s.backward_layers})" if s.backward_layers else "")

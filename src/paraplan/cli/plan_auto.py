@@ -88,16 +88,19 @@ def run_auto(args, given: dict) -> int:
     if best is not None:
         write_plan(best.plan, args.out)
     gap = best.iteration_s / result.bound.iteration_s - 1 if best is not None else None
+    from paraplan.workload import model_flops_of
+
+    flops = model_flops_of(w.built, w.spec)  # for tokens/s, TFLOP/s and MFU per GPU (costs/model_flops.py)
     if args.json:
         from paraplan.plans.plan_file import plan_to_dict
 
-        print(json.dumps({**auto_json(result, args.out if best else None, gap, plan_to_dict),
+        print(json.dumps({**auto_json(result, args.out if best else None, gap, plan_to_dict, flops, w.cluster),
                           "input_note": input_note(args, w.built)}, indent=2))
     else:
-        _print_comparison(args, result, best, gap, w.built.ref, w.costs)
+        _print_comparison(args, result, best, gap, w, flops)
         print_input(args, w.built)
     if args.report:  # its memory budget included, as the rows were judged
-        _write_report(args, result, request.costs, err)
+        _write_report(args, result, request.costs, err, flops)
     if best is not None and args.try_top is not None:
         from paraplan.cli.plan_runs import try_top
 
@@ -137,7 +140,7 @@ def _compare(request, err, time_limit: float | None, quiet: bool):
         return compare(request, time_limit_s=time_limit or 60.0, on_row=on_row)
 
 
-def _write_report(args, result, costs, err) -> None:
+def _write_report(args, result, costs, err, flops=None) -> None:
     """--report: the HTML page, a spinner while it is drawn (seconds at 64 devices), then where it
     is and how long it took (on stderr with --json, whose stdout is the one document)."""
     import sys
@@ -146,16 +149,24 @@ def _write_report(args, result, costs, err) -> None:
 
     started = time.perf_counter()
     with err.status(f"writing the report into {args.report}"):
-        path = write_report(result, costs, args.report)
+        path = write_report(result, costs, args.report, flops)
     print(f"report written to {path} in {time.perf_counter() - started:.1f} s", file=sys.stderr if args.json else None)
 
 
-def _print_comparison(args, result, best, gap, model_ref: str, costs) -> None:
-    from paraplan.report.tables import auto_table, compared_text, console, human_seconds, percent
+def _print_comparison(args, result, best, gap, w, flops) -> None:
+    from paraplan.report.tables import (
+        achieved_text,
+        auto_table,
+        compared_text,
+        console,
+        human_seconds,
+        percent,
+        row_achieved,
+    )
 
     out = console()
-    out.print(auto_table(result, f"{model_ref} on {args.cluster} in {costs.precision}, global batch {args.batch}",
-                         costs.cluster))
+    out.print(auto_table(result, f"{w.built.ref} on {args.cluster} in {w.costs.precision}, global batch {args.batch}",
+                         w.cluster, flops))
     b = result.bound
     out.print(f"lower bound {human_seconds(b.iteration_s)}: {b.describe()}; the whole batch on one device takes "
               f"{human_seconds(b.one_device_s)}")
@@ -163,6 +174,9 @@ def _print_comparison(args, result, best, gap, model_ref: str, costs) -> None:
         out.print(f"best: {best.planner} ({best.shape}), {human_seconds(best.iteration_s)} per iteration, "
                   f"{best.throughput:.4g} samples/s, {percent(gap, 1, sign=True)} above the lower bound; "
                   f"{compared_text(result)}; plan written to {args.out}")
+        per_gpu = row_achieved(best, flops, w.cluster)
+        if per_gpu is not None:  # what users compare runs by (costs/model_flops.py)
+            out.print(f"  {achieved_text(per_gpu, flops)}")
         from paraplan.cli.machine import costs_line
         from paraplan.simulator.time_split import against_bound
 
@@ -193,8 +207,12 @@ def _parts_json(result) -> dict | None:
     return asdict(against_bound(split, result.bound.iteration_s)) if split is not None else None
 
 
-def auto_json(result, out: str | None, gap: float | None, plan_to_dict) -> dict:
-    """The stable schema of `paraplan plan --planner auto --json` (version 1)."""
+def auto_json(result, out: str | None, gap: float | None, plan_to_dict, flops, cluster) -> dict:
+    """The stable schema of `paraplan plan --planner auto --json` (version 1; `model_flops` and each
+    row's tokens_per_s_per_gpu, tflops_per_gpu, mfu and peak_tflops_per_gpu added by issue 49)."""
+    from paraplan.costs.model_flops import achieved_json
+    from paraplan.report.tables import row_achieved
+
     return {
         "schema": "paraplan.plan.auto/1",
         "best": result.best, "out": out, "gap_to_bound": gap, "wall_s": result.wall_s,
@@ -206,9 +224,11 @@ def auto_json(result, out: str | None, gap: float | None, plan_to_dict) -> dict:
                         "binding": result.bound.binding, "micro_batch": result.bound.micro_batch,
                         "operator_work_s": result.bound.operator_work_s},
         "best_time_split": _parts_json(result),
+        "model_flops": flops.as_json(),
         "rows": [{"planner": r.planner, "status": r.status, "shape": r.shape,
                   "n_micro": r.plan.n_micro if r.plan else None, "iteration_s": r.iteration_s,
                   "throughput_samples_per_s": r.throughput, "peak_bytes": list(r.peak_bytes),
+                  **achieved_json(row_achieved(r, flops, cluster)),
                   "capacity_bytes": list(r.capacity_bytes), "bubble_fraction": r.bubble, "search_s": r.search_s,
                   "reason": r.reason, "timed_out": r.timed_out} for r in result.rows],
     }

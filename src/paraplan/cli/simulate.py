@@ -90,7 +90,9 @@ def run(args) -> int:
 
     # the size the prediction is for, and where it came from (issue 46): a line, or --json's input_note
     note = size_note(w.built, seq_len=args.seq_len, image_size=args.image_size)
-    _print(args, sim, cluster, compared, note)
+    from paraplan.workload import model_flops_of
+
+    _print(args, sim, cluster, compared, note, model_flops_of(w.built, w.spec))
     if not args.json:
         console().print(f"input: {note}")
     return 0
@@ -142,9 +144,13 @@ def _write_figures(args, plan, sim, cluster) -> None:
         chrome_trace(sim.timeline, args.trace, name=f"{plan.model} {plan.schedule}", task_names=names)
 
 
-def _print(args, sim, cluster, compared=None, input_note: str = "") -> None:
+def _print(args, sim, cluster, compared, input_note: str, flops) -> None:
+    """The prediction, with tokens/s, TFLOP/s and MFU per GPU (costs/model_flops.py: `flops` at its
+    throughput over the plan's devices' peaks)."""
+    from paraplan.costs.model_flops import plan_achieved
     from paraplan.plans.plan_file import plan_to_dict
     from paraplan.report.tables import (
+        achieved_text,
         console,
         dag_table,
         human_seconds,
@@ -154,6 +160,7 @@ def _print(args, sim, cluster, compared=None, input_note: str = "") -> None:
         simulation_table,
     )
 
+    per_gpu = plan_achieved(flops, sim.plan, cluster, sim.prediction.throughput_samples_per_s)
     if args.json:
         out = plan_to_dict(sim.plan)["prediction"]
         out.update(bubble_fraction=sim.bubble_fraction, precision=str(sim.plan.precision),
@@ -161,7 +168,9 @@ def _print(args, sim, cluster, compared=None, input_note: str = "") -> None:
                    # where the iteration goes, per device over the cluster (simulator/time_split.py)
                    time_split={**asdict(sim.split), "idle_s": sim.split.idle_s},
                    # what each stage's devices hold at their peak, by category, heaviest first (layer plans)
-                   memory_at_peak=memory_at_peak(sim), input_note=input_note)
+                   memory_at_peak=memory_at_peak(sim), input_note=input_note,
+                   # what users compare runs by, and how the model's FLOPs were counted
+                   **per_gpu.as_json(), model_flops=flops.as_json())
         if compared is not None:
             out["schedules"] = [{"schedule": v.kind, "virtual_stages": v.virtual_stages, "reason": v.reason}
                                 if s is None else
@@ -180,6 +189,7 @@ def _print(args, sim, cluster, compared=None, input_note: str = "") -> None:
         console().print(simulation_table(sim, cluster))
         if sim.memory:
             console().print(memory_table(sim))
+    console().print(achieved_text(per_gpu, flops))
     console().print(f"where the {human_seconds(sim.prediction.iteration_s)} go, per device on average: "
                     f"{sim.split.describe()}")
     from paraplan.cli.machine import costs_line

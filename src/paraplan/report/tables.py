@@ -93,6 +93,20 @@ def memory_text(row, cluster: Cluster | None = None, size=None) -> str:
     return f"{p.rsplit(' ', 1)[0] if same_unit else p} / {c} (dev {device}{kind})"
 
 
+def rate(x: float) -> str:
+    """A rate as people read it: thousands separated from 100 up, three significant digits below."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def achieved_text(a, flops) -> str:
+    """'per GPU: 7,230 tokens/s, 395 TFLOP/s, MFU 39.9% (of the bf16 peak, 989 TFLOP/s; model FLOPs
+    6*N + 6*L*d*s per token)' (costs/model_flops.py `Achieved`; no tokens/s for a model without
+    tokens). The formula in full is in docs/auto.md and `--json`'s model_flops."""
+    tokens = f"{rate(a.tokens_per_s_per_gpu)} tokens/s, " if a.tokens_per_s_per_gpu is not None else ""
+    return (f"per GPU: {tokens}{rate(a.tflops_per_gpu)} TFLOP/s, MFU {percent(a.mfu, 1)} (of the {a.precision} "
+            f"peak, {rate(a.peak_flops_per_gpu / 1e12)} TFLOP/s; model FLOPs {flops.formula.split(' (')[0]})")
+
+
 def compared_text(result) -> str:
     """What a comparison compared, in the words the console and the report share: the plans (the
     rows that produced one, fitting or not) and the planners they came from."""
@@ -321,18 +335,21 @@ def dag_table(sim, cluster: Cluster, graph=None) -> Table:
 _STATUS_ORDER = {"ok": 0, "infeasible": 1, "failed": 2, "timeout": 3, "refused": 4, "skipped": 5}
 
 
-def auto_table(result, title: str, cluster: Cluster | None = None) -> Table:
+def auto_table(result, title: str, cluster: Cluster | None = None, flops=None) -> Table:
     """Every planner's row of `paraplan plan --planner auto` (paraplan/planners/auto.py Comparison): feasible
     plans fastest first, the chosen one marked, then the rest with why. Each time column has one
-    unit (`seconds_unit`); memory is the tightest device's (`memory_text`)."""
+    unit (`seconds_unit`); memory is the tightest device's (`memory_text`); with the model's FLOPs
+    (costs/model_flops.py) and the cluster, each plan's MFU beside its samples/s."""
     rows = sorted(result.rows, key=lambda r: (_STATUS_ORDER.get(r.status, 9),
                                               r.iteration_s if r.iteration_s is not None else float("inf"), r.planner))
     iteration = seconds_unit(r.iteration_s for r in rows)
     search = seconds_unit(r.search_s for r in rows)
     t = Table(title=title)
-    for col in ("planner", "shape", "micro", "iteration", "samples/s", "peak memory (tightest device)", "bubble",
-                "search", "verdict"):
-        t.add_column(col, justify="right" if col in ("micro", "iteration", "samples/s", "bubble", "search") else "left")
+    mfu = flops is not None and cluster is not None
+    for col in ("planner", "shape", "micro", "iteration", "samples/s", *(("MFU",) if mfu else ()),
+                "peak memory (tightest device)", "bubble", "search", "verdict"):
+        t.add_column(col, justify="right" if col in ("micro", "iteration", "samples/s", "MFU", "bubble", "search")
+                     else "left")
     for r in rows:
         best = r.planner == result.best
         verdict = "best" if best else ("feasible" if r.status == "ok" else f"{r.status}: {r.reason}")
@@ -340,7 +357,22 @@ def auto_table(result, title: str, cluster: Cluster | None = None) -> Table:
             verdict += f" ({r.reason})" if r.status == "ok" else ""
         t.add_row(("* " if best else "") + r.planner, r.shape, str(r.plan.n_micro) if r.plan else "",
                   in_unit(r.iteration_s, iteration), f"{r.throughput:.4g}" if r.throughput is not None else "",
-                  memory_text(r, cluster), percent(r.bubble) if r.bubble is not None else "",
+                  *((row_mfu(r, flops, cluster),) if mfu else ()), memory_text(r, cluster),
+                  percent(r.bubble) if r.bubble is not None else "",
                   in_unit(r.search_s, search), verdict,
                   style="bold green" if best else ("dim" if r.status in ("skipped",) else None))
     return t
+
+
+def row_achieved(row, flops, cluster):
+    """A comparison row's tokens/s, TFLOP/s and MFU per GPU (costs/model_flops.py), None without a plan."""
+    from paraplan.costs.model_flops import plan_achieved
+
+    if row.plan is None or row.throughput is None:
+        return None
+    return plan_achieved(flops, row.plan, cluster, row.throughput)
+
+
+def row_mfu(row, flops, cluster) -> str:
+    a = row_achieved(row, flops, cluster)
+    return percent(a.mfu, 1) if a is not None else ""

@@ -18,7 +18,17 @@ from paraplan.report.html.figures import (
 )
 from paraplan.report.html.text import escape as _e
 from paraplan.report.html.text import fmt_bytes, fmt_time
-from paraplan.report.tables import compared_text, in_unit, memory_text, percent, seconds_unit, tightest_memory
+from paraplan.report.tables import (
+    achieved_text,
+    compared_text,
+    in_unit,
+    memory_text,
+    percent,
+    row_achieved,
+    row_mfu,
+    seconds_unit,
+    tightest_memory,
+)
 from paraplan.simulator.predict import simulate_plan
 from paraplan.simulator.time_split import against_bound
 from paraplan.system.fileio import atomic_write_text, make_dirs
@@ -26,19 +36,24 @@ from paraplan.system.fileio import atomic_write_text, make_dirs
 STATUS_ORDER = {"ok": 0, "infeasible": 1, "failed": 2, "timeout": 3, "refused": 4, "skipped": 5}
 
 
-def write_report(result, cm, out_dir) -> Path:
+def write_report(result, cm, out_dir, flops=None) -> Path:
     """Write `out_dir/index.html` (creating the directory) and return its path. `result` is an
-    auto.Comparison, `cm` the CostModel its plans were judged with (for re-simulating timelines)."""
+    auto.Comparison, `cm` the CostModel its plans were judged with (for re-simulating timelines),
+    `flops` the model's FLOPs per sample for MFU (costs/model_flops.py; by default counted from the
+    measured forward FLOPs, which knows no decoder's closed form: workload.model_flops_of does)."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ParaplanError(f"{out} exists and is not a directory")
     make_dirs(out)
     path = out / "index.html"
-    atomic_write_text(path, render(result, cm))
+    atomic_write_text(path, render(result, cm, flops))
     return path
 
 
-def render(result, cm) -> str:
+def render(result, cm, flops=None) -> str:
+    from paraplan.costs.model_flops import model_flops
+
+    flops = flops if flops is not None else model_flops(cm.model)
     ranked = result.ranked
     best = ranked[0] if ranked else None
     second = ranked[1] if len(ranked) > 1 else None
@@ -47,8 +62,8 @@ def render(result, cm) -> str:
     parts = [f"<h1>{_e(model)} on {_e(cluster)}, global batch {_e(batch)}</h1>",
              f'<p class="meta">{_e(_cluster_line(cm))} · in {_e(cm.precision)} · {_e(compared_text(result))} · '
              f"{_e(cm.source)} costs</p>",
-             f'<div class="verdict {"" if best else "none"}">{_verdict(result, best, second)}</div>',
-             "<h2>Every planner</h2>", _table(result, cm.cluster)]
+             f'<div class="verdict {"" if best else "none"}">{_verdict(result, best, second, flops, cm.cluster)}</div>',
+             "<h2>Every planner</h2>", _table(result, cm.cluster, flops)]
     shown = [r for r in (best, second) if r is not None]
     if shown:
         parts.append("<h2>Timelines</h2><p>One iteration as the simulator plays it: compute on the upper band "
@@ -87,7 +102,7 @@ def _cluster_line(cm) -> str:
         "s" if len(cm.cluster.nodes) != 1 else "")
 
 
-def _verdict(result, best, second) -> str:
+def _verdict(result, best, second, flops, cluster) -> str:
     counts = {s: sum(r.status == s for r in result.rows) for s in STATUS_ORDER}
     tally = "; ".join(f"{counts[s]} {w}" for s, w in (
         ("ok", f"of {len(result.rows)} planners found a plan that fits"), ("infeasible", "found plans that do not "
@@ -105,6 +120,10 @@ def _verdict(result, best, second) -> str:
     text = (f"<p><b>{_e(best.planner)}</b> is chosen: {_e(best.shape)}{micro}. Predicted "
             f"<b>{fmt_time(best.iteration_s)}</b> per iteration, <b>{best.throughput:,.1f} samples/s</b>, "
             f"{_gap(best.iteration_s, bound)} the lower bound of {fmt_time(bound)}. ")
+    per_gpu = row_achieved(best, flops, cluster)
+    if per_gpu is not None:  # what users compare runs by (costs/model_flops.py)
+        said = achieved_text(per_gpu, flops)
+        text += f"{_e(said[0].upper() + said[1:])}. "
     if best.split is not None:  # what the gap is made of (simulator/time_split.py)
         parts = against_bound(best.split, result.bound.iteration_s)
         text += f"Per device on average, its time is {_e(parts.describe())}. "
@@ -139,21 +158,27 @@ def _sorted_rows(result) -> list:
                                               r.planner))
 
 
-def _table(result, cluster=None) -> str:
-    """Every row; each time column in one unit (report/tables.py: seconds_unit), memory the tightest device's."""
-    head = ("planner", "status", "shape", "micro-batches", "iteration", "samples/s", "peak memory (tightest device)",
-            "bubble", "search", "reason")
-    lines = ["<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"]
+def _table(result, cluster, flops) -> str:
+    """Every row; each time column in one unit (report/tables.py: seconds_unit), memory the tightest
+    device's; MFU beside samples/s (costs/model_flops.py, its formula in the column's title)."""
+    from paraplan.costs.model_flops import MFU_FORMULA
+
+    head = ("planner", "status", "shape", "micro-batches", "iteration", "samples/s", "MFU",
+            "peak memory (tightest device)", "bubble", "search", "reason")
+    mfu_title = f' title="{_e(MFU_FORMULA)}; model FLOPs: {_e(flops.formula)}"'
+    lines = ["<table><thead><tr>" + "".join(f"<th{mfu_title if h == 'MFU' else ''}>{h}</th>" for h in head)
+             + "</tr></thead><tbody>"]
     rows = _sorted_rows(result)
     iteration, search = seconds_unit(r.iteration_s for r in rows), seconds_unit(r.search_s for r in rows)
     for r in rows:
         cells = [f"<b>{_e(r.planner)}</b>" + (' <span class="tag">chosen</span>' if r.planner == result.best else ""),
                  f'<span class="status {_e(r.status)}">{_e(r.status)}</span>', _e(r.shape) or "—",
                  str(r.plan.n_micro) if r.plan is not None else "—", in_unit(r.iteration_s, iteration) or "—",
-                 f"{r.throughput:,.1f}" if r.throughput is not None else "—", _memory_cell(r, cluster),
+                 f"{r.throughput:,.1f}" if r.throughput is not None else "—", row_mfu(r, flops, cluster) or "—",
+                 _memory_cell(r, cluster),
                  percent(r.bubble) if r.bubble is not None else "—", in_unit(r.search_s, search) or "—",
                  _e(r.reason)]
-        classes = ["nowrap", "", "", "num", "num", "num", "nowrap", "num", "num", "reason"]
+        classes = ["nowrap", "", "", "num", "num", "num", "num", "nowrap", "num", "num", "reason"]
         lines.append(f'<tr class="{"best" if r.planner == result.best else ""}">'
                      + "".join(f'<td class="{c}">{x}</td>' for c, x in zip(classes, cells, strict=True)) + "</tr>")
     return "\n".join(lines) + "</tbody></table>"

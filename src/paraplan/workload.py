@@ -243,11 +243,16 @@ def cost_source(cluster: Cluster) -> str:
 def plan_request(costs: CostModel, *, model_name: str, cluster_name: str, batch: int, memory=None,
                  stages: int | None = None, micro_batches: int | None = None, schedule=None,
                  exact_stages: bool = False, options=None, sequence_parallel=frozenset(),
-                 tensor_parallel=None) -> PlanRequest:
-    """The PlanRequest over a cost model; `memory`: None, bytes or a size such as '16GiB'."""
-    from paraplan.planners.request import PlanRequest
+                 tensor_parallel=None, headroom: float | None = None) -> PlanRequest:
+    """The PlanRequest over a cost model; `memory`: None, bytes or a size such as '16GiB';
+    `headroom`: the share of memory left unplanned (None: DEFAULT_HEADROOM of the device's own
+    memory, none of a budget the caller gave)."""
+    from paraplan.planners.request import DEFAULT_HEADROOM, PlanRequest
 
+    if headroom is None:
+        headroom = DEFAULT_HEADROOM if memory is None else 0.0
     return PlanRequest(costs=costs, model_name=model_name, cluster_name=cluster_name, batch=batch, n_stages=stages,
+                       headroom=headroom,
                        n_micro=micro_batches, schedule=schedule, memory_bytes=memory_bytes(memory),
                        exact_stages=exact_stages, options=options or {},
                        sequence_parallel=frozenset(sequence_parallel),
@@ -287,7 +292,7 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
              image_size: int | None = None, layers: str | None = None, operators: str | None = None,
              stages: int | None = None, micro_batches: int | None = None, schedule=None, exact_stages: bool = False,
              options=None, watch: Watch | None = None, precision: str | None = None,
-             engine: str = "paraplan") -> Workload:
+             engine: str = "paraplan", headroom: float | None = None) -> Workload:
     """The cluster loaded (unless it is one already), the model built and measured, its operator
     graph traced (`operators`: see OPERATORS), its cost model and, with a `batch`, the PlanRequest
     (its model named by the built reference, its cluster by `cluster_name`, by default the name or
@@ -325,7 +330,7 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
     if batch is not None:
         request = plan_request(costs, model_name=built.ref, cluster_name=name, batch=batch, memory=memory,
                                stages=stages, micro_batches=micro_batches, schedule=schedule,
-                               exact_stages=exact_stages, options=options,
+                               exact_stages=exact_stages, options=options, headroom=headroom,
                                sequence_parallel=sequence_parallel_layers(built, loaded, precision),
                                tensor_parallel=tensor_parallel)
     return Workload(built=built, spec=spec, cluster=loaded, costs=costs, operators=graph, request=request)

@@ -137,7 +137,7 @@ def mixed_run(tmp_path_factory):
     (tmp / "mixed.toml").write_text(MIXED)
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["plan", "--model", "gpt2-tiny", "--cluster", str(tmp / "mixed.toml"), "--batch", "8",
+        code = main(["plan", "--model", "gpt2-tiny", "--cluster", str(tmp / "mixed.toml"), "--batch", "8", "--headroom", "0",
                      "--out", str(tmp / "plan.json"), "--report", str(tmp / "report")])
     return SimpleNamespace(code=code, stdout=out.getvalue(), stderr=err.getvalue(), dir=tmp,
                            html=(tmp / "report" / "index.html").read_text())

@@ -109,3 +109,30 @@ def engine_line(result, best) -> str:
     else:
         text += " (the best of all too)"
     return text + f"; export it with `paraplan export PLAN --to {result.engine}`"
+
+
+def engines_line(result, best, shape) -> str:
+    """Without --engine: which engines run the chosen plan, and for each that does not, the best
+    row of the comparison it does run (by paraplan's own prediction; `--engine E` searches E's
+    recipes and prices as E runs them)."""
+    from paraplan.engines import ENGINES, engine_problem
+    from paraplan.engines.layout import ENGINE_NAMES
+
+    if best is None:
+        return ""
+    runs = [ENGINE_NAMES[e] for e in ENGINES if engine_problem(best.plan, e, shape) is None]
+    others = []
+    for engine in ENGINES:
+        if ENGINE_NAMES[engine] in runs:
+            continue
+        rows = sorted((r for r in result.rows if r.status == "ok" and engine_problem(r.plan, engine, shape) is None),
+                      key=lambda r: r.iteration_s)
+        others.append(f"{ENGINE_NAMES[engine]}'s best here is {rows[0].planner}'s, "
+                      f"{rows[0].iteration_s / best.iteration_s - 1:+.1%}" if rows else
+                      f"{ENGINE_NAMES[engine]} runs none of these")
+    head = (f"engines: {', '.join(runs)} run{'s' if len(runs) == 1 else ''} the chosen plan" if runs
+            else "engines: none runs the chosen plan (a per-layer mix, or a schedule of paraplan's own)")
+    tail = "; ".join(others)
+    return head + (f"; {tail}" if tail else "") + (
+        "; `--engine NAME` searches that engine's own recipes, priced as it runs them" if others or not runs else
+        "; `paraplan export PLAN --to NAME` writes its configuration")

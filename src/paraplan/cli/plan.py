@@ -66,6 +66,9 @@ def add_parser(sub) -> None:
     p.add_argument("--memory-gib", type=float, default=None, help="memory budget per device (default: the device's)")
     p.add_argument("--memory", type=memory_arg, default=None, dest="memory_size",
                    help="memory budget per device with a unit, e.g. 16GiB, 12GB, 512MiB (the same as --memory-gib)")
+    p.add_argument("--headroom", type=headroom_arg, default=None,
+                   help="the share of each device's memory left unplanned, e.g. 10%% or 0.1 (default: 5%% of the "
+                        "device's memory, the memory model's error on published runs; none of a --memory budget)")
     p.add_argument("--eta", type=int, default=None, help="IMD weight groups (CSIMD's eta; default 1000)")
     p.add_argument("--method", default=None, help="csimd's division search: auto, imd, exact, exact-time")
     p.add_argument("--runnable", default=None, action=argparse.BooleanOptionalAction,
@@ -91,6 +94,17 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default="plan.json", help="write the plan (with its prediction) here")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(func=run)
+
+
+def headroom_arg(text: str) -> float:
+    """--headroom: a share as 10% or 0.1, in [0, 1)."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share such as 10% or 0.1, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"a share of the memory in [0%, 100%), got {text!r}")
+    return value
 
 
 def run(args) -> int:

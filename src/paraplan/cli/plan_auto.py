@@ -95,7 +95,7 @@ def run_auto(args, given: dict) -> int:
         from paraplan.plans.plan_file import plan_to_dict
 
         print(json.dumps({**auto_json(result, args.out if best else None, gap, plan_to_dict, flops, w.cluster),
-                          "input_note": input_note(args, w.built)}, indent=2))
+                          "headroom": request.headroom, "input_note": input_note(args, w.built)}, indent=2))
     else:
         _print_comparison(args, result, best, gap, w, flops)
         print_input(args, w.built)
@@ -191,10 +191,18 @@ def _print_comparison(args, result, best, gap, w, flops) -> None:
             out.print(f"schedule: {best.plan.schedule}"
                       + (f", {best.plan.virtual_stages} chunks per device" if best.plan.virtual_stages > 1 else "")
                       + f"; next best schedule for this planner: {opts['schedule_runner_up'] or 'none'}")
+    if w.request.headroom:
+        out.print(f"memory: planned within {1 - w.request.headroom:.0%} of each device's memory (a "
+                  f"{w.request.headroom:.0%} headroom for the memory model's own error; --headroom to change it)")
     if result.engine:
         from paraplan.cli.export import engine_line
 
         out.print(engine_line(result, best))
+    elif best is not None:
+        from paraplan.cli.export import engines_line
+        from paraplan.engines.shape import shape_of
+
+        out.print(engines_line(result, best, shape_of(w.built, w.built.ref)))
 
 
 def _parts_json(result) -> dict | None:

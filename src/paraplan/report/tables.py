@@ -111,8 +111,11 @@ def compared_text(result) -> str:
     """What a comparison compared, in the words the console and the report share: the plans (the
     rows that produced one, fitting or not) and the planners they came from."""
     plans = sum(r.status in ("ok", "infeasible") for r in result.rows)
+    cut = [r.planner for r in result.rows if r.timed_out]
     return (f"{plans} plan{'s' if plans != 1 else ''} compared, from {len(result.rows)} planner"
-            f"{'s' if len(result.rows) != 1 else ''}, in {result.wall_s:.1f} s")
+            f"{'s' if len(result.rows) != 1 else ''}, in {result.wall_s:.1f} s"
+            + (f"; cut short by the time limit: {', '.join(cut)} (a longer --time-limit may find a better plan)"
+               if cut else ""))
 
 
 def models_table(rows: list[tuple[str, str, int, int, str, str]]) -> Table:

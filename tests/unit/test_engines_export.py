@@ -230,3 +230,25 @@ def test_export_prints_the_engines_own_prediction_beside_the_launch(capsys, tmp_
         value, unit = line.split(": ")[1].split(" per iteration")[0].split()
         seconds[engine] = float(value) * (1e-3 if unit == "ms" else 1.0)
     assert seconds["megatron"] < seconds["torchtitan"]
+
+
+def test_each_engine_export_carries_the_settings_its_prediction_assumed():
+    """Issue 49 item 3, torchtitan and DeepSpeed (Megatron-LM's: tests/engines/test_engine_configs.py):
+    every setting the engine's prediction depends on is written, not left to the engine's default."""
+    shape = model_shape("llama-tiny")
+    n = len(shape.kinds)
+    full = LayerStrategy(sdp=4, recompute="full")
+    plan = Plan(model=shape.name, cluster="dgx-a100-80gb", n_layers=n, global_batch=16, n_micro=2, schedule="1f1b",
+                stages=(stage(0, n, range(4), full),), precision="bf16")
+    titan = export(plan, "torchtitan", shape).text.split()
+    for setting in ("--training.mixed_precision_param=bfloat16",  # FSDP2's bf16 parameters and activations
+                    "--training.mixed_precision_reduce=float32",  # its fp32 gradient reduction
+                    "--compile.no-enable",  # eager: compile and AsyncTP are not priced
+                    "--parallelism.data_parallel_shard_degree=4", "--parallelism.fsdp_reshard_after_forward=always",
+                    "activation_checkpoint:full", "--training.local_batch_size=2", "--training.global_batch_size=16"):
+        assert setting in titan, setting
+    ds = json.loads(export(plan, "deepspeed", shape).text)
+    assert ds["bf16"] == {"enabled": True}
+    assert ds["zero_optimization"] == {"stage": 3, "overlap_comm": False}  # its overlap is not priced
+    assert "activation_checkpointing" in ds
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (16, 2, 2)

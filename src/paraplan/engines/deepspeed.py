@@ -5,7 +5,8 @@ What maps where (deepspeed/runtime/config.py and its sections):
   and `gradient_accumulation_steps` (the plan's micro-batches; the pipeline engine's micro-batch
   count): DeepSpeed asserts batch = micro x steps x data-parallel ranks;
 - `zero_optimization.stage`: the plan's ZeRO stage over its replicas, 3 for sharded data
-  parallelism (ZeRO-3 / FSDP);
+  parallelism (ZeRO-3 / FSDP); `zero_optimization.overlap_comm` false, as the prediction prices it
+  (0.19.8 turns it on for ZeRO-3 by default; its overlap is not priced);
 - `bf16.enabled` / `fp16.enabled`;
 - tensor parallelism as AutoTP training (`tensor_parallel.autotp_size`), which has no
   Megatron-style sequence parallelism (DeepSpeed's own sequence parallelism is Ulysses, another
@@ -75,7 +76,10 @@ def config(layout: EngineLayout, shape: ModelShape, params: tuple[int, ...]) -> 
     notes = list(layout.notes)
     out: dict = {"train_batch_size": layout.global_batch, "train_micro_batch_size_per_gpu": layout.micro_batch,
                  "gradient_accumulation_steps": layout.n_micro,
-                 "zero_optimization": {"stage": 3 if layout.dp_shard > 1 else layout.zero}}
+                 # overlap_comm off, as the prediction prices it (costs/engine_profile.py: DeepSpeed's
+                 # gradient-reduction and ZeRO-3 gather overlap are not priced; 0.19.8 turns it on for
+                 # ZeRO-3 by default): said, so the run is the one predicted
+                 "zero_optimization": {"stage": 3 if layout.dp_shard > 1 else layout.zero, "overlap_comm": False}}
     if layout.precision in (Precision.BF16, Precision.FP16):
         out[layout.precision.value] = {"enabled": True}
     if layout.tp > 1:

@@ -26,7 +26,8 @@ torchtitan 0.3.0's `config/configs.py` defines them:
 - `training.mixed_precision_param` (bfloat16 / float32); fp16 is refused (torchtitan has none);
 - `training.local_batch_size` (per data-parallel rank per step) and `training.global_batch_size`
   (gradient accumulation follows: global / (local x data-parallel ranks));
-- `training.disable_cuda_graphs` with a pipeline (torchtitan refuses pipelines with CUDA graphs).
+- `training.disable_cuda_graphs` with a pipeline (torchtitan refuses pipelines with CUDA graphs);
+- `compile.no-enable`: eager, as the prediction prices it (torch.compile and AsyncTP not priced).
 """
 
 from __future__ import annotations
@@ -127,6 +128,9 @@ def overrides(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], list[
         args.append(f"--training.seq_len={shape.seq_len}")
     param = "bfloat16" if layout.precision == Precision.BF16 else "float32"
     args += [f"--training.mixed_precision_param={param}", "--training.mixed_precision_reduce=float32"]
+    # eager, as the prediction prices it (costs/engine_profile.py: torch.compile and AsyncTP, which
+    # only compile enables, are not priced): said, not left to a config file's default
+    args.append("--compile.no-enable")
     if layout.precision == Precision.TF32:
         notes.append("tf32: torchtitan's float32 matmuls follow torch.backends.cuda.matmul.allow_tf32")
     if layout.recompute == Recompute.SELECTIVE:

@@ -72,9 +72,16 @@ def _engine_prediction(plan, engine: str) -> str:
     except ParaplanError as exc:  # the file is written: a plan that cannot be priced here says why
         return f"no prediction as {ENGINE_NAMES[engine]} runs it: {exc}"
     peak = max((m.peak_bytes for m in p.memory), default=0) / 2**30
+    from paraplan.costs.model_flops import plan_achieved
+    from paraplan.report.tables import achieved_text
+    from paraplan.workload import model_flops_of
+
+    flops = model_flops_of(w.built, w.spec)
+    per_gpu = plan_achieved(flops, plan, cluster, p.throughput_samples_per_s)
     return (f"predicted as {ENGINE_NAMES[engine]} runs it: {_seconds(p.iteration_s)} per iteration, {peak:.1f} GiB on "
-            f"the fullest device{'' if p.feasible else ' (' + p.reason + ')'} (paraplan simulate PLAN --engine "
-            f"{engine}: the details)")
+            f"the fullest device{'' if p.feasible else ' (' + p.reason + ')'}"
+            + (f"; {achieved_text(per_gpu, flops)}" if per_gpu is not None else "")
+            + f" (paraplan simulate PLAN --engine {engine}: the details)")
 
 
 def restricted(result, engine: str, w):
@@ -102,7 +109,10 @@ def engine_line(result, best) -> str:
             f"; the best of all, {top.planner}: {_seconds(top.iteration_s)}" if top else "") + (
             f"; its own recipes: {recipes.shape + ': ' if recipes.shape else ''}{recipes.reason}" if recipes else "")
     text = f"{name}: the best plan it can run is {best.planner}'s"
-    if top is not None and top.planner != best.planner:
+    if top is not None and top.planner != best.planner and best.iteration_s <= top.iteration_s:
+        text += (f", faster than every planner's own ({top.planner}'s, {_seconds(top.iteration_s)}, "
+                 f"{top.iteration_s / best.iteration_s - 1:+.1%})")
+    elif top is not None and top.planner != best.planner:
         refused = next(r for r in result.rows if r.planner == top.planner)
         text += (f", {best.iteration_s / top.iteration_s - 1:.1%} slower than the best of all ({top.planner}'s, "
                  f"{_seconds(top.iteration_s)}: {refused.reason})")

@@ -42,7 +42,7 @@ def doc_files() -> list[Path]:
 
 
 # flags of the other programs the docs show beside paraplan's (no paraplan subcommand has them)
-FOREIGN_PREFIXES = ("--parallelism.", "--training.", "--section.")  # torchtitan's --section.key overrides
+FOREIGN_PREFIXES = ("--parallelism.", "--training.", "--section.", "--compile.")  # torchtitan's --section.key overrides
 FOREIGN = {
     # torchrun
     "--nnodes", "--nproc-per-node", "--node-rank", "--master-addr", "--master-port", "--rdzv-backend",

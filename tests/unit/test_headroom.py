@@ -42,3 +42,20 @@ def test_a_plan_made_with_headroom_leaves_it_free_on_the_real_device():
         assert p.feasible
         peaks[headroom] = max(m.peak_bytes for m in p.memory)
     assert peaks[None] <= (1 - DEFAULT_HEADROOM) * 80 * GIB < peaks[0.0]
+
+
+def test_the_headroom_flag_takes_a_share_and_refuses_nonsense_in_one_line(capsys, tmp_path):
+    import json
+
+    from conftest import run_cli_here
+
+    out = tmp_path / "p.json"
+    done = run_cli_here(capsys, "plan", "--model", "gpt2-tiny", "--cluster", "galvatron-8xtitan", "--batch", "16",
+                        "--planner", "auto", "--time-limit", "20", "--headroom", "10%", "--out", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["headroom"] == pytest.approx(0.1)
+    for bad in ("1.5", "100%", "lots"):
+        done = run_cli_here(capsys, "plan", "--model", "gpt2-tiny", "--cluster", "galvatron-8xtitan", "--batch", "16",
+                            "--headroom", bad, "--out", str(tmp_path / "q.json"))
+        assert done.returncode == 2 and "--headroom" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "q.json").exists()

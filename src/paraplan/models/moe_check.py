@@ -25,8 +25,8 @@ from paraplan.errors import FieldError
 
 _MOE_CLASS = re.compile(r"(Experts|Router|Moe|MoE|MoeBlock|MoEBlock|MoeLayer|MoELayer)$")
 # the config fields that count routed experts and the experts each token runs through, by family
-_EXPERT_COUNTS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
-_TOP_K = ("num_experts_per_tok", "moe_top_k", "top_k")
+EXPERT_COUNTS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
+TOP_K = ("num_experts_per_tok", "moe_top_k", "top_k")
 
 
 def is_moe_part(module: nn.Module) -> bool:
@@ -34,7 +34,7 @@ def is_moe_part(module: nn.Module) -> bool:
     return bool(_MOE_CLASS.search(type(module).__name__)) or isinstance(experts, nn.Module)
 
 
-def _config_int(config, names: tuple[str, ...]) -> int | None:
+def config_int(config, names: tuple[str, ...]) -> int | None:
     for name in names:
         try:
             value = getattr(config, name, None)
@@ -56,7 +56,7 @@ def moe_summary(model: nn.Module) -> str | None:
         return None
     names = sorted({type(m).__name__ for _, m in outer})
     config = getattr(model, "config", None)
-    experts, top_k = _config_int(config, _EXPERT_COUNTS), _config_int(config, _TOP_K)
+    experts, top_k = config_int(config, EXPERT_COUNTS), config_int(config, TOP_K)
     detail = ", ".join(part for part in (f"{experts} routed experts" if experts else "",
                                          f"top-{top_k}" if top_k else "") if part)
     return f"{'/'.join(names)} in {len(outer)} blocks" + (f": {detail}" if detail else "")

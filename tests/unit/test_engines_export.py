@@ -252,3 +252,24 @@ def test_each_engine_export_carries_the_settings_its_prediction_assumed():
     assert ds["zero_optimization"] == {"stage": 3, "overlap_comm": False}  # its overlap is not priced
     assert "activation_checkpointing" in ds
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (16, 2, 2)
+
+
+def test_without_engine_the_answer_names_who_runs_the_winner_and_each_others_best(tiny):
+    """cli/export.py engines_line: the engines that run the chosen plan; for each other, the best row
+    of the comparison it runs (by paraplan's prediction), or that it runs none."""
+    from paraplan.cli.export import engines_line
+    from paraplan.planners.auto import Comparison, Row
+    from paraplan.planners.bound import LowerBound
+
+    gpipe = plan_of(tiny, [stage(0, 3, (0,)), stage(3, 6, (1,))], schedule="gpipe")
+    onef = plan_of(tiny, [stage(0, 3, (0,)), stage(3, 6, (1,))], schedule="1f1b")
+    rows = (Row(planner="a", status="ok", plan=gpipe, iteration_s=1.0, throughput=16.0),
+            Row(planner="b", status="ok", plan=onef, iteration_s=1.25, throughput=12.8))
+    result = Comparison(rows=rows, best="a", bound=LowerBound(0.5, 1.0, 1.0, 2), wall_s=0.1)
+    runners = [e for e in ENGINES if engine_problem(gpipe, e, tiny) is None]
+    line = engines_line(result, rows[0], tiny)
+    assert "deepspeed" not in runners and "DeepSpeed's best here is b's, +25.0%" in line
+    for engine in ENGINES:
+        if engine in runners:
+            assert line.startswith("engines: ") and {"torchtitan": "torchtitan", "megatron": "Megatron-LM"}[engine] in \
+                line.split(" the chosen plan")[0]

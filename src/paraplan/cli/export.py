@@ -140,8 +140,9 @@ def engines_line(result, best, shape) -> str:
         others.append(f"{ENGINE_NAMES[engine]}'s best here is {rows[0].planner}'s, "
                       f"{rows[0].iteration_s / best.iteration_s - 1:+.1%}" if rows else
                       f"{ENGINE_NAMES[engine]} runs none of these")
+    # DeepSpeed takes any model: its refusal names what of the plan itself no engine runs
     head = (f"engines: {', '.join(runs)} run{'s' if len(runs) == 1 else ''} the chosen plan" if runs
-            else "engines: none runs the chosen plan (a per-layer mix, or a schedule of paraplan's own)")
+            else f"engines: none runs the chosen plan (DeepSpeed: {engine_problem(best.plan, 'deepspeed', shape)})")
     tail = "; ".join(others)
     return head + (f"; {tail}" if tail else "") + (
         "; `--engine NAME` searches that engine's own recipes, priced as it runs them" if others or not runs else

@@ -111,15 +111,21 @@ def _child(module: nn.Module, names: tuple[str, ...]) -> list[nn.Module]:
     return [getattr(module, n) for n in names if isinstance(getattr(module, n, None), nn.Module)]
 
 
+def moe_parts(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of each block's MoE part: the outermost module holding an `experts` module."""
+    outer: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():  # pre-order: a part comes before what it holds
+        if is_moe_part(module) and isinstance(getattr(module, "experts", None), nn.Module) \
+                and not any(name.startswith(kept + ".") for kept, _ in outer[-1:]):
+            outer.append((name, module))
+    return outer
+
+
 def moe_spec(model: nn.Module) -> MoeSpec | None:
     """The model's experts (module docstring), or None for a dense model."""
     config = getattr(model, "config", None)
     top_k = config_int(config, TOP_K)
-    outer: list[tuple[str, nn.Module]] = []
-    for name, module in model.named_modules():
-        if is_moe_part(module) and isinstance(getattr(module, "experts", None), nn.Module) \
-                and not any(name.startswith(kept + ".") for kept, _ in outer[-1:]):
-            outer.append((name, module))
+    outer = moe_parts(model)
     if not outer:
         return None
     blocks = []

@@ -1,0 +1,77 @@
+"""A mixture-of-experts model made measurable on the meta device (issue 50 item 1).
+
+transformers 5 runs a block's routed experts data-dependently: the eager kernel loops over the
+experts some token chose (`nonzero()` on the routing, which meta tensors cannot answer) and the
+grouped one wants bf16 inputs (the crash models/moe_check.py refuses today). To measure such a
+model as paraplan measures every other (FLOPs by torch's flop counter, saved tensors, kernels, on
+meta), `static_routing` swaps each `experts` module's forward, for as long as the context lasts,
+for one that sends every token through the first top-k experts, weighted by the router's own
+weights. The router and the shared experts run as the model has them. A token then multiplies
+what real routing makes it multiply (top-k experts of the same size, each expert's weights the
+same shape), so the counted FLOPs are the routed ones (models/moe_spec.py's closed form, checked
+in tests/unit/test_moe_static.py) and each expert's intermediate tensors hold k x tokens rows in
+all, as the gathered tokens do under real routing when it is balanced. Which experts a token
+reaches and how unevenly is the routing's own business: the cost model takes imbalance as a
+factor (issue 50 item 2), not from this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import MethodType
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from paraplan.models.moe_spec import moe_parts
+
+
+def _project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight for a weight stored [out, in] (nn.Linear's) or [in, out] (gpt-oss's), by which
+    of its sizes is x's."""
+    if weight.shape[-1] == x.shape[-1]:
+        return F.linear(x, weight, bias)
+    y = x @ weight
+    return y + bias if bias is not None else y
+
+
+def _one_expert(experts: nn.Module, e: int, x: torch.Tensor) -> torch.Tensor:
+    if isinstance(experts, nn.ModuleList):
+        return experts[e](x)
+    bias = getattr(experts, "gate_up_proj_bias", None)
+    gate, up = _project(x, experts.gate_up_proj[e], None if bias is None else bias[e]).chunk(2, dim=-1)
+    act = getattr(experts, "act_fn", None) or F.silu
+    bias = getattr(experts, "down_proj_bias", None)
+    return _project(act(gate) * up, experts.down_proj[e], None if bias is None else bias[e])
+
+
+def _static_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                    top_k_weights: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """Every token through experts 0..k-1, each weighted by the router's j-th weight."""
+    k = top_k_index.shape[-1]
+    out = None
+    for j in range(k):
+        y = _one_expert(self, j, hidden_states) * top_k_weights[..., j:j + 1].to(hidden_states.dtype)
+        out = y if out is None else out + y
+    return out
+
+
+@contextmanager
+def static_routing(model: nn.Module) -> Iterator[int]:
+    """Within the context, every MoE part's experts route statically (module docstring); yields
+    how many parts it swapped (0 for a dense model)."""
+    swapped = []
+    try:
+        for _, part in moe_parts(model):
+            experts = part.experts
+            swapped.append((experts, experts.__dict__.get("forward")))
+            experts.forward = MethodType(_static_forward, experts)
+        yield len(swapped)
+    finally:
+        for experts, before in swapped:
+            if before is None:
+                del experts.forward
+            else:
+                experts.forward = before

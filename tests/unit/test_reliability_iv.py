@@ -34,15 +34,23 @@ def one_line(res) -> str:
     return res.stderr
 
 
-@pytest.mark.parametrize("family", list(MOE))
-def test_a_mixture_of_experts_config_is_refused_in_one_line_naming_the_feature(capsys, family):
-    for args in (("inspect", MOE[family]),
-                 ("plan", "--model", MOE[family], "--cluster", "local", "--batch", "8", "--planner", "even",
-                  "--precision", "bf16")):
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_a_mixture_of_experts_config_is_measured_and_planned(capsys, family):
+    """Since issue 50's model description (models/moe_spec.py, moe_static.py) an MoE model is measured
+    on meta with its routed FLOPs and planned (without expert parallelism yet); it was refused before."""
+    assert run_cli_here(capsys, "inspect", MOE[family]).returncode == 0
+    plan = paraplan.plan(MOE[family], "local", batch=8, planner="even", precision="fp32")
+    assert plan.prediction.feasible
+
+
+def test_a_mixture_of_experts_without_a_top_k_is_refused_in_one_line(capsys):
+    """DeepSeek-V2's default config has no top-k (None): one line naming it, not a crash in topk."""
+    for args in (("inspect", MOE["deepseek_v2"]),
+                 ("plan", "--model", MOE["deepseek_v2"], "--cluster", "local", "--batch", "8", "--planner", "even")):
         line = one_line(run_cli_here(capsys, *args))
-        assert "mixture-of-experts" in line and "routed experts" in line and "issue 50" in line
-    with pytest.raises(ParaplanError, match="mixture-of-experts"):
-        paraplan.plan(MOE[family], "local", batch=8, planner="even", precision="fp32")
+        assert "mixture of experts" in line and "num_experts_per_tok" in line
+    with pytest.raises(ParaplanError, match="num_experts_per_tok"):
+        paraplan.plan(MOE["deepseek_v2"], "local", batch=8, planner="even", precision="fp32")
 
 
 def test_deepseek_v3_cut_to_its_dense_blocks_is_not_taken_for_a_mixture(capsys):
@@ -223,11 +231,12 @@ def test_megatron_grid_with_no_layout_for_the_batch_is_one_line_and_galvatron_st
 
 def test_a_refused_model_is_refused_before_this_machine_is_measured(capsys, tmp_path, monkeypatch):
     """On `local` with no calibration cached, `plan` measured the machine for a minute, then refused
-    the MoE model; the model is now checked first (cli/machine.py: machine_cluster's check)."""
+    the model (an MoE config without a top-k here); the model is now checked first (cli/machine.py:
+    machine_cluster's check)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
-    line = one_line(run_cli_here(capsys, "plan", "--model", MOE["mixtral"], "--cluster", "local", "--batch", "8",
+    line = one_line(run_cli_here(capsys, "plan", "--model", MOE["deepseek_v2"], "--cluster", "local", "--batch", "8",
                                  "--planner", "even", "--precision", "bf16"))
-    assert "mixture-of-experts" in line and "--no-calibration" not in line
+    assert "mixture of experts" in line and "--no-calibration" not in line
     assert not list((tmp_path / "empty-cache").rglob("*.toml"))
 
 

@@ -203,9 +203,20 @@ def build_hf(ref: ModelRef) -> tuple[nn.Module, InputSpec, str]:
     except (AssertionError, ValueError, TypeError, RuntimeError) as exc:
         raise FieldError("model", f"hf: transformers cannot build {model_type} from this config: "
                                   f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-    from paraplan.models.moe_check import refuse_mixture_of_experts
+    from paraplan.models.moe_spec import moe_spec
+    from paraplan.models.moe_static import eager_experts, route_statically
 
-    refuse_mixture_of_experts(model, f"hf:{model_type}")  # before anything runs its experts' kernels
+    # a mixture of experts: described (its experts and top-k, or one line on what does not add up:
+    # DeepSeek-V2's default top-k is None), measured on meta with its experts routed statically
+    # (top-k of them per token, models/moe_static.py), trained for real with transformers' eager experts
+    try:
+        moe_spec(model)
+    except ValueError as exc:
+        raise FieldError("model", f"hf:{model_type} is a mixture of experts paraplan cannot describe: {exc}") from None
+    if next(model.parameters()).device.type == "meta":
+        route_statically(model)
+    else:
+        eager_experts(model)
     family = ADAPTED_TYPES.get(model_type, "hf")
     if kind == "seq2seq" and family != "t5":
         raise FieldError("model", f"hf: paraplan cuts only T5 among encoder-decoder models, not {model_type}")

@@ -1,18 +1,15 @@
-"""Mixture-of-experts models, recognised and refused in one line until paraplan plans them.
+"""Mixture-of-experts models recognised by structure, not by class, so every family transformers
+has (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2/V3, gpt-oss, Llama 4, ...) is caught without a list:
+a module whose class name ends in Experts, Router or Moe/MoeBlock, or that holds an `experts`
+submodule. A model whose configuration has experts but whose built layers have none (DeepSeek-V3
+cut to its first dense blocks) is dense.
 
-paraplan prices a layer as if every token ran through all of its weights; a mixture of experts
-runs each token through its top-k of E experts, so its FLOPs, memory and the expert parallelism
-that places them are a capability of their own (issue 50, "Mixture-of-experts"). Until then an
-MoE model is refused before anything runs it: transformers 5.x picks the experts' kernel by the
-config's `experts_implementation` (`eager`, `batched_mm`, `grouped_mm`), and its grouped GEMM
-crashes on the meta device in fp32 ("Expected inputs of BF16 type"), while DeepSeek-V2's default
-top-k (None) crashes in `topk` (issue 46).
-
-Recognised by structure, not by class, so every family transformers has (Mixtral, Qwen2/3-MoE,
-OLMoE, DeepSeek-V2/V3, gpt-oss, Llama 4, ...) is caught without a list: a module whose class name
-ends in Experts, Router or Moe/MoeBlock, or that holds an `experts` submodule. A model whose
-configuration has experts but whose built layers have none (DeepSeek-V3 cut to its first dense
-blocks) is dense and plans.
+Until issue 50's model description an MoE model was refused here: transformers 5.x picks the
+experts' kernel by the config's `experts_implementation` (`eager`, `batched_mm`, `grouped_mm`),
+the grouped GEMM crashes on the meta device in fp32 ("Expected inputs of BF16 type") and the eager
+one loops over data-dependent experts. models/moe_spec.py now describes such a model and
+models/moe_static.py measures it on meta with its routed FLOPs; what is left here is recognising
+one and saying in a few words what it has (`moe_summary`).
 """
 
 from __future__ import annotations
@@ -20,8 +17,6 @@ from __future__ import annotations
 import re
 
 from torch import nn
-
-from paraplan.errors import FieldError
 
 _MOE_CLASS = re.compile(r"(Experts|Router|Moe|MoE|MoeBlock|MoEBlock|MoeLayer|MoELayer)$")
 # the config fields that count routed experts and the experts each token runs through, by family
@@ -60,14 +55,3 @@ def moe_summary(model: nn.Module) -> str | None:
     detail = ", ".join(part for part in (f"{experts} routed experts" if experts else "",
                                          f"top-{top_k}" if top_k else "") if part)
     return f"{'/'.join(names)} in {len(outer)} blocks" + (f": {detail}" if detail else "")
-
-
-def refuse_mixture_of_experts(model: nn.Module, reference: str) -> None:
-    """One line for an MoE model (FieldError on the model), naming what it found and the missing feature."""
-    summary = moe_summary(model)
-    if summary is None:
-        return
-    raise FieldError("model", f"{reference} is a mixture-of-experts model ({summary}): paraplan does not plan "
-                              "mixture-of-experts models yet (routed experts' FLOPs and memory, top-k routing and "
-                              "expert parallelism are the 'Mixture-of-experts' feature, issue 50); a dense model of "
-                              "the same shape plans today")

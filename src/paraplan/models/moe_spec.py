@@ -137,8 +137,10 @@ def moe_spec(model: nn.Module) -> MoeSpec | None:
         said = config_int(config, EXPERT_COUNTS)
         if said is not None and said != experts:  # the structure and the config must agree
             raise ValueError(f"{name}: {experts} experts built where the config says {said}")
-        if not top_k or top_k > experts:
-            raise ValueError(f"{type(model).__name__}: top-k {top_k} of {experts} experts")
+        if not top_k:
+            raise ValueError(f"its config gives no top-k (num_experts_per_tok) for its {experts} experts: set it")
+        if top_k > experts:
+            raise ValueError(f"top-{top_k} of {experts} experts")
         shared = [_count(m) for m in _child(part, _SHARED_NAMES)]
         router = [_count(m) for m in _child(part, _ROUTER_NAMES)]
         groups = config_int(config, ("n_group",)) or 1

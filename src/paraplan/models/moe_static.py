@@ -75,3 +75,20 @@ def static_routing(model: nn.Module) -> Iterator[int]:
                 del experts.forward
             else:
                 experts.forward = before
+
+
+def route_statically(model: nn.Module) -> int:
+    """`static_routing` for good, on a model built on meta to be measured (it never trains): how
+    many MoE parts it swapped."""
+    parts = moe_parts(model)
+    for _, part in parts:
+        part.experts.forward = MethodType(_static_forward, part.experts)
+    return len(parts)
+
+
+def eager_experts(model: nn.Module) -> None:
+    """A model that trains for real runs its experts with transformers' eager kernel: the grouped
+    one wants bf16 inputs (`grouped_mm`), and paraplan trains fp32 too."""
+    config = getattr(model, "config", None)
+    if config is not None and moe_parts(model):
+        config._experts_implementation = "eager"

@@ -22,13 +22,16 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from paraplan.cli.plan_runs import BUSY_LOAD, load_average
     from paraplan.hardware.cluster_file import write_cluster_file
     from paraplan.profiling.calibrate import calibrate
     from paraplan.report.tables import console
 
     check_output("--out", args.out)
+    load = load_average()  # what else ran beside the measurement (the proof says the same of its runs)
     with console(stderr=True).status("calibrating") as status:
         result = calibrate(quick=args.quick, devices=args.devices, progress=lambda text: status.update(f"calibrating: {text}"))
+    result.evidence["load_average_at_start"] = load
     write_cluster_file(result.cluster, args.out, calibration=result.evidence)
     cached = None
     if args.devices is None or args.devices == (os.cpu_count() or 1):  # this whole machine: `local` from now on
@@ -43,6 +46,10 @@ def run(args) -> int:
         return 0
     for line in result.summary:
         console().print(line)
+    cores = os.cpu_count() or 1
+    console().print(f"load average {load:.2f} on {cores} cores at the start" + (
+        f": above {BUSY_LOAD}, these figures measure the other work too; calibrate again on a quiet machine"
+        if load > BUSY_LOAD else ""))
     console().print(f"cluster written to {args.out}: use it as --cluster {args.out} with plan, simulate and "
                     "train --compare" + (f"; `--cluster local` uses it too (cached in {cached})" if cached else ""))
     return 0

@@ -50,3 +50,13 @@ def run_page(page: Path, tmp: Path) -> list[tuple[str, int, str]]:
         if res.returncode != 0:
             break
     return ran
+
+
+def run_page_cleanly(page: Path, tmp: Path) -> list[tuple[str, int, str]]:
+    """`run_page`, every command of the page run, each with exit status 0 and no traceback."""
+    ran = run_page(page, tmp)
+    assert len(ran) == len(commands(page))
+    for command, status, output in ran:
+        assert status == 0, f"{command}\n{output}"
+        assert "Traceback" not in output, f"{command}\n{output}"
+    return ran

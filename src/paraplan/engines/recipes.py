@@ -55,9 +55,6 @@ def recipe_row(request: PlanRequest, engine: str, shape: ModelShape) -> Row:
                                  accumulation=True)
     except FieldError as exc:
         return Row(planner=name, status="failed", reason=f"{ENGINE_NAMES[engine]}'s recipes: {exc.detail}")
-    if not judged:
-        return Row(planner=name, status="failed", reason=f"{ENGINE_NAMES[engine]} runs no uniform layout of this "
-                                                         "request")
     plan, _ = judged[0]
     row = judged_row(name, replace(plan, precision=request.costs.precision), request.costs)
     if row.status == "ok":

@@ -2,10 +2,10 @@
 
 transformers 5 runs a block's routed experts data-dependently: the eager kernel loops over the
 experts some token chose (`nonzero()` on the routing, which meta tensors cannot answer) and the
-grouped one wants bf16 inputs (the crash models/moe_check.py refuses today). To measure such a
+grouped one wants bf16 inputs (both crash on meta; such models were refused until this). To measure such a
 model as paraplan measures every other (FLOPs by torch's flop counter, saved tensors, kernels, on
-meta), `static_routing` swaps each `experts` module's forward, for as long as the context lasts,
-for one that sends every token through the first top-k experts, weighted by the router's own
+meta), `route_statically` swaps each `experts` module's forward (`static_routing`: for as long as
+a context lasts) for one that sends every token through the first top-k experts, weighted by the router's own
 weights. The router and the shared experts run as the model has them. A token then multiplies
 what real routing makes it multiply (top-k experts of the same size, each expert's weights the
 same shape), so the counted FLOPs are the routed ones (models/moe_spec.py's closed form, checked
@@ -58,32 +58,27 @@ def _static_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     return out
 
 
-@contextmanager
-def static_routing(model: nn.Module) -> Iterator[int]:
-    """Within the context, every MoE part's experts route statically (module docstring); yields
-    how many parts it swapped (0 for a dense model)."""
-    swapped = []
-    try:
-        for _, part in moe_parts(model):
-            experts = part.experts
-            swapped.append((experts, experts.__dict__.get("forward")))
-            experts.forward = MethodType(_static_forward, experts)
-        yield len(swapped)
-    finally:
-        for experts, before in swapped:
-            if before is None:
-                del experts.forward
-            else:
-                experts.forward = before
-
-
 def route_statically(model: nn.Module) -> int:
-    """`static_routing` for good, on a model built on meta to be measured (it never trains): how
-    many MoE parts it swapped."""
+    """Every MoE part's experts route statically (module docstring), for good: a model built on
+    meta to be measured (it never trains). How many parts it swapped (0 for a dense model)."""
     parts = moe_parts(model)
     for _, part in parts:
         part.experts.forward = MethodType(_static_forward, part.experts)
     return len(parts)
+
+
+@contextmanager
+def static_routing(model: nn.Module) -> Iterator[int]:
+    """`route_statically` for as long as the context lasts, each experts' own forward back after."""
+    before = [(part.experts, part.experts.__dict__.get("forward")) for _, part in moe_parts(model)]
+    try:
+        yield route_statically(model)
+    finally:
+        for experts, forward in before:
+            if forward is None:
+                del experts.forward
+            else:
+                experts.forward = forward
 
 
 def eager_experts(model: nn.Module) -> None:

@@ -26,8 +26,8 @@ CASES = [  # (model, cluster, batch, pipeline ranks, memory budget)
 ]
 
 
-def _brute_force(request, judge, n_ranks):
-    best = None
+def _every_plan(request, n_ranks):
+    """Every schedule kind and chunk count, micro-batch count and cut of the model (module docstring)."""
     n_layers = request.n_layers
     for kind, virtual in DEFAULT_VARIANTS:
         n = n_ranks * virtual
@@ -37,26 +37,39 @@ def _brute_force(request, judge, n_ranks):
                 continue
             for cuts in itertools.combinations(range(1, n_layers), n - 1):
                 bounds = (0, *cuts, n_layers)
-                plan = Plan(model=request.model_name, cluster=request.cluster_name, n_layers=n_layers,
-                            global_batch=request.batch, n_micro=n_micro, schedule=kind, grad_sync="none",
-                            virtual_stages=virtual,
-                            stages=tuple(Stage(LayerRange(bounds[i], bounds[i + 1]), (ranks[i],)) for i in range(n)))
-                p = judge(plan)
-                key = (not p.feasible, p.iteration_s)
-                if best is None or key < best[0]:
-                    best = (key, plan)
-    return best[1], best[0]
+                yield Plan(model=request.model_name, cluster=request.cluster_name, n_layers=n_layers,
+                           global_batch=request.batch, n_micro=n_micro, schedule=kind, grad_sync="none",
+                           virtual_stages=virtual,
+                           stages=tuple(Stage(LayerRange(bounds[i], bounds[i + 1]), (ranks[i],)) for i in range(n)))
+
+
+def _brute_force(judge, by_time):
+    """The fastest plan that fits under `judge`'s memory budget, and (infeasible, its time). A plan's
+    time does not depend on the budget, so the plans are judged in the order of their unlimited
+    times (`by_time`) until the first that fits: the same optimum as judging every plan under the
+    budget, in a fifth of the time (asserted: each plan judged keeps its unlimited time)."""
+    for unlimited_s, plan in by_time:
+        p = judge(plan)
+        assert p.iteration_s == pytest.approx(unlimited_s, rel=1e-12)
+        if p.feasible:
+            return plan, (False, p.iteration_s)
+    return by_time[0][1], (True, by_time[0][0])
 
 
 @pytest.fixture(scope="module")
 def outcomes():
-    out = []
+    out, shapes = [], {}
     for model, cluster, batch, n_ranks, memory in CASES:
         request = workload(model, cluster, batch=batch, stages=n_ranks, exact_stages=True, schedule="best",
                            memory=memory).request
         judge = simulator_judge(request)
         plan = make_plan(request, "csimd", judge)
-        best, (infeasible, best_s) = _brute_force(request, judge, n_ranks)
+        shape = (model, cluster, batch, n_ranks)
+        if shape not in shapes:  # the first case of each shape has no budget: every plan's own time
+            assert memory is None
+            shapes[shape] = sorted(((judge(p).iteration_s, p) for p in _every_plan(request, n_ranks)),
+                                   key=lambda x: x[0])
+        best, (infeasible, best_s) = _brute_force(judge, shapes[shape])
         out.append((memory, plan, best, not infeasible, best_s))
     return out
 

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from paraplan.costs.strategy import context_rank, data_rank, layout_ranks, slice_gather_fraction
+from paraplan.costs.slice_gather import context_rank, data_rank, layout_ranks, slice_gather_fraction
 from paraplan.planners import progress
 from paraplan.planners.fddps.planner import MAX_PLACEMENT_DEVICES
 from paraplan.planners.registry import make_plan

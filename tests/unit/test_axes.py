@@ -8,7 +8,8 @@ import pathlib
 import pytest
 
 import paraplan
-from paraplan.costs.strategy import context_rank, data_rank, strategy_groups
+from paraplan.costs.slice_gather import context_rank, data_rank
+from paraplan.costs.strategy import strategy_groups
 from paraplan.plans.axes import (
     AXES,
     CONTEXT,

@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 
 from paraplan.costs.collectives import ring_allreduce_s
-from paraplan.costs.strategy import layer_memory, layer_time, slice_gather_fraction, strategy_groups
+from paraplan.costs.slice_gather import slice_gather_fraction
+from paraplan.costs.strategy import layer_memory, layer_time, strategy_groups
 from paraplan.errors import FieldError
 from paraplan.hardware.cluster import LinkSpec
 from paraplan.planners.registry import make_plan

@@ -9,14 +9,8 @@ import pytest
 
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.model import analytic_cost_model
-from paraplan.costs.strategy import (
-    data_rank,
-    layer_time,
-    slice_gather_fraction,
-    slice_gather_s,
-    strategy_groups,
-    strategy_links,
-)
+from paraplan.costs.slice_gather import data_rank, slice_gather_fraction, slice_gather_s
+from paraplan.costs.strategy import layer_time, strategy_groups, strategy_links
 from paraplan.errors import FieldError
 from paraplan.hardware import load_cluster
 from paraplan.hardware.cluster import Cluster, NodeSpec

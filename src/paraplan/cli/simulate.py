@@ -90,9 +90,11 @@ def run(args) -> int:
 
     # the size the prediction is for, and where it came from (issue 46): a line, or --json's input_note
     note = size_note(w.built, seq_len=args.seq_len, image_size=args.image_size)
+    from paraplan.simulator.experts import expert_summary
     from paraplan.workload import model_flops_of
 
-    _print(args, sim, cluster, compared, note, model_flops_of(w.built, w.spec))
+    experts = expert_summary(sim.plan, w.costs, sim.prediction.iteration_s)
+    _print(args, sim, cluster, compared, note, model_flops_of(w.built, w.spec), experts)
     if not args.json:
         console().print(f"input: {note}")
     return 0
@@ -144,9 +146,10 @@ def _write_figures(args, plan, sim, cluster) -> None:
         chrome_trace(sim.timeline, args.trace, name=f"{plan.model} {plan.schedule}", task_names=names)
 
 
-def _print(args, sim, cluster, compared, input_note: str, flops) -> None:
+def _print(args, sim, cluster, compared, input_note: str, flops, experts=None) -> None:
     """The prediction, with tokens/s, TFLOP/s and MFU per GPU (costs/model_flops.py: `flops` at its
-    throughput over the plan's devices' peaks)."""
+    throughput over the plan's devices' peaks); a mixture of experts' layout and all-to-all share
+    (simulator/experts.py: `experts`)."""
     from paraplan.costs.model_flops import plan_achieved
     from paraplan.plans.plan_file import plan_to_dict
     from paraplan.report.tables import (
@@ -171,6 +174,8 @@ def _print(args, sim, cluster, compared, input_note: str, flops) -> None:
                    memory_at_peak=memory_at_peak(sim), input_note=input_note,
                    # what users compare runs by, and how the model's FLOPs were counted
                    **per_gpu.as_json(), model_flops=flops.as_json())
+        if experts is not None:
+            out["experts"] = experts.as_json()
         if compared is not None:
             out["schedules"] = [{"schedule": v.kind, "virtual_stages": v.virtual_stages, "reason": v.reason}
                                 if s is None else
@@ -190,6 +195,8 @@ def _print(args, sim, cluster, compared, input_note: str, flops) -> None:
         if sim.memory:
             console().print(memory_table(sim))
     console().print(achieved_text(per_gpu, flops))
+    if experts is not None:
+        console().print(experts.describe())
     console().print(f"where the {human_seconds(sim.prediction.iteration_s)} go, per device on average: "
                     f"{sim.split.describe()}")
     from paraplan.cli.machine import costs_line

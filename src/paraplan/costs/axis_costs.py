@@ -8,6 +8,7 @@ the batch); byte counts are of that slice, before the tensor and context splits.
 from __future__ import annotations
 
 from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
+from paraplan.costs.expert_costs import dense_param_bytes
 from paraplan.hardware.cluster import LinkSpec
 from paraplan.models.spec import LayerSpec, ModelSpec
 from paraplan.plans.plan import LayerStrategy
@@ -87,7 +88,7 @@ def sharded_data_s(model: ModelSpec, layer: LayerSpec, strategy: LayerStrategy, 
     sdp = strategy.sdp
     if sdp <= 1:
         return 0.0, 0.0
-    shard = layer.param_bytes / strategy.tp
+    shard = dense_param_bytes(layer, strategy) / strategy.tp  # an MoE layer's routed experts: expert_costs.py
     gather = ring_allgather_s(shard * model.compute_dtype_bytes / model.dtype_bytes, sdp, link)
     return gather, gather + ring_reducescatter_s(shard, sdp, link)
 
@@ -95,7 +96,7 @@ def sharded_data_s(model: ModelSpec, layer: LayerSpec, strategy: LayerStrategy, 
 def gradient_sync_bytes(layer: LayerSpec, strategy: LayerStrategy) -> float:
     """DATA (and CONTEXT, whose ranks hold the same weights): the bytes of this device's gradients
     summed over the gradient-sync group (dp x cp) after the backward; 0 without such a group."""
-    return layer.param_bytes / strategy.tp / strategy.sdp if strategy.sync_degree > 1 else 0.0
+    return dense_param_bytes(layer, strategy) / strategy.tp / strategy.sdp if strategy.sync_degree > 1 else 0.0
 
 
 def zero2_reduce_scatter_s(sync_bytes: float, strategy: LayerStrategy, link: LinkSpec) -> float:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from paraplan.costs.expert_costs import held_params, sharded_params, stepped_params
 from paraplan.costs.memory_config import GIB, MemoryConfig
 from paraplan.costs.strategy import layer_memory, param_count
 from paraplan.models.spec import ModelSpec
@@ -213,7 +214,7 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
             param_states, grads, optimizer_states = (param_states + m.param_bytes, grads + m.grad_bytes,
                                                      optimizer_states + m.optimizer_bytes)
             # ZeRO-1/2: each dp replica steps 1/dp of the optimizer states
-            optimizer_params += params / (strategy.tp * strategy.sdp * (strategy.dp if strategy.zero else 1))
+            optimizer_params += stepped_params(layer, params, strategy)
             waiting = in_flight_here if forward_owner[i] == stage_index else micro_batches_in_flight(
                 plan.schedule, plan.n_stages, stage_index, plan.n_micro, forward_owner[i])
             if i not in recomputed:
@@ -221,12 +222,12 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
             recompute = max(recompute, m.recompute_bytes)
             tp_replicated += waiting * tp_replicated_bytes(model, i, strategy, micro, config)
             if strategy.sdp > 1 and keeps_units:
-                kept_weights += params / strategy.tp * gathered_bytes_per_param(config)
-                kept_grads += params / strategy.tp * config.grad_bytes_per_param
+                kept_weights += held_params(layer, params, strategy) * gathered_bytes_per_param(config)
+                kept_grads += held_params(layer, params, strategy) * config.grad_bytes_per_param
             elif strategy.sdp > 1:
-                gathered.append(params / strategy.tp)
+                gathered.append(held_params(layer, params, strategy))
             if ddp and strategy.dp > 1 and strategy.zero < 2:  # ZeRO-2 reduce-scatters, no full buckets
-                ddp_grads += params / (strategy.tp * strategy.sdp)
+                ddp_grads += sharded_params(layer, params, strategy)
         else:  # Bi-Partition: forward only here; the backward owner updates and sends the weights back
             states += m.weights_bytes
             param_states += m.weights_bytes

@@ -42,8 +42,9 @@ from dataclasses import dataclass
 
 from paraplan.models.spec import ModelSpec
 
-DECODER_FORMULA = ("6*N + 6*L*d*s per token (N parameters, L transformer blocks, d hidden size, s sequence "
-                   "length; causal attention; recomputation not counted)")
+DECODER_FORMULA = ("6*N + 6*L*d*s per token (N parameters a token runs through: a mixture of experts' top-k "
+                   "routed ones; L transformer blocks, d hidden size, s sequence length; causal attention; "
+                   "recomputation not counted)")
 MEASURED_FORMULA = ("3 x the measured forward FLOPs per sample (the backward as twice the forward; "
                     "recomputation not counted)")
 MFU_FORMULA = ("model FLOP/s per GPU over the peak dense FLOP/s of the plan's devices in its precision "
@@ -82,12 +83,20 @@ def tokens_per_sample(spec: ModelSpec) -> int:
     return 0
 
 
+def active_params(spec: ModelSpec) -> float:
+    """The parameters a token runs through: all of a dense model's; of a mixture of experts', its
+    top-k of E routed experts per MoE layer (with the shared experts and the rest), as Megatron-LM's
+    FLOP count (routed top-k plus shared) and the MoE papers' "active parameters" count them."""
+    return spec.param_count - sum(x.experts.routed_params * (1 - x.experts.top_k / x.experts.experts)
+                                  for x in spec.layers if x.experts is not None)
+
+
 def model_flops(spec: ModelSpec, *, layers: int = 0, hidden: int = 0) -> ModelFlops:
     """A decoder-only transformer's closed form where its blocks and hidden size are given (a token
     model), else 3 x the measured forward FLOPs."""
     tokens = tokens_per_sample(spec)
     if layers > 0 and hidden > 0 and spec.inputs.kind == "tokens":
-        per_token = decoder_flops_per_token(spec.param_count, layers, hidden, spec.inputs.seq_len)
+        per_token = decoder_flops_per_token(active_params(spec), layers, hidden, spec.inputs.seq_len)
         return ModelFlops(per_token * tokens, tokens, DECODER_FORMULA)
     forward = sum(layer.forward_flops.per_sample for layer in spec.layers)
     return ModelFlops(3.0 * forward, tokens, MEASURED_FORMULA)

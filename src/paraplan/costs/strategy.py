@@ -37,13 +37,12 @@ that fits in a node runs on the intra-node link and one that spans nodes on the 
 (`strategy_links`). Overlap (§V): with `overlap_slowdown` given, a layer's SDP collectives overlap
 its backward compute and slow both down (`overlapped_s`); without it they run one after the other.
 Slice-Gather (§VI): between neighbouring layers with different data splits, each device fetches
-the part of the activation (forward) or of its gradient (backward) it lacks (`slice_gather_s`).
+the part of the activation (forward) or of its gradient (backward) it lacks (costs/slice_gather.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
@@ -58,11 +57,37 @@ from paraplan.costs.axis_costs import (
     zero2_reduce_scatter_s,
 )
 from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
+from paraplan.costs.expert_costs import (
+    all_to_all_link,
+    dense_param_bytes,
+    dispatch_s,
+    expert_degrees,
+    expert_fsdp_s,
+    expert_groups,
+    expert_sync,
+    held_params,
+    imbalance_s,
+    routed_bytes,
+    routed_params,
+    routed_state_bytes,
+    sharded_params,
+)
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.timefn import LayerCosts
 from paraplan.hardware.cluster import Cluster, LinkSpec, RuntimeOverheads
 from paraplan.models.spec import ModelSpec
-from paraplan.plans.axes import CONTEXT, DATA, LAYER_AXES, SHARDED_DATA, TENSOR, Axis, gradient_sync_axes
+from paraplan.plans.axes import (
+    CONTEXT,
+    DATA,
+    EXPERT,
+    EXPERT_AXES,
+    EXPERT_DATA,
+    LAYER_AXES,
+    SHARDED_DATA,
+    TENSOR,
+    Axis,
+    gradient_sync_axes,
+)
 from paraplan.plans.plan import LayerStrategy
 
 _SYNC_AXES = gradient_sync_axes()
@@ -119,7 +144,14 @@ def layer_memory(model: ModelSpec, index: int, strategy: LayerStrategy, micro_ba
     shards = strategy.tp * strategy.sdp
     local = micro_batch / strategy.data_degree
     param_b, grad_b, optimizer_b = state_parts_per_param(strategy, config)
-    states = params * (param_b + grad_b + optimizer_b) / shards
+    # a mixture-of-experts layer's routed experts on their own view (costs/expert_costs.py): their
+    # states apart, the dense part as before
+    routed = routed_params(layer, strategy)
+    routed_states = routed_state_bytes(layer, strategy, config.param_bytes_per_param, config.grad_bytes_per_param,
+                                       config.state_bytes_per_param - config.param_bytes_per_param
+                                       - config.grad_bytes_per_param)
+    dense = params - routed
+    states = dense * (param_b + grad_b + optimizer_b) / shards + sum(routed_states)
     split = strategy.tp * strategy.cp  # context parallelism keeps 1/cp of the sequence's tensors
     saved = layer.saved_bytes.at(local) * config.activation_scale / split
     recompute = 0.0
@@ -131,11 +163,13 @@ def layer_memory(model: ModelSpec, index: int, strategy: LayerStrategy, micro_ba
         # for one layer at a time, while its backward recomputes them
         core = layer.attention_core_bytes.at(local) * config.activation_scale / split
         saved, recompute = saved - core, core
-    return LayerMemory(states_bytes=states, param_bytes=params * param_b / shards, grad_bytes=params * grad_b / shards,
-                       optimizer_bytes=params * optimizer_b / shards,
-                       weights_bytes=params * config.param_bytes_per_param / shards,
+    return LayerMemory(states_bytes=states, param_bytes=dense * param_b / shards + routed_states[0],
+                       grad_bytes=dense * grad_b / shards + routed_states[1],
+                       optimizer_bytes=dense * optimizer_b / shards + routed_states[2],
+                       weights_bytes=sharded_params(layer, params, strategy) * config.param_bytes_per_param,
                        saved_bytes=saved, recompute_bytes=recompute,
-                       copy_bytes=params / strategy.tp * config.compute_copy_bytes_per_param if strategy.sdp == 1 else 0.0)
+                       copy_bytes=held_params(layer, params, strategy) * config.compute_copy_bytes_per_param
+                       if strategy.sdp == 1 else 0.0)
 
 
 def _split_compute(fn, local: float, tp: int, cp: int, strategy: LayerStrategy) -> float:
@@ -151,13 +185,15 @@ def _split_compute(fn, local: float, tp: int, cp: int, strategy: LayerStrategy) 
 def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,
                tp_link: LinkSpec, data_link: LinkSpec, overlap_slowdown: float | None = None,
                runtime: RuntimeOverheads | None = None, compute_scale: float = 1.0,
-               dp_link: LinkSpec | None = None, cp_link: LinkSpec | None = None) -> LayerTime:
+               dp_link: LinkSpec | None = None, cp_link: LinkSpec | None = None,
+               expert_links: dict[Axis, LinkSpec] | None = None) -> LayerTime:
     """Time of layer `index` on one device of its group (Galvatron-BMW §V). `data_link` prices the
     SDP collectives (the link of the sdp group); with `overlap_slowdown` the backward's SDP
     collectives overlap its compute (`overlapped_s`), else they add up. `runtime`: the measured
     per-layer costs of the TP / SDP machinery (not in the paper: `paraplan calibrate`);
     `compute_scale` multiplies compute (RuntimeOverheads.scale_for). `dp_link`: the dp group's
-    link, for ZeRO-2's reduce-scatter after every micro-batch's backward."""
+    link, for ZeRO-2's reduce-scatter after every micro-batch's backward. `expert_links`: the expert
+    view's links (axes.EXPERT_AXES: the all-to-all's effective link, etp's, edp's), for an MoE layer."""
     layer = model.layers[index]
     local = micro_batch / strategy.data_degree
     tp, sdp, cp = strategy.tp, strategy.sdp, strategy.cp
@@ -171,6 +207,11 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
     tp_forward, tp_backward = tensor_s(layer, local, strategy, tp_link, model.compute_dtype_bytes)  # each term is 0 without its axis
     forward += tp_forward
     backward += tp_backward
+    if layer.experts is not None:  # the expert view (costs/expert_costs.py): dispatch, combine, imbalance
+        dispatch_forward, dispatch_backward = dispatch_s(layer, local, strategy, expert_links or {},
+                                                         model.compute_dtype_bytes)
+        forward += dispatch_forward + imbalance_s(layer, local, strategy, forward_compute)
+        backward += dispatch_backward + imbalance_s(layer, local, strategy, backward_compute)
     ring, hop = context_ring_s(layer, local, strategy, cp_link)
     if ring:
         forward, backward = context_overlapped((forward_compute, backward_compute), forward, backward, ring, hop,
@@ -188,6 +229,8 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
             recompute = (forward_compute * layer.attention_core_flops.at(local) / flops) if flops > 0 else 0.0
     if sdp > 1:  # ZeRO-3: gather the weights for each pass, scatter the gradients after the backward
         gather, comm = sharded_data_s(model, layer, strategy, data_link)
+        expert_gather, expert_comm = expert_fsdp_s(model, layer, strategy, (expert_links or {}).get(EXPERT_DATA))
+        gather, comm = gather + expert_gather, comm + expert_comm
         if costs.fsdp_prefetch:  # FSDP2 gathers the next layer's weights while this one computes
             forward = overlapped_s(forward, gather, overlap_slowdown or 1.0)
             backward = overlapped_s(backward, comm, overlap_slowdown or 1.0)
@@ -202,6 +245,10 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
         comm = zero2_reduce_scatter_s(dp_sync_bytes, strategy, dp_link or data_link)
         backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)
         dp_sync_bytes = 0.0
+    expert_bytes, expert_replicas = expert_sync(layer, strategy)
+    if strategy.zero >= 2 and expert_replicas > 1:  # the routed experts' part, over their own replicas
+        comm = ring_reducescatter_s(expert_bytes, expert_replicas, (expert_links or {})[EXPERT_DATA])
+        backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)
     if strategy.recompute != "none":
         backward += recompute
     if runtime is not None and sdp > 1:  # FSDP2's machinery per unit and pass, on the CPU: not overlapped
@@ -220,12 +267,28 @@ def dp_sync_s(strategy: LayerStrategy, sync_bytes: float, dp_link: LinkSpec) -> 
                                                                            dp_link)
 
 
-def zero_gather_layer_s(model: ModelSpec, index: int, strategy: LayerStrategy, dp_link: LinkSpec) -> float:
+def expert_sync_s(model: ModelSpec, index: int, strategy: LayerStrategy, link: LinkSpec | None) -> float:
+    """The routed experts' gradient sync over their edp replicas (costs/expert_costs.py: expert_sync),
+    as `dp_sync_s` prices the dense part's: an all-reduce, a reduce-scatter with ZeRO-1; 0 without."""
+    nbytes, replicas = expert_sync(model.layers[index], strategy)
+    if replicas <= 1 or strategy.zero >= 2:  # ZeRO-2's reduce-scatters are in the backward (not modelled apart)
+        return 0.0
+    return (ring_reducescatter_s if strategy.zero else ring_allreduce_s)(nbytes, replicas, link)
+
+
+def zero_gather_layer_s(model: ModelSpec, index: int, strategy: LayerStrategy, dp_link: LinkSpec,
+                        expert_link: LinkSpec | None = None) -> float:
     """ZeRO-1/2: the all-gather of the layer's updated parameters after the optimizer step, which
     nothing overlaps (simulator/plan_work.py: zero_gather_s); 0 otherwise."""
     if strategy.dp <= 1 or not strategy.zero:
         return 0.0
-    return ring_allgather_s(model.layers[index].param_bytes / (strategy.tp * strategy.sdp), strategy.dp, dp_link)
+    layer = model.layers[index]
+    dense = ring_allgather_s(dense_param_bytes(layer, strategy) / (strategy.tp * strategy.sdp), strategy.dp, dp_link)
+    nbytes = routed_bytes(layer, strategy)
+    if not nbytes:
+        return dense
+    d = expert_degrees(strategy)  # the routed experts' own replicas, on their group's link
+    return dense + ring_allgather_s(nbytes / (d.ep * d.etp), d.edp, (expert_link or dp_link))
 
 
 def strategy_groups(strategy: LayerStrategy, devices: tuple[int, ...]) -> dict[Axis, tuple[int, ...]]:
@@ -245,14 +308,16 @@ def strategy_groups(strategy: LayerStrategy, devices: tuple[int, ...]) -> dict[A
         for s_axis, k_axis in syncing:  # each later axis of LAYER_AXES outer: dp-major, cp-minor
             positions = [p + j * s_axis for j in range(k_axis) for p in positions]
         out[DATA] = tuple(devices[p] for p in positions)
+    out.update(expert_groups(strategy, devices))  # an MoE layer's expert view, where it has one
     return out
 
 
 def strategy_links(cluster: Cluster, strategy: LayerStrategy, devices: tuple[int, ...]) -> dict[Axis, LinkSpec]:
     """The bottleneck link of each axis's group (`strategy_groups`): the intra-node link when the
     group fits in a node, the network when it spans nodes."""
-    return {axis: cluster.slowest_link(group) if len(group) > 1 else _NO_LINK
-            for axis, group in strategy_groups(strategy, devices).items()}
+    # the all-to-all's link: its peers inside the node and across nodes at once (costs/expert_costs.py)
+    return {axis: (all_to_all_link if axis is EXPERT else Cluster.slowest_link)(cluster, group)
+            if len(group) > 1 else _NO_LINK for axis, group in strategy_groups(strategy, devices).items()}
 
 
 def layer_time_on(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,
@@ -260,90 +325,8 @@ def layer_time_on(costs: LayerCosts, model: ModelSpec, index: int, strategy: Lay
                   runtime: RuntimeOverheads | None = None, compute_scale: float = 1.0) -> LayerTime:
     """`layer_time` with each axis's collectives on its group's link (`strategy_links`)."""
     return layer_time(costs, model, index, strategy, micro_batch, links[TENSOR], links[SHARDED_DATA], overlap_slowdown,
-                      runtime, compute_scale, dp_link=links[DATA], cp_link=links[CONTEXT])
-
-
-def data_rank(strategy: LayerStrategy, position: int) -> int:
-    """Which slice of the micro-batch the device at `position` of its group processes (0 ..
-    data_degree - 1): its ranks on the axes that split the batch (dp, sdp) read as one mixed-radix
-    number, inner-most first."""
-    rank, scale, stride = 0, 1, 1
-    for axis, k in strategy.dims:
-        r = (position // stride) % k
-        stride *= k
-        if axis.splits_batch:
-            rank += r * scale
-            scale *= k
-    return rank
-
-
-def context_rank(strategy: LayerStrategy, position: int) -> int:
-    """Which part of the sequence the device at `position` holds (0 .. cp - 1)."""
-    stride = 1
-    for axis, k in strategy.dims:
-        if axis.splits_sequence:
-            return (position // stride) % k
-        stride *= k
-    return 0
-
-
-def _overlap(a: tuple[float, float], b: tuple[float, float]) -> float:
-    return max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
-
-
-@lru_cache(maxsize=4096)
-def layout_ranks(strategy: LayerStrategy) -> tuple[np.ndarray, np.ndarray]:
-    """(data_rank, context_rank) of every position 0 .. degree - 1 of the group, as arrays (the same
-    mixed-radix reading as `data_rank` / `context_rank`, all positions at once: a Galvatron search
-    at 1,024 devices asks for millions of them, issue 31 item 5)."""
-    positions = np.arange(strategy.degree)
-    data, context = np.zeros(strategy.degree, dtype=np.int64), np.zeros(strategy.degree, dtype=np.int64)
-    scale, stride = 1, 1
-    for axis, k in strategy.dims:
-        r = (positions // stride) % k
-        stride *= k
-        if axis.splits_sequence:
-            context = r
-        elif axis.splits_batch:
-            data += r * scale
-            scale *= k
-    data.setflags(write=False)
-    context.setflags(write=False)
-    return data, context
-
-
-@lru_cache(maxsize=65536)
-def slice_gather_fraction(a: LayerStrategy, b: LayerStrategy) -> float:
-    """Slice-Gather from layer strategy `a` to `b` on one group: the largest share of the micro-batch
-    a device must fetch (what `b` needs it to hold minus what `a` left it). Slicing what a device
-    already holds is free (0), e.g. from TP4 to DP4; from DP4 to TP4 each device gathers 3/4. A
-    device holds its data slice's samples and, with context parallelism, its part of the sequence
-    (a rectangle of samples x positions)."""
-    if a.degree != b.degree:
-        raise ValueError(f"strategies over different group sizes: {a.degree} and {b.degree}")
-
-    def extent(st: LayerStrategy):
-        r, c = layout_ranks(st)
-        return r / st.data_degree, (r + 1) / st.data_degree, c / st.cp, (c + 1) / st.cp
-
-    (r0a, r1a, c0a, c1a), (r0b, r1b, c0b, c1b) = extent(a), extent(b)
-    overlap = (np.maximum(0.0, np.minimum(r1a, r1b) - np.maximum(r0a, r0b))
-               * np.maximum(0.0, np.minimum(c1a, c1b) - np.maximum(c0a, c0b)))
-    worst = float(np.max(1 / (b.data_degree * b.cp) - overlap))
-    return worst if worst > 1e-12 else 0.0
-
-
-def slice_gather_s(model: ModelSpec, index: int, a: LayerStrategy, b: LayerStrategy, micro_batch: float,
-                   link: LinkSpec) -> tuple[float, float]:
-    """(forward, backward) seconds of the Slice-Gather between layer index-1 (strategy `a`) and layer
-    `index` (strategy `b`): the forward fetches the missing part of layer index-1's output for `b`,
-    the backward the missing part of its gradient for `a`, over the group's bottleneck `link`."""
-    if index <= 0:
-        return 0.0, 0.0
-    previous = model.layers[index - 1]
-    forward = slice_gather_fraction(a, b) * previous.output_bytes.at(micro_batch)
-    backward = slice_gather_fraction(b, a) * previous.output_grad_bytes.at(micro_batch)
-    return link.transfer_s(forward), link.transfer_s(backward)
+                      runtime, compute_scale, dp_link=links[DATA], cp_link=links[CONTEXT],
+                      expert_links={a: links[a] for a in EXPERT_AXES if a in links})
 
 
 def strategy_arrays(costs: LayerCosts, model: ModelSpec, strategies: tuple[LayerStrategy, ...], micro_batch: float,
@@ -364,8 +347,9 @@ def strategy_arrays(costs: LayerCosts, model: ModelSpec, strategies: tuple[Layer
             t = layer_time_on(costs, model, i, st, micro_batch, links, overlap_slowdown, runtime, compute_scale)
             m = layer_memory(model, i, st, micro_batch, config)
             out["forward_s"][row, j], out["backward_s"][row, j] = t.forward_s, t.backward_s
-            out["grad_allreduce_s"][row, j] = dp_sync_s(st, t.grad_allreduce_bytes, links[DATA])
-            out["after_step_s"][row, j] = zero_gather_layer_s(model, i, st, links[DATA])
+            out["grad_allreduce_s"][row, j] = dp_sync_s(st, t.grad_allreduce_bytes, links[DATA]) \
+                + expert_sync_s(model, i, st, links.get(EXPERT_DATA))
+            out["after_step_s"][row, j] = zero_gather_layer_s(model, i, st, links[DATA], links.get(EXPERT_DATA))
             out["states_bytes"][row, j], out["saved_bytes"][row, j] = m.states_bytes, m.saved_bytes
             out["recompute_bytes"][row, j] = m.recompute_bytes
             out["copy_bytes"][row, j] = m.copy_bytes

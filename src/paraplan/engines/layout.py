@@ -94,6 +94,8 @@ def engine_layout(plan: Plan, kinds: tuple[str, ...]) -> EngineLayout:
     for i, st in others:  # the embedding and head follow the blocks' degrees in every engine
         if _degrees(st) != _degrees(first):
             raise ExportRefused("any", f"per-layer different strategies (layer {i} ({kinds[i]}): {st}; blocks: {first})")
+    if any(st.ep * st.etp > 1 for _, st in blocks):  # issue 50 item 6
+        raise ExportRefused("any", f"expert parallelism ({first}): the exports do not write expert layouts yet")
     if first.tp > 1 and first.layout[0] is not TENSOR:
         raise ExportRefused("any", f"tensor parallelism not on the innermost devices (layout {first.order}): the engines "
                                    "put it there")

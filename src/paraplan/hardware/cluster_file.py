@@ -48,7 +48,6 @@ Every error names the file, the field and what was expected, in one line.
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -61,7 +60,7 @@ from paraplan.hardware.cluster import (
     PrecisionError,
     RuntimeOverheads,
 )
-from paraplan.system.fileio import read_text
+from paraplan.system.fileio import is_finite_number, read_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -97,12 +96,18 @@ def _shown(key: str) -> str:
     return key if key.isprintable() and not any(c.isspace() for c in key) else repr(key)
 
 
+def _shown_number(value) -> str:
+    """The value as an error shows it, one line and short (an integer of 400 digits is not)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+
+
 def _number(where: str, table: dict, key: str, expected: str, allow_zero: bool = False) -> float:
     if key not in table:
         raise ClusterFileError(f"{where}.{key}: missing (expected {expected})")
     value = table[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ClusterFileError(f"{where}.{key}: expected a number ({expected}), got {value!r}")
+    if not is_finite_number(value):
+        raise ClusterFileError(f"{where}.{key}: expected a number ({expected}), got {_shown_number(value)}")
     if value < 0 or (value == 0 and not allow_zero):
         raise ClusterFileError(f"{where}.{key}: expected a positive number ({expected}), got {value!r}")
     return float(value)
@@ -297,7 +302,7 @@ def _runtime(where: str, table: object) -> RuntimeOverheads:
 def _optimizer_curve(where: str, value: object) -> tuple[tuple[float, float], ...]:
     """[[state bytes, seconds], ...]: sizes positive and ascending, seconds not negative."""
     def number(x: object) -> bool:
-        return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+        return is_finite_number(x)
 
     if not isinstance(value, list) or not value or not all(
             isinstance(p, list) and len(p) == 2 and all(number(x) for x in p) for p in value):

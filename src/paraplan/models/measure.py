@@ -301,7 +301,24 @@ def measure(built: BuiltModel, progress=None, precision: str = "fp32", attention
         spec = measure_layers(built.layers(), built.inputs, built.name, built.family, progress,
                               batch=lambda b, device: built.batch(b, device=device), compute_dtype=compute_dtype,
                               loss=built.loss, attention=attention)
-    return replace(spec, ref=built.ref or built.name)
+    return replace(with_experts(spec, built), ref=built.ref or built.name)
+
+
+def with_experts(spec: ModelSpec, built: BuiltModel) -> ModelSpec:
+    """The measured layers with the routed experts each holds (models/moe_spec.py: layer_experts), at
+    the reference's `expert_imbalance`; a dense model unchanged (and that setting refused)."""
+    from paraplan.errors import FieldError
+    from paraplan.models.moe_spec import layer_experts
+    from paraplan.models.ref import parse
+
+    imbalance = parse(built.ref).expert_imbalance if built.ref else None
+    experts = layer_experts(built.module, [m for _, _, m in built.layers()], built.inputs.seq_len or 1,
+                            **({"imbalance": imbalance} if imbalance is not None else {}))
+    if not any(experts):
+        if imbalance is not None:
+            raise FieldError("expert_imbalance", f"{built.name} has no routed experts to balance")
+        return spec
+    return replace(spec, layers=tuple(replace(layer, experts=e) for layer, e in zip(spec.layers, experts, strict=True)))
 
 
 def _meta_copy(built: BuiltModel) -> BuiltModel:

@@ -15,8 +15,8 @@ a token through an MoE part are 2 x the weights it multiplies (Megatron-LM's
 `num_floating_point_operations`, which counts routed top-k plus shared experts the same way):
 top-k routed experts, every shared expert and the router. Biases are memory, not FLOPs here.
 
-This module describes; planning MoE models (their costs, expert parallelism, the runtime and the
-exports) builds on it. Until then models/moe_check.py refuses them in one line.
+`layer_experts` hands each measured layer its routed experts (models/spec.py: LayerExperts), which
+the expert costs read (costs/expert_costs.py).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from paraplan.models.moe_check import EXPERT_COUNTS, TOP_K, config_int, is_moe_part
+from paraplan.models.spec import DEFAULT_EXPERT_IMBALANCE, LayerExperts
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 _ROUTER_NAMES = ("gate", "router")
@@ -159,3 +160,28 @@ def _attention(config) -> str:
         return "mla"
     heads, kv = config_int(config, ("num_attention_heads",)), config_int(config, ("num_key_value_heads",))
     return "gqa" if heads and kv and kv < heads else "mha"
+
+
+def layer_experts(model: nn.Module, layers: list[nn.Module], tokens_per_sample: int,
+                  imbalance: float = DEFAULT_EXPERT_IMBALANCE) -> list[LayerExperts | None]:
+    """Each of `layers` (the model's cut, in order) with the routed experts its MoE parts hold, or
+    None for a layer without any. A token's width is the router's input (its weight is [E, h])."""
+    spec = moe_spec(model)
+    if spec is None:
+        return [None] * len(layers)
+    by_part = {id(part): block for (_, part), block in zip(moe_parts(model), spec.blocks, strict=True)}
+    out: list[LayerExperts | None] = []
+    for layer in layers:
+        blocks = [by_part[id(m)] for m in layer.modules() if id(m) in by_part]
+        if not blocks:
+            out.append(None)
+            continue
+        first = blocks[0]
+        hidden = first.router_weights // first.experts if first.router_weights else \
+            config_int(getattr(model, "config", None), ("hidden_size",)) or 0
+        out.append(LayerExperts(
+            experts=first.experts, top_k=first.top_k, routed_params=sum(b.routed_params for b in blocks),
+            routed_flops_per_token=float(sum(2 * b.top_k * b.expert_weights for b in blocks)), hidden=hidden,
+            tokens_per_sample=tokens_per_sample, groups=first.groups, topk_groups=first.topk_groups,
+            imbalance=imbalance))
+    return out

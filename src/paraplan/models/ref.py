@@ -10,6 +10,8 @@ Three kinds, each with optional `?key=value&...` settings:
 Settings that paraplan itself reads (not passed to a transformers config):
     seq_len   the sequence length of language models (the zoo's default otherwise)
     layers    the dotted path of the model's list of repeated blocks, where paraplan cannot find it
+    expert_imbalance  a mixture of experts' busiest expert-parallel rank's expert work over the
+              average (models/spec.py: DEFAULT_EXPERT_IMBALANCE; 1 for forced balance)
 For transformers vision models `image_size` is both a config field and the input size.
 
 The canonical text (`ModelRef.text`) is what a plan stores as its `model`, so `paraplan simulate`
@@ -27,7 +29,7 @@ from paraplan.errors import FieldError
 
 ZOO, HF, FILE = "zoo", "hf", "file"
 # Settings paraplan reads itself; everything else in an hf: reference goes to the config.
-OWN_SETTINGS = ("seq_len", "image_size", "layers")
+OWN_SETTINGS = ("seq_len", "image_size", "layers", "expert_imbalance")
 _FILE_REF = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z0-9_]*)$")
 _SETTING = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -59,9 +61,14 @@ class ModelRef:
         return self.get("layers")
 
     @property
+    def expert_imbalance(self) -> float | None:
+        value = self.get("expert_imbalance")
+        return None if value is None else float(value)
+
+    @property
     def config_overrides(self) -> dict[str, Value]:
         """hf: the settings that go to the transformers config (image_size included)."""
-        return {k: v for k, v in self.settings if k not in ("seq_len", "layers")}
+        return {k: v for k, v in self.settings if k not in ("seq_len", "layers", "expert_imbalance")}
 
     def with_settings(self, **values: Value) -> ModelRef:
         """This reference with settings added or replaced (None leaves a setting as it is)."""
@@ -102,6 +109,9 @@ def _check_setting(kind: str, key: str, value: Value) -> None:
     if key in ("seq_len", "image_size") and not (isinstance(value, int) and not isinstance(value, bool)
                                                  and value > 0):
         raise FieldError(key, f"must be a positive whole number, got {value!r}")
+    if key == "expert_imbalance" and not (isinstance(value, int | float) and not isinstance(value, bool)
+                                          and 1 <= value <= 100):
+        raise FieldError(key, f"the busiest expert rank's work over the average: at least 1, got {value!r}")
     if key == "layers" and not (isinstance(value, str) and re.match(r"^[A-Za-z0-9_.]+$", value)):
         raise FieldError("model", f"layers must be a dotted module path such as model.blocks, got {value!r}")
     if kind != HF and key not in OWN_SETTINGS:

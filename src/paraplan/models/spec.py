@@ -70,6 +70,30 @@ class PassOps:
                 + self.other_kernels)
 
 
+# The busiest expert-parallel rank's expert work over the average under real routing (issue 50 item 2;
+# `?expert_imbalance=` on the model reference sets it, 1 for the forced balance of benchmark tables).
+# From measured step times (Megatron-MoE-ModelZoo best_practice: real routing loses 2-4% against forced
+# balance on Mixtral 8x22B and 8-20% on Qwen3-235B): with the experts at ~half of a step's compute,
+# a 1.15 factor on their work costs ~7%, between the two. An input, not fitted to any run.
+DEFAULT_EXPERT_IMBALANCE = 1.15
+
+
+@dataclass(frozen=True)
+class LayerExperts:
+    """A mixture-of-experts layer's routed experts, as the expert costs need them
+    (costs/expert_costs.py; models/moe_spec.py reads them from the module)."""
+
+    experts: int  # E: routed experts
+    top_k: int  # routed experts each token runs through
+    routed_params: int  # every routed expert's parameters: what expert parallelism shards
+    routed_flops_per_token: float  # forward FLOPs of one token through its top-k routed experts
+    hidden: int  # elements of one token as dispatched to its experts (the router's input width)
+    tokens_per_sample: int  # tokens one sample routes (its sequence length)
+    groups: int = 1  # group-limited routing (DeepSeek-V3): experts in `groups` groups ...
+    topk_groups: int = 0  # ... of which a token reaches at most this many (0: not limited)
+    imbalance: float = DEFAULT_EXPERT_IMBALANCE  # busiest ep rank's expert work / the average
+
+
 @dataclass(frozen=True)
 class LayerSpec:
     """One element of the ordered sequence a pipeline cuts (a transformer block, a conv block).
@@ -113,6 +137,7 @@ class LayerSpec:
     loss_gradient_bytes: Affine = Affine(0.0, 0.0)
     forward_inventory: PassOps | None = field(default=None, compare=False)
     backward_inventory: PassOps | None = field(default=None, compare=False)
+    experts: LayerExperts | None = None  # a mixture-of-experts layer's routed experts; None: dense
 
     @property
     def flops_per_sample(self) -> float:

@@ -76,16 +76,32 @@ PIPELINE = Axis("pp", "PP", "pipeline parallelism", shards="the layers (a plan's
                 collectives="activations and their gradients sent point to point between stages",
                 in_layout=False)
 
+# The expert view of the same devices (a mixture-of-experts layer's routed experts; Megatron-core's
+# parallel folding; costs/expert_costs.py), inner-most first: etp, ep, then edp, which is derived (the
+# group's devices / (ep x etp)), not a strategy field. Nothing that iterates LAYER_AXES sees them.
+EXPERT_TENSOR = Axis("etp", "ETP", "expert tensor parallelism (Megatron-core)",
+                     shards="each routed expert's matrices", collectives="the routed tokens all-gathered before "
+                     "the experts and reduce-scattered after them, each pass", in_layout=False, view="expert")
+EXPERT = Axis("ep", "EP", "expert parallelism", shards="the routed experts (E / ep on each rank)",
+              collectives="each token's routed copies sent to their experts' ranks and the results sent back: "
+                          "two all-to-alls per pass", in_layout=False, view="expert")
+EXPERT_DATA = Axis("edp", "EDP", "expert data parallelism (derived: devices / (ep x etp))",
+                   shards="nothing (with sdp, ZeRO-1 or ZeRO-2: the experts' states as the dense view shards its own)",
+                   collectives="the routed experts' gradients summed over the replicas", syncs_gradients=True,
+                   in_layout=False, view="expert")
+EXPERT_AXES = (EXPERT_TENSOR, EXPERT, EXPERT_DATA)
+EXPERT_FIELDS = (EXPERT_TENSOR, EXPERT)  # LayerStrategy's degree fields of the expert view
+
 # A layer strategy's degrees on the dense view of the devices, in the default layout, inner-most first
 # (the layout plans assumed before `order` existed: tp innermost, then sdp, then dp); CONTEXT is
-# placed by its `outside`. The expert view's axes will be a tuple of their own beside it, read by
-# the expert groups and mesh; nothing that iterates LAYER_AXES sees them.
+# placed by its `outside`.
 DENSE = "dense"
 LAYER_AXES = (TENSOR, CONTEXT, SHARDED_DATA, DATA)
 assert all(a.view == DENSE for a in LAYER_AXES)
 LAYOUT_AXES = tuple(a for a in LAYER_AXES if a.in_layout)
 AXES = (*LAYER_AXES, PIPELINE)
 BY_NAME = {a.name: a for a in AXES}
+assert all(a.view != DENSE for a in EXPERT_AXES)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from paraplan.precision import Precision
 
 # version 2's strategies beyond version 1's, each with the field that uses it first (the simulator
 # and the runtime refuse, in one line, what they do not model or run yet: `refuse_features`)
-FEATURES = ("precision", "zero", "sequence_parallel", "selective", "schedule", "context_parallel")
+FEATURES = ("precision", "zero", "sequence_parallel", "selective", "schedule", "context_parallel", "expert_parallel")
 # the issue that brings each
-_FEATURE_ISSUE = {"schedule": "issue 30, Today's training II"}
+_FEATURE_ISSUE = {"schedule": "issue 30, Today's training II", "expert_parallel": "issue 50, Mixture-of-experts"}
 
 
 def features_used(plan: Plan) -> dict[str, str]:
@@ -31,6 +31,8 @@ def features_used(plan: Plan) -> dict[str, str]:
                 found.setdefault("selective", f"{where}.recompute: selective")
             if x.cp > 1:
                 found.setdefault("context_parallel", f"{where}.cp: {x.cp}")
+            if x.ep * x.etp > 1:
+                found.setdefault("expert_parallel", f"{where}.ep: {x.ep}, etp: {x.etp}")
     if plan.schedule in MULTI_CHUNK:  # the schedules of "Today's training II" (plans/schedules.py)
         found["schedule"] = f"schedule.kind: {plan.schedule}"
     return found

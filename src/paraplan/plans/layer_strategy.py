@@ -9,6 +9,7 @@ from functools import cached_property
 
 from paraplan.plans.axes import (
     BY_NAME,
+    EXPERT_FIELDS,
     LAYER_AXES,
     LAYOUT_AXES,
     REFINEMENTS,
@@ -64,6 +65,11 @@ class LayerStrategy:
     # attention as a ring exchanging K and V; its groups sit right outside tp (axes.CONTEXT.outside),
     # the gradients are all-reduced over dp x cp. Planned and simulated; not run (train says why)
     cp: int = 1
+    # a mixture-of-experts layer's expert view of the same devices (axes.EXPERT_AXES; costs/expert_costs.py):
+    # its routed experts split ep ways, each expert's matrices etp ways, the rest of the group
+    # replicating that; both 1: the experts follow the dense view (split tp ways like its other weights)
+    ep: int = 1
+    etp: int = 1
 
     def __post_init__(self):
         if not isinstance(self.recompute, Recompute) and self.recompute in RECOMPUTES:
@@ -106,14 +112,16 @@ class LayerStrategy:
     def __str__(self) -> str:
         """'SDP4 x TP2 + CKPT': outer-most axis first (the last named is on the fastest links);
         ZeRO-1/2 on the dp axis as 'DP4 (ZeRO-2)', sequence parallelism as 'TP2+SP', context
-        parallelism as 'CP2', selective recomputation as '+ SEL'."""
+        parallelism as 'CP2', selective recomputation as '+ SEL', an expert view as ', experts EP8 x ETP2'."""
         def name(axis: Axis, k: int) -> str:
             extra = (f" (ZeRO-{self.zero})" if axis is ZERO.host and self.zero
                      else "+SP" if axis is SEQUENCE.host and self.sequence_parallel else "")
             return f"{axis.label}{k}{extra}"
 
         text = " x ".join(name(a, k) for a, k in reversed(self.dims)) or "1 device"
-        return text + {"full": " + CKPT", "selective": " + SEL"}.get(self.recompute, "")
+        experts = " x ".join(f"{a.label}{self.degree_of(a)}" for a in reversed(EXPERT_FIELDS) if self.degree_of(a) > 1)
+        return text + (f", experts {experts}" if experts else "") + \
+            {"full": " + CKPT", "selective": " + SEL"}.get(self.recompute, "")
 
     def _product(self, counts) -> int:
         out = 1
@@ -139,4 +147,4 @@ class LayerStrategy:
 
 
 assert {r.field for r in REFINEMENTS} <= set(LayerStrategy.__dataclass_fields__)
-assert {a.name for a in LAYER_AXES} <= set(LayerStrategy.__dataclass_fields__)
+assert {a.name for a in (*LAYER_AXES, *EXPERT_FIELDS)} <= set(LayerStrategy.__dataclass_fields__)

@@ -292,10 +292,27 @@ def _validate_stages(plan: Plan) -> None:
                 raise PlanError(f"{where}.zero: ZeRO-{s.zero} shards over the dp replicas, and dp is {s.dp}")
             if s.sequence_parallel and s.tp < 2:
                 raise PlanError(f"{where}.sequence_parallel: splits over the tp ranks, and tp is {s.tp}")
+            _validate_expert_view(s, where)
             if s.degree != len(stage.devices):
                 raise PlanError(f"{where}: dp*sdp*tp*cp = {s.degree} but the stage has {len(stage.devices)} devices")
             if micro % s.data_degree:
                 raise PlanError(f"{where}: a micro-batch of {micro} samples does not split {s.data_degree} ways")
+
+
+def _validate_expert_view(s: LayerStrategy, where: str) -> None:
+    """A strategy's expert view (costs/expert_costs.py): ep x etp ranks within its group, tokens split
+    over tp by sequence parallelism (Megatron-core's rule for MoE with TP), one kind of data axis."""
+    if min(s.ep, s.etp) < 1:
+        raise PlanError(f"{where}: degrees must be at least 1, got ep={s.ep} etp={s.etp}")
+    if s.ep * s.etp == 1:
+        return
+    if s.degree % (s.ep * s.etp):
+        raise PlanError(f"{where}: ep*etp = {s.ep * s.etp} does not divide the layer's {s.degree} devices")
+    if s.tp > 1 and not s.sequence_parallel:
+        raise PlanError(f"{where}.ep: expert parallelism with tp {s.tp} needs sequence_parallel (Megatron-core's rule "
+                        "for mixture-of-experts with tensor parallelism: each tp rank dispatches its own tokens)")
+    if s.sdp > 1 and s.dp > 1:
+        raise PlanError(f"{where}.ep: expert parallelism with both dp and sdp is not modelled; give one of them")
 
 
 def _validate_schedule_record(plan: Plan) -> None:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
-from paraplan.plans.axes import LAYER_AXES, LAYOUT_AXES, SEQUENCE, ZERO
+from paraplan.plans.axes import EXPERT_FIELDS, LAYER_AXES, LAYOUT_AXES, SEQUENCE, ZERO
 from paraplan.plans.plan import (
     DEFAULT_ORDER,
     FORMAT_VERSION,
@@ -23,12 +22,13 @@ from paraplan.plans.plan import (
     validate,
 )
 from paraplan.plans.prediction import PRICED_BY
-from paraplan.system.fileio import atomic_write_text, read_text
+from paraplan.system.fileio import atomic_write_text, is_finite_number, read_text
 
 # a strategy's keys are the axes' names (plans/axes.py): the layout axes always, in the order files
-# have always had them (dp, sdp, tp); the axes outside the layout (cp) optional, after the refinements
+# have always had them (dp, sdp, tp); the axes outside the layout (cp) and the expert view's (ep, etp)
+# optional, after the refinements
 _FILE_AXES = tuple(reversed(LAYOUT_AXES))
-_OPTIONAL_AXES = tuple(a for a in LAYER_AXES if not a.in_layout)
+_OPTIONAL_AXES = (*(a for a in LAYER_AXES if not a.in_layout), *EXPERT_FIELDS)
 
 
 def _strategy_to_dict(x: LayerStrategy) -> dict:
@@ -36,7 +36,7 @@ def _strategy_to_dict(x: LayerStrategy) -> dict:
     out = {**layout, "recompute": str(x.recompute)}
     if x.order != LayerStrategy(**layout).order:  # optional: the default layout is left out
         out["order"] = x.order
-    # optional, left out at their defaults: the ZeRO stage of the dp replicas, sequence parallelism, cp
+    # optional, left out at their defaults: the ZeRO stage of the dp replicas, sequence parallelism, cp, ep, etp
     optional = [(r.field, x.refinement_value(r)) for r in (ZERO, SEQUENCE)]
     optional += [(a.name, x.degree_of(a)) for a in _OPTIONAL_AXES]
     out.update({k: v for k, v in optional if v != getattr(LayerStrategy, k)})
@@ -119,7 +119,7 @@ class _Reader:
             if isinstance(value, bool) or not isinstance(value, int):
                 self.fail(f"{where}{key}", f"expected an integer, got {value!r}")
         elif kind is float:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if not is_finite_number(value):
                 self.fail(f"{where}{key}", f"expected a number, got {value!r}")
             value = float(value)
         elif kind is bool:

@@ -8,12 +8,11 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from paraplan.costs.op_costs import OperatorProfile
 from paraplan.errors import ParaplanError
-from paraplan.system.fileio import atomic_write_text, read_json
+from paraplan.system.fileio import atomic_write_text, is_finite_number, read_json
 
 FORMAT_VERSION = 1
 KIND = "operator-profile"
@@ -57,8 +56,7 @@ def read_operator_profile(path: str | Path) -> OperatorProfile:
     for name, pair in d["seconds"].items():
         # times are never negative (the profiler clamps its fits): a negative fixed time would make
         # an operator's split parts cheaper than the whole, which the lower bound relies on not being
-        ok = (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, (int, float)) for x in pair)
-              and all(math.isfinite(x) and x >= 0 for x in pair))
+        ok = isinstance(pair, list) and len(pair) == 2 and all(is_finite_number(x) and x >= 0 for x in pair)
         if not ok:
             raise OperatorProfileError(f"{path}: seconds[{name!r}]: expected [fixed_s, per_sample_s], two seconds "
                                        f">= 0, got {pair!r}")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict
 from pathlib import Path
 
 from paraplan.costs.profile import LayerProfile, Profile, StepCheck, Timing
 from paraplan.errors import ParaplanError
-from paraplan.system.fileio import atomic_write_text, read_json
+from paraplan.system.fileio import atomic_write_text, is_finite_number, read_json
 
 FORMAT_VERSION = 1
 
@@ -29,7 +28,7 @@ def _timing(d, where: str, origin: str) -> Timing:
     except (KeyError, TypeError) as exc:
         raise ProfileFileError(f"{origin}: {where}: expected a timing with median_s, min_s, max_s, q1_s, q3_s, "
                                f"repeats ({exc})") from None
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in asdict(t).values()):
+    if not all(is_finite_number(v) and v >= 0 for v in asdict(t).values()):
         raise ProfileFileError(f"{origin}: {where}: timings must be non-negative numbers")
     return t
 
@@ -39,14 +38,13 @@ def _byte_counts(values, where: str, origin: str, n: int | None) -> tuple[int, .
     if not isinstance(values, list) or (n is not None and len(values) != n):
         raise ProfileFileError(f"{origin}: {where}: expected {n if n is not None else 'a list of'} byte counts"
                                + (", one per batch size" if n is not None else ""))
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
-               for x in values):
+    if not all(is_finite_number(x) and x >= 0 for x in values):
         raise ProfileFileError(f"{origin}: {where}: byte counts must be non-negative numbers")
     return tuple(int(x) for x in values)
 
 
 def _number(value, where: str, origin: str) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+    if not is_finite_number(value) or value < 0:
         raise ProfileFileError(f"{origin}: {where}: expected a non-negative number, got {value!r}")
     return float(value)
 

@@ -19,15 +19,16 @@ part of its gradient, over the stage group's slowest link (costs/strategy.py `sl
 from __future__ import annotations
 
 from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
+from paraplan.costs.expert_costs import dense_param_bytes, expert_problem, expert_sync, routed_bytes
 from paraplan.costs.model import CostModel
+from paraplan.costs.slice_gather import slice_gather_s
 from paraplan.costs.strategy import (
     layer_time_on,
-    slice_gather_s,
     strategy_groups,
     strategy_links,
     weight_grad_fraction,
 )
-from paraplan.plans.axes import DATA
+from paraplan.plans.axes import DATA, EXPERT_DATA
 from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import Plan, PlanError, Stage, check_fits
 from paraplan.plans.worker_roles import worker_roles
@@ -203,10 +204,15 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
         lead = stage.devices[0]
         costs = cm.compute(lead)
         fwd = bwd = weight_grad = 0.0
-        per_layer: list[tuple[float, float, int, tuple[int, ...]]] = []  # (grad bytes, backward s, dp, group)
+        # (grad bytes, backward s, its syncs: (bytes, group, ZeRO stage) per group, the dense part's and,
+        # for an MoE layer's expert view, the routed experts' over their edp replicas)
+        per_layer: list[tuple[float, float, tuple[tuple[float, tuple[int, ...], int], ...]]] = []
         group_link = cm.cluster.slowest_link(stage.devices)
         for i in stage.layers:
             st = stage.strategy(i)
+            problem = expert_problem(layers[i], st)
+            if problem:
+                raise PlanError(f"stages[{s}]: {problem}")
             links = strategy_links(cm.cluster, st, stage.devices)
             t = layer_time_on(costs, cm.model, i, st, micro, links, cm.overlap_slowdown, cm.overheads, scale)
             fwd += t.forward_s
@@ -223,8 +229,12 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
                 fwd += f
                 bwd += b
             # the gradients' group: dp, or dp x cp with context parallelism (strategy_groups)
-            per_layer.append((t.grad_allreduce_bytes, t.backward_s, st.sync_degree,
-                              strategy_groups(st, stage.devices)[DATA], st.zero))
+            groups = strategy_groups(st, stage.devices)
+            syncs = [(t.grad_allreduce_bytes, groups[DATA], st.zero)] if st.sync_degree > 1 else []
+            expert_bytes, replicas = expert_sync(layers[i], st)
+            if replicas > 1 and st.zero < 2:  # ZeRO-2's are in the backward (costs/strategy.py: layer_time)
+                syncs.append((expert_bytes, groups[EXPERT_DATA], st.zero))
+            per_layer.append((sum(b for b, _, _ in syncs), t.backward_s, tuple(syncs)))
         send_f = send_b = 0.0
         if s + 1 < plan.n_stages and plan.stages[s + 1].devices[0] != lead:
             nxt = plan.stages[s + 1].devices[0]
@@ -250,8 +260,8 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
             reduce-scatter instead (their all-gather follows the optimizer step: `zero_gather_s`);
             ZeRO-2 layers have reduce-scattered in their backward (costs/strategy.py: layer_time)."""
             groups: dict[tuple[tuple[int, ...], bool], float] = {}
-            for nbytes, _, dp, group, zero in per_layer[a:b]:
-                if dp > 1:
+            for _, _, syncs in per_layer[a:b]:
+                for nbytes, group, zero in syncs:
                     groups[group, zero > 0] = groups.get((group, zero > 0), 0.0) + nbytes
             return sum((ring_reducescatter_s if zero else ring_allreduce_s)(nbytes, len(g), cm.cluster.slowest_link(g))
                        for (g, zero), nbytes in groups.items())
@@ -276,7 +286,11 @@ def zero_gather_s(plan: Plan, cm: CostModel) -> float:
         for i in stage.layers:
             st = stage.strategy(i)
             if st.zero and st.dp > 1:
-                group = strategy_groups(st, stage.devices)[DATA]
-                groups[group] = groups.get(group, 0.0) + cm.model.layers[i].param_bytes / (st.tp * st.sdp)
+                layer, by_axis = cm.model.layers[i], strategy_groups(st, stage.devices)
+                group = by_axis[DATA]
+                groups[group] = groups.get(group, 0.0) + dense_param_bytes(layer, st) / (st.tp * st.sdp)
+                expert_bytes = routed_bytes(layer, st)  # an MoE layer's routed experts: over their replicas
+                if expert_bytes and len(by_axis[EXPERT_DATA]) > 1:
+                    groups[by_axis[EXPERT_DATA]] = groups.get(by_axis[EXPERT_DATA], 0.0) + expert_bytes / (st.ep * st.etp)
         worst = max(worst, sum(ring_allgather_s(nbytes, len(g), cm.cluster.slowest_link(g)) for g, nbytes in groups.items()))
     return worst

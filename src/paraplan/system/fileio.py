@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import fnmatch
 import hashlib
+import math
 import os
 import stat
 import tempfile
@@ -330,3 +331,14 @@ def remove_if_empty(created: list[Path]) -> None:
             d.rmdir()
         except OSError:
             return  # not empty (or gone): its parents are not empty either
+
+
+def is_finite_number(value: object) -> bool:
+    """A number a file may give where a float is read: not a bool, finite, and within a float's range
+    (TOML and JSON integers have no bound: 10**400 is a valid integer that overflows a float)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False

@@ -8,11 +8,15 @@ planners/galvatron/searcher.py's `Searcher`.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from paraplan.costs import memory as memory_model
+from paraplan.costs.expert_costs import expert_problem, held_params
 from paraplan.costs.memory_config import MemoryConfig
-from paraplan.costs.strategy import layout_ranks, param_count, slice_gather_fraction, strategy_arrays
+from paraplan.costs.slice_gather import layout_ranks, slice_gather_fraction
+from paraplan.costs.strategy import param_count, strategy_arrays
 from paraplan.planners.galvatron.space import Variant, variant_strategies
 from paraplan.planners.request import PlanRequest
 from paraplan.precision import is_mixed
@@ -46,7 +50,9 @@ class StrategyArrays:
                                             selective=any(layer.attention_core_bytes.per_sample > 0
                                                           for layer in self.model.layers),
                                             sequence_parallel=bool(sp),
-                                            context_parallel=int(self.request.options.get("context_parallel", 1)))
+                                            context_parallel=int(self.request.options.get("context_parallel", 1)),
+                                            experts=math.gcd(*(x.experts.experts for x in self.model.layers
+                                                               if x.experts is not None)))
             # the measured runtime figures of a calibrated cluster, as the simulator charges them
             a = strategy_arrays(self.cm.compute(devices[0]), self.model, strategies, micro, self.cluster, devices,
                                 self.config, self.slow, runtime=self.cm.overheads,
@@ -59,6 +65,7 @@ class StrategyArrays:
             # SP only where the runtime runs them (PlanRequest.tensor_parallel, .sequence_parallel)
             tp_ok = self.request.tensor_parallel  # None: TP anywhere (fp32, the paper's setting)
             a["allowed"] = np.array([[micro == int(micro) and int(micro) % s.data_degree == 0
+                                      and expert_problem(self.model.layers[i], s) is None
                                       and (not s.sequence_parallel or (i, s.tp) in sp)
                                       and (s.tp == 1 or tp_ok is None or (i, s.tp) in tp_ok) for s in strategies]
                                      for i in range(self.model.n_layers)])
@@ -88,7 +95,7 @@ class StrategyArrays:
                 if replicated is not None and st.tp > 1:
                     forward[i, j] = replicated(self.model, i, st, micro, self.config)
                 if st.sdp > 1:
-                    backward[i, j] = param_count(self.model, i, False) / st.tp * gathered
+                    backward[i, j] = held_params(self.model.layers[i], param_count(self.model, i, False), st) * gathered
         return forward, backward
 
     def transformation(self, a: dict, layers: range, micro: float, devices: tuple[int, ...]) -> np.ndarray:

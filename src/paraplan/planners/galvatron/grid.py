@@ -38,6 +38,8 @@ searches try.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -82,11 +84,13 @@ _TP_DP_ORDER = ",".join(a.name for a in (TENSOR, DATA, SHARDED_DATA))
 
 
 def uniform_plan(request: PlanRequest, n_stages: int, tp: int, zero: int, recompute: str, n_micro: int,
-                 sharded: bool = False) -> Plan:
+                 sharded: bool = False, experts: tuple[int, int] = (1, 1)) -> Plan:
     """Every layer one strategy: P stages of n / P consecutive devices, TP inner-most, the rest DP
     (`sharded`: SDP, i.e. FSDP / ZeRO-3, instead); the layers cut evenly (Galvatron's even
-    partition), SP with TP where the runtime runs it."""
+    partition), SP with TP where the runtime runs it; a mixture of experts' layers with their routed
+    experts over `experts` = (ep, etp) ranks (costs/expert_costs.py)."""
     n_layers = request.costs.model.n_layers
+    model_layers = request.costs.model.layers
     group = group_size(request, n_stages)
     dp = group // tp
     base = (LayerStrategy(sdp=dp, tp=tp, recompute=recompute, order=_TP_DP_ORDER) if sharded and dp > 1 else
@@ -98,6 +102,9 @@ def uniform_plan(request: PlanRequest, n_stages: int, tp: int, zero: int, recomp
         strategies = tuple(replace(base, sequence_parallel=True)
                            if tp > 1 and recompute != Recompute.FULL and (i, tp) in request.sequence_parallel
                            else base for i in layers)
+        if experts != (1, 1):
+            strategies = tuple(replace(st, ep=experts[0], etp=experts[1]) if model_layers[i].experts is not None
+                               else st for i, st in zip(layers, strategies, strict=True))
         stages.append(Stage(LayerRange(layers.start, layers.stop), tuple(range(s * group, (s + 1) * group)),
                             strategies=strategies))
     return Plan(model=request.model_name, cluster=request.cluster_name, n_layers=n_layers,
@@ -150,14 +157,34 @@ def compute_s(request: PlanRequest, plan: Plan) -> float:
     lead = stage.devices[0]
     scale = cm.overheads.scale_for(len(set(plan.devices)))
     total = 0.0
-    links = strategy_links(cm.cluster, stage.strategies[0], stage.devices)  # one layout on every layer
+    links: dict = {}  # one layout on every layer (and an MoE layer's expert view)
     for s in plan.stages:
         for i in s.layers:
             st = s.strategy(i)
-            t = layer_time_on(cm.compute(lead), cm.model, i, st, micro, links, cm.overlap_slowdown, cm.overheads, scale)
+            if st not in links:
+                links[st] = strategy_links(cm.cluster, st, stage.devices)
+            t = layer_time_on(cm.compute(lead), cm.model, i, st, micro, links[st], cm.overlap_slowdown, cm.overheads,
+                              scale)
             total += t.forward_s + t.backward_s
     ranks = len({s.devices for s in plan.stages})  # interleaved: several stages on each rank's group
     return plan.n_micro * total / ranks
+
+
+def expert_layouts(request: PlanRequest, group: int, tp: int) -> tuple[tuple[int, int], ...]:
+    """(ep, etp) of a mixture of experts' layers on a group of `group` devices with TP `tp`: (1, 1)
+    (the experts follow the dense layout), and ep = 2, 4, ... dividing the group and every MoE
+    layer's experts, with etp 1 and, with TP, etp = tp (Megatron-core's default folding); with TP only
+    where every MoE layer runs sequence parallelism (plans/plan.py: Megatron-core's rule)."""
+    model = request.costs.model
+    moe = [i for i, layer in enumerate(model.layers) if layer.experts is not None]
+    if not moe or (tp > 1 and not all((i, tp) in request.sequence_parallel for i in moe)):
+        return ((1, 1),)
+    experts = math.gcd(*(model.layers[i].experts.experts for i in moe))
+    out, ep = [(1, 1)], 2
+    while ep <= group and group % ep == 0 and experts % ep == 0:
+        out += [(ep, etp) for etp in dict.fromkeys((1, tp)) if group % (ep * etp) == 0]
+        ep *= 2
+    return tuple(out)
 
 
 # the data-parallel kinds a layout's replicas take, as (sharded, ZeRO stage): Megatron's (plain DP,
@@ -182,10 +209,11 @@ def grid_candidates(request: PlanRequest, judge: Judge, families=None, accept=No
             if not _runs_tensor_parallel(request, tp):
                 continue
             kinds = families if group // tp > 1 else ((False, 0),)
-            for sharded, zero in dict.fromkeys(kinds):
+            for (sharded, zero), experts in itertools.product(dict.fromkeys(kinds), expert_layouts(request, group, tp)):
                 for n_micro in micro_counts(request, n_stages, group // tp, accumulation):
-                    plans = [uniform_plan(request, n_stages, tp, zero, r, n_micro, sharded)
-                             for r in _recomputations(request)]
+                    plans = [uniform_plan(request, n_stages, tp, zero, r, n_micro, sharded, experts)
+                             for r in _recomputations(request)
+                             if experts == (1, 1) or tp == 1 or r != Recompute.FULL]  # EP with TP needs SP
                     plans = [p for p in plans if accept is None or accept(p)]
                     if plans:
                         layouts.append([(compute_s(request, plan), plan) for plan in plans])

@@ -139,7 +139,8 @@ VARIANTS = (
 
 
 def variant_strategies(variant: Variant, group: int, today: bool = False, selective: bool = False,
-                       sequence_parallel: bool = False, context_parallel: int = 1) -> tuple[LayerStrategy, ...]:
+                       sequence_parallel: bool = False, context_parallel: int = 1,
+                       experts: int = 0) -> tuple[LayerStrategy, ...]:
     """The variant's strategies on a group of `group` devices. `today` (a variant with CKPT planning
     in mixed precision, `todays_space`): the paper's trees and, beyond the paper, ZeRO-1 and ZeRO-2
     over the dp replicas of every tree with DP and no SDP, and selective recomputation (Korthikanti
@@ -150,7 +151,12 @@ def variant_strategies(variant: Variant, group: int, today: bool = False, select
     checkpointed layer keeps only its input, already split), so those are left out. With
     `context_parallel` > 1 (the planner option of that name, off by default: paraplan's runtime does
     not run CP, so only a plan for another engine wants it), every tree of g / k devices with plain
-    data parallelism also over k = 2, 4, ... <= context_parallel context-parallel ranks."""
+    data parallelism also over k = 2, 4, ... <= context_parallel context-parallel ranks. With
+    `experts` (a mixture of experts' routed experts per layer, 0: none), a variant searching every
+    axis also lays them out (`with_expert_views`)."""
+    if experts and variant.dims == _ALL and not variant.fixed_3d:
+        return with_expert_views(variant_strategies(variant, group, today, selective, sequence_parallel,
+                                                    context_parallel), group, experts)
     if variant.fixed_3d:
         tp = min(2, group)
         return (LayerStrategy(dp=group // tp, tp=tp),)
@@ -169,6 +175,25 @@ def variant_strategies(variant: Variant, group: int, today: bool = False, select
         inner = variant_strategies(variant, group // k, today, selective, sequence_parallel)
         out += [replace(s, cp=k) for s in inner if s.sdp == 1 and not s.zero]
         k *= 2
+    return tuple(out)
+
+
+def with_expert_views(strategies: tuple[LayerStrategy, ...], group: int, experts: int) -> tuple[LayerStrategy, ...]:
+    """Beyond the paper (issue 50 item 3): each strategy also with its routed experts over ep = 2, 4,
+    ... ranks (ep dividing the group and the experts), etp 1 (Megatron-core's MoE recipes) and, with
+    tp, etp = tp (its default folding); where the expert view is modelled (plans/plan.py: sequence
+    parallelism with tp, one kind of data axis, no cp). The searcher allows them on the layers that
+    have experts only (planners/galvatron/arrays.py)."""
+    out = list(strategies)
+    for s in strategies:
+        if (s.tp > 1 and not s.sequence_parallel) or (s.sdp > 1 and s.dp > 1) or s.cp > 1:
+            continue
+        ep = 2
+        while ep <= group and group % ep == 0 and experts % ep == 0:
+            out.append(replace(s, ep=ep))
+            if s.tp > 1 and group % (ep * s.tp) == 0:
+                out.append(replace(s, ep=ep, etp=s.tp))
+            ep *= 2
     return tuple(out)
 
 

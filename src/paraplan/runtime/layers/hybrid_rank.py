@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from paraplan.costs.strategy import data_rank
+from paraplan.costs.slice_gather import data_rank
 from paraplan.runtime.layers.grad_sync import DataParallelSync
 from paraplan.runtime.layers.meshes import Meshes
 from paraplan.runtime.layers.parallelize import parallelize_stage

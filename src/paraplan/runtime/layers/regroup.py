@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paraplan.costs.strategy import data_rank
+from paraplan.costs.slice_gather import data_rank
 from paraplan.plans.plan import LayerStrategy
 
 

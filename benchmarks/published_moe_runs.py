@@ -1,0 +1,196 @@
+"""Published mixture-of-experts runs, predicted (issue 50, item 7): each row the published layout
+built as a paraplan Plan with its expert layout, simulated on the `dgx-h100-80gb` preset in bf16, and
+compared with the published step time. Nothing here is fitted: the preset's figures come from
+datasheets (commit a99653f), the expert costs from their closed forms (costs/expert_costs.py), and
+the imbalance is the model reference's (1 for the rows whose benchmark forced balance).
+
+Sources, typed in (the table of issue 50 item 7):
+  NVIDIA-NeMo/Automodel docs/performance-summary.md, PyTorch FSDP2 + expert parallelism, bf16, seq
+  4096, forced balance: DeepSeek-V3 (61 layers, the first 3 dense with FFN 18432; h 7168; 128 heads,
+  MLA q 1536 / kv 512; 256 routed experts of FFN 2048 + 1 shared, top-8 in 8 groups top-4; vocabulary
+  129,280) on 1,024 H100, PP 4 x VP 8 x EP 64, FSDP 256, global batch 8192: 37.87 s per step; on 256
+  H100, FSDP 64, global 512: 8.18 s; Qwen3-30B-A3B (48 layers, h 2048, 32 / 4 heads, 128 experts of
+  FFN 768, top-8, vocabulary 151,936) on 8 H100, FSDP 8 x EP 8, global 512: 21.77 s.
+  Megatron-MoE-ModelZoo (Megatron-core), Mixtral 8x22B (56 layers, h 6144, FFN 16384, 48 / 8 heads,
+  8 experts top-2, vocabulary 32,768) on 128 H100, TP 2 x PP 8 x VP 7 x EP 8, global 256, micro 1,
+  seq 4096, dropless routing: 445 TFLOP/s per GPU.
+  Megatron-Bridge performance summary 25.11, gpt-oss-120B (its public config: transformers'
+  GptOssConfig defaults) on 64 H100, PP 4 x EP 8, global 512, micro 4, seq 4096, forced balance:
+  153 TFLOP/s per GPU.
+TFLOP/s become seconds through Megatron-LM's `num_floating_point_operations` (megatron/training/
+training.py, core_v0.16.1), which counts routed top-k plus shared experts (`megatron_flops`).
+
+Assumed where the sources are silent (stated in the output): micro-batch 1 for the Automodel rows
+(it lists none), 1F1B (interleaved with VP) for pipelines, the engines' kernels as paraplan's own
+per-operator model prices the transformers module (no MoE engine profile yet: the fused-block
+profiles describe dense blocks), experts dropless (every routed copy computed), the all-to-alls not
+overlapped with compute (Megatron's 1F1B A2A overlap and DeepEP are not modelled), and the router's
+top-k groups not de-duplicating cross-node sends.
+
+Writes $PARAPLAN_BENCH_OUT/published_moe_runs.json (default bench-out/). Run:
+.venv/bin/python benchmarks/published_moe_runs.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from paraplan.hardware import load_cluster
+from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
+from paraplan.plans.schedules import stage_ranks
+from paraplan.simulator.predict import simulate_plan
+from paraplan.workload import cost_model, measured_model
+
+OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out"))
+SEQ = 4096
+GIB = 2**30
+
+DEEPSEEK_V3 = f"hf:deepseek_v3?seq_len={SEQ}&max_position_embeddings={SEQ}&expert_imbalance=1"
+QWEN3_30B = (f"hf:qwen3_moe?num_hidden_layers=48&hidden_size=2048&num_attention_heads=32&num_key_value_heads=4"
+             f"&num_local_experts=128&moe_intermediate_size=768&num_experts_per_tok=8&vocab_size=151936"
+             f"&head_dim=128&seq_len={SEQ}&expert_imbalance=1")
+MIXTRAL_8X22B = (f"hf:mixtral?num_hidden_layers=56&hidden_size=6144&intermediate_size=16384&num_attention_heads=48"
+                 f"&num_key_value_heads=8&num_local_experts=8&num_experts_per_tok=2&vocab_size=32768"
+                 f"&max_position_embeddings={SEQ}&seq_len={SEQ}")
+GPT_OSS_120B = f"hf:gpt_oss?seq_len={SEQ}&expert_imbalance=1"
+AUTOMODEL = "NVIDIA-NeMo/Automodel docs/performance-summary.md"
+
+
+@dataclass(frozen=True)
+class MoeRun:
+    label: str
+    source: str
+    model: str
+    gpus: int
+    pp: int
+    virtual: int
+    tp: int
+    sdp: int  # FSDP degree (the data axis of the dense view)
+    dp: int
+    ep: int
+    global_batch: int
+    micro: int
+    engine: str
+    published_s: float | None = None
+    published_tflops: float | None = None
+    flops: dict | None = None  # Megatron's FLOP count's shape, where the source gives TFLOP/s
+
+
+MIXTRAL_FLOPS = dict(layers=56, hidden=6144, heads=48, kv_heads=8, head_dim=128, ffn=16384, moe_layers=56,
+                     moe_ffn=16384, topk=2, shared_ffn=0, vocab=32768)
+GPT_OSS_FLOPS = dict(layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880, moe_layers=36,
+                     moe_ffn=2880, topk=4, shared_ffn=0, vocab=201088)
+RUNS = (
+    MoeRun("DeepSeek-V3, 1,024 H100", AUTOMODEL, DEEPSEEK_V3, 1024, 4, 8, 1, 256, 1, 64, 8192, 1, "torchtitan",
+           published_s=37.87),
+    MoeRun("DeepSeek-V3, 256 H100", AUTOMODEL, DEEPSEEK_V3, 256, 4, 8, 1, 64, 1, 64, 512, 1, "torchtitan",
+           published_s=8.18),
+    MoeRun("Qwen3-30B-A3B, 8 H100", AUTOMODEL, QWEN3_30B, 8, 1, 1, 1, 8, 1, 8, 512, 1, "torchtitan",
+           published_s=21.77),
+    MoeRun("Mixtral 8x22B, 128 H100", "Megatron-MoE-ModelZoo", MIXTRAL_8X22B, 128, 8, 7, 2, 1, 8, 8, 256, 1,
+           "megatron", published_tflops=445, flops=MIXTRAL_FLOPS),
+    MoeRun("gpt-oss-120B, 64 H100", "Megatron-Bridge performance summary 25.11", GPT_OSS_120B, 64, 4, 1, 1, 1, 16, 8,
+           512, 4, "megatron", published_tflops=153, flops=GPT_OSS_FLOPS),
+)
+
+
+def megatron_flops(shape: dict, batch: int, seq: int) -> float:
+    """Megatron-LM's `num_floating_point_operations` for a GQA transformer with MoE layers (BSHD, no
+    MTP): 3 (forward, two backward GEMMs) x 2 (FMA) x [tokens x (MLP + routed top-k + shared experts +
+    attention projections + logits) + batch x seq^2 x the causal core]; SwiGLU (3 matrices)."""
+    h, q = shape["hidden"], shape["heads"] * shape["head_dim"]
+    kv = shape["kv_heads"] * shape["head_dim"]
+    dense_layers = shape["layers"] - shape["moe_layers"]
+    tokens = batch * seq
+    mlp = h * (shape["ffn"] * 3 * dense_layers + shape["moe_ffn"] * shape["topk"] * 3 * shape["moe_layers"]
+               + shape["shared_ffn"] * 3 * shape["moe_layers"])
+    attention = (h * (q + 2 * kv) + q * h) * shape["layers"]
+    core = q / 2 * 2 * shape["layers"]
+    return 3 * 2 * (tokens * (mlp + attention + h * shape["vocab"]) + batch * seq * seq * core)
+
+
+def moe_plan(run: MoeRun, spec) -> Plan:
+    """The run's layout: TP innermost, then the data axis, then pipeline ranks; blocks cut evenly over
+    pp x v stages, the embedding on the first and the head on the last; each MoE block's routed
+    experts over ep ranks (etp 1: both engines' recipes), the dense view as the run's."""
+    n_layers = len(spec.layers)
+    n_stages = run.pp * run.virtual
+    blocks = n_layers - 2
+    bounds = [0] + [1 + (blocks * k) // n_stages for k in range(1, n_stages)] + [n_layers]
+    schedule = "interleaved-1f1b" if run.virtual > 1 else "1f1b" if run.pp > 1 else "gpipe"
+    ranks = stage_ranks(schedule, run.pp, run.virtual)
+    group = run.tp * run.sdp * run.dp
+    stages = []
+    for i in range(n_stages):
+        devices = tuple(range(ranks[i] * group, (ranks[i] + 1) * group))
+        strategies = []
+        for layer in range(bounds[i], bounds[i + 1]):
+            st = LayerStrategy(dp=run.dp, sdp=run.sdp, tp=run.tp, order="tp,sdp,dp", sequence_parallel=run.tp > 1,
+                               zero=1 if run.dp > 1 else 0)
+            if spec.layers[layer].experts is not None:
+                st = LayerStrategy(dp=st.dp, sdp=st.sdp, tp=st.tp, order=st.order, zero=st.zero,
+                                   sequence_parallel=st.sequence_parallel, ep=run.ep)
+            strategies.append(st)
+        stages.append(Stage(LayerRange(bounds[i], bounds[i + 1]), devices, strategies=tuple(strategies)))
+    replicas = run.sdp * run.dp
+    n_micro = run.global_batch // (replicas * run.micro)
+    if run.pp == 1 and n_micro > 1:
+        schedule = "1f1b"  # gradient accumulation
+    return Plan(model=run.model, cluster=f"dgx-h100-80gb?nodes={run.gpus // 8}", n_layers=n_layers,
+                global_batch=run.global_batch, n_micro=n_micro, schedule=schedule, stages=tuple(stages),
+                grad_sync="after-backward" if run.dp > 1 else "none", precision="bf16", virtual_stages=run.virtual)
+
+
+_MEASURED: dict[str, object] = {}
+
+
+def predict(run: MoeRun) -> dict:
+    if run.model not in _MEASURED:
+        _MEASURED[run.model] = measured_model(run.model, precision="bf16", attention="fused")[1]
+    spec = _MEASURED[run.model]
+    cluster = load_cluster(f"dgx-h100-80gb?nodes={run.gpus // 8}")
+    costs = cost_model(spec, cluster, precision="bf16", engine=run.engine)
+    sim = simulate_plan(moe_plan(run, spec), costs)
+    p = sim.prediction
+    return {"iteration_s": p.iteration_s, "fits": p.feasible,
+            "peak_gib": max(m.peak_bytes for m in p.memory) / GIB if p.memory else float("nan")}
+
+
+def rows() -> list[dict]:
+    out = []
+    for run in RUNS:
+        published_s = run.published_s
+        if published_s is None:
+            published_s = megatron_flops(run.flops, run.global_batch, SEQ) / (run.published_tflops * 1e12 * run.gpus)
+        p = predict(run)
+        layout = (f"PP{run.pp}{f' x VP{run.virtual}' if run.virtual > 1 else ''}"
+                  f"{f' x TP{run.tp}' if run.tp > 1 else ''} x {'FSDP' + str(run.sdp) if run.sdp > 1 else 'DP' + str(run.dp)}"
+                  f" x EP{run.ep}")
+        row = {"run": run.label, "source": run.source, "engine": run.engine, "gpus": run.gpus, "layout": layout,
+               "published_s": round(published_s, 3), "predicted_s": round(p["iteration_s"], 3),
+               "time_ratio": round(p["iteration_s"] / published_s, 3), "predicted_peak_gib": round(p["peak_gib"], 1),
+               "fits_80gib": p["fits"]}
+        out.append(row)
+        print(f"{run.label:>26}: published {row['published_s']} s, predicted {row['predicted_s']} s "
+              f"(x{row['time_ratio']}); peak {row['predicted_peak_gib']} GiB", flush=True)
+    return out
+
+
+def main() -> None:
+    from _paraplan_cli import bench_parser
+
+    bench_parser(__doc__).parse_args()
+    table = rows()
+    errors = [abs(r["time_ratio"] - 1) for r in table]
+    result = {"rows": table, "median_abs_time_error": round(statistics.median(errors), 3)}
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "published_moe_runs.json").write_text(json.dumps(result, indent=1))
+    print(f"median |time error| {result['median_abs_time_error']:.1%}")
+
+
+if __name__ == "__main__":
+    main()

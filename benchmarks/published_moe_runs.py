@@ -39,6 +39,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from paraplan.costs.engine_profile import BlockShape
 from paraplan.hardware import load_cluster
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
 from paraplan.plans.schedules import stage_ranks
@@ -78,23 +79,30 @@ class MoeRun:
     published_s: float | None = None
     published_tflops: float | None = None
     flops: dict | None = None  # Megatron's FLOP count's shape, where the source gives TFLOP/s
+    block: BlockShape | None = None  # the block as the engine's fused kernels see it
 
 
 MIXTRAL_FLOPS = dict(layers=56, hidden=6144, heads=48, kv_heads=8, head_dim=128, ffn=16384, moe_layers=56,
                      moe_ffn=16384, topk=2, shared_ffn=0, vocab=32768)
 GPT_OSS_FLOPS = dict(layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880, moe_layers=36,
                      moe_ffn=2880, topk=4, shared_ffn=0, vocab=201088)
+# the blocks as Megatron's fused kernels see them (the dense FFN; an MoE block's expert FFN is derived
+# per layer: costs/engine_profile.py expert_block); MLA as 128 heads of its value width
+DEEPSEEK_BLOCK = BlockShape(7168, 128, 128, 18432, SEQ, gated=True, dropout=False, eager_attention=False)
+QWEN3_BLOCK = BlockShape(2048, 32, 4, 6144, SEQ, gated=True, dropout=False, eager_attention=False)
+MIXTRAL_BLOCK = BlockShape(6144, 48, 8, 16384, SEQ, gated=True, dropout=False, eager_attention=False)
+GPT_OSS_BLOCK = BlockShape(2880, 64, 8, 2880, SEQ, gated=True, dropout=False, eager_attention=False)
 RUNS = (
-    MoeRun("DeepSeek-V3, 1,024 H100", AUTOMODEL, DEEPSEEK_V3, 1024, 4, 8, 1, 256, 1, 64, 8192, 1, "torchtitan",
-           published_s=37.87),
-    MoeRun("DeepSeek-V3, 256 H100", AUTOMODEL, DEEPSEEK_V3, 256, 4, 8, 1, 64, 1, 64, 512, 1, "torchtitan",
-           published_s=8.18),
-    MoeRun("Qwen3-30B-A3B, 8 H100", AUTOMODEL, QWEN3_30B, 8, 1, 1, 1, 8, 1, 8, 512, 1, "torchtitan",
-           published_s=21.77),
+    MoeRun("DeepSeek-V3, 1,024 H100", AUTOMODEL, DEEPSEEK_V3, 1024, 4, 8, 1, 256, 1, 64, 8192, 1, "megatron",
+           published_s=37.87, block=DEEPSEEK_BLOCK),
+    MoeRun("DeepSeek-V3, 256 H100", AUTOMODEL, DEEPSEEK_V3, 256, 4, 8, 1, 64, 1, 64, 512, 1, "megatron",
+           published_s=8.18, block=DEEPSEEK_BLOCK),
+    MoeRun("Qwen3-30B-A3B, 8 H100", AUTOMODEL, QWEN3_30B, 8, 1, 1, 1, 8, 1, 8, 512, 1, "megatron",
+           published_s=21.77, block=QWEN3_BLOCK),
     MoeRun("Mixtral 8x22B, 128 H100", "Megatron-MoE-ModelZoo", MIXTRAL_8X22B, 128, 8, 7, 2, 1, 8, 8, 256, 1,
-           "megatron", published_tflops=445, flops=MIXTRAL_FLOPS),
+           "megatron", published_tflops=445, flops=MIXTRAL_FLOPS, block=MIXTRAL_BLOCK),
     MoeRun("gpt-oss-120B, 64 H100", "Megatron-Bridge performance summary 25.11", GPT_OSS_120B, 64, 4, 1, 1, 1, 16, 8,
-           512, 4, "megatron", published_tflops=153, flops=GPT_OSS_FLOPS),
+           512, 4, "megatron", published_tflops=153, flops=GPT_OSS_FLOPS, block=GPT_OSS_BLOCK),
 )
 
 
@@ -153,7 +161,7 @@ def predict(run: MoeRun) -> dict:
         _MEASURED[run.model] = measured_model(run.model, precision="bf16", attention="fused")[1]
     spec = _MEASURED[run.model]
     cluster = load_cluster(f"dgx-h100-80gb?nodes={run.gpus // 8}")
-    costs = cost_model(spec, cluster, precision="bf16", engine=run.engine)
+    costs = cost_model(spec, cluster, precision="bf16", engine=run.engine, block=run.block)
     sim = simulate_plan(moe_plan(run, spec), costs)
     p = sim.prediction
     return {"iteration_s": p.iteration_s, "fits": p.feasible,

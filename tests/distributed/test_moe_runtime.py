@@ -1,9 +1,12 @@
-"""Issue 50 (part): a mixture-of-experts model (a tiny Mixtral, 4 experts top-2) trains on gloo ranks
-as paraplan's runtime runs any HF model, its experts replicated (no expert parallelism yet): a
-2-stage 1F1B pipeline and DP2 agree with one process running the same recipe within 1e-5 (fp32;
-the routing is the model's own, deterministic for the same weights and batch), and each pipeline
-rank's saved tensors are what the walked order predicts from the statically routed measurement
-(models/moe_static.py: k x tokens rows through the experts, as real routing gathers them)."""
+"""Issue 50 items 1 and 5: a mixture-of-experts model (a tiny Mixtral, 4 experts top-2) trains on gloo
+ranks with its own routing: a 2-stage 1F1B pipeline and DP2 with the experts replicated, and expert
+parallelism (runtime/layers/expert_parallel.py: the tokens dispatched and combined by all-to-all)
+as EP2 on 2 ranks, EP2 x EDP2 and EP4 on 4, and EP2 inside each stage of a 2-stage pipeline on 4,
+each agreeing with one process running the same recipe within 1e-5 (fp32; the routing is the
+model's own, deterministic for the same weights and batch: the dense layers compute bitwise as the
+one process does, so no top-k flips); each pipeline rank's saved tensors are what the walked order
+predicts from the statically routed measurement (models/moe_static.py: k x tokens rows through the
+experts, as real routing gathers them)."""
 
 import json
 import os
@@ -24,12 +27,26 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 MIXTRAL = ("hf:mixtral?num_hidden_layers=2&hidden_size=32&intermediate_size=64&num_attention_heads=4"
            "&num_key_value_heads=2&num_local_experts=4&num_experts_per_tok=2&vocab_size=128&seq_len=16")
 N_LAYERS = 4  # embedding, 2 blocks, head
+D2, E2 = LayerStrategy(dp=2), LayerStrategy(dp=2, ep=2)
+D4, E4x2, E4 = LayerStrategy(dp=4), LayerStrategy(dp=4, ep=2), LayerStrategy(dp=4, ep=4)
 PLANS = {
     "pp2": Plan(model=MIXTRAL, cluster="local", n_layers=N_LAYERS, global_batch=8, n_micro=4, schedule="1f1b",
                 grad_sync="none", stages=(Stage(LayerRange(0, 2), (0,)), Stage(LayerRange(2, 4), (1,)))),
     "dp2": Plan(model=MIXTRAL, cluster="local", n_layers=N_LAYERS, global_batch=8, n_micro=1, schedule="gpipe",
                 grad_sync="bucketed",
                 stages=(Stage(LayerRange(0, 4), (0, 1), strategies=(LayerStrategy(dp=2),) * N_LAYERS),)),
+    "ep2": Plan(model=MIXTRAL, cluster="local", n_layers=N_LAYERS, global_batch=8, n_micro=1, schedule="gpipe",
+                grad_sync="bucketed", stages=(Stage(LayerRange(0, 4), (0, 1), strategies=(D2, E2, E2, D2)),)),
+}
+PLANS_4 = {
+    "ep2-edp2": Plan(model=MIXTRAL, cluster="local", n_layers=N_LAYERS, global_batch=8, n_micro=2, schedule="gpipe",
+                     grad_sync="bucketed",
+                     stages=(Stage(LayerRange(0, 4), (0, 1, 2, 3), strategies=(D4, E4x2, E4x2, D4)),)),
+    "ep4": Plan(model=MIXTRAL, cluster="local", n_layers=N_LAYERS, global_batch=8, n_micro=1, schedule="gpipe",
+                grad_sync="bucketed", stages=(Stage(LayerRange(0, 4), (0, 1, 2, 3), strategies=(D4, E4, E4, D4)),)),
+    "pp2-ep2": Plan(model=MIXTRAL, cluster="local", n_layers=N_LAYERS, global_batch=8, n_micro=2, schedule="1f1b",
+                    grad_sync="bucketed", stages=(Stage(LayerRange(0, 2), (0, 1), strategies=(D2, E2)),
+                                                  Stage(LayerRange(2, 4), (2, 3), strategies=(E2, D2)))),
 }
 
 
@@ -37,12 +54,13 @@ PLANS = {
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe")
     configs = {name: TrainConfig(plan=plan, model=plan.model, out_dir=str(root / name), dropout=False, steps=2,
-                                 optimizer="sgd", lr=0.1) for name, plan in PLANS.items()}
-    train_many(list(configs.values()), 2)
+                                 optimizer="sgd", lr=0.1) for name, plan in {**PLANS, **PLANS_4}.items()}
+    train_many([configs[name] for name in PLANS], 2)
+    train_many([configs[name] for name in PLANS_4], 4)
     return configs
 
 
-@pytest.mark.parametrize("name", list(PLANS))
+@pytest.mark.parametrize("name", [*PLANS, *PLANS_4])
 def test_two_ranks_agree_with_one_process(runs, name):
     config = runs[name]
     got: dict[str, torch.Tensor] = {}

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from paraplan.costs.engine_profile import BlockShape, EngineProfile, megatron_block_kernels
+from paraplan.costs.engine_profile import (
+    BlockShape,
+    EngineProfile,
+    expert_block_kernels,
+    megatron_block_kernels,
+)
 from paraplan.costs.op_roofline import OperatorTime
 from paraplan.costs.timefn import ComputeTime, LayerCosts, TransferTime
 from paraplan.hardware.cluster import DeviceSpec, LinkSpec
@@ -34,6 +39,8 @@ def analytic_costs(model: ModelSpec, device: DeviceSpec, link: LinkSpec, engine:
     forward, backward, send_f, send_b = [], [], [], []
     previous_output = model.input_bytes
     for layer in model.layers:
+        # a mixture-of-experts block: the engine's MoE kernels (permutation, router, its expert FFN)
+        layer_fused = expert_block_kernels(block, layer.experts) if fused is not None and layer.experts else fused
         params = Affine(fixed=layer.param_bytes + layer.shared_param_bytes, per_sample=0.0)
         # An embedding lookup (no FLOPs) reads only the rows it gathers, not its whole table.
         fwd_params = params if layer.forward_flops.per_sample > 0 else Affine(0.0, 0.0)
@@ -42,7 +49,7 @@ def analytic_costs(model: ModelSpec, device: DeviceSpec, link: LinkSpec, engine:
                             layer.output_grad_bytes)
         if device.operator_priced and layer.forward_inventory is not None and layer.backward_inventory is not None:
             # a GPU described down to its SMs: kernel by kernel (costs/op_roofline.py)
-            fwd, bwd = _engine_passes(layer, engine, fused, device)
+            fwd, bwd = _engine_passes(layer, engine, layer_fused, device)
             forward.append(fwd)
             backward.append(bwd)
         else:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from paraplan.costs.engine_profile import BlockShape, EngineProfile
+from paraplan.costs.engine_profile import BlockShape, EngineProfile, expert_block
 from paraplan.costs.transformer_memory import TransformerShape, layer_activation_bytes
 from paraplan.models.spec import Affine, ModelSpec
 
@@ -48,12 +48,22 @@ def engine_activations(model: ModelSpec, block: BlockShape, engine: EngineProfil
                        element_bytes: int = 2) -> ModelSpec:
     """The model with every transformer block's saved bytes as `engine` keeps them (per sample, as
     the measurement's are), and the bytes its `selective` recomputation drops."""
-    shape = transformer_shape(block)
+    layers = tuple(_engine_block(layer, block, engine, element_bytes) if layer.kind == "block" else layer
+                   for layer in model.layers)
+    return replace(model, layers=layers)
+
+
+def _engine_block(layer, block: BlockShape, engine: EngineProfile, element_bytes: int):
+    """One block's saved bytes as `engine` keeps them; a mixture-of-experts block as the dense block
+    of its expert FFN (costs/engine_profile.py: `expert_block`), with the permuted copies of its
+    tokens its experts keep beyond the one input a dense MLP keeps ((k - 1) T h)."""
+    shape_block = block if layer.experts is None else expert_block(block, layer.experts)
+    shape = transformer_shape(shape_block)
     whole = layer_activation_bytes(shape, 1, element_bytes)
+    if layer.experts is not None:
+        whole += (layer.experts.top_k - 1) * block.seq_len * block.hidden * element_bytes
     if engine.per_op_selective:
-        kept_selective = torchtitan_op_sac_bytes(block, element_bytes)
+        kept_selective = torchtitan_op_sac_bytes(shape_block, element_bytes)
     else:
         kept_selective = layer_activation_bytes(shape, 1, element_bytes, recompute="selective")
-    layers = tuple(replace(layer, saved_bytes=Affine(0.0, whole), attention_core_bytes=Affine(0.0, whole - kept_selective))
-                   if layer.kind == "block" else layer for layer in model.layers)
-    return replace(model, layers=layers)
+    return replace(layer, saved_bytes=Affine(0.0, whole), attention_core_bytes=Affine(0.0, whole - kept_selective))

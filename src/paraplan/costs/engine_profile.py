@@ -25,7 +25,7 @@ What is not modelled yet, stated: torch.compile's fusion (torchtitan `--compile`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from paraplan.errors import ParaplanError
 from paraplan.models.spec import Affine, MemoryOp, PassOps
@@ -144,3 +144,28 @@ def megatron_block_kernels(shape: BlockShape, element_bytes: int = 2) -> FusedBl
 
     return FusedBlock(ops(replicated_f + split_f + core_f), ops(replicated_b + split_b), ops(replicated_f),
                       ops(replicated_b), ops(core_f))
+
+
+def expert_block(block: BlockShape, experts) -> BlockShape:
+    """A mixture-of-experts block as the dense block its memory-bound kernels match: the routed
+    copies' and the shared experts' activations are elementwise over T x (k f_e + f_s), a dense MLP
+    of FFN k f_e + f_s (`experts`: models/spec.py LayerExperts; f from the FLOPs per token, 2 x 3 h f
+    per expert with SwiGLU, 2 x 2 h f with GeLU)."""
+    matrices = 3 if block.gated else 2
+    ffn = (experts.routed_flops_per_token + experts.shared_flops_per_token) / (2 * matrices * block.hidden)
+    return replace(block, ffn=max(1, round(ffn)))
+
+
+def expert_block_kernels(block: BlockShape, experts, element_bytes: int = 2) -> FusedBlock:
+    """Megatron's MoE block's memory-bound kernels per sample: the dense block's at its expert FFN
+    (`expert_block`), the router's softmax and top-k over T x E in fp32 (read and written, both
+    passes), and the token permutation around the experts (megatron-core's `permute` / `unpermute`:
+    the T x k copies of h elements read and written before the experts and after them, both passes;
+    the all-to-alls themselves are costs/expert_costs.py's)."""
+    base = megatron_block_kernels(expert_block(block, experts), element_bytes)
+    t = block.seq_len
+    permute = 2 * element_bytes * t * experts.top_k * block.hidden
+    router = 2 * 4 * t * experts.experts
+    extra = (MemoryOp(Affine(0.0, float(permute)), 2), MemoryOp(Affine(0.0, float(router)), 1))
+    return replace(base, forward=replace(base.forward, memory_ops=base.forward.memory_ops + extra),
+                   backward=replace(base.backward, memory_ops=base.backward.memory_ops + extra))

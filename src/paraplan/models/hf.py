@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from paraplan.errors import FieldError
@@ -213,7 +214,9 @@ def build_hf(ref: ModelRef) -> tuple[nn.Module, InputSpec, str]:
         moe_spec(model)
     except ValueError as exc:
         raise FieldError("model", f"hf:{model_type} is a mixture of experts paraplan cannot describe: {exc}") from None
-    if next(model.parameters()).device.type == "meta":
+    # by the device the model is built for, not where its parameters are: the runtime builds on the
+    # CPU with parameters on meta (runtime/rank/materialize.py), to be given values and really routed
+    if torch.empty(()).device.type == "meta":
         route_statically(model)
     else:
         eager_experts(model)

@@ -181,7 +181,8 @@ def layer_experts(model: nn.Module, layers: list[nn.Module], tokens_per_sample: 
             config_int(getattr(model, "config", None), ("hidden_size",)) or 0
         out.append(LayerExperts(
             experts=first.experts, top_k=first.top_k, routed_params=sum(b.routed_params for b in blocks),
-            routed_flops_per_token=float(sum(2 * b.top_k * b.expert_weights for b in blocks)), hidden=hidden,
+            routed_flops_per_token=float(sum(2 * b.top_k * b.expert_weights for b in blocks)),
+            shared_flops_per_token=float(sum(2 * b.shared_weights for b in blocks)), hidden=hidden,
             tokens_per_sample=tokens_per_sample, groups=first.groups, topk_groups=first.topk_groups,
             imbalance=imbalance))
     return out

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import MethodType
+from types import MethodType, SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +37,9 @@ def _project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     return y + bias if bias is not None else y
 
 
-def _one_expert(experts: nn.Module, e: int, x: torch.Tensor) -> torch.Tensor:
+def one_expert(experts, e: int, x: torch.Tensor) -> torch.Tensor:
+    """Routed expert `e` of an `experts` module (or anything holding its stacked parameters by the
+    same names: runtime/layers/expert_parallel.py's local shards) applied to tokens `x`."""
     if isinstance(experts, nn.ModuleList):
         return experts[e](x)
     bias = getattr(experts, "gate_up_proj_bias", None)
@@ -47,13 +49,28 @@ def _one_expert(experts: nn.Module, e: int, x: torch.Tensor) -> torch.Tensor:
     return _project(act(gate) * up, experts.down_proj[e], None if bias is None else bias[e])
 
 
+def _unbound(experts: nn.Module):
+    """The experts' stacked parameters as tuples of per-expert views, split once (`unbind`): indexing
+    a stacked parameter per expert (`p[e]`) costs a zero-filled gradient of the whole stack per
+    expert in the backward (select's), which a grouped GEMM never writes; one unbind's backward
+    stacks the experts' gradients once, as the grouped GEMM writes them."""
+    if isinstance(experts, nn.ModuleList):
+        return experts
+    parts = {name: p.unbind(0) for name, p in experts.named_parameters(recurse=False)}
+    return SimpleNamespace(**parts, act_fn=getattr(experts, "act_fn", None))
+
+
 def _static_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                     top_k_weights: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """Every token through experts 0..k-1, each weighted by the router's j-th weight."""
     k = top_k_index.shape[-1]
     out = None
+    experts = _unbound(self)
+    # each expert's tokens gathered into a copy of their own, as real routing gathers them (eager's
+    # `hidden_states[token_idx]`, megatron-core's permutation): k copies of the tokens kept in all
+    rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
     for j in range(k):
-        y = _one_expert(self, j, hidden_states) * top_k_weights[..., j:j + 1].to(hidden_states.dtype)
+        y = one_expert(experts, j, hidden_states[rows]) * top_k_weights[..., j:j + 1].to(hidden_states.dtype)
         out = y if out is None else out + y
     return out
 

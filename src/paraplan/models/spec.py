@@ -87,6 +87,7 @@ class LayerExperts:
     top_k: int  # routed experts each token runs through
     routed_params: int  # every routed expert's parameters: what expert parallelism shards
     routed_flops_per_token: float  # forward FLOPs of one token through its top-k routed experts
+    shared_flops_per_token: float  # ... through the shared experts every token runs (0: none)
     hidden: int  # elements of one token as dispatched to its experts (the router's input width)
     tokens_per_sample: int  # tokens one sample routes (its sequence length)
     groups: int = 1  # group-limited routing (DeepSeek-V3): experts in `groups` groups ...

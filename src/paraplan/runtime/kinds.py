@@ -28,8 +28,11 @@ from paraplan.precision import is_mixed
 # the version-2 plan features (plans/features.py: FEATURES) the runtime runs so far: the precision
 # (fp32, tf32, bf16: rank/mixed_precision.py), ZeRO-1/2 (layers/zero.py), selective recomputation
 # (layers/selective.py), sequence parallelism (layers/sequence_parallel.py) and the multi-chunk
-# schedules; context parallelism is refused with its reason (layers/parallelize.py: apply_cp)
-RUNS: frozenset[str] = frozenset({"precision", "zero", "selective", "schedule", "sequence_parallel"})
+# schedules, expert parallelism with plain data parallelism (layers/expert_parallel.py; the rest of
+# it refused by layers/hybrid.py); context parallelism is refused with its reason (layers/parallelize.py:
+# apply_cp)
+RUNS: frozenset[str] = frozenset({"precision", "zero", "selective", "schedule", "sequence_parallel",
+                                 "expert_parallel"})
 # the schedules stage plans run under (plans/schedules.py)
 STAGE_SCHEDULES = (Schedule.GPIPE, Schedule.ONE_F_ONE_B, *MULTI_CHUNK)
 

@@ -10,6 +10,29 @@ from paraplan.plans.plan import LayerStrategy, Plan
 from paraplan.runtime.layers.meshes import stage_strategies
 
 
+def expert_refusal(module, st: LayerStrategy) -> str | None:
+    """Why the layer's expert view does not run (layers/expert_parallel.py runs ep with plain data
+    parallelism), or None."""
+    from torch import nn
+
+    from paraplan.models.moe_spec import moe_parts
+
+    if st.etp > 1:
+        return "expert tensor parallelism (etp) is planned and simulated, not run"
+    if st.tp > 1 or st.sdp > 1 or st.cp > 1:
+        return "expert parallelism runs with plain data parallelism only (tp, sdp and cp 1), not with this layout"
+    parts = moe_parts(module)
+    if not parts:
+        return f"ep {st.ep} on a layer without routed experts"
+    for name, part in parts:
+        if isinstance(part.experts, nn.ModuleList) or not list(part.experts.parameters(recurse=False)):
+            return f"{name}.experts: expert parallelism runs transformers 5's stacked experts, not a list of modules"
+        count = next(part.experts.parameters(recurse=False)).shape[0]
+        if count % st.ep:
+            return f"ep {st.ep} does not divide {name}'s {count} experts"
+    return None
+
+
 def hybrid_refusal(plan: Plan, layers: list) -> str | None:
     """Why a plan with per-layer strategies cannot run (one line naming the layer), or None.
     `layers` is the model's (name, kind, module) list; only inspected, never run."""
@@ -22,6 +45,8 @@ def hybrid_refusal(plan: Plan, layers: list) -> str | None:
             if rows % st.data_degree:
                 return (f"{where}: a micro-batch of {rows} samples does not split into {st.data_degree} "
                         f"data-parallel slices")
+            if st.ep * st.etp > 1 and (reason := expert_refusal(module, st)):
+                return f"{where}: {reason}"
             if st.zero and st.sdp > 1:
                 return f"{where}: ZeRO-{st.zero} over the dp replicas of a sharded (sdp) layer is not run"
             if st.tp > 1:

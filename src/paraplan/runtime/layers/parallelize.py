@@ -12,7 +12,8 @@ the axis table (layers/meshes.py: `Meshes`), one per distinct layout.
 
 Each layer is materialised (still on meta until then) and parallelised at once, one apply step
 per axis in torchtitan's order (its models/llama3/parallelize.py): context parallelism, tensor
-(and sequence) parallelism, activation recomputation, then FSDP2 last; the replicated layers' dp
+(and sequence) parallelism, expert parallelism (layers/expert_parallel.py: `apply_ep`), activation
+recomputation, then FSDP2 last; the replicated layers' dp
 groups (plain DP, ZeRO-1/2) after the stage. `parallelize_stage` composes them; a rank holds at
 most one layer whole (or one unit of layers sharing a parameter) before it is split or sharded,
 never the stage. Per layer (Galvatron-BMW §III), with the field's tools:
@@ -53,8 +54,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from paraplan.plans.axes import DATA, TENSOR
+from paraplan.plans.axes import DATA, EXPERT_DATA, TENSOR
 from paraplan.plans.plan import LayerStrategy, Plan, Recompute
+from paraplan.runtime.layers.expert_parallel import apply_ep
 from paraplan.runtime.layers.meshes import Meshes, stage_strategies
 from paraplan.runtime.layers.regroup import StrategyLayer, replicated
 
@@ -141,19 +143,29 @@ def apply_fsdp(module: nn.Module | list[nn.Module], mesh, policy=None, ignored_p
 
 
 def apply_zero(layers: list[nn.Module], strategies: tuple[LayerStrategy, ...],
-               meshes: Meshes) -> list[tuple[object, int, list[nn.Parameter]]]:
+               meshes: Meshes, experts: dict[int, int] | None = None) -> list[tuple[object, int, list[nn.Parameter]]]:
     """The replicated layers' data parallelism: their parameters by (dp group, ZeRO stage), each
     group's gradients summed once per iteration after the schedule (grad_sync.py: DataParallelSync;
-    ZeRO-1/2: zero.py's reduce-scatter, sharded step and all-gather)."""
+    ZeRO-1/2: zero.py's reduce-scatter, sharded step and all-gather). An expert-parallel layer's
+    routed experts (`experts`: their ids, from `apply_ep`) are summed over their edp replicas instead,
+    and not at all with one replica."""
+    experts = experts or {}
     dp_params: dict[tuple[int, int], tuple[object, int, list[nn.Parameter]]] = {}
     seen: set[int] = set()
     for layer, st in zip(layers, strategies, strict=True):
         if st.dp > 1 and st.sdp == 1:
             group = meshes.sub(st, DATA).get_group()
+            replicas = meshes.expert_sub(st, EXPERT_DATA) if st.ep > 1 else None
             for p in layer.parameters():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    dp_params.setdefault((id(group), st.zero), (group, st.zero, []))[2].append(p)
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                if id(p) in experts:
+                    if replicas.size() > 1:
+                        g = replicas.get_group()
+                        dp_params.setdefault((id(g), st.zero), (g, st.zero, []))[2].append(p)
+                    continue
+                dp_params.setdefault((id(group), st.zero), (group, st.zero, []))[2].append(p)
     return list(dp_params.values())
 
 
@@ -179,10 +191,12 @@ def parallelize_stage(plan: Plan, stage_index: int, position: int, layers: list[
     sequence_params: list[nn.Parameter] = []
     full_recompute: list[bool] = []
     made: dict = {}  # one materialisation for the stage: tied parameters stay tied
+    experts: dict[int, int] = {}  # the expert-parallel layers' routed experts (their own gradient sync)
     for i, (layer, st) in enumerate(zip(layers, strategies, strict=True)):
         materialize([layer], names, seed, device, made)
         apply_cp(layer, st, meshes)
         apply_tp(layer, st, meshes, tp_memo)
+        experts.update((id(p), i) for p in apply_ep(layer, st, meshes))
         sequence_params += apply_sp(layer, st)
         # selective recomputation ran before TP until issue 47; it only points the attention modules'
         # config at the checkpointed core (layers/selective.py), which TP's plan does not touch, so the
@@ -191,7 +205,7 @@ def parallelize_stage(plan: Plan, stage_index: int, position: int, layers: list[
         if st.sdp > 1 and i == unit_of[i][-1]:  # the unit's last layer is materialised: shard the unit
             modules = [layers[j] for j in unit_of[i]]
             apply_fsdp(modules if len(modules) > 1 else modules[0], meshes.sharding(st), policy)
-    dp_params = apply_zero(layers, strategies, meshes)
+    dp_params = apply_zero(layers, strategies, meshes, experts)
     wrapped, previous = [], held
     for i, (layer, st) in enumerate(zip(layers, strategies, strict=True)):
         enter, leave = sequence_ends(layers, strategies, i)

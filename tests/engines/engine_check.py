@@ -35,7 +35,7 @@ def torchtitan(case: dict) -> dict:
             "sequence_parallel": bool(par.enable_sequence_parallel), "reshard": par.fsdp_reshard_after_forward,
             "local_batch": training.local_batch_size, "global_batch": training.global_batch_size,
             "mixed_precision_param": training.mixed_precision_param,
-            "activation_checkpoint": type(cfg.activation_checkpoint).__qualname__}
+            "activation_checkpoint": type(cfg.activation_checkpoint).__qualname__, "ep": dims.ep}
     if dims.pp > 1:
         read.update(schedule=par.pipeline_parallel_schedule, micro_batch=par.pipeline_parallel_microbatch_size,
                     fqns=par.module_fqns_per_model_part)
@@ -88,7 +88,9 @@ def megatron(case: dict) -> dict:
             "sequence_parallel": cfg.sequence_parallel, "bf16": cfg.bf16, "fp16": cfg.fp16,
             "recompute_granularity": cfg.recompute_granularity, "recompute_method": cfg.recompute_method,
             "num_layers": cfg.num_layers, "num_query_groups": cfg.num_query_groups,
-            "pipeline_dtype": str(cfg.pipeline_dtype), "arguments": doc["arguments"]}
+            "pipeline_dtype": str(cfg.pipeline_dtype), "arguments": doc["arguments"],
+            "experts": cfg.num_moe_experts, "top_k": cfg.moe_router_topk, "ep": cfg.expert_model_parallel_size,
+            "etp": cfg.expert_tensor_parallel_size, "dispatcher": cfg.moe_token_dispatcher_type}
     if layout is not None:
         # layout.layout is [pipeline rank][chunk][layers]; stage i is rank i mod pp, chunk i // pp
         ranks, chunks = len(layout.layout), len(layout.layout[0])

@@ -41,6 +41,9 @@ VERSION = "0.19.8"
 def refusal(layout: EngineLayout, shape: ModelShape, params: tuple[int, ...]) -> str | None:
     if layout.cp > 1:
         return "context parallelism (DeepSpeed's sequence parallelism is Ulysses, not ring attention)"
+    if layout.ep * layout.etp > 1:
+        return (f"expert parallelism (EP{layout.ep} x ETP{layout.etp}): DeepSpeed's MoE lives in the model's code "
+                "(deepspeed.moe.layer.MoE with its ep_size), not in its config")
     if layout.tp > 1 and layout.sequence_parallel:
         return "Megatron-style sequence parallelism with TP (DeepSpeed's AutoTP has none)"
     if layout.dp_shard > 1 and layout.dp_replicate > 1:

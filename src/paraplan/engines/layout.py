@@ -59,11 +59,26 @@ class EngineLayout:
     actions: tuple[tuple[str, ...], ...]  # the plan's per-rank order of actions ("F<micro>.<stage>"), or ()
     grad_sync: GradSync
     notes: tuple[str, ...] = ()  # what runs differently in an engine than in paraplan's simulator
+    # a mixture of experts' expert view (costs/expert_costs.py), the same on every block with experts;
+    # (1, 1): the experts follow the dense layout (Megatron's default expert-tensor-parallel size = tp)
+    ep: int = 1
+    etp: int = 1
 
     @property
     def dp(self) -> int:
         """Data-parallel ranks: the batch is split this many ways."""
         return self.dp_replicate * self.dp_shard
+
+    @property
+    def expert_tp(self) -> int:
+        """The experts' tensor-parallel degree: the plan's etp with an expert view, else tp (the
+        experts follow the dense layout: Megatron's default)."""
+        return self.etp if self.ep * self.etp > 1 else self.tp
+
+    @property
+    def experts_world(self) -> int:
+        """The devices of one pipeline rank, which the expert view folds over."""
+        return self.world // self.pp
 
     @property
     def even_blocks(self) -> bool:
@@ -94,8 +109,10 @@ def engine_layout(plan: Plan, kinds: tuple[str, ...]) -> EngineLayout:
     for i, st in others:  # the embedding and head follow the blocks' degrees in every engine
         if _degrees(st) != _degrees(first):
             raise ExportRefused("any", f"per-layer different strategies (layer {i} ({kinds[i]}): {st}; blocks: {first})")
-    if any(st.ep * st.etp > 1 for _, st in blocks):  # issue 50 item 6
-        raise ExportRefused("any", f"expert parallelism ({first}): the exports do not write expert layouts yet")
+    experts = {(st.ep, st.etp) for _, st in blocks if st.ep * st.etp > 1}
+    if len(experts) > 1:
+        raise ExportRefused("any", f"blocks with different expert layouts ({', '.join(f'EP{a} x ETP{b}' for a, b in sorted(experts))})")
+    ep, etp = experts.pop() if experts else (1, 1)
     if first.tp > 1 and first.layout[0] is not TENSOR:
         raise ExportRefused("any", f"tensor parallelism not on the innermost devices (layout {first.order}): the engines "
                                    "put it there")
@@ -119,7 +136,7 @@ def engine_layout(plan: Plan, kinds: tuple[str, ...]) -> EngineLayout:
         micro_batch=plan.global_batch // (plan.n_micro * data), global_batch=plan.global_batch,
         blocks_per_stage=tuple(sum(kinds[i] == "block" for i in s.layers) for s in plan.stages),
         layers_per_stage=tuple(tuple(s.layers) for s in plan.stages), stage_ranks=plan.rank_of_stage,
-        actions=tuple(plan.actions), grad_sync=plan.grad_sync, notes=tuple(notes))
+        actions=tuple(plan.actions), grad_sync=plan.grad_sync, notes=tuple(notes), ep=ep, etp=etp)
 
 
 def _degrees(st: LayerStrategy) -> tuple:

@@ -22,7 +22,13 @@ What maps where (arguments.py and the config classes):
   the data-parallel ranks); ZeRO-2 and ZeRO-3 are Megatron FSDP's `--data-parallel-sharding-strategy
   optim_grads` / `optim_grads_params` (`megatron_fsdp.py`: "optim_grads ~ ZeRO-2"), which needs
   `--ckpt-format fsdp_dtensor`;
-- `--bf16` / `--fp16`.
+- `--bf16` / `--fp16`;
+- a mixture of experts (Mixtral, Qwen3-MoE): `--num-experts`, `--moe-router-topk`,
+  `--moe-ffn-hidden-size`, `--moe-layer-freq` (its dense blocks), `--expert-model-parallel-size` and
+  `--expert-tensor-parallel-size` (the plan's expert view; without one, etp = tp, Megatron's
+  default folding, written out), `--moe-token-dispatcher-type alltoall` (the all-to-alls the
+  prediction prices), `--moe-grouped-gemm`, dropless (no capacity factor: every routed copy
+  computed, as priced); Qwen3's `--qk-layernorm` and `--kv-channels`.
 Megatron runs 1F1B (one chunk per rank) and interleaved 1F1B; GPipe, looped BFS, zero-bubble and
 V-shaped schedules are refused, as is a plan's own order of actions.
 """
@@ -38,7 +44,8 @@ from paraplan.precision import Precision
 ENGINE = "megatron"
 VERSION = "megatron-core 0.16.1"
 # arguments whose TransformerConfig field has another name (core_transformer_config_from_args)
-FIELD_OF_ARGUMENT = {"--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
+FIELD_OF_ARGUMENT = {"--num-experts": "num_moe_experts",
+                     "--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
                      "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
                      "--num-layers-per-virtual-pipeline-stage": "virtual_pipeline_model_parallel_size",
                      "--swiglu": "gated_linear_unit", "--disable-bias-linear": "add_bias_linear",
@@ -75,6 +82,11 @@ def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
         return f"ZeRO-{layout.zero} over the replicas of a sharded group"
     if layout.tp > 1 and (shape.heads % layout.tp or (shape.query_groups % layout.tp and layout.tp % shape.query_groups)):
         return f"{shape.heads} heads ({shape.query_groups} query groups) over tensor parallelism {layout.tp}"
+    if shape.experts and layout.tp > 1 and not layout.sequence_parallel:
+        return "a mixture of experts with tensor parallelism but no sequence parallelism (megatron-core requires it)"
+    if shape.experts and (layout.experts_world % (layout.ep * layout.expert_tp) or shape.experts % layout.ep):
+        return (f"EP{layout.ep} x ETP{layout.expert_tp} over {layout.experts_world} devices per pipeline rank and "
+                f"{shape.experts} experts")
     if layout.cp > 1 and shape.seq_len % (2 * layout.cp):
         return f"sequence length {shape.seq_len} over context parallelism {layout.cp} (Megatron needs a multiple of 2 x cp)"
     return None
@@ -118,6 +130,9 @@ def arguments(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], dict,
     if layout.precision == Precision.TF32:
         notes.append("tf32: Megatron-LM's float32 matmuls follow NVIDIA_TF32_OVERRIDE / torch's allow_tf32")
     model_args, model_config = _model(shape)
+    if shape.experts:
+        moe_args, moe_config = _experts(layout, shape)
+        model_args, model_config = model_args + moe_args, {**model_config, **moe_config}
     env = {}
     if layout.tp > 1 or layout.cp > 1:
         if layout.zero >= 2 or layout.dp_shard > 1:  # arguments.py: a warning, not a refusal
@@ -172,7 +187,7 @@ def _model(shape: ModelShape) -> tuple[list[str], dict]:
     config = {"num_layers": shape.layers, "hidden_size": shape.hidden, "num_attention_heads": shape.heads,
               "ffn_hidden_size": shape.ffn, "attention_dropout": shape.attention_dropout,
               "hidden_dropout": shape.hidden_dropout, "layernorm_epsilon": shape.norm_eps}
-    if shape.family == "llama":
+    if shape.llama_like:
         args += ["--swiglu", "--normalization=RMSNorm", "--position-embedding-type=rope", "--disable-bias-linear",
                  f"--rotary-base={int(shape.rope_theta)}"]  # an int in Megatron-LM's parser
         config.update(gated_linear_unit=True, activation_func="silu", normalization="RMSNorm", add_bias_linear=False)
@@ -181,6 +196,28 @@ def _model(shape: ModelShape) -> tuple[list[str], dict]:
         if shape.query_groups != shape.heads:
             args += ["--group-query-attention", f"--num-query-groups={shape.query_groups}"]
             config["num_query_groups"] = shape.query_groups
+        if shape.head_dim and shape.head_dim * shape.heads != shape.hidden:  # Qwen3: 128-wide heads
+            args.append(f"--kv-channels={shape.head_dim}")
+            config["kv_channels"] = shape.head_dim
+        if shape.qk_norm:
+            args.append("--qk-layernorm")
+            config["qk_layernorm"] = True
     else:  # GPT-2: learned positions, LayerNorm, GELU, biases: Megatron's defaults
         config.update(activation_func="gelu")
+    return args, config
+
+
+def _experts(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], dict]:
+    """A mixture of experts' arguments (module docstring): the experts, their layout, the dispatcher."""
+    pattern = [1 if b in shape.moe_blocks else 0 for b in range(shape.layers)]
+    args = [f"--num-experts={shape.experts}", f"--moe-router-topk={shape.top_k}",
+            f"--moe-ffn-hidden-size={shape.moe_ffn}", f"--expert-model-parallel-size={layout.ep}",
+            f"--expert-tensor-parallel-size={layout.expert_tp}", "--moe-token-dispatcher-type=alltoall",
+            "--moe-grouped-gemm"]
+    config = {"num_moe_experts": shape.experts, "moe_router_topk": shape.top_k, "moe_ffn_hidden_size": shape.moe_ffn,
+              "expert_model_parallel_size": layout.ep, "expert_tensor_parallel_size": layout.expert_tp,
+              "moe_token_dispatcher_type": "alltoall", "moe_grouped_gemm": True}
+    if not all(pattern):  # DeepSeek-style dense blocks among the MoE ones: Megatron's list form
+        args.append(f"--moe-layer-freq=({pattern})")
+        config["moe_layer_freq"] = pattern
     return args, config

@@ -20,6 +20,9 @@ torchtitan 0.3.0's `config/configs.py` defines them:
   torchtitan, so `output` must not be used), and a plan's own per-rank order of actions as
   `parallelism.pipeline_parallel_schedule_csv` (row = pipeline rank, cell = `<stage><F|B|I|W><micro>`);
 - `parallelism.context_parallel_degree`;
+- `parallelism.expert_parallel_degree` (a mixture of experts' ep), under 0.3.0's rule dp_shard x cp x
+  tp = efsdp x ep: EP borrows FSDP, CP and TP ranks, never plain replicas; 0.3.0 has no expert
+  tensor parallelism (etp refused);
 - activation checkpointing as tyro's subcommand `activation_checkpoint:{none,selective,full}`
   (torchtitan's selective is per operator: it saves the expensive kernels and every other matmul,
   not Korthikanti et al.'s attention core: its memory differs from paraplan's prediction, noted);
@@ -74,6 +77,13 @@ def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
         return f"1F1B with {layout.n_micro} micro-batches on {layout.pp} pipeline ranks (torch needs at least one per rank)"
     if layout.precision == Precision.FP16:
         return "fp16 mixed precision (torchtitan trains in bf16 or fp32)"
+    if layout.etp > 1:
+        return f"expert tensor parallelism (ETP{layout.etp}: torchtitan {VERSION} has expert_parallel_degree only)"
+    if layout.ep > 1:
+        shard = layout.dp_replicate if layout.zero else layout.dp_shard  # ZeRO-1/2 export as FSDP (below)
+        if (shard * layout.cp * layout.tp) % layout.ep:
+            return (f"EP{layout.ep} over dp_shard {shard} x cp {layout.cp} x tp {layout.tp} (torchtitan's EP borrows FSDP, "
+                    "CP and TP ranks, never plain data-parallel replicas: dp_shard x cp x tp = efsdp x ep)")
     if layout.zero and layout.dp_shard > 1:
         return f"ZeRO-{layout.zero} over the replicas of a sharded group (torchtitan shards with FSDP2 only)"
     if layout.pp > 1 and not layout.actions and tuple(layout.stage_ranks) != stage_ranks(layout.schedule, layout.pp,
@@ -108,6 +118,8 @@ def overrides(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], list[
     if layout.tp > 1 and not layout.sequence_parallel:
         args.append("--parallelism.no-enable_sequence_parallel")
     args.append(f"--parallelism.context_parallel_degree={layout.cp}")
+    if layout.ep > 1:
+        args.append(f"--parallelism.expert_parallel_degree={layout.ep}")
     args.append(f"--parallelism.pipeline_parallel_degree={layout.pp}")
     csv_rows: list[list[str]] = []
     if layout.pp > 1:

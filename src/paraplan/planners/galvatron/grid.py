@@ -177,14 +177,25 @@ def expert_layouts(request: PlanRequest, group: int, tp: int) -> tuple[tuple[int
     where every MoE layer runs sequence parallelism (plans/plan.py: Megatron-core's rule)."""
     model = request.costs.model
     moe = [i for i, layer in enumerate(model.layers) if layer.experts is not None]
+    held = int(request.options.get("expert_parallel", 0))  # the planner option: one ep degree
     if not moe or (tp > 1 and not all((i, tp) in request.sequence_parallel for i in moe)):
-        return ((1, 1),)
+        return ((1, 1),) if held <= 1 else ()
     experts = math.gcd(*(model.layers[i].experts.experts for i in moe))
     out, ep = [(1, 1)], 2
     while ep <= group and group % ep == 0 and experts % ep == 0:
         out += [(ep, etp) for etp in dict.fromkeys((1, tp)) if group % (ep * etp) == 0]
         ep *= 2
-    return tuple(out)
+    return tuple(x for x in out if not held or x[0] == held)
+
+
+def _check_held_experts(request: PlanRequest) -> None:
+    """The `expert_parallel` option names a degree the model's experts can take, or one line."""
+    held = int(request.options.get("expert_parallel", 0))
+    counts = {x.experts.experts for x in request.costs.model.layers if x.experts is not None}
+    if held > 1 and not counts:
+        raise FieldError("options", f"expert_parallel={held}: the model has no routed experts")
+    if held > 1 and any(c % held for c in counts):
+        raise FieldError("options", f"expert_parallel={held} does not divide the model's {min(counts)} experts")
 
 
 # the data-parallel kinds a layout's replicas take, as (sharded, ZeRO stage): Megatron's (plain DP,
@@ -202,6 +213,7 @@ def grid_candidates(request: PlanRequest, judge: Judge, families=None, accept=No
     judged at all (an engine's own refusals: engines/recipes.py); `accumulation`: micro_counts'."""
     today = is_mixed(request.costs.precision)
     families = families or (MEGATRON_FAMILIES if today else ((False, 0),))
+    _check_held_experts(request)
     layouts = []
     for n_stages in stage_counts(request)[0]:
         group = group_size(request, n_stages)

@@ -332,8 +332,11 @@ for _variant in VARIANTS:
 
 
 @register(GRID, "uniform Megatron-style layouts (PP x TP x DP, ZeRO-1 and SP in mixed precision, the least "
-          "recomputation that fits, interleaved 1F1B) judged by the simulator", schedules=("1f1b", "gpipe", BEST_SCHEDULE),
-          slow=SLOW[GRID])
+          "recomputation that fits, interleaved 1F1B; a mixture of experts' EP x ETP) judged by the simulator",
+          schedules=("1f1b", "gpipe", BEST_SCHEDULE), slow=SLOW[GRID],
+          options={"expert_parallel": OptionSpec(0, "a mixture of experts' expert-parallel degree, held (as torchtitan's "
+                                                    "and NeMo's expert_parallel_degree is set by hand); 0: searched",
+                                                 at_least("expert_parallel", 0))})
 def _grid_planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
     t0 = time.perf_counter()
     note = stage_counts(request)[1]

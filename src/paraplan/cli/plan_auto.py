@@ -91,13 +91,20 @@ def run_auto(args, given: dict) -> int:
     from paraplan.workload import model_flops_of
 
     flops = model_flops_of(w.built, w.spec)  # for tokens/s, TFLOP/s and MFU per GPU (costs/model_flops.py)
+    from paraplan.simulator.experts import expert_summary
+
+    # a mixture of experts: the winner's expert layout and its all-to-alls (simulator/experts.py)
+    experts = expert_summary(best.plan, w.costs, best.iteration_s) if best is not None else None
     if args.json:
         from paraplan.plans.plan_file import plan_to_dict
 
         print(json.dumps({**auto_json(result, args.out if best else None, gap, plan_to_dict, flops, w.cluster),
-                          "headroom": request.headroom, "input_note": input_note(args, w.built)}, indent=2))
+                          "headroom": request.headroom, "input_note": input_note(args, w.built),
+                          "best_experts": experts.as_json() if experts is not None else None}, indent=2))
     else:
         _print_comparison(args, result, best, gap, w, flops)
+        if experts is not None:
+            print(experts.describe())
         print_input(args, w.built)
     if args.report:  # its memory budget included, as the rows were judged
         _write_report(args, result, request.costs, err, flops)

@@ -63,6 +63,7 @@ def render(result, cm, flops=None) -> str:
              f'<p class="meta">{_e(_cluster_line(cm))} · in {_e(cm.precision)} · {_e(compared_text(result))} · '
              f"{_e(cm.source)} costs</p>",
              f'<div class="verdict {"" if best else "none"}">{_verdict(result, best, second, flops, cm.cluster)}</div>',
+             _experts_line(best, cm),
              "<h2>Every planner</h2>", _table(result, cm.cluster, flops)]
     shown = [r for r in (best, second) if r is not None]
     if shown:
@@ -84,6 +85,15 @@ def render(result, cm, flops=None) -> str:
     parts.append(_structure_section(ranked, shown))
     parts.append(_bound_section(result, ranked, best))
     return PAGE.format(title=_e(f"paraplan: {model} on {cluster}"), css=CSS, body="\n".join(parts))
+
+
+def _experts_line(best, cm) -> str:
+    """A mixture of experts: the chosen plan's expert layout and its all-to-alls' share of the step
+    (simulator/experts.py); nothing for a dense model."""
+    from paraplan.simulator.experts import expert_summary
+
+    experts = expert_summary(best.plan, cm, best.iteration_s) if best is not None and best.plan is not None else None
+    return f'<p class="meta">{_e(experts.describe())}</p>' if experts is not None else ""
 
 
 def _identity(result, cm) -> tuple[str, str, str]:

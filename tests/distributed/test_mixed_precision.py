@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from paraplan.runtime.config import TrainConfig
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan import LayerStrategy as S
+from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.measure.reference import reference_run
 
 from .expected import initial_parameters, predicted_memory
@@ -47,6 +47,10 @@ def _plain(stages, grad_sync="none", precision="bf16"):
 PIPELINE = (Stage(LayerRange(0, 3), (0,)), Stage(LayerRange(3, 6), (1,)))
 DATA_PARALLEL = (Stage(LayerRange(0, 6), (0, 1)),)
 MIXED = [S(tp=2), S(sdp=2), S(dp=2, recompute="full"), S(dp=2, zero=1), S(dp=2, zero=2), S(tp=2)]
+# a tiny Mixtral (issue 50): its two MoE blocks' experts over 2 ranks, the tokens by all-to-all in bf16
+MIXTRAL = ("hf:mixtral?num_hidden_layers=2&hidden_size=32&intermediate_size=64&num_attention_heads=4"
+           "&num_key_value_heads=2&num_local_experts=4&num_experts_per_tok=2&vocab_size=128&seq_len=16")
+EXPERTS = [S(dp=2), S(dp=2, ep=2), S(dp=2, ep=2), S(dp=2)]
 
 # name -> (plan, same bf16 operations as the reference, extra TrainConfig fields)
 RUNS = {
@@ -59,6 +63,8 @@ RUNS = {
     "zero2": (_one_stage("gpt2-tiny", [S(dp=2, zero=2)] * 6), True, {}),
     "selective": (_one_stage("gpt2-tiny", [S(dp=2, recompute="selective")] * 6), True, {}),
     "zero2-fp32": (_one_stage("llama-tiny", [S(dp=2, zero=2)] * 6, "fp32"), True, {}),
+    # the experts' GEMMs run on both ranks' tokens gathered (other rows beside them than the reference's)
+    "expert-parallel": (_one_stage(MIXTRAL, EXPERTS), False, {}),
     # fp16, with the loss scaled (runtime/rank/mixed_precision.py: LossScaler) on every rank and in the reference
     # (DP replicas divide their loss by the micro-batch count only, the reference by the replicas
     # too: in fp16 a gradient twice as large underflows differently, so DP rounds differently here)
@@ -94,11 +100,12 @@ def runs(tmp_path_factory):
 
 
 @functools.cache
-def _fp32_reference(model: str, batch: int, n_micro: int, replicas: int, steps: int) -> dict[str, torch.Tensor]:
+def _fp32_reference(model: str, batch: int, n_micro: int, replicas: int, steps: int,
+                    n_layers: int = 6) -> dict[str, torch.Tensor]:
     """One process in fp32: the same for every plan of one model, batch, micro-batching and replica
     count (the reference slices the batch by those alone), so computed once for each."""
-    plan = Plan(model=model, cluster="local", n_layers=6, global_batch=batch, n_micro=n_micro, schedule="1f1b",
-                stages=(Stage(LayerRange(0, 6), tuple(range(replicas))),))
+    plan = Plan(model=model, cluster="local", n_layers=n_layers, global_batch=batch, n_micro=n_micro, schedule="1f1b",
+                stages=(Stage(LayerRange(0, n_layers), tuple(range(replicas))),))
     config = TrainConfig(plan=plan, model=model, dropout=False, steps=steps, optimizer="sgd", lr=0.1)
     return reference_run(config)[1]
 
@@ -112,7 +119,8 @@ def _distances(config) -> tuple[float, float]:
         got.update(torch.load(out / f"stage{s}.pt"))
     _, ref = reference_run(config)
     replicas = len(config.plan.stages[0].devices)
-    ref32 = _fp32_reference(config.model, config.plan.global_batch, config.plan.n_micro, replicas, config.steps)
+    ref32 = _fp32_reference(config.model, config.plan.global_batch, config.plan.n_micro, replicas, config.steps,
+                            config.plan.n_layers)
     start = initial_parameters(config)
     names = sorted(ref)
     assert set(got) == set(names)  # every parameter of the model is compared

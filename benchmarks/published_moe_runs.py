@@ -202,6 +202,33 @@ def rows(runs=RUNS) -> list[dict]:
     return out
 
 
+def planner_against_published(runs=RUNS, planner: str = "megatron-grid") -> list[dict]:
+    """Issue 50 item 7's second half: the planner's plan for each published request (model, GPUs,
+    global batch, bf16, 80 GB H100s, the megatron profile) against the published layout, both priced
+    by the same cost model. The published layouts are predicted without recomputation (none is
+    published) and may not fit; the planner's must."""
+    from paraplan.planners.registry import make_plan
+    from paraplan.workload import workload
+
+    out = []
+    for run in runs:
+        w = workload(run.model, f"dgx-h100-80gb?nodes={run.gpus // 8}", batch=run.global_batch, precision="bf16",
+                     engine="megatron")
+        published = simulate_plan(moe_plan(run, w.costs.model), w.costs).prediction
+        plan = make_plan(w.request, planner)
+        p = plan.prediction
+        layouts = sorted({f"EP{st.ep} x ETP{st.etp}" for s in plan.stages for st in s.strategies if st.ep * st.etp > 1})
+        row = {"run": run.label, "published_layout_s": round(published.iteration_s, 3),
+               "published_layout_fits": published.feasible, "planner": planner, "planner_s": round(p.iteration_s, 3),
+               "planner_fits": p.feasible, "planner_layout": f"{plan.n_stages} stages (v={plan.virtual_stages}), "
+               f"{plan.n_micro} micro-batches, {sorted({str(x) for s in plan.stages for x in s.strategies})[:3]}",
+               "planner_experts": layouts, "ratio": round(p.iteration_s / published.iteration_s, 3)}
+        out.append(row)
+        print(f"{run.label:>26}: published layout {row['published_layout_s']} s (fits: {published.feasible}); "
+              f"{planner} {row['planner_s']} s ({row['planner_layout']}; experts {layouts or 'EP1'})", flush=True)
+    return out
+
+
 def main() -> None:
     from _paraplan_cli import bench_parser
 

@@ -216,7 +216,7 @@ def engine_block(built, attention: str):
     shape = shape_of(built, built.ref)
     if not shape.decoder:
         return None
-    llama = shape.family == "llama"
+    llama = shape.llama_like  # Llama and its mixtures of experts: SwiGLU, no dropout
     config = getattr(built.module, "config", None)
     dropout = not llama and any(getattr(config, key, 0) for key in ("resid_pdrop", "attn_pdrop"))
     return BlockShape(hidden=shape.hidden, heads=shape.heads, kv_heads=shape.query_groups, ffn=shape.ffn,

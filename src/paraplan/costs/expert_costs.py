@@ -32,11 +32,15 @@ optimizer); the dense part as the dense view prices it. The routed tokens' activ
 layer's measured saved tensors (measured with every token routed through top-k experts:
 models/moe_static.py).
 
+A capacity factor (the model reference's `capacity_factor`, models/moe_capacity.py) caps the busiest
+rank's expert work at factor x the average (`imbalance_s`); without one, dropless: every routed copy
+runs. The all-to-alls still carry every copy (Megatron's dispatcher drops before sending; priced as
+an upper bound).
+
 Not modelled (said where the prediction is used): group-limited routing's de-duplicated
-cross-node sends (DeepEP; Megatron's alltoall dispatcher sends every copy, priced here), token
-dropping at a capacity factor (dropless is priced: every routed copy runs), the grouped GEMM's
-lower efficiency on few tokens per expert, and the all-to-all's overlap with compute (Megatron's
-1F1B A2A overlap, DualPipe): it adds to the layer's time.
+cross-node sends (DeepEP; Megatron's alltoall dispatcher sends every copy, priced here), the
+grouped GEMM's lower efficiency on few tokens per expert, and the all-to-all's overlap with compute
+(Megatron's 1F1B A2A overlap, DualPipe): it adds to the layer's time.
 """
 
 from __future__ import annotations
@@ -172,10 +176,16 @@ def expert_share(layer: LayerSpec, local: float) -> float:
 
 def imbalance_s(layer: LayerSpec, local: float, strategy: LayerStrategy, compute_s: float) -> float:
     """What the busiest ep rank adds to a pass of `compute_s`: its expert work is `imbalance` x the
-    average (0 with one ep rank: every device then runs all the experts on its own tokens)."""
-    if layer.experts is None or strategy.ep <= 1:
+    average (with one ep rank, 1: every device runs all the experts on its own tokens). A capacity
+    factor caps it (no expert takes more than factor x its even share; models/moe_capacity.py), and
+    under 1 it drops work everywhere, so the term is negative."""
+    ex = layer.experts
+    if ex is None:
         return 0.0
-    return (layer.experts.imbalance - 1.0) * expert_share(layer, local) * compute_s
+    busiest = ex.imbalance if strategy.ep > 1 else 1.0
+    if ex.capacity_factor is not None:
+        busiest = min(busiest, ex.capacity_factor)
+    return (busiest - 1.0) * expert_share(layer, local) * compute_s
 
 
 def expert_sync(layer: LayerSpec, strategy: LayerStrategy) -> tuple[float, int]:

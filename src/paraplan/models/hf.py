@@ -204,7 +204,7 @@ def build_hf(ref: ModelRef) -> tuple[nn.Module, InputSpec, str]:
     except (AssertionError, ValueError, TypeError, RuntimeError) as exc:
         raise FieldError("model", f"hf: transformers cannot build {model_type} from this config: "
                                   f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-    from paraplan.models.moe_spec import moe_spec
+    from paraplan.models.moe_spec import moe_parts, moe_spec
     from paraplan.models.moe_static import eager_experts, route_statically
 
     # a mixture of experts: described (its experts and top-k, or one line on what does not add up:
@@ -220,6 +220,12 @@ def build_hf(ref: ModelRef) -> tuple[nn.Module, InputSpec, str]:
         route_statically(model)
     else:
         eager_experts(model)
+        if ref.capacity_factor is not None:  # the experts drop what is over their capacity (models/moe_capacity.py)
+            from paraplan.models.moe_capacity import drop_over_capacity
+
+            drop_over_capacity(model, ref.capacity_factor)
+    if ref.capacity_factor is not None and not moe_parts(model):
+        raise FieldError("capacity_factor", f"hf:{model_type} has no routed experts to drop tokens from")
     family = ADAPTED_TYPES.get(model_type, "hf")
     if kind == "seq2seq" and family != "t5":
         raise FieldError("model", f"hf: paraplan cuts only T5 among encoder-decoder models, not {model_type}")

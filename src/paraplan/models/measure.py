@@ -311,9 +311,11 @@ def with_experts(spec: ModelSpec, built: BuiltModel) -> ModelSpec:
     from paraplan.models.moe_spec import layer_experts
     from paraplan.models.ref import parse
 
-    imbalance = parse(built.ref).expert_imbalance if built.ref else None
+    ref = parse(built.ref) if built.ref else None
+    imbalance = ref.expert_imbalance if ref is not None else None
     experts = layer_experts(built.module, [m for _, _, m in built.layers()], built.inputs.seq_len or 1,
-                            **({"imbalance": imbalance} if imbalance is not None else {}))
+                            **({"imbalance": imbalance} if imbalance is not None else {}),
+                            capacity_factor=ref.capacity_factor if ref is not None else None)
     if not any(experts):
         if imbalance is not None:
             raise FieldError("expert_imbalance", f"{built.name} has no routed experts to balance")

@@ -12,6 +12,9 @@ Settings that paraplan itself reads (not passed to a transformers config):
     layers    the dotted path of the model's list of repeated blocks, where paraplan cannot find it
     expert_imbalance  a mixture of experts' busiest expert-parallel rank's expert work over the
               average (models/spec.py: DEFAULT_EXPERT_IMBALANCE; 1 for forced balance)
+    capacity_factor   a mixture of experts' expert capacity: each expert takes at most factor x its
+              even share of a forward's routed copies, the rest dropped (models/moe_capacity.py);
+              without it, dropless
 For transformers vision models `image_size` is both a config field and the input size.
 
 The canonical text (`ModelRef.text`) is what a plan stores as its `model`, so `paraplan simulate`
@@ -29,7 +32,7 @@ from paraplan.errors import FieldError
 
 ZOO, HF, FILE = "zoo", "hf", "file"
 # Settings paraplan reads itself; everything else in an hf: reference goes to the config.
-OWN_SETTINGS = ("seq_len", "image_size", "layers", "expert_imbalance")
+OWN_SETTINGS = ("seq_len", "image_size", "layers", "expert_imbalance", "capacity_factor")
 _FILE_REF = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z0-9_]*)$")
 _SETTING = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -61,6 +64,11 @@ class ModelRef:
         return self.get("layers")
 
     @property
+    def capacity_factor(self) -> float | None:
+        value = self.get("capacity_factor")
+        return None if value is None else float(value)
+
+    @property
     def expert_imbalance(self) -> float | None:
         value = self.get("expert_imbalance")
         return None if value is None else float(value)
@@ -68,7 +76,7 @@ class ModelRef:
     @property
     def config_overrides(self) -> dict[str, Value]:
         """hf: the settings that go to the transformers config (image_size included)."""
-        return {k: v for k, v in self.settings if k not in ("seq_len", "layers", "expert_imbalance")}
+        return {k: v for k, v in self.settings if k not in ("seq_len", "layers", "expert_imbalance", "capacity_factor")}
 
     def with_settings(self, **values: Value) -> ModelRef:
         """This reference with settings added or replaced (None leaves a setting as it is)."""
@@ -112,6 +120,9 @@ def _check_setting(kind: str, key: str, value: Value) -> None:
     if key == "expert_imbalance" and not (isinstance(value, int | float) and not isinstance(value, bool)
                                           and 1 <= value <= 100):
         raise FieldError(key, f"the busiest expert rank's work over the average: at least 1, got {value!r}")
+    if key == "capacity_factor" and not (isinstance(value, int | float) and not isinstance(value, bool)
+                                         and 0 < value <= 1000):
+        raise FieldError(key, f"an expert's capacity over its even share of the routed tokens: above 0, got {value!r}")
     if key == "layers" and not (isinstance(value, str) and re.match(r"^[A-Za-z0-9_.]+$", value)):
         raise FieldError("model", f"layers must be a dotted module path such as model.blocks, got {value!r}")
     if kind != HF and key not in OWN_SETTINGS:

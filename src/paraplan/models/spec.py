@@ -93,6 +93,7 @@ class LayerExperts:
     groups: int = 1  # group-limited routing (DeepSeek-V3): experts in `groups` groups ...
     topk_groups: int = 0  # ... of which a token reaches at most this many (0: not limited)
     imbalance: float = DEFAULT_EXPERT_IMBALANCE  # busiest ep rank's expert work / the average
+    capacity_factor: float | None = None  # tokens over factor x an expert's even share dropped; None: dropless
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,10 @@ rank's local shard. The routed experts' gradients are summed over their edp repl
 holding the same experts: layers/parallelize.py `apply_zero` groups them apart from the dense
 parameters'). Runs with etp 1, tp 1 and no sdp (layers/hybrid.py refuses the rest in one line).
 
+With a capacity factor (models/moe_capacity.py) the copies over an expert's capacity are dropped on
+each rank's own tokens before dispatch: their weights are 0 (no output, no gradient); they are
+still sent and computed, which costs time here but not correctness.
+
 The all-to-alls (torch.distributed's `all_to_all_single` for the counts and the experts' ids, its
 autograd form `torch.distributed.nn.functional.all_to_all_single` for the tokens, deprecated in
 torch 2.13 but working on gloo) carry, per direction, each device's T x k routed copies, of which
@@ -32,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paraplan.models.moe_capacity import capacity_weights
 from paraplan.models.moe_spec import moe_parts
 from paraplan.models.moe_static import one_expert
 from paraplan.plans.axes import EXPERT
@@ -89,6 +94,8 @@ def _expert_parallel_forward(self: nn.Module, hidden_states: torch.Tensor, top_k
     """transformers' experts forward (tokens, their top-k experts, their weights) -> the weighted sum
     of each token's experts' outputs, with the experts spread over the ep ranks."""
     group, ep = self._ep_group, self._ep_size
+    # a capacity factor drops copies on this rank's own tokens before dispatch, as Megatron-core does
+    top_k_weights = capacity_weights(self, top_k_index, top_k_weights)
     shape = hidden_states.shape
     x = hidden_states.reshape(-1, shape[-1])
     tokens, k = top_k_index.reshape(x.shape[0], -1).shape

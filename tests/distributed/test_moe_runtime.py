@@ -1,7 +1,8 @@
 """Issue 50 items 1 and 5: a mixture-of-experts model (a tiny Mixtral, 4 experts top-2) trains on gloo
 ranks with its own routing: a 2-stage 1F1B pipeline and DP2 with the experts replicated, and expert
 parallelism (runtime/layers/expert_parallel.py: the tokens dispatched and combined by all-to-all)
-as EP2 on 2 ranks, EP2 x EDP2 and EP4 on 4, and EP2 inside each stage of a 2-stage pipeline on 4,
+as EP2 on 2 ranks (and on a tiny DeepSeek-V3: MLA, a dense first block, a shared expert,
+group-limited routing), EP2 x EDP2 and EP4 on 4, and EP2 inside each stage of a 2-stage pipeline on 4,
 each agreeing with one process running the same recipe within 1e-5 (fp32; the routing is the
 model's own, deterministic for the same weights and batch: the dense layers compute bitwise as the
 one process does, so no top-k flips); each pipeline rank's saved tensors are what the walked order
@@ -37,6 +38,10 @@ PLANS = {
                 stages=(Stage(LayerRange(0, 4), (0, 1), strategies=(LayerStrategy(dp=2),) * N_LAYERS),)),
     "ep2": Plan(model=MIXTRAL, cluster="local", n_layers=N_LAYERS, global_batch=8, n_micro=1, schedule="gpipe",
                 grad_sync="bucketed", stages=(Stage(LayerRange(0, 4), (0, 1), strategies=(D2, E2, E2, D2)),)),
+    # DeepSeek-V3's kind: MLA attention, a dense first block, a shared expert, group-limited routing
+    "deepseek-ep2": Plan(model="deepseek-v3-tiny", cluster="local", n_layers=5, global_batch=8, n_micro=1,
+                         schedule="gpipe", grad_sync="bucketed",
+                         stages=(Stage(LayerRange(0, 5), (0, 1), strategies=(D2, D2, E2, E2, D2)),)),
     # each expert takes at most half its even share of a rank's routed copies (models/moe_capacity.py)
     "ep2-capacity": Plan(model=MIXTRAL + "&capacity_factor=0.5", cluster="local", n_layers=N_LAYERS, global_batch=8,
                          n_micro=1, schedule="gpipe", grad_sync="bucketed",

@@ -32,6 +32,12 @@ PAPER_PARAMS = [
     ("llama3.1-8b", 8.03e9, 0.01),
     ("llama3.1-70b", 70.55e9, 0.01),
     ("llama3.1-405b", 405.85e9, 0.01),
+    # mixtures of experts (issue 50), every expert counted: DeepSeek-V3's report (671B without its MTP
+    # module), Qwen3's (30.5B), Mistral's (141B), OpenAI's gpt-oss model card (116.8B)
+    ("deepseek-v3", 671e9, 0.01),
+    ("qwen3-30b-a3b", 30.5e9, 0.01),
+    ("mixtral-8x22b", 141e9, 0.01),
+    ("gpt-oss-120b", 116.8e9, 0.01),
 ]
 
 

@@ -40,6 +40,12 @@ def build(reference: str | ModelRef, device: str | torch.device = "meta", seed: 
     ref = resolve(reference, seq_len, image_size, layers)
     # a failure inside transformers' or the user's code: one line naming the model and the step
     with model_step(ref.text, f"building it on {torch.device(device).type}", BUILD_ADVICE):
+        if ref.kind == refs.ZOO and zoo.entry(ref.target).hf:
+            # a mixture of experts by its transformers config (models/zoo.py `_moe`), the zoo name its reference
+            torch.manual_seed(seed)
+            hf = refs.parse(zoo.entry(ref.target).hf).with_settings(**dict(ref.settings))
+            built = _build_hf(hf, device)
+            return BuiltModel(ref.target, built.family, built.module, built.inputs, ref=ref.text, recipe=built.recipe)
         if ref.kind == refs.ZOO:
             built = zoo.build(ref.target, device=device, seq_len=ref.seq_len, image_size=ref.image_size, seed=seed)
             return BuiltModel(built.name, built.family, built.module, built.inputs, ref=ref.text)

@@ -38,6 +38,9 @@ class ZooEntry:
     inputs: InputSpec
     tiny: bool = False
     note: str = ""
+    # a transformers model this entry names (an hf: reference): built through models/hf.py, cut by its
+    # generic recipe (models/hf_cut.py), as `hf:` references are; the mixtures of experts (issue 50)
+    hf: str = ""
 
 
 # --------------------------------------------------------------------------- transformers builders
@@ -138,6 +141,15 @@ def _seq2seq(enc: int, dec: int, vocab: int = 32128) -> InputSpec:
     return InputSpec(kind="seq2seq", seq_len=enc, decoder_seq_len=dec, vocab_size=vocab)
 
 
+def _via_hf(inputs: InputSpec) -> nn.Module:
+    raise AssertionError("an hf entry is built by models/source.py")  # never called: zoo.build delegates
+
+
+def _moe(name: str, source: str, hf: str, seq: int, vocab: int, tiny: bool = False) -> ZooEntry:
+    """A mixture of experts by its transformers config (`hf`, the sequence length added)."""
+    return ZooEntry(name, "hf", source, _via_hf, _tokens(seq, vocab), tiny=tiny, hf=f"{hf}&seq_len={seq}")
+
+
 # --------------------------------------------------------------------------- the zoo
 _ENTRIES: list[ZooEntry] = [
     # CSIMD Table V (batch-size DP dimension: seq 64 for GPT-2, 32 for Llama; token dimension: 1024)
@@ -213,6 +225,29 @@ _ENTRIES: list[ZooEntry] = [
              note="NASNet-A large cells (N=6, 168 filters, 6 @ 4032) with the CIFAR stem; image_size >= 100 "
                   "switches to the ImageNet stem (331: 88.7M parameters with 1000 classes vs the published 88.9M); "
                   "no auxiliary head, no drop-path"),
+    # mixtures of experts (issue 50), the published shapes: transformers' configs with their sizes
+    _moe("deepseek-v3", "DeepSeek-V3 671B (DeepSeek-AI 2024): 61 layers (the first 3 dense, FFN 18432), d 7168, "
+         "128 heads with MLA (q 1536 / kv 512), 256 routed experts of FFN 2048 + 1 shared, top-8 in 8 groups top-4, "
+         "S=4096", "hf:deepseek_v3?max_position_embeddings=4096", 4096, 129280),
+    _moe("qwen3-30b-a3b", "Qwen3-30B-A3B (Qwen 2025): 48 layers, d 2048, 32 / 4 heads of 128, 128 experts of FFN 768, "
+         "top-8, S=4096", "hf:qwen3_moe?num_hidden_layers=48&hidden_size=2048&num_attention_heads=32"
+         "&num_key_value_heads=4&head_dim=128&num_local_experts=128&moe_intermediate_size=768&num_experts_per_tok=8"
+         "&vocab_size=151936", 4096, 151936),
+    _moe("mixtral-8x22b", "Mixtral 8x22B (Mistral AI 2024): 56 layers, d 6144, 48 / 8 heads, 8 experts of FFN "
+         "16384, top-2, S=4096", "hf:mixtral?num_hidden_layers=56&hidden_size=6144&intermediate_size=16384"
+         "&num_attention_heads=48&num_key_value_heads=8&num_local_experts=8&num_experts_per_tok=2&vocab_size=32768"
+         "&max_position_embeddings=4096", 4096, 32768),
+    _moe("gpt-oss-120b", "gpt-oss-120B (OpenAI 2025): 36 layers, d 2880, 64 / 8 heads of 64, 128 experts of FFN "
+         "2880, top-4, alternating 128-token sliding windows, S=4096", "hf:gpt_oss?num_hidden_layers=36", 4096,
+         201088),
+    _moe("mixtral-tiny", "tiny Mixtral for CPU runs: 2 blocks of 4 experts, top-2",
+         "hf:mixtral?num_hidden_layers=2&hidden_size=64&intermediate_size=128&num_attention_heads=4"
+         "&num_key_value_heads=2&num_local_experts=4&num_experts_per_tok=2&vocab_size=256", 32, 256, tiny=True),
+    _moe("deepseek-v3-tiny", "tiny DeepSeek-V3 for CPU runs: 3 blocks (the first dense), MLA, 8 routed experts + 1 "
+         "shared, top-2 in 4 groups top-2", "hf:deepseek_v3?num_hidden_layers=3&hidden_size=64&intermediate_size=128"
+         "&moe_intermediate_size=32&num_attention_heads=4&num_key_value_heads=4&q_lora_rank=32&kv_lora_rank=16"
+         "&qk_rope_head_dim=8&qk_nope_head_dim=8&v_head_dim=16&head_dim=8&n_routed_experts=8&n_shared_experts=1"
+         "&num_experts_per_tok=2&n_group=4&topk_group=2&first_k_dense_replace=1&vocab_size=256", 32, 256, tiny=True),
     # tiny variants: real runs on a CPU
     ZooEntry("gpt2-tiny", "gpt2", "tiny GPT-2 for CPU runs", _gpt2(4, 64, 4, vocab=512, positions=128),
              _tokens(32, 512), tiny=True),
@@ -279,6 +314,10 @@ def build(name: str, device: str | torch.device = "meta", seq_len: int | None = 
           image_size: int | None = None, seed: int = 0) -> BuiltModel:
     """Build a zoo model. On "meta" no weights are allocated; elsewhere they are seeded."""
     e = entry(name)
+    if e.hf:  # built as its hf: reference is, under the zoo name
+        from paraplan.models import source
+
+        return source.build(e.name if seq_len is None else f"{e.name}?seq_len={seq_len}", device=device, seed=seed)
     inputs = with_sizes(e.inputs, seq_len, image_size)
     torch.manual_seed(seed)
     with quiet(), torch.device(device):

@@ -312,8 +312,10 @@ def strict_for(model_reference: str) -> bool:
     """Whether `tp_refusal` is strict for this model: every model outside the zoo (whose blocks
     paraplan's TP plans were not written and checked for)."""
     from paraplan.models import ref as refs
+    from paraplan.models import zoo
 
-    return refs.parse(model_reference).kind != refs.ZOO
+    ref = refs.parse(model_reference)
+    return ref.kind != refs.ZOO or bool(zoo.entry(ref.target).hf)  # an hf entry's blocks are transformers' own
 
 
 def _support(layers, max_degree: int, sequence_parallel: bool, strict: bool) -> frozenset[tuple[int, int]]:

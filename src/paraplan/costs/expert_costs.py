@@ -45,6 +45,7 @@ grouped GEMM's lower efficiency on few tokens per expert, and the all-to-all's o
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -240,6 +241,12 @@ def all_to_all_link(cluster: Cluster, group: tuple[int, ...]) -> LinkSpec:
         slowest = max(slowest, intra, inter)
     latency = max(cluster.slowest_link(group).latency_s, 0.0)
     return LinkSpec(bandwidth_bytes_per_s=(n - 1) / n / slowest, latency_s=latency)
+
+
+def common_expert_count(model: ModelSpec) -> int:
+    """The greatest count every MoE layer's routed experts divide into (what an ep degree must divide
+    on every such layer); 0 for a dense model."""
+    return math.gcd(*(x.experts.experts for x in model.layers if x.experts is not None))
 
 
 def expert_problem(layer: LayerSpec, strategy: LayerStrategy) -> str | None:

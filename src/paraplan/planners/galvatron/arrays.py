@@ -8,12 +8,10 @@ planners/galvatron/searcher.py's `Searcher`.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from paraplan.costs import memory as memory_model
-from paraplan.costs.expert_costs import expert_problem, held_params
+from paraplan.costs.expert_costs import common_expert_count, expert_problem, held_params
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.slice_gather import layout_ranks, slice_gather_fraction
 from paraplan.costs.strategy import param_count, strategy_arrays
@@ -51,8 +49,7 @@ class StrategyArrays:
                                                           for layer in self.model.layers),
                                             sequence_parallel=bool(sp),
                                             context_parallel=int(self.request.options.get("context_parallel", 1)),
-                                            experts=math.gcd(*(x.experts.experts for x in self.model.layers
-                                                               if x.experts is not None)))
+                                            experts=common_expert_count(self.model))
             # the measured runtime figures of a calibrated cluster, as the simulator charges them
             a = strategy_arrays(self.cm.compute(devices[0]), self.model, strategies, micro, self.cluster, devices,
                                 self.config, self.slow, runtime=self.cm.overheads,

@@ -39,11 +39,11 @@ searches try.
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import replace
 
 import numpy as np
 
+from paraplan.costs.expert_costs import common_expert_count
 from paraplan.costs.strategy import layer_time_on, strategy_links
 from paraplan.errors import FieldError
 from paraplan.planners import progress
@@ -180,7 +180,7 @@ def expert_layouts(request: PlanRequest, group: int, tp: int) -> tuple[tuple[int
     held = int(request.options.get("expert_parallel", 0))  # the planner option: one ep degree
     if not moe or (tp > 1 and not all((i, tp) in request.sequence_parallel for i in moe)):
         return ((1, 1),) if held <= 1 else ()
-    experts = math.gcd(*(model.layers[i].experts.experts for i in moe))
+    experts = common_expert_count(model)
     out, ep = [(1, 1)], 2
     while ep <= group and group % ep == 0 and experts % ep == 0:
         out += [(ep, etp) for etp in dict.fromkeys((1, tp)) if group % (ep * etp) == 0]

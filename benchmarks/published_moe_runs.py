@@ -53,14 +53,12 @@ OUT = Path(os.environ.get("PARAPLAN_BENCH_OUT", "bench-out"))
 SEQ = 4096
 GIB = 2**30
 
-DEEPSEEK_V3 = f"hf:deepseek_v3?seq_len={SEQ}&max_position_embeddings={SEQ}&expert_imbalance=1"
-QWEN3_30B = (f"hf:qwen3_moe?num_hidden_layers=48&hidden_size=2048&num_attention_heads=32&num_key_value_heads=4"
-             f"&num_local_experts=128&moe_intermediate_size=768&num_experts_per_tok=8&vocab_size=151936"
-             f"&head_dim=128&seq_len={SEQ}&expert_imbalance=1")
-MIXTRAL_8X22B = (f"hf:mixtral?num_hidden_layers=56&hidden_size=6144&intermediate_size=16384&num_attention_heads=48"
-                 f"&num_key_value_heads=8&num_local_experts=8&num_experts_per_tok=2&vocab_size=32768"
-                 f"&max_position_embeddings={SEQ}&seq_len={SEQ}")
-GPT_OSS_120B = f"hf:gpt_oss?seq_len={SEQ}&expert_imbalance=1"
+# the zoo's entries (models/zoo.py: the published shapes by their transformers configs); forced balance
+# where the source forced it
+DEEPSEEK_V3 = "deepseek-v3?expert_imbalance=1"
+QWEN3_30B = "qwen3-30b-a3b?expert_imbalance=1"
+MIXTRAL_8X22B = "mixtral-8x22b"  # dropless, real routing: the default imbalance
+GPT_OSS_120B = "gpt-oss-120b?expert_imbalance=1"
 GPT_OSS_20B = f"hf:gpt_oss?num_hidden_layers=24&num_local_experts=32&seq_len={SEQ}&expert_imbalance=1"
 AUTOMODEL = "NVIDIA-NeMo/Automodel docs/performance-summary.md"
 

@@ -41,7 +41,9 @@ LONGEST_FIRST = ("distributed/test_guide_measure.py", "distributed/test_hybrid.p
                  "distributed/test_bipartition_runtime.py",
                  "unit/test_readme_commands.py", "distributed/test_guide_commands.py", "unit/test_zoo.py",
                  "distributed/test_dag_runtime.py", "distributed/test_any_model.py", "unit/test_planner_fit.py",
-                 "unit/test_bench_paper.py", "distributed/test_tensor_parallel.py")
+                 "unit/test_bench_paper.py", "distributed/test_tensor_parallel.py", "unit/test_schedule_search.py",
+                 "unit/test_megatron_grid.py", "distributed/test_moe_runtime.py", "unit/test_published_moe_runs.py",
+                 "engines/test_moe_exports.py", "unit/test_expert_search.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -22,14 +22,14 @@ def add_clusters(sub) -> None:
 
 
 def run_models(args) -> int:
-    from paraplan.models import zoo
+    from paraplan.models import source, zoo
     from paraplan.report.tables import console, models_table
 
     rows = []
     names = zoo.names(include_tiny=not args.no_tiny)
     with progress_task("building on meta", len(names)) as advance:
         for name in names:
-            built = zoo.build(name, device="meta")
+            built = source.build(name, device="meta")  # a mixture of experts' entry: its transformers config
             params = sum(p.numel() for p in built.module.parameters())
             rows.append((name, built.family, params, len(built.layers()), _size(built.inputs), zoo.entry(name).source))
             advance()

@@ -142,7 +142,7 @@ def _seq2seq(enc: int, dec: int, vocab: int = 32128) -> InputSpec:
 
 
 def _via_hf(inputs: InputSpec) -> nn.Module:
-    raise AssertionError("an hf entry is built by models/source.py")  # never called: zoo.build delegates
+    raise AssertionError("an hf entry is built by models/source.py")  # never called: `build` refuses it
 
 
 def _moe(name: str, source: str, hf: str, seq: int, vocab: int, tiny: bool = False) -> ZooEntry:
@@ -314,10 +314,8 @@ def build(name: str, device: str | torch.device = "meta", seq_len: int | None = 
           image_size: int | None = None, seed: int = 0) -> BuiltModel:
     """Build a zoo model. On "meta" no weights are allocated; elsewhere they are seeded."""
     e = entry(name)
-    if e.hf:  # built as its hf: reference is, under the zoo name
-        from paraplan.models import source
-
-        return source.build(e.name if seq_len is None else f"{e.name}?seq_len={seq_len}", device=device, seed=seed)
+    if e.hf:  # models/source.py builds it as its hf: reference (this module may not import that one)
+        raise ParaplanError(f"{name} is a transformers config ({e.hf}): build it with models/source.py")
     inputs = with_sizes(e.inputs, seq_len, image_size)
     torch.manual_seed(seed)
     with quiet(), torch.device(device):

@@ -1,5 +1,7 @@
 """Every zoo model builds on meta, decomposes, and has the parameter count its paper states."""
 
+import functools
+
 import pytest
 
 from paraplan.errors import ParaplanError, UnknownNameError
@@ -41,16 +43,23 @@ PAPER_PARAMS = [
 ]
 
 
+@functools.cache
+def _built(name: str):
+    """Each model built on meta once for this file's tests (the largest take seconds); through
+    models/source.py, which builds the zoo's hf entries too (zoo.build refuses those)."""
+    return source.build(name, device="meta")
+
+
 @pytest.mark.parametrize("name,expected,tol", PAPER_PARAMS)
 def test_parameter_counts_match_the_papers(name, expected, tol):
-    built = source.build(name, device="meta")  # the zoo's hf entries too (zoo.build refuses those)
+    built = _built(name)
     params = sum(p.numel() for p in built.module.parameters())
     assert abs(params - expected) / expected < tol, f"{name}: {params} vs {expected}"
 
 
 @pytest.mark.parametrize("name", zoo.names())
 def test_every_model_builds_on_meta_and_decomposes(name):
-    built = source.build(name, device="meta")
+    built = _built(name)
     assert all(p.device.type == "meta" for p in built.module.parameters())
     spec = measure.measure(built)
     assert spec.n_layers >= 3

@@ -44,8 +44,8 @@ demo: $(STAMP)
 # Two pytest workers (this machine has two cores), whole files to one worker so that a file's
 # module-scoped fixtures run once, in tests/conftest.py's order (the longest files first; xdist would
 # otherwise start the files with the most tests first, and the 3-minute one-test guide page last);
-# the 15 slowest tests are listed at the end (7m58s here on a fresh clone on 2026-11-28 at 07:05, load 0.86 at start, set-up with the
-# engines' install 56 s more; 7m52s and 7m56s earlier that day; 9m15s at load 1.33 before the guide's engine pages took --time-limit 20; 7m57s the session before; the guide's engines page prices every export since issue 48;
+# the 15 slowest tests are listed at the end (8m05s here on a fresh clone on 2026-11-28 at 09:28, load 0.75 at start, set-up with the
+# engines' install 60 s more, 5 s over the 8-minute target since the mixture-of-experts tests; 7m58s at 07:05 before them; 9m15s at load 1.33 before the guide's engine pages took --time-limit 20; 7m57s the session before; the guide's engines page prices every export since issue 48;
 # this machine was faster than 2026-11-25's, where the same suite before this session's additions took 8m32s).
 test: $(ENGINES_STAMP)
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder --durations=15

@@ -110,3 +110,14 @@ def test_simulate_shows_the_expert_layout_and_the_all_to_all_share_and_train_ref
     res = run_cli_here(capsys, "train", "--plan", str(bad), "--steps", "1")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "without routed experts" in res.stderr or "has no experts" in res.stderr, res.stderr
+
+
+def test_the_planner_table_says_which_planners_lay_experts_out():
+    """`paraplan plan` names the compared planners without expert parallelism in one line (cli/plan_auto.py);
+    which they are is the table's: the Galvatron variants that search every axis and the grid have it."""
+    from paraplan.planners.registry import planner_names
+    from paraplan.planners.table import PLANNERS
+
+    planner_names()  # loads every planner
+    with_ep = {name for name, spec in PLANNERS.items() if spec.expert_parallel}
+    assert with_ep == {"galvatron", "galvatron-base", "galvatron-1f1b-biobj", "galvatron-bmw", "megatron-grid"}

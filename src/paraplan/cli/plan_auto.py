@@ -93,18 +93,24 @@ def run_auto(args, given: dict) -> int:
     flops = model_flops_of(w.built, w.spec)  # for tokens/s, TFLOP/s and MFU per GPU (costs/model_flops.py)
     from paraplan.simulator.experts import expert_summary
 
-    # a mixture of experts: the winner's expert layout and its all-to-alls (simulator/experts.py)
+    # a mixture of experts: the winner's expert layout and its all-to-alls (simulator/experts.py), and
+    # the planners that cannot lay experts out (planners/table.py: expert_parallel), said in one line
     experts = expert_summary(best.plan, w.costs, best.iteration_s) if best is not None else None
+    without_ep = _without_expert_parallelism(result, w.costs.model)
     if args.json:
         from paraplan.plans.plan_file import plan_to_dict
 
         print(json.dumps({**auto_json(result, args.out if best else None, gap, plan_to_dict, flops, w.cluster),
                           "headroom": request.headroom, "input_note": input_note(args, w.built),
-                          "best_experts": experts.as_json() if experts is not None else None}, indent=2))
+                          "best_experts": experts.as_json() if experts is not None else None,
+                          "planners_without_expert_parallelism": without_ep}, indent=2))
     else:
         _print_comparison(args, result, best, gap, w, flops)
         if experts is not None:
             print(experts.describe())
+        if without_ep:
+            print(f"without expert parallelism (their methods have none; their plans hold every expert on every "
+                  f"device of a stage): {', '.join(without_ep)}")
         print_input(args, w.built)
     if args.report:  # its memory budget included, as the rows were judged
         _write_report(args, result, request.costs, err, flops)
@@ -210,6 +216,16 @@ def _print_comparison(args, result, best, gap, w, flops) -> None:
         from paraplan.engines.shape import shape_of
 
         out.print(engines_line(result, best, shape_of(w.built, w.built.ref)))
+
+
+def _without_expert_parallelism(result, model) -> list[str] | None:
+    """The compared planners that cannot lay a mixture of experts' experts out over devices
+    (planners/table.py: PlannerSpec.expert_parallel); None for a dense model."""
+    from paraplan.planners.table import PLANNERS
+
+    if not any(layer.experts is not None for layer in model.layers):
+        return None
+    return [r.planner for r in result.rows if r.planner in PLANNERS and not PLANNERS[r.planner].expert_parallel]
 
 
 def _parts_json(result) -> dict | None:

@@ -33,6 +33,9 @@ class PlannerSpec:
     # the options it takes when `--planner auto` runs it beside the planners named in the frozenset
     # (options, compared) -> options; None: the request's own
     in_comparison: Callable[[dict, frozenset], dict] | None = None
+    # lays a mixture of experts' routed experts out over devices (expert parallelism, issue 50); the
+    # others plan such a model with every expert on every device of a stage, and the comparison says so
+    expert_parallel: bool = False
 
 
 PLANNERS: dict[str, PlannerSpec] = {}
@@ -40,16 +43,17 @@ PLANNERS: dict[str, PlannerSpec] = {}
 
 def register(name: str, summary: str, schedules=(Schedule.GPIPE,), options: Mapping[str, OptionSpec] | None = None,
              needs_operators: bool = False, *, slow: int = 0, not_compared: str = "",
-             in_comparison: Callable[[dict, frozenset], dict] | None = None):
+             in_comparison: Callable[[dict, frozenset], dict] | None = None, expert_parallel: bool = False):
     """Decorator: add a planner function to the table under `name` (`slow`, `not_compared`,
-    `in_comparison`: how `--planner auto` runs it, PlannerSpec)."""
+    `in_comparison`: how `--planner auto` runs it; `expert_parallel`: PlannerSpec)."""
 
     def add(fn: PlannerFn) -> PlannerFn:
         if name in PLANNERS:
             raise RuntimeError(f"planner {name!r} registered twice")
         # "best": the planner also chooses the schedule (planners/request.py: BEST_SCHEDULE)
         PLANNERS[name] = PlannerSpec(name, fn, summary, tuple(s if s == "best" else Schedule(s) for s in schedules),
-                                     dict(options or {}), needs_operators, slow, not_compared, in_comparison)
+                                     dict(options or {}), needs_operators, slow, not_compared, in_comparison,
+                                     expert_parallel)
         return fn
 
     return add

@@ -36,6 +36,7 @@ from paraplan.planners.galvatron.grid import grid_plan, stage_counts
 from paraplan.planners.galvatron.grid import interleaves as grid_interleaves
 from paraplan.planners.galvatron.searcher import BMW_PARTITION, bmw_parts
 from paraplan.planners.galvatron.space import (
+    TREE_AXES,
     VARIANTS,
     Variant,
     held_stage_count,
@@ -322,7 +323,9 @@ def _register(variant: Variant) -> None:
     schedules = variant.schedules + ((BEST_SCHEDULE,) if variant.checkpoint and not variant.fixed_3d else ())
 
     @register(variant.name, variant.summary, schedules=schedules, options=_OPTIONS, slow=SLOW.get(variant.name, 0),
-              in_comparison=_in_comparison(variant.name) if variant.name in PORTFOLIO else None)
+              in_comparison=_in_comparison(variant.name) if variant.name in PORTFOLIO else None,
+              # space.py `variant_strategies`: the variants searching every axis lay experts out too
+              expert_parallel=variant.dims == frozenset(TREE_AXES) and not variant.fixed_3d)
     def _planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
         return galvatron_plan(request, variant, options, judge)
 
@@ -333,7 +336,7 @@ for _variant in VARIANTS:
 
 @register(GRID, "uniform Megatron-style layouts (PP x TP x DP, ZeRO-1 and SP in mixed precision, the least "
           "recomputation that fits, interleaved 1F1B; a mixture of experts' EP x ETP) judged by the simulator",
-          schedules=("1f1b", "gpipe", BEST_SCHEDULE), slow=SLOW[GRID],
+          schedules=("1f1b", "gpipe", BEST_SCHEDULE), slow=SLOW[GRID], expert_parallel=True,
           options={"expert_parallel": OptionSpec(0, "a mixture of experts' expert-parallel degree, held (as torchtitan's "
                                                     "and NeMo's expert_parallel_degree is set by hand); 0: searched",
                                                  at_least("expert_parallel", 0))})

@@ -121,3 +121,23 @@ def test_the_planner_table_says_which_planners_lay_experts_out():
     planner_names()  # loads every planner
     with_ep = {name for name, spec in PLANNERS.items() if spec.expert_parallel}
     assert with_ep == {"galvatron", "galvatron-base", "galvatron-1f1b-biobj", "galvatron-bmw", "megatron-grid"}
+
+
+def test_an_engines_projections_keep_experts_on_the_layers_that_have_them():
+    """`plan --engine`'s projections (engines/restrict.py) put a block strategy on every layer of a
+    stage: its expert view only where the layer has experts (an MoE model's comparison restricted to
+    Megatron-LM ended in a traceback: ep 2 on the embedding)."""
+    from paraplan.engines.restrict import projections
+    from paraplan.engines.shape import model_shape
+    from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
+
+    shape = model_shape("mixtral-tiny")
+    dense, moe = LayerStrategy(dp=2, zero=1), LayerStrategy(dp=2, zero=1, ep=2)
+    plan = Plan(model="mixtral-tiny", cluster="local", n_layers=4, global_batch=8, n_micro=1, schedule="gpipe",
+                stages=(Stage(LayerRange(0, 4), (0, 1), strategies=(dense, moe, moe, LayerStrategy(dp=2))),))
+    found = projections(plan, shape)
+    assert found
+    for p in found:
+        layers = [p.stages[0].strategy(i) for i in range(4)]
+        assert layers[0].ep == layers[3].ep == 1 and {x.ep for x in layers[1:3]} <= {1, 2}
+        validate(p)

@@ -22,7 +22,7 @@ from paraplan.engines import engine_problem
 from paraplan.engines.layout import ENGINE_NAMES
 from paraplan.engines.shape import ModelShape
 from paraplan.planners.auto import Comparison, Row
-from paraplan.plans.plan import Plan, Recompute, Stage
+from paraplan.plans.plan import Plan, PlanError, Recompute, Stage
 from paraplan.plans.schedules import Schedule
 
 MAX_STRATEGIES = 4  # the plan's most used strategies tried as everyone's
@@ -72,8 +72,8 @@ def with_row(result: Comparison, row: Row) -> Comparison:
 
 def _best_projection(row: Row, engine: str, shape: ModelShape, judge, sequence_parallel) -> list[Row]:
     name = f"{row.planner} for {engine}"
-    judged = [judge(name, p) for p in projections(row.plan, shape, sequence_parallel)
-              if engine_problem(p, engine, shape) is None]
+    judged = [r for r in (_judged(judge, name, p) for p in projections(row.plan, shape, sequence_parallel)
+                          if engine_problem(p, engine, shape) is None) if r is not None]
     fits = sorted((r for r in judged if r.status == "ok"), key=lambda r: r.iteration_s)
     if not fits:
         return []
@@ -115,11 +115,30 @@ def _uniform(plan: Plan, shape: ModelShape, sp: frozenset) -> list[tuple[tuple, 
 
 
 def _fit_layer(strategy, layer: int, shape: ModelShape, sp: frozenset):
+    if strategy.ep * strategy.etp > 1 and not _has_experts(layer, shape):
+        strategy = replace(strategy, ep=1, etp=1)  # the embedding, the head and dense blocks have no experts
     if strategy.sequence_parallel and (layer, strategy.tp) not in sp:
         strategy = replace(strategy, sequence_parallel=False)
     if shape.kinds[layer] != "block" and strategy.recompute == Recompute.SELECTIVE:
         strategy = replace(strategy, recompute=Recompute.NONE)  # no attention core to recompute
     return strategy
+
+
+def _judged(judge, name: str, plan: Plan):
+    """The projection judged, or None where the simulator refuses it (a plan that is no plan of this
+    model: it is not a candidate, not a traceback)."""
+    try:
+        return judge(name, plan)
+    except PlanError:
+        return None
+
+
+def _has_experts(layer: int, shape: ModelShape) -> bool:
+    """Whether the model's layer `layer` is a block with routed experts (engines/shape.py: moe_blocks,
+    counted among the blocks)."""
+    if shape.kinds[layer] != "block":
+        return False
+    return sum(kind == "block" for kind in shape.kinds[:layer]) in shape.moe_blocks
 
 
 def _schedules(plan: Plan) -> list[Schedule]:

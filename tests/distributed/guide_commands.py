@@ -52,11 +52,14 @@ def run_page(page: Path, tmp: Path) -> list[tuple[str, int, str]]:
     return ran
 
 
-def run_page_cleanly(page: Path, tmp: Path) -> list[tuple[str, int, str]]:
-    """`run_page`, every command of the page run, each with exit status 0 and no traceback."""
-    ran = run_page(page, tmp)
-    assert len(ran) == len(commands(page))
+def page_problems(page: Path, ran: list[tuple[str, int, str]]) -> list[str]:
+    """What is wrong with a page's run (`run_page`): a command that did not run (an earlier one
+    failed), a non-zero exit status or a traceback, each with the command's output; [] when clean."""
+    problems = [f"{len(commands(page)) - len(ran)} of the page's commands not run"] if len(ran) != len(commands(page)) \
+        else []
     for command, status, output in ran:
-        assert status == 0, f"{command}\n{output}"
-        assert "Traceback" not in output, f"{command}\n{output}"
-    return ran
+        if status != 0:
+            problems.append(f"{command}: exit status {status}\n{output}")
+        elif "Traceback" in output:
+            problems.append(f"{command}: a traceback\n{output}")
+    return problems

@@ -3,7 +3,7 @@ on measuring and the LLM quick start, which test_guide_measure.py runs (so that 
 
 import pytest
 
-from .guide_commands import GUIDE, commands, pages, run_page_cleanly
+from .guide_commands import GUIDE, commands, page_problems, pages, run_page
 
 PAGES = [p for p in pages() if p.name not in ("measure.md", "llm-quickstart.md")]  # test_guide_measure.py runs those
 
@@ -18,4 +18,5 @@ def test_the_guide_has_pages_and_commands():
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(GUIDE).as_posix() for p in PAGES])
 def test_every_command_of_the_page_runs(page, tmp_path):
-    run_page_cleanly(page, tmp_path)
+    problems = page_problems(page, run_page(page, tmp_path))
+    assert not problems, "\n".join(problems)

@@ -202,18 +202,18 @@ def test_a_one_process_plan_pays_its_own_measured_step():
     assert o.step_for(2) == 5e-3
 
 
-def test_a_message_costs_the_ping_pong_unless_the_doubling_says_more_than_its_noise():
-    """profiling/calibrate: message_and_step_costs. The doubled plan's addition, as the simulator
-    makes it at a known latency, is given back as the measurement: with pairs that agree the fit
-    finds that latency; with pairs whose spread covers the excess it keeps the floor."""
-    from paraplan.profiling.calibrate import message_and_step_costs
+@pytest.fixture(scope="module")
+def doubling():
+    """The overhead plan (gpt2-tiny, 2 stages, 1F1B, 4 micro-batches) and its doubled plan as calibrate
+    runs them, the model, the cluster, and `at(alpha)`: both plans' predicted steps at a message
+    latency of alpha (what message_and_step_costs fits against)."""
+    from paraplan.hardware.cluster import LinkSpec, NodeSpec
 
     spec = measure.measure(zoo.build("gpt2-tiny"))
     cluster = replace(load_cluster("local"), overheads=RuntimeOverheads(rendezvous=True))  # as calibrate has it
     plan = Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=32, n_micro=4, schedule="1f1b",
                 grad_sync="none", stages=(Stage(LayerRange(0, 3), (0,)), Stage(LayerRange(3, 6), (1,))))
     doubled = replace(plan, global_batch=64, n_micro=8)
-    from paraplan.hardware.cluster import LinkSpec, NodeSpec
 
     def at(alpha):
         link = LinkSpec(cluster.nodes[0].intra_link.bandwidth_bytes_per_s, alpha)
@@ -221,6 +221,16 @@ def test_a_message_costs_the_ping_pong_unless_the_doubling_says_more_than_its_no
         cm = analytic_cost_model(spec, c)
         return simulate_plan(plan, cm).prediction.iteration_s, simulate_plan(doubled, cm).prediction.iteration_s
 
+    return plan, doubled, spec, cluster, at
+
+
+def test_a_message_costs_the_ping_pong_unless_the_doubling_says_more_than_its_noise(doubling):
+    """profiling/calibrate: message_and_step_costs. The doubled plan's addition, as the simulator
+    makes it at a known latency, is given back as the measurement: with pairs that agree the fit
+    finds that latency; with pairs whose spread covers the excess it keeps the floor."""
+    from paraplan.profiling.calibrate import message_and_step_costs
+
+    plan, doubled, spec, cluster, at = doubling
     floor, true = 5e-5, 1e-3
     step, twice = at(true)
     alpha, extra = message_and_step_costs(plan, doubled, spec, None, cluster, step, (twice - step,) * 3, floor)
@@ -231,26 +241,14 @@ def test_a_message_costs_the_ping_pong_unless_the_doubling_says_more_than_its_no
     assert alpha == floor and extra == pytest.approx(step - at(floor)[0], rel=1e-6)
 
 
-def test_a_message_costs_no_more_than_the_plans_own_step_leaves_it():
+def test_a_message_costs_no_more_than_the_plans_own_step_leaves_it(doubling):
     """profiling/calibrate: message_and_step_costs. A doubling whose addition only a large latency
     explains, while the plan itself ran as fast as the simulator predicts at the ping-pong's latency:
     the messages are capped where the plan's predicted step meets its measured one (the per-step
     cost 0), not where the doubling alone puts them (make demo once fitted 1,217 us this way)."""
-    from paraplan.hardware.cluster import LinkSpec, NodeSpec
     from paraplan.profiling.calibrate import message_and_step_costs
 
-    spec = measure.measure(zoo.build("gpt2-tiny"))
-    cluster = replace(load_cluster("local"), overheads=RuntimeOverheads(rendezvous=True))
-    plan = Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=32, n_micro=4, schedule="1f1b",
-                grad_sync="none", stages=(Stage(LayerRange(0, 3), (0,)), Stage(LayerRange(3, 6), (1,))))
-    doubled = replace(plan, global_batch=64, n_micro=8)
-
-    def at(alpha):
-        link = LinkSpec(cluster.nodes[0].intra_link.bandwidth_bytes_per_s, alpha)
-        c = replace(cluster, nodes=tuple(NodeSpec(n.name, n.devices, link, link) for n in cluster.nodes))
-        cm = analytic_cost_model(spec, c)
-        return simulate_plan(plan, cm).prediction.iteration_s, simulate_plan(doubled, cm).prediction.iteration_s
-
+    plan, doubled, spec, cluster, at = doubling
     floor = 5e-5
     step_small = at(3e-4)[0]  # the plan ran as the simulator predicts it at 300 us a message
     added_large = at(1.5e-3)[1] - at(1.5e-3)[0]  # what 1.5 ms a message adds to the doubling

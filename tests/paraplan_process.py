@@ -39,7 +39,7 @@ def _forkserver():
     return _context
 
 
-def _child(args: list[str], cwd: str, env: dict, out_path: str, err_path: str) -> None:
+def _child(args: list[str], cwd: str, env: dict, out_path: str, err_path: str, script: str | None = None) -> None:
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -49,12 +49,20 @@ def _child(args: list[str], cwd: str, env: dict, out_path: str, err_path: str) -
         os.close(target)
     sys.stdout = open(1, "w", closefd=False, buffering=1)  # noqa: SIM115 (lives until os._exit)
     sys.stderr = open(2, "w", closefd=False, buffering=1)  # noqa: SIM115
-    sys.argv = [os.path.join(os.path.dirname(sys.executable), "paraplan"), *args]
     code = 1
     try:
-        from paraplan.cli import main
+        if script is None:
+            from paraplan.cli import main
 
-        code = main(args)
+            sys.argv = [os.path.join(os.path.dirname(sys.executable), "paraplan"), *args]
+            code = main(args)
+        else:  # `python SCRIPT ARGS`: the script's folder first on the path, as python puts it
+            import runpy
+
+            sys.argv = [script, *args]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+            runpy.run_path(script, run_name="__main__")
+            code = 0
     except SystemExit as exc:  # argparse's refusals and --help
         if exc.code is None or isinstance(exc.code, int):
             code = exc.code or 0
@@ -75,21 +83,32 @@ def _child(args: list[str], cwd: str, env: dict, out_path: str, err_path: str) -
 def run_paraplan(*args, cwd=None, env=None, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
     """Like `subprocess.run([sys.executable, "-m", "paraplan", *args], capture_output=True,
     text=True, cwd=cwd, env=env, timeout=timeout, check=check)`, from a warm process."""
+    return _run_forked(None, args, cwd, env, timeout, check)
+
+
+def run_script(script, *args, cwd=None, env=None, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
+    """Like `subprocess.run([sys.executable, SCRIPT, *args], ...)`, from a warm process: the script
+    runs as `__main__` (runpy), its folder first on sys.path."""
+    return _run_forked(str(script), args, cwd, env, timeout, check)
+
+
+def _run_forked(script: str | None, args, cwd, env, timeout: float, check: bool) -> subprocess.CompletedProcess:
     args = [str(a) for a in args]
+    argv = [sys.executable, "-m", "paraplan", *args] if script is None else [sys.executable, script, *args]
     env = dict(os.environ if env is None else env)
     with tempfile.TemporaryDirectory(prefix="paraplan-cli-") as tmp:
         out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
         for path in (out_path, err_path):
             open(path, "w").close()
-        process = _forkserver().Process(target=_child, args=(args, str(cwd or os.getcwd()), env, out_path, err_path))
+        process = _forkserver().Process(target=_child, args=(args, str(cwd or os.getcwd()), env, out_path, err_path, script))
         process.start()
         process.join(timeout)
         if process.is_alive():
             process.kill()
             process.join()
-            raise subprocess.TimeoutExpired([sys.executable, "-m", "paraplan", *args], timeout)
+            raise subprocess.TimeoutExpired(argv, timeout)
         with open(out_path) as out, open(err_path) as err:
-            done = subprocess.CompletedProcess([sys.executable, "-m", "paraplan", *args], process.exitcode,
+            done = subprocess.CompletedProcess(argv, process.exitcode,
                                                out.read(), err.read())
     if check:
         done.check_returncode()

@@ -8,11 +8,11 @@ work would write nothing into the repository (and be stopped by the timeout)."""
 import os
 import re
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from paraplan_process import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 NOT_SCRIPTS = {"src", "tests", "results", "bench-out", "build"}  # the package, the tests, outputs
@@ -29,10 +29,11 @@ def scripts() -> list[Path]:
 
 
 def run(script: Path, arg: str, tmp: Path) -> tuple[int, str, str]:
+    """`python SCRIPT ARG` in `tmp`, forked from a warm process (tests/paraplan_process.py: its own
+    process, directory, environment and exit status, without each script's 0.3-1 s of imports)."""
     env = {**os.environ, "PARAPLAN_BENCH_OUT": str(tmp), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     try:
-        res = subprocess.run([sys.executable, str(script), arg], cwd=tmp, env=env, capture_output=True, text=True,
-                             timeout=TIMEOUT_S)
+        res = run_script(script, arg, cwd=tmp, env=env, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return -1, "", f"still running after {TIMEOUT_S} s: it started its work"
     return res.returncode, res.stdout, res.stderr

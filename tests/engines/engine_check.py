@@ -90,7 +90,8 @@ def megatron(case: dict) -> dict:
             "num_layers": cfg.num_layers, "num_query_groups": cfg.num_query_groups,
             "pipeline_dtype": str(cfg.pipeline_dtype), "arguments": doc["arguments"],
             "experts": cfg.num_moe_experts, "top_k": cfg.moe_router_topk, "ep": cfg.expert_model_parallel_size,
-            "etp": cfg.expert_tensor_parallel_size, "dispatcher": cfg.moe_token_dispatcher_type}
+            "etp": cfg.expert_tensor_parallel_size, "dispatcher": cfg.moe_token_dispatcher_type,
+            "a2a_overlap": cfg.overlap_moe_expert_parallel_comm}
     if layout is not None:
         # layout.layout is [pipeline rank][chunk][layers]; stage i is rank i mod pp, chunk i // pp
         ranks, chunks = len(layout.layout), len(layout.layout[0])

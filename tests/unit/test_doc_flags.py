@@ -59,6 +59,8 @@ FOREIGN = {
     "--recompute-num-layers", "--bf16", "--fp16", "--torch-fsdp2-no-reshard-after-forward", "--no-rope-fusion",
     "--DDP-impl", "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--overlap-grad-reduce",
     "--overlap-param-gather", "--attention-dropout", "--hidden-dropout", "--norm-epsilon", "--rotary-base",
+    "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-token-dispatcher-type", "--moe-grouped-gemm",
+    "--overlap-moe-expert-parallel-comm",
     # DeepSpeed
     "--deepspeed_config",
 }

@@ -106,3 +106,18 @@ def zero2_reduce_scatter_s(sync_bytes: float, strategy: LayerStrategy, link: Lin
     if strategy.zero < 2 or strategy.dp <= 1:
         return 0.0
     return ring_reducescatter_s(sync_bytes, strategy.dp, link)
+
+
+def overlap_saving(forward_s: float, backward_s: float, dispatch_forward_s: float, dispatch_backward_s: float,
+                   slowdown: float | None) -> tuple[float, float]:
+    """What a combined pass (plans/expert_overlap.py) saves on one layer: the layer's forward of one
+    micro-batch and its backward of another, whose all-to-alls (`dispatch_*`, inside `forward_s` and
+    `backward_s`) run under the pair's compute, both `slowdown` times slower while they overlap
+    (costs/axis_costs.py: overlapped_s, Galvatron §V). The saving is split between the passes as
+    their all-to-alls are: (forward s, backward s)."""
+    a2a = dispatch_forward_s + dispatch_backward_s
+    if a2a <= 0:
+        return 0.0, 0.0
+    compute = forward_s + backward_s - a2a
+    saved = compute + a2a - overlapped_s(compute, a2a, slowdown if slowdown is not None else 1.0)
+    return saved * dispatch_forward_s / a2a, saved * dispatch_backward_s / a2a

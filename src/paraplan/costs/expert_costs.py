@@ -37,10 +37,16 @@ rank's expert work at factor x the average (`imbalance_s`); without one, droples
 runs. The all-to-alls still carry every copy (Megatron's dispatcher drops before sending; priced as
 an upper bound).
 
+Megatron-LM's all-to-all overlap (a plan choice, plans/expert_overlap.py): in 1F1B's steady state a
+layer's forward of one micro-batch and its backward of another run as one combined pass, each
+one's all-to-alls under the other's compute (costs/axis_costs.py `overlap_saving`; simulator/plan_work.py applies it to
+the steady state's share of the passes). Without it the all-to-alls add to the layer's time.
+
 Not modelled (said where the prediction is used): group-limited routing's de-duplicated
 cross-node sends (DeepEP; Megatron's alltoall dispatcher sends every copy, priced here), the
-grouped GEMM's lower efficiency on few tokens per expert, and the all-to-all's overlap with compute
-(Megatron's 1F1B A2A overlap, DualPipe): it adds to the layer's time.
+grouped GEMM's lower efficiency on few tokens per expert, DualPipe's own overlap (its schedule runs
+here, its all-to-alls in line), and the SMs a combined pass leaves to communication beyond the
+overlap slowdown every overlap here pays.
 """
 
 from __future__ import annotations

@@ -99,6 +99,10 @@ class LayerTime:
     forward_s: float
     backward_s: float  # with recomputation, tp all-reduces and sdp collectives
     grad_allreduce_bytes: float  # the dp all-reduce this layer adds to its stage's sync (0 without dp)
+    # an MoE layer's dispatch and combine all-to-alls inside forward_s and backward_s (costs/expert_costs.py),
+    # which Megatron-LM's all-to-all overlap hides (plans/expert_overlap.py, simulator/plan_work.py)
+    dispatch_forward_s: float = 0.0
+    dispatch_backward_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -207,6 +211,7 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
     tp_forward, tp_backward = tensor_s(layer, local, strategy, tp_link, model.compute_dtype_bytes)  # each term is 0 without its axis
     forward += tp_forward
     backward += tp_backward
+    dispatch_forward = dispatch_backward = 0.0
     if layer.experts is not None:  # the expert view (costs/expert_costs.py): dispatch, combine, imbalance
         dispatch_forward, dispatch_backward = dispatch_s(layer, local, strategy, expert_links or {},
                                                          model.compute_dtype_bytes)
@@ -254,7 +259,8 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
     if runtime is not None and sdp > 1:  # FSDP2's machinery per unit and pass, on the CPU: not overlapped
         forward += runtime.sdp_layer_s
         backward += runtime.sdp_layer_s
-    return LayerTime(forward_s=forward, backward_s=backward, grad_allreduce_bytes=dp_sync_bytes)
+    return LayerTime(forward_s=forward, backward_s=backward, grad_allreduce_bytes=dp_sync_bytes,
+                     dispatch_forward_s=dispatch_forward, dispatch_backward_s=dispatch_backward)
 
 
 def dp_sync_s(strategy: LayerStrategy, sync_bytes: float, dp_link: LinkSpec) -> float:

@@ -63,6 +63,7 @@ class EngineLayout:
     # (1, 1): the experts follow the dense layout (Megatron's default expert-tensor-parallel size = tp)
     ep: int = 1
     etp: int = 1
+    expert_overlap: bool = False  # Megatron-LM's all-to-all overlap (plans/expert_overlap.py)
 
     @property
     def dp(self) -> int:
@@ -136,7 +137,8 @@ def engine_layout(plan: Plan, kinds: tuple[str, ...]) -> EngineLayout:
         micro_batch=plan.global_batch // (plan.n_micro * data), global_batch=plan.global_batch,
         blocks_per_stage=tuple(sum(kinds[i] == "block" for i in s.layers) for s in plan.stages),
         layers_per_stage=tuple(tuple(s.layers) for s in plan.stages), stage_ranks=plan.rank_of_stage,
-        actions=tuple(plan.actions), grad_sync=plan.grad_sync, notes=tuple(notes), ep=ep, etp=etp)
+        actions=tuple(plan.actions), grad_sync=plan.grad_sync, notes=tuple(notes), ep=ep, etp=etp,
+        expert_overlap=plan.expert_overlap)
 
 
 def _degrees(st: LayerStrategy) -> tuple:

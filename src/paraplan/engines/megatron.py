@@ -26,7 +26,8 @@ What maps where (arguments.py and the config classes):
 - a mixture of experts (Mixtral, Qwen3-MoE): `--num-experts`, `--moe-router-topk`,
   `--moe-ffn-hidden-size`, `--moe-layer-freq` (its dense blocks), `--expert-model-parallel-size` and
   `--expert-tensor-parallel-size` (the plan's expert view; without one, etp = tp, Megatron's
-  default folding, written out), `--moe-token-dispatcher-type alltoall` (the all-to-alls the
+  default folding, written out), `--overlap-moe-expert-parallel-comm` for a plan with the all-to-all
+  overlap (plans/expert_overlap.py), `--moe-token-dispatcher-type alltoall` (the all-to-alls the
   prediction prices), `--moe-grouped-gemm`, dropless (no capacity factor: every routed copy
   computed, as priced); Qwen3's `--qk-layernorm` and `--kv-channels`.
 Megatron runs 1F1B (one chunk per rank) and interleaved 1F1B; GPipe, looped BFS, zero-bubble and
@@ -134,7 +135,14 @@ def arguments(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], dict,
         moe_args, moe_config = _experts(layout, shape)
         model_args, model_config = model_args + moe_args, {**model_config, **moe_config}
     env = {}
-    if layout.tp > 1 or layout.cp > 1:
+    if layout.expert_overlap:
+        # the overlap needs CUDA_DEVICE_MAX_CONNECTIONS > 1 (megatron/core/transformer/moe/README.md);
+        # Megatron-MoE-ModelZoo's A2A_OVERLAP=1 sets 32 (sbatch_benchmarking.sh)
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
+        if layout.tp > 1 or layout.cp > 1:  # arguments.py: a warning, not a refusal
+            notes.append("the all-to-all overlap with TP/CP: Megatron-LM warns that TP/CP want CUDA_DEVICE_MAX_CONNECTIONS=1 "
+                         "and the overlap more (32 written: the plan's overlap first)")
+    elif layout.tp > 1 or layout.cp > 1:
         if layout.zero >= 2 or layout.dp_shard > 1:  # arguments.py: a warning, not a refusal
             notes.append("Megatron FSDP with TP/CP: Megatron-LM warns that they want different "
                          "CUDA_DEVICE_MAX_CONNECTIONS (before Blackwell)")
@@ -217,6 +225,9 @@ def _experts(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], dict]:
     config = {"num_moe_experts": shape.experts, "moe_router_topk": shape.top_k, "moe_ffn_hidden_size": shape.moe_ffn,
               "expert_model_parallel_size": layout.ep, "expert_tensor_parallel_size": layout.expert_tp,
               "moe_token_dispatcher_type": "alltoall", "moe_grouped_gemm": True}
+    if layout.expert_overlap:  # plans/expert_overlap.py: combined 1F1B passes (TransformerConfig's own field)
+        args.append("--overlap-moe-expert-parallel-comm")
+        config["overlap_moe_expert_parallel_comm"] = True
     if not all(pattern):  # DeepSeek-style dense blocks among the MoE ones: Megatron's list form
         args.append(f"--moe-layer-freq=({pattern})")
         config["moe_layer_freq"] = pattern

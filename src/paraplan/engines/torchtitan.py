@@ -79,6 +79,9 @@ def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
         return "fp16 mixed precision (torchtitan trains in bf16 or fp32)"
     if layout.etp > 1:
         return f"expert tensor parallelism (ETP{layout.etp}: torchtitan {VERSION} has expert_parallel_degree only)"
+    if layout.expert_overlap:
+        return (f"Megatron-LM's all-to-all overlap (torchtitan {VERSION}'s trainer runs the all-to-alls in line; "
+                "its graph_trainer's EP overlap is an experiment): plan without it for torchtitan")
     if layout.ep > 1:
         shard = layout.dp_replicate if layout.zero else layout.dp_shard  # ZeRO-1/2 export as FSDP (below)
         if (shard * layout.cp * layout.tp) % layout.ep:

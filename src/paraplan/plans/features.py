@@ -10,9 +10,11 @@ from paraplan.precision import Precision
 
 # version 2's strategies beyond version 1's, each with the field that uses it first (the simulator
 # and the runtime refuse, in one line, what they do not model or run yet: `refuse_features`)
-FEATURES = ("precision", "zero", "sequence_parallel", "selective", "schedule", "context_parallel", "expert_parallel")
+FEATURES = ("precision", "zero", "sequence_parallel", "selective", "schedule", "context_parallel", "expert_parallel",
+            "expert_overlap")
 # the issue that brings each
-_FEATURE_ISSUE = {"schedule": "issue 30, Today's training II", "expert_parallel": "issue 50, Mixture-of-experts"}
+_FEATURE_ISSUE = {"schedule": "issue 30, Today's training II", "expert_parallel": "issue 50, Mixture-of-experts",
+                  "expert_overlap": "issue 50, Mixture-of-experts"}
 
 
 def features_used(plan: Plan) -> dict[str, str]:
@@ -35,6 +37,8 @@ def features_used(plan: Plan) -> dict[str, str]:
                 found.setdefault("expert_parallel", f"{where}.ep: {x.ep}, etp: {x.etp}")
     if plan.schedule in MULTI_CHUNK:  # the schedules of "Today's training II" (plans/schedules.py)
         found["schedule"] = f"schedule.kind: {plan.schedule}"
+    if plan.expert_overlap:  # Megatron-LM's all-to-all overlap (plans/expert_overlap.py)
+        found["expert_overlap"] = "schedule.expert_overlap: true"
     return found
 
 

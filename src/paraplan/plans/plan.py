@@ -125,6 +125,8 @@ class Plan:
     virtual_stages: int = 1
     stage_ranks: tuple[int, ...] = ()  # () = stage i on pipeline rank i
     actions: tuple[tuple[str, ...], ...] = ()  # per pipeline rank: "F<micro>.<stage>" / "B<micro>.<stage>"
+    # Megatron-LM's expert-parallel all-to-all overlap (plans/expert_overlap.py); schedule.expert_overlap
+    expert_overlap: bool = False
 
     def __post_init__(self):
         # plain strings become the typed choices; an unknown one is left for validate() to name
@@ -220,6 +222,12 @@ def validate(plan: Plan) -> Plan:
     _validate_schedule_record(plan)  # first: the stages' check reads its stage -> rank mapping
     if plan.stages:
         _validate_stages(plan)
+    if plan.expert_overlap:
+        from paraplan.plans.expert_overlap import expert_overlap_problem
+
+        problem = expert_overlap_problem(plan)
+        if problem:
+            raise PlanError(f"schedule.expert_overlap: {problem}")
     if plan.prediction is not None:
         used = set(plan.devices)
         for i, m in enumerate(plan.prediction.memory):

@@ -57,7 +57,8 @@ def plan_to_dict(plan: Plan) -> dict:
         "precision": str(plan.precision),
         "schedule": {"kind": str(plan.schedule), "virtual_stages": plan.virtual_stages,
                      **({"stage_ranks": list(plan.stage_ranks)} if plan.stage_ranks else {}),
-                     **({"actions": [list(a) for a in plan.actions]} if plan.actions else {})},
+                     **({"actions": [list(a) for a in plan.actions]} if plan.actions else {}),
+                     **({"expert_overlap": True} if plan.expert_overlap else {})},
         "grad_sync": plan.grad_sync,
         "stages": [
             {
@@ -213,6 +214,7 @@ def plan_from_dict(data: object, origin: str = "plan") -> Plan:
         operators=tuple(operators), prediction=prediction, search=search, format_version=FORMAT_VERSION,
         precision=r.get(d, "precision", "", str, "fp32") if version >= 2 else "fp32",
         virtual_stages=schedule["virtual_stages"], stage_ranks=schedule["stage_ranks"], actions=schedule["actions"],
+        expert_overlap=schedule["expert_overlap"],
     )
     try:
         return validate(plan)
@@ -236,11 +238,12 @@ def _strategy(r: _Reader, x: dict, wx: str, version: int) -> LayerStrategy:
 
 def _schedule(r: _Reader, d: dict, version: int) -> dict:
     """Version 1: `schedule` is the kind. Version 2: the record {kind, virtual_stages, stage_ranks,
-    actions}."""
+    actions, expert_overlap}."""
     if version == 1 or isinstance(d.get("schedule"), str):
         if version >= 2:
             r.fail("schedule", "expected the record {kind, virtual_stages, stage_ranks, actions} of version 2")
-        return {"kind": r.get(d, "schedule", "", str), "virtual_stages": 1, "stage_ranks": (), "actions": ()}
+        return {"kind": r.get(d, "schedule", "", str), "virtual_stages": 1, "stage_ranks": (), "actions": (),
+                "expert_overlap": False}
     rec = r.table(r.get(d, "schedule", "", dict), "schedule")
     ranks = r.get(rec, "stage_ranks", "schedule.", list, [])
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in ranks):
@@ -249,7 +252,9 @@ def _schedule(r: _Reader, d: dict, version: int) -> dict:
     if not all(isinstance(a, list) and all(isinstance(v, str) for v in a) for a in actions):
         r.fail("schedule.actions", "expected one list of action names per pipeline rank")
     return {"kind": r.get(rec, "kind", "schedule.", str), "virtual_stages": r.get(rec, "virtual_stages", "schedule.", int, 1),
-            "stage_ranks": tuple(ranks), "actions": tuple(tuple(a) for a in actions)}
+            "stage_ranks": tuple(ranks), "actions": tuple(tuple(a) for a in actions),
+            # optional (plans/expert_overlap.py): files without it run the all-to-alls in line
+            "expert_overlap": r.get(rec, "expert_overlap", "schedule.", bool, False)}
 
 
 def plan_to_json(plan: Plan) -> str:

@@ -33,6 +33,9 @@ from paraplan.precision import is_mixed
 # apply_cp)
 RUNS: frozenset[str] = frozenset({"precision", "zero", "selective", "schedule", "sequence_parallel",
                                  "expert_parallel"})
+# Megatron-LM's all-to-all overlap is Megatron-LM's combined 1F1B passes (plans/expert_overlap.py)
+EXPERT_OVERLAP_REFUSED = ("Megatron-LM's all-to-all overlap is for Megatron-LM to run (paraplan export --to megatron); "
+                          "paraplan's runtime runs the all-to-alls in line: plan without it to train here")
 # the schedules stage plans run under (plans/schedules.py)
 STAGE_SCHEDULES = (Schedule.GPIPE, Schedule.ONE_F_ONE_B, *MULTI_CHUNK)
 
@@ -50,7 +53,8 @@ class KindRuntime:
         from paraplan.runtime.rank.mixed_precision import refusal
 
         try:
-            refuse_features(plan, RUNS, "the runtime", {"context_parallel": CONTEXT_PARALLEL_REFUSED})
+            refuse_features(plan, RUNS, "the runtime", {"context_parallel": CONTEXT_PARALLEL_REFUSED,
+                                                         "expert_overlap": EXPERT_OVERLAP_REFUSED})
         except PlanError as exc:
             raise FieldError("plan", str(exc)) from None
         reason = refusal(plan.precision)

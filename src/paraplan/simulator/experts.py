@@ -23,6 +23,9 @@ class ExpertSummary:
     layouts: tuple[tuple[str, int], ...]  # ("EP8 x ETP1 x EDP2", how many MoE layers take it), most first
     all_to_all_s: float  # the busiest pipeline rank's dispatch and combine per step
     iteration_s: float
+    # Megatron-LM's all-to-all overlap (plans/expert_overlap.py): the steady state's all-to-alls run
+    # under another micro-batch's compute, so all_to_all_s is what they take, not what they add
+    overlapped: bool = False
 
     @property
     def share(self) -> float:
@@ -31,11 +34,13 @@ class ExpertSummary:
     def describe(self) -> str:
         layouts = "; ".join(f"{text} on {n} of {self.moe_layers}" for text, n in self.layouts)
         return (f"experts: {layouts} MoE layers; all-to-all {self.all_to_all_s:.4g} s of the "
-                f"{self.iteration_s:.4g} s step ({self.share:.1%}) on the busiest pipeline rank")
+                f"{self.iteration_s:.4g} s step ({self.share:.1%}) on the busiest pipeline rank"
+                + ("; Megatron-LM's all-to-all overlap runs the steady state's under another micro-batch's compute"
+                   if self.overlapped else ""))
 
     def as_json(self) -> dict:
         return {"moe_layers": self.moe_layers, "layouts": [{"layout": t, "layers": n} for t, n in self.layouts],
-                "all_to_all_s": self.all_to_all_s, "all_to_all_share": self.share}
+                "all_to_all_s": self.all_to_all_s, "all_to_all_share": self.share, "all_to_all_overlap": self.overlapped}
 
 
 def _layout(strategy) -> str:
@@ -67,4 +72,5 @@ def expert_summary(plan: Plan, cm: CostModel, iteration_s: float) -> ExpertSumma
             again = forward if st.checkpoint else 0.0  # the recomputed forward dispatches again
             per_rank[plan.rank_of_stage[s]] += plan.n_micro * (forward + backward + again)
     return ExpertSummary(moe_layers=len(moe), layouts=tuple(layouts.most_common()),
-                         all_to_all_s=max(per_rank.values(), default=0.0), iteration_s=iteration_s)
+                         all_to_all_s=max(per_rank.values(), default=0.0), iteration_s=iteration_s,
+                         overlapped=plan.expert_overlap)

@@ -18,6 +18,7 @@ part of its gradient, over the stage group's slowest link (costs/strategy.py `sl
 
 from __future__ import annotations
 
+from paraplan.costs.axis_costs import overlap_saving
 from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
 from paraplan.costs.expert_costs import dense_param_bytes, expert_problem, expert_sync, routed_bytes
 from paraplan.costs.model import CostModel
@@ -29,6 +30,7 @@ from paraplan.costs.strategy import (
     weight_grad_fraction,
 )
 from paraplan.plans.axes import DATA, EXPERT_DATA
+from paraplan.plans.expert_overlap import steady_share
 from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import Plan, PlanError, Stage, check_fits
 from paraplan.plans.worker_roles import worker_roles
@@ -208,6 +210,10 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
         # for an MoE layer's expert view, the routed experts' over their edp replicas)
         per_layer: list[tuple[float, float, tuple[tuple[float, tuple[int, ...], int], ...]]] = []
         group_link = cm.cluster.slowest_link(stage.devices)
+        # Megatron-LM's all-to-all overlap: the share of this rank's passes that run combined
+        # (plans/expert_overlap.py); each pass is priced at the average, the warm-up's alone
+        combined = steady_share(plan.n_micro, plan.n_ranks, plan.virtual_stages, plan.rank_of_stage[s]) \
+            if plan.expert_overlap else 0.0
         for i in stage.layers:
             st = stage.strategy(i)
             problem = expert_problem(layers[i], st)
@@ -215,8 +221,10 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
                 raise PlanError(f"stages[{s}]: {problem}")
             links = strategy_links(cm.cluster, st, stage.devices)
             t = layer_time_on(costs, cm.model, i, st, micro, links, cm.overlap_slowdown, cm.overheads, scale)
-            fwd += t.forward_s
-            bwd += t.backward_s
+            hidden = overlap_saving(t.forward_s, t.backward_s, t.dispatch_forward_s, t.dispatch_backward_s,
+                                    cm.overlap_slowdown) if combined else (0.0, 0.0)
+            fwd += t.forward_s - combined * hidden[0]
+            bwd += t.backward_s - combined * hidden[1]
             # zero-bubble's W: the share of the layer's backward (its communication included) that
             # is the weights' gradients (an approximation: TP's all-reduce belongs to I)
             weight_grad += t.backward_s * weight_grad_fraction(cm.model, i, micro / st.data_degree)

@@ -254,7 +254,27 @@ def grid_candidates(request: PlanRequest, judge: Judge, families=None, accept=No
     judged.sort(key=_key)
     if interleaves(request):
         judged = sorted(judged + _interleaved(request, judged, judge, best, accept), key=_key)
+    if request.costs.engine == "megatron":  # an engine's own choice, which only Megatron-LM runs
+        judged = sorted(judged + _overlapped(request, judged, judge, accept), key=_key)
     return judged
+
+
+def _overlapped(request: PlanRequest, judged, judge: Judge, accept=None) -> list[tuple[Plan, Prediction]]:
+    """Megatron-LM's all-to-all overlap (plans/expert_overlap.py) on the GRID_INTERLEAVED fastest
+    expert-parallel plans that fit and where Megatron-LM allows it: Megatron-MoE-ModelZoo turns it
+    on for some runs and not others, so the simulator judges both."""
+    from dataclasses import replace
+
+    from paraplan.plans.expert_overlap import expert_overlap_problem
+
+    out = []
+    # in the request's precision (the grid's candidates take it from make_plan), which the rule reads
+    fitting = [replace(plan, precision=request.costs.precision) for plan, p in judged if p.feasible]
+    for plan in [p for p in fitting if expert_overlap_problem(p) is None][:GRID_INTERLEAVED]:
+        candidate = replace(plan, expert_overlap=True)
+        if accept is None or accept(candidate):
+            out.append((candidate, judge(candidate)))
+    return out
 
 
 def _interleaved(request: PlanRequest, judged, judge: Judge, best: float, accept=None) -> list[tuple[Plan, Prediction]]:

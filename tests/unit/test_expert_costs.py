@@ -156,3 +156,21 @@ def test_a_plan_file_keeps_the_expert_layout_and_validation_refuses_what_is_not_
         validate(plan(LayerStrategy(dp=4, tp=2, ep=4)))
     with pytest.raises(PlanError, match="does not divide"):
         validate(plan(LayerStrategy(dp=8, ep=16)))
+
+
+def test_qwen3s_experts_are_not_few_tokens_each_for_the_gemm_model():
+    """docs/published-runs.md (the Qwen3-30B-A3B miss): at Automodel's layout (FSDP8 x EP8, MBS 4,
+    seq 4096, 128 experts of FFN 768, top-8) each of a device's 16 experts gets 8,192 tokens a
+    micro-batch, balanced, and the tile-and-wave GEMM model prices that grouped GEMM within 3% of the
+    shape the static-routing measurement records (8 GEMMs of all 16,384 tokens)."""
+    from paraplan.costs.op_roofline import gemm_seconds
+    from paraplan.hardware import load_cluster
+
+    h100 = load_cluster("dgx-h100-80gb").devices[0].spec
+    hidden, ffn, experts, top_k, ep, tokens = 2048, 768, 128, 8, 8, 4 * 4096
+    per_expert = tokens * top_k * ep // experts
+    assert per_expert == 8192
+    for n, k in ((2 * ffn, hidden), (hidden, ffn)):  # gate and up together, then down
+        measured_shape = top_k * gemm_seconds(1, tokens, n, k, 2, h100)
+        grouped = gemm_seconds(experts // ep, per_expert, n, k, 2, h100)
+        assert float(grouped / measured_shape) == pytest.approx(1.0, abs=0.03)

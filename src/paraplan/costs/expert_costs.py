@@ -39,13 +39,15 @@ an upper bound).
 
 Megatron-LM's all-to-all overlap (a plan choice, plans/expert_overlap.py): in 1F1B's steady state a
 layer's forward of one micro-batch and its backward of another run as one combined pass, each
-one's all-to-alls under the other's compute (costs/axis_costs.py `overlap_saving`; simulator/plan_work.py applies it to
-the steady state's share of the passes). Without it the all-to-alls add to the layer's time.
+one's all-to-alls under the other's compute (costs/axis_costs.py `overlap_saving`; simulator/plan_work.py
+applies it to the steady state's share of the passes). Without it the all-to-alls add to the layer's time.
 
 Not modelled (said where the prediction is used): group-limited routing's de-duplicated
 cross-node sends (DeepEP; Megatron's alltoall dispatcher sends every copy, priced here), the
-grouped GEMM's lower efficiency on few tokens per expert, DualPipe's own overlap (its schedule runs
-here, its all-to-alls in line), and the SMs a combined pass leaves to communication beyond the
+grouped GEMM kernel's own efficiency beyond tile and wave quantisation (balanced, an expert gets
+T k ep / E tokens a micro-batch, 8,192 at Qwen3-30B-A3B's published layout, where the quantisation of
+costs/op_roofline.py changes the experts' GEMM time by under 3%), DualPipe's own overlap (its schedule
+runs here, its all-to-alls in line), and the SMs a combined pass leaves to communication beyond the
 overlap slowdown every overlap here pays.
 """
 

@@ -146,9 +146,15 @@ class RuntimeOverheads:
     optimizer_s_per_byte: float = 0.0
     optimizer_curve: tuple[tuple[float, float], ...] = ()
     solo_step_s: float | None = None
+    # per message of a schedule whose sender waits for its send (torch's Schedule1F1B batches a send
+    # with its next receive and waits for both), beyond the link's latency: what a message costs
+    # inside a running 1F1B pipeline over the loaded ping-pong (paraplan calibrate's doubling fit).
+    # GPipe and the multi-chunk runtime post their sends and wait for them later: they pay the link
+    # alone (simulator/pipeline.py)
+    exchange_s: float = 0.0
 
     def __post_init__(self):
-        if min(self.action_s, self.step_s, self.tp_kernel_s, self.sdp_layer_s, self.dp_sync_s,
+        if min(self.action_s, self.step_s, self.tp_kernel_s, self.sdp_layer_s, self.dp_sync_s, self.exchange_s,
                self.optimizer_s_per_byte, 0.0 if self.solo_step_s is None else self.solo_step_s) < 0 \
                 or not self.compute_scale > 0:
             raise ValueError(f"runtime overheads must not be negative: {self}")

@@ -31,6 +31,7 @@
     action_s = 2.5e-4
     step_s = 5e-3
     solo_step_s = 1e-3                     # optional (default step_s): per step of a one-device plan
+    exchange_s = 8e-4                      # optional (default 0): per message of a 1F1B pipeline, beyond the link
     compute_scale = 1.1                    # optional (default 1): compute while every device computes
     tp_kernel_s = 5e-5                     # optional (default 0): per kernel of a TP layer's pass
     sdp_layer_s = 1e-3                     # optional (default 0): per layer and pass under SDP
@@ -290,7 +291,7 @@ def _runtime(where: str, table: object) -> RuntimeOverheads:
     optional = {key: _number(where, table, key, unit, allow_zero=key != "compute_scale")
                 for key, unit in (("compute_scale", "a factor"), ("tp_kernel_s", "seconds"), ("sdp_layer_s", "seconds"),
                                   ("dp_sync_s", "seconds"), ("optimizer_s_per_byte", "seconds per byte"),
-                                  ("solo_step_s", "seconds"))
+                                  ("solo_step_s", "seconds"), ("exchange_s", "seconds"))
                 if key in table}
     if "optimizer_curve" in table:
         optional["optimizer_curve"] = _optimizer_curve(f"{where}.optimizer_curve", table["optimizer_curve"])
@@ -365,6 +366,7 @@ def cluster_to_dict(cluster: Cluster, calibration: dict | None = None) -> dict:
                            "optimizer_s_per_byte": o.optimizer_s_per_byte,
                            **({"optimizer_curve": [list(p) for p in o.optimizer_curve]} if o.optimizer_curve else {}),
                            **({"solo_step_s": o.solo_step_s} if o.solo_step_s is not None else {}),
+                           **({"exchange_s": o.exchange_s} if o.exchange_s else {}),
                            "source": o.source}
     if calibration:
         data["calibration"] = calibration

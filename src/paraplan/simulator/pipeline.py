@@ -76,6 +76,9 @@ class PipelineWork:
     # model chunks per pipeline rank: replicas[r] lists all n_ranks x virtual_stages stages, stage s on
     # the device of its rank (plans/schedules.py: stage_ranks)
     virtual_stages: int = 1
+    # with rendezvous: each message's cost beyond its link where the sender waits for it
+    # (RuntimeOverheads.exchange_s: torch's Schedule1F1B)
+    exchange_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -180,8 +183,14 @@ def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
         return actions[key][j] if 0 <= j < len(actions[key]) else None
 
     # torch's multi-stage runtime (_PipelineScheduleRuntime) posts its sends and waits for them only
-    # at the end of the step: there the sender does not wait for its send
-    sender_waits = work.schedule not in schedules.MULTI_CHUNK
+    # at the end of the step, and ScheduleGPipe waits for its forward sends only after the last
+    # forward and for its backward sends after the last backward (torch 2.13 schedules.py:
+    # "Delay send waits"): there the sender does not wait for its send. Schedule1F1B batches a
+    # send with the next receive and waits for both. (Priced as waiting before 2026-11-28: a
+    # message's latency then sat on the GPipe sender's path, and make demo's 8-micro-batch even
+    # split was predicted 68 ms where it ran in 47-49.)
+    sender_waits = work.schedule not in schedules.MULTI_CHUNK and work.schedule != schedules.Schedule.GPIPE
+    exchange = work.exchange_s if work.rendezvous and sender_waits else 0.0
 
     def link(sender_task: int, transfer: int, receiver_task: int) -> None:
         """Rendezvous: the transfer waits for the receiver's previous action; the sender's next
@@ -208,11 +217,11 @@ def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
                     graph.depend(fwd[(r, s + 1, j)], fwd[(r, s, j)])
                     graph.depend(bwd_first[(r, s, j)], bwd_last[(r, s + 1, j)])
                     continue
-                t = graph.transfer(st.device, nxt.device, st.send_forward_s, "send_forward", j, st.layers,
+                t = graph.transfer(st.device, nxt.device, st.send_forward_s + exchange, "send_forward", j, st.layers,
                                    deps=[fwd[(r, s, j)]])
                 graph.depend(fwd[(r, s + 1, j)], t)
                 link(fwd[(r, s, j)], t, fwd[(r, s + 1, j)])
-                t = graph.transfer(nxt.device, st.device, nxt.send_backward_s, "send_backward", j,
+                t = graph.transfer(nxt.device, st.device, nxt.send_backward_s + exchange, "send_backward", j,
                                    nxt.backward_layers, deps=[bwd_last[(r, s + 1, j)]])
                 graph.depend(bwd_first[(r, s, j)], t)
                 link(bwd_last[(r, s + 1, j)], t, bwd_first[(r, s, j)])

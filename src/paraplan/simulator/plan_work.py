@@ -187,7 +187,8 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
         sync = tuple(out)
     return PipelineWork(schedule=plan.schedule, n_micro=plan.n_micro, replicas=tuple(replicas),
                         grad_sync=plan.grad_sync, sync=sync, n_devices=cm.cluster.n_devices,
-                        rendezvous=cm.overheads.rendezvous, virtual_stages=plan.virtual_stages)
+                        rendezvous=cm.overheads.rendezvous, virtual_stages=plan.virtual_stages,
+                        exchange_s=cm.overheads.exchange_s)
 
 
 def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
@@ -278,7 +279,8 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
             plan.grad_sync, [x[0] for x in per_layer], [x[1] for x in per_layer], allreduce)))
     return PipelineWork(schedule=plan.schedule, n_micro=plan.n_micro, replicas=(tuple(row),), grad_sync=plan.grad_sync,
                         sync=tuple(sync) if plan.grad_sync != "none" else (), n_devices=cm.cluster.n_devices,
-                        rendezvous=cm.overheads.rendezvous, virtual_stages=plan.virtual_stages)
+                        rendezvous=cm.overheads.rendezvous, virtual_stages=plan.virtual_stages,
+                        exchange_s=cm.overheads.exchange_s)
 
 
 def zero_gather_s(plan: Plan, cm: CostModel) -> float:

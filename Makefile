@@ -44,9 +44,9 @@ demo: $(STAMP)
 # Two pytest workers (this machine has two cores), whole files to one worker so that a file's
 # module-scoped fixtures run once, in tests/conftest.py's order (the longest files first; xdist would
 # otherwise start the files with the most tests first, and the 3-minute one-test guide page last);
-# the 15 slowest tests are listed at the end (8m05s here on a fresh clone on 2026-11-28 at 09:28, load 0.75 at start, set-up with the
-# engines' install 60 s more, 5 s over the 8-minute target since the mixture-of-experts tests; 7m58s at 07:05 before them; 9m15s at load 1.33 before the guide's engine pages took --time-limit 20; 7m57s the session before; the guide's engines page prices every export since issue 48;
-# this machine was faster than 2026-11-25's, where the same suite before this session's additions took 8m32s).
+# the 15 slowest tests are listed at the end (7m51s here on a fresh clone on 2026-11-28 at 12:10, load 0.30 at start,
+# set-up with the engines' install 57 s more; 8m10s at 0.64 that morning, before the guide's engine pages and quick start
+# took --time-limit 10 and the script --help test forked its scripts from a warm process).
 test: $(ENGINES_STAMP)
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 

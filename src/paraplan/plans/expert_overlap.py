@@ -20,11 +20,12 @@ activations as the backward frees another's, and about one micro-batch's stay li
 
 from __future__ import annotations
 
+from paraplan.plans.schedules import Schedule
 from paraplan.precision import Precision
 
 # the pipeline schedules whose steady state Megatron-LM runs as combined passes (one pipeline rank,
 # whatever its label: Megatron's no-pipelining schedule, gradient accumulation, combines them too)
-OVERLAP_SCHEDULES = ("1f1b", "interleaved-1f1b")
+OVERLAP_SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
 
 
 def expert_overlap_problem(plan) -> str | None:
@@ -36,7 +37,7 @@ def expert_overlap_problem(plan) -> str | None:
         return f"the all-to-all overlap runs in bf16 or fp16, not {plan.precision}"
     if any(x.checkpoint for x in strategies):
         return "the all-to-all overlap cannot run with full recomputation (megatron-core asserts it)"
-    if plan.n_ranks > 1 and str(plan.schedule) not in OVERLAP_SCHEDULES:
+    if plan.n_ranks > 1 and plan.schedule not in OVERLAP_SCHEDULES:
         return f"the all-to-all overlap runs in Megatron-LM's 1F1B schedules, not {plan.schedule}"
     if plan.n_ranks > 1 and plan.virtual_stages == 1:
         return "the all-to-all overlap with a pipeline needs interleaving (megatron-core asserts a virtual pipeline)"

@@ -50,6 +50,7 @@ from paraplan.planners import progress
 from paraplan.planners.galvatron.space import even_partition, held_stage_count, pipeline_degrees, stage_group
 from paraplan.planners.request import BEST_SCHEDULE, Judge, PlanRequest
 from paraplan.plans.axes import DATA, SHARDED_DATA, TENSOR
+from paraplan.plans.expert_overlap import expert_overlap_problem
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Prediction, Recompute, Stage
 from paraplan.precision import is_mixed
 
@@ -263,10 +264,6 @@ def _overlapped(request: PlanRequest, judged, judge: Judge, accept=None) -> list
     """Megatron-LM's all-to-all overlap (plans/expert_overlap.py) on the GRID_INTERLEAVED fastest
     expert-parallel plans that fit and where Megatron-LM allows it: Megatron-MoE-ModelZoo turns it
     on for some runs and not others, so the simulator judges both."""
-    from dataclasses import replace
-
-    from paraplan.plans.expert_overlap import expert_overlap_problem
-
     out = []
     # in the request's precision (the grid's candidates take it from make_plan), which the rule reads
     fitting = [replace(plan, precision=request.costs.precision) for plan, p in judged if p.feasible]

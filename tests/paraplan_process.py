@@ -39,7 +39,8 @@ def _forkserver():
     return _context
 
 
-def _child(args: list[str], cwd: str, env: dict, out_path: str, err_path: str, script: str | None = None) -> None:
+def _child(args: list[str], cwd: str, env: dict, out_path: str, err_path: str, script: str | None = None,
+           code_path: str | None = None) -> None:
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -77,7 +78,11 @@ def _child(args: list[str], cwd: str, env: dict, out_path: str, err_path: str, s
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code if isinstance(code, int) else 1)
+        code = code if isinstance(code, int) else 1
+        if code_path is not None:  # the status itself, should the forkserver's report of it be lost
+            with open(code_path, "w") as status:
+                status.write(str(code))
+        os._exit(code)
 
 
 def run_paraplan(*args, cwd=None, env=None, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
@@ -97,19 +102,26 @@ def _run_forked(script: str | None, args, cwd, env, timeout: float, check: bool)
     argv = [sys.executable, "-m", "paraplan", *args] if script is None else [sys.executable, script, *args]
     env = dict(os.environ if env is None else env)
     with tempfile.TemporaryDirectory(prefix="paraplan-cli-") as tmp:
-        out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
+        out_path, err_path, code_path = (os.path.join(tmp, name) for name in ("out", "err", "code"))
         for path in (out_path, err_path):
             open(path, "w").close()
-        process = _forkserver().Process(target=_child, args=(args, str(cwd or os.getcwd()), env, out_path, err_path, script))
+        process = _forkserver().Process(target=_child, args=(args, str(cwd or os.getcwd()), env, out_path, err_path, script,
+                                                             code_path))
         process.start()
         process.join(timeout)
         if process.is_alive():
             process.kill()
             process.join()
             raise subprocess.TimeoutExpired(argv, timeout)
+        # The forkserver reports the status over a pipe and multiprocessing says 255 where that
+        # report is lost (CI saw a --help that printed all of itself exit "255"); the child's own
+        # record of it wins, and a child killed before writing one keeps the forkserver's figure.
+        code = process.exitcode
+        if os.path.exists(code_path):
+            with open(code_path) as status:
+                code = int(status.read() or code)
         with open(out_path) as out, open(err_path) as err:
-            done = subprocess.CompletedProcess(argv, process.exitcode,
-                                               out.read(), err.read())
+            done = subprocess.CompletedProcess(argv, code, out.read(), err.read())
     if check:
         done.check_returncode()
     return done

@@ -30,8 +30,9 @@ top-k groups not de-duplicating cross-node sends (DeepEP's node-limited dispatch
 of DeepSeek-V3's inter-node all-to-all). MLA attention is priced as measured on the transformers
 module; its fused kernels as 128 heads of the value width.
 
-Writes $PARAPLAN_BENCH_OUT/published_moe_runs.json (default bench-out/). Run:
-.venv/bin/python benchmarks/published_moe_runs.py
+Writes $PARAPLAN_BENCH_OUT/published_moe_runs.json (default bench-out/) and, with --planner,
+published_moe_planner.json (the Megatron grid's plan for each named request). Run:
+.venv/bin/python benchmarks/published_moe_runs.py [--planner]
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from paraplan.costs.engine_profile import BlockShape
@@ -83,6 +84,8 @@ class MoeRun:
     flops: dict | None = None  # Megatron's FLOP count's shape, where the source gives TFLOP/s
     block: BlockShape | None = None  # the block as the engine's fused kernels see it
     recompute: str = "none"  # the blocks' (the sources name none)
+    dispatcher: str = "alltoall"  # plans/expert_dispatch.py: Automodel's table says "TE + DeepEP"
+    overlap: bool = False  # Megatron-LM's all-to-all overlap (plans/expert_overlap.py)
 
 
 MIXTRAL_FLOPS = dict(layers=56, hidden=6144, heads=48, kv_heads=8, head_dim=128, ffn=16384, moe_layers=56,
@@ -97,11 +100,11 @@ MIXTRAL_BLOCK = BlockShape(6144, 48, 8, 16384, SEQ, gated=True, dropout=False, e
 GPT_OSS_BLOCK = BlockShape(2880, 64, 8, 2880, SEQ, gated=True, dropout=False, eager_attention=False)
 RUNS = (
     MoeRun("DeepSeek-V3, 1,024 H100", AUTOMODEL, DEEPSEEK_V3, 1024, 4, 8, 1, 256, 1, 64, 8192, 1, "megatron",
-           published_s=37.87, block=DEEPSEEK_BLOCK),
+           published_s=37.87, block=DEEPSEEK_BLOCK, dispatcher="deepep"),
     MoeRun("DeepSeek-V3, 256 H100", AUTOMODEL, DEEPSEEK_V3, 256, 4, 8, 1, 64, 1, 64, 512, 1, "megatron",
-           published_s=8.18, block=DEEPSEEK_BLOCK),
+           published_s=8.18, block=DEEPSEEK_BLOCK, dispatcher="deepep"),
     MoeRun("Qwen3-30B-A3B, 8 H100", AUTOMODEL, QWEN3_30B, 8, 1, 1, 1, 8, 1, 8, 512, 4, "megatron",
-           published_s=21.773, block=QWEN3_BLOCK),
+           published_s=21.773, block=QWEN3_BLOCK, dispatcher="deepep"),
     MoeRun("Mixtral 8x22B, 128 H100", "Megatron-MoE-ModelZoo", MIXTRAL_8X22B, 128, 8, 7, 2, 1, 8, 8, 256, 1,
            "megatron", published_tflops=445, flops=MIXTRAL_FLOPS, block=MIXTRAL_BLOCK),
     MoeRun("gpt-oss-120B, 64 H100", "Megatron-Bridge performance summary 25.11", GPT_OSS_120B, 64, 4, 1, 1, 1, 16, 8,
@@ -114,6 +117,31 @@ UNNAMED = (
            "megatron", published_s=4.30, block=GPT_OSS_BLOCK),
     MoeRun("gpt-oss-20B, 8 H100 (FSDP 8, no EP)", AUTOMODEL, GPT_OSS_20B, 8, 1, 1, 1, 8, 1, 1, 256, 2, "megatron",
            published_s=10.04, block=GPT_OSS_BLOCK),
+)
+
+
+# Qwen3-235B-A22B (its public config: 94 layers, h 4096, 64 / 4 heads of 128, 128 experts of FFN
+# 1536, top-8, vocabulary 151,936; every block MoE) on 256 H100 with Megatron-core, the table of
+# Megatron-MoE-ModelZoo best_practice/qwen3/readme.md (seq 4096, global batch 2048, bf16, dropless with
+# real routing: the table's forced-balance runs are a separate option there). Its dispatcher column
+# names DeepEP or A2A per row; "norm, act" recomputation (Megatron's --recompute-modules layernorm
+# moe_act) is priced as none (a memory choice; it re-runs two memory-bound kernels).
+QWEN3_235B = ("hf:qwen3_moe?num_hidden_layers=94&hidden_size=4096&num_attention_heads=64&num_key_value_heads=4"
+              "&head_dim=128&num_local_experts=128&moe_intermediate_size=1536&num_experts_per_tok=8"
+              "&vocab_size=151936&intermediate_size=12288&seq_len=4096")
+QWEN3_235B_BLOCK = BlockShape(4096, 64, 4, 12288, SEQ, gated=True, dropout=False, eager_attention=False)
+ZOO_QWEN3 = "Megatron-MoE-ModelZoo best_practice/qwen3/readme.md (H100)"
+QWEN3_235B_RUNS = (
+    MoeRun("Qwen3-235B, EP32 across 4 nodes, DeepEP", ZOO_QWEN3, QWEN3_235B, 256, 8, 4, 2, 1, 16, 32, 2048, 1,
+           "megatron", published_s=19.7, block=QWEN3_235B_BLOCK, dispatcher="deepep"),
+    MoeRun("Qwen3-235B, the same with the A2A overlap", ZOO_QWEN3, QWEN3_235B, 256, 8, 4, 2, 1, 16, 32, 2048, 1,
+           "megatron", published_s=17.6, block=QWEN3_235B_BLOCK, dispatcher="deepep", overlap=True),
+    MoeRun("Qwen3-235B, EP8 in a node, FSDP, full recompute", ZOO_QWEN3, QWEN3_235B, 256, 1, 1, 2, 128, 1, 8, 2048, 4,
+           "megatron", published_s=17.6, block=QWEN3_235B_BLOCK, dispatcher="deepep", recompute="full"),
+    MoeRun("Qwen3-235B, EP8 in a node, PP32, A2A", ZOO_QWEN3, QWEN3_235B, 256, 32, 3, 2, 1, 4, 8, 2048, 1,
+           "megatron", published_s=24.2, block=QWEN3_235B_BLOCK),
+    MoeRun("Qwen3-235B, TP4 x EP8 in a node, DeepEP", ZOO_QWEN3, QWEN3_235B, 256, 8, 4, 4, 1, 8, 8, 2048, 1,
+           "megatron", published_s=29.0, block=QWEN3_235B_BLOCK, dispatcher="deepep"),
 )
 
 
@@ -162,7 +190,8 @@ def moe_plan(run: MoeRun, spec) -> Plan:
         schedule = "1f1b"  # gradient accumulation
     return Plan(model=run.model, cluster=f"dgx-h100-80gb?nodes={run.gpus // 8}", n_layers=n_layers,
                 global_batch=run.global_batch, n_micro=n_micro, schedule=schedule, stages=tuple(stages),
-                grad_sync="after-backward" if run.dp > 1 else "none", precision="bf16", virtual_stages=run.virtual)
+                grad_sync="after-backward" if run.dp > 1 else "none", precision="bf16", virtual_stages=run.virtual,
+                expert_dispatcher=run.dispatcher, expert_overlap=run.overlap)
 
 
 _MEASURED: dict[str, object] = {}
@@ -180,7 +209,9 @@ def predict(run: MoeRun) -> dict:
             "peak_gib": max(m.peak_bytes for m in p.memory) / GIB if p.memory else float("nan")}
 
 
-def rows(runs=RUNS) -> list[dict]:
+def rows(runs=RUNS, twins: bool = True) -> list[dict]:
+    """Each run predicted against its published time; `twins`: a DeepEP run also priced with the
+    alltoall dispatcher (`predicted_alltoall_s`), what the rows were priced as before DeepEP was."""
     out = []
     for run in runs:
         published_s = run.published_s
@@ -189,11 +220,14 @@ def rows(runs=RUNS) -> list[dict]:
         p = predict(run)
         layout = (f"PP{run.pp}{f' x VP{run.virtual}' if run.virtual > 1 else ''}"
                   f"{f' x TP{run.tp}' if run.tp > 1 else ''} x {'FSDP' + str(run.sdp) if run.sdp > 1 else 'DP' + str(run.dp)}"
-                  f" x EP{run.ep}")
+                  f" x EP{run.ep}{' (DeepEP)' if run.dispatcher == 'deepep' else ''}{', A2A overlap' if run.overlap else ''}")
         row = {"run": run.label, "source": run.source, "engine": run.engine, "gpus": run.gpus, "layout": layout,
                "published_s": round(published_s, 3), "predicted_s": round(p["iteration_s"], 3),
                "time_ratio": round(p["iteration_s"] / published_s, 3), "predicted_peak_gib": round(p["peak_gib"], 1),
                "fits_80gib": p["fits"]}
+        if twins and run.dispatcher == "deepep":  # what every routed copy sent on its own (the alltoall dispatcher) would take
+            plain = predict(replace(run, dispatcher="alltoall"))["iteration_s"]
+            row.update(predicted_alltoall_s=round(plain, 3), time_ratio_alltoall=round(plain / published_s, 3))
         out.append(row)
         print(f"{run.label:>26}: published {row['published_s']} s, predicted {row['predicted_s']} s "
               f"(x{row['time_ratio']}); peak {row['predicted_peak_gib']} GiB", flush=True)
@@ -230,16 +264,26 @@ def planner_against_published(runs=RUNS, planner: str = "megatron-grid") -> list
 def main() -> None:
     from _paraplan_cli import bench_parser
 
-    bench_parser(__doc__).parse_args()
+    parser = bench_parser(__doc__)
+    parser.add_argument("--planner", action="store_true",
+                        help="also plan each named request with the Megatron grid and write published_moe_planner.json "
+                             "(minutes: DeepSeek-V3 on 1,024 GPUs)")
+    args = parser.parse_args()
     table = rows()
     errors = [abs(r["time_ratio"] - 1) for r in table]
     print("published runs the issue does not name:")
     unnamed = rows(UNNAMED)
+    print("Qwen3-235B-A22B on 256 H100 (Megatron-MoE-ModelZoo), the issue does not name them either:")
+    qwen3 = rows(QWEN3_235B_RUNS)
     result = {"rows": table, "median_abs_time_error": round(statistics.median(errors), 3), "unnamed_rows": unnamed,
-              "unnamed_median_abs_time_error": round(statistics.median(abs(r["time_ratio"] - 1) for r in unnamed), 3)}
+              "unnamed_median_abs_time_error": round(statistics.median(abs(r["time_ratio"] - 1) for r in unnamed), 3),
+              "qwen3_235b_rows": qwen3,
+              "qwen3_235b_median_abs_time_error": round(statistics.median(abs(r["time_ratio"] - 1) for r in qwen3), 3)}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "published_moe_runs.json").write_text(json.dumps(result, indent=1))
     print(f"median |time error| {result['median_abs_time_error']:.1%}")
+    if args.planner:
+        (OUT / "published_moe_planner.json").write_text(json.dumps(planner_against_published(), indent=1))
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ def megatron(case: dict) -> dict:
             "pipeline_dtype": str(cfg.pipeline_dtype), "arguments": doc["arguments"],
             "experts": cfg.num_moe_experts, "top_k": cfg.moe_router_topk, "ep": cfg.expert_model_parallel_size,
             "etp": cfg.expert_tensor_parallel_size, "dispatcher": cfg.moe_token_dispatcher_type,
-            "a2a_overlap": cfg.overlap_moe_expert_parallel_comm}
+            "a2a_overlap": cfg.overlap_moe_expert_parallel_comm, "flex_backend": cfg.moe_flex_dispatcher_backend}
     if layout is not None:
         # layout.layout is [pipeline rank][chunk][layers]; stage i is rank i mod pp, chunk i // pp
         ranks, chunks = len(layout.layout), len(layout.layout[0])

@@ -1,7 +1,7 @@
 """Issue 50 item 6: a mixture of experts' expert layout exported to the installed engines and loaded
 by their own configuration code (tests/engines/engine_check.py, in a child process): Megatron-LM's
 MoE arguments and megatron-core 0.16.1's TransformerConfig (experts, top-k, EP, ETP, the all-to-all
-dispatcher), torchtitan 0.3.0's expert_parallel_degree through its ParallelDims under its rule
+dispatcher, alltoall or DeepEP's flex), torchtitan 0.3.0's expert_parallel_degree through its ParallelDims under its rule
 dp_shard x cp x tp = efsdp x ep; Megatron-LM's all-to-all overlap as megatron-core's own field; what an
 engine cannot run refused in one line (torchtitan: expert tensor parallelism, EP over plain replicas,
 the all-to-all overlap; DeepSpeed: expert parallelism at all)."""
@@ -29,12 +29,12 @@ def shape():
     return model_shape(QWEN3_MOE)
 
 
-def _plan(shape, dense: LayerStrategy, moe: LayerStrategy, overlap: bool = False) -> Plan:
+def _plan(shape, dense: LayerStrategy, moe: LayerStrategy, overlap: bool = False, dispatcher: str = "alltoall") -> Plan:
     n = len(shape.kinds)
     strategies = tuple(moe if kind == "block" else dense for kind in shape.kinds)
     return validate(Plan(model=QWEN3_MOE, cluster="dgx-h100-80gb", n_layers=n, global_batch=16, n_micro=1,
                          schedule="gpipe", stages=(Stage(LayerRange(0, n), tuple(range(8)), strategies=strategies),),
-                         precision="bf16", expert_overlap=overlap))
+                         precision="bf16", expert_overlap=overlap, expert_dispatcher=dispatcher))
 
 
 PLANS = {  # name: (dense strategy, the MoE blocks' strategy)
@@ -46,6 +46,8 @@ PLANS = {  # name: (dense strategy, the MoE blocks' strategy)
     "dp8-ep8": (LayerStrategy(dp=8), LayerStrategy(dp=8, ep=8)),
     # Megatron-LM's all-to-all overlap (plans/expert_overlap.py), its own TransformerConfig field
     "fsdp8-ep8-overlap": (LayerStrategy(sdp=8), LayerStrategy(sdp=8, ep=8)),
+    # DeepEP's dispatcher (plans/expert_dispatch.py): megatron-core's flex dispatcher with its DeepEP backend
+    "fsdp8-ep8-deepep": (LayerStrategy(sdp=8), LayerStrategy(sdp=8, ep=8)),
 }
 REFUSED = {("dp4-tp2-ep2-etp2", "torchtitan"): "expert tensor parallelism",
            ("dp8-ep8", "torchtitan"): "never plain data-parallel replicas",
@@ -58,7 +60,8 @@ def loaded(shape, tmp_path_factory):
     out = tmp_path_factory.mktemp("moe-exports")
     cases, plans = [], {}
     for name, (dense, moe) in PLANS.items():
-        plan = plans[name] = _plan(shape, dense, moe, overlap=name.endswith("-overlap"))
+        plan = plans[name] = _plan(shape, dense, moe, overlap=name.endswith("-overlap"),
+                                   dispatcher="deepep" if name.endswith("-deepep") else "alltoall")
         for engine in ("torchtitan", "megatron"):
             if engine_problem(plan, engine, shape) is not None:
                 continue
@@ -89,7 +92,11 @@ def test_each_expert_layout_loads_in_the_engine_or_is_refused_in_one_line(shape,
     assert read["ep"] == moe.ep
     if engine == "megatron":
         # the experts and their layout as megatron-core's TransformerConfig holds them
-        assert (read["experts"], read["top_k"], read["etp"], read["dispatcher"]) == (8, 2, moe.etp, "alltoall")
+        deepep = name.endswith("-deepep")
+        assert (read["experts"], read["top_k"], read["etp"], read["dispatcher"]) == \
+            (8, 2, moe.etp, "flex" if deepep else "alltoall")
+        assert ("--moe-flex-dispatcher-backend=deepep" in read["arguments"]) is deepep
+        assert not deepep or read["flex_backend"] == "deepep"
         assert "--qk-layernorm" in read["arguments"] and "--kv-channels=32" in read["arguments"]
         # the all-to-all overlap: megatron-core's own checks of it passed (TransformerConfig.__post_init__)
         assert read["a2a_overlap"] is name.endswith("-overlap")

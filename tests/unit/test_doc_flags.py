@@ -60,7 +60,7 @@ FOREIGN = {
     "--DDP-impl", "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--overlap-grad-reduce",
     "--overlap-param-gather", "--attention-dropout", "--hidden-dropout", "--norm-epsilon", "--rotary-base",
     "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-token-dispatcher-type", "--moe-grouped-gemm",
-    "--overlap-moe-expert-parallel-comm",
+    "--overlap-moe-expert-parallel-comm", "--moe-flex-dispatcher-backend",
     # DeepSpeed
     "--deepspeed_config",
 }

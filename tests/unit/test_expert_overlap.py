@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from paraplan.costs.axis_costs import overlap_saving
+from paraplan.costs.expert_costs import expert_share
 from paraplan.costs.strategy import layer_time_on, strategy_links
 from paraplan.planners.galvatron.grid import grid_candidates
 from paraplan.planners.registry import simulator_judge
@@ -90,7 +91,7 @@ def test_the_simulator_hides_the_closed_form(qwen3):
                           strategy_links(cm.cluster, st, stage.devices), cm.overlap_slowdown, cm.overheads,
                           cm.overheads.scale_for(8))
         saved += sum(overlap_saving(t.forward_s, t.backward_s, t.dispatch_forward_s, t.dispatch_backward_s,
-                                    cm.overlap_slowdown))
+                                    cm.overlap_slowdown, expert_share(cm.model.layers[i], plan.micro_batch_size / st.data_degree)))
     assert saved > 0
     without = simulate_plan(plan, cm).prediction.iteration_s
     with_overlap = simulate_plan(replace(plan, expert_overlap=True), cm).prediction.iteration_s

@@ -109,15 +109,27 @@ def zero2_reduce_scatter_s(sync_bytes: float, strategy: LayerStrategy, link: Lin
 
 
 def overlap_saving(forward_s: float, backward_s: float, dispatch_forward_s: float, dispatch_backward_s: float,
-                   slowdown: float | None) -> tuple[float, float]:
+                   slowdown: float | None, expert_share: float) -> tuple[float, float]:
     """What a combined pass (plans/expert_overlap.py) saves on one layer: the layer's forward of one
-    micro-batch and its backward of another, whose all-to-alls (`dispatch_*`, inside `forward_s` and
-    `backward_s`) run under the pair's compute, both `slowdown` times slower while they overlap
-    (costs/axis_costs.py: overlapped_s, Galvatron §V). The saving is split between the passes as
-    their all-to-alls are: (forward s, backward s)."""
+    micro-batch beside its backward of another, as megatron-core 0.16.1 pairs their sub-modules
+    (models/common/model_chunk_schedule_plan.py, TransformerLayerSchedulePlan.run):
+        comm stream:     combine_bwd | dispatch_fwd -> dispatch_bwd | combine_fwd
+        compute stream:  attn_fwd    | mlp_bwd (+ dw) -> mlp_fwd    | attn_bwd
+    so each all-to-all hides only under the compute it is paired with, both `slowdown` times slower
+    while they overlap (overlapped_s, Galvatron §V). A pass's all-to-alls (`dispatch_*`, inside
+    `forward_s` and `backward_s`) are a dispatch and a combine of equal size; its compute splits
+    into the routed experts' part ("mlp", `expert_share` of it: costs/expert_costs.py expert_share)
+    and the rest ("attn": attention, router, shared experts, norms). The saving is split between the
+    passes as their all-to-alls are: (forward s, backward s)."""
     a2a = dispatch_forward_s + dispatch_backward_s
     if a2a <= 0:
         return 0.0, 0.0
-    compute = forward_s + backward_s - a2a
-    saved = compute + a2a - overlapped_s(compute, a2a, slowdown if slowdown is not None else 1.0)
+    slow = slowdown if slowdown is not None else 1.0
+    compute_f, compute_b = forward_s - dispatch_forward_s, backward_s - dispatch_backward_s
+    mlp_f, mlp_b = compute_f * expert_share, compute_b * expert_share
+    combined = (overlapped_s(compute_f - mlp_f, dispatch_backward_s / 2, slow)  # attn_fwd | combine_bwd
+                + overlapped_s(mlp_b, dispatch_forward_s / 2, slow)  # mlp_bwd | dispatch_fwd
+                + overlapped_s(mlp_f, dispatch_backward_s / 2, slow)  # mlp_fwd | dispatch_bwd
+                + overlapped_s(compute_b - mlp_b, dispatch_forward_s / 2, slow))  # attn_bwd | combine_fwd
+    saved = max(0.0, forward_s + backward_s - combined)
     return saved * dispatch_forward_s / a2a, saved * dispatch_backward_s / a2a

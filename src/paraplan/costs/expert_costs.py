@@ -42,8 +42,11 @@ layer's forward of one micro-batch and its backward of another run as one combin
 one's all-to-alls under the other's compute (costs/axis_costs.py `overlap_saving`; simulator/plan_work.py
 applies it to the steady state's share of the passes). Without it the all-to-alls add to the layer's time.
 
-Not modelled (said where the prediction is used): group-limited routing's de-duplicated
-cross-node sends (DeepEP; Megatron's alltoall dispatcher sends every copy, priced here), the
+With DeepEP's dispatcher (a plan's `expert_dispatcher`, plans/expert_dispatch.py) a token crosses
+to each other node holding its experts once, the group-limited routing capping how many, and moves
+inside the node over NVLink (costs/deepep.py); the EP group's link then carries its node structure.
+
+Not modelled (said where the prediction is used): the
 grouped GEMM kernel's own efficiency beyond tile and wave quantisation (balanced, an expert gets
 T k ep / E tokens a micro-batch, 8,192 at Qwen3-30B-A3B's published layout, where the quantisation of
 costs/op_roofline.py changes the experts' GEMM time by under 3%), DualPipe's own overlap (its schedule
@@ -58,6 +61,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from paraplan.costs.collectives import ring_allgather_s, ring_reducescatter_s
+from paraplan.costs.deepep import NodeLimitedLink, node_limited_all_to_all_s
 from paraplan.hardware.cluster import Cluster, LinkSpec
 from paraplan.models.spec import LayerSpec, ModelSpec
 from paraplan.plans.axes import EXPERT, EXPERT_DATA, EXPERT_TENSOR, Axis
@@ -166,9 +170,14 @@ def dispatch_s(layer: LayerSpec, local: float, strategy: LayerStrategy, links: d
     (0, 0) without experts or an expert view."""
     if layer.experts is None or not has_expert_view(strategy):
         return 0.0, 0.0
-    volume = routed_copies(layer, local, strategy) * layer.experts.hidden * element_bytes
+    copies = routed_copies(layer, local, strategy)
+    volume = copies * layer.experts.hidden * element_bytes
     d = expert_degrees(strategy)
-    per_pass = 2 * all_to_all_s(volume, d.ep, links[EXPERT])
+    link = links[EXPERT]
+    if isinstance(link, NodeLimitedLink) and link.nodes > 1:  # DeepEP's dispatcher (costs/deepep.py)
+        per_pass = 2 * node_limited_all_to_all_s(copies / layer.experts.top_k, layer.experts, element_bytes, link)
+    else:
+        per_pass = 2 * all_to_all_s(volume, d.ep, link)
     if d.etp > 1:
         per_pass += (ring_allgather_s(volume * d.etp, d.etp, links[EXPERT_TENSOR])
                      + ring_reducescatter_s(volume * d.etp, d.etp, links[EXPERT_TENSOR]))

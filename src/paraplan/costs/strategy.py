@@ -57,6 +57,7 @@ from paraplan.costs.axis_costs import (
     zero2_reduce_scatter_s,
 )
 from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
+from paraplan.costs.deepep import node_limited_link
 from paraplan.costs.expert_costs import (
     all_to_all_link,
     dense_param_bytes,
@@ -318,12 +319,17 @@ def strategy_groups(strategy: LayerStrategy, devices: tuple[int, ...]) -> dict[A
     return out
 
 
-def strategy_links(cluster: Cluster, strategy: LayerStrategy, devices: tuple[int, ...]) -> dict[Axis, LinkSpec]:
+def strategy_links(cluster: Cluster, strategy: LayerStrategy, devices: tuple[int, ...],
+                   dispatcher: str = "alltoall") -> dict[Axis, LinkSpec]:
     """The bottleneck link of each axis's group (`strategy_groups`): the intra-node link when the
-    group fits in a node, the network when it spans nodes."""
+    group fits in a node, the network when it spans nodes. `dispatcher` (a plan's expert_dispatcher):
+    with "deepep" the EP group's link carries its node structure (costs/deepep.py)."""
     # the all-to-all's link: its peers inside the node and across nodes at once (costs/expert_costs.py)
-    return {axis: (all_to_all_link if axis is EXPERT else Cluster.slowest_link)(cluster, group)
-            if len(group) > 1 else _NO_LINK for axis, group in strategy_groups(strategy, devices).items()}
+    links = {axis: (all_to_all_link if axis is EXPERT else Cluster.slowest_link)(cluster, group)
+             if len(group) > 1 else _NO_LINK for axis, group in strategy_groups(strategy, devices).items()}
+    if dispatcher == "deepep" and EXPERT in links and links[EXPERT] is not _NO_LINK:
+        links[EXPERT] = node_limited_link(cluster, strategy_groups(strategy, devices)[EXPERT], links[EXPERT])
+    return links
 
 
 def layer_time_on(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,

@@ -64,6 +64,7 @@ class EngineLayout:
     ep: int = 1
     etp: int = 1
     expert_overlap: bool = False  # Megatron-LM's all-to-all overlap (plans/expert_overlap.py)
+    expert_dispatcher: str = "alltoall"  # the token dispatcher (plans/expert_dispatch.py)
 
     @property
     def dp(self) -> int:
@@ -138,7 +139,7 @@ def engine_layout(plan: Plan, kinds: tuple[str, ...]) -> EngineLayout:
         blocks_per_stage=tuple(sum(kinds[i] == "block" for i in s.layers) for s in plan.stages),
         layers_per_stage=tuple(tuple(s.layers) for s in plan.stages), stage_ranks=plan.rank_of_stage,
         actions=tuple(plan.actions), grad_sync=plan.grad_sync, notes=tuple(notes), ep=ep, etp=etp,
-        expert_overlap=plan.expert_overlap)
+        expert_overlap=plan.expert_overlap, expert_dispatcher=plan.expert_dispatcher)
 
 
 def _degrees(st: LayerStrategy) -> tuple:

@@ -28,7 +28,8 @@ What maps where (arguments.py and the config classes):
   `--expert-tensor-parallel-size` (the plan's expert view; without one, etp = tp, Megatron's
   default folding, written out), `--overlap-moe-expert-parallel-comm` for a plan with the all-to-all
   overlap (plans/expert_overlap.py), `--moe-token-dispatcher-type alltoall` (the all-to-alls the
-  prediction prices), `--moe-grouped-gemm`, dropless (no capacity factor: every routed copy
+  prediction prices; `flex` with `--moe-flex-dispatcher-backend deepep` for a plan with DeepEP's
+  dispatcher, plans/expert_dispatch.py), `--moe-grouped-gemm`, dropless (no capacity factor: every routed copy
   computed, as priced); Qwen3's `--qk-layernorm` and `--kv-channels`.
 Megatron runs 1F1B (one chunk per rank) and interleaved 1F1B; GPipe, looped BFS, zero-bubble and
 V-shaped schedules are refused, as is a plan's own order of actions.
@@ -220,11 +221,16 @@ def _experts(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], dict]:
     pattern = [1 if b in shape.moe_blocks else 0 for b in range(shape.layers)]
     args = [f"--num-experts={shape.experts}", f"--moe-router-topk={shape.top_k}",
             f"--moe-ffn-hidden-size={shape.moe_ffn}", f"--expert-model-parallel-size={layout.ep}",
-            f"--expert-tensor-parallel-size={layout.expert_tp}", "--moe-token-dispatcher-type=alltoall",
-            "--moe-grouped-gemm"]
+            f"--expert-tensor-parallel-size={layout.expert_tp}", "--moe-grouped-gemm"]
     config = {"num_moe_experts": shape.experts, "moe_router_topk": shape.top_k, "moe_ffn_hidden_size": shape.moe_ffn,
               "expert_model_parallel_size": layout.ep, "expert_tensor_parallel_size": layout.expert_tp,
-              "moe_token_dispatcher_type": "alltoall", "moe_grouped_gemm": True}
+              "moe_grouped_gemm": True}
+    if layout.expert_dispatcher == "deepep":  # plans/expert_dispatch.py: the flex dispatcher's DeepEP backend
+        args += ["--moe-token-dispatcher-type=flex", "--moe-flex-dispatcher-backend=deepep"]
+        config.update(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="deepep")
+    else:
+        args.append("--moe-token-dispatcher-type=alltoall")
+        config["moe_token_dispatcher_type"] = "alltoall"
     if layout.expert_overlap:  # plans/expert_overlap.py: combined 1F1B passes (TransformerConfig's own field)
         args.append("--overlap-moe-expert-parallel-comm")
         config["overlap_moe_expert_parallel_comm"] = True

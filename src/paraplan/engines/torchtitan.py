@@ -22,7 +22,8 @@ torchtitan 0.3.0's `config/configs.py` defines them:
 - `parallelism.context_parallel_degree`;
 - `parallelism.expert_parallel_degree` (a mixture of experts' ep), under 0.3.0's rule dp_shard x cp x
   tp = efsdp x ep: EP borrows FSDP, CP and TP ranks, never plain replicas; 0.3.0 has no expert
-  tensor parallelism (etp refused);
+  tensor parallelism (etp refused); DeepEP's dispatcher is a model argument in 0.3.0
+  (`moe_comm_backend = "deepep"`), named in a note;
 - activation checkpointing as tyro's subcommand `activation_checkpoint:{none,selective,full}`
   (torchtitan's selective is per operator: it saves the expensive kernels and every other matmul,
   not Korthikanti et al.'s attention core: its memory differs from paraplan's prediction, noted);
@@ -123,6 +124,9 @@ def overrides(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], list[
     args.append(f"--parallelism.context_parallel_degree={layout.cp}")
     if layout.ep > 1:
         args.append(f"--parallelism.expert_parallel_degree={layout.ep}")
+    if layout.expert_dispatcher == "deepep":  # a model argument in 0.3.0, not an override (plans/expert_dispatch.py)
+        notes.append("the plan prices DeepEP's dispatcher: build the model with moe_comm_backend=\"deepep\" (torchtitan "
+                     f"{VERSION}'s model_registry argument, as config_registry.py's qwen3_moe_deepep does)")
     args.append(f"--parallelism.pipeline_parallel_degree={layout.pp}")
     csv_rows: list[list[str]] = []
     if layout.pp > 1:

@@ -11,10 +11,10 @@ from paraplan.precision import Precision
 # version 2's strategies beyond version 1's, each with the field that uses it first (the simulator
 # and the runtime refuse, in one line, what they do not model or run yet: `refuse_features`)
 FEATURES = ("precision", "zero", "sequence_parallel", "selective", "schedule", "context_parallel", "expert_parallel",
-            "expert_overlap")
+            "expert_overlap", "expert_dispatcher")
 # the issue that brings each
 _FEATURE_ISSUE = {"schedule": "issue 30, Today's training II", "expert_parallel": "issue 50, Mixture-of-experts",
-                  "expert_overlap": "issue 50, Mixture-of-experts"}
+                  "expert_overlap": "issue 50, Mixture-of-experts", "expert_dispatcher": "issue 50, Mixture-of-experts"}
 
 
 def features_used(plan: Plan) -> dict[str, str]:
@@ -39,6 +39,8 @@ def features_used(plan: Plan) -> dict[str, str]:
         found["schedule"] = f"schedule.kind: {plan.schedule}"
     if plan.expert_overlap:  # Megatron-LM's all-to-all overlap (plans/expert_overlap.py)
         found["expert_overlap"] = "schedule.expert_overlap: true"
+    if plan.expert_dispatcher != "alltoall":  # DeepEP's dispatcher (plans/expert_dispatch.py)
+        found["expert_dispatcher"] = f"expert_dispatcher: {plan.expert_dispatcher}"
     return found
 
 

@@ -127,6 +127,8 @@ class Plan:
     actions: tuple[tuple[str, ...], ...] = ()  # per pipeline rank: "F<micro>.<stage>" / "B<micro>.<stage>"
     # Megatron-LM's expert-parallel all-to-all overlap (plans/expert_overlap.py); schedule.expert_overlap
     expert_overlap: bool = False
+    # the token dispatcher of expert-parallel layers: "alltoall" or "deepep" (plans/expert_dispatch.py)
+    expert_dispatcher: str = "alltoall"
 
     def __post_init__(self):
         # plain strings become the typed choices; an unknown one is left for validate() to name
@@ -228,6 +230,12 @@ def validate(plan: Plan) -> Plan:
         problem = expert_overlap_problem(plan)
         if problem:
             raise PlanError(f"schedule.expert_overlap: {problem}")
+    if plan.expert_dispatcher != "alltoall":
+        from paraplan.plans.expert_dispatch import expert_dispatch_problem
+
+        problem = expert_dispatch_problem(plan)
+        if problem:
+            raise PlanError(f"expert_dispatcher: {problem}")
     if plan.prediction is not None:
         used = set(plan.devices)
         for i, m in enumerate(plan.prediction.memory):

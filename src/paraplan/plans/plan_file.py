@@ -60,6 +60,7 @@ def plan_to_dict(plan: Plan) -> dict:
                      **({"actions": [list(a) for a in plan.actions]} if plan.actions else {}),
                      **({"expert_overlap": True} if plan.expert_overlap else {})},
         "grad_sync": plan.grad_sync,
+        **({"expert_dispatcher": plan.expert_dispatcher} if plan.expert_dispatcher != "alltoall" else {}),
         "stages": [
             {
                 "layers": rng(s.layers),
@@ -215,6 +216,8 @@ def plan_from_dict(data: object, origin: str = "plan") -> Plan:
         precision=r.get(d, "precision", "", str, "fp32") if version >= 2 else "fp32",
         virtual_stages=schedule["virtual_stages"], stage_ranks=schedule["stage_ranks"], actions=schedule["actions"],
         expert_overlap=schedule["expert_overlap"],
+        # optional (plans/expert_dispatch.py): files without it dispatch every routed copy (alltoall)
+        expert_dispatcher=r.get(d, "expert_dispatcher", "", str, "alltoall"),
     )
     try:
         return validate(plan)

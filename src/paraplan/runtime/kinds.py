@@ -36,6 +36,9 @@ RUNS: frozenset[str] = frozenset({"precision", "zero", "selective", "schedule", 
 # Megatron-LM's all-to-all overlap is Megatron-LM's combined 1F1B passes (plans/expert_overlap.py)
 EXPERT_OVERLAP_REFUSED = ("Megatron-LM's all-to-all overlap is for Megatron-LM to run (paraplan export --to megatron); "
                           "paraplan's runtime runs the all-to-alls in line: plan without it to train here")
+# DeepEP's kernels run on NVIDIA GPUs over NVLink and RDMA (plans/expert_dispatch.py)
+EXPERT_DISPATCHER_REFUSED = ("DeepEP's dispatcher is for the engines to run on GPUs (paraplan export); paraplan's "
+                             "runtime dispatches with all_to_all_single: plan with expert_dispatcher alltoall to train here")
 # the schedules stage plans run under (plans/schedules.py)
 STAGE_SCHEDULES = (Schedule.GPIPE, Schedule.ONE_F_ONE_B, *MULTI_CHUNK)
 
@@ -54,7 +57,8 @@ class KindRuntime:
 
         try:
             refuse_features(plan, RUNS, "the runtime", {"context_parallel": CONTEXT_PARALLEL_REFUSED,
-                                                         "expert_overlap": EXPERT_OVERLAP_REFUSED})
+                                                         "expert_overlap": EXPERT_OVERLAP_REFUSED,
+                                                         "expert_dispatcher": EXPERT_DISPATCHER_REFUSED})
         except PlanError as exc:
             raise FieldError("plan", str(exc)) from None
         reason = refusal(plan.precision)

@@ -26,6 +26,7 @@ class ExpertSummary:
     # Megatron-LM's all-to-all overlap (plans/expert_overlap.py): the steady state's all-to-alls run
     # under another micro-batch's compute, so all_to_all_s is what they take, not what they add
     overlapped: bool = False
+    dispatcher: str = "alltoall"  # the plan's expert_dispatcher (plans/expert_dispatch.py)
 
     @property
     def share(self) -> float:
@@ -36,11 +37,14 @@ class ExpertSummary:
         return (f"experts: {layouts} MoE layers; all-to-all {self.all_to_all_s:.4g} s of the "
                 f"{self.iteration_s:.4g} s step ({self.share:.1%}) on the busiest pipeline rank"
                 + ("; Megatron-LM's all-to-all overlap runs the steady state's under another micro-batch's compute"
-                   if self.overlapped else ""))
+                   if self.overlapped else "")
+                + ("; DeepEP's dispatcher: a token crosses to each other node of its experts once" if
+                   self.dispatcher == "deepep" else ""))
 
     def as_json(self) -> dict:
         return {"moe_layers": self.moe_layers, "layouts": [{"layout": t, "layers": n} for t, n in self.layouts],
-                "all_to_all_s": self.all_to_all_s, "all_to_all_share": self.share, "all_to_all_overlap": self.overlapped}
+                "all_to_all_s": self.all_to_all_s, "all_to_all_share": self.share, "all_to_all_overlap": self.overlapped,
+                "dispatcher": self.dispatcher}
 
 
 def _layout(strategy) -> str:
@@ -67,10 +71,10 @@ def expert_summary(plan: Plan, cm: CostModel, iteration_s: float) -> ExpertSumma
             st = stage.strategy(i)
             layouts[_layout(st)] += 1
             if st not in links:
-                links[st] = strategy_links(cm.cluster, st, stage.devices)
+                links[st] = strategy_links(cm.cluster, st, stage.devices, plan.expert_dispatcher)
             forward, backward = dispatch_s(layers[i], micro / st.data_degree, st, links[st], cm.model.compute_dtype_bytes)
             again = forward if st.checkpoint else 0.0  # the recomputed forward dispatches again
             per_rank[plan.rank_of_stage[s]] += plan.n_micro * (forward + backward + again)
     return ExpertSummary(moe_layers=len(moe), layouts=tuple(layouts.most_common()),
                          all_to_all_s=max(per_rank.values(), default=0.0), iteration_s=iteration_s,
-                         overlapped=plan.expert_overlap)
+                         overlapped=plan.expert_overlap, dispatcher=plan.expert_dispatcher)

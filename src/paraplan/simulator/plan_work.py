@@ -20,7 +20,13 @@ from __future__ import annotations
 
 from paraplan.costs.axis_costs import overlap_saving
 from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
-from paraplan.costs.expert_costs import dense_param_bytes, expert_problem, expert_sync, routed_bytes
+from paraplan.costs.expert_costs import (
+    dense_param_bytes,
+    expert_problem,
+    expert_share,
+    expert_sync,
+    routed_bytes,
+)
 from paraplan.costs.model import CostModel
 from paraplan.costs.slice_gather import slice_gather_s
 from paraplan.costs.strategy import (
@@ -220,10 +226,11 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
             problem = expert_problem(layers[i], st)
             if problem:
                 raise PlanError(f"stages[{s}]: {problem}")
-            links = strategy_links(cm.cluster, st, stage.devices)
+            links = strategy_links(cm.cluster, st, stage.devices, plan.expert_dispatcher)
             t = layer_time_on(costs, cm.model, i, st, micro, links, cm.overlap_slowdown, cm.overheads, scale)
             hidden = overlap_saving(t.forward_s, t.backward_s, t.dispatch_forward_s, t.dispatch_backward_s,
-                                    cm.overlap_slowdown) if combined else (0.0, 0.0)
+                                    cm.overlap_slowdown, expert_share(layers[i], micro / st.data_degree)) \
+                if combined else (0.0, 0.0)
             fwd += t.forward_s - combined * hidden[0]
             bwd += t.backward_s - combined * hidden[1]
             # zero-bubble's W: the share of the layer's backward (its communication included) that

@@ -43,7 +43,8 @@ class Simulation:
 
 # the version-2 plan features (plans/features.py: FEATURES) the simulator models so far
 MODELLED: frozenset[str] = frozenset({"precision", "zero", "sequence_parallel", "selective", "schedule",
-                                     "context_parallel", "expert_parallel", "expert_overlap"})
+                                     "context_parallel", "expert_parallel", "expert_overlap",
+                                     "expert_dispatcher"})
 
 
 def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True) -> Simulation:

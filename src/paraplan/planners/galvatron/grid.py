@@ -43,13 +43,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from paraplan.costs.expert_costs import common_expert_count
+from paraplan.costs.expert_costs import common_expert_count, expert_groups
 from paraplan.costs.strategy import layer_time_on, strategy_links
 from paraplan.errors import FieldError
 from paraplan.planners import progress
 from paraplan.planners.galvatron.space import even_partition, held_stage_count, pipeline_degrees, stage_group
 from paraplan.planners.request import BEST_SCHEDULE, Judge, PlanRequest
-from paraplan.plans.axes import DATA, SHARDED_DATA, TENSOR
+from paraplan.plans.axes import DATA, EXPERT, SHARDED_DATA, TENSOR
+from paraplan.plans.expert_dispatch import expert_dispatch_problem
 from paraplan.plans.expert_overlap import expert_overlap_problem
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Prediction, Recompute, Stage
 from paraplan.precision import is_mixed
@@ -255,9 +256,34 @@ def grid_candidates(request: PlanRequest, judge: Judge, families=None, accept=No
     judged.sort(key=_key)
     if interleaves(request):
         judged = sorted(judged + _interleaved(request, judged, judge, best, accept), key=_key)
-    if request.costs.engine == "megatron":  # an engine's own choice, which only Megatron-LM runs
+    if request.costs.engine == "megatron":  # an engine's own choices (of the three engines, Megatron-LM's alone)
+        judged = sorted(judged + _deduplicated(request, judged, judge, accept), key=_key)
         judged = sorted(judged + _overlapped(request, judged, judge, accept), key=_key)
     return judged
+
+
+def _deduplicated(request: PlanRequest, judged, judge: Judge, accept=None) -> list[tuple[Plan, Prediction]]:
+    """DeepEP's dispatcher (plans/expert_dispatch.py) on the GRID_INTERLEAVED fastest expert-parallel
+    plans that fit, allow it and spread an EP group over nodes (inside one node it moves the same
+    bytes as the alltoall dispatcher: costs/deepep.py). Judged by the simulator beside the plain
+    dispatcher, as Megatron-MoE-ModelZoo runs DeepEP for some models and alltoall for others."""
+    cluster = request.costs.cluster
+    out = []
+    fitting = [replace(plan, precision=request.costs.precision) for plan, p in judged if p.feasible]
+    for plan in fitting:
+        if len(out) == GRID_INTERLEAVED:
+            break
+        candidate = replace(plan, expert_dispatcher="deepep")
+        spans = any(len({cluster.devices[d].node for d in stage_ep_group(stage, x)}) > 1
+                    for stage in plan.stages for x in stage.strategies if x.ep > 1)
+        if spans and expert_dispatch_problem(candidate) is None and (accept is None or accept(candidate)):
+            out.append((candidate, judge(candidate)))
+    return out
+
+
+def stage_ep_group(stage: Stage, strategy: LayerStrategy) -> tuple[int, ...]:
+    """The EP group of the stage's first device under `strategy` (costs/expert_costs.py)."""
+    return expert_groups(strategy, stage.devices).get(EXPERT, ())
 
 
 def _overlapped(request: PlanRequest, judged, judge: Judge, accept=None) -> list[tuple[Plan, Prediction]]:

@@ -20,15 +20,18 @@ Sources, typed in (the table of issue 50 item 7):
 TFLOP/s become seconds through Megatron-LM's `num_floating_point_operations` (megatron/training/
 training.py, core_v0.16.1), which counts routed top-k plus shared experts (`megatron_flops`).
 
-Assumed where the sources are silent (stated in the output): the Automodel rows' micro-batches as
-its table lists them (MBS: DeepSeek-V3 1, Qwen3 4, gpt-oss 2), no activation recomputation (it
-names none), 1F1B (interleaved with VP) for pipelines, the kernels as Megatron's fused MoE block
+The Automodel rows as their benchmark configs (examples/benchmark/configs/*_te_deepep*.yaml, read at
+commit 037e04a) ran them: DeepEP's dispatcher (costs/deepep.py), every block recomputed
+(`activation_checkpointing: true`: Automodel's MoE apply_ac wraps each block in checkpoint_wrapper),
+and FakeBalancedGate's round-robin routing (`expert_routing=round-robin`); the micro-batches as its
+table lists them (MBS: DeepSeek-V3 1, Qwen3 4, gpt-oss 2). Assumed where the sources are silent:
+1F1B (interleaved with VP) for pipelines, the kernels as Megatron's fused MoE block
 (costs/engine_profile.py: expert_block_kernels; Automodel runs Transformer Engine's), FSDP's
-all-gathers not prefetched, experts dropless (every routed copy computed), the all-to-alls not
-overlapped with compute (Megatron's 1F1B A2A overlap and DeepEP are not modelled), and the router's
-top-k groups not de-duplicating cross-node sends (DeepEP's node-limited dispatch: an overestimate
-of DeepSeek-V3's inter-node all-to-all). MLA attention is priced as measured on the transformers
-module; its fused kernels as 128 heads of the value width.
+all-gathers not prefetched (Automodel's `reshard_after_forward: false` gathers once a micro-batch:
+priced as more), experts dropless (every routed copy computed), the Megatron rows without
+recomputation (their sources name none) and with uniform routing (Megatron forces balance by random
+logits), the all-to-alls not overlapped with compute unless the row says so. MLA attention is priced
+as measured on the transformers module; its fused kernels as 128 heads of the value width.
 
 Writes $PARAPLAN_BENCH_OUT/published_moe_runs.json (default bench-out/) and, with --planner,
 published_moe_planner.json (the Megatron grid's plan for each named request). Run:
@@ -56,11 +59,16 @@ GIB = 2**30
 
 # the zoo's entries (models/zoo.py: the published shapes by their transformers configs); forced balance
 # where the source forced it
-DEEPSEEK_V3 = "deepseek-v3?expert_imbalance=1"
-QWEN3_30B = "qwen3-30b-a3b?expert_imbalance=1"
+# where the source forced it; Automodel's benchmark configs force it with FakeBalancedGate, which
+# routes token t to experts t k ... t k + k - 1 mod E (`expert_routing=round-robin`), Megatron's with
+# random logits (uniform routing, the default)
+AUTOMODEL_BALANCE = "expert_imbalance=1&expert_routing=round-robin"
+DEEPSEEK_V3 = f"deepseek-v3?{AUTOMODEL_BALANCE}"
+QWEN3_30B = f"qwen3-30b-a3b?{AUTOMODEL_BALANCE}"
 MIXTRAL_8X22B = "mixtral-8x22b"  # dropless, real routing: the default imbalance
 GPT_OSS_120B = "gpt-oss-120b?expert_imbalance=1"
-GPT_OSS_20B = f"hf:gpt_oss?num_hidden_layers=24&num_local_experts=32&seq_len={SEQ}&expert_imbalance=1"
+GPT_OSS_120B_AUTOMODEL = f"gpt-oss-120b?{AUTOMODEL_BALANCE}"
+GPT_OSS_20B = f"hf:gpt_oss?num_hidden_layers=24&num_local_experts=32&seq_len={SEQ}&{AUTOMODEL_BALANCE}"
 AUTOMODEL = "NVIDIA-NeMo/Automodel docs/performance-summary.md"
 
 
@@ -100,23 +108,24 @@ MIXTRAL_BLOCK = BlockShape(6144, 48, 8, 16384, SEQ, gated=True, dropout=False, e
 GPT_OSS_BLOCK = BlockShape(2880, 64, 8, 2880, SEQ, gated=True, dropout=False, eager_attention=False)
 RUNS = (
     MoeRun("DeepSeek-V3, 1,024 H100", AUTOMODEL, DEEPSEEK_V3, 1024, 4, 8, 1, 256, 1, 64, 8192, 1, "megatron",
-           published_s=37.87, block=DEEPSEEK_BLOCK, dispatcher="deepep"),
+           published_s=37.87, block=DEEPSEEK_BLOCK, dispatcher="deepep", recompute="full"),
     MoeRun("DeepSeek-V3, 256 H100", AUTOMODEL, DEEPSEEK_V3, 256, 4, 8, 1, 64, 1, 64, 512, 1, "megatron",
-           published_s=8.18, block=DEEPSEEK_BLOCK, dispatcher="deepep"),
+           published_s=8.18, block=DEEPSEEK_BLOCK, dispatcher="deepep", recompute="full"),
     MoeRun("Qwen3-30B-A3B, 8 H100", AUTOMODEL, QWEN3_30B, 8, 1, 1, 1, 8, 1, 8, 512, 4, "megatron",
-           published_s=21.773, block=QWEN3_BLOCK, dispatcher="deepep"),
+           published_s=21.773, block=QWEN3_BLOCK, dispatcher="deepep", recompute="full"),
     MoeRun("Mixtral 8x22B, 128 H100", "Megatron-MoE-ModelZoo", MIXTRAL_8X22B, 128, 8, 7, 2, 1, 8, 8, 256, 1,
            "megatron", published_tflops=445, flops=MIXTRAL_FLOPS, block=MIXTRAL_BLOCK),
     MoeRun("gpt-oss-120B, 64 H100", "Megatron-Bridge performance summary 25.11", GPT_OSS_120B, 64, 4, 1, 1, 1, 16, 8,
            512, 4, "megatron", published_tflops=153, flops=GPT_OSS_FLOPS, block=GPT_OSS_BLOCK),
 )
-# published runs the issue does not name (the same Automodel table): gpt-oss without expert
-# parallelism, FSDP over every GPU (the experts sharded with the rest)
+# published runs the issue does not name (the same Automodel table): gpt-oss, whose table rows say
+# "EP -" where the benchmark configs (examples/benchmark/configs/gptoss_{120b,20b}_te_deepep.yaml)
+# set ep_size 64 and 8 with DeepEP, FSDP over every GPU, no activation checkpointing
 UNNAMED = (
-    MoeRun("gpt-oss-120B, 64 H100 (FSDP 64, no EP)", AUTOMODEL, GPT_OSS_120B, 64, 1, 1, 1, 64, 1, 1, 512, 2,
-           "megatron", published_s=4.30, block=GPT_OSS_BLOCK),
-    MoeRun("gpt-oss-20B, 8 H100 (FSDP 8, no EP)", AUTOMODEL, GPT_OSS_20B, 8, 1, 1, 1, 8, 1, 1, 256, 2, "megatron",
-           published_s=10.04, block=GPT_OSS_BLOCK),
+    MoeRun("gpt-oss-120B, 64 H100 (FSDP 64, EP 64)", AUTOMODEL, GPT_OSS_120B_AUTOMODEL, 64, 1, 1, 1, 64, 1, 64, 512,
+           2, "megatron", published_s=4.30, block=GPT_OSS_BLOCK, dispatcher="deepep"),
+    MoeRun("gpt-oss-20B, 8 H100 (FSDP 8, EP 8)", AUTOMODEL, GPT_OSS_20B, 8, 1, 1, 1, 8, 1, 8, 256, 2, "megatron",
+           published_s=10.04, block=GPT_OSS_BLOCK, dispatcher="deepep"),
 )
 
 

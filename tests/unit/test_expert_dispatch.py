@@ -10,7 +10,7 @@ from itertools import combinations
 
 import pytest
 
-from paraplan.costs.deepep import NodeLimitedLink, remote_nodes
+from paraplan.costs.deepep import NodeLimitedLink, reached, remote_nodes
 from paraplan.costs.expert_costs import dispatch_s, routed_copies
 from paraplan.costs.strategy import strategy_links
 from paraplan.hardware import load_cluster
@@ -22,38 +22,47 @@ from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, PlanError, Stag
 from paraplan.plans.plan_file import plan_from_json, plan_to_json
 
 
-def _experts(e=8, k=2, groups=1, topk_groups=0, hidden=64) -> LayerExperts:
+def _experts(e=8, k=2, groups=1, topk_groups=0, hidden=64, routing="uniform") -> LayerExperts:
     return LayerExperts(experts=e, top_k=k, routed_params=1, routed_flops_per_token=1.0, shared_flops_per_token=0.0,
-                        hidden=hidden, tokens_per_sample=16, groups=groups, topk_groups=topk_groups)
+                        hidden=hidden, tokens_per_sample=16, groups=groups, topk_groups=topk_groups, routing=routing)
 
 
-def _brute_force(e: int, k: int, n: int, groups: int = 1, topk_groups: int = 0) -> float:
-    """Every routing alike: (with groups) every choice of topk_groups groups, then every k of their
-    experts; the nodes other than the sender's that hold one, averaged over the sender's node."""
+def _brute_force(e: int, k: int, n: int, groups: int = 1, topk_groups: int = 0, routing: str = "uniform") -> float:
+    """Every routing alike: (uniform, with groups) every choice of topk_groups groups, then every k of
+    their experts; (round-robin) token t's experts t k ... t k + k - 1 mod E for t over E tokens; the
+    nodes other than the sender's that hold one, averaged over the sender's node."""
     node = [x * n // e for x in range(e)]
     group = [x * groups // e for x in range(e)]
-    choices = list(combinations(range(groups), topk_groups)) if topk_groups else [tuple(range(groups))]
+    if routing == "round-robin":
+        picks_by_choice = [[[(t * k + j) % e for j in range(k)] for t in range(e)]]
+    else:
+        choices = list(combinations(range(groups), topk_groups)) if topk_groups else [tuple(range(groups))]
+        picks_by_choice = [list(combinations([x for x in range(e) if group[x] in chosen], k)) for chosen in choices]
     total = 0.0
-    for chosen in choices:
-        pool = [x for x in range(e) if group[x] in chosen]
-        picks = list(combinations(pool, k))
+    for picks in picks_by_choice:
         for own in range(n):
             total += sum(len({node[x] for x in pick} - {own}) for pick in picks) / len(picks) / n
-    return total / len(choices)
+    return total / len(picks_by_choice)
 
 
-@pytest.mark.parametrize("e, k, n, groups, topk_groups", [
-    (8, 2, 2, 1, 0), (8, 2, 4, 1, 0), (16, 4, 4, 1, 0), (16, 4, 4, 4, 2), (16, 3, 2, 4, 2), (12, 4, 3, 6, 3),
+@pytest.mark.parametrize("e, k, n, groups, topk_groups, routing", [
+    (8, 2, 2, 1, 0, "uniform"), (8, 2, 4, 1, 0, "uniform"), (16, 4, 4, 1, 0, "uniform"), (16, 4, 4, 4, 2, "uniform"),
+    (16, 3, 2, 4, 2, "uniform"), (12, 4, 3, 6, 3, "uniform"),
+    (8, 2, 4, 1, 0, "round-robin"), (12, 5, 4, 1, 0, "round-robin"), (16, 3, 8, 1, 0, "round-robin"),
 ])
-def test_the_nodes_a_token_reaches_are_brute_forces(e, k, n, groups, topk_groups):
-    assert remote_nodes(_experts(e, k, groups, topk_groups), n) == pytest.approx(_brute_force(e, k, n, groups, topk_groups))
+def test_the_nodes_a_token_reaches_are_brute_forces(e, k, n, groups, topk_groups, routing):
+    experts = _experts(e, k, groups, topk_groups, routing=routing)
+    assert remote_nodes(experts, n) == pytest.approx(_brute_force(e, k, n, groups, topk_groups, routing))
 
 
 def test_deepseek_v3s_node_limit_at_ep64_over_8_nodes():
     """256 experts top-8 in 8 groups top-4, one group a node: at most 3-4 other nodes a token, where the
-    alltoall dispatcher sends 8 x 56/64 = 7 copies across; without the limit 4.6 other nodes."""
+    alltoall dispatcher sends 8 x 56/64 = 7 copies across; without the limit 4.6 other nodes; NeMo
+    Automodel's round-robin forced balance: 8 consecutive experts, one node, 7/8 of it another."""
     limited, free = remote_nodes(_experts(256, 8, 8, 4), 8), remote_nodes(_experts(256, 8), 8)
     assert 3.0 < limited < 3.5 < 4.5 < free < 7 * 8 / 8
+    assert remote_nodes(_experts(256, 8, 8, 4, routing="round-robin"), 8) == 7 / 8
+    assert reached(_experts(256, 8, routing="round-robin"), 64) == 2  # 4 experts a rank: two ranks
 
 
 def _layer_and_links(nodes: int, ep: int, dispatcher: str):
@@ -72,7 +81,7 @@ class _Layer:
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_the_all_to_all_against_its_closed_form(nodes):
     """EP16 over 2 DGX nodes: T tokens cross once per other node reached on the device's own rail and
-    k copies move (g - 1) / g inside the node over NVLink, at once; inside one node (EP8) DeepEP moves
+    once per rank reached, (g - 1) / g of them, inside the node over NVLink, at once; inside one node (EP8) DeepEP moves
     what the alltoall dispatcher moves."""
     ep = 8 * nodes
     experts = _experts(e=32, k=4, hidden=4096)
@@ -90,7 +99,8 @@ def test_the_all_to_all_against_its_closed_form(nodes):
     assert isinstance(links[EXPERT], NodeLimitedLink) and (links[EXPERT].nodes, links[EXPERT].per_node) == (2, 8)
     token_bytes = experts.hidden * element
     network = tokens * remote_nodes(experts, 2) * token_bytes / node.network.bandwidth_bytes_per_s
-    nvlink = tokens * experts.top_k * token_bytes * 7 / 8 / node.intra_link.bandwidth_bytes_per_s
+    ranks = reached(experts, 16)  # a token once to each rank holding its experts
+    nvlink = tokens * ranks * token_bytes * 7 / 8 / node.intra_link.bandwidth_bytes_per_s
     one = max(network, nvlink) + links[EXPERT].latency_s
     assert deepep == pytest.approx((2 * one, 2 * one), rel=1e-12)
     assert deepep[0] < plain[0]  # a token's 4 copies cross as at most one

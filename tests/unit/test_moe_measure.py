@@ -38,17 +38,24 @@ def test_each_moe_block_carries_its_routed_experts_and_a_dense_model_none():
     assert block.imbalance == 1.15
     balanced = measure.measure(source.build(ref + "&expert_imbalance=1", device="meta"))
     assert {layer.experts.imbalance for layer in balanced.layers if layer.experts} == {1.0}
+    assert {layer.experts.routing for layer in balanced.layers if layer.experts} == {"uniform"}
+    rr = measure.measure(source.build(ref + "&expert_routing=round-robin", device="meta"))
+    assert {layer.experts.routing for layer in rr.layers if layer.experts} == {"round-robin"}
     dense = measure.measure(source.build(f"hf:llama?{SHAPE}&vocab_size=256&seq_len={SEQ}", device="meta"))
     assert all(layer.experts is None for layer in dense.layers)
 
 
-def test_an_imbalance_on_a_dense_model_or_below_one_is_refused_in_one_line():
+def test_an_imbalance_or_routing_on_a_dense_model_or_out_of_range_is_refused_in_one_line():
     import pytest
 
     from paraplan.errors import FieldError
 
     with pytest.raises(FieldError, match="no routed experts"):
         measure.measure(source.build(f"hf:llama?{SHAPE}&vocab_size=256&expert_imbalance=1.1", device="meta"))
+    with pytest.raises(FieldError, match="no routed experts to route"):
+        measure.measure(source.build(f"hf:llama?{SHAPE}&vocab_size=256&expert_routing=round-robin", device="meta"))
+    with pytest.raises(FieldError, match="one of uniform, round-robin"):
+        source.build(f"hf:mixtral?{SHAPE}&num_local_experts={E}&expert_routing=zigzag", device="meta")
     with pytest.raises(FieldError, match="at least 1"):
         source.build(f"hf:mixtral?{SHAPE}&num_local_experts={E}&num_experts_per_tok=2&expert_imbalance=0.5",
                      device="meta")

@@ -17,11 +17,15 @@ the same.
 Per all-to-all on one device of an EP group spanning N nodes of g devices each, for T tokens of h
 elements of b bytes:
   network   T x R x h x b, R the expected number of other nodes a token's experts are on
-            (`remote_nodes`: routing taken uniform, the forced balance the published tables use;
-            with group-limited routing, M of G groups drawn uniformly, then k experts among them),
+            (`remote_nodes`: routing taken uniform, real routing's expectation and Megatron's forced
+            balance by random logits, with group-limited routing M of G groups drawn uniformly, then
+            k experts among them; or round-robin, NeMo Automodel's forced balance, the model
+            reference's `expert_routing`),
             over the device's own network port (a DGX: one rail per GPU);
-  NVLink    T x k x h x b x (g - 1) / g: every copy that is not on the GPU it arrives at moves once
-            inside its node (those arriving over RDMA included);
+  NVLink    T x Q x h x b x (g - 1) / g, Q the expected number of ranks holding a token's experts:
+            DeepEP sends a token once to each such rank, which expands it to its experts, and every
+            one not on the GPU it arrives at moves once inside its node (those arriving over RDMA
+            included);
 both at once, the slower bounds it, plus one latency. One node (N = 1): the alltoall dispatcher's
 NVLink all-to-all, unchanged. Not modelled: DeepEP's SM budget (`moe_deepep_num_sms`, 20 of 132 on
 an H100 by default) slowing the compute beside it, its FP8 dispatch (bf16 here), and its
@@ -69,36 +73,42 @@ def node_limited_link(cluster: Cluster, group: tuple[int, ...], plain: LinkSpec)
                               for s, k in zip(specs, per_node.values(), strict=True)))
 
 
-def _missed(pool: int, on_node: int, k: int) -> float:
-    """P(none of k experts drawn uniformly without replacement from `pool` is one of `on_node`)."""
+def _missed(pool: int, on_unit: int, k: int) -> float:
+    """P(none of k experts drawn uniformly without replacement from `pool` is one of `on_unit`)."""
     if k > pool:
         return 0.0
-    return comb(pool - on_node, k) / comb(pool, k)
+    return comb(pool - on_unit, k) / comb(pool, k)
+
+
+def reached(experts: LayerExperts, units: int) -> float:
+    """The expected number of distinct units (nodes, or ranks) that a token's k experts are on, the
+    E experts laid out contiguously over `units` (E / units each, as ranks hold E / ep each in rank
+    order). Uniform routing: k distinct experts drawn alike, with group-limited routing first M of
+    the G contiguous groups; round-robin (NeMo Automodel's FakeBalancedGate): token t's experts are
+    t k ... t k + k - 1 mod E, averaged over one period of tokens."""
+    return _reached(experts.experts, experts.top_k, experts.groups, experts.topk_groups, units, experts.routing)
+
+
+@lru_cache(maxsize=512)
+def _reached(e: int, k: int, g: int, m: int, units: int, routing: str) -> float:
+    unit_of = [x * units // e for x in range(e)]
+    if routing == "round-robin":
+        period = e // math.gcd(e, k)
+        return sum(len({unit_of[(t * k + j) % e] for j in range(k)}) for t in range(period)) / period
+    if g > 1 and 0 < m < g and comb(g, m) <= MAX_GROUP_CHOICES:
+        group_of = [x * g // e for x in range(e)]
+        share = Counter(zip(unit_of, group_of, strict=True))  # (unit, group) -> its experts
+        pool = sum(1 for x in group_of if x == 0) * m
+        return sum(1.0 - _missed(pool, sum(share[j, q] for q in chosen), k)
+                   for chosen in combinations(range(g), m) for j in range(units)) / comb(g, m)
+    return sum(1.0 - _missed(e, unit_of.count(j), k) for j in range(units))
 
 
 def remote_nodes(experts: LayerExperts, nodes: int) -> float:
-    """R: the expected number of nodes other than its own that a token's k experts are on, experts
-    laid out contiguously (E / N a node, as ranks hold E / ep each in rank order) and, with
-    group-limited routing, in G contiguous groups of which the token's experts lie in M drawn
-    uniformly (module docstring)."""
-    return _remote_nodes(experts.experts, experts.top_k, experts.groups, experts.topk_groups, nodes)
-
-
-@lru_cache(maxsize=256)
-def _remote_nodes(e: int, k: int, g: int, m: int, n: int) -> float:
-    if n <= 1:
-        return 0.0
-    node_of = [x * n // e for x in range(e)]
-    if g > 1 and 0 < m < g and comb(g, m) <= MAX_GROUP_CHOICES:
-        group_of = [x * g // e for x in range(e)]
-        share = Counter(zip(node_of, group_of, strict=True))  # (node, group) -> its experts
-        pool = sum(1 for x in group_of if x == 0) * m
-        hit = sum(1.0 - _missed(pool, sum(share[j, q] for q in chosen), k)
-                  for chosen in combinations(range(g), m) for j in range(n)) / comb(g, m)
-    else:
-        hit = sum(1.0 - _missed(e, node_of.count(j), k) for j in range(n))
-    # the token's own node is any of the N alike: of the nodes hit, (N - 1) / N are others on average
-    return hit * (n - 1) / n
+    """R: the expected number of nodes other than its own that a token's experts are on. The token's
+    own node is any of the N alike (the routing does not depend on where a token starts), so of the
+    nodes reached, (N - 1) / N are others on average."""
+    return reached(experts, nodes) * (nodes - 1) / nodes if nodes > 1 else 0.0
 
 
 def node_limited_all_to_all_s(tokens: float, experts: LayerExperts, element_bytes: int, link: NodeLimitedLink) -> float:
@@ -107,5 +117,8 @@ def node_limited_all_to_all_s(tokens: float, experts: LayerExperts, element_byte
         return 0.0
     token_bytes = experts.hidden * element_bytes
     network = tokens * remote_nodes(experts, link.nodes) * token_bytes / link.network_bandwidth
-    nvlink = tokens * experts.top_k * token_bytes * (link.per_node - 1) / link.per_node / link.intra_bandwidth
+    # a token once to each rank holding its experts (the rank expands it to them), (g - 1) / g of those
+    # on another GPU of the node than the one it arrives at
+    ranks = reached(experts, link.nodes * link.per_node)
+    nvlink = tokens * ranks * token_bytes * (link.per_node - 1) / link.per_node / link.intra_bandwidth
     return max(network, nvlink) + link.latency_s

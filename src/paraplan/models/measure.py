@@ -306,19 +306,24 @@ def measure(built: BuiltModel, progress=None, precision: str = "fp32", attention
 
 def with_experts(spec: ModelSpec, built: BuiltModel) -> ModelSpec:
     """The measured layers with the routed experts each holds (models/moe_spec.py: layer_experts), at
-    the reference's `expert_imbalance`; a dense model unchanged (and that setting refused)."""
+    the reference's `expert_imbalance` and `expert_routing`; a dense model unchanged (and those settings
+    refused)."""
     from paraplan.errors import FieldError
     from paraplan.models.moe_spec import layer_experts
     from paraplan.models.ref import parse
 
     ref = parse(built.ref) if built.ref else None
     imbalance = ref.expert_imbalance if ref is not None else None
+    routing = ref.expert_routing if ref is not None else None
     experts = layer_experts(built.module, [m for _, _, m in built.layers()], built.inputs.seq_len or 1,
                             **({"imbalance": imbalance} if imbalance is not None else {}),
+                            **({"routing": routing} if routing is not None else {}),
                             capacity_factor=ref.capacity_factor if ref is not None else None)
     if not any(experts):
         if imbalance is not None:
             raise FieldError("expert_imbalance", f"{built.name} has no routed experts to balance")
+        if routing is not None:
+            raise FieldError("expert_routing", f"{built.name} has no routed experts to route")
         return spec
     return replace(spec, layers=tuple(replace(layer, experts=e) for layer, e in zip(spec.layers, experts, strict=True)))
 

@@ -164,7 +164,7 @@ def _attention(config) -> str:
 
 def layer_experts(model: nn.Module, layers: list[nn.Module], tokens_per_sample: int,
                   imbalance: float = DEFAULT_EXPERT_IMBALANCE,
-                  capacity_factor: float | None = None) -> list[LayerExperts | None]:
+                  capacity_factor: float | None = None, routing: str = "uniform") -> list[LayerExperts | None]:
     """Each of `layers` (the model's cut, in order) with the routed experts its MoE parts hold, or
     None for a layer without any. A token's width is the router's input (its weight is [E, h])."""
     spec = moe_spec(model)
@@ -185,5 +185,5 @@ def layer_experts(model: nn.Module, layers: list[nn.Module], tokens_per_sample: 
             routed_flops_per_token=float(sum(2 * b.top_k * b.expert_weights for b in blocks)),
             shared_flops_per_token=float(sum(2 * b.shared_weights for b in blocks)), hidden=hidden,
             tokens_per_sample=tokens_per_sample, groups=first.groups, topk_groups=first.topk_groups,
-            imbalance=imbalance, capacity_factor=capacity_factor))
+            imbalance=imbalance, capacity_factor=capacity_factor, routing=routing))
     return out

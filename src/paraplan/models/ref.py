@@ -12,6 +12,10 @@ Settings that paraplan itself reads (not passed to a transformers config):
     layers    the dotted path of the model's list of repeated blocks, where paraplan cannot find it
     expert_imbalance  a mixture of experts' busiest expert-parallel rank's expert work over the
               average (models/spec.py: DEFAULT_EXPERT_IMBALANCE; 1 for forced balance)
+    expert_routing    which experts a mixture of experts' tokens reach, where it changes what crosses the
+              network (costs/deepep.py): `uniform` (the default: real routing's expectation, and
+              Megatron's forced balance by random logits) or `round-robin` (NeMo Automodel's
+              FakeBalancedGate: token t to experts t*k ... t*k + k - 1 mod E)
     capacity_factor   a mixture of experts' expert capacity: each expert takes at most factor x its
               even share of a forward's routed copies, the rest dropped (models/moe_capacity.py);
               without it, dropless
@@ -32,7 +36,8 @@ from paraplan.errors import FieldError
 
 ZOO, HF, FILE = "zoo", "hf", "file"
 # Settings paraplan reads itself; everything else in an hf: reference goes to the config.
-OWN_SETTINGS = ("seq_len", "image_size", "layers", "expert_imbalance", "capacity_factor")
+OWN_SETTINGS = ("seq_len", "image_size", "layers", "expert_imbalance", "expert_routing", "capacity_factor")
+EXPERT_ROUTINGS = ("uniform", "round-robin")
 _FILE_REF = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z0-9_]*)$")
 _SETTING = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -74,9 +79,13 @@ class ModelRef:
         return None if value is None else float(value)
 
     @property
+    def expert_routing(self) -> str | None:
+        return self.get("expert_routing")
+
+    @property
     def config_overrides(self) -> dict[str, Value]:
         """hf: the settings that go to the transformers config (image_size included)."""
-        return {k: v for k, v in self.settings if k not in ("seq_len", "layers", "expert_imbalance", "capacity_factor")}
+        return {k: v for k, v in self.settings if k not in OWN_SETTINGS or k == "image_size"}
 
     def with_settings(self, **values: Value) -> ModelRef:
         """This reference with settings added or replaced (None leaves a setting as it is)."""
@@ -120,6 +129,8 @@ def _check_setting(kind: str, key: str, value: Value) -> None:
     if key == "expert_imbalance" and not (isinstance(value, int | float) and not isinstance(value, bool)
                                           and 1 <= value <= 100):
         raise FieldError(key, f"the busiest expert rank's work over the average: at least 1, got {value!r}")
+    if key == "expert_routing" and value not in EXPERT_ROUTINGS:
+        raise FieldError(key, f"one of {', '.join(EXPERT_ROUTINGS)}, got {value!r}")
     if key == "capacity_factor" and not (isinstance(value, int | float) and not isinstance(value, bool)
                                          and 0 < value <= 1000):
         raise FieldError(key, f"an expert's capacity over its even share of the routed tokens: above 0, got {value!r}")

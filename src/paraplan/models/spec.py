@@ -94,6 +94,10 @@ class LayerExperts:
     topk_groups: int = 0  # ... of which a token reaches at most this many (0: not limited)
     imbalance: float = DEFAULT_EXPERT_IMBALANCE  # busiest ep rank's expert work / the average
     capacity_factor: float | None = None  # tokens over factor x an expert's even share dropped; None: dropless
+    # which experts a token reaches: "uniform" (real routing's expectation, Megatron's forced balance) or
+    # "round-robin" (NeMo Automodel's FakeBalancedGate: token t to experts t k ... t k + k - 1 mod E); only
+    # what crosses the network with a de-duplicating dispatcher depends on it (costs/deepep.py)
+    routing: str = "uniform"
 
 
 @dataclass(frozen=True)

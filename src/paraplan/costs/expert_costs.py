@@ -49,9 +49,14 @@ inside the node over NVLink (costs/deepep.py); the EP group's link then carries 
 Not modelled (said where the prediction is used): the
 grouped GEMM kernel's own efficiency beyond tile and wave quantisation (balanced, an expert gets
 T k ep / E tokens a micro-batch, 8,192 at Qwen3-30B-A3B's published layout, where the quantisation of
-costs/op_roofline.py changes the experts' GEMM time by under 3%), DualPipe's own overlap (its schedule
-runs here, its all-to-alls in line), and the SMs a combined pass leaves to communication beyond the
-overlap slowdown every overlap here pays.
+costs/op_roofline.py changes the experts' GEMM time by under 3%), and the SMs a combined pass leaves
+to communication beyond the overlap slowdown every overlap here pays.
+
+DualPipeV's overlapped forward-backward pairs are priced one after the other, all-to-alls in line:
+that is how the engine paraplan exports them to runs them. torch 2.13's ScheduleDualPipeV emits
+OVERLAP_F_B actions whose sub-actions `_PipelineScheduleRuntime` performs in sequence unless a
+custom function is registered for them (schedules.py: register_custom_function), and torchtitan
+0.3.0's trainer registers none (only its graph_trainer experiment does).
 """
 
 from __future__ import annotations

@@ -132,8 +132,10 @@ class _Recorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def record(model: nn.Module, example, layers_path: str | None = None) -> Recipe:
-    """Watch one forward of `model` (on meta) and derive how to cut it."""
+def record(model: nn.Module, example, layers_path: str | None = None, seen: dict | None = None) -> Recipe:
+    """Watch one forward of `model` (on meta) and derive how to cut it. `seen`, when given, receives
+    what that forward showed for the checks after it (so that they need no forward of their own):
+    "calls", each block's (hidden states, keyword arguments), and "output", the model's output."""
     what = type(model).__name__
     blocks_path = layers_path or find_block_list(model)
     try:
@@ -218,6 +220,8 @@ def record(model: nn.Module, example, layers_path: str | None = None) -> Recipe:
     rules = tuple(_rules(i, *calls[i], produced, model, what) for i in range(n))
     logits = getattr(out, "logits", out)
     _ = only_tensor(logits)
+    if seen is not None:
+        seen.update(calls={i: (_hidden_of(*calls[i]), calls[i][1]) for i in range(n)}, output=logits)
     return Recipe(blocks_path, tuple(pre_paths), tuple(head_paths), rules)
 
 
@@ -356,23 +360,27 @@ def hf_layers(model: nn.Module, recipe: Recipe) -> Layers:
     return layers
 
 
-def check_rebuilt(model: nn.Module, recipe: Recipe, example) -> None:
-    """On meta: the rebuilt keyword arguments look like the recorded ones, block by block."""
+def check_rebuilt(model: nn.Module, recipe: Recipe, example, recorded: dict | None = None) -> None:
+    """On meta: the rebuilt keyword arguments look like the recorded ones, block by block.
+    `recorded`: each block's (hidden states, keyword arguments) as `record(..., seen)` saw them; without
+    it, one forward records them."""
     what = type(model).__name__
-    recorded: dict[int, dict] = {}
     blocks = model.get_submodule(recipe.blocks_path)
-    def watch(i):
-        def hook(module, args, kwargs):
-            recorded.setdefault(i, (_hidden_of(args, kwargs), dict(kwargs)))
-        return hook
+    if recorded is None:
+        recorded = {}
 
-    handles = [b.register_forward_pre_hook(watch(i), with_kwargs=True) for i, b in enumerate(blocks)]
-    try:
-        with torch.no_grad(), meta_safe_masks(_on_meta(example)):
-            model(example)
-    finally:
-        for h in handles:
-            h.remove()
+        def watch(i):
+            def hook(module, args, kwargs):
+                recorded.setdefault(i, (_hidden_of(args, kwargs), dict(kwargs)))
+            return hook
+
+        handles = [b.register_forward_pre_hook(watch(i), with_kwargs=True) for i, b in enumerate(blocks)]
+        try:
+            with torch.no_grad(), meta_safe_masks(_on_meta(example)):
+                model(example)
+        finally:
+            for h in handles:
+                h.remove()
     for i, (hidden, kwargs) in recorded.items():
         rebuilt = HFBlock(blocks[i], recipe.rules[i], getattr(model, "config", None),
                           {r.value: model.get_submodule(r.value) for _, r in recipe.rules[i]

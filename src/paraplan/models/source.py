@@ -81,15 +81,15 @@ def _hf_recipe(ref: ModelRef, meta_module, inputs):
             meta_module = build_hf(ref)[0]
     meta_module.train()
     example, _ = make_batch(inputs, 2, device="meta")
+    seen: dict = {}  # the recording forward's block calls and output, for the checks (no forward of their own)
     with zoo.quiet():
-        recipe = record(meta_module, example, ref.layers_path)
-        check_rebuilt(meta_module, recipe, example)
+        recipe = record(meta_module, example, ref.layers_path, seen)
+        check_rebuilt(meta_module, recipe, example, seen["calls"])
         with torch.no_grad(), meta_safe_masks():
             out = example
             for _, _, layer in hf_layers(meta_module, recipe):
                 out = layer(out)
-            expected = meta_module(example)
-    expected = getattr(expected, "logits", expected)
+    expected = seen["output"]
     if tuple(out.shape) != tuple(expected.shape):
         raise FieldError("model", f"cannot cut {type(meta_module).__name__} into layers: the cut gives "
                                   f"{tuple(out.shape)}, the model {tuple(expected.shape)}")

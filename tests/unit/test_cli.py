@@ -18,12 +18,19 @@ def run(*args, timeout=120):
 
 
 def test_models_lists_the_whole_zoo():
+    """One `paraplan models --json` (it builds every zoo entry on meta, seconds) for all that is asked
+    of it: the whole zoo, layer and parameter counts, each entry's planned size (the input note's
+    "the zoo's setting"), and its JSON keys (tests/unit/test_json_schemas.py's schema rule)."""
     out = run("models", "--json")
     assert out.returncode == 0, out.stderr
     rows = {r["model"]: r for r in json.loads(out.stdout)}
     assert set(rows) == set(zoo.names())
+    assert all(set(r) == {"family", "layers", "model", "parameters", "size", "source"} for r in rows.values())
     assert rows["gpt3-175b"]["layers"] == 98
     assert abs(rows["gpt2-xl"]["parameters"] - 1.56e9) / 1.56e9 < 0.01
+    sizes = {name: r["size"] for name, r in rows.items()}
+    assert sizes["llama2-7b"] == "32" and sizes["vit-huge-32"] == "224x224" and sizes["t5-512-4-32"] == "512/4"
+    assert sizes["llama3.1-8b"] == sizes["llama3.1-70b"] == sizes["llama3.1-405b"] == "8192"
 
 
 def test_clusters_lists_the_presets():

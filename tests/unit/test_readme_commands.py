@@ -43,6 +43,9 @@ SLOW: dict[str, str] = {} if os.environ.get("PARAPLAN_README_ALL") else {
     "table: paraplan plan --model M --cluster C --batch B --prove [--prove-rounds 3]":
         "nine real training runs after the comparison (~1 minute); tests/distributed/test_guide_measure.py runs "
         "`plan --prove` as the user guide writes it",
+    "table: paraplan models":
+        "builds every zoo entry on meta (~6 s of a core); tests/unit/test_cli.py runs `paraplan models --json`, "
+        "the same listing, and checks it",
     "table: paraplan bench paper PAPER [--out DIR]":
         "runs two benchmark scripts (~25 s); tests/unit/test_bench_paper.py runs exactly this command",
 }

@@ -361,9 +361,8 @@ def hf_layers(model: nn.Module, recipe: Recipe) -> Layers:
 
 
 def check_rebuilt(model: nn.Module, recipe: Recipe, example, recorded: dict | None = None) -> None:
-    """On meta: the rebuilt keyword arguments look like the recorded ones, block by block.
-    `recorded`: each block's (hidden states, keyword arguments) as `record(..., seen)` saw them; without
-    it, one forward records them."""
+    """On meta: the rebuilt keyword arguments look like the recorded ones (`recorded`, each block's
+    (hidden states, keyword arguments) as `record(..., seen)` saw them; else a forward records them)."""
     what = type(model).__name__
     blocks = model.get_submodule(recipe.blocks_path)
     if recorded is None:

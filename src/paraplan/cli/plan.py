@@ -44,6 +44,8 @@ def add_parser(sub) -> None:
     p.add_argument("--time-limit", type=float, default=None,
                    help="auto: seconds the comparison may take, the model's set-up included; a search still "
                         "running then answers with its best plan so far, said to be so (default 60)")
+    p.add_argument("--quiet", action="store_true",
+                   help="auto: no progress on stderr while the comparison runs (shown only on a terminal anyway)")
     p.add_argument("--report", default=None, help="auto: write an HTML report (index.html) into this directory")
     p.add_argument("--prove", action="store_true",
                    help="auto: then run the chosen plan, the even split and one process for real on this machine "

@@ -79,7 +79,7 @@ def run_auto(args, given: dict) -> int:
     # the time limit counts from the command's start: the model's set-up (seconds for a 70B-like
     # model) comes out of it, leaving the comparison at least half
     limit = args.time_limit or 60.0
-    result = _compare(request, err, max(limit - (time.perf_counter() - started), limit / 2), args.json)
+    result = _compare(request, err, max(limit - (time.perf_counter() - started), limit / 2), args.quiet)
     if args.engine:  # only the plans that engine can run; the unrestricted best kept beside
         from paraplan.cli.export import restricted
 
@@ -135,22 +135,15 @@ def run_auto(args, given: dict) -> int:
 
 
 def _compare(request, err, time_limit: float | None, quiet: bool):
-    """auto.compare with a bar of the planners done on stderr (none with --json)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    """auto.compare with its progress on stderr (cli/comparison_progress.py): the planners done,
+    running and skipped, and the best plan so far; on a terminal, unless --quiet (--json too: its
+    document is on stdout)."""
+    from paraplan.cli.comparison_progress import showing
     from paraplan.planners.auto import compare
     from paraplan.planners.registry import planner_names
 
-    total = len(planner_names())
-    with Progress(TextColumn("comparing planners"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.description}"), console=err, transient=True,
-                  disable=quiet) as progress:
-        task = progress.add_task("", total=total)
-
-        def on_row(row) -> None:
-            progress.update(task, advance=1, description=f"{row.planner}: {row.status}")
-
-        return compare(request, time_limit_s=time_limit or 60.0, on_row=on_row)
+    with showing(err, len(planner_names()), quiet) as status:
+        return compare(request, time_limit_s=time_limit or 60.0, on_row=status.on_row, on_progress=status.on_progress)
 
 
 def _write_report(args, result, costs, err, flops=None) -> None:

@@ -195,6 +195,7 @@ def _run_one(name: str, request: PlanRequest, conn, allowed_s: float | None = No
     # parent's handler turning it into an exception that would end as a traceback on stderr
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     progress.reset()
+    progress.listen(_forwarder(conn))
     t0 = time.perf_counter()
     time_limit_s = time_limit_s if time_limit_s is not None else allowed_s
     if allowed_s is not None:
@@ -220,6 +221,28 @@ def _run_one(name: str, request: PlanRequest, conn, allowed_s: float | None = No
     conn.close()
 
 
+PROGRESS_EVERY_S = 1.0  # a running search tells the comparison how far it has come at most this often
+
+
+def _forwarder(conn) -> Callable[[str], None]:
+    """In a planner's process: its search's progress (planners/progress.py) sent to the comparison as
+    ("progress", where), at most every PROGRESS_EVERY_S (a grid offers thousands of plans a second)."""
+    last = [-PROGRESS_EVERY_S]
+
+    def send(where: str) -> None:
+        now = time.perf_counter()
+        if where and now - last[0] >= PROGRESS_EVERY_S:
+            last[0] = now
+            # the time limit's alarm waits until the message is whole (a half-sent one would garble
+            # the row that follows it on the pipe)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            try:
+                conn.send(("progress", where))
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+    return send
+
+
 def _start_order(name: str) -> int:
     """The quick planners first (milliseconds to seconds, at 1,024 GPUs too), then the slow searches
     in the order their registration gives (planners/table.py: PlannerSpec.slow; the flagship first).
@@ -228,8 +251,10 @@ def _start_order(name: str) -> int:
 
 
 def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_s: float = 60.0,
-            jobs: int | None = None, on_row: Callable[[Row], None] | None = None) -> Comparison:
-    """Run every applicable planner (or `planners`) on `request`; `on_row` is called as each ends.
+            jobs: int | None = None, on_row: Callable[[Row], None] | None = None,
+            on_progress: Callable[[str, str], None] | None = None) -> Comparison:
+    """Run every applicable planner (or `planners`) on `request`; `on_row` is called as each ends,
+    `on_progress(name, where)` as each starts (where "") and as its search tells how far it has come.
     `time_limit_s` bounds the whole comparison (issue 31, item 5: a minute at 1,024 GPUs): every
     planner must answer by then, a search still running answers with its best plan so far
     (planners/progress.py), one not yet started says so."""
@@ -250,7 +275,7 @@ def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_
     ctx = multiprocessing.get_context("fork")
     running: dict[str, tuple] = {}
     try:
-        _run_all(todo, running, rows, request, jobs, ctx, time_limit_s, on_row, frozenset(todo))
+        _run_all(todo, running, rows, request, jobs, ctx, time_limit_s, on_row, frozenset(todo), on_progress)
     finally:  # interrupted (or failed): no planner process outlives the comparison
         for proc, conn, _ in running.values():
             proc.kill()
@@ -274,7 +299,7 @@ def _request_for(name: str, request: PlanRequest, compared: frozenset) -> PlanRe
 
 
 def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: int, ctx, time_limit_s: float,
-             on_row, names: frozenset) -> None:
+             on_row, names: frozenset, on_progress=None) -> None:
     """Start planners while fewer than `jobs` run, collect each one's row (or its time-out)."""
     deadline = time.perf_counter() + time_limit_s
     while todo or running:
@@ -310,6 +335,8 @@ def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: 
                     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             child.close()
             running[name] = (proc, parent, time.perf_counter() + allowed)
+            if on_progress:
+                on_progress(name, "")
         for name, (proc, conn, stop_at) in list(running.items()):
             row = None
             if conn.poll():
@@ -317,6 +344,10 @@ def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: 
                     row = conn.recv()
                 except EOFError:
                     row = None
+                if isinstance(row, tuple):  # ("progress", where): the search goes on (_forwarder)
+                    if on_progress:
+                        on_progress(name, row[1])
+                    continue
                 proc.join(5)
                 if row is None:
                     row = Row(planner=name, status="failed", reason=f"the planner's process ended ({proc.exitcode})")

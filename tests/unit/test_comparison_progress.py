@@ -1,0 +1,83 @@
+"""Issue 51 item 3: the comparison's progress on stderr while it runs (cli/comparison_progress.py,
+planners/auto.py forwarding each search's planners/progress.py): a stand-in slow planner, forked as
+the comparison forks every planner, is shown running with its own words about how far it has come,
+the planners done and the best plan so far; nothing with --quiet or where stderr is no terminal."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+from rich.console import Console
+
+from paraplan.cli.comparison_progress import ComparisonStatus, showing
+from paraplan.cli.plan_auto import _compare
+from paraplan.planners import progress, table
+from paraplan.planners.auto import Row
+from paraplan.planners.registry import make_plan, planner_names
+from paraplan.workload import workload
+
+STEPS = 4
+
+
+def _slow(request, options, judge):
+    """A stand-in for a long search: it says how far it has come each 0.6 s, then plans as dp does."""
+    for step in range(STEPS):
+        progress.at(f"stand-in step {step + 1} of {STEPS}")
+        time.sleep(0.6)
+    return make_plan(request, "dp", judge)
+
+
+@pytest.fixture
+def slow_planner(monkeypatch):
+    planner_names()  # the registry loaded, then the stand-in beside its planners
+    monkeypatch.setitem(table.PLANNERS, "stand-in-slow", table.PlannerSpec("stand-in-slow", _slow, "a stand-in"))
+    return workload("gpt2-tiny", "local", batch=8).request
+
+
+def _terminal() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, force_terminal=True, width=300, color_system=None), out
+
+
+def test_the_line_says_done_running_skipped_and_the_best_so_far():
+    status = ComparisonStatus(total=5)
+    status.on_row(Row(planner="csimd", status="skipped", reason="not for this model"))
+    status.on_progress("galvatron-bmw", "")
+    status.on_progress("gropipe", "")
+    status.on_progress("galvatron-bmw", "4 stages, TP2")
+    status.on_row(Row(planner="dp", status="ok", iteration_s=2.5))
+    status.on_row(Row(planner="gropipe", status="ok", iteration_s=1.25))
+    line = status.line()
+    assert line.startswith("comparing planners: 3 of 5 done (1 skipped)")
+    assert "running galvatron-bmw (4 stages, TP2)" in line and "gropipe (" not in line
+    assert "best so far gropipe, 1.25 s an iteration" in line
+
+
+def test_a_slow_planner_shows_its_progress_on_a_terminal_and_nothing_when_quiet(slow_planner, monkeypatch):
+    import paraplan.planners.registry as registry
+
+    # the comparison of the stand-in and dp alone (compare's `planners`), through the CLI's own display
+    monkeypatch.setattr(registry, "planner_names", lambda: ("dp", "stand-in-slow"))
+    import paraplan.planners.auto as auto
+
+    real = auto.compare
+    monkeypatch.setattr(auto, "compare", lambda request, **kw: real(request, planners=["dp", "stand-in-slow"], **kw))
+    err, out = _terminal()
+    result = _compare(slow_planner, err, 30.0, quiet=False)
+    assert result.row("stand-in-slow").status == "ok"
+    shown = out.getvalue()
+    assert "comparing planners" in shown and "running stand-in-slow (stand-in step" in shown
+    assert "best so far dp" in shown  # dp answers in milliseconds, the stand-in seconds later
+    quiet_err, quiet_out = _terminal()
+    _compare(slow_planner, quiet_err, 30.0, quiet=True)
+    assert quiet_out.getvalue() == ""
+
+
+def test_nothing_where_stderr_is_no_terminal():
+    out = io.StringIO()
+    with showing(Console(file=out, force_terminal=False), 3, quiet=False) as status:
+        status.on_progress("dp", "")
+        time.sleep(0.6)
+    assert out.getvalue() == ""

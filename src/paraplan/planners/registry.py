@@ -55,7 +55,8 @@ def simulator_judge(request: PlanRequest) -> Judge:
 
     # a planner's candidates are in the request's precision (make_plan stamps the result)
     precision = request.costs.precision
-    return lambda plan: simulate_plan(replace(plan, precision=precision), request.costs).prediction
+    # (without the split of where the time goes: the judge reads the prediction alone)
+    return lambda plan: simulate_plan(replace(plan, precision=precision), request.costs, split=False).prediction
 
 
 def make_plan(request: PlanRequest, name: str, judge: Judge | None = None, *, predict: bool = True) -> Plan:

@@ -131,3 +131,20 @@ def _count_layer_by_layer(cm, plan, w, config):
     if cm.model.n_layers - 1 in stage.backward:  # the loss's backward: its gradients and the logits'
         total += head.loss_gradient_bytes.at(micro) + head.output_grad_bytes.at(micro)
     return total
+
+
+def test_an_empty_backward_range_at_the_end_holds_no_loss_gradients():
+    """A worker with no backward (an empty range, wherever it sits) holds none of the loss's
+    gradients. The count added them for an empty range at the model's end, which a language model
+    with a wide vocabulary made large enough that the memory DP stopped with a ValueError (Llama 3.1
+    70B on 8 H100s) instead of answering."""
+    from paraplan.costs.memory import loss_gradient_bytes
+    from paraplan.plans.layer_strategy import LayerStrategy
+
+    spec = measure.measure(zoo.build("gpt2-tiny"))
+    cm = analytic_cost_model(spec, load_cluster("gropipe-8xt4"))
+    n = cm.model.n_layers
+    assert loss_gradient_bytes(cm.model, LayerStrategy(), 4.0) > 0
+    count = worker_memory(cm, 4.0, 2, 2, MemoryConfig())
+    assert count(0, (0, 1), (n, n)) == count(0, (0, 1), (0, 0))
+    assert count(1, (1, n), (0, n)) - count(1, (1, n), (0, n - 1)) > 0  # the last layer's backward holds them

@@ -68,7 +68,10 @@ def worker_memory(cm, micro: float, n_micro: int, max_workers: int, config: Memo
 
     def count(w: int, fr: tuple[int, int], br: tuple[int, int]) -> float:
         (f0, f1), (b0, b1) = fr, br
-        total = float(config.reserve_bytes) + span(states, b0, b1) + (loss_gradients if b1 == model.n_layers else 0.0)
+        # the loss's gradients where this worker runs the last layer's backward (an empty backward
+        # range at the model's end runs none: llama3.1-70b's 128,256-wide logits made the DP refuse it)
+        total = float(config.reserve_bytes) + span(states, b0, b1) + \
+            (loss_gradients if b1 == model.n_layers and b1 > b0 else 0.0)
         # activations of the backward range, by where their forward ran: the earliest worker
         # before this one (the most micro-batches it could be), this one, or the next one
         total += in_flight(0, w) * span(saved, b0, min(b1, f0))

@@ -44,9 +44,9 @@ demo: $(STAMP)
 # Two pytest workers (this machine has two cores), whole files to one worker so that a file's
 # module-scoped fixtures run once, in tests/conftest.py's order (the longest files first; xdist would
 # otherwise start the files with the most tests first, and the 3-minute one-test guide page last);
-# the 15 slowest tests are listed at the end (7m51s here on a fresh clone on 2026-11-28 at 12:10, load 0.30 at start,
-# set-up with the engines' install 57 s more; 8m10s at 0.64 that morning, before the guide's engine pages and quick start
-# took --time-limit 10 and the script --help test forked its scripts from a warm process).
+# the 15 slowest tests are listed at the end (6m41s here on a fresh clone on 2026-11-28 at 14:00, load 0.87 at start,
+# set-up with the engines' install 52 s more; 7m51s at 0.30 that noon, before a transformers model's cut took two
+# meta forwards instead of four and one `paraplan models --json` run served three tests).
 test: $(ENGINES_STAMP)
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 

@@ -325,10 +325,11 @@ def strategy_links(cluster: Cluster, strategy: LayerStrategy, devices: tuple[int
     group fits in a node, the network when it spans nodes. `dispatcher` (a plan's expert_dispatcher):
     with "deepep" the EP group's link carries its node structure (costs/deepep.py)."""
     # the all-to-all's link: its peers inside the node and across nodes at once (costs/expert_costs.py)
+    groups = strategy_groups(strategy, devices)
     links = {axis: (all_to_all_link if axis is EXPERT else Cluster.slowest_link)(cluster, group)
-             if len(group) > 1 else _NO_LINK for axis, group in strategy_groups(strategy, devices).items()}
-    if dispatcher == "deepep" and EXPERT in links and links[EXPERT] is not _NO_LINK:
-        links[EXPERT] = node_limited_link(cluster, strategy_groups(strategy, devices)[EXPERT], links[EXPERT])
+             if len(group) > 1 else _NO_LINK for axis, group in groups.items()}
+    if dispatcher == "deepep" and len(groups.get(EXPERT, ())) > 1:
+        links[EXPERT] = node_limited_link(cluster, groups[EXPERT], links[EXPERT])
     return links
 
 

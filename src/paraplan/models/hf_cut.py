@@ -360,26 +360,11 @@ def hf_layers(model: nn.Module, recipe: Recipe) -> Layers:
     return layers
 
 
-def check_rebuilt(model: nn.Module, recipe: Recipe, example, recorded: dict | None = None) -> None:
-    """On meta: the rebuilt keyword arguments look like the recorded ones (`recorded`, each block's
-    (hidden states, keyword arguments) as `record(..., seen)` saw them; else a forward records them)."""
+def check_rebuilt(model: nn.Module, recipe: Recipe, recorded: dict) -> None:
+    """On meta: the rebuilt keyword arguments look like the recorded ones, block by block
+    (`recorded`: each block's (hidden states, keyword arguments) as `record(..., seen)` saw them)."""
     what = type(model).__name__
     blocks = model.get_submodule(recipe.blocks_path)
-    if recorded is None:
-        recorded = {}
-
-        def watch(i):
-            def hook(module, args, kwargs):
-                recorded.setdefault(i, (_hidden_of(args, kwargs), dict(kwargs)))
-            return hook
-
-        handles = [b.register_forward_pre_hook(watch(i), with_kwargs=True) for i, b in enumerate(blocks)]
-        try:
-            with torch.no_grad(), meta_safe_masks(_on_meta(example)):
-                model(example)
-        finally:
-            for h in handles:
-                h.remove()
     for i, (hidden, kwargs) in recorded.items():
         rebuilt = HFBlock(blocks[i], recipe.rules[i], getattr(model, "config", None),
                           {r.value: model.get_submodule(r.value) for _, r in recipe.rules[i]

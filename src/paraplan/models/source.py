@@ -84,7 +84,7 @@ def _hf_recipe(ref: ModelRef, meta_module, inputs):
     seen: dict = {}  # the recording forward's block calls and output, for the checks (no forward of their own)
     with zoo.quiet():
         recipe = record(meta_module, example, ref.layers_path, seen)
-        check_rebuilt(meta_module, recipe, example, seen["calls"])
+        check_rebuilt(meta_module, recipe, seen["calls"])
         with torch.no_grad(), meta_safe_masks():
             out = example
             for _, _, layer in hf_layers(meta_module, recipe):

@@ -269,21 +269,21 @@ def _deduplicated(request: PlanRequest, judged, judge: Judge, accept=None) -> li
     dispatcher, as Megatron-MoE-ModelZoo runs DeepEP for some models and alltoall for others."""
     cluster = request.costs.cluster
     out = []
-    fitting = [replace(plan, precision=request.costs.precision) for plan, p in judged if p.feasible]
-    for plan in fitting:
+    for plan in _fitting(request, judged):
         if len(out) == GRID_INTERLEAVED:
             break
         candidate = replace(plan, expert_dispatcher="deepep")
-        spans = any(len({cluster.devices[d].node for d in stage_ep_group(stage, x)}) > 1
+        spans = any(len({cluster.devices[d].node for d in expert_groups(x, stage.devices).get(EXPERT, ())}) > 1
                     for stage in plan.stages for x in stage.strategies if x.ep > 1)
         if spans and expert_dispatch_problem(candidate) is None and (accept is None or accept(candidate)):
             out.append((candidate, judge(candidate)))
     return out
 
 
-def stage_ep_group(stage: Stage, strategy: LayerStrategy) -> tuple[int, ...]:
-    """The EP group of the stage's first device under `strategy` (costs/expert_costs.py)."""
-    return expert_groups(strategy, stage.devices).get(EXPERT, ())
+def _fitting(request: PlanRequest, judged) -> list[Plan]:
+    """The judged plans that fit, fastest first, in the request's precision (the grid's candidates
+    take it from make_plan), which the engines' rules for their own choices read."""
+    return [replace(plan, precision=request.costs.precision) for plan, p in judged if p.feasible]
 
 
 def _overlapped(request: PlanRequest, judged, judge: Judge, accept=None) -> list[tuple[Plan, Prediction]]:
@@ -291,9 +291,7 @@ def _overlapped(request: PlanRequest, judged, judge: Judge, accept=None) -> list
     expert-parallel plans that fit and where Megatron-LM allows it: Megatron-MoE-ModelZoo turns it
     on for some runs and not others, so the simulator judges both."""
     out = []
-    # in the request's precision (the grid's candidates take it from make_plan), which the rule reads
-    fitting = [replace(plan, precision=request.costs.precision) for plan, p in judged if p.feasible]
-    for plan in [p for p in fitting if expert_overlap_problem(p) is None][:GRID_INTERLEAVED]:
+    for plan in [p for p in _fitting(request, judged) if expert_overlap_problem(p) is None][:GRID_INTERLEAVED]:
         candidate = replace(plan, expert_overlap=True)
         if accept is None or accept(candidate):
             out.append((candidate, judge(candidate)))

@@ -24,7 +24,8 @@ The Automodel rows as their benchmark configs (examples/benchmark/configs/*_te_d
 commit 037e04a) ran them: DeepEP's dispatcher (costs/deepep.py), every block recomputed
 (`activation_checkpointing: true`: Automodel's MoE apply_ac wraps each block in checkpoint_wrapper),
 and FakeBalancedGate's round-robin routing (`expert_routing=round-robin`); the micro-batches as its
-table lists them (MBS: DeepSeek-V3 1, Qwen3 4, gpt-oss 2). Assumed where the sources are silent:
+table lists them (MBS: DeepSeek-V3 1, Qwen3 4, gpt-oss 2), and its GA column with a pipeline as that
+many pipeline schedules a step (DeepSeek-V3 on 1,024 GPUs: 4; `MoeRun.flushes`). Assumed where the sources are silent:
 1F1B (interleaved with VP) for pipelines, the kernels as Megatron's fused MoE block
 (costs/engine_profile.py: expert_block_kernels; Automodel runs Transformer Engine's), FSDP's
 all-gathers not prefetched (Automodel's `reshard_after_forward: false` gathers once a micro-batch:
@@ -94,6 +95,10 @@ class MoeRun:
     recompute: str = "none"  # the blocks' (the sources name none)
     dispatcher: str = "alltoall"  # plans/expert_dispatch.py: Automodel's table says "TE + DeepEP"
     overlap: bool = False  # Megatron-LM's all-to-all overlap (plans/expert_overlap.py)
+    # pipeline flushes a step: Automodel's table's GA column with PP. Its benchmark recipe
+    # (recipes/llm/benchmark.py, 89e3a9fd) calls the pipeline schedule's step() once per accumulation
+    # step, so each pays its own fill and drain and FSDP's gathers and reduce-scatters
+    flushes: int = 1
 
 
 MIXTRAL_FLOPS = dict(layers=56, hidden=6144, heads=48, kv_heads=8, head_dim=128, ffn=16384, moe_layers=56,
@@ -108,7 +113,7 @@ MIXTRAL_BLOCK = BlockShape(6144, 48, 8, 16384, SEQ, gated=True, dropout=False, e
 GPT_OSS_BLOCK = BlockShape(2880, 64, 8, 2880, SEQ, gated=True, dropout=False, eager_attention=False)
 RUNS = (
     MoeRun("DeepSeek-V3, 1,024 H100", AUTOMODEL, DEEPSEEK_V3, 1024, 4, 8, 1, 256, 1, 64, 8192, 1, "megatron",
-           published_s=37.87, block=DEEPSEEK_BLOCK, dispatcher="deepep", recompute="full"),
+           published_s=37.87, block=DEEPSEEK_BLOCK, dispatcher="deepep", recompute="full", flushes=4),
     MoeRun("DeepSeek-V3, 256 H100", AUTOMODEL, DEEPSEEK_V3, 256, 4, 8, 1, 64, 1, 64, 512, 1, "megatron",
            published_s=8.18, block=DEEPSEEK_BLOCK, dispatcher="deepep", recompute="full"),
     MoeRun("Qwen3-30B-A3B, 8 H100", AUTOMODEL, QWEN3_30B, 8, 1, 1, 1, 8, 1, 8, 512, 4, "megatron",
@@ -212,9 +217,12 @@ def predict(run: MoeRun) -> dict:
     spec = _MEASURED[run.model]
     cluster = load_cluster(f"dgx-h100-80gb?nodes={run.gpus // 8}")
     costs = cost_model(spec, cluster, precision="bf16", engine=run.engine, block=run.block)
-    sim = simulate_plan(moe_plan(run, spec), costs)
+    flush = replace(run, global_batch=run.global_batch // run.flushes)
+    sim = simulate_plan(moe_plan(flush, spec), costs)
     p = sim.prediction
-    return {"iteration_s": p.iteration_s, "fits": p.feasible,
+    # each flush a schedule of its own; the optimizer's step and the step's fixed costs once
+    iteration_s = run.flushes * p.iteration_s - (run.flushes - 1) * sim.split.after_s
+    return {"iteration_s": iteration_s, "fits": p.feasible,
             "peak_gib": max(m.peak_bytes for m in p.memory) / GIB if p.memory else float("nan")}
 
 

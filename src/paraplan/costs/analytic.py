@@ -20,6 +20,7 @@ from paraplan.costs.engine_profile import (
     expert_block_kernels,
     megatron_block_kernels,
 )
+from paraplan.costs.fp8_linear import fp8_passes
 from paraplan.costs.op_roofline import OperatorTime
 from paraplan.costs.timefn import ComputeTime, LayerCosts, TransferTime
 from paraplan.hardware.cluster import DeviceSpec, LinkSpec
@@ -31,10 +32,11 @@ def _plus(*terms: Affine) -> Affine:
 
 
 def analytic_costs(model: ModelSpec, device: DeviceSpec, link: LinkSpec, engine: EngineProfile | None = None,
-                   block: BlockShape | None = None) -> LayerCosts:
+                   block: BlockShape | None = None, fp8_recipe: str = "") -> LayerCosts:
     """`engine` with fused blocks (Megatron) and the model's `block` shape: a transformer block's
     memory-bound kernels are the engine's fused ones (costs/engine_profile.py), its GEMMs and
-    attention kernel as measured."""
+    attention kernel as measured. `fp8_recipe` (an fp8 plan's): the blocks' linears in FP8 with the
+    recipe's casts (costs/fp8_linear.py), on the device view `for_precision("fp8", recipe)`."""
     fused = megatron_block_kernels(block) if engine is not None and engine.fused_blocks and block else None
     forward, backward, send_f, send_b = [], [], [], []
     previous_output = model.input_bytes
@@ -50,6 +52,10 @@ def analytic_costs(model: ModelSpec, device: DeviceSpec, link: LinkSpec, engine:
         if device.operator_priced and layer.forward_inventory is not None and layer.backward_inventory is not None:
             # a GPU described down to its SMs: kernel by kernel (costs/op_roofline.py)
             fwd, bwd = _engine_passes(layer, engine, layer_fused, device)
+            if fp8_recipe and layer.kind == "block":
+                # Transformer Engine's norms and activation kernels take the amax: fused casts
+                f8, b8 = fp8_passes(fwd.ops, bwd.ops, fp8_recipe, fused_casts=engine is not None and engine.fused_blocks)
+                fwd, bwd = replace(fwd, ops=f8, _memo={}), replace(bwd, ops=b8, _memo={})
             forward.append(fwd)
             backward.append(bwd)
         else:

@@ -50,13 +50,20 @@ class CostModel:
     # the engine whose implementation prices the plan (costs/engine_profile.py): paraplan's own runtime
     # unless the plan is priced for the engine it is exported to
     engine: str = "paraplan"
+    # an fp8 plan's scaling recipe (precision.py FP8_RECIPES; costs/fp8_linear.py); "" for other precisions
+    fp8_recipe: str = ""
     # device type -> LayerCosts; not an init field, so dataclasses.replace() starts a fresh one
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         from paraplan.precision import element_bytes
 
-        self.cluster.check_precision(self.precision)  # a device without the dtype: one line
+        from paraplan.precision import fp8_recipe_problem
+
+        problem = fp8_recipe_problem(self.precision, self.fp8_recipe)
+        if problem:
+            raise ValueError(problem)
+        self.cluster.check_precision(self.precision, self.fp8_recipe)  # a device without the dtype: one line
         if self.model.compute_dtype_bytes != element_bytes(self.precision):
             raise ValueError(f"the model computes in {self.model.compute_dtype_bytes}-byte activations, a {self.precision} "
                              "cost model needs model.in_compute_dtype(element_bytes(precision))")
@@ -75,12 +82,12 @@ class CostModel:
     def compute(self, device_id: int) -> LayerCosts:
         spec = self.cluster.device(device_id)
         if spec.name not in self._cache:
-            self._cache[spec.name] = self.compute_costs(spec.for_precision(self.precision))
+            self._cache[spec.name] = self.compute_costs(spec.for_precision(self.precision, self.fp8_recipe))
         return self._cache[spec.name]
 
 
 def analytic_cost_model(model: ModelSpec, cluster: Cluster, precision: str = "fp32", engine: str = "paraplan",
-                        block: BlockShape | None = None, **kwargs) -> CostModel:
+                        block: BlockShape | None = None, fp8_recipe: str = "", **kwargs) -> CostModel:
     """The device model's compute at the cluster's peak in `precision`, the activations at its element
     size, as `engine` runs the model (costs/engine_profile.py; `block`: the transformer block's shape,
     which an engine with fused kernels or a 16-bit residual stream needs to price them)."""
@@ -92,8 +99,8 @@ def analytic_cost_model(model: ModelSpec, cluster: Cluster, precision: str = "fp
         model = residual_stream_in(model, profile.residual_bytes)
         model = engine_activations(model, block, profile, profile.residual_bytes)
     link = cluster.nodes[0].intra_link  # unused for compute; transfers use cluster.link(a, b)
-    return CostModel(model, cluster, lambda spec: analytic_costs(model, spec, link, profile, block), precision=precision,
-                     engine=engine, **kwargs)
+    return CostModel(model, cluster, lambda spec: analytic_costs(model, spec, link, profile, block, fp8_recipe),
+                     precision=precision, engine=engine, fp8_recipe=fp8_recipe, **kwargs)
 
 
 def residual_stream_in(model: ModelSpec, element_bytes: int) -> ModelSpec:

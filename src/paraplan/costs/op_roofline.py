@@ -46,17 +46,27 @@ def _at(value: Affine, b: np.ndarray) -> np.ndarray:
     return value.fixed + value.per_sample * b
 
 
-def gemm_seconds(batch, m, n, k, element_bytes: int, device: DeviceSpec) -> np.ndarray:
+def gemm_seconds(batch, m, n, k, element_bytes: int, device: DeviceSpec, scale_bytes: float = 0.0) -> np.ndarray:
     """One GEMM's time on `device` (batch independent M x K @ K x N products; arrays broadcast):
     the wave-quantised compute at the device's MAMF, or its operands' traffic, whichever is longer,
-    and at least one launch."""
+    and at least one launch. `element_bytes` 1: an FP8 GEMM (costs/fp8_linear.py) at the device's
+    FP8 peak and its FP8 efficiency, FP8 operands (with `scale_bytes` of block scales per element)
+    and a bf16 output."""
     batch, m, n, k = (np.asarray(x, dtype=float) for x in (batch, m, n, k))
     tm, tn = device.gemm_tile
     tiles = np.minimum(batch * np.ceil(m / tm) * np.ceil(n / tn), batch * np.ceil(m / tn) * np.ceil(n / tm))
     waves = np.ceil(tiles / device.sm_count)
-    per_sm = device.peak_flops * device.max_efficiency / device.sm_count
+    if element_bytes == 1:
+        if device.fp8_gemm_flops <= 0:
+            raise ValueError(f"{device.name}: an FP8 GEMM on a device view without its FP8 peak "
+                             "(DeviceSpec.for_precision('fp8', recipe))")
+        per_sm = device.fp8_gemm_flops * device.fp8_gemm_efficiency / device.sm_count
+        traffic = batch * ((1.0 + scale_bytes) * (m * k + k * n) + 2.0 * m * n)
+    else:
+        per_sm = device.peak_flops * device.max_efficiency / device.sm_count
+        traffic = element_bytes * batch * (m * k + k * n + m * n)
     compute = waves * 2.0 * tm * tn * k / per_sm
-    memory = element_bytes * batch * (m * k + k * n + m * n) / achievable_bandwidth(device)
+    memory = traffic / achievable_bandwidth(device)
     t = np.maximum(compute, memory)
     return np.where(batch * m * n * k > 0, np.maximum(t, device.kernel_overhead_s), 0.0)
 
@@ -87,7 +97,7 @@ def pass_seconds(ops: PassOps, device: DeviceSpec, batch) -> np.ndarray:
 
 
 def _gemm(g: Gemm, device: DeviceSpec, b: np.ndarray) -> np.ndarray:
-    return gemm_seconds(_at(g.batch, b), _at(g.m, b), _at(g.n, b), _at(g.k, b), g.element_bytes, device)
+    return gemm_seconds(_at(g.batch, b), _at(g.m, b), _at(g.n, b), _at(g.k, b), g.element_bytes, device, g.scale_bytes)
 
 
 @dataclass(frozen=True)

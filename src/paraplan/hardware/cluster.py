@@ -44,6 +44,10 @@ class DeviceSpec:
     gemm_tile: tuple[int, int] = (256, 128)  # cuBLAS's thread-block tile (M x N) for large GEMMs
     attention_efficiency: float = 0.0  # fraction of peak a fused (flash) attention kernel reaches
     memory_efficiency: float = 1.0  # fraction of the datasheet's memory bandwidth copies reach
+    # The FP8 GEMMs of an FP8 plan (costs/fp8_linear.py): set only on the view `for_precision("fp8",
+    # recipe)` returns (the peak of the recipe's dtype, `fp8` or `mxfp8`, and its efficiency); 0 elsewhere
+    fp8_gemm_flops: float = 0.0
+    fp8_gemm_efficiency: float = 0.0
 
     @property
     def operator_priced(self) -> bool:
@@ -77,9 +81,30 @@ class DeviceSpec:
             raise PrecisionError(f"{self.name} has no {key} (it computes in {', '.join(sorted(self.peaks))})")
         return self.peaks[key]
 
-    def for_precision(self, precision: str) -> DeviceSpec:
-        """The device as a cost model in `precision` sees it: its peak and its efficiency in that dtype."""
-        return replace(self, peak_flops=self.peak_for(precision), max_efficiency=self.efficiency_for(precision))
+    def for_precision(self, precision: str, fp8_recipe: str = "") -> DeviceSpec:
+        """The device as a cost model in `precision` sees it: its peak and its efficiency in that dtype.
+        fp8: bf16's (everything but the linears' GEMMs runs in bf16), and the FP8 GEMMs' peak and
+        efficiency of the recipe's dtype (`fp8_gemm_peak`)."""
+        from paraplan.precision import Precision
+
+        if precision != Precision.FP8:
+            return replace(self, peak_flops=self.peak_for(precision), max_efficiency=self.efficiency_for(precision))
+        peak, efficiency = self.fp8_gemm_peak(fp8_recipe)
+        return replace(self, peak_flops=self.peak_for(Precision.BF16), max_efficiency=self.efficiency_for(Precision.BF16),
+                       fp8_gemm_flops=peak, fp8_gemm_efficiency=efficiency)
+
+    def fp8_gemm_peak(self, fp8_recipe: str) -> tuple[float, float]:
+        """(FLOP/s, efficiency) of the FP8 GEMMs `fp8_recipe` runs: MX FP8 needs the device's `mxfp8`
+        peak (Blackwell), the others its `fp8` peak (Hopper, Ada); PrecisionError in one line when
+        the device has none. An FP8 peak without its own efficiency takes bf16's."""
+        from paraplan.precision import DEFAULT_FP8_RECIPE, Precision
+
+        key = "mxfp8" if fp8_recipe == "mxfp8" else "fp8"
+        if key not in self.peaks:
+            has = "FP8 (Hopper or Ada)" if key == "fp8" else "MX FP8 (Blackwell)"
+            raise PrecisionError(f"{self.name} has no {has} tensor cores for the fp8 recipe "
+                                 f"{fp8_recipe or DEFAULT_FP8_RECIPE!r} (it computes in {', '.join(sorted(self.peaks))})")
+        return self.peaks[key], self.efficiencies.get(key, self.efficiency_for(Precision.BF16))
 
 
 class PrecisionError(ParaplanError):
@@ -289,15 +314,17 @@ class Cluster:
             replace(n, devices=tuple(replace(d, memory_bytes=int(d.memory_bytes * factor)) for d in n.devices))
             for n in self.nodes))
 
-    def check_precision(self, precision: str) -> None:
+    def check_precision(self, precision: str, fp8_recipe: str = "") -> None:
         """Raise PrecisionError (one line, naming the cluster and the device type) unless every
-        device computes in `precision`."""
+        device computes in `precision` (fp8: with `fp8_recipe`'s FP8 GEMMs)."""
         seen = set()
         for slot in self.devices:
             if slot.spec.name not in seen:
                 seen.add(slot.spec.name)
                 try:
                     slot.spec.peak_for(precision)
+                    if precision == "fp8":
+                        slot.spec.fp8_gemm_peak(fp8_recipe)
                 except PrecisionError as exc:
                     raise PrecisionError(f"{self.name}: {exc}") from None
 

@@ -9,7 +9,8 @@
     [device_types.v100-32gb]
     peak_flops = 14.0e12                  # FLOP/s in fp32, or a table per dtype the device has:
                                           # { fp32 = 14e12, fp16 = 112e12 } (fp32 required; a
-                                          # dtype left out is one the device refuses)
+                                          # dtype left out is one the device refuses; fp8: the
+                                          # FP8 tensor cores of Hopper / Ada, mxfp8: Blackwell's)
     memory_bandwidth_bytes_per_s = 900e9
     memory_gib = 32
     kernel_overhead_s = 1.0e-5
@@ -123,7 +124,7 @@ def _link(where: str, table: object) -> LinkSpec:
 
 def _peaks(where: str, table: dict) -> tuple[float, tuple[tuple[str, float], ...]]:
     """`peak_flops`: one number (fp32) or a table per dtype; (fp32 peak, the other dtypes' peaks)."""
-    from paraplan.precision import PRECISIONS
+    from paraplan.precision import PEAK_DTYPES as PRECISIONS
 
     value = table.get("peak_flops")
     if not isinstance(value, dict):
@@ -147,7 +148,7 @@ def _fraction(where: str, table: dict, key: str) -> float:
 def _efficiencies(where: str, table: dict, dtypes: set[str]) -> tuple[float, tuple[tuple[str, float], ...]]:
     """`max_efficiency`: one fraction (every dtype) or a table per dtype the device has; (fp32's,
     the other dtypes')."""
-    from paraplan.precision import PRECISIONS
+    from paraplan.precision import PEAK_DTYPES as PRECISIONS
 
     value = table.get("max_efficiency")
     if not isinstance(value, dict):

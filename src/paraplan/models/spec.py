@@ -39,8 +39,9 @@ class Gemm:
     m: Affine
     n: Affine
     k: Affine
-    element_bytes: int
+    element_bytes: int  # 1: an FP8 GEMM (costs/fp8_linear.py), bf16 output, at the device's FP8 peak
     count: int = 1
+    scale_bytes: float = 0.0  # per operand element: block scales read beside FP8 operands (MX: 1/32)
 
 
 @dataclass(frozen=True)

@@ -164,29 +164,36 @@ def operator_graph(built: BuiltModel, *, optional: bool = False, watch: Watch | 
         return None
 
 
-def check_precision(cluster: Cluster, precision: str | None) -> str:
-    """The precision a request on `cluster` trains in (its default_precision unless given), every
-    device computing in it; else one line (FieldError for an unknown name, PrecisionError naming
-    the device)."""
-    from paraplan.precision import parse_precision
+def check_precision(cluster: Cluster, precision: str | None, fp8_recipe: str | None = None) -> tuple[str, str]:
+    """The precision a request on `cluster` trains in (its default_precision unless given) and, for
+    fp8, its recipe (DEFAULT_FP8_RECIPE unless given), every device computing in it; else one line
+    (FieldError for an unknown name or a recipe without fp8, PrecisionError naming the device)."""
+    from paraplan.precision import DEFAULT_FP8_RECIPE, Precision, fp8_recipe_problem, parse_precision
 
     try:
         chosen = str(parse_precision(precision or cluster.default_precision))
     except ValueError as exc:
         raise FieldError("precision", str(exc)) from None
-    cluster.check_precision(chosen)
-    return chosen
+    recipe = (fp8_recipe or DEFAULT_FP8_RECIPE) if chosen == Precision.FP8 else (fp8_recipe or "")
+    problem = fp8_recipe_problem(chosen, recipe)
+    if problem:
+        raise FieldError("fp8_recipe", problem)
+    cluster.check_precision(chosen, recipe)
+    return chosen, recipe
 
 
 def cost_model(spec: ModelSpec, cluster: Cluster, *, profile: str | Path | None = None, precision: str | None = None,
-               **kwargs) -> CostModel:
+               fp8_recipe: str | None = None, **kwargs) -> CostModel:
     """The CostModel of a measured model on a cluster: analytic, or from a profile file (a layer
     profile replaces the layers' compute times; an operator profile prices the operators and
     leaves the layers analytic). `precision`: what the plans train in (precision.py; default the
-    cluster's default_precision). `kwargs`: CostModel's (operators, overheads, overlap_slowdown, ...)."""
+    cluster's default_precision; fp8 with `fp8_recipe`, default tensorwise). `kwargs`: CostModel's
+    (operators, overheads, overlap_slowdown, ...)."""
     from paraplan.costs.model import analytic_cost_model, profile_cost_model
 
-    kwargs["precision"] = check_precision(cluster, precision)
+    kwargs["precision"], recipe = check_precision(cluster, precision, fp8_recipe)
+    if recipe:
+        kwargs["fp8_recipe"] = recipe
     kwargs.setdefault("source", cost_source(cluster))
 
     if profile:
@@ -292,12 +299,13 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
              image_size: int | None = None, layers: str | None = None, operators: str | None = None,
              stages: int | None = None, micro_batches: int | None = None, schedule=None, exact_stages: bool = False,
              options=None, watch: Watch | None = None, precision: str | None = None,
-             engine: str = "paraplan", headroom: float | None = None) -> Workload:
+             engine: str = "paraplan", headroom: float | None = None, fp8_recipe: str | None = None) -> Workload:
     """The cluster loaded (unless it is one already), the model built and measured, its operator
     graph traced (`operators`: see OPERATORS), its cost model and, with a `batch`, the PlanRequest
     (its model named by the built reference, its cluster by `cluster_name`, by default the name or
     file as given). `overheads` replace the cluster's (a calibrated one carries its own). `engine`:
-    whose implementation prices the plans (costs/engine_profile.py; paraplan's own runtime by default)."""
+    whose implementation prices the plans (costs/engine_profile.py; paraplan's own runtime by default).
+    `fp8_recipe`: an fp8 request's scaling recipe (precision.py; default tensorwise)."""
     from paraplan.costs.engine_profile import engine_profile
     from paraplan.hardware import Cluster, load_cluster
 
@@ -311,7 +319,7 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
         loaded, name = cluster, cluster_name or cluster.name
     else:
         loaded, name = load_cluster(str(cluster)), cluster_name or str(cluster)
-    precision = check_precision(loaded, precision)  # before any measurement
+    precision, fp8_recipe = check_precision(loaded, precision, fp8_recipe)  # before any measurement
     built, spec = measured_model(model, seq_len=seq_len, image_size=image_size, layers=layers, watch=watch,
                                  precision=precision, attention=attention_kernel(loaded, precision))
     graph = operator_graph(built, optional=operators == "optional", watch=watch) if operators else None
@@ -319,7 +327,8 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
              if value is not None}
     if engine != "paraplan":
         extra.update(engine=engine, block=engine_block(built, attention_kernel(loaded, precision)))
-    costs = cost_model(spec, loaded, profile=profile, operators=graph, precision=precision, **extra)
+    costs = cost_model(spec, loaded, profile=profile, operators=graph, precision=precision, fp8_recipe=fp8_recipe,
+                       **extra)
     if engine != "paraplan":
         costs = replace(costs, source=f"{costs.source}, priced as {engine} runs the model")
     # the simulator refuses TP where the runtime cannot run it: for plans simulated (`paraplan

@@ -33,11 +33,15 @@ JSON_HELP = "print JSON instead of a table"
 
 def add_precision(parser: argparse.ArgumentParser) -> None:
     """--precision: what the plans train in."""
-    from paraplan.precision import PRECISIONS
+    from paraplan.precision import FP8_RECIPES, PRECISIONS
 
     parser.add_argument("--precision", default=None, choices=PRECISIONS,
                         help="fp32, tf32 (TF32 matmuls), bf16 or fp16 (mixed precision: 16-bit compute, fp32 master "
-                             "weights and optimizer states); default: the cluster's default_precision")
+                             "weights and optimizer states), fp8 (bf16 with the transformer blocks' linears on FP8 "
+                             "tensor cores: Hopper, Ada or Blackwell); default: the cluster's default_precision")
+    parser.add_argument("--fp8-recipe", default=None, choices=FP8_RECIPES,
+                        help="with --precision fp8: how the FP8 casts are scaled (tensorwise, rowwise, blockwise; "
+                             "mxfp8 on Blackwell); default: tensorwise")
 
 
 def add_sizes(parser: argparse.ArgumentParser) -> None:

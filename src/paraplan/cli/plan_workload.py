@@ -28,7 +28,7 @@ def plan_workload(args, cluster, *, batch, operators: str | None, watch, options
                     memory=None if args.memory_gib is None else gib_bytes(args.memory_gib), seq_len=args.seq_len,
                     image_size=args.image_size, layers=args.layers, operators=operators, stages=args.stages,
                     micro_batches=args.micro_batches, schedule=args.schedule, exact_stages=args.exact_stages,
-                    options=options, watch=watch, precision=args.precision,
+                    options=options, watch=watch, precision=args.precision, fp8_recipe=getattr(args, "fp8_recipe", None),
                     engine=getattr(args, "engine", None) or "paraplan", headroom=getattr(args, "headroom", None))
 
 

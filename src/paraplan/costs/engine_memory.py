@@ -45,25 +45,28 @@ def torchtitan_op_sac_bytes(block: BlockShape, element_bytes: int = 2) -> float:
 
 
 def engine_activations(model: ModelSpec, block: BlockShape, engine: EngineProfile,
-                       element_bytes: int = 2) -> ModelSpec:
+                       element_bytes: int = 2, linear_input_bytes: float | None = None) -> ModelSpec:
     """The model with every transformer block's saved bytes as `engine` keeps them (per sample, as
-    the measurement's are), and the bytes its `selective` recomputation drops."""
-    layers = tuple(_engine_block(layer, block, engine, element_bytes) if layer.kind == "block" else layer
-                   for layer in model.layers)
+    the measurement's are), and the bytes its `selective` recomputation drops. `linear_input_bytes`:
+    an FP8 plan's linear inputs as the engine keeps them (costs/fp8_linear.py: saved_input_bytes)."""
+    layers = tuple(_engine_block(layer, block, engine, element_bytes, linear_input_bytes) if layer.kind == "block"
+                   else layer for layer in model.layers)
     return replace(model, layers=layers)
 
 
-def _engine_block(layer, block: BlockShape, engine: EngineProfile, element_bytes: int):
+def _engine_block(layer, block: BlockShape, engine: EngineProfile, element_bytes: int,
+                  linear_input_bytes: float | None = None):
     """One block's saved bytes as `engine` keeps them; a mixture-of-experts block as the dense block
     of its expert FFN (costs/engine_profile.py: `expert_block`), with the permuted copies of its
     tokens its experts keep beyond the one input a dense MLP keeps ((k - 1) T h)."""
     shape_block = block if layer.experts is None else expert_block(block, layer.experts)
     shape = transformer_shape(shape_block)
-    whole = layer_activation_bytes(shape, 1, element_bytes)
+    whole = layer_activation_bytes(shape, 1, element_bytes, linear_input_bytes=linear_input_bytes)
     if layer.experts is not None:
         whole += (layer.experts.top_k - 1) * block.seq_len * block.hidden * element_bytes
     if engine.per_op_selective:
         kept_selective = torchtitan_op_sac_bytes(shape_block, element_bytes)
     else:
-        kept_selective = layer_activation_bytes(shape, 1, element_bytes, recompute="selective")
+        kept_selective = layer_activation_bytes(shape, 1, element_bytes, recompute="selective",
+                                                linear_input_bytes=linear_input_bytes)
     return replace(layer, saved_bytes=Affine(0.0, whole), attention_core_bytes=Affine(0.0, whole - kept_selective))

@@ -65,6 +65,27 @@ MX_SCALE_BYTES_PER_ELEMENT = 1.0 / 32.0
 FP8_ALIGNMENT = 16
 
 
+# Bytes per parameter of the FP8 weight copies an engine keeps beside its weights (memory_config.py):
+# Transformer Engine caches each linear's FP8 weight and its transpose (rowwise and columnwise data)
+# for the step's micro-batches (its `_fp8_workspaces`, refreshed on a step's first micro-batch);
+# torchao's Float8Linear casts the weight where a GEMM needs it and keeps no copy.
+_FP8_WEIGHT_COPY_BYTES = {"megatron": 2.0}
+
+
+def fp8_weight_copy_bytes(engine: str) -> float:
+    return _FP8_WEIGHT_COPY_BYTES.get(engine, 0.0)
+
+
+def saved_input_bytes(engine: str, recipe: str) -> float:
+    """Bytes per element an engine keeps of a linear's input for the weight gradient: Transformer
+    Engine (megatron) its FP8 copy under every recipe; torchao its FP8 copy under tensorwise (the
+    forward's cast writes both layouts), the bf16 input under the others (cast again in the
+    backward: roofline_utils' kernel lists)."""
+    if engine == "megatron" or recipe == "tensorwise":
+        return 1.0
+    return 2.0
+
+
 def cast_bytes(recipe: str, role: str, numel: float, fused_casts: bool) -> dict[str, list[float]]:
     """The cast kernels of one tensor (`role`: input, weight or grad_output) of `numel` elements:
     per pass, the bytes each kernel reads and writes (0: a launch that moves nothing)."""

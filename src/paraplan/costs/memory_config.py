@@ -67,6 +67,10 @@ class MemoryConfig:
     # compute dtype (FSDP2's MixedPrecisionPolicy(param_dtype) casts the shard before gathering;
     # DeepSpeed's 16-bit parameters); 0: as compute_copy_bytes_per_param, else the parameters'.
     gathered_bytes_per_param: float = 0.0
+    # An fp8 plan's FP8 weight copies per parameter of its transformer blocks (costs/fp8_linear.py:
+    # fp8_weight_copy_bytes): Transformer Engine keeps each linear's FP8 weight and its transpose
+    # across a step's micro-batches; torchao casts per use and keeps none
+    fp8_weight_bytes_per_param: float = 0.0
     # FSDP under pipelining keeps each stage's units gathered and their gradients unsharded until the
     # stage's last backward (EngineProfile.pipeline_keeps_fsdp_units: torchtitan)
     pipeline_keeps_sdp_units: bool = False
@@ -83,7 +87,7 @@ class MemoryConfig:
 
         if not is_mixed(precision):
             return replace(self, compute_copy_bytes_per_param=0.0)
-        return replace(self, compute_copy_bytes_per_param=float(element_bytes(precision)))
+        return replace(self, compute_copy_bytes_per_param=float(element_bytes(precision)), fp8_weight_bytes_per_param=0.0)
 
     def for_engine(self, engine: str, precision: str) -> MemoryConfig:
         """The model states per parameter as `engine` keeps them in a mixed `precision`, unsharded
@@ -94,18 +98,20 @@ class MemoryConfig:
         their parameters in the compute dtype or gather them in it: no autocast weight copies."""
         from paraplan.costs.engine_profile import engine_profile
         from paraplan.costs.engine_states import deepspeed_states, fsdp2_states, megatron_states
-        from paraplan.precision import element_bytes, is_mixed
+        from paraplan.costs.fp8_linear import fp8_weight_copy_bytes
+        from paraplan.precision import compute_precision, element_bytes, is_mixed
 
         if engine == "paraplan":
             return self
         config = replace(self, pipeline_keeps_sdp_units=engine_profile(engine).pipeline_keeps_fsdp_units)
         if not is_mixed(precision):
             return config
-        states = {"megatron": lambda: megatron_states(str(precision), 1, distributed_optimizer=False),
+        states = {"megatron": lambda: megatron_states(str(compute_precision(precision)), 1, distributed_optimizer=False),
                   "deepspeed": lambda: deepspeed_states(1, 1), "torchtitan": lambda: fsdp2_states(1)}[engine]()
         return replace(config, state_bytes_per_param=states.total, param_bytes_per_param=states.parameters,
                        grad_bytes_per_param=states.gradients, compute_copy_bytes_per_param=0.0,
-                       gathered_bytes_per_param=float(element_bytes(precision)))
+                       gathered_bytes_per_param=float(element_bytes(precision)),
+                       fp8_weight_bytes_per_param=fp8_weight_copy_bytes(engine) if precision == "fp8" else 0.0)
 
     def for_device_kind(self, kind: str | None) -> MemoryConfig:
         """The terms that apply on a device of this kind (DeviceSpec.name): a CPU has no CUDA context

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from paraplan.costs.analytic import analytic_costs
 from paraplan.costs.engine_memory import engine_activations
 from paraplan.costs.engine_profile import BlockShape, engine_profile
+from paraplan.costs.fp8_linear import saved_input_bytes
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.op_costs import OperatorProfile
 from paraplan.costs.profile import Profile, profile_costs
@@ -56,9 +57,7 @@ class CostModel:
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        from paraplan.precision import element_bytes
-
-        from paraplan.precision import fp8_recipe_problem
+        from paraplan.precision import element_bytes, fp8_recipe_problem
 
         problem = fp8_recipe_problem(self.precision, self.fp8_recipe)
         if problem:
@@ -79,6 +78,11 @@ class CostModel:
         if len(kinds) == 1:
             object.__setattr__(self, "memory", self.memory.for_device_kind(kinds.pop()))
 
+    @property
+    def plan_precision(self) -> dict:
+        """The Plan fields that say what this cost model prices: `replace(plan, **costs.plan_precision)`."""
+        return {"precision": self.precision, "fp8_recipe": self.fp8_recipe}
+
     def compute(self, device_id: int) -> LayerCosts:
         spec = self.cluster.device(device_id)
         if spec.name not in self._cache:
@@ -97,7 +101,8 @@ def analytic_cost_model(model: ModelSpec, cluster: Cluster, precision: str = "fp
     model = model.in_compute_dtype(element_bytes(precision))
     if profile.residual_bytes is not None and block is not None:
         model = residual_stream_in(model, profile.residual_bytes)
-        model = engine_activations(model, block, profile, profile.residual_bytes)
+        fp8_inputs = saved_input_bytes(engine, fp8_recipe) if fp8_recipe else None
+        model = engine_activations(model, block, profile, profile.residual_bytes, linear_input_bytes=fp8_inputs)
     link = cluster.nodes[0].intra_link  # unused for compute; transfers use cluster.link(a, b)
     return CostModel(model, cluster, lambda spec: analytic_costs(model, spec, link, profile, block, fp8_recipe),
                      precision=precision, engine=engine, fp8_recipe=fp8_recipe, **kwargs)

@@ -173,8 +173,10 @@ def layer_memory(model: ModelSpec, index: int, strategy: LayerStrategy, micro_ba
                        optimizer_bytes=dense * optimizer_b / shards + routed_states[2],
                        weights_bytes=sharded_params(layer, params, strategy) * config.param_bytes_per_param,
                        saved_bytes=saved, recompute_bytes=recompute,
-                       copy_bytes=held_params(layer, params, strategy) * config.compute_copy_bytes_per_param
-                       if strategy.sdp == 1 else 0.0)
+                       copy_bytes=(held_params(layer, params, strategy) * config.compute_copy_bytes_per_param
+                                   if strategy.sdp == 1 else 0.0)
+                       + (held_params(layer, params, strategy) * config.fp8_weight_bytes_per_param
+                          if layer.kind == "block" else 0.0))
 
 
 def _split_compute(fn, local: float, tp: int, cp: int, strategy: LayerStrategy) -> float:

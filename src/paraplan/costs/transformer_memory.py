@@ -85,13 +85,17 @@ class SavedTensor:
 
 
 def activation_tensors(shape: TransformerShape, micro_batch: int, element_bytes: int = 2, tp: int = 1,
-                       sequence_parallel: bool = False, recompute: str = "none") -> tuple[SavedTensor, ...]:
+                       sequence_parallel: bool = False, recompute: str = "none",
+                       linear_input_bytes: float | None = None) -> tuple[SavedTensor, ...]:
     """What one layer keeps for its backward, per micro-batch, on one of `tp` ranks (the module
-    docstring lists the tensors and their sources)."""
+    docstring lists the tensors and their sources). `linear_input_bytes`: bytes per element of the
+    four linear inputs an FP8 plan's engine keeps in FP8 (costs/fp8_linear.py: saved_input_bytes);
+    None: `element_bytes`."""
     if recompute not in RECOMPUTES:
         raise ValueError(f"recompute: expected one of {', '.join(RECOMPUTES)}, got {recompute!r}")
     s, b, a = shape.seq_len, micro_batch, shape.heads
     e, sbh, ffn = element_bytes, s * b * shape.hidden, shape.intermediate
+    li = e if linear_input_bytes is None else linear_input_bytes  # what a linear keeps of its input
     mask = 1.0 if shape.dropout else 0.0
 
     def whole(name, nbytes):  # in the replicated region: split only by sequence parallelism
@@ -104,7 +108,7 @@ def activation_tensors(shape: TransformerShape, micro_batch: int, element_bytes:
         return (whole("layer input", e * sbh),)
     stats = 8.0 if shape.norm == "layernorm" else 4.0  # fp32 mean and rstd per token (rstd alone for RMSNorm)
     out = [whole("norm 1 input", e * sbh), whole("norm 1 statistics", stats * s * b),
-           whole("QKV input", e * sbh),
+           whole("QKV input", li * sbh),
            parallel("Q and K", e * sbh * (1 + shape.kv_fraction)), parallel("V", e * sbh * shape.kv_fraction)]
     if recompute == "none":  # the attention core; selective recomputation runs it again instead
         if shape.attention == "eager":
@@ -114,15 +118,15 @@ def activation_tensors(shape: TransformerShape, micro_batch: int, element_bytes:
                         parallel("softmax dropout output", e * a * s * s * b)]
         else:  # SDPA / flash: the kernel's output and its fp32 log-sum-exp per row
             out += [parallel("attention kernel output", e * sbh), parallel("log-sum-exp", 4.0 * a * s * b)]
-    out.append(parallel("output projection input", e * sbh))
+    out.append(parallel("output projection input", li * sbh))
     if shape.dropout:
         out.append(whole("attention dropout mask", mask * sbh))
-    out += [whole("norm 2 input", e * sbh), whole("norm 2 statistics", stats * s * b), whole("MLP input", e * sbh)]
+    out += [whole("norm 2 input", e * sbh), whole("norm 2 statistics", stats * s * b), whole("MLP input", li * sbh)]
     if shape.mlp == "gelu":
-        out += [parallel("GeLU input", e * s * b * ffn), parallel("second linear input", e * s * b * ffn)]
+        out += [parallel("GeLU input", e * s * b * ffn), parallel("second linear input", li * s * b * ffn)]
     else:  # SwiGLU: SiLU(gate) * up, then the down projection
         out += [parallel("gate (SiLU input)", e * s * b * ffn), parallel("SiLU output", e * s * b * ffn),
-                parallel("up projection output", e * s * b * ffn), parallel("down projection input", e * s * b * ffn)]
+                parallel("up projection output", e * s * b * ffn), parallel("down projection input", li * s * b * ffn)]
     if shape.dropout:
         out.append(whole("MLP dropout mask", mask * sbh))
     return tuple(out)
@@ -130,11 +134,11 @@ def activation_tensors(shape: TransformerShape, micro_batch: int, element_bytes:
 
 def layer_activation_bytes(shape: TransformerShape, micro_batch: int, element_bytes: int = 2, tp: int = 1,
                            sequence_parallel: bool = False, recompute: str = "none",
-                           include_statistics: bool = True) -> float:
+                           include_statistics: bool = True, linear_input_bytes: float | None = None) -> float:
     """The sum of `activation_tensors`; `include_statistics=False` leaves out the norms' fp32
     statistics, as the paper does."""
     return sum(t.bytes for t in activation_tensors(shape, micro_batch, element_bytes, tp, sequence_parallel,
-                                                   recompute)
+                                                   recompute, linear_input_bytes)
                if include_statistics or "statistics" not in t.name)
 
 

@@ -48,7 +48,7 @@ def recipe_row(request: PlanRequest, engine: str, shape: ModelShape) -> Row:
     name = recipes_name(engine)
 
     def accept(plan) -> bool:
-        return engine_problem(replace(plan, precision=request.costs.precision), engine, shape) is None
+        return engine_problem(replace(plan, **request.costs.plan_precision), engine, shape) is None
 
     try:
         judged = grid_candidates(request, simulator_judge(request), ENGINE_FAMILIES[engine], accept,
@@ -56,7 +56,7 @@ def recipe_row(request: PlanRequest, engine: str, shape: ModelShape) -> Row:
     except FieldError as exc:
         return Row(planner=name, status="failed", reason=f"{ENGINE_NAMES[engine]}'s recipes: {exc.detail}")
     plan, _ = judged[0]
-    row = judged_row(name, replace(plan, precision=request.costs.precision), request.costs)
+    row = judged_row(name, replace(plan, **request.costs.plan_precision), request.costs)
     if row.status == "ok":
         return replace(row, reason=f"{ENGINE_NAMES[engine]}'s own recipes: {len(judged)} layouts judged")
     return replace(row, reason=row.reason + "; " + what_would_fit(row, request))

@@ -322,9 +322,9 @@ class Cluster:
             if slot.spec.name not in seen:
                 seen.add(slot.spec.name)
                 try:
-                    slot.spec.peak_for(precision)
-                    if precision == "fp8":
+                    if precision == "fp8":  # first: its line names the tensor cores missing
                         slot.spec.fp8_gemm_peak(fp8_recipe)
+                    slot.spec.peak_for(precision)
                 except PrecisionError as exc:
                     raise PrecisionError(f"{self.name}: {exc}") from None
 

@@ -291,9 +291,10 @@ def measure(built: BuiltModel, progress=None, precision: str = "fp32", attention
     scaled-dot-product attention kept as `attention` says (`SdpaKernel`: "fused", "cpu", "math")."""
     if attention not in ATTENTION:
         raise ValueError(f"attention: expected one of {ATTENTION}, got {attention!r}")
-    from paraplan.precision import Precision
+    from paraplan.precision import Precision, compute_precision
 
-    compute_dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(precision)
+    # an fp8 plan's layers run in bf16 but for its linears' GEMMs, which costs/fp8_linear.py prices
+    compute_dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(compute_precision(precision))
     if next(iter(built.module.parameters()), torch.empty(0, device="meta")).device.type != "meta":
         built = _meta_copy(built)
     built.module.train()  # dropout and friends as in training, so saved tensors are what training keeps

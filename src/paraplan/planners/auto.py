@@ -174,7 +174,7 @@ def _stopped(name: str, request: PlanRequest, time_limit_s: float, elapsed_s: fl
     if best is None:
         return Row(planner=name, status="timeout", reason=f"no plan within the {limit}", timed_out=True)
     note = f"stopped at the {limit}: the best plan found so far" + (f" ({where})" if where else "")
-    best = replace(best, precision=request.costs.precision,
+    best = replace(best, **request.costs.plan_precision,
                    search=SearchInfo(planner=name, search_s=elapsed_s, options=(("timed_out", True),), note=note))
     return _row(name, best, request.costs, elapsed_s, timed_out=True, note=note)
 

@@ -54,9 +54,9 @@ def simulator_judge(request: PlanRequest) -> Judge:
     from paraplan.simulator.predict import simulate_plan
 
     # a planner's candidates are in the request's precision (make_plan stamps the result)
-    precision = request.costs.precision
+    precision = request.costs.plan_precision
     # (without the split of where the time goes: the judge reads the prediction alone)
-    return lambda plan: simulate_plan(replace(plan, precision=precision), request.costs, split=False).prediction
+    return lambda plan: simulate_plan(replace(plan, **precision), request.costs, split=False).prediction
 
 
 def make_plan(request: PlanRequest, name: str, judge: Judge | None = None, *, predict: bool = True) -> Plan:
@@ -69,7 +69,7 @@ def make_plan(request: PlanRequest, name: str, judge: Judge | None = None, *, pr
         raise FieldError("schedule", f"planner {name!r} plans {', '.join(spec.schedules)}, not {request.schedule}")
     options = validated_options(name, request.options, spec.options)
     judge = judge or simulator_judge(request)
-    plan = replace(spec.fn(request, options, judge), precision=request.costs.precision)
+    plan = replace(spec.fn(request, options, judge), **request.costs.plan_precision)
     if plan.prediction is None and predict:
         plan = replace(plan, prediction=judge(plan))
     return plan

@@ -28,7 +28,7 @@ from paraplan.plans.layer_strategy import DEFAULT_ORDER, RECOMPUTES, ZERO_STAGES
 from paraplan.plans.prediction import DeviceMemory, Prediction, SearchInfo  # noqa: F401  (read from here too)
 from paraplan.plans.schedules import Schedule, schedule_problem
 from paraplan.plans.schedules import stage_ranks as default_stage_ranks
-from paraplan.precision import PRECISIONS, Precision
+from paraplan.precision import PRECISIONS, Precision, fp8_recipe_problem
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # a version-1 file loads unchanged, as fp32 (docs/plan-format.md)
@@ -129,6 +129,9 @@ class Plan:
     expert_overlap: bool = False
     # the token dispatcher of expert-parallel layers: "alltoall" or "deepep" (plans/expert_dispatch.py)
     expert_dispatcher: str = "alltoall"
+    # an fp8 plan's scaling recipe (precision.py FP8_RECIPES: tensorwise, rowwise, blockwise, mxfp8);
+    # "" for every other precision
+    fp8_recipe: str = ""
 
     def __post_init__(self):
         # plain strings become the typed choices; an unknown one is left for validate() to name
@@ -204,6 +207,9 @@ def validate(plan: Plan) -> Plan:
         raise PlanError(f"format_version: expected {' or '.join(map(str, READABLE_VERSIONS))}, got {plan.format_version}")
     if plan.precision not in PRECISIONS:
         raise PlanError(f"precision: unknown {plan.precision!r}; expected one of {', '.join(PRECISIONS)}")
+    problem = fp8_recipe_problem(plan.precision, plan.fp8_recipe)
+    if problem:
+        raise PlanError(f"fp8_recipe: {problem}")
     for name in ("n_layers", "global_batch", "n_micro"):
         if getattr(plan, name) < 1:
             raise PlanError(f"{name}: must be at least 1, got {getattr(plan, name)}")

@@ -61,6 +61,7 @@ def plan_to_dict(plan: Plan) -> dict:
                      **({"expert_overlap": True} if plan.expert_overlap else {})},
         "grad_sync": plan.grad_sync,
         **({"expert_dispatcher": plan.expert_dispatcher} if plan.expert_dispatcher != "alltoall" else {}),
+        **({"fp8_recipe": plan.fp8_recipe} if plan.fp8_recipe else {}),
         "stages": [
             {
                 "layers": rng(s.layers),
@@ -218,6 +219,7 @@ def plan_from_dict(data: object, origin: str = "plan") -> Plan:
         expert_overlap=schedule["expert_overlap"],
         # optional (plans/expert_dispatch.py): files without it dispatch every routed copy (alltoall)
         expert_dispatcher=r.get(d, "expert_dispatcher", "", str, "alltoall"),
+        fp8_recipe=r.get(d, "fp8_recipe", "", str, ""),
     )
     try:
         return validate(plan)

@@ -55,6 +55,9 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True, split: boo
     refuse_features(plan, MODELLED, "the simulator")
     if plan.precision != cm.precision:
         raise PlanError(f"precision: the plan trains in {plan.precision} but the cost model prices {cm.precision}")
+    if plan.fp8_recipe != cm.fp8_recipe:
+        raise PlanError(f"fp8_recipe: the plan scales its FP8 casts {plan.fp8_recipe!r} but the cost model prices "
+                        f"{cm.fp8_recipe!r}")
     if plan.kind is PlanKind.OPERATORS:
         return _simulate_dag_plan(plan, cm, contention)
     work = plan_work(plan, cm)

@@ -283,7 +283,7 @@ def _deduplicated(request: PlanRequest, judged, judge: Judge, accept=None) -> li
 def _fitting(request: PlanRequest, judged) -> list[Plan]:
     """The judged plans that fit, fastest first, in the request's precision (the grid's candidates
     take it from make_plan), which the engines' rules for their own choices read."""
-    return [replace(plan, precision=request.costs.precision) for plan, p in judged if p.feasible]
+    return [replace(plan, **request.costs.plan_precision) for plan, p in judged if p.feasible]
 
 
 def _overlapped(request: PlanRequest, judged, judge: Judge, accept=None) -> list[tuple[Plan, Prediction]]:

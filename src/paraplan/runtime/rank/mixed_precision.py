@@ -36,6 +36,10 @@ def refusal(precision: str) -> str | None:
     """Why the runtime cannot train in `precision` (one line), or None."""
     if precision in RUNS:
         return None
+    if precision == Precision.FP8:
+        return ("precision fp8: FP8 GEMMs need Hopper-, Ada- or Blackwell-class GPUs and the engines' FP8 linears "
+                "(torchao's Float8Linear, Transformer Engine), which paraplan's runtime does not run: export the plan "
+                "(paraplan export --to torchtitan or --to megatron) to train it, or plan in bf16 to train here")
     return f"precision {precision}: the runtime trains {', '.join(p.value for p in RUNS)}"
 
 

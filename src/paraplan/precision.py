@@ -36,16 +36,19 @@ PRECISIONS = tuple(p.value for p in Precision)
 # How an FP8 plan scales what it casts (the plan's `fp8_recipe`); each names what the engines call it:
 #   tensorwise  one scale per tensor from its current amax (torchao "tensorwise", Megatron-LM
 #               `--fp8-recipe tensorwise`): an amax pass before every cast
+#   delayed     one scale per tensor from the amax of earlier steps (Transformer Engine's
+#               DelayedScaling, Megatron-LM's default `--fp8-recipe delayed`; NeMo's and MLPerf's H100
+#               runs): the cast takes the amax as it goes, no pass of its own
 #   rowwise     one scale per row (torchao / torchtitan 0.3.0 "rowwise"): the weight and the backward's
 #               operands cast again along the other dimension
 #   blockwise   1 x 128 activation and 128 x 128 weight tiles (DeepSeek-V3's recipe; Megatron-LM
 #               `--fp8-recipe blockwise` on Hopper)
 #   mxfp8       32-element blocks with e8m0 scales (OCP MX), on Blackwell only (torchtitan's MXFP8
 #               converter, Megatron-LM `--fp8-recipe mxfp8`)
-FP8_RECIPES = ("tensorwise", "rowwise", "blockwise", "mxfp8")
+FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "blockwise", "mxfp8")
 DEFAULT_FP8_RECIPE = "tensorwise"
 # the recipes a device with an `fp8` peak (Hopper, Ada) runs; mxfp8 needs its own `mxfp8` peak (Blackwell)
-HOPPER_FP8_RECIPES = ("tensorwise", "rowwise", "blockwise")
+HOPPER_FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "blockwise")
 # peak_flops keys a device may give: the precisions' dtypes, and MX FP8 (Blackwell's block-scaled GEMM)
 PEAK_DTYPES = (*PRECISIONS, "mxfp8")
 

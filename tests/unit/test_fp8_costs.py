@@ -64,6 +64,9 @@ def test_cast_kernels_per_tensor_are_torchaos_byte_counts():
     assert cast_bytes("rowwise", "input", n, False) == {"forward": [5 * n], "backward": [3 * n]}
     assert cast_bytes("rowwise", "weight", n, False) == {"forward": [3 * n], "backward": [4 * n, 3 * n]}
     assert cast_bytes("mxfp8", "weight", n, False) == {"forward": [3 * n], "backward": [3 * n]}
+    # delayed (Transformer Engine): one fused cast-transpose a tensor, amax taken in it
+    assert cast_bytes("delayed", "input", n, True) == {"forward": [2 * n], "backward": []}
+    assert cast_bytes("delayed", "grad_output", n, False) == {"forward": [], "backward": [4 * n]}
 
 
 def _fixed(x):
@@ -126,8 +129,8 @@ def test_the_plan_names_its_recipe_and_only_an_fp8_plan_has_one():
     validate(plan)
     with pytest.raises(PlanError, match="fp8_recipe: an fp8 recipe \\('rowwise'\\) needs precision fp8, not bf16"):
         validate(replace(plan, precision="bf16"))
-    with pytest.raises(PlanError, match="fp8_recipe: unknown fp8 recipe 'delayed'"):
-        validate(replace(plan, fp8_recipe="delayed"))
+    with pytest.raises(PlanError, match="fp8_recipe: unknown fp8 recipe 'hybrid'"):
+        validate(replace(plan, fp8_recipe="hybrid"))
 
 
 def test_paraplans_runtime_refuses_fp8_naming_where_to_train_it():

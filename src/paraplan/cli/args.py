@@ -40,8 +40,8 @@ def add_precision(parser: argparse.ArgumentParser) -> None:
                              "weights and optimizer states), fp8 (bf16 with the transformer blocks' linears on FP8 "
                              "tensor cores: Hopper, Ada or Blackwell); default: the cluster's default_precision")
     parser.add_argument("--fp8-recipe", default=None, choices=FP8_RECIPES,
-                        help="with --precision fp8: how the FP8 casts are scaled (tensorwise, rowwise, blockwise; "
-                             "mxfp8 on Blackwell); default: tensorwise")
+                        help="with --precision fp8: how the FP8 casts are scaled (tensorwise, delayed, rowwise, "
+                             "blockwise; mxfp8 on Blackwell); default: tensorwise")
 
 
 def add_sizes(parser: argparse.ArgumentParser) -> None:

@@ -22,6 +22,12 @@ into its FP8 passes:
         rowwise     input and grad_output: a cast along rows that also writes the transposed bf16
                     copy (2 + 1 + 2), then the cast of that copy (2 + 1); the weight: a cast (2 + 1),
                     a transpose (2 + 2) and its cast (2 + 1)
+        delayed     Transformer Engine's fused cast-transpose, which also takes the amax for the next
+                    step's scale: one kernel a tensor writing both layouts (2 + 1 + 1); the input's
+                    and grad_output's read fused into the norm and activation kernels before them
+                    (TE's LayerNormLinear and fused activations). TE casts a weight once a step and
+                    keeps it for the other micro-batches; priced here once a micro-batch (an over-
+                    count of one cast of the weights a micro-batch)
         mxfp8       every tensor: two block casts (2 + 1 each), one per layout; GEMM operands carry
                     one e8m0 scale per 32 elements
         blockwise   as mxfp8 (two casts a tensor: DeepSeek-V3's 1 x 128 and 128 x 128 tiles, one
@@ -53,12 +59,18 @@ _ROWWISE = {
     "weight": ((3.0, FORWARD, False), (4.0, BACKWARD, False), (3.0, BACKWARD, False)),
     "grad_output": ((5.0, BACKWARD, True), (3.0, BACKWARD, False)),
 }
+_DELAYED = {
+    "input": ((4.0, FORWARD, True),),
+    "weight": ((4.0, FORWARD, False),),
+    "grad_output": ((4.0, BACKWARD, True),),
+}
 _BLOCKS = {
     "input": ((3.0, FORWARD, True), (3.0, BACKWARD, False)),
     "weight": ((3.0, FORWARD, False), (3.0, BACKWARD, False)),
     "grad_output": ((3.0, BACKWARD, True), (3.0, BACKWARD, False)),
 }
-CAST_KERNELS = {"tensorwise": _TENSORWISE, "rowwise": _ROWWISE, "mxfp8": _BLOCKS, "blockwise": _BLOCKS}
+CAST_KERNELS = {"tensorwise": _TENSORWISE, "delayed": _DELAYED, "rowwise": _ROWWISE, "mxfp8": _BLOCKS,
+                "blockwise": _BLOCKS}
 # an MX operand's e8m0 scales: one byte per 32 elements (OCP Microscaling spec), read beside it
 MX_SCALE_BYTES_PER_ELEMENT = 1.0 / 32.0
 # FP8 GEMMs need every dimension a multiple of 16 (torchtitan skips such linears; so does TE)

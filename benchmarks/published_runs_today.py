@@ -82,6 +82,8 @@ class Run:
     published_tokens_per_gpu_s: float | None = None
     published_gib: float | None = None
     schedule: str = ""  # "" : 1f1b / interleaved-1f1b / gpipe from pp and virtual
+    fp8_recipe: str = ""  # precision fp8's scaling recipe (benchmarks/published_fp8_runs.py)
+    cp: int = 1  # context parallelism, right outside TP
 
 
 H100_96 = {"memory_gib": 96.0, "bandwidth": 2.4e12}  # torchtitan's H100s: 96 GB HBM2e at 2.4 TB/s
@@ -121,11 +123,11 @@ def run_plan(run: Run, n_layers: int) -> Plan:
     bounds = [0] + [1 + (blocks * k) // n_stages for k in range(1, n_stages)] + [n_layers]
     schedule = run.schedule or ("interleaved-1f1b" if run.virtual > 1 else "1f1b" if run.pp > 1 else "gpipe")
     ranks = stage_ranks(schedule, run.pp, run.virtual)
-    group = run.tp * run.sdp * run.dp
+    group = run.tp * run.cp * run.sdp * run.dp
     stages = []
     for i in range(n_stages):
         devices = tuple(range(ranks[i] * group, (ranks[i] + 1) * group))
-        strategies = tuple(LayerStrategy(dp=run.dp, sdp=run.sdp, tp=run.tp, zero=run.zero,
+        strategies = tuple(LayerStrategy(dp=run.dp, sdp=run.sdp, tp=run.tp, cp=run.cp, zero=run.zero,
                                          order="tp,sdp,dp", sequence_parallel=run.sequence_parallel and run.tp > 1,
                                          recompute=run.recompute if 0 < layer < n_layers - 1 else "none")
                            for layer in range(bounds[i], bounds[i + 1]))
@@ -133,8 +135,8 @@ def run_plan(run: Run, n_layers: int) -> Plan:
     replicas = run.sdp * run.dp
     return Plan(model=run.model, cluster=f"{run.cluster}?nodes={run.gpus // 8}", n_layers=n_layers,
                 global_batch=run.global_batch, n_micro=run.global_batch // (replicas * run.micro), schedule=schedule,
-                stages=tuple(stages), grad_sync="after-backward" if run.dp > 1 else "none",
-                precision=run.precision, virtual_stages=run.virtual)
+                stages=tuple(stages), grad_sync="after-backward" if run.dp * run.cp > 1 else "none",
+                precision=run.precision, virtual_stages=run.virtual, fp8_recipe=run.fp8_recipe)
 
 
 _MEASURED: dict[tuple, object] = {}
@@ -151,13 +153,14 @@ def predict(run: Run) -> dict:
         device = replace(device, memory_bytes=int((run.memory_gib or device.memory_bytes / GIB) * GIB),
                          memory_bandwidth_bytes_per_s=run.bandwidth or device.memory_bandwidth_bytes_per_s)
         cluster = replace(cluster, nodes=tuple(replace(n, devices=(device,) * len(n.devices)) for n in cluster.nodes))
-    costs = cost_model(spec, cluster, precision=run.precision, engine=run.engine, block=run.block)
+    costs = cost_model(spec, cluster, precision=run.precision, engine=run.engine, block=run.block,
+                       fp8_recipe=run.fp8_recipe or None)
     prediction = simulate_plan(run_plan(run, len(spec.layers)), costs).prediction
     tokens = run.global_batch * run.block.seq_len
     peak = max(m.peak_bytes for m in prediction.memory) / GIB if prediction.memory else float("nan")
     # the device whose memory the run's log reports: torchtitan logs the first rank of the last
     # pipeline stage (components/metrics.py: _get_metrics_rank; rank 0 without a pipeline)
-    logged = (run.pp - 1) * run.tp * run.sdp * run.dp
+    logged = (run.pp - 1) * run.tp * run.cp * run.sdp * run.dp
     logged_gib = next((m.peak_bytes / GIB for m in prediction.memory if m.device == logged), peak)
     return {"iteration_s": prediction.iteration_s, "tokens_per_gpu_s": tokens / prediction.iteration_s / run.gpus,
             "peak_gib": logged_gib if run.engine == "torchtitan" else peak, "max_gib": peak, "fits": prediction.feasible}

@@ -42,8 +42,9 @@ def attention_flops(layer: LayerSpec, local: float) -> float:
 
 
 def context_ring_s(layer: LayerSpec, local: float, strategy: LayerStrategy, link: LinkSpec) -> tuple[float, float]:
-    """CONTEXT, ring attention (Liu et al. 2023; Megatron-LM's CP): each rank's K and V (taken as two
-    tensors of the layer's output size, over tp: an upper bound under GQA) pass around the cp ring
+    """CONTEXT, ring attention (Liu et al. 2023; Megatron-LM's CP): each rank's K and V (two tensors
+    of the layer's output size times its kv_fraction, grouped-query attention's kv_heads / heads
+    where the engine's block shape gives it, else 1: an upper bound; over tp) pass around the cp ring
     in cp - 1 steps. (the forward's ring in seconds, one step's hop); the backward sends K, V and
     their gradients, twice the ring, and its last hop (the gradients of K and V coming home after
     the last block) follows all compute. layer_time overlaps the rest with the attention core only:
@@ -52,7 +53,7 @@ def context_ring_s(layer: LayerSpec, local: float, strategy: LayerStrategy, link
     tp, cp = strategy.tp, strategy.cp
     if cp <= 1 or attention_flops(layer, local) <= 0:
         return 0.0, 0.0
-    kv = 2 * layer.output_bytes.at(local) / (tp * cp)
+    kv = 2 * layer.output_bytes.at(local) * layer.kv_fraction / (tp * cp)
     hop = link.latency_s + kv / link.bandwidth_bytes_per_s
     return (cp - 1) * hop, hop
 

@@ -69,4 +69,5 @@ def _engine_block(layer, block: BlockShape, engine: EngineProfile, element_bytes
     else:
         kept_selective = layer_activation_bytes(shape, 1, element_bytes, recompute="selective",
                                                 linear_input_bytes=linear_input_bytes)
-    return replace(layer, saved_bytes=Affine(0.0, whole), attention_core_bytes=Affine(0.0, whole - kept_selective))
+    return replace(layer, saved_bytes=Affine(0.0, whole), attention_core_bytes=Affine(0.0, whole - kept_selective),
+                   kv_fraction=block.kv_heads / block.heads)

@@ -145,6 +145,10 @@ class LayerSpec:
     forward_inventory: PassOps | None = field(default=None, compare=False)
     backward_inventory: PassOps | None = field(default=None, compare=False)
     experts: LayerExperts | None = None  # a mixture-of-experts layer's routed experts; None: dense
+    # K (and V) of the layer's attention over its output, per token: grouped-query attention's
+    # kv_heads / heads (what context parallelism's ring moves: costs/axis_costs.py); 1.0 where the
+    # shape is not known (an upper bound), set from the engine's block shape (costs/engine_memory.py)
+    kv_fraction: float = 1.0
 
     @property
     def flops_per_sample(self) -> float:

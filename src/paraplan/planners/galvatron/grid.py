@@ -39,6 +39,7 @@ searches try.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -153,23 +154,46 @@ def compute_s(request: PlanRequest, plan: Plan) -> float:
     recomputation and ZeRO-2's reduce-scatters included), over the P ranks. No plan of this layout
     is faster (some rank is at least this busy), whatever its schedule and chunks: the grid skips a layout whose compute
     alone is no faster than its best plan so far."""
+    forward, backward = stage_pass_s(request, plan)
+    ranks = len({s.devices for s in plan.stages})  # interleaved: several stages on each rank's group
+    return plan.n_micro * (sum(forward) + sum(backward)) / ranks
+
+
+def pipeline_bound_s(request: PlanRequest, plan: Plan) -> float:
+    """A lower bound on a one-chunk pipeline's iteration (GPipe, 1F1B), tighter than `compute_s`:
+    stage i runs its m forwards and m backwards (m (f_i + b_i)), cannot start before the first
+    micro-batch's forward has crossed the stages before it (sum of f_j, j < i), and the last
+    backward must still cross them back after it (sum of b_j). Transfers and the step after the
+    schedule only add to it, so a layout whose bound is no faster than the best plan so far cannot
+    win (the grid judges layouts in this order and stops there)."""
+    forward, backward = stage_pass_s(request, plan)
+    if plan.virtual_stages > 1:
+        return compute_s(request, plan)
+    m = plan.n_micro
+    return max(sum(forward[:i]) + m * (forward[i] + backward[i]) + sum(backward[:i]) for i in range(len(forward)))
+
+
+def stage_pass_s(request: PlanRequest, plan: Plan) -> tuple[list[float], list[float]]:
+    """Each stage's forward and backward of one micro-batch, as the simulator prices its layers."""
     cm = request.costs
     stage = plan.stages[0]
     micro = plan.global_batch / plan.n_micro
     lead = stage.devices[0]
     scale = cm.overheads.scale_for(len(set(plan.devices)))
-    total = 0.0
+    forward, backward = [], []
     links: dict = {}  # one layout on every layer (and an MoE layer's expert view)
     for s in plan.stages:
+        f = b = 0.0
         for i in s.layers:
             st = s.strategy(i)
             if st not in links:
                 links[st] = strategy_links(cm.cluster, st, stage.devices)
             t = layer_time_on(cm.compute(lead), cm.model, i, st, micro, links[st], cm.overlap_slowdown, cm.overheads,
                               scale)
-            total += t.forward_s + t.backward_s
-    ranks = len({s.devices for s in plan.stages})  # interleaved: several stages on each rank's group
-    return plan.n_micro * total / ranks
+            f, b = f + t.forward_s, b + t.backward_s
+        forward.append(f)
+        backward.append(b)
+    return forward, backward
 
 
 def expert_layouts(request: PlanRequest, group: int, tp: int) -> tuple[tuple[int, int], ...]:
@@ -216,6 +240,7 @@ def grid_candidates(request: PlanRequest, judge: Judge, families=None, accept=No
     today = is_mixed(request.costs.precision)
     families = families or (MEGATRON_FAMILIES if today else ((False, 0),))
     _check_held_experts(request)
+    judge = memory_first(request, judge)
     layouts = []
     for n_stages in stage_counts(request)[0]:
         group = group_size(request, n_stages)
@@ -230,14 +255,22 @@ def grid_candidates(request: PlanRequest, judge: Judge, families=None, accept=No
                              if experts == (1, 1) or tp == 1 or r != Recompute.FULL]  # EP with TP needs SP
                     plans = [p for p in plans if accept is None or accept(p)]
                     if plans:
-                        layouts.append([(compute_s(request, plan), plan) for plan in plans])
-    layouts.sort(key=lambda x: x[0][0])
+                        layouts.append([(pipeline_bound_s(request, plan), compute_s(request, plan), plan)
+                                        for plan in plans])
+    layouts.sort(key=lambda x: x[0][0])  # the likeliest winners first: the best so far prunes the rest
     judged: list[tuple[Plan, Prediction]] = []
+    deferred: list[tuple[float, Plan]] = []  # fit, cannot win as one chunk, may interleaved (`_interleaved`)
     best = np.inf
+    rewrites = interleaves(request)
     for tries in layouts:
-        for k, (compute, plan) in enumerate(tries):
+        for k, (bound, compute, plan) in enumerate(tries):
             if compute >= best:
-                break  # more recomputation only adds compute
+                break  # more recomputation only adds compute: no schedule of this layout can win
+            if bound >= best:  # no faster as 1F1B than the best so far; its interleaved rewrite may be
+                if rewrites and judge.memory(plan) is None:
+                    deferred.append((bound, plan))
+                    break
+                continue
             prediction = judge(plan)
             if prediction.feasible and prediction.iteration_s < best:  # for a search stopped by its limit
                 best = prediction.iteration_s
@@ -254,12 +287,32 @@ def grid_candidates(request: PlanRequest, judge: Judge, families=None, accept=No
                                   "sample of its own, and 1F1B a micro-batch per stage); give a larger batch"
                                   + (", fewer devices or other fixed counts" if held else " or fewer devices"))
     judged.sort(key=_key)
-    if interleaves(request):
-        judged = sorted(judged + _interleaved(request, judged, judge, best, accept), key=_key)
+    if rewrites:
+        judged = sorted(judged + _interleaved(request, judged, judge, best, accept, deferred), key=_key)
     if request.costs.engine == "megatron":  # an engine's own choices (of the three engines, Megatron-LM's alone)
         judged = sorted(judged + _deduplicated(request, judged, judge, accept), key=_key)
         judged = sorted(judged + _overlapped(request, judged, judge, accept), key=_key)
     return judged
+
+
+def memory_first(request: PlanRequest, judge: Judge) -> Judge:
+    """The judge, asked only about plans that fit: a plan that does not gets its memory's verdict
+    (simulator/predict.py: memory_verdict, iteration_s inf) without its timeline. The grid ranks
+    such plans by memory alone (`_key`), so its choices are the same; `grid_plan` times the one it
+    returns when nothing fits."""
+    from paraplan.simulator.predict import memory_verdict
+
+    costs = request.costs
+
+    class MemoryFirst:
+        def memory(self, plan: Plan) -> Prediction | None:
+            """The memory's verdict alone: None when the plan fits."""
+            return memory_verdict(replace(plan, **costs.plan_precision), costs)
+
+        def __call__(self, plan: Plan) -> Prediction:
+            return self.memory(plan) or judge(plan)
+
+    return MemoryFirst()
 
 
 def _deduplicated(request: PlanRequest, judged, judge: Judge, accept=None) -> list[tuple[Plan, Prediction]]:
@@ -298,14 +351,18 @@ def _overlapped(request: PlanRequest, judged, judge: Judge, accept=None) -> list
     return out
 
 
-def _interleaved(request: PlanRequest, judged, judge: Judge, best: float, accept=None) -> list[tuple[Plan, Prediction]]:
+def _interleaved(request: PlanRequest, judged, judge: Judge, best: float, accept=None,
+                 deferred=()) -> list[tuple[Plan, Prediction]]:
     """Interleaved 1F1B rewrites (planners/schedule_variants.py), 2..MAX_CHUNKS chunks per rank, of
     the GRID_INTERLEAVED fastest pipelines that fit and twice as many first by `_interleaved_guess`
     (a 1F1B bubble that chunks shrink hides those: 16 micro-batches on 8 stages); not of a pipeline
-    whose compute is no less than the best plan so far."""
+    whose compute is no less than the best plan so far. `deferred`: (1F1B bound, plan) of pipelines
+    that fit but whose 1F1B was not timed (it could not win), after the timed ones."""
     from paraplan.planners.schedule_variants import rewrite
 
     pipelines = [(compute_s(request, plan), plan) for plan, p in judged if p.feasible and plan.n_stages > 1]
+    pipelines += [(compute_s(request, plan), plan) for _, plan in sorted(deferred, key=lambda x: x[0])
+                  if plan.n_stages > 1]
     chosen = {id(plan): (c, plan) for c, plan in pipelines[:GRID_INTERLEAVED]}
     chosen.update({id(plan): (c, plan) for c, plan in sorted(pipelines, key=_interleaved_guess)[:2 * GRID_INTERLEAVED]})
     out = []
@@ -352,6 +409,8 @@ def grid_plan(request: PlanRequest, judge: Judge) -> tuple[Plan, Prediction, int
     none), as Galvatron's `_interleaved` says it."""
     judged = grid_candidates(request, judge)
     plan, prediction = judged[0]
+    if math.isinf(prediction.iteration_s):  # nothing fits: the nearest, timed (memory_first)
+        prediction = judge(plan)
     other = next((x for x in judged[1:] if x[1].feasible and _label(x[0]) != _label(plan)), None)
     line = (f"{_label(other[0])}: {other[1].iteration_s:.4g} s ({other[1].iteration_s / prediction.iteration_s - 1:+.1%})"
             if other and prediction.feasible else "")

@@ -57,6 +57,7 @@ FOREIGN = {
     "--ckpt-format", "--sequence-parallel", "--num-layers-per-virtual-pipeline-stage", "--pipeline-model-parallel-layout",
     "--micro-batch-size", "--global-batch-size", "--recompute-granularity", "--recompute-modules", "--recompute-method",
     "--recompute-num-layers", "--bf16", "--fp16", "--torch-fsdp2-no-reshard-after-forward", "--no-rope-fusion",
+    "--fp8-format", "--fp8-recipe", "--fp8-param-gather",
     "--DDP-impl", "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--overlap-grad-reduce",
     "--overlap-param-gather", "--attention-dropout", "--hidden-dropout", "--norm-epsilon", "--rotary-base",
     "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-token-dispatcher-type", "--moe-grouped-gemm",

@@ -7,7 +7,9 @@ What maps where (deepspeed/runtime/config.py and its sections):
 - `zero_optimization.stage`: the plan's ZeRO stage over its replicas, 3 for sharded data
   parallelism (ZeRO-3 / FSDP); `zero_optimization.overlap_comm` false, as the prediction prices it
   (0.19.8 turns it on for ZeRO-3 by default; its overlap is not priced);
-- `bf16.enabled` / `fp16.enabled`;
+- `bf16.enabled` / `fp16.enabled`; an fp8 plan is refused: 0.19.8's config (runtime/config.py,
+  runtime/constants.py) has no FP8 training setting, only bf16 and fp16; FP8 GEMMs would come from
+  the model's own code (Transformer Engine's layers under its fp8_autocast), which no config sets;
 - tensor parallelism as AutoTP training (`tensor_parallel.autotp_size`), which has no
   Megatron-style sequence parallelism (DeepSpeed's own sequence parallelism is Ulysses, another
   scheme): TP with SP is refused;
@@ -32,13 +34,16 @@ from paraplan.engines.layout import EngineLayout, ExportRefused
 from paraplan.engines.shape import ModelShape
 from paraplan.plans.plan import Recompute
 from paraplan.plans.schedules import Schedule
-from paraplan.precision import Precision
+from paraplan.precision import Precision, compute_precision
 
 ENGINE = "deepspeed"
 VERSION = "0.19.8"
 
 
 def refusal(layout: EngineLayout, shape: ModelShape, params: tuple[int, ...]) -> str | None:
+    if layout.precision == Precision.FP8:
+        return (f"fp8 ({layout.fp8_recipe}): DeepSpeed {VERSION}'s config has no FP8 training (bf16 and fp16 only); "
+                "its FP8 lives in the model's code, Transformer Engine's layers under fp8_autocast")
     if layout.cp > 1:
         return "context parallelism (DeepSpeed's sequence parallelism is Ulysses, not ring attention)"
     if layout.ep * layout.etp > 1:
@@ -83,8 +88,9 @@ def config(layout: EngineLayout, shape: ModelShape, params: tuple[int, ...]) -> 
                  # gradient-reduction and ZeRO-3 gather overlap are not priced; 0.19.8 turns it on for
                  # ZeRO-3 by default): said, so the run is the one predicted
                  "zero_optimization": {"stage": 3 if layout.dp_shard > 1 else layout.zero, "overlap_comm": False}}
-    if layout.precision in (Precision.BF16, Precision.FP16):
-        out[layout.precision.value] = {"enabled": True}
+    compute = compute_precision(layout.precision)  # fp8 never gets here (refusal); bf16 but for its linears
+    if compute in (Precision.BF16, Precision.FP16):
+        out[compute.value] = {"enabled": True}
     if layout.tp > 1:
         out["tensor_parallel"] = {"autotp_size": layout.tp}
     if layout.recompute == Recompute.FULL:

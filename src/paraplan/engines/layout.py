@@ -1,6 +1,6 @@
 """What a plan asks of an engine, in the terms the engines' configurations share (issue 32): one
 pipeline of equal device groups, one parallel strategy for every transformer block, degrees, the
-schedule and its micro-batches, recomputation and precision.
+schedule and its micro-batches, recomputation and precision (with an FP8 plan's scaling recipe).
 
 `engine_layout` reads a plan (and its model's layer kinds) into an `EngineLayout`, or raises
 `ExportRefused` naming the first feature no engine's configuration can express: an operator
@@ -65,6 +65,7 @@ class EngineLayout:
     etp: int = 1
     expert_overlap: bool = False  # Megatron-LM's all-to-all overlap (plans/expert_overlap.py)
     expert_dispatcher: str = "alltoall"  # the token dispatcher (plans/expert_dispatch.py)
+    fp8_recipe: str = ""  # an fp8 plan's scaling recipe (precision.py FP8_RECIPES), "" for any other precision
 
     @property
     def dp(self) -> int:
@@ -139,7 +140,7 @@ def engine_layout(plan: Plan, kinds: tuple[str, ...]) -> EngineLayout:
         blocks_per_stage=tuple(sum(kinds[i] == "block" for i in s.layers) for s in plan.stages),
         layers_per_stage=tuple(tuple(s.layers) for s in plan.stages), stage_ranks=plan.rank_of_stage,
         actions=tuple(plan.actions), grad_sync=plan.grad_sync, notes=tuple(notes), ep=ep, etp=etp,
-        expert_overlap=plan.expert_overlap, expert_dispatcher=plan.expert_dispatcher)
+        expert_overlap=plan.expert_overlap, expert_dispatcher=plan.expert_dispatcher, fp8_recipe=plan.fp8_recipe)
 
 
 def _degrees(st: LayerStrategy) -> tuple:

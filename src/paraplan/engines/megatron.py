@@ -23,6 +23,16 @@ What maps where (arguments.py and the config classes):
   optim_grads` / `optim_grads_params` (`megatron_fsdp.py`: "optim_grads ~ ZeRO-2"), which needs
   `--ckpt-format fsdp_dtensor`;
 - `--bf16` / `--fp16`;
+- fp8: `--bf16 --fp8-format=hybrid --fp8-recipe=R` (e4m3 forward, e5m2 gradients; R the plan's recipe:
+  tensorwise, delayed, blockwise or mxfp8, Megatron's own names; rowwise has no Megatron recipe and is
+  refused). Neither flag is written out in arguments.py: `_add_network_size_args` builds them from
+  TransformerConfig's fields with `ArgumentGroupFactory(TransformerConfig)` (argument_utils.py), `fp8`
+  under its `argparse_meta` name `--fp8-format` (e4m3, hybrid) and `fp8_recipe` as `--fp8-recipe`
+  (tensorwise, delayed, mxfp8, blockwise, custom; default delayed); `core/fp8_utils.py`
+  `get_fp8_recipe` turns them into Transformer Engine's recipes (Float8CurrentScaling,
+  DelayedScaling, Float8BlockScaling, MXFP8BlockScaling). Transformer Engine's linears run FP8
+  (`--transformer-impl transformer_engine`, Megatron's default); attention's core and the output
+  layer (megatron-core's own ColumnParallelLinear) stay bf16, as priced;
 - a mixture of experts (Mixtral, Qwen3-MoE): `--num-experts`, `--moe-router-topk`,
   `--moe-ffn-hidden-size`, `--moe-layer-freq` (its dense blocks), `--expert-model-parallel-size` and
   `--expert-tensor-parallel-size` (the plan's expert view; without one, etp = tp, Megatron's
@@ -41,7 +51,7 @@ from paraplan.engines.layout import EngineLayout, ExportRefused
 from paraplan.engines.shape import ModelShape
 from paraplan.plans.plan import Recompute
 from paraplan.plans.schedules import Schedule, stage_ranks
-from paraplan.precision import Precision
+from paraplan.precision import Precision, compute_precision
 
 ENGINE = "megatron"
 VERSION = "megatron-core 0.16.1"
@@ -51,12 +61,18 @@ FIELD_OF_ARGUMENT = {"--num-experts": "num_moe_experts",
                      "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
                      "--num-layers-per-virtual-pipeline-stage": "virtual_pipeline_model_parallel_size",
                      "--swiglu": "gated_linear_unit", "--disable-bias-linear": "add_bias_linear",
-                     "--group-query-attention": "num_query_groups", "--norm-epsilon": "layernorm_epsilon"}
+                     "--group-query-attention": "num_query_groups", "--norm-epsilon": "layernorm_epsilon",
+                     "--fp8-format": "fp8"}
+# --fp8-recipe's choices (TransformerConfig.fp8_recipe's, less "custom": a quantizer factory of the user's)
+FP8_RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
 
 
 def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
     if not shape.decoder:
         return f"{shape.name} is not a decoder-only transformer (Megatron-LM's GPT model: GPT-2 or Llama-like)"
+    if layout.precision == Precision.FP8 and layout.fp8_recipe not in FP8_RECIPES:
+        return (f"the fp8 recipe {layout.fp8_recipe} (Megatron-LM's --fp8-recipe runs {', '.join(FP8_RECIPES)}; "
+                "rowwise scaling is torchao's)")
     if layout.pp > 1:
         if layout.schedule not in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B):
             return f"the {layout.schedule} schedule (Megatron-LM runs 1F1B and interleaved 1F1B)"
@@ -101,7 +117,8 @@ def arguments(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], dict,
     if problem:
         raise ExportRefused(ENGINE, problem)
     notes = list(layout.notes)
-    dtype = {Precision.BF16: "bfloat16", Precision.FP16: "float16"}.get(layout.precision, "float32")
+    compute = compute_precision(layout.precision)  # an fp8 plan: bf16 but for its FP8 linears
+    dtype = {Precision.BF16: "bfloat16", Precision.FP16: "float16"}.get(compute, "float32")
     args = [f"--tensor-model-parallel-size={layout.tp}", f"--pipeline-model-parallel-size={layout.pp}",
             f"--context-parallel-size={layout.cp}"]
     config = {"tensor_model_parallel_size": layout.tp, "pipeline_model_parallel_size": layout.pp,
@@ -126,9 +143,13 @@ def arguments(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], dict,
         args.append("--overlap-grad-reduce")
         if layout.zero == 1:
             args.append("--overlap-param-gather")
-    if layout.precision in (Precision.BF16, Precision.FP16):
-        args.append(f"--{layout.precision.value}")
-        config[layout.precision.value] = True
+    if compute in (Precision.BF16, Precision.FP16):
+        args.append(f"--{compute.value}")
+        config[compute.value] = True
+    if layout.precision == Precision.FP8:
+        args += ["--fp8-format=hybrid", f"--fp8-recipe={layout.fp8_recipe}"]
+        config.update(fp8="hybrid", fp8_recipe=layout.fp8_recipe)
+        notes.append(_fp8_note(layout.fp8_recipe))
     if layout.precision == Precision.TF32:
         notes.append("tf32: Megatron-LM's float32 matmuls follow NVIDIA_TF32_OVERRIDE / torch's allow_tf32")
     model_args, model_config = _model(shape)
@@ -150,6 +171,16 @@ def arguments(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], dict,
         else:  # arguments.py asserts it before Blackwell
             env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     return args + model_args, {**model_config, **config}, notes, env
+
+
+def _fp8_note(recipe: str) -> str:
+    """What an FP8 recipe needs of the machine (megatron/core/fp8_utils.py get_fp8_recipe)."""
+    need = {"tensorwise": "Transformer Engine >= 2.2 (Float8CurrentScaling)",
+            "delayed": "Transformer Engine (DelayedScaling)",
+            "blockwise": "Transformer Engine >= 2.3 (Float8BlockScaling)",
+            "mxfp8": "Transformer Engine >= 2.1 (MXFP8BlockScaling) on Blackwell: TransformerConfig says "
+                     "'mxfp8' for Blackwell architecture only"}[recipe]
+    return f"fp8 {recipe}: Transformer Engine's linears in FP8, the rest in bf16; needs {need}"
 
 
 def _cut(layout: EngineLayout, shape: ModelShape, config: dict) -> list[str]:

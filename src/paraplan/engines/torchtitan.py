@@ -28,10 +28,22 @@ torchtitan 0.3.0's `config/configs.py` defines them:
   (torchtitan's selective is per operator: it saves the expensive kernels and every other matmul,
   not Korthikanti et al.'s attention core: its memory differs from paraplan's prediction, noted);
 - `training.mixed_precision_param` (bfloat16 / float32); fp16 is refused (torchtitan has none);
+- fp8: bf16 (`training.mixed_precision_param=bfloat16`) with the linears swapped by a converter, which
+  0.3.0 does not take on its command line: `Trainer.Config.model_spec` is `tyro.conf.Suppress`ed and
+  converters are `model_registry(flavor, converters=[...])`'s argument in a config function
+  (config_registry.py's llama3_405b: `Float8LinearConverter.Config(filter_fqns=["lm_head"])`). The
+  converter is named in a note (`fp8_converter`): rowwise is components/quantization/float8.py's
+  `Float8LinearConverter` with `recipe_name="rowwise"` and `filter_fqns=["lm_head"]` (llama3's output
+  projection, bf16 as priced); mxfp8 is mx.py's `MXFP8LinearConverter` with `fqns=["layers"]` (the
+  blocks' linears only: the head bf16), which refuses anything before Blackwell (SM100). 0.3.0's
+  Float8 converter runs `recipe_name` rowwise or rowwise_with_gw_hp only: tensorwise (with FSDP's FP8
+  all-gather, in earlier torchtitan), delayed and blockwise are refused;
 - `training.local_batch_size` (per data-parallel rank per step) and `training.global_batch_size`
   (gradient accumulation follows: global / (local x data-parallel ranks));
 - `training.disable_cuda_graphs` with a pipeline (torchtitan refuses pipelines with CUDA graphs);
-- `compile.no-enable`: eager, as the prediction prices it (torch.compile and AsyncTP not priced).
+- `compile.no-enable` and `compile.no-enable_async_tensor_parallel`: eager, as the prediction prices it
+  (torch.compile and AsyncTP not priced; llama3_405b turns both on, and CompileConfig refuses AsyncTP
+  without compile).
 """
 
 from __future__ import annotations
@@ -40,7 +52,7 @@ from paraplan.engines.layout import EngineLayout, ExportRefused
 from paraplan.engines.shape import ModelShape
 from paraplan.plans.plan import Recompute
 from paraplan.plans.schedules import Schedule, stage_ranks
-from paraplan.precision import Precision
+from paraplan.precision import Precision, compute_precision
 
 ENGINE = "torchtitan"
 VERSION = "0.3.0"
@@ -55,6 +67,54 @@ SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B", Schedule.INT
 LLAMA3_CONFIGS = {"llama3_8b": (32, 4096, 32, 8, 14336, 128256, 500000.0),
                   "llama3_70b": (80, 8192, 64, 8, 28672, 128256, 500000.0),
                   "llama3_405b": (126, 16384, 128, 8, 53248, 128256, 500000.0)}
+
+
+# an fp8 plan's recipe that torchtitan 0.3.0 has no converter for: why, in one line each
+FP8_REFUSALS = {
+    "tensorwise": (f"the fp8 recipe tensorwise (torchtitan {VERSION}'s Float8 converter runs rowwise and "
+                   "rowwise_with_gw_hp only: tensorwise scaling, with FSDP's FP8 all-gather, is gone)"),
+    "delayed": (f"the fp8 recipe delayed (Transformer Engine's delayed scaling: torchtitan {VERSION}'s Float8 "
+                "converter runs rowwise and rowwise_with_gw_hp only)"),
+    "blockwise": (f"the fp8 recipe blockwise (torchtitan {VERSION}'s Float8 converter runs rowwise and "
+                  "rowwise_with_gw_hp only; Megatron-LM runs blockwise)"),
+}
+
+
+def fp8_converter(layout: EngineLayout) -> tuple[str, dict] | None:
+    """The converter an fp8 plan trains with (a class of torchtitan.components.quantization, its
+    Config's keyword arguments), the output head left in bf16 as priced; None for another precision."""
+    if layout.precision != Precision.FP8:
+        return None
+    if layout.fp8_recipe == "rowwise":
+        return "Float8LinearConverter", {"recipe_name": "rowwise", "filter_fqns": ["lm_head"]}
+    return "MXFP8LinearConverter", {"fqns": ["layers"]}
+
+
+def _fp8_notes(layout: EngineLayout, shape: ModelShape) -> list[str]:
+    """How the launch gets the plan's converter (none on the command line), or that it must not."""
+    config = registered_config(shape)
+    if layout.precision != Precision.FP8:
+        return [f"torchtitan's llama3_405b config swaps the linears for Float8 rowwise (its converter): this "
+                f"{layout.precision.value} plan wants a 405B config without it"] if config == "llama3_405b" else []
+    name, kwargs = fp8_converter(layout)
+    if config == "llama3_405b" and layout.fp8_recipe == "rowwise":
+        return ["fp8 rowwise: torchtitan's llama3_405b config carries the plan's converter "
+                "(Float8LinearConverter.Config(filter_fqns=[\"lm_head\"]), recipe rowwise)"]
+    arguments = ", ".join(f"{k}={_python(v)}" for k, v in kwargs.items())
+    flavor = _python(config.split("_")[1].upper()) if config else "<flavor>"
+    note = (f"fp8 {layout.fp8_recipe}: torchtitan {VERSION} takes converters from the config function, not the "
+            f"command line: launch a config whose model_spec is model_registry({flavor}, "
+            f"converters=[{name}.Config({arguments})])" + (f" in place of {config}" if config else ""))
+    if layout.fp8_recipe == "mxfp8":
+        note += "; MXFP8 runs on Blackwell only (the converter refuses below SM100), and llama3_8b_mxfp8 converts lm_head too"
+    return [note + "; torchao needed"]
+
+
+def _python(value) -> str:
+    """A string or a list of strings as Python source with double quotes (as the notes show them)."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_python(v) for v in value) + "]"
+    return '"' + str(value) + '"'
 
 
 def registered_config(shape: ModelShape) -> str | None:
@@ -78,6 +138,8 @@ def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
         return f"1F1B with {layout.n_micro} micro-batches on {layout.pp} pipeline ranks (torch needs at least one per rank)"
     if layout.precision == Precision.FP16:
         return "fp16 mixed precision (torchtitan trains in bf16 or fp32)"
+    if layout.precision == Precision.FP8 and layout.fp8_recipe in FP8_REFUSALS:
+        return FP8_REFUSALS[layout.fp8_recipe]
     if layout.etp > 1:
         return f"expert tensor parallelism (ETP{layout.etp}: torchtitan {VERSION} has expert_parallel_degree only)"
     if layout.expert_overlap:
@@ -145,11 +207,12 @@ def overrides(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], list[
     args += [f"--training.local_batch_size={local}", f"--training.global_batch_size={layout.global_batch}"]
     if shape.seq_len:
         args.append(f"--training.seq_len={shape.seq_len}")
-    param = "bfloat16" if layout.precision == Precision.BF16 else "float32"
+    param = "bfloat16" if compute_precision(layout.precision) == Precision.BF16 else "float32"  # fp8: bf16
     args += [f"--training.mixed_precision_param={param}", "--training.mixed_precision_reduce=float32"]
     # eager, as the prediction prices it (costs/engine_profile.py: torch.compile and AsyncTP, which
     # only compile enables, are not priced): said, not left to a config file's default
-    args.append("--compile.no-enable")
+    args += ["--compile.no-enable", "--compile.no-enable_async_tensor_parallel"]
+    notes += _fp8_notes(layout, shape)
     if layout.precision == Precision.TF32:
         notes.append("tf32: torchtitan's float32 matmuls follow torch.backends.cuda.matmul.allow_tf32")
     if layout.recompute == Recompute.SELECTIVE:

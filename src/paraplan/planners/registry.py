@@ -49,14 +49,30 @@ def planner(name: str) -> PlannerSpec:
     return PLANNERS[name]
 
 
+class SimulatorJudge:
+    """The simulator as a judge of candidate plans under the request's cost model; `memory(plan)`:
+    the memory's verdict alone, before any timeline (None when the plan fits), for a search that
+    ranks plans that do not fit by memory (the Megatron grid: grid.py memory_first)."""
+
+    def __init__(self, request: PlanRequest):
+        # a planner's candidates are in the request's precision (make_plan stamps the result)
+        self.costs, self.precision = request.costs, request.costs.plan_precision
+
+    def __call__(self, plan: Plan):
+        from paraplan.simulator.predict import simulate_plan
+
+        # (without the split of where the time goes: the judge reads the prediction alone)
+        return simulate_plan(replace(plan, **self.precision), self.costs, split=False).prediction
+
+    def memory(self, plan: Plan):
+        from paraplan.simulator.predict import memory_verdict
+
+        return memory_verdict(replace(plan, **self.precision), self.costs)
+
+
 def simulator_judge(request: PlanRequest) -> Judge:
     """The simulator as a judge of candidate plans under the request's cost model."""
-    from paraplan.simulator.predict import simulate_plan
-
-    # a planner's candidates are in the request's precision (make_plan stamps the result)
-    precision = request.costs.plan_precision
-    # (without the split of where the time goes: the judge reads the prediction alone)
-    return lambda plan: simulate_plan(replace(plan, **precision), request.costs, split=False).prediction
+    return SimulatorJudge(request)
 
 
 def make_plan(request: PlanRequest, name: str, judge: Judge | None = None, *, predict: bool = True) -> Plan:

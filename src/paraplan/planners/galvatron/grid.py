@@ -45,9 +45,9 @@ from dataclasses import replace
 import numpy as np
 
 from paraplan.costs.expert_costs import common_expert_count, expert_groups
-from paraplan.costs.strategy import layer_time_on, strategy_links
 from paraplan.errors import FieldError
 from paraplan.planners import progress
+from paraplan.planners.galvatron.grid_bounds import compute_s, pipeline_bound_s
 from paraplan.planners.galvatron.space import even_partition, held_stage_count, pipeline_degrees, stage_group
 from paraplan.planners.request import BEST_SCHEDULE, Judge, PlanRequest
 from paraplan.plans.axes import DATA, EXPERT, SHARDED_DATA, TENSOR
@@ -146,54 +146,6 @@ def interleaves(request: PlanRequest) -> bool:
     """Interleaved rewrites in today's space (mixed precision) or when asked, never when the
     request fixes a schedule (as Galvatron-Base and -BMW: planner.py `interleaves`)."""
     return request.schedule == BEST_SCHEDULE or (request.schedule is None and is_mixed(request.costs.precision))
-
-
-def compute_s(request: PlanRequest, plan: Plan) -> float:
-    """The average pipeline rank's compute over the iteration: m x the sum of every layer's forward +
-    backward as the simulator prices each (costs/strategy.py `layer_time`: TP's all-reduces,
-    recomputation and ZeRO-2's reduce-scatters included), over the P ranks. No plan of this layout
-    is faster (some rank is at least this busy), whatever its schedule and chunks: the grid skips a layout whose compute
-    alone is no faster than its best plan so far."""
-    forward, backward = stage_pass_s(request, plan)
-    ranks = len({s.devices for s in plan.stages})  # interleaved: several stages on each rank's group
-    return plan.n_micro * (sum(forward) + sum(backward)) / ranks
-
-
-def pipeline_bound_s(request: PlanRequest, plan: Plan) -> float:
-    """A lower bound on a one-chunk pipeline's iteration (GPipe, 1F1B), tighter than `compute_s`:
-    stage i runs its m forwards and m backwards (m (f_i + b_i)), cannot start before the first
-    micro-batch's forward has crossed the stages before it (sum of f_j, j < i), and the last
-    backward must still cross them back after it (sum of b_j). Transfers and the step after the
-    schedule only add to it, so a layout whose bound is no faster than the best plan so far cannot
-    win (the grid judges layouts in this order and stops there)."""
-    forward, backward = stage_pass_s(request, plan)
-    if plan.virtual_stages > 1:
-        return compute_s(request, plan)
-    m = plan.n_micro
-    return max(sum(forward[:i]) + m * (forward[i] + backward[i]) + sum(backward[:i]) for i in range(len(forward)))
-
-
-def stage_pass_s(request: PlanRequest, plan: Plan) -> tuple[list[float], list[float]]:
-    """Each stage's forward and backward of one micro-batch, as the simulator prices its layers."""
-    cm = request.costs
-    stage = plan.stages[0]
-    micro = plan.global_batch / plan.n_micro
-    lead = stage.devices[0]
-    scale = cm.overheads.scale_for(len(set(plan.devices)))
-    forward, backward = [], []
-    links: dict = {}  # one layout on every layer (and an MoE layer's expert view)
-    for s in plan.stages:
-        f = b = 0.0
-        for i in s.layers:
-            st = s.strategy(i)
-            if st not in links:
-                links[st] = strategy_links(cm.cluster, st, stage.devices)
-            t = layer_time_on(cm.compute(lead), cm.model, i, st, micro, links[st], cm.overlap_slowdown, cm.overheads,
-                              scale)
-            f, b = f + t.forward_s, b + t.backward_s
-        forward.append(f)
-        backward.append(b)
-    return forward, backward
 
 
 def expert_layouts(request: PlanRequest, group: int, tp: int) -> tuple[tuple[int, int], ...]:
@@ -300,14 +252,12 @@ def memory_first(request: PlanRequest, judge: Judge) -> Judge:
     (simulator/predict.py: memory_verdict, iteration_s inf) without its timeline. The grid ranks
     such plans by memory alone (`_key`), so its choices are the same; `grid_plan` times the one it
     returns when nothing fits."""
-    from paraplan.simulator.predict import memory_verdict
-
-    costs = request.costs
+    verdict = getattr(judge, "memory", None)  # planners/registry.py SimulatorJudge; another judge has none
 
     class MemoryFirst:
         def memory(self, plan: Plan) -> Prediction | None:
-            """The memory's verdict alone: None when the plan fits."""
-            return memory_verdict(replace(plan, **costs.plan_precision), costs)
+            """The memory's verdict alone: None when the plan fits (or the judge cannot tell)."""
+            return verdict(plan) if verdict is not None else None
 
         def __call__(self, plan: Plan) -> Prediction:
             return self.memory(plan) or judge(plan)

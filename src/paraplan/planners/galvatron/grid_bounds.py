@@ -1,0 +1,58 @@
+"""What a uniform layout of the Megatron grid (grid.py) cannot beat, before it is simulated: its
+ranks' compute (`compute_s`, a bound under any schedule) and a one-chunk pipeline's closed form
+(`pipeline_bound_s`), both from the per-layer times the simulator itself charges (`stage_pass_s`).
+The grid judges layouts in the order of these bounds and skips those that cannot win."""
+
+from __future__ import annotations
+
+from paraplan.costs.strategy import layer_time_on, strategy_links
+from paraplan.planners.request import PlanRequest
+from paraplan.plans.plan import Plan
+
+
+def compute_s(request: PlanRequest, plan: Plan) -> float:
+    """The average pipeline rank's compute over the iteration: m x the sum of every layer's forward +
+    backward as the simulator prices each (costs/strategy.py `layer_time`: TP's all-reduces,
+    recomputation and ZeRO-2's reduce-scatters included), over the P ranks. No plan of this layout
+    is faster (some rank is at least this busy), whatever its schedule and chunks: the grid skips a layout whose compute
+    alone is no faster than its best plan so far."""
+    forward, backward = stage_pass_s(request, plan)
+    ranks = len({s.devices for s in plan.stages})  # interleaved: several stages on each rank's group
+    return plan.n_micro * (sum(forward) + sum(backward)) / ranks
+
+
+def pipeline_bound_s(request: PlanRequest, plan: Plan) -> float:
+    """A lower bound on a one-chunk pipeline's iteration (GPipe, 1F1B), tighter than `compute_s`:
+    stage i runs its m forwards and m backwards (m (f_i + b_i)), cannot start before the first
+    micro-batch's forward has crossed the stages before it (sum of f_j, j < i), and the last
+    backward must still cross them back after it (sum of b_j). Transfers and the step after the
+    schedule only add to it, so a layout whose bound is no faster than the best plan so far cannot
+    win (the grid judges layouts in this order and stops there)."""
+    forward, backward = stage_pass_s(request, plan)
+    if plan.virtual_stages > 1:
+        return compute_s(request, plan)
+    m = plan.n_micro
+    return max(sum(forward[:i]) + m * (forward[i] + backward[i]) + sum(backward[:i]) for i in range(len(forward)))
+
+
+def stage_pass_s(request: PlanRequest, plan: Plan) -> tuple[list[float], list[float]]:
+    """Each stage's forward and backward of one micro-batch, as the simulator prices its layers."""
+    cm = request.costs
+    stage = plan.stages[0]
+    micro = plan.global_batch / plan.n_micro
+    lead = stage.devices[0]
+    scale = cm.overheads.scale_for(len(set(plan.devices)))
+    forward, backward = [], []
+    links: dict = {}  # one layout on every layer (and an MoE layer's expert view)
+    for s in plan.stages:
+        f = b = 0.0
+        for i in s.layers:
+            st = s.strategy(i)
+            if st not in links:
+                links[st] = strategy_links(cm.cluster, st, stage.devices)
+            t = layer_time_on(cm.compute(lead), cm.model, i, st, micro, links[st], cm.overlap_slowdown, cm.overheads,
+                              scale)
+            f, b = f + t.forward_s, b + t.backward_s
+        forward.append(f)
+        backward.append(b)
+    return forward, backward

@@ -41,7 +41,7 @@ def test_every_preset_is_listed_and_local_exists():
 VENDOR_PEAKS = {
     "dgx-a100-80gb": {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312},
     "galvatron-16xa100": {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312},
-    "dgx-h100-80gb": {"fp32": 67, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+    "dgx-h100-80gb": {"fp32": 67, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},
     "galvatron-8xtitan": {"fp32": 16.3, "fp16": 130},
     "csimd-v100-10gbe": {"fp32": 14, "fp16": 112},
     "gropipe-8xt4": {"fp32": 8.1, "fp16": 65},

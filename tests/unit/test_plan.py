@@ -147,7 +147,7 @@ def _broken(edit) -> str:
     (lambda d: d["schedule"].update(stage_ranks=["a"]), "schedule.stage_ranks: expected a list of pipeline ranks"),
     (lambda d: d["schedule"].update(actions=[["F0.0"], ["B0.0"], []]), "schedule.actions: a per-rank order"),
     (lambda d: d["schedule"].update(actions=[[1]]), "schedule.actions: expected one list of action names"),
-    (lambda d: d.update(precision="fp8"), "precision: unknown 'fp8'; expected one of fp32, tf32, bf16, fp16"),
+    (lambda d: d.update(precision="int4"), "precision: unknown 'int4'; expected one of fp32, tf32, bf16, fp16, fp8"),
     (lambda d: d["stages"][0].update(strategies=[{"recompute": "some"}] * 20),
      "stages[0].strategies[0].recompute: unknown 'some'; expected one of none, selective, full"),
     (lambda d: d["stages"][0].update(strategies=[{"checkpoint": True}] * 20),

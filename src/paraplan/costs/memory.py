@@ -125,7 +125,7 @@ class MemoryBreakdown:
                   ("optimizer states", self.optimizer_bytes))
         common = (*states, ("weight stash", self.stash_bytes), ("CUDA context and libraries", self.reserve_bytes))
         if self.forward_peak_bytes >= self.step_peak_bytes:
-            moment, parts = "forward/backward", (*common, ("16-bit and FP8 weight copies", self.compute_copy_bytes),
+            moment, parts = "forward/backward", (*common, ("16-bit weight copies", self.compute_copy_bytes),
                                                 ("activations", self.activation_bytes + self.tp_replicated_bytes),
                                                 ("gradients awaiting the weight pass", self.weight_pass_bytes),
                                                 ("the loss's gradients", self.loss_gradient_bytes),

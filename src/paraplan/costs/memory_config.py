@@ -69,7 +69,8 @@ class MemoryConfig:
     gathered_bytes_per_param: float = 0.0
     # An fp8 plan's FP8 weight copies per parameter of its transformer blocks (costs/fp8_linear.py:
     # fp8_weight_copy_bytes): Transformer Engine keeps each linear's FP8 weight and its transpose
-    # across a step's micro-batches; torchao casts per use and keeps none
+    # across a step's micro-batches; torchao casts per use and keeps none. Counted with the weight
+    # copies (memory.py's "16-bit weight copies" category: the copies beside the weights)
     fp8_weight_bytes_per_param: float = 0.0
     # FSDP under pipelining keeps each stage's units gathered and their gradients unsharded until the
     # stage's last backward (EngineProfile.pipeline_keeps_fsdp_units: torchtitan)

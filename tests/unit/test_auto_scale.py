@@ -86,3 +86,18 @@ def test_the_example_clusters_are_the_a100_preset_at_their_size(gpus):
     preset = load_cluster(f"dgx-a100-80gb?nodes={gpus // 8}")
     assert example.n_devices == gpus
     assert example.nodes == preset.nodes and example.default_precision == preset.default_precision
+
+
+def test_a_placement_out_of_its_reach_is_skipped_before_it_starts_with_its_reason():
+    """An operator placement whose operators x devices at its fastest measured rate per pair would
+    outlast the comparison's time limit is skipped, its reason in the row; within the limit it runs."""
+    from paraplan.planners.auto import skip_reason
+
+    w = workload("gpt2-tiny", "dgx-a100-80gb?nodes=8", batch=8, operators="required")
+    pairs = w.costs.operators.n_nodes * MAX_PLACEMENT_DEVICES  # 64 of the 64 devices
+    assert skip_reason("fddps", w.request, time_limit_s=60.0) is None
+    reason = skip_reason("fddps", w.request, time_limit_s=pairs * 4.9e-6 / 2)
+    assert reason.startswith(f"out of an operator placement's reach: {w.costs.operators.n_nodes:,} operators x 64 "
+                             f"devices = {pairs:,} pairs") and "\n" not in reason
+    assert skip_reason("heft", w.request, time_limit_s=pairs * 4.9e-6 / 2) is None  # 1.1 us a pair: within
+    assert skip_reason("megatron-grid", w.request, time_limit_s=1e-9) is None  # no reach rule: it always runs

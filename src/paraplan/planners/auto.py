@@ -127,8 +127,9 @@ def describe(plan: Plan) -> str:
     return stages + (f" x {groups} groups" if groups > 1 else "")
 
 
-def skip_reason(name: str, request: PlanRequest) -> str | None:
-    """Why a planner does not take part (None: it does)."""
+def skip_reason(name: str, request: PlanRequest, time_limit_s: float = 60.0) -> str | None:
+    """Why a planner does not take part (None: it does): left out of comparisons, missing what it
+    needs, or out of its method's reach (PlannerSpec.reach) within the comparison's time limit."""
     spec = planner(name)
     if spec.not_compared:
         return spec.not_compared
@@ -136,7 +137,7 @@ def skip_reason(name: str, request: PlanRequest) -> str | None:
         return "needs the model's operator graph, which could not be traced"
     if request.schedule not in (None, "best") and request.schedule not in spec.schedules:
         return f"does not plan {request.schedule}"
-    return None
+    return spec.reach(request, time_limit_s) if spec.reach is not None else None
 
 
 # what a planner still needs once stopped (simulate its best plan so far, send the row): its own
@@ -263,7 +264,7 @@ def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_
     rows: dict[str, Row] = {}
     todo = []
     for name in names:
-        reason = skip_reason(name, request)
+        reason = skip_reason(name, request, time_limit_s)
         if reason is not None and planners is None:
             rows[name] = Row(planner=name, status="skipped", reason=reason)
             if on_row:

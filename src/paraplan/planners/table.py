@@ -36,6 +36,9 @@ class PlannerSpec:
     # lays a mixture of experts' routed experts out over devices (expert parallelism, issue 50); the
     # others plan such a model with every expert on every device of a stage, and the comparison says so
     expert_parallel: bool = False
+    # (request, the comparison's time limit) -> why the method does not reach the request, one line
+    # (the comparison skips it before it starts, issue 51 item 2), or None; None: it reaches any
+    reach: Callable[[object, float], str | None] | None = None
 
 
 PLANNERS: dict[str, PlannerSpec] = {}
@@ -43,7 +46,8 @@ PLANNERS: dict[str, PlannerSpec] = {}
 
 def register(name: str, summary: str, schedules=(Schedule.GPIPE,), options: Mapping[str, OptionSpec] | None = None,
              needs_operators: bool = False, *, slow: int = 0, not_compared: str = "",
-             in_comparison: Callable[[dict, frozenset], dict] | None = None, expert_parallel: bool = False):
+             in_comparison: Callable[[dict, frozenset], dict] | None = None, expert_parallel: bool = False,
+             reach: Callable[[object, float], str | None] | None = None):
     """Decorator: add a planner function to the table under `name` (`slow`, `not_compared`,
     `in_comparison`: how `--planner auto` runs it; `expert_parallel`: PlannerSpec)."""
 
@@ -53,7 +57,7 @@ def register(name: str, summary: str, schedules=(Schedule.GPIPE,), options: Mapp
         # "best": the planner also chooses the schedule (planners/request.py: BEST_SCHEDULE)
         PLANNERS[name] = PlannerSpec(name, fn, summary, tuple(s if s == "best" else Schedule(s) for s in schedules),
                                      dict(options or {}), needs_operators, slow, not_compared, in_comparison,
-                                     expert_parallel)
+                                     expert_parallel, reach)
         return fn
 
     return add

@@ -197,6 +197,36 @@ _MPDPS_OPTIONS = {**_RUNNABLE, "groups_per_device": OptionSpec(32, "MP-DPS node 
                                                   at_least("groups_per_device", 1))}
 # --planner auto starts these searches late, after the Galvatron family and GroPipe (planners/table.py: slow)
 _SLOW = {"fddps": 7, "fddps-nosplit": 8, "mpdps": 9, "fastt": 10, "heft": 11, "fddps-ports": 14}
+# Seconds per (operator, device) pair each placement takes at the least, measured on this machine
+# (2 cores; a 1,152-operator Llama-like graph on 8 to 64 H100s, 2026-11-28): FD-DPS weighs every
+# device for every operator at 4.9 to 19.7 us a pair, HEFT's list scheduling at 1.1 to 3.4 us; the
+# fastest of each is the rate its reach is judged by (`_reach`: a placement predicted to take longer
+# than the comparison's time limit even at that rate does not start)
+_PAIR_S = {"fddps": 4.9e-6, "fddps-nosplit": 4.9e-6, "fddps-ports": 4.9e-6, "mpdps": 4.9e-6, "fastt": 1.1e-6,
+           "heft": 1.1e-6}
+
+
+def _reach(name: str):
+    """A placement of every operator over the devices it weighs (the methods' own setting: FD-DPS's
+    paper places a few hundred operators on 8 GPUs; MAX_PLACEMENT_DEVICES at most) reaches a request
+    while operators x devices x its rate per pair fits in the comparison's time limit (a Llama-2-70B-
+    like graph of 11,784 operators on 64 devices: 3.7 s); beyond that the layer planners plan it, and
+    the comparison says so before the placement starts."""
+
+    def reach(request, time_limit_s: float) -> str | None:
+        graph = request.costs.operators
+        if graph is None:
+            return None
+        devices = request.n_stages or min(request.n_devices, MAX_PLACEMENT_DEVICES)
+        pairs = graph.n_nodes * devices
+        predicted = pairs * _PAIR_S[name]
+        if predicted <= time_limit_s:
+            return None
+        return (f"out of an operator placement's reach: {graph.n_nodes:,} operators x {devices:,} devices "
+                f"= {pairs:,} pairs, at least {predicted:.0f} s at its fastest measured {_PAIR_S[name] * 1e6:.1f} us "
+                f"a pair, past the comparison's {time_limit_s:.0f} s; the layer planners plan it")
+
+    return reach
 
 for _name, _summary, _scheduler, _split, _options in (
     ("fddps", "FD-DPS: operator placement by dynamic critical paths, compute-heavy operators split along the batch",
@@ -218,5 +248,6 @@ for _name, _summary, _scheduler, _split, _options in (
     ("mpdps", "MP-DPS-like: node merging and path prediction", lambda p, o: schedule_mpdps(
         p, groups_per_device=o.get("groups_per_device", 32)), False, _MPDPS_OPTIONS),
 ):
-    register(_name, _summary, schedules=("dag",), options=_options, needs_operators=True, slow=_SLOW[_name])(
+    register(_name, _summary, schedules=("dag",), options=_options, needs_operators=True, slow=_SLOW[_name],
+             reach=_reach(_name))(
         _plan_with(_name, _scheduler, _split))

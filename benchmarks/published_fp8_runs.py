@@ -38,8 +38,10 @@ as Megatron runs it (Meta's engine is not public), interleaved with v = 8 as the
 published_runs_today.py, ZeRO-1, sequence parallelism, micro-batch 1 (16 micro-batches), no
 recomputation, CP's ring priced as costs/axis_costs.py prices it.
 
-Writes $PARAPLAN_BENCH_OUT/published_fp8_runs.json (default bench-out/). Run:
-.venv/bin/python benchmarks/published_fp8_runs.py
+Writes $PARAPLAN_BENCH_OUT/published_fp8_runs.json (default bench-out/) and, with --planner,
+published_fp8_planner.json: the Megatron grid's plan for each request (the same model, GPUs, global
+batch, precision and recipe, priced as the same engine on the same devices) against the published
+layout, both by the same cost model. Run: .venv/bin/python benchmarks/published_fp8_runs.py [--planner]
 """
 
 from __future__ import annotations
@@ -124,16 +126,55 @@ def rows(runs=RUNS) -> list[dict]:
     return out
 
 
+def planner_against_published(runs=RUNS, planner: str = "megatron-grid") -> list[dict]:
+    """Item 4's second half: the planner's plan for each request against the published layout, both
+    priced by the same cost model (the published one as `predict` prices it); the planner's must fit
+    in the devices' memory, the published layout is priced whether or not it fits."""
+    from published_runs_today import _cluster_of
+
+    from paraplan.errors import FieldError
+    from paraplan.planners.registry import make_plan
+    from paraplan.workload import workload
+
+    out = []
+    for run in runs:
+        published = predict(run)
+        w = workload(run.model, _cluster_of(run), batch=run.global_batch, precision=run.precision,
+                     fp8_recipe=run.fp8_recipe or None, engine=run.engine)
+        try:
+            plan = make_plan(w.request, planner)
+        except FieldError as exc:  # e.g. no uniform layout without context parallelism
+            out.append({"run": run.label, "published_layout": layout(run), "planner": planner, "planner_s": None,
+                        "published_layout_s": round(published["iteration_s"], 3), "reason": str(exc)})
+            print(f"{run.label:>44}: {planner}: {exc}", flush=True)
+            continue
+        p = plan.prediction
+        strategies = sorted({str(x) for s in plan.stages for x in s.strategies})
+        row = {"run": run.label, "published_layout": layout(run), "published_layout_s": round(published["iteration_s"], 3),
+               "published_layout_fits": published["fits"], "planner": planner, "planner_s": round(p.iteration_s, 3),
+               "planner_fits": p.feasible, "planner_layout": f"{plan.n_ranks} pipeline ranks (v={plan.virtual_stages}), "
+               f"{plan.n_micro} micro-batches, {strategies[:2]}", "ratio": round(p.iteration_s / published["iteration_s"], 3)}
+        out.append(row)
+        print(f"{run.label:>44}: published layout {row['published_layout_s']} s (fits: {published['fits']}); "
+              f"{planner} {row['planner_s']} s (fits: {p.feasible}; {row['planner_layout']})", flush=True)
+    return out
+
+
 def main() -> None:
     from _paraplan_cli import bench_parser
 
-    bench_parser(__doc__).parse_args()
+    parser = bench_parser(__doc__)
+    parser.add_argument("--planner", action="store_true",
+                        help="also plan each request with the Megatron grid and write published_fp8_planner.json")
+    args = parser.parse_args()
     table = rows()
     result = {"rows": table,
               "median_abs_time_error": round(statistics.median(abs(r["time_ratio"] - 1) for r in table), 3)}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "published_fp8_runs.json").write_text(json.dumps(result, indent=1))
     print(f"median |time error| {result['median_abs_time_error']:.1%}")
+    if args.planner:
+        (OUT / "published_fp8_planner.json").write_text(json.dumps(planner_against_published(), indent=1))
 
 
 if __name__ == "__main__":

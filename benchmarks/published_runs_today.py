@@ -142,17 +142,23 @@ def run_plan(run: Run, n_layers: int) -> Plan:
 _MEASURED: dict[tuple, object] = {}
 
 
-def predict(run: Run) -> dict:
-    key = (run.model, run.precision, run.attention)
-    if key not in _MEASURED:
-        _MEASURED[key] = measured_model(run.model, precision=run.precision, attention=run.attention)[1]
-    spec = _MEASURED[key]
+def _cluster_of(run: Run):
+    """The run's cluster: the preset at its size, with the published devices' memory and bandwidth."""
     cluster = load_cluster(f"{run.cluster}?nodes={run.gpus // 8}")
     if run.memory_gib or run.bandwidth:
         device = cluster.device(0)
         device = replace(device, memory_bytes=int((run.memory_gib or device.memory_bytes / GIB) * GIB),
                          memory_bandwidth_bytes_per_s=run.bandwidth or device.memory_bandwidth_bytes_per_s)
         cluster = replace(cluster, nodes=tuple(replace(n, devices=(device,) * len(n.devices)) for n in cluster.nodes))
+    return cluster
+
+
+def predict(run: Run) -> dict:
+    key = (run.model, run.precision, run.attention)
+    if key not in _MEASURED:
+        _MEASURED[key] = measured_model(run.model, precision=run.precision, attention=run.attention)[1]
+    spec = _MEASURED[key]
+    cluster = _cluster_of(run)
     costs = cost_model(spec, cluster, precision=run.precision, engine=run.engine, block=run.block,
                        fp8_recipe=run.fp8_recipe or None)
     prediction = simulate_plan(run_plan(run, len(spec.layers)), costs).prediction

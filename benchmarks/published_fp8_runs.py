@@ -30,8 +30,8 @@ delayed scaling (NeMo's FP8 default, `fp8_recipe: delayed`), sequence parallelis
 distributed optimizer (ZeRO-1), no activation recomputation, no dropout, and their TP communication
 overlap not priced (`--tp-comm-overlap`: paraplan prices TP collectives in series, costs/
 axis_costs.py); GPT-3's vocabulary 50,257 with learned positions (a GPT-2-shaped model); Llama 2's
-vocabulary 32,000. The torchtitan rows: its eager profile (torch.compile's fusion, AsyncTP and the
-FP8 all-gather are not priced: FSDP gathers bf16 weights here, prefetched) on the 96 GB, 2.4 TB/s
+vocabulary 32,000. The torchtitan rows: its eager profile (torch.compile's fusion and AsyncTP are not
+priced) with FSDP's FP8 all-gather (the blocks' weights gathered and kept at 1 byte) on the 96 GB, 2.4 TB/s
 H100 with the power cap assumed to cost nothing, sequence parallelism with TP (torchtitan's TP plan),
 memory as torchtitan logs it (the last pipeline rank's first device). Llama 3 at 16,384 GPUs: priced
 as Megatron runs it (Meta's engine is not public), interleaved with v = 8 as the 8K rows of
@@ -75,7 +75,7 @@ TORCHTITAN = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
 NEMO_FP8 = dict(precision="fp8", engine="megatron", recompute="none", zero=1, sequence_parallel=True,
                 fp8_recipe="delayed")
 TITAN_FP8 = dict(precision="fp8", engine="torchtitan", recompute="full", sequence_parallel=True, fp8_recipe="tensorwise",
-                 **H100_96)
+                 fp8_param_gather=True, **H100_96)
 
 # Run(label, source, model, block, gpus, tp, pp, sdp, dp, global batch, micro, ...)
 RUNS = (
@@ -140,7 +140,7 @@ def planner_against_published(runs=RUNS, planner: str = "megatron-grid") -> list
     for run in runs:
         published = predict(run)
         w = workload(run.model, _cluster_of(run), batch=run.global_batch, precision=run.precision,
-                     fp8_recipe=run.fp8_recipe or None, engine=run.engine)
+                     fp8_recipe=run.fp8_recipe or None, fp8_param_gather=run.fp8_param_gather, engine=run.engine)
         try:
             plan = make_plan(w.request, planner)
         except FieldError as exc:  # e.g. no uniform layout without context parallelism

@@ -84,6 +84,7 @@ class Run:
     schedule: str = ""  # "" : 1f1b / interleaved-1f1b / gpipe from pp and virtual
     fp8_recipe: str = ""  # precision fp8's scaling recipe (benchmarks/published_fp8_runs.py)
     cp: int = 1  # context parallelism, right outside TP
+    fp8_param_gather: bool = False  # an fp8 run's FSDP all-gathers in FP8 (Plan.fp8_param_gather)
 
 
 H100_96 = {"memory_gib": 96.0, "bandwidth": 2.4e12}  # torchtitan's H100s: 96 GB HBM2e at 2.4 TB/s
@@ -136,7 +137,8 @@ def run_plan(run: Run, n_layers: int) -> Plan:
     return Plan(model=run.model, cluster=f"{run.cluster}?nodes={run.gpus // 8}", n_layers=n_layers,
                 global_batch=run.global_batch, n_micro=run.global_batch // (replicas * run.micro), schedule=schedule,
                 stages=tuple(stages), grad_sync="after-backward" if run.dp * run.cp > 1 else "none",
-                precision=run.precision, virtual_stages=run.virtual, fp8_recipe=run.fp8_recipe)
+                precision=run.precision, virtual_stages=run.virtual, fp8_recipe=run.fp8_recipe,
+                fp8_param_gather=run.fp8_param_gather)
 
 
 _MEASURED: dict[tuple, object] = {}
@@ -160,7 +162,7 @@ def predict(run: Run) -> dict:
     spec = _MEASURED[key]
     cluster = _cluster_of(run)
     costs = cost_model(spec, cluster, precision=run.precision, engine=run.engine, block=run.block,
-                       fp8_recipe=run.fp8_recipe or None)
+                       fp8_recipe=run.fp8_recipe or None, fp8_param_gather=run.fp8_param_gather)
     prediction = simulate_plan(run_plan(run, len(spec.layers)), costs).prediction
     tokens = run.global_batch * run.block.seq_len
     peak = max(m.peak_bytes for m in prediction.memory) / GIB if prediction.memory else float("nan")

@@ -51,7 +51,7 @@ def _plan_of(plan_or_path, what: str) -> Plan:
 
 # the keywords every request takes (compare's and plan's **kw), as `_workload` names them
 REQUEST_KEYWORDS = ("memory", "stages", "micro_batches", "schedule", "profile", "seq_len", "image_size",
-                    "exact_stages", "options", "precision", "calibrate", "headroom", "fp8_recipe")
+                    "exact_stages", "options", "precision", "calibrate", "headroom", "fp8_recipe", "fp8_param_gather")
 
 
 def _check_request_keywords(kw: dict, what: str) -> None:
@@ -99,7 +99,7 @@ def _limit_to_this_machine() -> None:
 def _workload(model: str, cluster: str, batch: int, *, operators: bool, memory=None, stages=None,
               micro_batches=None, schedule=None, profile=None, seq_len=None, image_size=None, exact_stages=False,
               options=None, precision=None, calibrate: bool = False, headroom=None, engine: str = "paraplan",
-              fp8_recipe=None):
+              fp8_recipe=None, fp8_param_gather: bool = False):
     """The Workload of the keywords (paraplan/workload.py, as the command line builds it); the
     operator graph, where asked, only where the model can be traced. calibrate=True: on `local`,
     measure this machine now if it has no cached calibration. `headroom`: the share of memory left
@@ -114,7 +114,8 @@ def _workload(model: str, cluster: str, batch: int, *, operators: bool, memory=N
     return workload(model, local_cluster(cluster, precision, skip=bool(profile), make=calibrate), cluster_name=cluster, batch=batch, profile=profile, memory=memory, seq_len=seq_len,
                     image_size=image_size, operators="optional" if operators else None, stages=stages,
                     micro_batches=micro_batches, schedule=schedule, exact_stages=exact_stages,
-                    options=options, precision=precision, headroom=headroom, engine=engine, fp8_recipe=fp8_recipe)
+                    options=options, precision=precision, headroom=headroom, engine=engine, fp8_recipe=fp8_recipe,
+                    fp8_param_gather=fp8_param_gather)
 
 
 def _request(model: str, cluster: str, batch: int, **kw):
@@ -234,7 +235,8 @@ def simulate(plan_or_path: Plan | str | Path, *, cluster: str | None = None, pro
 
     p = _plan_of(plan_or_path, "simulate")
     request = _request(p.model, cluster or p.cluster, p.global_batch, operators=p.kind is PlanKind.OPERATORS, profile=profile,
-                       precision=p.precision, fp8_recipe=p.fp8_recipe or None, calibrate=calibrate)
+                       precision=p.precision, fp8_recipe=p.fp8_recipe or None, fp8_param_gather=p.fp8_param_gather,
+                       calibrate=calibrate)
     return simulate_plan(p, request.costs)
 
 

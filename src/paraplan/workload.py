@@ -183,7 +183,7 @@ def check_precision(cluster: Cluster, precision: str | None, fp8_recipe: str | N
 
 
 def cost_model(spec: ModelSpec, cluster: Cluster, *, profile: str | Path | None = None, precision: str | None = None,
-               fp8_recipe: str | None = None, **kwargs) -> CostModel:
+               fp8_recipe: str | None = None, fp8_param_gather: bool = False, **kwargs) -> CostModel:
     """The CostModel of a measured model on a cluster: analytic, or from a profile file (a layer
     profile replaces the layers' compute times; an operator profile prices the operators and
     leaves the layers analytic). `precision`: what the plans train in (precision.py; default the
@@ -194,6 +194,10 @@ def cost_model(spec: ModelSpec, cluster: Cluster, *, profile: str | Path | None 
     kwargs["precision"], recipe = check_precision(cluster, precision, fp8_recipe)
     if recipe:
         kwargs["fp8_recipe"] = recipe
+    if fp8_param_gather:
+        if kwargs["precision"] != "fp8":
+            raise FieldError("fp8_param_gather", f"parameters gathered in FP8 need precision fp8, not {kwargs['precision']}")
+        kwargs["fp8_param_gather"] = True
     kwargs.setdefault("source", cost_source(cluster))
 
     if profile:
@@ -299,13 +303,15 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
              image_size: int | None = None, layers: str | None = None, operators: str | None = None,
              stages: int | None = None, micro_batches: int | None = None, schedule=None, exact_stages: bool = False,
              options=None, watch: Watch | None = None, precision: str | None = None,
-             engine: str = "paraplan", headroom: float | None = None, fp8_recipe: str | None = None) -> Workload:
+             engine: str = "paraplan", headroom: float | None = None, fp8_recipe: str | None = None,
+             fp8_param_gather: bool = False) -> Workload:
     """The cluster loaded (unless it is one already), the model built and measured, its operator
     graph traced (`operators`: see OPERATORS), its cost model and, with a `batch`, the PlanRequest
     (its model named by the built reference, its cluster by `cluster_name`, by default the name or
     file as given). `overheads` replace the cluster's (a calibrated one carries its own). `engine`:
     whose implementation prices the plans (costs/engine_profile.py; paraplan's own runtime by default).
-    `fp8_recipe`: an fp8 request's scaling recipe (precision.py; default tensorwise)."""
+    `fp8_recipe`: an fp8 request's scaling recipe (precision.py; default tensorwise);
+    `fp8_param_gather`: its parameters all-gathered in FP8 (Plan.fp8_param_gather)."""
     from paraplan.costs.engine_profile import engine_profile
     from paraplan.hardware import Cluster, load_cluster
 
@@ -328,7 +334,7 @@ def workload(model: str, cluster: str | Path | Cluster, *, batch: int | None = N
     if engine != "paraplan":
         extra.update(engine=engine, block=engine_block(built, attention_kernel(loaded, precision)))
     costs = cost_model(spec, loaded, profile=profile, operators=graph, precision=precision, fp8_recipe=fp8_recipe,
-                       **extra)
+                       fp8_param_gather=fp8_param_gather, **extra)
     if engine != "paraplan":
         costs = replace(costs, source=f"{costs.source}, priced as {engine} runs the model")
     # the simulator refuses TP where the runtime cannot run it: for plans simulated (`paraplan

@@ -18,6 +18,7 @@ import io
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,9 @@ def loaded(tmp_path_factory):
 
     for recipe in MEGATRON_RECIPES:
         add(f"megatron-{recipe}", "megatron", _plan(MODEL, 2, TP_SP, recipe), shape)
+    gather = replace(_plan(MODEL, 2, LayerStrategy(dp=2, tp=2, sequence_parallel=True, zero=1), "delayed"),
+                     fp8_param_gather=True)
+    add("megatron-fp8-param-gather", "megatron", gather, shape)
     for recipe in TORCHTITAN_RECIPES:
         plan = _plan(MODEL, 2, TP_SP, recipe)
         name, kwargs = fp8_converter(engine_layout(plan, shape.kinds))
@@ -91,9 +95,20 @@ def test_megatron_core_builds_the_transformer_config_of_each_recipe(loaded, reci
     # each fp8 argument is its TransformerConfig field's value (FIELD_OF_ARGUMENT: --fp8-format is fp8)
     for arg in read["arguments"]:
         flag, _, value = arg.partition("=")
-        if flag.startswith("--fp8-"):
+        if flag.startswith("--fp8-") and value:
             field = FIELD_OF_ARGUMENT.get(flag, flag[2:].replace("-", "_"))
             assert read[field] == value, arg
+
+
+def test_megatron_core_takes_the_fp8_parameter_all_gather(loaded):
+    """--fp8-param-gather is TransformerConfig.fp8_param (FIELD_OF_ARGUMENT), with the distributed
+    optimizer the plan's ZeRO-1 exports (Megatron-LM refuses it without sharded states)."""
+    cell = loaded[0]["megatron-fp8-param-gather"]
+    assert cell["ok"], cell["error"]
+    read = cell["read"]
+    assert (read["fp8_param"], read["fp8"], read["fp8_recipe"]) == (True, "hybrid", "delayed")
+    assert "--fp8-param-gather" in read["arguments"] and "--use-distributed-optimizer" in read["arguments"]
+    assert FIELD_OF_ARGUMENT["--fp8-param-gather"] == "fp8_param"
 
 
 def test_megatron_core_has_no_rowwise_recipe_which_the_export_refuses(loaded):
@@ -181,7 +196,7 @@ def _megatron(case: dict) -> dict:
     def choices(name):  # Optional[Literal[...]]
         return [c for arg in typing.get_args(fields[name].type) for c in typing.get_args(arg)]
 
-    return {"fp8": cfg.fp8, "fp8_recipe": cfg.fp8_recipe, "bf16": cfg.bf16, "fp16": cfg.fp16,
+    return {"fp8": cfg.fp8, "fp8_recipe": cfg.fp8_recipe, "bf16": cfg.bf16, "fp16": cfg.fp16, "fp8_param": cfg.fp8_param,
             "params_dtype": str(cfg.params_dtype), "pipeline_dtype": str(cfg.pipeline_dtype),
             "tp": cfg.tensor_model_parallel_size, "pp": cfg.pipeline_model_parallel_size,
             "sequence_parallel": cfg.sequence_parallel, "arguments": doc["arguments"],

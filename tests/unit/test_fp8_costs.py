@@ -180,3 +180,27 @@ def test_fp8_on_a_device_without_it_or_a_recipe_without_fp8_is_one_line(capsys):
     res = run_cli_here(capsys, "plan", "--model", MODEL, "--cluster", "dgx-h100-80gb?nodes=1", "--batch", "16",
                        "--precision", "bf16", "--fp8-recipe", "rowwise", "--quiet")
     assert res.returncode == 2 and "needs precision fp8, not bf16" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_an_fp8_parameter_all_gather_moves_one_byte_a_parameter_of_the_blocks():
+    """Plan.fp8_param_gather: FSDP's gathers of the blocks' weights at 1 byte where bf16's take 2 (the
+    embedding and head stay bf16); Transformer Engine's parameter is then the FP8 weight, its FP8
+    copies no bytes beyond the parameters'; only an fp8 plan may say so."""
+    from paraplan.costs.axis_costs import sharded_data_s
+    from paraplan.hardware.cluster import LinkSpec
+    from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
+    from paraplan.workload import workload
+
+    link = LinkSpec(bandwidth_bytes_per_s=1e9, latency_s=0.0)
+    fsdp = LayerStrategy(sdp=8)
+    plain, gathered = (workload(MODEL, "dgx-h100-80gb?nodes=1", precision="fp8", engine="megatron",
+                                fp8_param_gather=flag).costs for flag in (False, True))
+    for i, layer in enumerate(gathered.model.layers):
+        before = sharded_data_s(plain.model, plain.model.layers[i], fsdp, link)[0]
+        after = sharded_data_s(gathered.model, layer, fsdp, link)[0]
+        assert after == pytest.approx(before / 2 if layer.kind == "block" else before)
+    assert (plain.memory.fp8_weight_bytes_per_param, gathered.memory.fp8_weight_bytes_per_param) == (2.0, 0.0)
+    plan = Plan(model="m", cluster="c", n_layers=2, global_batch=2, n_micro=1, schedule="gpipe",
+                stages=(Stage(LayerRange(0, 2), (0,)),), precision="bf16", fp8_param_gather=True)
+    with pytest.raises(PlanError, match="fp8_param_gather: parameters gathered in FP8 need precision fp8, not bf16"):
+        validate(plan)

@@ -161,3 +161,16 @@ def test_a_plan_in_another_precision_exports_as_before(tiny):
     assert not [a for a in args if a.startswith(("--bf16", "--fp16", "--fp8"))]
     assert "--training.mixed_precision_param=float32" in export(fp32, "torchtitan", tiny).text
     assert not export(fp32, "torchtitan", tiny).notes
+
+
+def test_an_fp8_parameter_all_gather_is_megatrons_fp8_param_gather_and_refused_elsewhere(tiny):
+    """Megatron-LM: `--fp8-param-gather` (TransformerConfig.fp8_param) with the distributed optimizer,
+    refused without sharded states (Megatron-LM's arguments.py refuses it); torchtitan 0.3.0 has no
+    FP8 all-gather; DeepSpeed no FP8 at all."""
+    zero1 = replace(fp8(plan_of(tiny, LayerStrategy(dp=2, zero=1)), "delayed"), fp8_param_gather=True)
+    doc = megatron_doc(zero1, tiny)
+    assert "--fp8-param-gather" in doc["arguments"] and doc["transformer_config"]["fp8_param"] is True
+    plain = replace(fp8(plan_of(tiny), "delayed"), fp8_param_gather=True)
+    assert "needs the distributed optimizer or FSDP" in refusal(plain, "megatron", tiny)
+    rowwise = replace(fp8(plan_of(tiny, LayerStrategy(sdp=2)), "rowwise"), fp8_param_gather=True)
+    assert "an FP8 parameter all-gather" in refusal(rowwise, "torchtitan", tiny)

@@ -42,6 +42,9 @@ def add_precision(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fp8-recipe", default=None, choices=FP8_RECIPES,
                         help="with --precision fp8: how the FP8 casts are scaled (tensorwise, delayed, rowwise, "
                              "blockwise; mxfp8 on Blackwell); default: tensorwise")
+    parser.add_argument("--fp8-param-gather", action="store_true",
+                        help="with --precision fp8: FSDP and the distributed optimizer gather the blocks' parameters "
+                             "in FP8 (Megatron-LM's --fp8-param-gather)")
 
 
 def add_sizes(parser: argparse.ArgumentParser) -> None:

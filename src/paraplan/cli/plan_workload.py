@@ -29,6 +29,7 @@ def plan_workload(args, cluster, *, batch, operators: str | None, watch, options
                     image_size=args.image_size, layers=args.layers, operators=operators, stages=args.stages,
                     micro_batches=args.micro_batches, schedule=args.schedule, exact_stages=args.exact_stages,
                     options=options, watch=watch, precision=args.precision, fp8_recipe=getattr(args, "fp8_recipe", None),
+                    fp8_param_gather=getattr(args, "fp8_param_gather", False),
                     engine=getattr(args, "engine", None) or "paraplan", headroom=getattr(args, "headroom", None))
 
 

@@ -71,7 +71,7 @@ def run(args) -> int:
     engine = args.engine or (plan.prediction.engine if plan.prediction is not None else "paraplan")
     w = workload(plan.model, cluster, profile=args.profile, overlap_slowdown=args.overlap_slowdown,
                  seq_len=args.seq_len, image_size=args.image_size, precision=plan.precision, engine=engine,
-                 fp8_recipe=plan.fp8_recipe or None, operators="required" if plan.kind is PlanKind.OPERATORS else None, watch=BARS)
+                 fp8_recipe=plan.fp8_recipe or None, fp8_param_gather=plan.fp8_param_gather, operators="required" if plan.kind is PlanKind.OPERATORS else None, watch=BARS)
     with pure_work():
         sim = simulate_plan(plan, w.costs, contention=not args.no_contention)
         free = (simulate_plan(plan, w.costs, contention=False).prediction.iteration_s

@@ -90,7 +90,8 @@ def sharded_data_s(model: ModelSpec, layer: LayerSpec, strategy: LayerStrategy, 
     if sdp <= 1:
         return 0.0, 0.0
     shard = dense_param_bytes(layer, strategy) / strategy.tp  # an MoE layer's routed experts: expert_costs.py
-    gather = ring_allgather_s(shard * model.compute_dtype_bytes / model.dtype_bytes, sdp, link)
+    gathered = layer.gathered_element_bytes or model.compute_dtype_bytes  # an FP8 parameter all-gather: 1
+    gather = ring_allgather_s(shard * gathered / model.dtype_bytes, sdp, link)
     return gather, gather + ring_reducescatter_s(shard, sdp, link)
 
 

@@ -84,7 +84,12 @@ FP8_ALIGNMENT = 16
 _FP8_WEIGHT_COPY_BYTES = {"megatron": 2.0}
 
 
-def fp8_weight_copy_bytes(engine: str) -> float:
+def fp8_weight_copy_bytes(engine: str, fp8_param_gather: bool = False) -> float:
+    """`fp8_param_gather` (Megatron-LM's --fp8-param-gather, TE's fp8_param): the parameter is the FP8
+    weight (1 byte where bf16 took 2) and TE keeps its transpose (1): together the bf16 parameter's
+    2 bytes, so no bytes beyond the parameters' count."""
+    if fp8_param_gather:
+        return 0.0
     return _FP8_WEIGHT_COPY_BYTES.get(engine, 0.0)
 
 

@@ -222,7 +222,8 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
             recompute = max(recompute, m.recompute_bytes)
             tp_replicated += waiting * tp_replicated_bytes(model, i, strategy, micro, config)
             if strategy.sdp > 1 and keeps_units:
-                kept_weights += held_params(layer, params, strategy) * gathered_bytes_per_param(config)
+                kept_weights += held_params(layer, params, strategy) * (layer.gathered_element_bytes
+                                                                        or gathered_bytes_per_param(config))
                 kept_grads += held_params(layer, params, strategy) * config.grad_bytes_per_param
             elif strategy.sdp > 1:
                 gathered.append(held_params(layer, params, strategy))

@@ -90,7 +90,7 @@ class MemoryConfig:
             return replace(self, compute_copy_bytes_per_param=0.0)
         return replace(self, compute_copy_bytes_per_param=float(element_bytes(precision)), fp8_weight_bytes_per_param=0.0)
 
-    def for_engine(self, engine: str, precision: str) -> MemoryConfig:
+    def for_engine(self, engine: str, precision: str, fp8_param_gather: bool = False) -> MemoryConfig:
         """The model states per parameter as `engine` keeps them in a mixed `precision`, unsharded
         (costs/engine_states.py; strategy.py: state_parts_per_param shards them by ZeRO stage and sdp):
         megatron 2-byte parameters, 4-byte main gradients, 12 bytes of fp32 master weights and Adam
@@ -112,7 +112,8 @@ class MemoryConfig:
         return replace(config, state_bytes_per_param=states.total, param_bytes_per_param=states.parameters,
                        grad_bytes_per_param=states.gradients, compute_copy_bytes_per_param=0.0,
                        gathered_bytes_per_param=float(element_bytes(precision)),
-                       fp8_weight_bytes_per_param=fp8_weight_copy_bytes(engine) if precision == "fp8" else 0.0)
+                       fp8_weight_bytes_per_param=fp8_weight_copy_bytes(engine, fp8_param_gather)
+                       if precision == "fp8" else 0.0)
 
     def for_device_kind(self, kind: str | None) -> MemoryConfig:
         """The terms that apply on a device of this kind (DeviceSpec.name): a CPU has no CUDA context

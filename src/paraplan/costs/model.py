@@ -53,6 +53,9 @@ class CostModel:
     engine: str = "paraplan"
     # an fp8 plan's scaling recipe (precision.py FP8_RECIPES; costs/fp8_linear.py); "" for other precisions
     fp8_recipe: str = ""
+    # an fp8 plan's parameters gathered in FP8 (Plan.fp8_param_gather): the blocks' all-gathers at 1
+    # byte a parameter (LayerSpec.gathered_element_bytes), Transformer Engine's FP8 weight the parameter
+    fp8_param_gather: bool = False
     # device type -> LayerCosts; not an init field, so dataclasses.replace() starts a fresh one
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -62,12 +65,14 @@ class CostModel:
         problem = fp8_recipe_problem(self.precision, self.fp8_recipe)
         if problem:
             raise ValueError(problem)
+        if self.fp8_param_gather and self.precision != "fp8":
+            raise ValueError(f"parameters gathered in FP8 need precision fp8, not {self.precision}")
         self.cluster.check_precision(self.precision, self.fp8_recipe)  # a device without the dtype: one line
         if self.model.compute_dtype_bytes != element_bytes(self.precision):
             raise ValueError(f"the model computes in {self.model.compute_dtype_bytes}-byte activations, a {self.precision} "
                              "cost model needs model.in_compute_dtype(element_bytes(precision))")
-        object.__setattr__(self, "memory", self.memory.for_precision(self.precision).for_engine(self.engine,
-                                                                                                  self.precision))
+        object.__setattr__(self, "memory", self.memory.for_precision(self.precision).for_engine(
+            self.engine, self.precision, self.fp8_param_gather))
         # A calibrated cluster carries the runtime's measured overheads: used unless the caller
         # gives its own (train --compare --overheads FILE)
         if self.overheads is NO_OVERHEADS and self.cluster.overheads is not None:
@@ -81,7 +86,7 @@ class CostModel:
     @property
     def plan_precision(self) -> dict:
         """The Plan fields that say what this cost model prices: `replace(plan, **costs.plan_precision)`."""
-        return {"precision": self.precision, "fp8_recipe": self.fp8_recipe}
+        return {"precision": self.precision, "fp8_recipe": self.fp8_recipe, "fp8_param_gather": self.fp8_param_gather}
 
     def compute(self, device_id: int) -> LayerCosts:
         spec = self.cluster.device(device_id)
@@ -91,7 +96,8 @@ class CostModel:
 
 
 def analytic_cost_model(model: ModelSpec, cluster: Cluster, precision: str = "fp32", engine: str = "paraplan",
-                        block: BlockShape | None = None, fp8_recipe: str = "", **kwargs) -> CostModel:
+                        block: BlockShape | None = None, fp8_recipe: str = "", fp8_param_gather: bool = False,
+                        **kwargs) -> CostModel:
     """The device model's compute at the cluster's peak in `precision`, the activations at its element
     size, as `engine` runs the model (costs/engine_profile.py; `block`: the transformer block's shape,
     which an engine with fused kernels or a 16-bit residual stream needs to price them)."""
@@ -103,9 +109,13 @@ def analytic_cost_model(model: ModelSpec, cluster: Cluster, precision: str = "fp
         model = residual_stream_in(model, profile.residual_bytes)
         fp8_inputs = saved_input_bytes(engine, fp8_recipe) if fp8_recipe else None
         model = engine_activations(model, block, profile, profile.residual_bytes, linear_input_bytes=fp8_inputs)
+    if fp8_param_gather:  # the blocks' weights gathered in FP8 (their linears' weights: the parameters)
+        model = replace(model, layers=tuple(replace(x, gathered_element_bytes=1) if x.kind == "block" else x
+                                            for x in model.layers))
     link = cluster.nodes[0].intra_link  # unused for compute; transfers use cluster.link(a, b)
     return CostModel(model, cluster, lambda spec: analytic_costs(model, spec, link, profile, block, fp8_recipe),
-                     precision=precision, engine=engine, fp8_recipe=fp8_recipe, **kwargs)
+                     precision=precision, engine=engine, fp8_recipe=fp8_recipe, fp8_param_gather=fp8_param_gather,
+                     **kwargs)
 
 
 def residual_stream_in(model: ModelSpec, element_bytes: int) -> ModelSpec:

@@ -66,6 +66,7 @@ class EngineLayout:
     expert_overlap: bool = False  # Megatron-LM's all-to-all overlap (plans/expert_overlap.py)
     expert_dispatcher: str = "alltoall"  # the token dispatcher (plans/expert_dispatch.py)
     fp8_recipe: str = ""  # an fp8 plan's scaling recipe (precision.py FP8_RECIPES), "" for any other precision
+    fp8_param_gather: bool = False  # its parameters all-gathered in FP8 (Plan.fp8_param_gather)
 
     @property
     def dp(self) -> int:
@@ -140,7 +141,8 @@ def engine_layout(plan: Plan, kinds: tuple[str, ...]) -> EngineLayout:
         blocks_per_stage=tuple(sum(kinds[i] == "block" for i in s.layers) for s in plan.stages),
         layers_per_stage=tuple(tuple(s.layers) for s in plan.stages), stage_ranks=plan.rank_of_stage,
         actions=tuple(plan.actions), grad_sync=plan.grad_sync, notes=tuple(notes), ep=ep, etp=etp,
-        expert_overlap=plan.expert_overlap, expert_dispatcher=plan.expert_dispatcher, fp8_recipe=plan.fp8_recipe)
+        expert_overlap=plan.expert_overlap, expert_dispatcher=plan.expert_dispatcher, fp8_recipe=plan.fp8_recipe,
+        fp8_param_gather=plan.fp8_param_gather)
 
 
 def _degrees(st: LayerStrategy) -> tuple:

@@ -62,7 +62,7 @@ FIELD_OF_ARGUMENT = {"--num-experts": "num_moe_experts",
                      "--num-layers-per-virtual-pipeline-stage": "virtual_pipeline_model_parallel_size",
                      "--swiglu": "gated_linear_unit", "--disable-bias-linear": "add_bias_linear",
                      "--group-query-attention": "num_query_groups", "--norm-epsilon": "layernorm_epsilon",
-                     "--fp8-format": "fp8"}
+                     "--fp8-format": "fp8", "--fp8-param-gather": "fp8_param"}
 # --fp8-recipe's choices (TransformerConfig.fp8_recipe's, less "custom": a quantizer factory of the user's)
 FP8_RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
 
@@ -73,6 +73,10 @@ def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
     if layout.precision == Precision.FP8 and layout.fp8_recipe not in FP8_RECIPES:
         return (f"the fp8 recipe {layout.fp8_recipe} (Megatron-LM's --fp8-recipe runs {', '.join(FP8_RECIPES)}; "
                 "rowwise scaling is torchao's)")
+    if layout.fp8_param_gather and not (layout.zero or layout.dp_shard > 1):
+        # arguments.py: "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp"
+        return "an FP8 parameter all-gather without sharded states (Megatron-LM's --fp8-param-gather needs the " \
+               "distributed optimizer or FSDP)"
     if layout.pp > 1:
         if layout.schedule not in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B):
             return f"the {layout.schedule} schedule (Megatron-LM runs 1F1B and interleaved 1F1B)"
@@ -150,6 +154,9 @@ def arguments(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], dict,
         args += ["--fp8-format=hybrid", f"--fp8-recipe={layout.fp8_recipe}"]
         config.update(fp8="hybrid", fp8_recipe=layout.fp8_recipe)
         notes.append(_fp8_note(layout.fp8_recipe))
+        if layout.fp8_param_gather:  # TransformerConfig.fp8_param: the parameters kept and gathered in FP8
+            args.append("--fp8-param-gather")
+            config["fp8_param"] = True
     if layout.precision == Precision.TF32:
         notes.append("tf32: Megatron-LM's float32 matmuls follow NVIDIA_TF32_OVERRIDE / torch's allow_tf32")
     model_args, model_config = _model(shape)

@@ -140,6 +140,9 @@ def refusal(layout: EngineLayout, shape: ModelShape) -> str | None:
         return "fp16 mixed precision (torchtitan trains in bf16 or fp32)"
     if layout.precision == Precision.FP8 and layout.fp8_recipe in FP8_REFUSALS:
         return FP8_REFUSALS[layout.fp8_recipe]
+    if layout.fp8_param_gather:
+        return (f"an FP8 parameter all-gather (torchtitan {VERSION}'s Float8 converter gathers bf16: its FSDP FP8 "
+                "all-gather went with the tensorwise recipe)")
     if layout.etp > 1:
         return f"expert tensor parallelism (ETP{layout.etp}: torchtitan {VERSION} has expert_parallel_degree only)"
     if layout.expert_overlap:

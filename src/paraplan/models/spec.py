@@ -149,6 +149,9 @@ class LayerSpec:
     # kv_heads / heads (what context parallelism's ring moves: costs/axis_costs.py); 1.0 where the
     # shape is not known (an upper bound), set from the engine's block shape (costs/engine_memory.py)
     kv_fraction: float = 1.0
+    # bytes per element its weights are all-gathered in (FSDP, ZeRO's parameter gather) where not the
+    # compute dtype: an fp8 plan's FP8 parameter all-gather (1); 0: the compute dtype
+    gathered_element_bytes: int = 0
 
     @property
     def flops_per_sample(self) -> float:

@@ -132,6 +132,9 @@ class Plan:
     # an fp8 plan's scaling recipe (precision.py FP8_RECIPES: tensorwise, rowwise, blockwise, mxfp8);
     # "" for every other precision
     fp8_recipe: str = ""
+    # an fp8 plan's parameters gathered in FP8 by FSDP / the distributed optimizer (Megatron-LM's
+    # --fp8-param-gather; torchao's tensorwise FSDP FP8 all-gather): the blocks' linears at 1 byte
+    fp8_param_gather: bool = False
 
     def __post_init__(self):
         # plain strings become the typed choices; an unknown one is left for validate() to name
@@ -210,6 +213,8 @@ def validate(plan: Plan) -> Plan:
     problem = fp8_recipe_problem(plan.precision, plan.fp8_recipe)
     if problem:
         raise PlanError(f"fp8_recipe: {problem}")
+    if plan.fp8_param_gather and plan.precision != Precision.FP8:
+        raise PlanError(f"fp8_param_gather: parameters gathered in FP8 need precision fp8, not {plan.precision}")
     for name in ("n_layers", "global_batch", "n_micro"):
         if getattr(plan, name) < 1:
             raise PlanError(f"{name}: must be at least 1, got {getattr(plan, name)}")

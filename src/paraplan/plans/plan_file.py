@@ -62,6 +62,7 @@ def plan_to_dict(plan: Plan) -> dict:
         "grad_sync": plan.grad_sync,
         **({"expert_dispatcher": plan.expert_dispatcher} if plan.expert_dispatcher != "alltoall" else {}),
         **({"fp8_recipe": plan.fp8_recipe} if plan.fp8_recipe else {}),
+        **({"fp8_param_gather": True} if plan.fp8_param_gather else {}),
         "stages": [
             {
                 "layers": rng(s.layers),
@@ -220,6 +221,7 @@ def plan_from_dict(data: object, origin: str = "plan") -> Plan:
         # optional (plans/expert_dispatch.py): files without it dispatch every routed copy (alltoall)
         expert_dispatcher=r.get(d, "expert_dispatcher", "", str, "alltoall"),
         fp8_recipe=r.get(d, "fp8_recipe", "", str, ""),
+        fp8_param_gather=r.get(d, "fp8_param_gather", "", bool, False),
     )
     try:
         return validate(plan)

@@ -56,6 +56,9 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True, split: boo
     refuse_features(plan, MODELLED, "the simulator")
     if plan.precision != cm.precision:
         raise PlanError(f"precision: the plan trains in {plan.precision} but the cost model prices {cm.precision}")
+    if plan.fp8_param_gather != cm.fp8_param_gather:
+        raise PlanError(f"fp8_param_gather: the plan gathers its parameters {'in FP8' if plan.fp8_param_gather else 'in bf16'}"
+                        f" but the cost model prices {'FP8' if cm.fp8_param_gather else 'bf16'} gathers")
     if plan.fp8_recipe != cm.fp8_recipe:
         raise PlanError(f"fp8_recipe: the plan scales its FP8 casts {plan.fp8_recipe!r} but the cost model prices "
                         f"{cm.fp8_recipe!r}")

@@ -18,6 +18,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,9 +39,11 @@ def run(label: str, model: str, nodes: int, batch: int) -> dict:
     load = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "paraplan", "plan", "--model", model, "--cluster",
-                          f"dgx-h100-80gb?nodes={nodes}", "--batch", str(batch), "--precision", "bf16", "--json",
-                          "--quiet"], capture_output=True, text=True, env=env, timeout=900)
+    with tempfile.TemporaryDirectory() as tmp:  # the plan file it writes is not kept
+        res = subprocess.run([sys.executable, "-m", "paraplan", "plan", "--model", model, "--cluster",
+                              f"dgx-h100-80gb?nodes={nodes}", "--batch", str(batch), "--precision", "bf16", "--json",
+                              "--quiet", "--out", str(Path(tmp) / "plan.json")], capture_output=True, text=True,
+                             env=env, timeout=900)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

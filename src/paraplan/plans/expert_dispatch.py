@@ -18,7 +18,7 @@ span ETP x EP), and bf16 (DeepEP dispatches bf16 or FP8 tokens; fp16 and fp32 it
 
 from __future__ import annotations
 
-from paraplan.precision import Precision
+from paraplan.precision import Precision, compute_precision
 
 DISPATCHERS = ("alltoall", "deepep")
 DEFAULT_DISPATCHER = "alltoall"
@@ -35,6 +35,6 @@ def expert_dispatch_problem(plan) -> str | None:
         return "DeepEP's dispatcher needs expert parallelism (a layer with ep > 1)"
     if any(x.etp > 1 for x in strategies):
         return "DeepEP's dispatcher is priced with expert tensor parallelism 1 (a layer has etp > 1)"
-    if plan.precision != Precision.BF16:
+    if compute_precision(plan.precision) != Precision.BF16:  # an fp8 plan's tokens are bf16 between its linears
         return f"DeepEP dispatches bf16 (or FP8) tokens, not {plan.precision}"
     return None

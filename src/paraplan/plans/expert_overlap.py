@@ -21,7 +21,7 @@ activations as the backward frees another's, and about one micro-batch's stay li
 from __future__ import annotations
 
 from paraplan.plans.schedules import Schedule
-from paraplan.precision import Precision
+from paraplan.precision import Precision, compute_precision
 
 # the pipeline schedules whose steady state Megatron-LM runs as combined passes (one pipeline rank,
 # whatever its label: Megatron's no-pipelining schedule, gradient accumulation, combines them too)
@@ -33,8 +33,8 @@ def expert_overlap_problem(plan) -> str | None:
     strategies = [x for s in plan.stages for x in s.strategies]
     if not any(x.ep > 1 for x in strategies):
         return "the all-to-all overlap needs expert parallelism (a layer with ep > 1)"
-    if plan.precision not in (Precision.BF16, Precision.FP16):
-        return f"the all-to-all overlap runs in bf16 or fp16, not {plan.precision}"
+    if compute_precision(plan.precision) not in (Precision.BF16, Precision.FP16):  # fp8: bf16 but its linears
+        return f"the all-to-all overlap runs in bf16 or fp16 (fp8 included), not {plan.precision}"
     if any(x.checkpoint for x in strategies):
         return "the all-to-all overlap cannot run with full recomputation (megatron-core asserts it)"
     if plan.n_ranks > 1 and plan.schedule not in OVERLAP_SCHEDULES:

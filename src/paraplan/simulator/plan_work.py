@@ -199,7 +199,9 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
 
 def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
     """Stages with per-layer strategies run as one group each on the plan's micro-batch; every
-    layer is priced by costs/strategy.py. The group is drawn on its first device."""
+    layer is priced by costs/strategy.py. The group is drawn on its first device; on a group of
+    devices of several kinds each layer takes its slowest kind's time (its collectives wait for the
+    slowest device; issue 52: the prediction must not depend on which node the file lists first)."""
     widths = [len(s.devices) for s in plan.stages]
     if len(set(widths)) > 1:  # a layout's Slice-Gather is defined over one group size (costs/strategy.py)
         raise PlanError(f"stages: stages with per-layer strategies on different numbers of devices "
@@ -211,7 +213,8 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
     row, sync = [], []
     for s, stage in enumerate(plan.stages):
         lead = stage.devices[0]
-        costs = cm.compute(lead)
+        # one device of each kind in the group (a homogeneous group: its first device alone)
+        kinds = list({cm.cluster.device(d).name: d for d in reversed(stage.devices)}.values())
         fwd = bwd = weight_grad = 0.0
         # (grad bytes, backward s, its syncs: (bytes, group, ZeRO stage) per group, the dense part's and,
         # for an MoE layer's expert view, the routed experts' over their edp replicas)
@@ -227,7 +230,8 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
             if problem:
                 raise PlanError(f"stages[{s}]: {problem}")
             links = strategy_links(cm.cluster, st, stage.devices, plan.expert_dispatcher)
-            t = layer_time_on(costs, cm.model, i, st, micro, links, cm.overlap_slowdown, cm.overheads, scale)
+            t = max((layer_time_on(cm.compute(d), cm.model, i, st, micro, links, cm.overlap_slowdown, cm.overheads,
+                                   scale) for d in kinds), key=lambda x: x.forward_s + x.backward_s)
             hidden = overlap_saving(t.forward_s, t.backward_s, t.dispatch_forward_s, t.dispatch_backward_s,
                                     cm.overlap_slowdown, expert_share(layers[i], micro / st.data_degree)) \
                 if combined else (0.0, 0.0)

@@ -1,0 +1,47 @@
+"""Issue 52 (mixed clusters), its first point: a plan's prediction never depends on the order of the
+nodes in the cluster file. A group of devices of several kinds computes at its slowest kind's pace
+(its collectives wait for the slowest device): a data-parallel group over a node of A100s and a
+node of V100s is priced the same whichever node the file lists first, and per-layer DP8 the same as
+plain DP8 (each replica on its own device, the slowest deciding)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
+from paraplan.simulator.predict import simulate_plan
+from paraplan.workload import workload
+
+MIXED = Path(__file__).resolve().parents[1] / "data" / "mixed-a100-v100.toml"
+
+
+def _reversed(tmp_path: Path) -> Path:
+    """The same cluster with its V100 node listed first."""
+    head, a100, v100 = MIXED.read_text().split("[[nodes]]")
+    path = tmp_path / "v100-first.toml"
+    path.write_text(head + "[[nodes]]" + v100.rstrip() + "\n\n[[nodes]]" + a100)
+    return path
+
+
+def _plans(n_layers: int, cluster: str) -> dict[str, Plan]:
+    every = tuple(range(8))
+    return {"per-layer DP8": Plan(model="gpt2-tiny", cluster=cluster, n_layers=n_layers, global_batch=64, n_micro=1,
+                                  schedule="gpipe", grad_sync="after-backward",
+                                  stages=(Stage(LayerRange(0, n_layers), every,
+                                                strategies=(LayerStrategy(dp=8),) * n_layers),)),
+            "plain DP8": Plan(model="gpt2-tiny", cluster=cluster, n_layers=n_layers, global_batch=64, n_micro=1,
+                              schedule="gpipe", grad_sync="after-backward", stages=(Stage(LayerRange(0, n_layers), every),))}
+
+
+def test_a_data_parallel_group_of_two_kinds_is_priced_the_same_in_either_node_order(tmp_path):
+    times = {}
+    for order, path in (("a100 first", MIXED), ("v100 first", _reversed(tmp_path))):
+        w = workload("gpt2-tiny", str(path), precision="fp32")
+        for label, plan in _plans(len(w.spec.layers), str(path)).items():
+            times[order, label] = simulate_plan(plan, w.costs).prediction.iteration_s
+    assert times["a100 first", "per-layer DP8"] == pytest.approx(times["v100 first", "per-layer DP8"], rel=1e-12)
+    assert times["a100 first", "plain DP8"] == pytest.approx(times["v100 first", "plain DP8"], rel=1e-12)
+    # both at the V100s' pace: the per-layer group waits for its slowest device as the replicas do
+    assert times["a100 first", "per-layer DP8"] == pytest.approx(times["a100 first", "plain DP8"], rel=1e-6)

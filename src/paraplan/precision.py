@@ -47,8 +47,8 @@ PRECISIONS = tuple(p.value for p in Precision)
 #               converter, Megatron-LM `--fp8-recipe mxfp8`)
 FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "blockwise", "mxfp8")
 DEFAULT_FP8_RECIPE = "tensorwise"
-# the recipes a device with an `fp8` peak (Hopper, Ada) runs; mxfp8 needs its own `mxfp8` peak (Blackwell)
-HOPPER_FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "blockwise")
+# a device with an `fp8` peak (Hopper, Ada) runs every recipe but mxfp8, which needs its own
+# `mxfp8` peak (Blackwell): hardware/cluster.py DeviceSpec.fp8_gemm_peak
 # peak_flops keys a device may give: the precisions' dtypes, and MX FP8 (Blackwell's block-scaled GEMM)
 PEAK_DTYPES = (*PRECISIONS, "mxfp8")
 

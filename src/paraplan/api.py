@@ -232,11 +232,11 @@ def simulate(plan_or_path: Plan | str | Path, *, cluster: str | None = None, pro
     prediction's cost_source says what it stands on: on `local`, this machine's cached calibration
     where one exists, measured now with calibrate=True)."""
     from paraplan.simulator.predict import simulate_plan
+    from paraplan.workload import precision_of
 
     p = _plan_of(plan_or_path, "simulate")
     request = _request(p.model, cluster or p.cluster, p.global_batch, operators=p.kind is PlanKind.OPERATORS, profile=profile,
-                       precision=p.precision, fp8_recipe=p.fp8_recipe or None, fp8_param_gather=p.fp8_param_gather,
-                       calibrate=calibrate)
+                       calibrate=calibrate, **precision_of(p))
     return simulate_plan(p, request.costs)
 
 

@@ -82,6 +82,13 @@ def fp8_recipe_problem(precision: str, recipe: str) -> str | None:
     return None
 
 
+def fp8_param_gather_problem(precision: str, fp8_param_gather: bool) -> str | None:
+    """Why parameters cannot be gathered in FP8 under `precision` (only an fp8 plan's can), or None."""
+    if fp8_param_gather and precision != Precision.FP8:
+        return f"parameters gathered in FP8 need precision fp8, not {precision}"
+    return None
+
+
 def element_bytes(precision: str) -> int:
     """Bytes of one activation or compute-weight element: 2 in mixed precision, else 4."""
     return 2 if is_mixed(precision) else 4

@@ -182,6 +182,12 @@ def check_precision(cluster: Cluster, precision: str | None, fp8_recipe: str | N
     return chosen, recipe
 
 
+def precision_of(plan) -> dict:
+    """The keywords of `workload` / `cost_model` that price a Plan in its own precision (the inverse
+    of CostModel.plan_precision): its precision, fp8 recipe and FP8 parameter all-gather."""
+    return {"precision": plan.precision, "fp8_recipe": plan.fp8_recipe or None, "fp8_param_gather": plan.fp8_param_gather}
+
+
 def cost_model(spec: ModelSpec, cluster: Cluster, *, profile: str | Path | None = None, precision: str | None = None,
                fp8_recipe: str | None = None, fp8_param_gather: bool = False, **kwargs) -> CostModel:
     """The CostModel of a measured model on a cluster: analytic, or from a profile file (a layer
@@ -195,8 +201,11 @@ def cost_model(spec: ModelSpec, cluster: Cluster, *, profile: str | Path | None 
     if recipe:
         kwargs["fp8_recipe"] = recipe
     if fp8_param_gather:
-        if kwargs["precision"] != "fp8":
-            raise FieldError("fp8_param_gather", f"parameters gathered in FP8 need precision fp8, not {kwargs['precision']}")
+        from paraplan.precision import fp8_param_gather_problem
+
+        problem = fp8_param_gather_problem(kwargs["precision"], fp8_param_gather)
+        if problem:
+            raise FieldError("fp8_param_gather", problem)
         kwargs["fp8_param_gather"] = True
     kwargs.setdefault("source", cost_source(cluster))
 

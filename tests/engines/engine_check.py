@@ -136,7 +136,9 @@ def deepspeed(case: dict) -> dict:
     return read
 
 
-def main() -> None:
+def run_cases(readers: dict) -> None:
+    """Each case of the JSON file named on the command line read by `readers[case["engine"]](case)`;
+    prints {id: {ok, error, read}} as one JSON line (also the child of test_fp8_engine_configs.py)."""
     warnings.filterwarnings("ignore")
     import logging
 
@@ -146,11 +148,15 @@ def main() -> None:
     for case in cases:
         try:
             with contextlib.redirect_stdout(io.StringIO()):
-                read = {"torchtitan": torchtitan, "megatron": megatron, "deepspeed": deepspeed}[case["engine"]](case)
+                read = readers[case["engine"]](case)
             out[case["id"]] = {"ok": True, "error": "", "read": read}
         except Exception as exc:  # the engine refused the file: the test says which and why
             out[case["id"]] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:600], "read": {}}
     print(json.dumps(out))
+
+
+def main() -> None:
+    run_cases({"torchtitan": torchtitan, "megatron": megatron, "deepspeed": deepspeed})
 
 
 if __name__ == "__main__":

@@ -314,21 +314,9 @@ def _deepspeed() -> dict:
 
 
 def main() -> None:
-    import logging
-    import warnings
+    from engine_check import run_cases  # beside this file: the script's directory is on sys.path
 
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
-    out = {}
-    for case in json.load(open(sys.argv[1])):
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                read = {"megatron": _megatron, "torchtitan": _torchtitan}[case["engine"]](case) \
-                    if case["engine"] != "deepspeed" else _deepspeed()
-            out[case["id"]] = {"ok": True, "error": "", "read": read}
-        except Exception as exc:  # the engine refused the file: the test says which and why
-            out[case["id"]] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:600], "read": {}}
-    print(json.dumps(out))
+    run_cases({"megatron": _megatron, "torchtitan": _torchtitan, "deepspeed": lambda case: _deepspeed()})
 
 
 if __name__ == "__main__":

@@ -63,12 +63,11 @@ def _engine_prediction(plan, engine: str) -> str:
     from paraplan.errors import ParaplanError
     from paraplan.hardware import load_cluster
     from paraplan.simulator.predict import simulate_plan
-    from paraplan.workload import workload
+    from paraplan.workload import precision_of, workload
 
     try:
         cluster = load_cluster(machine_cluster(plan.cluster, plan.precision, make=False) or plan.cluster)
-        w = workload(plan.model, cluster, precision=plan.precision, engine=engine, fp8_recipe=plan.fp8_recipe or None,
-                     fp8_param_gather=plan.fp8_param_gather)
+        w = workload(plan.model, cluster, engine=engine, **precision_of(plan))
         p = simulate_plan(plan, w.costs).prediction
     except ParaplanError as exc:  # the file is written: a plan that cannot be priced here says why
         return f"no prediction as {ENGINE_NAMES[engine]} runs it: {exc}"

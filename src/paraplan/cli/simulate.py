@@ -48,7 +48,7 @@ def run(args) -> int:
     from paraplan.report.tables import console
     from paraplan.simulator.predict import simulate_plan
     from paraplan.sizes import gib_bytes
-    from paraplan.workload import workload
+    from paraplan.workload import precision_of, workload
 
     for flag, path, figure in (("--gantt", args.gantt, True), ("--trace", args.trace, False),
                                ("--out", args.out, False)):
@@ -70,8 +70,8 @@ def run(args) -> int:
     check_fits(plan, plan.n_layers, cluster.n_devices, cluster.name)
     engine = args.engine or (plan.prediction.engine if plan.prediction is not None else "paraplan")
     w = workload(plan.model, cluster, profile=args.profile, overlap_slowdown=args.overlap_slowdown,
-                 seq_len=args.seq_len, image_size=args.image_size, precision=plan.precision, engine=engine,
-                 fp8_recipe=plan.fp8_recipe or None, fp8_param_gather=plan.fp8_param_gather, operators="required" if plan.kind is PlanKind.OPERATORS else None, watch=BARS)
+                 seq_len=args.seq_len, image_size=args.image_size, engine=engine, **precision_of(plan),
+                 operators="required" if plan.kind is PlanKind.OPERATORS else None, watch=BARS)
     with pure_work():
         sim = simulate_plan(plan, w.costs, contention=not args.no_contention)
         free = (simulate_plan(plan, w.costs, contention=False).prediction.iteration_s

@@ -60,13 +60,12 @@ class CostModel:
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        from paraplan.precision import element_bytes, fp8_recipe_problem
+        from paraplan.precision import element_bytes, fp8_param_gather_problem, fp8_recipe_problem
 
-        problem = fp8_recipe_problem(self.precision, self.fp8_recipe)
+        problem = (fp8_recipe_problem(self.precision, self.fp8_recipe)
+                   or fp8_param_gather_problem(self.precision, self.fp8_param_gather))
         if problem:
             raise ValueError(problem)
-        if self.fp8_param_gather and self.precision != "fp8":
-            raise ValueError(f"parameters gathered in FP8 need precision fp8, not {self.precision}")
         self.cluster.check_precision(self.precision, self.fp8_recipe)  # a device without the dtype: one line
         if self.model.compute_dtype_bytes != element_bytes(self.precision):
             raise ValueError(f"the model computes in {self.model.compute_dtype_bytes}-byte activations, a {self.precision} "

@@ -28,7 +28,7 @@ from paraplan.plans.layer_strategy import DEFAULT_ORDER, RECOMPUTES, ZERO_STAGES
 from paraplan.plans.prediction import DeviceMemory, Prediction, SearchInfo  # noqa: F401  (read from here too)
 from paraplan.plans.schedules import Schedule, schedule_problem
 from paraplan.plans.schedules import stage_ranks as default_stage_ranks
-from paraplan.precision import PRECISIONS, Precision, fp8_recipe_problem
+from paraplan.precision import PRECISIONS, Precision, fp8_param_gather_problem, fp8_recipe_problem
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # a version-1 file loads unchanged, as fp32 (docs/plan-format.md)
@@ -213,8 +213,9 @@ def validate(plan: Plan) -> Plan:
     problem = fp8_recipe_problem(plan.precision, plan.fp8_recipe)
     if problem:
         raise PlanError(f"fp8_recipe: {problem}")
-    if plan.fp8_param_gather and plan.precision != Precision.FP8:
-        raise PlanError(f"fp8_param_gather: parameters gathered in FP8 need precision fp8, not {plan.precision}")
+    problem = fp8_param_gather_problem(plan.precision, plan.fp8_param_gather)
+    if problem:
+        raise PlanError(f"fp8_param_gather: {problem}")
     for name in ("n_layers", "global_batch", "n_micro"):
         if getattr(plan, name) < 1:
             raise PlanError(f"{name}: must be at least 1, got {getattr(plan, name)}")

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -192,7 +193,7 @@ def grid_candidates(request: PlanRequest, judge: Judge, families=None, accept=No
     today = is_mixed(request.costs.precision)
     families = families or (MEGATRON_FAMILIES if today else ((False, 0),))
     _check_held_experts(request)
-    judge = memory_first(request, judge)
+    judge, memory = memory_first(judge)
     layouts = []
     for n_stages in stage_counts(request)[0]:
         group = group_size(request, n_stages)
@@ -219,7 +220,7 @@ def grid_candidates(request: PlanRequest, judge: Judge, families=None, accept=No
             if compute >= best:
                 break  # more recomputation only adds compute: no schedule of this layout can win
             if bound >= best:  # no faster as 1F1B than the best so far; its interleaved rewrite may be
-                if rewrites and judge.memory(plan) is None:
+                if rewrites and memory(plan) is None:
                     deferred.append((bound, plan))
                     break
                 continue
@@ -247,22 +248,21 @@ def grid_candidates(request: PlanRequest, judge: Judge, families=None, accept=No
     return judged
 
 
-def memory_first(request: PlanRequest, judge: Judge) -> Judge:
-    """The judge, asked only about plans that fit: a plan that does not gets its memory's verdict
-    (simulator/predict.py: memory_verdict, iteration_s inf) without its timeline. The grid ranks
-    such plans by memory alone (`_key`), so its choices are the same; `grid_plan` times the one it
-    returns when nothing fits."""
-    verdict = getattr(judge, "memory", None)  # planners/registry.py SimulatorJudge; another judge has none
+def memory_first(judge: Judge) -> tuple[Judge, Callable[[Plan], Prediction | None]]:
+    """(the judge asked only about plans that fit, the memory's verdict alone): a plan that does not
+    fit gets its memory's verdict (simulator/predict.py: memory_verdict, iteration_s inf) without
+    its timeline. The grid ranks such plans by memory alone (`_key`), so its choices are the same;
+    `grid_plan` times the one it returns when nothing fits. A judge without `memory` (the registry's
+    SimulatorJudge has it) is asked about every plan."""
+    verdict = getattr(judge, "memory", None)
 
-    class MemoryFirst:
-        def memory(self, plan: Plan) -> Prediction | None:
-            """The memory's verdict alone: None when the plan fits (or the judge cannot tell)."""
-            return verdict(plan) if verdict is not None else None
+    def memory(plan: Plan) -> Prediction | None:
+        return verdict(plan) if verdict is not None else None
 
-        def __call__(self, plan: Plan) -> Prediction:
-            return self.memory(plan) or judge(plan)
+    def first(plan: Plan) -> Prediction:
+        return memory(plan) or judge(plan)
 
-    return MemoryFirst()
+    return first, memory
 
 
 def _deduplicated(request: PlanRequest, judged, judge: Judge, accept=None) -> list[tuple[Plan, Prediction]]:

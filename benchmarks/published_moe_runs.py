@@ -32,7 +32,8 @@ all-gathers not prefetched (Automodel's `reshard_after_forward: false` gathers o
 priced as more), experts dropless (every routed copy computed), the Megatron rows without
 recomputation (their sources name none) and with uniform routing (Megatron forces balance by random
 logits), the all-to-alls not overlapped with compute unless the row says so. MLA attention is priced
-as measured on the transformers module; its fused kernels as 128 heads of the value width.
+as measured on the transformers module; its fused kernels as 128 heads of the value width plus MLA's
+own rotary, norms and query / key assembly (costs/engine_profile.py: mla_kernels).
 
 Writes $PARAPLAN_BENCH_OUT/published_moe_runs.json (default bench-out/) and, with --planner,
 published_moe_planner.json (the Megatron grid's plan for each named request). Run:
@@ -47,7 +48,7 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from paraplan.costs.engine_profile import BlockShape
+from paraplan.costs.engine_profile import BlockShape, LatentAttention
 from paraplan.hardware import load_cluster
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
 from paraplan.plans.schedules import stage_ranks
@@ -106,8 +107,11 @@ MIXTRAL_FLOPS = dict(layers=56, hidden=6144, heads=48, kv_heads=8, head_dim=128,
 GPT_OSS_FLOPS = dict(layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880, moe_layers=36,
                      moe_ffn=2880, topk=4, shared_ffn=0, vocab=201088)
 # the blocks as Megatron's fused kernels see them (the dense FFN; an MoE block's expert FFN is derived
-# per layer: costs/engine_profile.py expert_block); MLA as 128 heads of its value width
-DEEPSEEK_BLOCK = BlockShape(7168, 128, 128, 18432, SEQ, gated=True, dropout=False, eager_attention=False)
+# per layer: costs/engine_profile.py expert_block); MLA's heads at its value width, its own rotary,
+# norms and query / key assembly (engine_profile.mla_kernels) from the config's widths
+DEEPSEEK_BLOCK = BlockShape(7168, 128, 128, 18432, SEQ, gated=True, dropout=False, eager_attention=False,
+                            latent=LatentAttention(qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                                                   q_lora_rank=1536, kv_lora_rank=512))
 QWEN3_BLOCK = BlockShape(2048, 32, 4, 6144, SEQ, gated=True, dropout=False, eager_attention=False)
 MIXTRAL_BLOCK = BlockShape(6144, 48, 8, 16384, SEQ, gated=True, dropout=False, eager_attention=False)
 GPT_OSS_BLOCK = BlockShape(2880, 64, 8, 2880, SEQ, gated=True, dropout=False, eager_attention=False)

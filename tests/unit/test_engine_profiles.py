@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from paraplan.costs.axis_costs import tensor_s
-from paraplan.costs.engine_profile import BlockShape, engine_profile, megatron_block_kernels
+from paraplan.costs.engine_profile import BlockShape, LatentAttention, engine_profile, megatron_block_kernels
 from paraplan.costs.strategy import layer_time
 from paraplan.errors import ParaplanError
 from paraplan.hardware import load_cluster
@@ -49,6 +50,29 @@ def test_megatron_fused_kernels_are_the_closed_form():
     llama = megatron_block_kernels(BlockShape(H, HEADS, 2, FFN, SEQ, gated=True, dropout=False, eager_attention=False))
     forward = sum(op.nbytes.per_sample * op.count for op in llama.forward.memory_ops)
     assert forward == 2 * 2 * e * t * H + 2 * 3 * e * t * H + 3 * e * t * FFN + 2 * e * t * (H + 2 * H // HEADS)
+
+
+def test_latent_attention_kernels_are_the_closed_form():
+    """MLA (DeepSeek-V3's widths, a = 128 heads, n / r / v = 128 / 64 / 128, q / kv ranks 1536 / 512):
+    in place of the h-wide fused rotary, its rotary on the rope parts (2eT r (a + 1)), q and k each
+    assembled from their parts (2eT a (n + r)) and the two compressed norms (2eT (1536 + 512));
+    backward the same rotary, q's gradient assembled again, kv_b's output gradient (2eT a (n + v)),
+    the shared key part's sum over the heads (eT a r), the norms' 3eT (1536 + 512)."""
+    latent = LatentAttention(128, 64, 128, 1536, 512)
+    h, a, t, e = 7168, 128, 4096, 2
+    llama = BlockShape(h, a, a, 18432, t, gated=True, dropout=False, eager_attention=False)
+    mla = megatron_block_kernels(replace(llama, latent=latent))
+    plain = megatron_block_kernels(llama)
+
+    def total(ops):
+        return sum(op.nbytes.per_sample * op.count for op in ops.memory_ops)
+
+    rotary, norms = 2 * e * t * 64 * (a + 1), 1536 + 512
+    assert total(mla.forward) - total(plain.forward) == (rotary + 2 * 2 * e * t * a * 192 + 2 * e * t * norms
+                                                         - 2 * e * t * 2 * h)
+    assert total(mla.backward) - total(plain.backward) == (rotary + 2 * e * t * a * 192 + 2 * e * t * a * 256
+                                                           + e * t * a * 64 + 3 * e * t * norms - 2 * e * t * 2 * h)
+    assert total(mla.replicated_forward) - total(plain.replicated_forward) == 2 * e * t * norms
 
 
 def test_collectives_and_sends_move_each_engines_dtype(gpt):

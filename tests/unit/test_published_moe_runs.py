@@ -81,13 +81,12 @@ def table():
 def test_every_row_within_35_percent(table):
     # measured 2026-11-28 with the Automodel rows as their benchmark configs ran them (DeepEP, full
     # activation checkpointing, FakeBalancedGate's round-robin routing; the 1,024-GPU row's four
-    # pipeline flushes): DeepSeek-V3 -15.4% and -16.1%,
+    # pipeline flushes, MLA's own kernels): DeepSeek-V3 -14.6% and -14.7%,
     # Qwen3-30B-A3B +14.9%, Mixtral 8x22B -9.2%, gpt-oss-120B -26.0% (docs/published-runs.md explains each)
     assert {r["run"]: abs(r["time_ratio"] - 1) < 0.35 for r in table} == {r.label: True for r in bench.RUNS}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 50's check is not met: with the Automodel rows priced as their configs "
-                                       "ran them (DeepEP, full recomputation), DeepSeek-V3 comes out 15-16% fast and "
-                                       "the median is 15.4%; docs/published-runs.md says what is and is not explained")
 def test_median_time_error_within_15_percent(table):
+    # 14.7% (DeepSeek-V3 on 256 GPUs, the middle row): met by 0.3 points, with MLA's memory-bound
+    # kernels priced; 15.4% without them (docs/published-runs.md)
     assert statistics.median(abs(r["time_ratio"] - 1) for r in table) <= 0.15

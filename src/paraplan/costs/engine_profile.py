@@ -75,6 +75,17 @@ def engine_profile(name: str) -> EngineProfile:
 
 
 @dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention's widths (DeepSeek-V2/V3: the transformers config's names)."""
+
+    qk_nope_head_dim: int  # a query-key head's part without position (128 in DeepSeek-V3)
+    qk_rope_head_dim: int  # its rotary part, one key part shared by every head (64)
+    v_head_dim: int  # a value head (128)
+    q_lora_rank: int  # the compressed query's width (1536; 0: no query compression)
+    kv_lora_rank: int  # the compressed key-value's width (512)
+
+
+@dataclass(frozen=True)
 class BlockShape:
     """A decoder block as its fused kernels see it (engines/shape.py's ModelShape carries these)."""
 
@@ -86,6 +97,7 @@ class BlockShape:
     gated: bool  # SwiGLU (Llama) rather than GeLU (GPT)
     dropout: bool  # GPT-style dropout after the softmax, the attention output and the MLP
     eager_attention: bool  # the s x s softmax in memory (no flash kernel)
+    latent: LatentAttention | None = None  # MLA (its query and key assembled per head: `mla_kernels`)
 
 
 @dataclass(frozen=True)
@@ -125,7 +137,13 @@ def megatron_block_kernels(shape: BlockShape, element_bytes: int = 2) -> FusedBl
     replicated_b = [3 * e * t * h] * 2 + [residual_b] * 2
     split_f = [3 * e * t * f if shape.gated else 2 * e * t * f]
     split_b = [5 * e * t * f if shape.gated else 3 * e * t * f]
-    if shape.gated:  # Llama's rotary position embedding, fused
+    if shape.latent is not None:  # MLA: its own rotary, norms and assembly of q and k (`mla_kernels`)
+        mla_f, mla_b, mla_replicated_f, mla_replicated_b = mla_kernels(shape, e)
+        split_f += mla_f
+        split_b += mla_b
+        replicated_f += mla_replicated_f
+        replicated_b += mla_replicated_b
+    elif shape.gated:  # Llama's rotary position embedding, fused
         split_f.append(2 * e * t * (h + kv_width))
         split_b.append(2 * e * t * (h + kv_width))
     core_f = []
@@ -144,6 +162,29 @@ def megatron_block_kernels(shape: BlockShape, element_bytes: int = 2) -> FusedBl
 
     return FusedBlock(ops(replicated_f + split_f + core_f), ops(replicated_b + split_b), ops(replicated_f),
                       ops(replicated_b), ops(core_f))
+
+
+def mla_kernels(shape: BlockShape, element_bytes: int = 2) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Multi-head latent attention's memory-bound kernels per sample beyond its GEMMs and its flash
+    kernel (forward and backward over the heads, then forward and backward of the replicated ones),
+    as both engines' MLA modules run them (Automodel's `deepseek_v3/layers.py: MLA.forward`,
+    megatron-core's `multi_latent_attention.py`): with a heads, n / r / v the nope / rope / value head
+    widths and T = s tokens,
+      rotary on the query's rope part and the one shared key part   fwd and bwd: 2eT r (a + 1)
+      q = cat(q_nope, q_pe)              fwd: 2eT a(n + r); bwd: the split's backward assembles the
+                                         query's gradient again, 2eT a(n + r)
+      k = cat(k_nope, k_pe broadcast)    fwd: 2eT a(n + r); bwd: the split of kv_b's output assembles
+                                         its gradient, 2eT a(n + v), and the broadcast sums over the
+                                         heads, eT a r
+      RMSNorm of the compressed q and kv fwd: 2eT (q_lora + kv_lora); bwd: 3eT (q_lora + kv_lora)
+    They replace the fused rotary a block of h-wide heads is priced with."""
+    mla, e, t, a = shape.latent, element_bytes, shape.seq_len, shape.heads
+    n, r, v = mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
+    rotary = 2 * e * t * r * (a + 1)
+    assemble = 2 * e * t * a * (n + r)
+    norms = mla.q_lora_rank + mla.kv_lora_rank
+    return ([rotary, assemble, assemble], [rotary, assemble, 2 * e * t * a * (n + v), e * t * a * r],
+            [2 * e * t * norms], [3 * e * t * norms])
 
 
 def expert_block(block: BlockShape, experts) -> BlockShape:

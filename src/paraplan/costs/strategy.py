@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from paraplan.costs.alike import first_alike
 from paraplan.costs.axis_costs import (
     attention_flops,
     context_overlapped,
@@ -356,9 +357,14 @@ def strategy_arrays(costs: LayerCosts, model: ModelSpec, strategies: tuple[Layer
     n, s = len(layers), len(strategies)
     out = {key: np.zeros((n, s)) for key in ("forward_s", "backward_s", "grad_allreduce_s", "after_step_s",
                                               "states_bytes", "saved_bytes", "recompute_bytes", "copy_bytes")}
+    first = first_alike(costs, model, layers)
     for j, st in enumerate(strategies):
         links = strategy_links(cluster, st, devices)
         for row, i in enumerate(layers):
+            if first[row] != row:  # a layer like an earlier one (an LLM's blocks): the same prices
+                for key in out:
+                    out[key][row, j] = out[key][first[row], j]
+                continue
             t = layer_time_on(costs, model, i, st, micro_batch, links, overlap_slowdown, runtime, compute_scale)
             m = layer_memory(model, i, st, micro_batch, config)
             out["forward_s"][row, j], out["backward_s"][row, j] = t.forward_s, t.backward_s

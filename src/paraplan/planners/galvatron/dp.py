@@ -133,7 +133,8 @@ def search_stage(cost: np.ndarray, forward_bytes: np.ndarray, backward_bytes: np
     # lower bound on its dynamic program's answer: levels are tried from the most promising, and one
     # whose bound is no better than the best found is skipped (exact: it cannot win; issue 31 item 5,
     # a third of a search's dynamic programs at 64 GPUs and more)
-    floors = np.array([np.where(backward_bytes <= level * unit, cost, INF).min(axis=1).sum() for level in levels])
+    floors = np.array([memory_floor(np.where(backward_bytes <= level * unit, cost, INF), forward_bytes,
+                                    backward_bytes, capacity) for level in levels])
     best = StageSolution(INF, (), INF, INF)
     for k in np.argsort(floors, kind="stable"):
         level = levels[k]
@@ -156,6 +157,31 @@ def search_stage(cost: np.ndarray, forward_bytes: np.ndarray, backward_bytes: np
                 best = StageSolution(value, choice, fwd, bwd)
                 break
     return best
+
+
+def memory_floor(cost: np.ndarray, forward_bytes: np.ndarray, backward_bytes: np.ndarray, capacity: float,
+                 steps: int = 49) -> float:
+    """A lower bound on the least cost of one stage within `capacity` bytes (cost [L, S], inf where a
+    strategy is not allowed), its memory counted: the Lagrangian relaxation of the whole-memory
+    constraint, max over lambda >= 0 of sum_l min_j (c[l, j] + lambda O_f[l, j]) - lambda E_f, where
+    E_f = capacity - the least backward peak any choice has (sum O_f + max O_b <= capacity). Any
+    lambda gives a bound (a choice within memory pays at most lambda E_f for its forward memory), so
+    a grid of them does; lambda = 0 is the cheapest strategy per layer with memory ignored. The
+    transformation costs R >= 0 are left out. Not in the paper: it lets `search_stage` skip backward
+    levels whose dynamic program cannot beat the best found (exact: the same optimum)."""
+    allowed = np.isfinite(cost)
+    if not allowed.any(axis=1).all():
+        return INF
+    free = float(cost.min(axis=1).sum())  # lambda = 0
+    least_peak = float(np.where(allowed, backward_bytes, INF).min(axis=1).max())
+    budget = capacity - least_peak
+    if budget <= 0:
+        return INF
+    fwd = np.where(allowed, forward_bytes, 0.0)
+    scale = max(free, 1e-30) / budget  # cost per byte, were the floor spread over the budget
+    lambdas = scale * np.logspace(-3, 3, steps)
+    values = (cost[None, :, :] + lambdas[:, None, None] * fwd[None, :, :]).min(axis=2).sum(axis=1) - lambdas * budget
+    return max(free, float(values.max()))
 
 
 def undominated(cost: np.ndarray, forward_bytes: np.ndarray, backward_bytes: np.ndarray,

@@ -34,6 +34,11 @@ class FieldError(ParaplanError):
         super().__init__(f"{field_name}: {detail}")
 
 
+class NothingFits(FieldError):
+    """A planner's method finds no plan of the request that fits (every division over its workers is
+    out of memory): in a comparison its row says so as "infeasible", not as a planner's failure."""
+
+
 def require_positive(value: float, what: str) -> None:
     """Sizes that make no sense (zero, negative) are input errors, not asserts."""
     if not value > 0:

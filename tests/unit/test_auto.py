@@ -87,6 +87,19 @@ def test_a_failing_and_a_slow_planner_are_rows_not_crashes(request_and_result, m
     assert result.row("csimd").status == "ok" and result.best == "csimd"
 
 
+def test_a_method_that_fits_nothing_is_an_infeasible_row_not_a_failure(request_and_result):
+    """Bi-Partition's search raises when no division over its workers fits (nothing to simulate):
+    the comparison says "infeasible" with why, as for a plan that does not fit, not "failed"."""
+    from dataclasses import replace
+
+    request, _ = request_and_result
+    tiny = replace(request, memory_bytes=2**20)  # 1 MiB a device: not even the embedding fits
+    result = auto.compare(tiny, planners=["pipedream-layerwise", "bipartition"], time_limit_s=60)
+    for name in ("pipedream-layerwise", "bipartition"):
+        row = result.row(name)
+        assert row.status == "infeasible" and "no division of gpt2-tiny" in row.reason, (name, row)
+
+
 def test_a_stopped_search_keeps_its_best_plan_so_far(request_and_result, monkeypatch):
     """Issue 31 item 5: a planner stopped by its time limit answers with the best plan it had found,
     said to be so, and the comparison may choose it; one that found nothing is a time-out row."""

@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from paraplan.errors import ParaplanError
+from paraplan.errors import NothingFits, ParaplanError
 from paraplan.planners import progress
 from paraplan.planners.bound import LowerBound, lower_bound
 from paraplan.planners.registry import make_plan, planner, planner_names
@@ -212,6 +212,8 @@ def _run_one(name: str, request: PlanRequest, conn, allowed_s: float | None = No
             signal.setitimer(signal.ITIMER_REAL, 0)
     except progress.PlannerTimeout:  # the alarm fell in the simulation of the finished search
         row = _stopped(name, request, time_limit_s, time.perf_counter() - t0)
+    except NothingFits as exc:  # the method ran and nothing of it fits: infeasible, not a failure
+        row = Row(planner=name, status="infeasible", reason=exc.detail, search_s=time.perf_counter() - t0)
     except ParaplanError as exc:
         row = Row(planner=name, status="failed", reason=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     except Exception as exc:  # a planner's bug is a row, with where it happened

@@ -24,7 +24,7 @@ import numpy as np
 from paraplan.costs.memory import loss_gradient_bytes
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.strategy import layer_memory
-from paraplan.errors import FieldError
+from paraplan.errors import FieldError, NothingFits
 from paraplan.planners import progress
 from paraplan.planners.bipartition.division import DoesNotFit
 from paraplan.planners.bipartition.division import max_workers as most_workers
@@ -137,7 +137,7 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
         progress.at(f"{micro_counts.index(p) + 1} of {len(micro_counts)} micro-batch counts searched")
     if best is None:
         how_many = "exactly" if exactly else "at most"
-        raise FieldError("stages", f"no division of {request.model_name} over {how_many} {max_workers} workers fits "
+        raise NothingFits("stages", f"no division of {request.model_name} over {how_many} {max_workers} workers fits "
                                    f"their memory, at any micro-batch count")
     _, plan, bottleneck = best
     name = "pipedream-layerwise" if layerwise else "bipartition"

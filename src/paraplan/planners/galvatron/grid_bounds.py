@@ -36,22 +36,21 @@ def pipeline_bound_s(request: PlanRequest, plan: Plan) -> float:
 
 
 def stage_pass_s(request: PlanRequest, plan: Plan) -> tuple[list[float], list[float]]:
-    """Each stage's forward and backward of one micro-batch, as the simulator prices its layers."""
+    """Each stage's forward and backward of one micro-batch, as the simulator prices its layers (on
+    the stage's own devices: their kind and links)."""
     cm = request.costs
-    stage = plan.stages[0]
     micro = plan.global_batch / plan.n_micro
-    lead = stage.devices[0]
     scale = cm.overheads.scale_for(len(set(plan.devices)))
     forward, backward = [], []
-    links: dict = {}  # one layout on every layer (and an MoE layer's expert view)
+    links: dict = {}  # per strategy and group (an MoE layer's expert view too)
     for s in plan.stages:
         f = b = 0.0
         for i in s.layers:
             st = s.strategy(i)
-            if st not in links:
-                links[st] = strategy_links(cm.cluster, st, stage.devices)
-            t = layer_time_on(cm.compute(lead), cm.model, i, st, micro, links[st], cm.overlap_slowdown, cm.overheads,
-                              scale)
+            if (st, s.devices) not in links:
+                links[st, s.devices] = strategy_links(cm.cluster, st, s.devices)
+            t = layer_time_on(cm.compute(s.devices[0]), cm.model, i, st, micro, links[st, s.devices],
+                              cm.overlap_slowdown, cm.overheads, scale)
             f, b = f + t.forward_s, b + t.backward_s
         forward.append(f)
         backward.append(b)

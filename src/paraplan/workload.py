@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paraplan.errors import FieldError, ParaplanError
-from paraplan.sizes import memory_bytes
+from paraplan.sizes import memory_by_kind, memory_bytes
 
 if TYPE_CHECKING:
     from paraplan.costs.model import CostModel
@@ -264,7 +264,8 @@ def plan_request(costs: CostModel, *, model_name: str, cluster_name: str, batch:
                  stages: int | None = None, micro_batches: int | None = None, schedule=None,
                  exact_stages: bool = False, options=None, sequence_parallel=frozenset(),
                  tensor_parallel=None, headroom: float | None = None) -> PlanRequest:
-    """The PlanRequest over a cost model; `memory`: None, bytes or a size such as '16GiB';
+    """The PlanRequest over a cost model; `memory`: None, bytes, a size such as '16GiB', or one per
+    device type ('a100=36GiB,v100=28GiB' or a dict);
     `headroom`: the share of memory left unplanned (None: DEFAULT_HEADROOM of the device's own
     memory, none of a budget the caller gave)."""
     from paraplan.planners.request import DEFAULT_HEADROOM, PlanRequest
@@ -274,6 +275,7 @@ def plan_request(costs: CostModel, *, model_name: str, cluster_name: str, batch:
     return PlanRequest(costs=costs, model_name=model_name, cluster_name=cluster_name, batch=batch, n_stages=stages,
                        headroom=headroom,
                        n_micro=micro_batches, schedule=schedule, memory_bytes=memory_bytes(memory),
+                       memory_by_kind=memory_by_kind(memory),
                        exact_stages=exact_stages, options=options or {},
                        sequence_parallel=frozenset(sequence_parallel),
                        tensor_parallel=None if tensor_parallel is None else frozenset(tensor_parallel))

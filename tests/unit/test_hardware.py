@@ -31,8 +31,14 @@ def test_presets_describe_the_paper_testbeds(name, shape):
     assert all(slot.spec.source for slot in c.devices)
 
 
+# the presets of more than one device kind (issue 52 item 4): name -> {device type: count}
+MIXED_PRESETS = {"mixed-a100-v100": {"a100-40gb": 8, "v100-32gb": 8}}
+
+
 def test_every_preset_is_listed_and_local_exists():
-    assert set(PRESETS) | {"local"} == set(preset_names())
+    assert set(PRESETS) | set(MIXED_PRESETS) | {"local"} == set(preset_names())
+    for name, kinds in MIXED_PRESETS.items():
+        assert load_cluster(name).device_types() == kinds
     local = load_cluster("local")
     assert local.n_devices >= 1
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from paraplan.errors import ParaplanError, UnknownNameError, require_positive
-from paraplan.sizes import SizeError, size_gib
+from paraplan.errors import FieldError, ParaplanError, UnknownNameError, require_positive
+from paraplan.sizes import SizeError, memory_by_kind, size_gib
 
 # library fields (PlanRequest, TrainConfig) and the flags that set them
 FLAGS = {"batch": "--batch", "stages": "--stages", "micro_batches": "--micro-batches", "schedule": "--schedule",
@@ -18,7 +18,7 @@ FLAGS = {"batch": "--batch", "stages": "--stages", "micro_batches": "--micro-bat
          "checkpoint_every": "--checkpoint-every", "resume": "--resume", "planner": "--planner",
          "module": "--module", "layers": "--layers", "exact_stages": "--exact-stages", "backend": "--backend", "nproc": "--nproc", "max_bytes": "--max-bytes",
          "seq_len": "--seq-len", "image_size": "--image-size", "precision": "--precision",
-         "memory_bytes": "--memory-gib", "batch_sizes": "--batch-sizes"}
+         "memory_bytes": "--memory-gib", "memory_by_kind": "--memory", "batch_sizes": "--batch-sizes"}
 
 # where each kind of name is listed (an unknown name with no close match points here)
 SEE_NAMES = {"model": "paraplan models", "cluster": "paraplan clusters", "planner": "paraplan plan --help",
@@ -105,12 +105,13 @@ def batch_arg(text: str):
         raise argparse.ArgumentTypeError(f"expected a whole number, max or best, got {text!r}") from None
 
 
-def memory_arg(text: str) -> float:
-    """'16GiB' -> 16.0 (GiB), read by sizes.py; a refusal is argparse's one-line usage error."""
+def memory_arg(text: str):
+    """'16GiB' -> 16.0 (GiB); 'a100=36GiB,v100=28GiB' -> (('a100', bytes), ('v100', bytes)), a budget
+    per device type; read by sizes.py; a refusal is argparse's one-line usage error."""
     try:
-        return size_gib(text)
-    except SizeError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        return memory_by_kind(text) or size_gib(text)
+    except (SizeError, FieldError) as exc:
+        raise argparse.ArgumentTypeError(getattr(exc, "detail", str(exc))) from None
 
 
 def flags_in(text: str) -> str:

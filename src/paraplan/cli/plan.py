@@ -67,7 +67,9 @@ def add_parser(sub) -> None:
                         "(default: the planner's own)")
     p.add_argument("--memory-gib", type=float, default=None, help="memory budget per device (default: the device's)")
     p.add_argument("--memory", type=memory_arg, default=None, dest="memory_size",
-                   help="memory budget per device with a unit, e.g. 16GiB, 12GB, 512MiB (the same as --memory-gib)")
+                   help="memory budget per device with a unit, e.g. 16GiB, 12GB, 512MiB (the same as --memory-gib), "
+                        "or per device type, e.g. a100=36GiB,v100=28GiB (a type as the cluster names it, or a "
+                        "prefix naming one; the types not named keep their own memory)")
     p.add_argument("--headroom", type=headroom_arg, default=None,
                    help="the share of each device's memory left unplanned, e.g. 10%% or 0.1 (default: 5%% of the "
                         "device's memory, the memory model's error on published runs; none of a --memory budget)")
@@ -110,7 +112,12 @@ def headroom_arg(text: str) -> float:
 
 
 def run(args) -> int:
-    if args.memory_size is not None:
+    args.memory_kinds = None
+    if isinstance(args.memory_size, tuple):  # a budget per device type (sizes.memory_by_kind)
+        if args.memory_gib is not None:
+            raise ParaplanError("give --memory or --memory-gib, not both")
+        args.memory_kinds = args.memory_size
+    elif args.memory_size is not None:
         if args.memory_gib is not None and args.memory_gib != args.memory_size:
             raise ParaplanError("give --memory or --memory-gib, not both")
         args.memory_gib = args.memory_size

@@ -10,7 +10,6 @@ def plan_workload(args, cluster, *, batch, operators: str | None, watch, options
     is this machine's cached calibration (cli/machine.py) unless --no-calibration or --profile."""
     from paraplan.cli.machine import machine_cluster
     from paraplan.hardware import load_cluster
-    from paraplan.sizes import gib_bytes
     from paraplan.workload import workload
 
     if isinstance(cluster, str) or getattr(cluster, "name", None) == "local":
@@ -25,7 +24,7 @@ def plan_workload(args, cluster, *, batch, operators: str | None, watch, options
             cluster = load_cluster(measured)
 
     return workload(args.model, cluster, cluster_name=args.cluster, batch=batch, profile=args.profile,
-                    memory=None if args.memory_gib is None else gib_bytes(args.memory_gib), seq_len=args.seq_len,
+                    memory=_memory(args), seq_len=args.seq_len,
                     image_size=args.image_size, layers=args.layers, operators=operators, stages=args.stages,
                     micro_batches=args.micro_batches, schedule=args.schedule, exact_stages=args.exact_stages,
                     options=options, watch=watch, precision=args.precision, fp8_recipe=getattr(args, "fp8_recipe", None),
@@ -47,3 +46,13 @@ def input_note(args, built) -> str:
     from paraplan.workload import size_note
 
     return size_note(built, seq_len=args.seq_len, image_size=args.image_size)
+
+
+def _memory(args):
+    """The request's budget: one per device type (--memory a100=36GiB,...), one for all, or none."""
+    from paraplan.sizes import gib_bytes
+
+    kinds = getattr(args, "memory_kinds", None)
+    if kinds:
+        return dict(kinds)
+    return None if args.memory_gib is None else gib_bytes(args.memory_gib)

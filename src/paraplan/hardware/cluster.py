@@ -308,6 +308,12 @@ class Cluster:
             replace(n, devices=tuple(replace(d, memory_bytes=memory_bytes) for d in n.devices))
             for n in self.nodes))
 
+    def with_memory_of_kinds(self, budgets: dict[str, int]) -> Cluster:
+        """The same cluster with the devices of each named type at its budget; others as they are."""
+        return replace(self, nodes=tuple(
+            replace(n, devices=tuple(replace(d, memory_bytes=budgets.get(d.name, d.memory_bytes)) for d in n.devices))
+            for n in self.nodes))
+
     def with_memory_scaled(self, factor: float) -> Cluster:
         """The same cluster with every device's memory times `factor` (a planning headroom)."""
         return replace(self, nodes=tuple(

@@ -31,6 +31,23 @@ BEST_SCHEDULE = "best"  # a request for the planner to choose the schedule as we
 DEFAULT_HEADROOM = 0.05
 
 
+def _resolve_kinds(cluster, budgets) -> tuple[tuple[str, int], ...]:
+    """Each (kind, bytes) with its kind as the cluster names the device type: the name itself, or the
+    one type it is a prefix of ('a100' for 'a100-40gb'); one line naming the types otherwise."""
+    types = list(cluster.device_types())
+    out: dict[str, int] = {}
+    for kind, nbytes in budgets:
+        matches = [t for t in types if t == kind] or [t for t in types if t.lower().startswith(kind.lower())]
+        if len(matches) != 1:
+            why = "names none" if not matches else f"names {len(matches)} ({', '.join(matches)})"
+            raise FieldError("memory_by_kind", f"device type {kind!r} {why} of {cluster.name}'s device types: "
+                                             f"{', '.join(types)}")
+        if matches[0] in out:
+            raise FieldError("memory_by_kind", f"device type {matches[0]} has two budgets")
+        out[matches[0]] = nbytes
+    return tuple(out.items())
+
+
 @dataclass(frozen=True, kw_only=True)
 class PlanRequest:
     """One planning problem: a model and a cluster (with their costs), a batch, and limits.
@@ -50,6 +67,9 @@ class PlanRequest:
     # chunk counts too (planners/schedule_search.py), where it can
     schedule: Schedule | str | None = None
     memory_bytes: int | None = None  # a memory budget per device (None: each device's own capacity)
+    # a budget per device type, (type, bytes) pairs (`--memory a100=36GiB,v100=28GiB`: a prefix naming
+    # one of the cluster's types is resolved to it); the types not named keep their own capacity
+    memory_by_kind: tuple[tuple[str, int], ...] = ()
     options: Mapping[str, object] = field(default_factory=dict)  # per-planner knobs (eta, seed, method, ...)
     # use exactly n_stages stages (workers), even where fewer would be faster; without it a planner
     # may use fewer and says why in the plan's SearchInfo.note
@@ -101,6 +121,13 @@ class PlanRequest:
             # one memory truth: planners and the judge read capacities from the request's cluster
             object.__setattr__(self, "costs", replace(self.costs, cluster=self.costs.cluster.with_memory(
                 self.memory_bytes)))
+        if self.memory_by_kind:
+            if self.memory_bytes is not None:
+                raise FieldError("memory_by_kind", "one budget for every device or one per device type, not both")
+            resolved = _resolve_kinds(self.costs.cluster, self.memory_by_kind)
+            object.__setattr__(self, "memory_by_kind", resolved)
+            object.__setattr__(self, "costs", replace(self.costs, cluster=self.costs.cluster.with_memory_of_kinds(
+                dict(resolved))))
         if isinstance(self.headroom, bool) or not isinstance(self.headroom, int | float) \
                 or not 0 <= self.headroom < 1:
             raise FieldError("headroom", f"a share of each device's memory in [0, 1), got {self.headroom!r}")

@@ -248,14 +248,35 @@ def cluster_from_dict(data: dict, origin: str) -> Cluster:
             nodes.append(NodeSpec(name=base if count == 1 else f"{base}{c}",
                                   devices=tuple(types[d] for d in devices), intra_link=intra, network=network,
                                   rails=rails))
+    default = _default_precision(origin, data)
+    if len({d.name for n in nodes for d in n.devices}) > 1:
+        nodes = canonical_node_order(nodes, default)
     cluster = Cluster(name=name, nodes=tuple(nodes), description=str(data.get("description", "")),
                       overheads=_runtime(f"{origin}: runtime", data["runtime"]) if "runtime" in data else None,
-                      default_precision=_default_precision(origin, data))
+                      default_precision=default)
     try:
         cluster.check_precision(cluster.default_precision)
     except PrecisionError as exc:
         raise ClusterFileError(f"{origin}: default_precision: {exc}") from None
     return cluster
+
+
+def canonical_node_order(nodes: list[NodeSpec], precision: str) -> list[NodeSpec]:
+    """A cluster of several device kinds numbers its devices from the fastest node down (its slowest
+    device's peak in the cluster's precision, then its total, then what it holds), whatever order the
+    file lists the nodes in: planners give stage s the s-th group, so a plan, and the comparison's
+    choice, would otherwise depend on the file's order (issue 52). Nodes alike keep the file's order."""
+    def peak(d) -> float:
+        try:
+            return d.peak_for(precision)
+        except PrecisionError:
+            return d.peak_flops
+
+    def key(n: NodeSpec):
+        return (-min(peak(d) for d in n.devices), -sum(peak(d) for d in n.devices), tuple(d.name for d in n.devices),
+                -n.intra_link.bandwidth_bytes_per_s, -n.network.bandwidth_bytes_per_s, n.rails)
+
+    return sorted(nodes, key=key)
 
 
 def _default_precision(origin: str, data: dict) -> str:

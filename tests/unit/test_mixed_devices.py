@@ -48,7 +48,7 @@ def test_a_data_parallel_group_of_two_kinds_is_priced_the_same_in_either_node_or
 
 
 def test_devices_are_numbered_fastest_node_first_whatever_the_file_order(tmp_path):
-    """A cluster of several kinds numbers its devices from the fastest node down (cluster_file.py:
+    """A cluster of several kinds numbers its devices from the fastest node down (cluster.py:
     canonical_node_order): the same cluster from either file, so every planner's plan and the
     comparison's choice are the same in both node orders."""
     from paraplan.hardware import load_cluster

@@ -339,3 +339,21 @@ class Cluster:
         for slot in self.devices:
             counts[slot.spec.name] = counts.get(slot.spec.name, 0) + 1
         return counts
+
+
+def canonical_node_order(nodes: list[NodeSpec], precision: str) -> list[NodeSpec]:
+    """A cluster of several device kinds numbers its devices from the fastest node down (its slowest
+    device's peak in the cluster's precision, then its total, then what it holds), whatever order the
+    file lists the nodes in: planners give stage s the s-th group, so a plan, and the comparison's
+    choice, would otherwise depend on the file's order (issue 52). Nodes alike keep the file's order."""
+    def peak(d) -> float:
+        try:
+            return d.peak_for(precision)
+        except PrecisionError:
+            return d.peak_flops
+
+    def key(n: NodeSpec):
+        return (-min(peak(d) for d in n.devices), -sum(peak(d) for d in n.devices), tuple(d.name for d in n.devices),
+                -n.intra_link.bandwidth_bytes_per_s, -n.network.bandwidth_bytes_per_s, n.rails)
+
+    return sorted(nodes, key=key)

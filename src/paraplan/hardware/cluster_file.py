@@ -61,6 +61,7 @@ from paraplan.hardware.cluster import (
     NodeSpec,
     PrecisionError,
     RuntimeOverheads,
+    canonical_node_order,
 )
 from paraplan.system.fileio import is_finite_number, read_text
 
@@ -259,24 +260,6 @@ def cluster_from_dict(data: dict, origin: str) -> Cluster:
     except PrecisionError as exc:
         raise ClusterFileError(f"{origin}: default_precision: {exc}") from None
     return cluster
-
-
-def canonical_node_order(nodes: list[NodeSpec], precision: str) -> list[NodeSpec]:
-    """A cluster of several device kinds numbers its devices from the fastest node down (its slowest
-    device's peak in the cluster's precision, then its total, then what it holds), whatever order the
-    file lists the nodes in: planners give stage s the s-th group, so a plan, and the comparison's
-    choice, would otherwise depend on the file's order (issue 52). Nodes alike keep the file's order."""
-    def peak(d) -> float:
-        try:
-            return d.peak_for(precision)
-        except PrecisionError:
-            return d.peak_flops
-
-    def key(n: NodeSpec):
-        return (-min(peak(d) for d in n.devices), -sum(peak(d) for d in n.devices), tuple(d.name for d in n.devices),
-                -n.intra_link.bandwidth_bytes_per_s, -n.network.bandwidth_bytes_per_s, n.rails)
-
-    return sorted(nodes, key=key)
 
 
 def _default_precision(origin: str, data: dict) -> str:

@@ -32,7 +32,9 @@ def test_presets_describe_the_paper_testbeds(name, shape):
 
 
 # the presets of more than one device kind (issue 52 item 4): name -> {device type: count}
-MIXED_PRESETS = {"mixed-a100-v100": {"a100-40gb": 8, "v100-32gb": 8}}
+MIXED_PRESETS = {"mixed-a100-v100": {"a100-40gb": 8, "v100-32gb": 8},
+                 "sailor-mit": {"rtx-3090": 8, "titan-rtx-24gb": 16, "rtx-2080-11gb": 24},
+                 "sailor-mit-2gpu": {"rtx-3090": 2, "titan-rtx-24gb": 4, "rtx-2080-11gb": 6}}
 
 
 def test_every_preset_is_listed_and_local_exists():

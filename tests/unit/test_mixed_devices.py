@@ -66,3 +66,34 @@ def test_devices_are_numbered_fastest_node_first_whatever_the_file_order(tmp_pat
         chosen.append((result.best, [s.devices for s in best.plan.stages],
                        {r.planner: round(r.iteration_s, 12) for r in result.rows}))
     assert chosen[0] == chosen[1]
+
+
+def test_interleaved_chunks_follow_each_ranks_speed():
+    """A pipeline over an A100 node and a V100 node rewritten as interleaved 1F1B (planners/
+    schedule_variants.py: rewrite) cuts its chunks at each rank's own pace: the A100 rank takes more
+    layers, and the plan is faster than chunks cut as if both ranks ran at the A100s' speed."""
+    from dataclasses import replace
+
+    from paraplan.planners.schedule_variants import balanced_bounds, rewrite
+    from paraplan.plans.schedules import stage_ranks
+
+    model = "hf:gpt2?n_layer=16&n_embd=256&n_head=4&vocab_size=1000&n_positions=128&seq_len=128"
+    w = workload(model, "mixed-a100-v100", batch=64, precision="fp16")
+    n = len(w.spec.layers)
+    half = n // 2
+    plan = Plan(model=model, cluster="mixed-a100-v100", n_layers=n, global_batch=64, n_micro=8, schedule="1f1b",
+                grad_sync="after-backward", precision="fp16",
+                stages=(Stage(LayerRange(0, half), tuple(range(8)), strategies=(LayerStrategy(dp=8),) * half),
+                        Stage(LayerRange(half, n), tuple(range(8, 16)), strategies=(LayerStrategy(dp=8),) * (n - half))))
+    paced = rewrite(plan, w.costs, "interleaved-1f1b", 2)
+    ranks = stage_ranks("interleaved-1f1b", 2, 2)
+    layers = [sum(len(s.layers) for s, r in zip(paced.stages, ranks, strict=True) if r == k) for k in (0, 1)]
+    assert layers[0] > layers[1]  # the A100 rank (devices 0-7) holds more
+    # the same rewrite with chunks cut at one speed for both ranks (the A100s')
+    micro = 64 / (8 * 8)
+    seconds = sum(w.costs.compute(0).arrays(micro)[:2])
+    bounds = balanced_bounds(seconds, 4)
+    even = replace(paced, stages=tuple(replace(s, layers=LayerRange(bounds[i], bounds[i + 1]),
+                                               strategies=(LayerStrategy(dp=8),) * (bounds[i + 1] - bounds[i]))
+                                       for i, s in enumerate(paced.stages)))
+    assert simulate_plan(paced, w.costs).prediction.iteration_s < simulate_plan(even, w.costs).prediction.iteration_s

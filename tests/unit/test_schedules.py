@@ -207,6 +207,12 @@ def test_balanced_bounds_is_the_exact_linear_partition():
         best = min(max(seconds[a:b].sum() for a, b in itertools.pairwise((0, *cuts, n_layers)))
                    for cuts in itertools.combinations(range(1, n_layers), parts - 1))
         assert max(seconds[a:b].sum() for a, b in itertools.pairwise(got)) == pytest.approx(best)
+        # parts at their own speeds (ranks of a mixed cluster): part k's layers take row k's times
+        rows = seconds[None, :] * rng.uniform(0.5, 2.0, (parts, 1))
+        got = balanced_bounds(rows, parts)
+        best = min(max(rows[k, a:b].sum() for k, (a, b) in enumerate(itertools.pairwise((0, *cuts, n_layers))))
+                   for cuts in itertools.combinations(range(1, n_layers), parts - 1))
+        assert max(rows[k, a:b].sum() for k, (a, b) in enumerate(itertools.pairwise(got))) == pytest.approx(best)
 
 
 def test_every_variant_of_a_pipeline_is_a_valid_plan_on_its_devices():

@@ -95,8 +95,12 @@ def rewrite(plan: Plan, cm: CostModel, kind: str, virtual: int) -> Plan:
     n = n_ranks * virtual
     if n > plan.n_layers:
         raise ValueError(f"{n_ranks} ranks x {virtual} chunks need {n} layers, the model has {plan.n_layers}")
-    bounds = balanced_bounds(_layer_seconds(plan, cm), n)
     ranks = stage_ranks(kind, n_ranks, virtual)
+    per_rank = [_layer_seconds(plan, cm, plan.stages[r].devices) for r in range(n_ranks)]
+    if all(np.array_equal(per_rank[0], x) for x in per_rank[1:]):
+        bounds = balanced_bounds(per_rank[0], n)
+    else:  # ranks of different speeds (a mixed cluster): each chunk at its own rank's pace
+        bounds = balanced_bounds(np.array([per_rank[ranks[i]] for i in range(n)]), n)
     # per-layer strategies (Galvatron's plans) go with their layers: a strategy is a layout over a
     # group's positions, and every rank's group has the same size
     by_layer = {i: s.strategy(i) for s in plan.stages for i in s.layers} if plan.kind is PlanKind.LAYERS else None
@@ -106,11 +110,12 @@ def rewrite(plan: Plan, cm: CostModel, kind: str, virtual: int) -> Plan:
     return replace(plan, schedule=kind, virtual_stages=virtual, stage_ranks=(), stages=stages, prediction=None)
 
 
-def _layer_seconds(plan: Plan, cm: CostModel) -> np.ndarray:
-    """Each layer's forward + backward at the micro-batch one replica's stage computes."""
+def _layer_seconds(plan: Plan, cm: CostModel, devices: tuple[int, ...] | None = None) -> np.ndarray:
+    """Each layer's forward + backward at the micro-batch one replica's stage computes, on `devices`
+    (default the first stage's): at the pace of their slowest kind, which a group waits for."""
     micro = plan.global_batch / (plan.n_micro * len(plan.stages[0].devices))
-    forward, backward, _, _ = cm.compute(plan.stages[0].devices[0]).arrays(micro)
-    return forward + backward
+    leads = {cm.cluster.device(d).name: d for d in (devices or plan.stages[0].devices)}
+    return np.max([np.sum(cm.compute(d).arrays(micro)[:2], axis=0) for d in leads.values()], axis=0)
 
 
 def chunk_counts_by_balance(plan: Plan, cm: CostModel, keep: int, most: int = 16) -> tuple[int, ...]:
@@ -133,13 +138,18 @@ def chunk_counts_by_balance(plan: Plan, cm: CostModel, keep: int, most: int = 16
 
 def balanced_bounds(seconds: np.ndarray, n_parts: int) -> list[int]:
     """Cut points 0 = b_0 < ... < b_n = len(seconds) minimising the largest part's sum (the linear
-    partition problem, exact: O(n_parts x layers^2) dynamic programming; ties to the earliest cut)."""
-    n_layers = len(seconds)
-    prefix = np.concatenate([[0.0], np.cumsum(seconds)])
+    partition problem, exact: O(n_parts x layers^2) dynamic programming; ties to the earliest cut).
+    `seconds` [layers], or [n_parts, layers] where part k's layers take row k's times (parts on
+    devices of different speeds)."""
+    seconds = np.asarray(seconds, dtype=float)
+    n_layers = seconds.shape[-1]
+    rows = np.broadcast_to(seconds, (n_parts, n_layers)) if seconds.ndim == 1 else seconds
+    prefixes = np.concatenate([np.zeros((n_parts, 1)), np.cumsum(rows, axis=1)], axis=1)
     best = np.full((n_parts + 1, n_layers + 1), np.inf)
     cut = np.zeros((n_parts + 1, n_layers + 1), dtype=np.int64)
     best[0, 0] = 0.0
     for k in range(1, n_parts + 1):
+        prefix = prefixes[k - 1]
         for j in range(k, n_layers - (n_parts - k) + 1):
             starts = np.arange(k - 1, j)  # the k-th part is layers i..j-1
             worst = np.maximum(best[k - 1, starts], prefix[j] - prefix[starts])

@@ -97,3 +97,24 @@ def test_interleaved_chunks_follow_each_ranks_speed():
                                                strategies=(LayerStrategy(dp=8),) * (bounds[i + 1] - bounds[i]))
                                        for i, s in enumerate(paced.stages)))
     assert simulate_plan(paced, w.costs).prediction.iteration_s < simulate_plan(even, w.costs).prediction.iteration_s
+
+
+def test_a_plan_that_leaves_a_kind_idle_says_so():
+    """Issue 52: a method that plans on some of a mixed cluster's devices (Bi-Partition's workers on
+    the A100s alone) says which kinds it left idle, in its note and in the comparison's shape."""
+    from paraplan.planners.auto import compare
+    from paraplan.planners.registry import idle_kinds
+
+    w = workload("gpt2-tiny", str(MIXED), batch=16, precision="fp32")
+    n = len(w.spec.layers)
+    half = Plan(model="gpt2-tiny", cluster="mixed-a100-v100", n_layers=n, global_batch=16, n_micro=1,
+                schedule="gpipe", grad_sync="after-backward", stages=(Stage(LayerRange(0, n), (0, 1, 2, 3)),))
+    assert idle_kinds(half, w.costs.cluster) == "on 4 of 8 devices, 4 a100-40gb; 4 v100-32gb idle"
+    assert idle_kinds(_plans(n, "x")["plain DP8"], w.costs.cluster) == ""  # every device
+    one_kind = workload("gpt2-tiny", "galvatron-8xtitan", batch=16).costs.cluster
+    assert idle_kinds(half, one_kind) == ""  # a cluster of one kind: the shape says how many
+    result = compare(w.request, planners=["bipartition", "csimd", "dp"], time_limit_s=120)
+    for row in result.rows:
+        used = set(row.plan.devices)
+        assert ("idle" in row.shape) == (len(used) < 8), (row.planner, row.shape)
+    assert "idle" not in result.row("dp").shape

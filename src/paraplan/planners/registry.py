@@ -18,6 +18,7 @@ from paraplan.errors import UnknownNameError
 from paraplan.planners import table
 from paraplan.planners.request import BEST_SCHEDULE, FieldError, Judge, PlanRequest, validated_options
 from paraplan.planners.table import PlannerSpec
+from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import Plan, Prediction
 
 PLANNERS = table.PLANNERS
@@ -86,9 +87,32 @@ def make_plan(request: PlanRequest, name: str, judge: Judge | None = None, *, pr
     options = validated_options(name, request.options, spec.options)
     judge = judge or simulator_judge(request)
     plan = replace(spec.fn(request, options, judge), **request.costs.plan_precision)
+    idle = idle_kinds(plan, request.costs.cluster)
+    if idle and plan.search is not None:  # said, not silent (issue 52: a method that left the V100s out)
+        note = f"{name}: {idle}"
+        plan = replace(plan, search=replace(plan.search, note="; ".join(x for x in (plan.search.note, note) if x)))
     if plan.prediction is None and predict:
         plan = replace(plan, prediction=judge(plan))
     return plan
+
+
+def idle_kinds(plan: Plan, cluster) -> str:
+    """On a cluster of several device kinds, what a plan leaves idle, in a few words ("" when it
+    uses every device, or the cluster is of one kind): "on 8 of 16 devices, the 8 a100-40gb; the 8
+    v100-32gb idle"."""
+    kinds = cluster.device_types()
+    if len(kinds) < 2:
+        return ""
+    used = set(plan.devices) if plan.kind is not PlanKind.OPERATORS else {p.device for p in plan.operators if p.ops}
+    if len(used) >= cluster.n_devices:
+        return ""
+    count = {}
+    for d in used:
+        name = cluster.device(d).name
+        count[name] = count.get(name, 0) + 1
+    idle = {k: n - count.get(k, 0) for k, n in kinds.items() if n - count.get(k, 0) > 0}
+    return (f"on {len(used)} of {cluster.n_devices} devices, " + ", ".join(f"{n} {k}" for k, n in count.items())
+            + "; " + ", ".join(f"{n} {k}" for k, n in idle.items()) + " idle")
 
 
 def predict(request: PlanRequest, plan: Plan) -> Prediction:

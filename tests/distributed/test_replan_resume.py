@@ -36,10 +36,21 @@ def one_stage(strategy, precision="fp32") -> Plan:
 
 
 TP2 = one_stage(S(tp=2))
+# interleaved 1F1B, 2 chunks a rank (issue 53 item 1: a multi-chunk plan's checkpoint, keyed by the
+# model's parameter names as any other)
+INTERLEAVED = Plan(**{**BASE, "schedule": "interleaved-1f1b"}, virtual_stages=2,
+                   stages=(Stage(LayerRange(0, 2), (0,)), Stage(LayerRange(2, 3), (1,)), Stage(LayerRange(3, 5), (0,)),
+                           Stage(LayerRange(5, 6), (1,))))
+# ZB-V: its split backward, and the tied embedding and head both on rank 0 (the V's ends)
+ZBV = Plan(**{**BASE, "schedule": "zbv"}, virtual_stages=2,
+           stages=(Stage(LayerRange(0, 2), (0,)), Stage(LayerRange(2, 3), (1,)), Stage(LayerRange(3, 5), (1,)),
+                   Stage(LayerRange(5, 6), (0,))))
 # (name, saved under, resumed under)
 CASES = [("1f1b-to-dp2", TWO_STAGES, one_stage(S(dp=2))), ("1f1b-to-sdp2", TWO_STAGES, one_stage(S(sdp=2))),
          ("1f1b-to-tp2", TWO_STAGES, TP2), ("tp2-to-1f1b", TP2, TWO_STAGES),
-         ("fp32-to-bf16", TWO_STAGES, one_stage(S(dp=2), precision="bf16"))]
+         ("fp32-to-bf16", TWO_STAGES, one_stage(S(dp=2), precision="bf16")),
+         ("interleaved-to-1f1b", INTERLEAVED, TWO_STAGES), ("1f1b-to-interleaved", TWO_STAGES, INTERLEAVED),
+         ("zbv-to-interleaved", ZBV, INTERLEAVED)]
 SGD = {"optimizer": "sgd", "lr": 0.1}  # the precision case's optimizer (the rule's)
 
 
@@ -52,14 +63,15 @@ def _config(plan, root, name, steps, **extra) -> TrainConfig:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("replan")
     # 1: two steps saved under each plan that writes a checkpoint
-    savers = {"1f1b": (TWO_STAGES, {}), "tp2": (TP2, {}), "sgd": (TWO_STAGES, SGD)}
+    savers = {"1f1b": (TWO_STAGES, {}), "tp2": (TP2, {}), "sgd": (TWO_STAGES, SGD), "interleaved": (INTERLEAVED, {}), "zbv": (ZBV, {})}
     train_many([_config(p, root, f"save-{n}", 2, checkpoint_dir=str(root / f"ck-{n}"), **kw)
                 for n, (p, kw) in savers.items()], 2)
     # 2: each resumed from its own copy (a resumed run writes its final checkpoint too), beside
     # the new plan's uninterrupted run
     configs = []
     for name, saved, resumed in CASES:
-        source = "tp2" if saved is TP2 else "1f1b" if resumed.precision == "fp32" else "sgd"
+        source = "tp2" if saved is TP2 else "interleaved" if saved is INTERLEAVED else "zbv" if saved is ZBV else \
+            "1f1b" if resumed.precision == "fp32" else "sgd"
         kw = SGD if source == "sgd" else {}
         shutil.copytree(root / f"ck-{source}", root / f"ck-{name}")
         configs.append(_config(resumed, root, f"resumed-{name}", 4, checkpoint_dir=str(root / f"ck-{name}"),
@@ -92,7 +104,7 @@ def test_a_run_resumed_in_another_precision_matches_that_plans_run_from_the_same
     differ by 1e-7, which bf16 rounds into differences of the order of G.)"""
     import torch
 
-    name, saved, resumed = CASES[-1]
+    name, saved, resumed = next(c for c in CASES if c[0] == "fp32-to-bf16")
     ck = str(runs / "ck-sgd")  # the step-2 checkpoint (the resumed run wrote into its own copy)
     bf16_losses, bf16 = reference_run(TrainConfig(plan=resumed, model="gpt2-tiny", steps=4, dropout=False, **SGD),
                                       resume_from=ck)

@@ -93,8 +93,6 @@ class StageRuntime(KindRuntime):
         if plan.schedule not in STAGE_SCHEDULES:
             raise ParaplanError(f"schedule '{plan.schedule}': the runtime runs gpipe, 1f1b and the multi-chunk "
                                 f"schedules ({', '.join(MULTI_CHUNK)})")
-        if plan.schedule in MULTI_CHUNK and config.checkpoint_dir:
-            raise FieldError("checkpoint_dir", f"checkpoints of {plan.schedule} plans are not written yet")
 
     def checkpoints_refused(self, plan: Plan) -> str | None:
         """Why this kind's runs write no checkpoints yet; None: they do."""

@@ -15,10 +15,10 @@ import os
 import shutil
 
 import pytest
-from paraplan.runtime.config import TrainConfig
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan import LayerStrategy as S
+from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.measure.reference import reference_run
 
 from .expected import initial_parameters
@@ -36,6 +36,7 @@ def one_stage(strategy, precision="fp32") -> Plan:
 
 
 TP2 = one_stage(S(tp=2))
+ZERO1 = one_stage(S(dp=2, zero=1))
 # interleaved 1F1B, 2 chunks a rank (issue 53 item 1: a multi-chunk plan's checkpoint, keyed by the
 # model's parameter names as any other)
 INTERLEAVED = Plan(**{**BASE, "schedule": "interleaved-1f1b"}, virtual_stages=2,
@@ -50,7 +51,10 @@ CASES = [("1f1b-to-dp2", TWO_STAGES, one_stage(S(dp=2))), ("1f1b-to-sdp2", TWO_S
          ("1f1b-to-tp2", TWO_STAGES, TP2), ("tp2-to-1f1b", TP2, TWO_STAGES),
          ("fp32-to-bf16", TWO_STAGES, one_stage(S(dp=2), precision="bf16")),
          ("interleaved-to-1f1b", INTERLEAVED, TWO_STAGES), ("1f1b-to-interleaved", TWO_STAGES, INTERLEAVED),
-         ("zbv-to-interleaved", ZBV, INTERLEAVED)]
+         ("zbv-to-interleaved", ZBV, INTERLEAVED),
+         # ZeRO-1/2: Adam's moments of each replica's owned ranges, gathered under the parameters' names
+         ("zero1-to-1f1b", ZERO1, TWO_STAGES), ("1f1b-to-zero2", TWO_STAGES, one_stage(S(dp=2, zero=2))),
+         ("zero1-to-zero2", ZERO1, one_stage(S(dp=2, zero=2)))]
 SGD = {"optimizer": "sgd", "lr": 0.1}  # the precision case's optimizer (the rule's)
 
 
@@ -63,7 +67,8 @@ def _config(plan, root, name, steps, **extra) -> TrainConfig:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("replan")
     # 1: two steps saved under each plan that writes a checkpoint
-    savers = {"1f1b": (TWO_STAGES, {}), "tp2": (TP2, {}), "sgd": (TWO_STAGES, SGD), "interleaved": (INTERLEAVED, {}), "zbv": (ZBV, {})}
+    savers = {"1f1b": (TWO_STAGES, {}), "tp2": (TP2, {}), "sgd": (TWO_STAGES, SGD), "interleaved": (INTERLEAVED, {}), "zbv": (ZBV, {}),
+              "zero1": (ZERO1, {})}
     train_many([_config(p, root, f"save-{n}", 2, checkpoint_dir=str(root / f"ck-{n}"), **kw)
                 for n, (p, kw) in savers.items()], 2)
     # 2: each resumed from its own copy (a resumed run writes its final checkpoint too), beside
@@ -71,6 +76,7 @@ def runs(tmp_path_factory):
     configs = []
     for name, saved, resumed in CASES:
         source = "tp2" if saved is TP2 else "interleaved" if saved is INTERLEAVED else "zbv" if saved is ZBV else \
+            "zero1" if saved is ZERO1 else \
             "1f1b" if resumed.precision == "fp32" else "sgd"
         kw = SGD if source == "sgd" else {}
         shutil.copytree(root / f"ck-{source}", root / f"ck-{name}")

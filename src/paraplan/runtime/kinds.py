@@ -175,11 +175,6 @@ class LayersRuntime(StageRuntime):
                                 "are simulated, not run yet")
         super().check_schedule(config)
 
-    def checkpoints_refused(self, plan: Plan) -> str | None:
-        # ZeRO-1/2's optimizer steps flat views of each replica's chunk (layers/zero.py), not the
-        # parameters: its state has no layout-independent names yet
-        return "checkpoints of plans with ZeRO-1/2 layers are not written yet" if _zero_layers(plan) else None
-
     def layer_refusal(self, plan: Plan, layers) -> str | None:
         from paraplan.runtime.layers.hybrid import hybrid_refusal
 

@@ -115,7 +115,8 @@ def train_stages(config: RunConfig, setup_fn: SetupFn) -> dict:
             config.checkpoint_every and done % config.checkpoint_every == 0))
         report.after_step(step, step_times[-1], checkpoint_due)
         if checkpoint_due:  # collective: the manifest is written once DCP's save completed on every rank
-            save_checkpoint(config, done, setup.named, optim, losses, scaler.scale, module)
+            save_checkpoint(config, done, setup.named, optim, losses, scaler.scale, module,
+                            getattr(setup.sync, "zero", ()))
     report.stop()
     result = {"rank": rank, "stage": stage_index, "replica": setup.position, "losses": losses, "step_s": step_times}
     if config.out_dir is not None:
@@ -199,7 +200,8 @@ def _resume(config: RunConfig, setup: RankSetup, optim, scaler) -> tuple[int, li
     from paraplan.runtime.state.checkpoints import load_checkpoint
 
     # check_resume has checked the files (sha256) and what they belong to
-    step, losses, loss_scale = load_checkpoint(config.checkpoint_dir, setup.named, optim, setup.module)
+    step, losses, loss_scale = load_checkpoint(config.checkpoint_dir, setup.named, optim, setup.module,
+                                               getattr(setup.sync, "zero", ()))
     if scaler.enabled and loss_scale != 1.0:
         scaler.scale = loss_scale
     return step, losses

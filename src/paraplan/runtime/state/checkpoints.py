@@ -82,7 +82,8 @@ def data_record(config) -> dict:
 
 # --- writing and reading (inside the ranks) ---------------------------------------------------
 
-def save_checkpoint(config, step: int, named: dict, optim, losses: list, loss_scale: float, module=None) -> None:
+def save_checkpoint(config, step: int, named: dict, optim, losses: list, loss_scale: float, module=None,
+                    zero=()) -> None:
     """Collective over every rank: DCP writes the state into step<step>/, then rank 0 writes the
     manifest, then the directories of older steps go. A full disk raises WriteError (one line)."""
     import shutil
@@ -97,7 +98,7 @@ def save_checkpoint(config, step: int, named: dict, optim, losses: list, loss_sc
         shutil.rmtree(target)
     dist.barrier()
     try:
-        layout_state.save(named, optim, str(target), module)
+        layout_state.save(named, optim, str(target), module, zero)
     except BaseException as exc:  # DCP's CheckpointException is a BaseException
         # DCP fails on every rank at once (its finish step gathers the ranks' results), so every
         # rank can say whether it met a full disk: one line from each, whichever rank met it
@@ -139,14 +140,14 @@ def write_manifest(directory: Path, step: int, files: list[dict], record: dict, 
     atomic_write_text(Path(directory) / MANIFEST, json.dumps(manifest, indent=1) + "\n")
 
 
-def load_checkpoint(checkpoint_dir: str | Path, named: dict, optim, module=None) -> tuple[int, list, float]:
+def load_checkpoint(checkpoint_dir: str | Path, named: dict, optim, module=None, zero=()) -> tuple[int, list, float]:
     """Collective: this plan's state read from the checkpoint (written under any plan of the model;
     check_resume has checked it); (its step, the losses so far, fp16's loss scale)."""
     from paraplan.runtime.state import layout_state
 
     directory = Path(checkpoint_dir)
     manifest = json.loads((directory / MANIFEST).read_text())
-    layout_state.load(named, optim, str(directory / manifest["state"]), module)
+    layout_state.load(named, optim, str(directory / manifest["state"]), module, zero)
     return manifest["step"], list(manifest["losses"]), float(manifest.get("loss_scale", 1.0))
 
 

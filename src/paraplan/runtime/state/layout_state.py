@@ -43,14 +43,18 @@ def permuted(module) -> dict[int, tuple[torch.Tensor, int]]:
     return out
 
 
-def state_dict(named: dict, optim, module=None) -> dict:
+def state_dict(named: dict, optim, module=None, zero=()) -> dict:
     """This rank's parameters and optimizer state under the whole model's names (collective over a
-    tensor-parallel mesh for its permuted parameters, gathered whole)."""
+    tensor-parallel mesh for its permuted parameters, gathered whole; over each ZeRO-1/2 group for
+    its parameters' state, runtime/state/zero_state.py)."""
+    from paraplan.runtime.state import zero_state
+
     orders = permuted(module) if module is not None else {}
+    sharded = zero_state.gathered(zero, optim) if zero else {}
     out = {}
     for name, param in named.items():
         values = {MODEL + name: param.detach()}
-        for key, value in optim.state.get(param, {}).items():
+        for key, value in (optim.state.get(param) or sharded.get(id(param), {})).items():
             if isinstance(value, torch.Tensor):
                 values[f"{OPTIM}{name}/{key}"] = value
         if id(param) in orders:
@@ -81,7 +85,7 @@ def init_optimizer_state(optim) -> None:
             p.grad = None
 
 
-def save(named: dict, optim, directory: str, module=None) -> None:
+def save(named: dict, optim, directory: str, module=None, zero=()) -> None:
     """Collective over every rank: DCP writes this plan's state into `directory`. A write that met
     a full disk raises that OSError (DCP's files go through torch.save's writer, which reports a
     failed write as RuntimeError("... unexpected pos ...") and loses the errno a person needs)."""
@@ -90,7 +94,7 @@ def save(named: dict, optim, directory: str, module=None) -> None:
     writer = dcp.FileSystemWriter(directory, sync_files=True)
     writer.fs = _RecordingFileSystem()
     try:
-        dcp.save(state_dict(named, optim, module), storage_writer=writer)
+        dcp.save(state_dict(named, optim, module, zero), storage_writer=writer)
     except BaseException as exc:
         if writer.fs.errors:
             raise writer.fs.errors[0] from exc
@@ -125,19 +129,22 @@ class _Recorded:
         return getattr(self._stream, name)
 
 
-def load(named: dict, optim, directory: str, module=None) -> None:
+def load(named: dict, optim, directory: str, module=None, zero=()) -> None:
     """Collective over every rank: this plan's parameters and optimizer state read from a state
     saved under any plan of the same model (DCP re-shards). DCP loads in place into the tensors it
     is given: the parameters (detached views of their storage) and the optimizer's states, except
     the permuted ones, loaded whole and sharded here."""
     import torch.distributed.checkpoint as dcp
 
+    from paraplan.runtime.state import zero_state
+
     init_optimizer_state(optim)
     orders = permuted(module) if module is not None else {}
+    sharded = zero_state.targets(zero, optim) if zero else {}  # ZeRO-1/2's whole states, scattered below
     targets = {}  # key -> the tensor (a parameter or an optimizer state) the loaded value belongs in
     for name, param in named.items():
         targets[MODEL + name] = (param, id(param))
-        for key, value in optim.state.get(param, {}).items():
+        for key, value in (optim.state.get(param) or sharded.get(id(param), {})).items():
             if isinstance(value, torch.Tensor):
                 targets[f"{OPTIM}{name}/{key}"] = (value, id(param))
     # a parameter that had no optimizer state when the checkpoint was written (it never had a
@@ -152,6 +159,7 @@ def load(named: dict, optim, directory: str, module=None) -> None:
     by_id = {id(p): p for p in named.values()}
     for key in absent:
         optim.state.pop(by_id[targets[key][1]], None)
+    dropped = {targets[k][1] for k in absent}
     targets = {k: v for k, v in targets.items() if k not in absent}
     wanted = {k: (torch.empty(t.shape, dtype=t.dtype) if i in orders and t.dim() else
                   (t.detach() if isinstance(t, torch.nn.Parameter) else t)) for k, (t, i) in targets.items()}
@@ -164,6 +172,8 @@ def load(named: dict, optim, directory: str, module=None) -> None:
                 _local(target).copy_(_local(_sharded_like(wanted[key].index_select(dim, order), target)))
             elif _local(wanted[key]).data_ptr() != _local(target).data_ptr():
                 _local(target).copy_(_local(wanted[key]))
+    if zero:
+        zero_state.scatter(zero, optim, sharded, dropped)
     if dist.is_initialized():
         dist.barrier()
 

@@ -44,6 +44,13 @@ def add_parser(sub) -> None:
     p.add_argument("--time-limit", type=float, default=None,
                    help="auto: seconds the comparison may take, the model's set-up included; a search still "
                         "running then answers with its best plan so far, said to be so (default 60)")
+    p.add_argument("--fallbacks", type=int, default=None, metavar="F",
+                   help="auto: also plan for the cluster less 1 ... F nodes (less devices on one node), the slowest "
+                        "first: a fallback ladder, written to --ladder, the rungs sharing the time limit")
+    p.add_argument("--drop", default=None, metavar="NODES",
+                   help="--fallbacks: the nodes the rungs drop first, comma-separated (default: the slowest)")
+    p.add_argument("--ladder", default=None, help="--fallbacks: the ladder's file (default: beside --out, "
+                                                  "NAME.ladder.json)")
     p.add_argument("--quiet", action="store_true",
                    help="auto: no progress on stderr while the comparison runs (shown only on a terminal anyway)")
     p.add_argument("--report", default=None, help="auto: write an HTML report (index.html) into this directory")
@@ -135,7 +142,8 @@ def _options(args, given: dict) -> tuple[object, dict]:
     from paraplan.cli.plan_options import checked, options_given
     from paraplan.planners.registry import planner
 
-    for flag, value in (("--time-limit", args.time_limit), ("--report", args.report), ("--try-top", args.try_top)):
+    for flag, value in (("--time-limit", args.time_limit), ("--report", args.report), ("--try-top", args.try_top),
+                        ("--fallbacks", args.fallbacks)):
         if value is not None:
             raise ParaplanError(f"{flag}: only with --planner auto (the comparison of every planner)")
     if args.engine is not None:  # one planner: the plan priced as the engine runs it

@@ -45,6 +45,10 @@ def check_auto(args, given: dict) -> None:
         check_engine(args.engine)
     check_plan_sizes(args)
     check_output("--out", args.out)
+    if args.fallbacks is not None or args.ladder or args.drop:
+        from paraplan.cli.plan_ladder import check_ladder
+
+        check_ladder(args)
     if args.report:
         check_output("--report", args.report, directory=True)
 
@@ -76,6 +80,10 @@ def run_auto(args, given: dict) -> int:
     err = console(stderr=True)
     w = plan_workload(args, cluster, batch=args.batch, operators="optional", watch=_Comparing(err))
     request = w.request
+    if args.fallbacks is not None:  # a fallback ladder (planners/ladder.py): a comparison per rung
+        from paraplan.cli.plan_ladder import run_ladder
+
+        return run_ladder(args, w, cluster, started)
     # the time limit counts from the command's start: the model's set-up (seconds for a 70B-like
     # model) comes out of it, leaving the comparison at least half
     limit = args.time_limit or 60.0

@@ -18,7 +18,11 @@ RUN_FILES = ("losses.json", "steps_rank*.json", "timeline_rank*.json", "memory_r
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="run a plan for real with torch.distributed (gloo on the CPU)")
-    p.add_argument("--plan", required=True, help="plan JSON file (paraplan plan)")
+    p.add_argument("--plan", required=True, help="plan JSON file (paraplan plan), or a fallback ladder (paraplan plan "
+                                                 "--fallbacks F) with --rung")
+    p.add_argument("--rung", type=int, default=None,
+                   help="with a ladder as --plan: the rung to train (0: the whole cluster; K: the plan without K "
+                        "nodes)")
     p.add_argument("--model", default=None, help="default: the plan's model")
     p.add_argument("--steps", type=int, default=3, help="training steps (iterations) to run")
     p.add_argument("--nproc", type=int, default=None, help="ranks to start (default: the plan's devices)")
@@ -80,11 +84,11 @@ def _data_check(check, *args):
 
 
 def run(args) -> int:
-    from paraplan.plans.plan_file import read_plan
+    from paraplan.plans.ladder_file import read_plan_or_rung
     from paraplan.runtime.launcher.launch import default_run_dir
     from paraplan.workload import attention_here, cost_model, measured_model
 
-    plan = read_plan(args.plan)
+    plan = read_plan_or_rung(args.plan, args.rung)
     if args.print_launch or _launch_flags_given(args):
         return _print_launch(args, plan)
     model = args.model or plan.model

@@ -308,6 +308,18 @@ class Cluster:
             replace(n, devices=tuple(replace(d, memory_bytes=memory_bytes) for d in n.devices))
             for n in self.nodes))
 
+    def without_nodes(self, names) -> Cluster:
+        """The cluster less the named nodes (a fallback ladder's rung: planners/ladder.py)."""
+        names = list(names)
+        return replace(self, name=f"{self.name} less {', '.join(names)}",
+                       nodes=tuple(n for n in self.nodes if n.name not in names))
+
+    def without_last_devices(self, k: int) -> Cluster:
+        """A one-node cluster less its last `k` devices."""
+        node = self.nodes[0]
+        return replace(self, name=f"{self.name} less {k} device{'s' if k != 1 else ''}",
+                       nodes=(replace(node, devices=node.devices[:len(node.devices) - k]),))
+
     def with_memory_of_kinds(self, budgets: dict[str, int]) -> Cluster:
         """The same cluster with the devices of each named type at its budget; others as they are."""
         return replace(self, nodes=tuple(

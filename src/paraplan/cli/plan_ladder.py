@@ -1,0 +1,87 @@
+"""`paraplan plan --fallbacks F` (issue 53 item 2): the comparison of every planner on the cluster and
+on the cluster less 1 ... F nodes (planners/ladder.py), the rungs in one table, the whole cluster's
+best plan written to --out and the ladder to --ladder (a versioned JSON file, `paraplan.ladder/1`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from paraplan.errors import ParaplanError
+
+
+def ladder_path(args) -> str:
+    """--ladder, or beside --out: plan.json -> plan.ladder.json."""
+    if args.ladder:
+        return args.ladder
+    out = Path(args.out)
+    return str(out.with_name(out.stem + ".ladder.json"))
+
+
+def check_ladder(args) -> None:
+    """Before any work: the flags that go with --fallbacks, and where the ladder goes."""
+    from paraplan.cli.args import check_output
+
+    for flag, value in (("--report", args.report), ("--prove", args.prove or None), ("--try-top", args.try_top),
+                        ("--engine", args.engine)):
+        if value is not None:
+            raise ParaplanError(f"{flag}: not with --fallbacks yet (the ladder is a table of comparisons)")
+    if args.fallbacks is None and (args.ladder or args.drop):
+        raise ParaplanError(f"{'--ladder' if args.ladder else '--drop'}: only with --fallbacks")
+    check_output("--ladder", ladder_path(args))
+
+
+def run_ladder(args, w, cluster, started: float) -> int:
+    """Every rung's comparison, each with its share of the time limit; the table; the files."""
+    from paraplan.planners.ladder import fallback_ladder, ladder_document
+    from paraplan.plans.plan_file import plan_to_dict, write_plan
+    from paraplan.system.fileio import atomic_write_text
+
+    limit = args.time_limit or 60.0
+    drop = tuple(x.strip() for x in args.drop.split(",") if x.strip()) if args.drop else ()
+    from paraplan.planners.auto import compare
+
+    rungs = fallback_ladder(w.request, cluster, args.fallbacks, compare,
+                            max(limit - (time.perf_counter() - started), limit / 2), drop=drop)
+    document = ladder_document(rungs, args.model, w.request.batch, plan_to_dict)
+    top = rungs[0].comparison
+    if top.best is None:
+        from paraplan.planners.auto import no_plan_reason
+
+        raise ParaplanError(no_plan_reason(top, limit))
+    write_plan(top.row(top.best).plan, args.out)
+    atomic_write_text(ladder_path(args), json.dumps(document, indent=1))
+    if args.json:
+        print(json.dumps({**{k: v for k, v in document.items() if k != "rungs"}, "ladder": ladder_path(args),
+                          "rungs": [{k: v for k, v in r.items() if k != "plan"} for r in document["rungs"]]},
+                         indent=2))
+        return 0
+    _print_rungs(rungs, args, w)
+    return 0
+
+
+def _print_rungs(rungs, args, w) -> None:
+    from rich.table import Table
+
+    from paraplan.report.tables import console
+
+    full = rungs[0].comparison.row(rungs[0].comparison.best)
+    table = Table(title=f"{args.model} on {args.cluster}, batch {w.request.batch}: the best plan with every node "
+                        f"and with {len(rungs) - 1} fewer (each rung {len(rungs[0].comparison.rows)} planners)")
+    for column in ("rung", "without", "devices", "best planner", "shape", "iteration", "samples/s", "vs all"):
+        table.add_column(column, justify="right" if column in ("rung", "devices", "iteration", "samples/s", "vs all")
+                         else "left")
+    for k, rung in enumerate(rungs):
+        result = rung.comparison
+        best = result.row(result.best) if result.best else None
+        if best is None:
+            table.add_row(str(k), ", ".join(rung.dropped) or "-", str(rung.cluster.n_devices), "-",
+                          "nothing fits", "-", "-", "-")
+            continue
+        table.add_row(str(k), ", ".join(rung.dropped) or "-", str(rung.cluster.n_devices), result.best, best.shape,
+                      f"{best.iteration_s:.4g} s", f"{best.throughput:.4g}", f"{best.throughput / full.throughput:.0%}")
+    out = console()
+    out.print(table)
+    out.print(f"the whole cluster's best plan: {args.out}; the ladder ({len(rungs)} rungs, paraplan.ladder/1): "
+              f"{ladder_path(args)}")

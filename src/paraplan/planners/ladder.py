@@ -1,0 +1,84 @@
+"""A fallback ladder (issue 53 item 2): the best plan for the cluster and for the cluster less 1, 2,
+... F nodes (less devices on a one-node cluster), each for the same global batch and within memory,
+so that a run that loses machines switches to a plan made for what is left instead of being
+re-planned by hand (Oobleck's pipeline templates for N, N-1, ... nodes are the same idea).
+
+Which nodes a rung drops: the ones named, then the slowest (a cluster of several kinds numbers its
+nodes fastest first: hardware/cluster.py canonical_node_order, so the last nodes are the slowest).
+The planners keep the same global batch: with fewer replicas they choose more micro-batches (or
+gradient accumulation) themselves. The rungs share the model's measurement and its cost functions
+(only the cluster changes) and split the comparison's time limit between them, so a ladder of F
+fallbacks takes the time of one comparison.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from paraplan.errors import FieldError
+from paraplan.hardware.cluster import Cluster
+from paraplan.planners.request import PlanRequest
+from paraplan.plans.ladder_file import LADDER_FORMAT, LADDER_VERSION
+
+
+@dataclass(frozen=True)
+class Rung:
+    dropped: tuple[str, ...]  # the nodes (or "device N") this rung plans without; () for the whole cluster
+    cluster: Cluster
+    comparison: object  # planners/auto.py: Comparison
+
+
+def rung_clusters(cluster: Cluster, fallbacks: int, drop: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Cluster]]:
+    """The cluster less 1..`fallbacks` nodes (`drop`'s first, then the slowest), or less 1..`fallbacks`
+    devices (the last) on a one-node cluster: (what was dropped, the cluster left) per rung."""
+    if isinstance(fallbacks, bool) or not isinstance(fallbacks, int) or fallbacks < 1:
+        raise FieldError("fallbacks", f"a whole number of machines to plan without, at least 1; got {fallbacks!r}")
+    names = [n.name for n in cluster.nodes]
+    if len(names) > 1:
+        unknown = [d for d in drop if d not in names]
+        if unknown:
+            raise FieldError("fallbacks", f"no node {unknown[0]!r} in {cluster.name} (its nodes: {', '.join(names)})")
+        if fallbacks >= len(names):
+            raise FieldError("fallbacks", f"{cluster.name} has {len(names)} nodes: at most {len(names) - 1} "
+                                          f"fallbacks, got {fallbacks}")
+        order = list(dict.fromkeys([*drop, *reversed(names)]))
+        return [(tuple(order[:k]), cluster.without_nodes(order[:k])) for k in range(1, fallbacks + 1)]
+    if drop:
+        raise FieldError("fallbacks", f"{cluster.name} is one node: a rung drops its last devices, not named nodes")
+    if fallbacks >= cluster.n_devices:
+        raise FieldError("fallbacks", f"{cluster.name} has {cluster.n_devices} devices on one node: at most "
+                                      f"{cluster.n_devices - 1} fallbacks, got {fallbacks}")
+    return [(tuple(f"device {d}" for d in range(cluster.n_devices - k, cluster.n_devices)),
+             cluster.without_last_devices(k)) for k in range(1, fallbacks + 1)]
+
+
+def fallback_ladder(request: PlanRequest, cluster: Cluster, fallbacks: int, compare, time_limit_s: float = 60.0,
+                    drop: tuple[str, ...] = (), **kwargs) -> list[Rung]:
+    """Every rung's comparison (`compare`: planners/auto.py's, which this shared module may not
+    import), the whole cluster's first, each with its share of `time_limit_s`. `cluster` is the
+    request's cluster as loaded (its memory budget and headroom are the request's, applied again to
+    each rung's cluster)."""
+    rungs = [((), cluster), *rung_clusters(cluster, fallbacks, drop)]
+    share = time_limit_s / len(rungs)
+    out = []
+    for dropped, left in rungs:
+        here = request if not dropped else replace(request, costs=replace(request.costs, cluster=left),
+                                                   cluster_name=left.name)
+        out.append(Rung(dropped, left, compare(here, time_limit_s=share, **kwargs)))
+    return out
+
+
+def ladder_document(rungs: list[Rung], model: str, global_batch: int, plan_to_dict) -> dict:
+    """The ladder as a versioned JSON document: per rung what it drops, its nodes and the best plan
+    that fits with its prediction (None where nothing fits)."""
+    out = []
+    for rung in rungs:
+        result = rung.comparison
+        best = result.row(result.best) if result.best else None
+        out.append({"dropped": list(rung.dropped), "cluster": rung.cluster.name, "devices": rung.cluster.n_devices,
+                    "nodes": [n.name for n in rung.cluster.nodes],
+                    "planner": result.best, "iteration_s": best.iteration_s if best else None,
+                    "throughput_samples_per_s": best.throughput if best else None,
+                    "plan": plan_to_dict(best.plan) if best else None})
+    return {"format": LADDER_FORMAT, "version": LADDER_VERSION, "model": model, "global_batch": global_batch,
+            "rungs": out}

@@ -1,0 +1,81 @@
+"""Issue 53 item 2: a fallback ladder, the best plan for the cluster and for the cluster less 1 ... F
+nodes (planners/ladder.py), written as a versioned file that `paraplan train --rung K` reads."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from paraplan_process import run_paraplan
+
+from paraplan.errors import FieldError
+from paraplan.hardware import load_cluster
+from paraplan.planners.ladder import fallback_ladder, rung_clusters
+from paraplan.plans.ladder_file import read_plan_or_rung
+from paraplan.plans.plan import PlanError
+from paraplan.workload import workload
+
+MIXED = str(Path(__file__).resolve().parents[1] / "data" / "mixed-a100-v100.toml")
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+
+
+def test_rungs_drop_the_slowest_node_first_or_the_ones_named():
+    mixed = load_cluster(MIXED)
+    (dropped, left), = rung_clusters(mixed, 1)
+    assert dropped == ("v100",) and [n.name for n in left.nodes] == ["a100"] and left.n_devices == 4
+    assert rung_clusters(mixed, 1, drop=("a100",))[0][0] == ("a100",)
+    one_node = load_cluster("galvatron-8xtitan")
+    rungs = rung_clusters(one_node, 2)
+    assert [d for d, _ in rungs] == [("device 7",), ("device 6", "device 7")]
+    assert [c.n_devices for _, c in rungs] == [7, 6]
+    for bad, kw, why in ((mixed, {"fallbacks": 2}, "at most 1 fallbacks"), (mixed, {"fallbacks": 1, "drop": ("x",)},
+                         "no node 'x'"), (one_node, {"fallbacks": 8}, "at most 7"), (mixed, {"fallbacks": 0}, "at least 1")):
+        with pytest.raises(FieldError, match=why):
+            rung_clusters(bad, **kw)
+
+
+def test_every_rung_plans_the_same_batch_on_what_is_left_within_its_share_of_the_time():
+    seen = []
+
+    def compare(request, time_limit_s):
+        seen.append((request.costs.cluster.n_devices, request.batch, time_limit_s,
+                     {s.spec.memory_bytes for s in request.costs.cluster.devices}))
+        return "a comparison"
+
+    w = workload("gpt2-tiny", MIXED, batch=16, memory="v100=2GiB")
+    rungs = fallback_ladder(w.request, load_cluster(MIXED), 1, compare, time_limit_s=30.0, drop=("a100",))
+    assert [r.dropped for r in rungs] == [(), ("a100",)]
+    # the V100s keep their budget on the rung without the A100s: the request's budget applied again
+    assert seen == [(8, 16, 15.0, {40 * 2**30, 2 * 2**30}), (4, 16, 15.0, {2 * 2**30})]
+
+
+def test_the_command_writes_a_ladder_that_train_reads(tmp_path):
+    out = tmp_path / "plan.json"
+    res = run_paraplan("plan", "--model", "gpt2-tiny", "--cluster", MIXED, "--batch", "16", "--fallbacks", "1",
+                       "--out", str(out), "--time-limit", "60", "--quiet", env=ENV, timeout=300)
+    assert res.returncode == 0, res.stderr
+    ladder = json.loads((tmp_path / "plan.ladder.json").read_text())
+    assert (ladder["format"], ladder["version"], ladder["global_batch"]) == ("paraplan.ladder", 1, 16)
+    full, fewer = ladder["rungs"]
+    assert (full["dropped"], full["devices"], fewer["dropped"], fewer["devices"]) == ([], 8, ["v100"], 4)
+    plan = read_plan_or_rung(tmp_path / "plan.ladder.json", 1)
+    assert set(plan.devices) <= set(range(4)) and plan.global_batch == 16
+    assert "rung" in res.stdout and "v100" in res.stdout
+    with pytest.raises(PlanError, match="rungs 0 to 1, got 2"):
+        read_plan_or_rung(tmp_path / "plan.ladder.json", 2)
+    with pytest.raises(PlanError, match="is a plan, not a fallback ladder"):
+        read_plan_or_rung(out, 1)
+    assert read_plan_or_rung(tmp_path / "plan.ladder.json") == read_plan_or_rung(out)  # rung 0: the written plan
+    # on this machine: a ladder of `local` (one node of its cores), rung 1 trained on one fewer process
+    local = tmp_path / "local.json"
+    res = run_paraplan("plan", "--model", "gpt2-tiny", "--cluster", "local", "--batch", "8", "--fallbacks", "1",
+                       "--out", str(local), "--time-limit", "60", "--quiet", "--no-calibration", env=ENV, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rung = read_plan_or_rung(tmp_path / "local.ladder.json", 1)
+    res = run_paraplan("train", "--plan", str(tmp_path / "local.ladder.json"), "--rung", "1", "--steps", "2",
+                       "--out-dir", str(tmp_path / "run"), env=ENV, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert len(json.loads((tmp_path / "run" / "losses.json").read_text())) == 2
+    assert len(set(rung.devices)) <= load_cluster("local").n_devices - 1

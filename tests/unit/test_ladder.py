@@ -79,3 +79,43 @@ def test_the_command_writes_a_ladder_that_train_reads(tmp_path):
     assert res.returncode == 0, res.stderr
     assert len(json.loads((tmp_path / "run" / "losses.json").read_text())) == 2
     assert len(set(rung.devices)) <= load_cluster("local").n_devices - 1
+
+
+def test_a_switch_reads_what_each_device_holds_at_the_storages_bandwidth(tmp_path):
+    """Issue 53 item 3: each device reads the parameters and optimizer state it holds under the new
+    plan (fp32 weights and Adam's two moments: 12 bytes a parameter), at the shared storage's
+    bandwidth in all and each node's port, then one iteration."""
+    from paraplan.costs.restart import switch_cost
+    from paraplan.hardware.cluster import DEFAULT_STORAGE
+    from paraplan.plans.plan import LayerRange, Plan, Stage
+
+    w = workload("gpt2-tiny", MIXED, batch=16)
+    n = w.request.n_layers
+    params = sum(layer.param_count for layer in w.spec.layers)
+    one = Plan(model="gpt2-tiny", cluster="m", n_layers=n, global_batch=16, n_micro=1, schedule="gpipe",
+               grad_sync="none", stages=(Stage(LayerRange(0, n), (0,)),))
+    cost = switch_cost(one, w.costs, iteration_s=0.5)
+    assert cost.read_bytes == {0: pytest.approx(12 * params)}
+    assert cost.reload_s == pytest.approx(12 * params / DEFAULT_STORAGE.shared_read_bytes_per_s)
+    assert cost.restart_s == pytest.approx(cost.reload_s + 0.5)
+    # two replicas on two nodes read a whole copy each: twice the bytes through the storage
+    two = Plan(model="gpt2-tiny", cluster="m", n_layers=n, global_batch=16, n_micro=1, schedule="gpipe",
+               grad_sync="after-backward", stages=(Stage(LayerRange(0, n), (0, 4)),))
+    assert switch_cost(two, w.costs, 0.5).reload_s == pytest.approx(2 * cost.reload_s)
+    # a cluster file's own storage, and a malformed one in one line
+    text = Path(MIXED).read_text()
+    slow = tmp_path / "slow.toml"
+    slow.write_text(text.replace('description = "', 'storage = { shared_read_bytes_per_s = 1.0e6, source = "NFS" }\n'
+                                 'description = "', 1))
+    cluster = load_cluster(str(slow))
+    assert cluster.storage.shared_read_bytes_per_s == 1.0e6
+    from dataclasses import replace
+
+    slow_cost = switch_cost(one, replace(w.costs, cluster=cluster), 0.5)
+    assert slow_cost.reload_s == pytest.approx(12 * params / 1.0e6) and slow_cost.storage_source == "NFS"
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace('description = "', 'storage = { shared_read_bytes_per_s = -1 }\ndescription = "', 1))
+    from paraplan.hardware.cluster_file import ClusterFileError
+
+    with pytest.raises(ClusterFileError, match="storage.shared_read_bytes_per_s: expected a positive number"):
+        load_cluster(str(bad))

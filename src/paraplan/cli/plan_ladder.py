@@ -64,24 +64,34 @@ def run_ladder(args, w, cluster, started: float) -> int:
 def _print_rungs(rungs, args, w) -> None:
     from rich.table import Table
 
-    from paraplan.report.tables import console
+    from paraplan.planners.ladder import rung_switch
+    from paraplan.report.tables import console, human_bytes
 
     full = rungs[0].comparison.row(rungs[0].comparison.best)
     table = Table(title=f"{args.model} on {args.cluster}, batch {w.request.batch}: the best plan with every node "
                         f"and with {len(rungs) - 1} fewer (each rung {len(rungs[0].comparison.rows)} planners)")
-    for column in ("rung", "without", "devices", "best planner", "shape", "iteration", "samples/s", "vs all"):
-        table.add_column(column, justify="right" if column in ("rung", "devices", "iteration", "samples/s", "vs all")
-                         else "left")
+    numbers = ("rung", "devices", "iteration", "samples/s", "vs all", "reads", "restart")
+    for column in ("rung", "without", "devices", "best planner", "shape", "iteration", "samples/s", "vs all", "reads",
+                   "restart"):
+        table.add_column(column, justify="right" if column in numbers else "left")
     for k, rung in enumerate(rungs):
         result = rung.comparison
         best = result.row(result.best) if result.best else None
         if best is None:
             table.add_row(str(k), ", ".join(rung.dropped) or "-", str(rung.cluster.n_devices), "-",
-                          "nothing fits", "-", "-", "-")
+                          "nothing fits", "-", "-", "-", "-", "-")
             continue
+        switch = rung_switch(rung) if k else None
         table.add_row(str(k), ", ".join(rung.dropped) or "-", str(rung.cluster.n_devices), result.best, best.shape,
-                      f"{best.iteration_s:.4g} s", f"{best.throughput:.4g}", f"{best.throughput / full.throughput:.0%}")
+                      f"{best.iteration_s:.4g} s", f"{best.throughput:.4g}", f"{best.throughput / full.throughput:.0%}",
+                      human_bytes(max(switch.read_bytes.values())) if switch else "-",
+                      f"{switch.restart_s:.3g} s" if switch else "-")
     out = console()
     out.print(table)
+    if len(rungs) > 1:
+        switch = rung_switch(rungs[1]) if rungs[1].comparison.best else None
+        storage = switch.storage_source if switch else "as the cluster file says"
+        out.print("reads: the most any device of the rung reads from the last checkpoint to load its plan; restart: "
+                  f"the reads at the storage's bandwidth, then one iteration (costs/restart.py; storage {storage})")
     out.print(f"the whole cluster's best plan: {args.out}; the ladder ({len(rungs)} rungs, paraplan.ladder/1): "
               f"{ladder_path(args)}")

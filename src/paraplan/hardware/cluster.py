@@ -233,10 +233,29 @@ class DeviceSlot:
 
 
 @dataclass(frozen=True)
+class StorageSpec:
+    """The file system checkpoints are written to and read back from, which every node reaches (a
+    node's own disk is lost with the node): its aggregate read bandwidth; each node reads through
+    its network port (NodeSpec.network)."""
+
+    shared_read_bytes_per_s: float
+    source: str
+
+
+# Assumed, not measured: a parallel file system of a few storage servers (one NVMe server reads
+# about 10-25 GB/s; 10 GB/s for the whole cluster is a modest one). A cluster file's [storage]
+# table replaces it (docs/clusters.md).
+DEFAULT_STORAGE = StorageSpec(10.0e9, "assumed: a shared file system reading 10 GB/s in all (no measurement)")
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
     nodes: tuple[NodeSpec, ...]
     description: str = ""
+    # where a checkpoint is read back from after a failure (issue 53: costs/restart.py); None:
+    # DEFAULT_STORAGE
+    storage: StorageSpec | None = None
     # the runtime's measured overheads on this cluster (`paraplan calibrate`); None: not measured
     overheads: RuntimeOverheads | None = None
     # the precision a request on this cluster trains in unless it names one (precision.py): fp32 for

@@ -61,6 +61,7 @@ from paraplan.hardware.cluster import (
     NodeSpec,
     PrecisionError,
     RuntimeOverheads,
+    StorageSpec,
     canonical_node_order,
 )
 from paraplan.system.fileio import is_finite_number, read_text
@@ -254,6 +255,7 @@ def cluster_from_dict(data: dict, origin: str) -> Cluster:
         nodes = canonical_node_order(nodes, default)
     cluster = Cluster(name=name, nodes=tuple(nodes), description=str(data.get("description", "")),
                       overheads=_runtime(f"{origin}: runtime", data["runtime"]) if "runtime" in data else None,
+                      storage=_storage(f"{origin}: storage", data["storage"]) if "storage" in data else None,
                       default_precision=default)
     try:
         cluster.check_precision(cluster.default_precision)
@@ -285,6 +287,17 @@ def _check_materialisable(where: str, count: int, per_node: int, so_far: int) ->
         raise ClusterFileError(f"{where}: {count:,} nodes of {per_node} devices ({devices:,} devices in all) would "
                                f"take ~{gib(devices * BYTES_PER_DEVICE)} to describe; this machine has "
                                f"{gib(available)} available (at most {available // BYTES_PER_DEVICE:,} devices)")
+
+
+def _storage(where: str, table: object) -> StorageSpec:
+    """[storage]: shared_read_bytes_per_s (positive) and where the figure comes from (source)."""
+    if not isinstance(table, dict) or set(table) - {"shared_read_bytes_per_s", "source"}:
+        raise ClusterFileError(f"{where}: expected a table of shared_read_bytes_per_s and source")
+    value = table.get("shared_read_bytes_per_s")
+    if not is_finite_number(value) or value <= 0:
+        raise ClusterFileError(f"{where}.shared_read_bytes_per_s: expected a positive number of bytes per second, "
+                               f"got {value!r}")
+    return StorageSpec(float(value), str(table.get("source", "")))
 
 
 def _runtime(where: str, table: object) -> RuntimeOverheads:

@@ -26,6 +26,7 @@ class Rung:
     dropped: tuple[str, ...]  # the nodes (or "device N") this rung plans without; () for the whole cluster
     cluster: Cluster
     comparison: object  # planners/auto.py: Comparison
+    costs: object = None  # the rung's CostModel (its cluster's)
 
 
 def rung_clusters(cluster: Cluster, fallbacks: int, drop: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Cluster]]:
@@ -64,7 +65,7 @@ def fallback_ladder(request: PlanRequest, cluster: Cluster, fallbacks: int, comp
     for dropped, left in rungs:
         here = request if not dropped else replace(request, costs=replace(request.costs, cluster=left),
                                                    cluster_name=left.name)
-        out.append(Rung(dropped, left, compare(here, time_limit_s=share, **kwargs)))
+        out.append(Rung(dropped, left, compare(here, time_limit_s=share, **kwargs), here.costs))
     return out
 
 
@@ -72,13 +73,30 @@ def ladder_document(rungs: list[Rung], model: str, global_batch: int, plan_to_di
     """The ladder as a versioned JSON document: per rung what it drops, its nodes and the best plan
     that fits with its prediction (None where nothing fits)."""
     out = []
-    for rung in rungs:
+    for k, rung in enumerate(rungs):
         result = rung.comparison
         best = result.row(result.best) if result.best else None
+        switch = rung_switch(rung) if k and best is not None and rung.costs is not None else None  # None: unpriced
         out.append({"dropped": list(rung.dropped), "cluster": rung.cluster.name, "devices": rung.cluster.n_devices,
                     "nodes": [n.name for n in rung.cluster.nodes],
                     "planner": result.best, "iteration_s": best.iteration_s if best else None,
                     "throughput_samples_per_s": best.throughput if best else None,
+                    "switch": None if switch is None else {
+                        "most_read_bytes": max(switch.read_bytes.values()), "total_read_bytes": sum(switch.read_bytes.values()),
+                        "reload_s": switch.reload_s, "warmup_s": switch.warmup_s, "restart_s": switch.restart_s,
+                        "storage": switch.storage_source},
                     "plan": plan_to_dict(best.plan) if best else None})
     return {"format": LADDER_FORMAT, "version": LADDER_VERSION, "model": model, "global_batch": global_batch,
             "rungs": out}
+
+
+def rung_switch(rung: Rung):
+    """What moving to this rung's best plan from the last checkpoint costs (costs/restart.py); None
+    for an operator placement (its runtime writes no checkpoints: runtime/dag/dag_runtime.py)."""
+    from paraplan.costs.restart import switch_cost
+    from paraplan.plans.kinds import PlanKind
+
+    best = rung.comparison.row(rung.comparison.best)
+    if best.plan.kind is PlanKind.OPERATORS:
+        return None
+    return switch_cost(best.plan, rung.costs, best.iteration_s)

@@ -60,6 +60,12 @@ def test_the_command_writes_a_ladder_that_train_reads(tmp_path):
     assert (ladder["format"], ladder["version"], ladder["global_batch"]) == ("paraplan.ladder", 1, 16)
     full, fewer = ladder["rungs"]
     assert (full["dropped"], full["devices"], fewer["dropped"], fewer["devices"]) == ([], 8, ["v100"], 4)
+    # what switching to the rung costs and each rung's goodput (default: Llama 3's node MTBF)
+    assert fewer["switch"]["restart_s"] > fewer["switch"]["reload_s"] > 0 and full["switch"] is None
+    assert ladder["node_mtbf_h"] == pytest.approx(5696, abs=1)
+    assert 0 < fewer["goodput"]["samples_per_s"] <= fewer["throughput_samples_per_s"]
+    assert min(r["goodput"]["samples_per_s"] for r in ladder["rungs"]) <= ladder["ladder_goodput_samples_per_s"] \
+        <= max(r["goodput"]["samples_per_s"] for r in ladder["rungs"])
     plan = read_plan_or_rung(tmp_path / "plan.ladder.json", 1)
     assert set(plan.devices) <= set(range(4)) and plan.global_batch == 16
     assert "rung" in res.stdout and "v100" in res.stdout
@@ -119,3 +125,29 @@ def test_a_switch_reads_what_each_device_holds_at_the_storages_bandwidth(tmp_pat
 
     with pytest.raises(ClusterFileError, match="storage.shared_read_bytes_per_s: expected a positive number"):
         load_cluster(str(bad))
+
+
+def test_goodput_is_youngs_closed_form():
+    """tau = sqrt(2 C M_job), M_job = M_node / N; waste = C / tau + (tau / 2 + R) / M_job; a ladder's
+    expected useful throughput weights rung k's goodput by M_node / (N - k)."""
+    from paraplan.costs.goodput import (
+        LLAMA3_NODE_MTBF_H,
+        checkpoint_write_s,
+        goodput,
+        ladder_goodput,
+        young_interval,
+    )
+
+    assert LLAMA3_NODE_MTBF_H == pytest.approx(5696, abs=1)  # the issue's "about 5,700 h per node"
+    assert young_interval(30.0, 3600.0) == pytest.approx((2 * 30 * 3600) ** 0.5)
+    g = goodput(100.0, nodes=4, node_mtbf_h=8.0, checkpoint_s=18.0, restart_s=60.0)
+    job = 8 * 3600 / 4
+    tau = (2 * 18 * job) ** 0.5
+    assert (g.job_mtbf_s, g.interval_s) == (pytest.approx(job), pytest.approx(tau))
+    assert g.waste == pytest.approx(18 / tau + (tau / 2 + 60) / job)
+    assert g.goodput == pytest.approx(100 * (1 - g.waste))
+    h = goodput(90.0, nodes=3, node_mtbf_h=8.0, checkpoint_s=18.0, restart_s=60.0)
+    assert ladder_goodput([g, h], nodes=4, node_mtbf_h=8.0) == pytest.approx(
+        (8 / 4 * g.goodput + 8 / 3 * h.goodput) / (8 / 4 + 8 / 3))
+    # C: 12 bytes a parameter at the lesser of the storage's and the ports' bandwidth
+    assert checkpoint_write_s(1e9, 10e9, 4e9) == pytest.approx(12e9 / 4e9)

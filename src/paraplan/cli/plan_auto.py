@@ -45,7 +45,7 @@ def check_auto(args, given: dict) -> None:
         check_engine(args.engine)
     check_plan_sizes(args)
     check_output("--out", args.out)
-    if args.fallbacks is not None or args.ladder or args.drop:
+    if args.fallbacks is not None or args.ladder or args.drop or args.mtbf is not None:
         from paraplan.cli.plan_ladder import check_ladder
 
         check_ladder(args)

@@ -69,11 +69,34 @@ def fallback_ladder(request: PlanRequest, cluster: Cluster, fallbacks: int, comp
     return out
 
 
-def ladder_document(rungs: list[Rung], model: str, global_batch: int, plan_to_dict) -> dict:
+def rung_goodput(rung: Rung, node_mtbf_h: float):
+    """The rung's best plan's goodput (costs/goodput.py) on the rung's nodes, its restart the switch
+    into it; None where nothing fits or the switch is not priced."""
+    from paraplan.costs.goodput import checkpoint_write_s, goodput
+    from paraplan.hardware.cluster import DEFAULT_STORAGE
+
+    result = rung.comparison
+    switch = rung_switch(rung) if result.best and rung.costs is not None else None
+    if switch is None:
+        return None
+    best = result.row(result.best)
+    storage = rung.cluster.storage or DEFAULT_STORAGE
+    ports = sum(n.network.bandwidth_bytes_per_s for n in rung.cluster.nodes)
+    params = sum(layer.param_count for layer in rung.costs.model.layers)
+    write = checkpoint_write_s(params, storage.shared_read_bytes_per_s, ports)
+    return goodput(best.throughput, len(rung.cluster.nodes), node_mtbf_h, write, switch.restart_s)
+
+
+def ladder_document(rungs: list[Rung], model: str, global_batch: int, plan_to_dict, node_mtbf_h: float) -> dict:
     """The ladder as a versioned JSON document: per rung what it drops, its nodes and the best plan
-    that fits with its prediction (None where nothing fits)."""
-    out = []
+    that fits with its prediction (None where nothing fits), what switching to it costs and its
+    goodput at `node_mtbf_h`; the ladder's expected useful throughput (multi-node clusters)."""
+    from paraplan.costs.goodput import ladder_goodput
+
+    out, goodputs = [], []
     for k, rung in enumerate(rungs):
+        g = rung_goodput(rung, node_mtbf_h)
+        goodputs.append(g)
         result = rung.comparison
         best = result.row(result.best) if result.best else None
         switch = rung_switch(rung) if k and best is not None and rung.costs is not None else None  # None: unpriced
@@ -85,9 +108,14 @@ def ladder_document(rungs: list[Rung], model: str, global_batch: int, plan_to_di
                         "most_read_bytes": max(switch.read_bytes.values()), "total_read_bytes": sum(switch.read_bytes.values()),
                         "reload_s": switch.reload_s, "warmup_s": switch.warmup_s, "restart_s": switch.restart_s,
                         "storage": switch.storage_source},
+                    "goodput": None if g is None else {
+                        "samples_per_s": g.goodput, "useful": g.useful, "checkpoint_s": g.checkpoint_s,
+                        "interval_s": g.interval_s, "job_mtbf_s": g.job_mtbf_s},
                     "plan": plan_to_dict(best.plan) if best else None})
+    nodes = len(rungs[0].cluster.nodes)
+    whole = None if nodes < 2 or any(g is None for g in goodputs) else ladder_goodput(goodputs, nodes, node_mtbf_h)
     return {"format": LADDER_FORMAT, "version": LADDER_VERSION, "model": model, "global_batch": global_batch,
-            "rungs": out}
+            "node_mtbf_h": node_mtbf_h, "ladder_goodput_samples_per_s": whole, "rungs": out}
 
 
 def rung_switch(rung: Rung):

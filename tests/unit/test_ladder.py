@@ -151,3 +151,31 @@ def test_goodput_is_youngs_closed_form():
         (8 / 4 * g.goodput + 8 / 3 * h.goodput) / (8 / 4 + 8 / 3))
     # C: 12 bytes a parameter at the lesser of the storage's and the ports' bandwidth
     assert checkpoint_write_s(1e9, 10e9, 4e9) == pytest.approx(12e9 / 4e9)
+
+
+def test_train_checkpoints_at_youngs_interval(tmp_path):
+    """`train --checkpoint-every auto`: Young's interval over the plan's predicted iteration, in steps
+    (a tiny model on this machine: a checkpoint in microseconds against a node failing every 5,696 h)."""
+    from paraplan.costs.goodput import LLAMA3_NODE_MTBF_H, checkpoint_write_s, young_interval
+    from paraplan.hardware.cluster import DEFAULT_STORAGE
+    from paraplan.plans.plan_file import read_plan
+
+    plan_path = tmp_path / "plan.json"
+    res = run_paraplan("plan", "--model", "gpt2-tiny", "--cluster", "local", "--batch", "8", "--planner", "even",
+                       "--out", str(plan_path), "--no-calibration", env=ENV, timeout=300)
+    assert res.returncode == 0, res.stderr
+    res = run_paraplan("train", "--plan", str(plan_path), "--steps", "2", "--checkpoint-every", "auto",
+                       "--checkpoint-dir", str(tmp_path / "ck"), "--out-dir", str(tmp_path / "run"), env=ENV,
+                       timeout=300)
+    assert res.returncode == 0, res.stderr
+    plan = read_plan(plan_path)
+    local = load_cluster("local")
+    spec = workload("gpt2-tiny", "local", batch=8).spec
+    write = checkpoint_write_s(sum(x.param_count for x in spec.layers), DEFAULT_STORAGE.shared_read_bytes_per_s,
+                               local.nodes[0].network.bandwidth_bytes_per_s)
+    steps = max(1, round(young_interval(write, LLAMA3_NODE_MTBF_H * 3600) / plan.prediction.iteration_s))
+    assert f"checkpoints every {steps} steps" in res.stdout
+    assert (tmp_path / "ck" / "checkpoint.json").exists()  # the last step's, as ever
+    bad = run_paraplan("train", "--plan", str(plan_path), "--steps", "2", "--checkpoint-every", "auto",
+                       "--out-dir", str(tmp_path / "run2"), env=ENV, timeout=300)
+    assert bad.returncode == 2 and "--checkpoint-every auto: needs --checkpoint-dir" in bad.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from paraplan.cli.args import add_sizes, check_output
+from paraplan.cli.train_interval import auto_interval, every_arg
 from paraplan.cli.ui import BARS
 from paraplan.errors import FieldError, ParaplanError
 from paraplan.plans.kinds import PlanKind
@@ -38,7 +39,10 @@ def add_parser(sub) -> None:
     p.add_argument("--out-dir", default=None,
                    help="losses.json, timelines and stage<i>.pt go here (default: ./runs/<date>-<time>)")
     p.add_argument("--checkpoint-dir", default=None, help="save each stage's parameters and optimizer state here")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: only at the end)")
+    p.add_argument("--checkpoint-every", type=every_arg, default=0,
+                   help="steps between checkpoints (0: only at the end; auto: Young's interval sqrt(2 C M_job) from "
+                        "the plan's predicted iteration and checkpoint write time and a node failing every 5,696 h, "
+                        "Llama 3's: costs/goodput.py)")
     p.add_argument("--resume", action="store_true",
                    help="continue from --checkpoint-dir (every stage's checkpoint is checked first)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a rank gives up on a dead peer")
@@ -92,6 +96,8 @@ def run(args) -> int:
     if args.print_launch or _launch_flags_given(args):
         return _print_launch(args, plan)
     model = args.model or plan.model
+    if args.checkpoint_every == "auto" and not args.checkpoint_dir:  # before any work
+        raise ParaplanError("--checkpoint-every auto: needs --checkpoint-dir")
     out_dir = args.out_dir or str(default_run_dir())  # ./runs/<date>-<time>, printed
     # every check before any work: where results go, the comparison's cluster, the checkpoints
     _check_outputs(args, out_dir)
@@ -100,6 +106,8 @@ def run(args) -> int:
     # measured as this machine's ranks will run it: the plan's precision, PyTorch's attention kernel here
     built, spec = measured_model(model, seq_len=args.seq_len, image_size=args.image_size, watch=BARS,
                                  precision=plan.precision, attention=attention_here())
+    if args.checkpoint_every == "auto":
+        config = auto_interval(args, config, plan, spec)
     world, torchrun = _check_model(args, config, plan, model, built, spec, compare_cluster)
     predicted_memory, breakdowns, graph = _predicted_memory(plan, built, spec, world)
     cm = cost_model(spec, compare_cluster, profile=args.profile, overheads=overheads, precision=plan.precision,
@@ -163,7 +171,8 @@ def _config(args, plan, model: str, out_dir: str):
     config = TrainConfig(plan=plan, model=model, steps=args.steps, seed=args.seed, lr=args.lr,
                          optimizer=args.optimizer, clip_norm=args.clip_norm, out_dir=out_dir, seq_len=args.seq_len,
                          image_size=args.image_size, dropout=not args.no_dropout, checkpoint_dir=args.checkpoint_dir,
-                         checkpoint_every=args.checkpoint_every, resume=args.resume, timeout_s=args.timeout,
+                         checkpoint_every=0 if args.checkpoint_every == "auto" else args.checkpoint_every,
+                         resume=args.resume, timeout_s=args.timeout,
                          log=not args.json, data=args.data, data_dtype=args.data_dtype)
     if args.resume:
         from paraplan.runtime.state.checkpoints import resume_note

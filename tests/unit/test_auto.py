@@ -138,11 +138,12 @@ def test_cli_json_schema_and_the_plan_written(tmp_path):
     assert data["schema"] == "paraplan.plan.auto/1"
     assert set(data) == {"schema", "best", "out", "gap_to_bound", "wall_s", "lower_bound", "rows", "cost_source",
                          "engine", "unrestricted_best", "best_time_split", "input_note", "model_flops", "headroom",
-                         "best_experts", "planners_without_expert_parallelism"}
+                         "best_experts", "planners_without_expert_parallelism", "by_goodput"}
     assert set(data["model_flops"]) == {"per_sample", "per_token", "tokens_per_sample", "formula", "mfu_formula"}
     assert data["model_flops"]["tokens_per_sample"] is None  # lenet-5: images, no tokens/s
     assert data["input_note"].startswith("image 32x32 (the zoo's setting for lenet-5")
     assert data["engine"] is None and data["unrestricted_best"] is None and data["cost_source"]
+    assert data["by_goodput"] is None  # no --mtbf
     assert set(data["lower_bound"]) == {"iteration_s", "work_s", "one_device_s", "n_devices", "binding", "micro_batch",
                                         "operator_work_s"}
     row_keys = {"planner", "status", "shape", "n_micro", "iteration_s", "throughput_samples_per_s", "peak_bytes",

@@ -69,7 +69,7 @@ def test_the_command_writes_a_ladder_that_train_reads(tmp_path):
     plan = read_plan_or_rung(tmp_path / "plan.ladder.json", 1)
     assert set(plan.devices) <= set(range(4)) and plan.global_batch == 16
     assert "rung" in res.stdout and "v100" in res.stdout
-    with pytest.raises(PlanError, match="rungs 0 to 1, got 2"):
+    with pytest.raises(PlanError, match="rung 2: .* has rungs 0 to 1"):
         read_plan_or_rung(tmp_path / "plan.ladder.json", 2)
     with pytest.raises(PlanError, match="is a plan, not a fallback ladder"):
         read_plan_or_rung(out, 1)
@@ -179,3 +179,21 @@ def test_train_checkpoints_at_youngs_interval(tmp_path):
     bad = run_paraplan("train", "--plan", str(plan_path), "--steps", "2", "--checkpoint-every", "auto",
                        "--out-dir", str(tmp_path / "run2"), env=ENV, timeout=300)
     assert bad.returncode == 2 and "--checkpoint-every auto: needs --checkpoint-dir" in bad.stderr
+
+
+def test_plans_ranked_by_goodput_and_said_when_that_changes_the_choice():
+    """`plan --mtbf H`: the feasible plan of the highest goodput (its restart reads and its nodes'
+    failures counted), and one line saying whether that is the fastest."""
+    from paraplan.cli.plan_ladder import goodput_choice
+    from paraplan.costs.goodput import plan_goodput
+    from paraplan.planners.auto import compare
+
+    w = workload("gpt2-tiny", MIXED, batch=16)
+    result = compare(w.request, planners=["dp", "pp", "csimd", "dp+tp"], time_limit_s=120)
+    for mtbf in (5696.0, 0.002):  # Llama 3's node MTBF, and one so short that restarts dominate
+        chosen, line = goodput_choice(result, w.costs, mtbf)
+        scored = {r.planner: plan_goodput(r.plan, r.throughput, r.iteration_s, w.costs, mtbf).goodput
+                  for r in result.rows if r.status == "ok"}
+        assert scored[chosen.planner] == max(scored.values())
+        assert line.startswith(f"by goodput with a node failing every {mtbf:,.4g} h: {chosen.planner}")
+        assert ("rather than the fastest" in line) == (chosen.planner != result.best)

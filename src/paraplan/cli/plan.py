@@ -52,8 +52,9 @@ def add_parser(sub) -> None:
     p.add_argument("--ladder", default=None, help="--fallbacks: the ladder's file (default: beside --out, "
                                                   "NAME.ladder.json)")
     p.add_argument("--mtbf", type=float, default=None, metavar="HOURS",
-                   help="--fallbacks: a node's mean time between failures, for the goodput (default: Llama 3's, "
-                        "about 5,700 h)")
+                   help="auto: a node's mean time between failures in hours: the plans ranked by goodput (samples "
+                        "per second trained usefully, checkpoints and restarts counted), said when that changes the "
+                        "choice; with --fallbacks, each rung's goodput (default there: Llama 3's, about 5,700 h)")
     p.add_argument("--quiet", action="store_true",
                    help="auto: no progress on stderr while the comparison runs (shown only on a terminal anyway)")
     p.add_argument("--report", default=None, help="auto: write an HTML report (index.html) into this directory")

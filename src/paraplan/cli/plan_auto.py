@@ -93,6 +93,11 @@ def run_auto(args, given: dict) -> int:
 
         result = restricted(result, args.engine, w)
     best = result.row(result.best) if result.best else None
+    by_goodput = ""
+    if best is not None and args.mtbf is not None:  # ranked by goodput (issue 53 item 4), said either way
+        from paraplan.cli.plan_ladder import goodput_choice
+
+        best, by_goodput = goodput_choice(result, request.costs, args.mtbf)
     if best is not None:
         write_plan(best.plan, args.out)
     gap = best.iteration_s / result.bound.iteration_s - 1 if best is not None else None
@@ -111,9 +116,12 @@ def run_auto(args, given: dict) -> int:
         print(json.dumps({**auto_json(result, args.out if best else None, gap, plan_to_dict, flops, w.cluster),
                           "headroom": request.headroom, "input_note": input_note(args, w.built),
                           "best_experts": experts.as_json() if experts is not None else None,
-                          "planners_without_expert_parallelism": without_ep}, indent=2))
+                          "planners_without_expert_parallelism": without_ep, "by_goodput": by_goodput or None},
+                         indent=2))
     else:
         _print_comparison(args, result, best, gap, w, flops)
+        if by_goodput:
+            print(by_goodput)
         if experts is not None:
             print(experts.describe())
         if without_ep:

@@ -27,12 +27,12 @@ def check_ladder(args) -> None:
                         ("--engine", args.engine)):
         if value is not None:
             raise ParaplanError(f"{flag}: not with --fallbacks yet (the ladder is a table of comparisons)")
-    if args.fallbacks is None and (args.ladder or args.drop or args.mtbf is not None):
-        raise ParaplanError(f"{'--ladder' if args.ladder else '--drop' if args.drop else '--mtbf'}: only with "
-                            "--fallbacks")
+    if args.fallbacks is None and (args.ladder or args.drop):
+        raise ParaplanError(f"{'--ladder' if args.ladder else '--drop'}: only with --fallbacks")
     if args.mtbf is not None and not args.mtbf > 0:
         raise ParaplanError(f"--mtbf: hours between a node's failures, positive; got {args.mtbf}")
-    check_output("--ladder", ladder_path(args))
+    if args.fallbacks is not None:
+        check_output("--ladder", ladder_path(args))
 
 
 def run_ladder(args, w, cluster, started: float) -> int:
@@ -106,3 +106,27 @@ def _print_rungs(rungs, args, w, document) -> None:
               + (f"; the ladder's until its last rung fails: {whole:.4g} samples/s" if whole else ""))
     out.print(f"the whole cluster's best plan: {args.out}; the ladder ({len(rungs)} rungs, paraplan.ladder/1): "
               f"{ladder_path(args)}")
+
+
+def goodput_choice(result, costs, node_mtbf_h: float):
+    """`plan --mtbf H` (issue 53 item 4): the feasible plan of the highest goodput (costs/goodput.py:
+    its restart and its checkpoint's write, over the nodes it uses), and one line saying whether
+    that changed the comparison's choice. Operator placements are left out (no checkpoints)."""
+    from paraplan.costs.goodput import plan_goodput
+    from paraplan.plans.kinds import PlanKind
+
+    fastest = result.row(result.best)
+    scored = [(plan_goodput(r.plan, r.throughput, r.iteration_s, costs, node_mtbf_h), r) for r in result.rows
+              if r.status == "ok" and r.plan.kind is not PlanKind.OPERATORS]
+    if not scored:
+        return fastest, ""
+    g, best = max(scored, key=lambda x: (x[0].goodput, x[1].planner == fastest.planner))
+    if best.planner == fastest.planner:
+        return fastest, (f"by goodput with a node failing every {node_mtbf_h:,.4g} h: {best.planner} too, "
+                         f"{g.goodput:.4g} samples/s useful ({g.useful:.2%}; checkpoints every {g.interval_s:.4g} s)")
+    mine = next(x for x, r in scored if r.planner == fastest.planner) if any(
+        r.planner == fastest.planner for _, r in scored) else None
+    theirs = f", against {mine.goodput:.4g} for {fastest.planner}" if mine else ""
+    return best, (f"by goodput with a node failing every {node_mtbf_h:,.4g} h: {best.planner} ({g.goodput:.4g} "
+                  f"samples/s useful, {g.useful:.2%}{theirs}) rather than the fastest, {fastest.planner}: "
+                  f"written to the plan file")

@@ -68,3 +68,18 @@ def ladder_goodput(rungs: list[Goodput], nodes: int, node_mtbf_h: float) -> floa
     lasts M_node / (nodes - k) on average, its goodput over that time."""
     times = [node_mtbf_h / (nodes - k) for k in range(len(rungs))]
     return sum(t * g.goodput for t, g in zip(times, rungs, strict=True)) / sum(times)
+
+
+def plan_goodput(plan, throughput: float, iteration_s: float, cm, node_mtbf_h: float) -> Goodput:
+    """A plan's goodput on `cm`'s cluster: over the nodes it uses, its checkpoint written through
+    their ports and the shared storage, its restart as costs/restart.py prices loading it."""
+    from paraplan.costs.restart import switch_cost
+    from paraplan.hardware.cluster import DEFAULT_STORAGE
+
+    cluster = cm.cluster
+    nodes = sorted({cluster.devices[d].node for d in plan.devices})
+    storage = cluster.storage or DEFAULT_STORAGE
+    ports = sum(cluster.nodes[n].network.bandwidth_bytes_per_s for n in nodes)
+    write = checkpoint_write_s(sum(layer.param_count for layer in cm.model.layers), storage.shared_read_bytes_per_s,
+                               ports)
+    return goodput(throughput, len(nodes), node_mtbf_h, write, switch_cost(plan, cm, iteration_s).restart_s)

@@ -70,21 +70,15 @@ def fallback_ladder(request: PlanRequest, cluster: Cluster, fallbacks: int, comp
 
 
 def rung_goodput(rung: Rung, node_mtbf_h: float):
-    """The rung's best plan's goodput (costs/goodput.py) on the rung's nodes, its restart the switch
-    into it; None where nothing fits or the switch is not priced."""
-    from paraplan.costs.goodput import checkpoint_write_s, goodput
-    from paraplan.hardware.cluster import DEFAULT_STORAGE
+    """The rung's best plan's goodput (costs/goodput.py) on the rung's cluster; None where nothing
+    fits or its switch is not priced (an operator placement)."""
+    from paraplan.costs.goodput import plan_goodput
 
     result = rung.comparison
-    switch = rung_switch(rung) if result.best and rung.costs is not None else None
-    if switch is None:
+    if not result.best or rung.costs is None or rung_switch(rung) is None:
         return None
     best = result.row(result.best)
-    storage = rung.cluster.storage or DEFAULT_STORAGE
-    ports = sum(n.network.bandwidth_bytes_per_s for n in rung.cluster.nodes)
-    params = sum(layer.param_count for layer in rung.costs.model.layers)
-    write = checkpoint_write_s(params, storage.shared_read_bytes_per_s, ports)
-    return goodput(best.throughput, len(rung.cluster.nodes), node_mtbf_h, write, switch.restart_s)
+    return plan_goodput(best.plan, best.throughput, best.iteration_s, rung.costs, node_mtbf_h)
 
 
 def ladder_document(rungs: list[Rung], model: str, global_batch: int, plan_to_dict, node_mtbf_h: float) -> dict:

@@ -24,7 +24,7 @@ def read_plan_or_rung(path: str | Path, rung: int | None = None) -> Plan:
         data = None  # plan_from_json says what is wrong with it
     if not isinstance(data, dict) or data.get("format") != LADDER_FORMAT:
         if rung is not None:
-            raise PlanError(f"--rung: {path} is a plan, not a fallback ladder (paraplan plan --fallbacks F)")
+            raise PlanError(f"rung {rung}: {path} is a plan, not a fallback ladder")
         return plan_from_json(text, str(path))
     if data.get("version") != LADDER_VERSION:
         raise PlanError(f"{path}: ladder version {data.get('version')!r}, this paraplan reads version {LADDER_VERSION}")
@@ -33,7 +33,7 @@ def read_plan_or_rung(path: str | Path, rung: int | None = None) -> Plan:
         raise PlanError(f"{path}: field 'rungs' must list the ladder's rungs")
     k = 0 if rung is None else rung
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(rungs):
-        raise PlanError(f"--rung: {path} has rungs 0 to {len(rungs) - 1}, got {rung}")
+        raise PlanError(f"rung {rung}: {path} has rungs 0 to {len(rungs) - 1}")
     entry = rungs[k]
     if not isinstance(entry, dict) or entry.get("plan") is None:
         raise PlanError(f"{path}: rung {k} holds no plan (nothing fit without {', '.join(entry.get('dropped', []))})"

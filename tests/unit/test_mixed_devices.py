@@ -118,3 +118,12 @@ def test_a_plan_that_leaves_a_kind_idle_says_so():
         used = set(row.plan.devices)
         assert ("idle" in row.shape) == (len(used) < 8), (row.planner, row.shape)
     assert "idle" not in result.row("dp").shape
+    # CSIMD's and Bi-Partition's searches price every device as the first one's kind: said in the shape
+    # and the plan's note; Galvatron's and DP's do not (each group's own kind)
+    alike = "searched with every device priced as a100-40gb"
+    assert alike in result.row("csimd").shape and alike in result.row("bipartition").shape
+    assert alike not in result.row("dp").shape
+    from paraplan.planners.registry import make_plan
+
+    assert alike in make_plan(w.request, "gropipe").search.note
+    assert alike not in make_plan(workload("gpt2-tiny", "galvatron-8xtitan", batch=16).request, "csimd").search.note

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from paraplan.errors import NothingFits, ParaplanError
 from paraplan.planners import progress
 from paraplan.planners.bound import LowerBound, lower_bound
-from paraplan.planners.registry import idle_kinds, make_plan, planner, planner_names
+from paraplan.planners.registry import PLANNERS, alike_note, idle_kinds, make_plan, planner, planner_names
 from paraplan.planners.request import PlanRequest
 from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import Plan, SearchInfo
@@ -158,7 +158,9 @@ def _row(name: str, plan: Plan, costs, search_s: float, timed_out: bool = False,
                throughput=p.throughput_samples_per_s, peak_bytes=tuple(m.peak_bytes for m in p.memory),
                capacity_bytes=tuple(m.capacity_bytes for m in p.memory), bubble=sim.bubble_fraction,
                search_s=plan.search.search_s if plan.search and not timed_out else search_s,
-               shape=describe(plan) + (f" ({idle})" if (idle := idle_kinds(plan, costs.cluster)) else ""),
+               shape=describe(plan) + "".join(f" ({x})" for x in (
+                   alike_note(PLANNERS[name], costs.cluster) if name in PLANNERS else "", idle_kinds(plan, costs.cluster))
+                   if x),
                reason=reason, timed_out=timed_out, split=sim.split)
 
 

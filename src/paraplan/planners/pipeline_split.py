@@ -148,7 +148,7 @@ def register_split(name: str, summary: str, divider: Divider, options: Mapping[s
     DIVIDERS[name] = divider
     OPTIONS[name] = dict(options or {})
     register(name, summary, schedules=("gpipe", "1f1b", *MULTI_CHUNK, "best"), options=options,
-             not_compared=not_compared)(
+             not_compared=not_compared, alike_devices=True)(  # build_problem prices device 0's kind
         lambda request, values, judge: _plan(request, values, name, judge))
 
 

@@ -87,13 +87,22 @@ def make_plan(request: PlanRequest, name: str, judge: Judge | None = None, *, pr
     options = validated_options(name, request.options, spec.options)
     judge = judge or simulator_judge(request)
     plan = replace(spec.fn(request, options, judge), **request.costs.plan_precision)
-    idle = idle_kinds(plan, request.costs.cluster)
-    if idle and plan.search is not None:  # said, not silent (issue 52: a method that left the V100s out)
-        note = f"{name}: {idle}"
-        plan = replace(plan, search=replace(plan.search, note="; ".join(x for x in (plan.search.note, note) if x)))
+    notes = [f"{name}: {x}" for x in (alike_note(spec, request.costs.cluster), idle_kinds(plan, request.costs.cluster))
+             if x]
+    if notes and plan.search is not None:  # said, not silent (issue 52: a method that left the V100s out)
+        plan = replace(plan, search=replace(plan.search, note="; ".join(x for x in (plan.search.note, *notes) if x)))
     if plan.prediction is None and predict:
         plan = replace(plan, prediction=judge(plan))
     return plan
+
+
+def alike_note(spec: PlannerSpec, cluster) -> str:
+    """On a cluster of several device kinds, "" or one line for a method whose search prices every
+    device as the first one's kind (PlannerSpec.alike_devices; the simulator prices its plan on each
+    device's own)."""
+    if not spec.alike_devices or len(cluster.device_types()) < 2:
+        return ""
+    return f"searched with every device priced as {cluster.devices[0].spec.name} (its method assumes devices alike)"
 
 
 def idle_kinds(plan: Plan, cluster) -> str:

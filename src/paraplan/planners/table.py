@@ -39,6 +39,9 @@ class PlannerSpec:
     # (request, the comparison's time limit) -> why the method does not reach the request, one line
     # (the comparison skips it before it starts, issue 51 item 2), or None; None: it reaches any
     reach: Callable[[object, float], str | None] | None = None
+    # its search prices every device as the cluster's first (the method's papers assume devices alike);
+    # on a cluster of several kinds its plans say so (planners/registry.py: alike_note, issue 52)
+    alike_devices: bool = False
 
 
 PLANNERS: dict[str, PlannerSpec] = {}
@@ -47,7 +50,7 @@ PLANNERS: dict[str, PlannerSpec] = {}
 def register(name: str, summary: str, schedules=(Schedule.GPIPE,), options: Mapping[str, OptionSpec] | None = None,
              needs_operators: bool = False, *, slow: int = 0, not_compared: str = "",
              in_comparison: Callable[[dict, frozenset], dict] | None = None, expert_parallel: bool = False,
-             reach: Callable[[object, float], str | None] | None = None):
+             reach: Callable[[object, float], str | None] | None = None, alike_devices: bool = False):
     """Decorator: add a planner function to the table under `name` (`slow`, `not_compared`,
     `in_comparison`: how `--planner auto` runs it; `expert_parallel`: PlannerSpec)."""
 
@@ -57,7 +60,7 @@ def register(name: str, summary: str, schedules=(Schedule.GPIPE,), options: Mapp
         # "best": the planner also chooses the schedule (planners/request.py: BEST_SCHEDULE)
         PLANNERS[name] = PlannerSpec(name, fn, summary, tuple(s if s == "best" else Schedule(s) for s in schedules),
                                      dict(options or {}), needs_operators, slow, not_compared, in_comparison,
-                                     expert_parallel, reach)
+                                     expert_parallel, reach, alike_devices)
         return fn
 
     return add

@@ -304,12 +304,12 @@ _MODE = {"mode": OptionSpec("runtime", "runtime: cost split layers as paraplan t
 
 
 @register("bipartition", "Bi-Partition: separate forward and backward ranges per worker (1F1B)", schedules=("1f1b",),
-          options=_MODE, slow=13)
+          options=_MODE, slow=13, alike_devices=True)
 def _bipartition(request: PlanRequest, options: dict, judge: Judge) -> Plan:
     return plan_bipartition(request, judge, mode=options.get("mode", "runtime"))[0]
 
 
 @register("pipedream-layerwise", "PipeDream's layer-wise partition (Bi-Partition's baseline, 1F1B)",
-          schedules=("1f1b",), slow=12)
+          schedules=("1f1b",), slow=12, alike_devices=True)
 def _layerwise(request: PlanRequest, options: dict, judge: Judge) -> Plan:
     return plan_bipartition(request, judge, layerwise=True)[0]

@@ -174,7 +174,7 @@ def plan_gropipe(request: PlanRequest, judge: Judge, micro_batches=MICRO_BATCH_C
 
 
 @register("gropipe", "GroPipe: N groups x k stages (AMPA), data parallel across groups with delayed all-reduce",
-          schedules=("gpipe", "1f1b"), slow=6)
+          schedules=("gpipe", "1f1b"), slow=6, alike_devices=True)
 def _planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
     # a stage count in the request fixes k: GroPipe then uses exactly that many stages (and every
     # device), with or without exact_stages, so it never has fewer stages to explain

@@ -74,6 +74,8 @@ def test_the_command_writes_a_ladder_that_train_reads(tmp_path):
     with pytest.raises(PlanError, match="is a plan, not a fallback ladder"):
         read_plan_or_rung(out, 1)
     assert read_plan_or_rung(tmp_path / "plan.ladder.json") == read_plan_or_rung(out)  # rung 0: the written plan
+    res = run_paraplan("simulate", str(tmp_path / "plan.ladder.json"), env=ENV)  # a ladder is not a plan: one line
+    assert res.returncode == 2 and "a fallback ladder, not a plan" in res.stderr and res.stderr.count("\n") == 1
     # on this machine: a ladder of `local` (one node of its cores), rung 1 trained on one fewer process
     local = tmp_path / "local.json"
     res = run_paraplan("plan", "--model", "gpt2-tiny", "--cluster", "local", "--batch", "8", "--fallbacks", "1",

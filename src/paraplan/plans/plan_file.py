@@ -153,6 +153,9 @@ def plan_from_dict(data: object, origin: str = "plan") -> Plan:
     r = _Reader(origin)
     d = r.table(data, "top level")
     version = d.get("format_version")
+    if d.get("format") == "paraplan.ladder":  # plans/ladder_file.py: a rung of it is a plan
+        r.fail("format", "a fallback ladder, not a plan: paraplan train takes it with the rung to run; the plan "
+                         "file written beside it is its rung 0")
     if isinstance(version, bool) or version not in READABLE_VERSIONS:
         r.fail("format_version", f"expected {' or '.join(map(str, READABLE_VERSIONS))}, got {version!r}")
     stages = []

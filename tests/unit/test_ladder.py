@@ -68,6 +68,9 @@ def test_the_command_writes_a_ladder_that_train_reads(tmp_path):
         <= max(r["goodput"]["samples_per_s"] for r in ladder["rungs"])
     plan = read_plan_or_rung(tmp_path / "plan.ladder.json", 1)
     assert set(plan.devices) <= set(range(4)) and plan.global_batch == 16
+    for k in (0, 1):  # every rung's plan fits and keeps the global batch
+        rung = read_plan_or_rung(tmp_path / "plan.ladder.json", k)
+        assert rung.prediction.feasible and rung.global_batch == 16
     assert "rung" in res.stdout and "v100" in res.stdout
     with pytest.raises(PlanError, match="rung 2: .* has rungs 0 to 1"):
         read_plan_or_rung(tmp_path / "plan.ladder.json", 2)

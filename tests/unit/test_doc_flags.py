@@ -468,7 +468,7 @@ Plan it:
 $ paraplan plan --model gpt2-tiny --cluster local --batch 8 --knobs context_parallel=2
 $ paraplan plan --model gpt2-tiny --cluster local --batch 8 --schedule sideways
 $ paraplan planx --model gpt2-tiny
-$ paraplan simulate plan.json --gantt g.png --memory 16GiB
+$ paraplan simulate plan.json --gantt g.png --memory-budget 16GiB
 plan written to plan.json (paraplan plan's output, not a command)
 ```
 
@@ -495,7 +495,7 @@ def test_the_reader_finds_what_is_wrong(tmp_path, monkeypatch):
         "--knobs: not an option of paraplan plan",
         "README.md:5: ", "--schedule sideways: expected one of",
         "README.md:6: ", "no subcommand 'planx'",
-        "README.md:7: ", "--memory: not an option of paraplan simulate",
+        "README.md:7: ", "--memory-budget: not an option of paraplan simulate",
         "README.md:12: ", "--frobnicate: not an option of paraplan train",
         "README.md:17: `paraplan simulate plan.json --schedules zbv,fast`: --schedules zbv,fast: unknown schedule 'fast'",
         "README.md:17: `train --comapre`: --comapre: not an option of paraplan train",

@@ -67,6 +67,12 @@ def test_the_command_line_plans_to_each_kinds_budget(tmp_path):
                        "--planner", "dp", "--memory", "3GiB", "--out", str(out), env=ENV)  # one budget for all
     assert one.returncode == 0, one.stderr
     assert {m["capacity_bytes"] for m in json.loads(out.read_text())["prediction"]["memory"]} == {3 * GIB}
+    # simulate takes the same budgets: the plan judged against each kind's own
+    sim = run_paraplan("simulate", str(out), "--memory", "v100=1MiB", "--out", str(tmp_path / "sim.json"), env=ENV)
+    assert sim.returncode == 0, sim.stderr
+    memory = json.loads((tmp_path / "sim.json").read_text())["prediction"]["memory"]
+    assert {m["capacity_bytes"] for m in memory if m["device"] >= 8} == {2**20}
+    assert {m["capacity_bytes"] for m in memory if m["device"] < 8} == {40 * GIB}
     bad = run_paraplan("plan", "--model", "gpt2-tiny", "--cluster", "mixed-a100-v100", "--batch", "16",
                        "--planner", "dp", "--memory", "t4=10GiB", "--out", str(tmp_path / "no.json"), env=ENV)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--memory: device type 't4'" in bad.stderr

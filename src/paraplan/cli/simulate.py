@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from paraplan.cli.args import JSON_HELP, add_sizes, check_output
+from paraplan.cli.args import JSON_HELP, add_sizes, check_output, memory_arg
 from paraplan.cli.ui import BARS, pure_work
 from paraplan.errors import ParaplanError, require_positive
 from paraplan.plans.kinds import PlanKind
@@ -20,6 +20,9 @@ def add_parser(sub) -> None:
     p.add_argument("--trace", default=None, help="write a Chrome trace JSON here (opens in Perfetto)")
     p.add_argument("--out", default=None, help="write the plan with its prediction here")
     p.add_argument("--memory-gib", type=float, default=None, help="memory budget per device (default: the device's)")
+    p.add_argument("--memory", type=memory_arg, default=None, dest="memory_size",
+                   help="memory budget per device with a unit (16GiB), or per device type (a100=36GiB,v100=28GiB), "
+                        "as paraplan plan takes it")
     p.add_argument("--no-contention", action="store_true",
                    help="operator placements: transfers never wait for a busy link (the schedule's own model)")
     p.add_argument("--overlap-slowdown", type=float, default=1.0,
@@ -60,9 +63,17 @@ def run(args) -> int:
     # `local` is this machine's cached calibration (cli/machine.py)
     cluster = load_cluster(machine_cluster(args.cluster or plan.cluster, plan.precision,
                                            skip=args.no_calibration or bool(args.profile)))
+    if args.memory_gib is not None and args.memory_size is not None:
+        raise ParaplanError("give --memory or --memory-gib, not both")
     if args.memory_gib is not None:
         require_positive(args.memory_gib, "--memory-gib")
         cluster = cluster.with_memory(gib_bytes(args.memory_gib))
+    elif isinstance(args.memory_size, tuple):  # a budget per device type (planners/request.py resolves it)
+        from paraplan.planners.request import resolve_kinds
+
+        cluster = cluster.with_memory_of_kinds(dict(resolve_kinds(cluster, args.memory_size)))
+    elif args.memory_size is not None:
+        cluster = cluster.with_memory(gib_bytes(args.memory_size))
     if args.overlap_slowdown < 1:
         raise ParaplanError(f"--overlap-slowdown must be at least 1, got {args.overlap_slowdown}")
     # the plan's devices against the cluster before the model is measured (seconds for a large one);

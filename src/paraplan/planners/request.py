@@ -31,7 +31,7 @@ BEST_SCHEDULE = "best"  # a request for the planner to choose the schedule as we
 DEFAULT_HEADROOM = 0.05
 
 
-def _resolve_kinds(cluster, budgets) -> tuple[tuple[str, int], ...]:
+def resolve_kinds(cluster, budgets) -> tuple[tuple[str, int], ...]:
     """Each (kind, bytes) with its kind as the cluster names the device type: the name itself, or the
     one type it is a prefix of ('a100' for 'a100-40gb'); one line naming the types otherwise."""
     types = list(cluster.device_types())
@@ -124,7 +124,7 @@ class PlanRequest:
         if self.memory_by_kind:
             if self.memory_bytes is not None:
                 raise FieldError("memory_by_kind", "one budget for every device or one per device type, not both")
-            resolved = _resolve_kinds(self.costs.cluster, self.memory_by_kind)
+            resolved = resolve_kinds(self.costs.cluster, self.memory_by_kind)
             object.__setattr__(self, "memory_by_kind", resolved)
             object.__setattr__(self, "costs", replace(self.costs, cluster=self.costs.cluster.with_memory_of_kinds(
                 dict(resolved))))

@@ -68,7 +68,6 @@ def run_ladder(args, w, cluster, started: float) -> int:
 def _print_rungs(rungs, args, w, document) -> None:
     from rich.table import Table
 
-    from paraplan.planners.ladder import rung_switch
     from paraplan.report.tables import console, human_bytes
 
     full = rungs[0].comparison.row(rungs[0].comparison.best)
@@ -85,17 +84,17 @@ def _print_rungs(rungs, args, w, document) -> None:
             table.add_row(str(k), ", ".join(rung.dropped) or "-", str(rung.cluster.n_devices), "-",
                           "nothing fits", "-", "-", "-", "-", "-", "-")
             continue
-        switch = rung_switch(rung) if k else None
+        switch = document["rungs"][k]["switch"]  # priced once, in ladder_document
         table.add_row(str(k), ", ".join(rung.dropped) or "-", str(rung.cluster.n_devices), result.best, best.shape,
                       f"{best.iteration_s:.4g} s", f"{best.throughput:.4g}", f"{best.throughput / full.throughput:.0%}",
-                      human_bytes(max(switch.read_bytes.values())) if switch else "-",
-                      f"{switch.restart_s:.3g} s" if switch else "-",
+                      human_bytes(switch["most_read_bytes"]) if switch else "-",
+                      f"{switch['restart_s']:.3g} s" if switch else "-",
                       f"{g['samples_per_s']:.4g} ({g['useful']:.1%})" if (g := document["rungs"][k]["goodput"]) else "-")
     out = console()
     out.print(table)
     if len(rungs) > 1:
-        switch = rung_switch(rungs[1]) if rungs[1].comparison.best else None
-        storage = switch.storage_source if switch else "as the cluster file says"
+        switch = document["rungs"][1]["switch"]
+        storage = switch["storage"] if switch else "as the cluster file says"
         out.print("reads: the most any device of the rung reads from the last checkpoint to load its plan; restart: "
                   f"the reads at the storage's bandwidth, then one iteration (costs/restart.py; storage {storage})")
     mtbf = document["node_mtbf_h"]

@@ -23,9 +23,8 @@ def auto_interval(args, config, plan, spec):
     storage's default where the plan's cluster cannot be loaded, as a ladder rung's)."""
     from dataclasses import replace
 
-    from paraplan.costs.goodput import LLAMA3_NODE_MTBF_H, checkpoint_write_s, young_interval
+    from paraplan.costs.goodput import LLAMA3_NODE_MTBF_H, plan_checkpoint_s, young_interval
     from paraplan.hardware import load_cluster
-    from paraplan.hardware.cluster import DEFAULT_STORAGE
 
     if not args.checkpoint_dir:
         raise ParaplanError("--checkpoint-every auto: needs --checkpoint-dir")
@@ -34,16 +33,14 @@ def auto_interval(args, config, plan, spec):
                             "writes one)")
     try:
         cluster = load_cluster(args.cluster or plan.cluster)
-        nodes = [cluster.nodes[n] for n in sorted({cluster.devices[d].node for d in plan.devices})]
+        cluster.devices[max(plan.devices)]  # the plan's devices are the cluster's
     except (ParaplanError, IndexError):
-        cluster, nodes = None, []
-    storage = (cluster.storage if cluster is not None else None) or DEFAULT_STORAGE
-    ports = sum(n.network.bandwidth_bytes_per_s for n in nodes) or storage.shared_read_bytes_per_s
-    write = checkpoint_write_s(sum(layer.param_count for layer in spec.layers), storage.shared_read_bytes_per_s, ports)
-    tau = young_interval(write, LLAMA3_NODE_MTBF_H * 3600.0 / max(1, len(nodes)))
+        cluster = None
+    write, nodes = plan_checkpoint_s(plan.devices, cluster, sum(layer.param_count for layer in spec.layers))
+    tau = young_interval(write, LLAMA3_NODE_MTBF_H * 3600.0 / nodes)
     every = max(1, round(tau / plan.prediction.iteration_s))
     if not args.json:
         print(f"checkpoints every {every} steps: Young's interval {tau:.4g} s (a checkpoint written in {write:.3g} s, "
-              f"a node failing every {LLAMA3_NODE_MTBF_H:,.0f} h over {max(1, len(nodes))} node(s)) over the "
+              f"a node failing every {LLAMA3_NODE_MTBF_H:,.0f} h over {nodes} node(s)) over the "
               f"predicted {plan.prediction.iteration_s:.4g} s an iteration")
     return replace(config, checkpoint_every=every)

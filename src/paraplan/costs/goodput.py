@@ -70,16 +70,26 @@ def ladder_goodput(rungs: list[Goodput], nodes: int, node_mtbf_h: float) -> floa
     return sum(t * g.goodput for t, g in zip(times, rungs, strict=True)) / sum(times)
 
 
-def plan_goodput(plan, throughput: float, iteration_s: float, cm, node_mtbf_h: float) -> Goodput:
-    """A plan's goodput on `cm`'s cluster: over the nodes it uses, its checkpoint written through
-    their ports and the shared storage, its restart as costs/restart.py prices loading it."""
-    from paraplan.costs.restart import switch_cost
+def plan_checkpoint_s(devices, cluster, param_count: float) -> tuple[float, int]:
+    """(C, the nodes used): a checkpoint of `param_count` parameters written by the nodes holding
+    `devices`, through their ports and the cluster's shared storage (one node at the default
+    storage when `cluster` is None: a plan whose cluster cannot be loaded)."""
     from paraplan.hardware.cluster import DEFAULT_STORAGE
 
-    cluster = cm.cluster
-    nodes = sorted({cluster.devices[d].node for d in plan.devices})
-    storage = cluster.storage or DEFAULT_STORAGE
-    ports = sum(cluster.nodes[n].network.bandwidth_bytes_per_s for n in nodes)
-    write = checkpoint_write_s(sum(layer.param_count for layer in cm.model.layers), storage.shared_read_bytes_per_s,
-                               ports)
-    return goodput(throughput, len(nodes), node_mtbf_h, write, switch_cost(plan, cm, iteration_s).restart_s)
+    nodes = sorted({cluster.devices[d].node for d in devices}) if cluster is not None else []
+    storage = (cluster.storage if cluster is not None else None) or DEFAULT_STORAGE
+    ports = sum(cluster.nodes[n].network.bandwidth_bytes_per_s for n in nodes) or storage.shared_read_bytes_per_s
+    return checkpoint_write_s(param_count, storage.shared_read_bytes_per_s, ports), max(1, len(nodes))
+
+
+def plan_goodput(plan, throughput: float, iteration_s: float, cm, node_mtbf_h: float, restart_s: float | None = None
+                 ) -> Goodput:
+    """A plan's goodput on `cm`'s cluster: over the nodes it uses, its checkpoint written through
+    their ports and the shared storage, its restart as costs/restart.py prices loading it (or
+    `restart_s`, where the caller priced it)."""
+    from paraplan.costs.restart import switch_cost
+
+    write, nodes = plan_checkpoint_s(plan.devices, cm.cluster, sum(layer.param_count for layer in cm.model.layers))
+    if restart_s is None:
+        restart_s = switch_cost(plan, cm, iteration_s).restart_s
+    return goodput(throughput, nodes, node_mtbf_h, write, restart_s)

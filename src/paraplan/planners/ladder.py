@@ -69,16 +69,15 @@ def fallback_ladder(request: PlanRequest, cluster: Cluster, fallbacks: int, comp
     return out
 
 
-def rung_goodput(rung: Rung, node_mtbf_h: float):
-    """The rung's best plan's goodput (costs/goodput.py) on the rung's cluster; None where nothing
-    fits or its switch is not priced (an operator placement)."""
+def rung_goodput(rung: Rung, node_mtbf_h: float, switch=None):
+    """The rung's best plan's goodput (costs/goodput.py) on the rung's cluster, its restart `switch`'s
+    (rung_switch: priced once by the caller); None where nothing fits or the switch is not priced."""
     from paraplan.costs.goodput import plan_goodput
 
-    result = rung.comparison
-    if not result.best or rung.costs is None or rung_switch(rung) is None:
+    if switch is None or not rung.comparison.best:
         return None
-    best = result.row(result.best)
-    return plan_goodput(best.plan, best.throughput, best.iteration_s, rung.costs, node_mtbf_h)
+    best = rung.comparison.row(rung.comparison.best)
+    return plan_goodput(best.plan, best.throughput, best.iteration_s, rung.costs, node_mtbf_h, switch.restart_s)
 
 
 def ladder_document(rungs: list[Rung], model: str, global_batch: int, plan_to_dict, node_mtbf_h: float) -> dict:
@@ -89,11 +88,12 @@ def ladder_document(rungs: list[Rung], model: str, global_batch: int, plan_to_di
 
     out, goodputs = [], []
     for k, rung in enumerate(rungs):
-        g = rung_goodput(rung, node_mtbf_h)
-        goodputs.append(g)
         result = rung.comparison
         best = result.row(result.best) if result.best else None
-        switch = rung_switch(rung) if k and best is not None and rung.costs is not None else None  # None: unpriced
+        priced = rung_switch(rung) if best is not None and rung.costs is not None else None  # None: unpriced
+        g = rung_goodput(rung, node_mtbf_h, priced)
+        goodputs.append(g)
+        switch = priced if k else None  # rung 0 is where the run starts: no switch into it
         out.append({"dropped": list(rung.dropped), "cluster": rung.cluster.name, "devices": rung.cluster.n_devices,
                     "nodes": [n.name for n in rung.cluster.nodes],
                     "planner": result.best, "iteration_s": best.iteration_s if best else None,

@@ -19,6 +19,15 @@ microbenchmark figures, typed in from their sources, and never to those runs:
         node, NVLink 4, ring with NVLS off, 367.61 GB/s; A100 234.89): the book's H200 sweep itself
         reports NVLink SHARP (NCCL's NVLS reduces inside the switch, past the wire's rate), which a
         ring model cannot use.
+  NVLS  NCCL's NVLink SHARP all-reduce inside one Hopper node (the switch reduces; issue 48 item 3):
+        (alpha, beta) of t = alpha + 2(n-1)/n M / beta fitted, least squares on log time, to
+        nccl-tests' all_reduce_perf on one 8 x H200 node (NVLink 4, as the H100's), NVLS on by
+        default (Bekman, ml-engineering, network/benchmarks/README.md, "How the calls are timed",
+        its nccl-tests column, 32 KiB to 16 GiB, at commit 0cc3de5; NCCL 2.30.7). The curve is NCCL's
+        own choice at each size, so the model fitted is NCCL's: the faster of the H100 ring above and
+        NVLS, over the rows from 1 MiB up (below it NCCL runs the ring's low-latency protocols, which
+        the ring model's one latency does not follow). Across nodes NCCL's tree is priced by NCCL's
+        own tuning model (costs/collectives.py), for want of a public multi-node DGX curve.
 
 Not fitted, said in the presets: the size at which a kernel reaches half its efficiency
 (half_efficiency_flops; no public sweep by kernel size was found; at the published runs' sizes,
@@ -56,6 +65,15 @@ NCCL_RANKS = 8
 NVLINK3_GBPS = 300.0  # per direction per GPU (datasheet)
 # same book, network/README.md, the table under the H200 sweep: busbw at 16 GiB, ring
 A100_RING_BUSBW_16GIB, H200_RING_BUSBW_16GIB = 234.89, 367.61
+# same book, network/benchmarks/README.md, "How the calls are timed": nccl-tests all_reduce_perf on
+# one 8 x H200 node, NVLS on (NCCL's default on an NVSwitch Hopper node): (bytes, bus GB/s)
+_KIB, _MIB, _GIB = 2**10, 2**20, 2**30
+NCCL_H200_NVLS_ALLREDUCE_BUSBW = (
+    (32 * _KIB, 3.20), (64 * _KIB, 6.26), (128 * _KIB, 12.40), (256 * _KIB, 24.63), (512 * _KIB, 48.30),
+    (1 * _MIB, 72.45), (2 * _MIB, 91.48), (4 * _MIB, 139.97), (8 * _MIB, 182.03), (16 * _MIB, 242.45),
+    (32 * _MIB, 298.44), (64 * _MIB, 369.82), (128 * _MIB, 411.21), (256 * _MIB, 442.27), (512 * _MIB, 455.82),
+    (1 * _GIB, 464.00), (2 * _GIB, 468.31), (4 * _GIB, 473.10), (8 * _GIB, 475.16), (16 * _GIB, 480.70))
+NVLS_FIT_FROM_BYTES = _MIB
 
 
 def fit_ring_allreduce(rows=NCCL_A100_ALLREDUCE, n: int = NCCL_RANKS) -> tuple[float, float]:
@@ -71,10 +89,27 @@ def fit_ring_allreduce(rows=NCCL_A100_ALLREDUCE, n: int = NCCL_RANKS) -> tuple[f
     return float(alphas[0, j, 0]), float(betas[i, 0, 0])
 
 
+def fit_nvls_allreduce(ring_alpha: float, ring_beta: float, rows=NCCL_H200_NVLS_ALLREDUCE_BUSBW,
+                       n: int = NCCL_RANKS) -> tuple[float, float]:
+    """(alpha seconds, beta bytes/s) of NVLS's t = alpha + 2(n-1)/n M / beta minimising the squared
+    log error of min(ring, NVLS) (what NCCL picks) over the rows from NVLS_FIT_FROM_BYTES up."""
+    sizes = np.array([r[0] for r in rows if r[0] >= NVLS_FIT_FROM_BYTES], float)
+    times = 2 * (n - 1) / n * sizes / (np.array([r[1] for r in rows if r[0] >= NVLS_FIT_FROM_BYTES]) * 1e9)
+    ring = 2 * (n - 1) * ring_alpha + 2 * (n - 1) / n * sizes / ring_beta
+    betas = np.geomspace(200e9, 800e9, 1201)[:, None, None]
+    alphas = np.geomspace(0.5e-6, 200e-6, 1201)[None, :, None]
+    model = np.minimum(alphas + 2 * (n - 1) / n * sizes[None, None, :] / betas, ring[None, None, :])
+    err = np.sum(np.log(model / times) ** 2, axis=2)
+    i, j = np.unravel_index(int(np.argmin(err)), err.shape)
+    return float(alphas[0, j, 0]), float(betas[i, 0, 0])
+
+
 def fitted() -> dict:
     alpha, beta = fit_ring_allreduce()
     ratio = beta / (NVLINK3_GBPS * 1e9)
     h100_beta = beta * H200_RING_BUSBW_16GIB / A100_RING_BUSBW_16GIB
+    # the H100 ring as the preset carries it (3 significant figures), then NVLS beside it
+    nvls_alpha, nvls_beta = fit_nvls_allreduce(float(f"{alpha:.2g}"), float(f"{h100_beta:.3g}"))
     return {
         "gemm_max_efficiency": {name: round(m / peak, 3) for name, (m, peak) in MAMF_TFLOPS.items()},
         "nvlink": {
@@ -83,6 +118,8 @@ def fitted() -> dict:
                           "latency_s": float(f"{alpha:.2g}")},
             "fitted_fraction_of_wire": round(ratio, 3),
         },
+        "nvls": {"h100-80gb": {"bandwidth_bytes_per_s": float(f"{nvls_beta:.3g}"),
+                               "latency_s": float(f"{nvls_alpha:.2g}")}},
     }
 
 
@@ -98,7 +135,7 @@ def figure(result: dict, path: Path) -> None:
     n = NCCL_RANKS
     model = 2 * (n - 1) * link["latency_s"] + 2 * (n - 1) / n * sizes / link["bandwidth_bytes_per_s"]
     bus = 2 * (n - 1) / n * sizes
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     ax.semilogx(sizes, bus / times / 1e9, "o", color="#9aa5b1", label="nccl-tests, 8 x A100 (measured)")
     ax.semilogx(sizes, bus / model / 1e9, "-", color="#3b6fb6",
                 label=f"ring model: alpha {link['latency_s'] * 1e6:.1f} us, beta {link['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s")
@@ -107,6 +144,23 @@ def figure(result: dict, path: Path) -> None:
     ax.set_title("NVLink 3 all-reduce: the fit the dgx-a100-80gb preset uses")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
+    # NVLS: NCCL's choice on an 8 x H200 node against min(ring, NVLS) as the h100 preset prices it
+    h_sizes = np.array([r[0] for r in NCCL_H200_NVLS_ALLREDUCE_BUSBW], float)
+    h_bus = np.array([r[1] for r in NCCL_H200_NVLS_ALLREDUCE_BUSBW])
+    ring_h, nvls = result["nvlink"]["h100-80gb"], result["nvls"]["h100-80gb"]
+    h_bytes = 2 * (n - 1) / n * h_sizes
+    t_ring = 2 * (n - 1) * ring_h["latency_s"] + h_bytes / ring_h["bandwidth_bytes_per_s"]
+    t_nvls = nvls["latency_s"] + h_bytes / nvls["bandwidth_bytes_per_s"]
+    ax2.semilogx(h_sizes, h_bus, "o", color="#9aa5b1", label="nccl-tests, 8 x H200, NVLS on (measured)")
+    ax2.semilogx(h_sizes, h_bytes / t_ring / 1e9, ":", color="#9a6fb6", label="ring model (h100 preset)")
+    ax2.semilogx(h_sizes, h_bytes / np.minimum(t_ring, t_nvls) / 1e9, "-", color="#3b6fb6",
+                 label=f"min(ring, NVLS): NVLS alpha {nvls['latency_s'] * 1e6:.0f} us, "
+                       f"beta {nvls['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s")
+    ax2.axvline(NVLS_FIT_FROM_BYTES, color="#cccccc", lw=1)
+    ax2.set_xlabel("all-reduce payload (bytes)")
+    ax2.set_title("NVLink 4 with NVLS (fitted from 1 MiB up)")
+    ax2.grid(alpha=0.3)
+    ax2.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

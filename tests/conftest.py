@@ -17,7 +17,8 @@ def _machine_calibration_fixture() -> None:
     cache = tempfile.mkdtemp(prefix="paraplan-test-cache-")
     os.environ["XDG_CACHE_HOME"] = cache
     from paraplan.hardware.cluster import NodeSpec
-    from paraplan.hardware.cluster_file import read_cluster_file, write_cluster_file
+    from paraplan.hardware.cluster_file import read_cluster_file
+    from paraplan.hardware.cluster_write import write_cluster_file
     from paraplan.profiling.calibration_cache import entry_path, machine_key, write_key
 
     fixture = read_cluster_file(Path(__file__).parent / "fixtures" / "local-calibrated.toml")

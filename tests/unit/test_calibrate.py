@@ -10,7 +10,8 @@ from paraplan.cli import main
 from paraplan.costs.calibration_fit import LayerSamples, _predict, fit_compute
 from paraplan.costs.model import RuntimeOverheads, analytic_cost_model
 from paraplan.hardware import load_cluster
-from paraplan.hardware.cluster_file import read_cluster_file, write_cluster_file
+from paraplan.hardware.cluster_file import read_cluster_file
+from paraplan.hardware.cluster_write import write_cluster_file
 from paraplan.models import measure, zoo
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
 from paraplan.runtime.launcher.prove import check_runs_here, one_process_plan, spearman

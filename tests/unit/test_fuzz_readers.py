@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from paraplan.cli.args import batch_arg, memory_arg, parse_sizes
 from paraplan.errors import ParaplanError
 from paraplan.hardware.cluster import Cluster
-from paraplan.hardware.cluster_file import cluster_from_dict, cluster_to_dict, read_cluster_file
+from paraplan.hardware.cluster_file import cluster_from_dict, read_cluster_file
+from paraplan.hardware.cluster_write import cluster_to_dict
 from paraplan.hardware.presets import load_cluster
 from paraplan.plans.plan import Plan
 from paraplan.plans.plan_file import plan_from_dict, plan_from_json, plan_to_json, read_plan

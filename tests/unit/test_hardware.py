@@ -4,7 +4,8 @@ import pytest
 
 from paraplan.errors import ParaplanError, UnknownNameError
 from paraplan.hardware import load_cluster, preset_names
-from paraplan.hardware.cluster_file import ClusterFileError, read_cluster_file, write_cluster_file
+from paraplan.hardware.cluster_file import ClusterFileError, read_cluster_file
+from paraplan.hardware.cluster_write import write_cluster_file
 
 PRESETS = {
     # name: (devices, nodes, device type)
@@ -226,6 +227,9 @@ def test_heterogeneous_cluster_round_trips(tmp_path):
     (lambda t: t.replace("network = { bandwidth_bytes_per_s = 1e9, latency_s = 2e-5 }", ""), "nodes[1].network"),
     (lambda t: t.replace("max_efficiency = 0.7", "max_efficiency = 1.5"), "max_efficiency"),
     (lambda t: t + "\n[[[broken", "malformed TOML"),
+    (lambda t: t.replace('name = "b"', 'name = "b"\nalgorithms = ["tree"]'), "nodes[1].algorithms: expected a list of ring"),
+    (lambda t: t.replace('name = "b"', 'name = "b"\nalgorithms = ["ring", "butterfly"]'), "nodes[1].algorithms"),
+    (lambda t: t.replace('name = "b"', 'name = "b"\nalgorithms = ["ring", "nvls"]'), "nvls in algorithms needs"),
 ])
 def test_bad_cluster_files_name_the_field(tmp_path, edit, message):
     path = tmp_path / "bad.toml"
@@ -266,4 +270,6 @@ def test_a_ring_across_nodes_uses_a_rail_per_gpu_of_the_group():
     one_port = dc_replace(cluster, nodes=tuple(dc_replace(node, rails=1) for node in cluster.nodes))
     assert one_port.slowest_link(tuple(range(32))).bandwidth_bytes_per_s == port.bandwidth_bytes_per_s
     # inside one node nothing changes
-    assert cluster.slowest_link(tuple(range(8))) == cluster.nodes[0].intra_link
+    inside = cluster.slowest_link(tuple(range(8)))
+    assert (inside.bandwidth_bytes_per_s, inside.latency_s) == (cluster.nodes[0].intra_link.bandwidth_bytes_per_s,
+                                                                  cluster.nodes[0].intra_link.latency_s)

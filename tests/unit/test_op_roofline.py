@@ -14,7 +14,8 @@ from paraplan.costs.analytic import analytic_costs
 from paraplan.costs.op_roofline import OperatorTime, gemm_seconds, pass_seconds
 from paraplan.hardware import load_cluster
 from paraplan.hardware.cluster import DeviceSpec, LinkSpec
-from paraplan.hardware.cluster_file import ClusterFileError, cluster_from_dict, cluster_to_dict
+from paraplan.hardware.cluster_file import ClusterFileError, cluster_from_dict
+from paraplan.hardware.cluster_write import cluster_to_dict
 from paraplan.models.attention_kernel import SdpaKernel
 from paraplan.models.op_inventory import OpInventory, fit_pass
 from paraplan.models.spec import Affine, Gemm, MemoryOp, PassOps

@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from paraplan.cli.plan_runs import BUSY_LOAD, load_average
-    from paraplan.hardware.cluster_file import write_cluster_file
+    from paraplan.hardware.cluster_write import write_cluster_file
     from paraplan.profiling.calibrate import calibrate
     from paraplan.report.tables import console
 
@@ -39,7 +39,7 @@ def run(args) -> int:
 
         cached = store(Path(args.out))
     if args.json:
-        from paraplan.hardware.cluster_file import cluster_to_dict
+        from paraplan.hardware.cluster_write import cluster_to_dict
 
         print(json.dumps({"schema": "paraplan.calibrate/1", "out": args.out,
                           "cluster": cluster_to_dict(result.cluster, result.evidence)}, indent=1))

@@ -57,7 +57,7 @@ def run_clusters(args) -> int:
 
     clusters = [load_cluster(n) for n in preset_names()]
     if args.json:
-        from paraplan.hardware.cluster_file import cluster_to_dict
+        from paraplan.hardware.cluster_write import cluster_to_dict
 
         print(json.dumps([cluster_to_dict(c) for c in clusters], indent=2))
     else:

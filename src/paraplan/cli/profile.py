@@ -142,7 +142,7 @@ def run_links(args) -> int:
 
     from paraplan.hardware import load_cluster
     from paraplan.hardware.cluster import Cluster, LinkSpec
-    from paraplan.hardware.cluster_file import write_cluster_file
+    from paraplan.hardware.cluster_write import write_cluster_file
     from paraplan.profiling.links import profile_links
     from paraplan.report.tables import console, links_report
 

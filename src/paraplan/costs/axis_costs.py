@@ -7,7 +7,7 @@ the batch); byte counts are of that slice, before the tensor and context splits.
 
 from __future__ import annotations
 
-from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
+from paraplan.costs.collectives import allreduce_s, ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
 from paraplan.costs.expert_costs import dense_param_bytes
 from paraplan.hardware.cluster import LinkSpec
 from paraplan.models.spec import LayerSpec, ModelSpec
@@ -22,14 +22,17 @@ def tensor_s(layer: LayerSpec, local: float, strategy: LayerStrategy, link: Link
     (Korthikanti et al. 2022 §4.2.2). What is all-reduced is the row-parallel linear's output, in
     the compute dtype (`compute_bytes` per element): under autocast the block's output (the residual
     stream) is fp32, the output projection's bf16 (checked on the CPU with a bf16 run: o_proj and
-    down_proj return bf16, the block fp32). (forward s, backward s); 0 without tp."""
+    down_proj return bf16, the block fp32). Without sequence parallelism the all-reduce runs on the
+    fastest algorithm the group has (NVLS on a Hopper node); with it, the reduce-scatter and the
+    all-gather stay rings (costs/collectives.py). (forward s, backward s); 0 without tp."""
     tp, cp = strategy.tp, strategy.cp
     if tp <= 1:
         return 0.0, 0.0
     scale = compute_bytes / layer.output_element_bytes if compute_bytes and layer.output_element_bytes else 1.0
     scale = min(scale, 1.0)
-    return (2 * ring_allreduce_s(layer.output_bytes.at(local) * scale / cp, tp, link),
-            2 * ring_allreduce_s(layer.output_grad_bytes.at(local) * scale / cp, tp, link))
+    reduce = ring_allreduce_s if strategy.sequence_parallel else allreduce_s
+    return (2 * reduce(layer.output_bytes.at(local) * scale / cp, tp, link),
+            2 * reduce(layer.output_grad_bytes.at(local) * scale / cp, tp, link))
 
 
 def attention_flops(layer: LayerSpec, local: float) -> float:

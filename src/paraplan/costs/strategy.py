@@ -57,7 +57,7 @@ from paraplan.costs.axis_costs import (
     tensor_s,
     zero2_reduce_scatter_s,
 )
-from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
+from paraplan.costs.collectives import allreduce_s, ring_allgather_s, ring_reducescatter_s
 from paraplan.costs.deepep import node_limited_link
 from paraplan.costs.expert_costs import (
     all_to_all_link,
@@ -273,7 +273,7 @@ def dp_sync_s(strategy: LayerStrategy, sync_bytes: float, dp_link: LinkSpec) -> 
     reduce-scatters are in every backward (`layer_time`)."""
     if strategy.sync_degree <= 1 or not sync_bytes:
         return 0.0
-    return (ring_reducescatter_s if strategy.zero else ring_allreduce_s)(sync_bytes, strategy.sync_degree,
+    return (ring_reducescatter_s if strategy.zero else allreduce_s)(sync_bytes, strategy.sync_degree,
                                                                            dp_link)
 
 
@@ -283,7 +283,7 @@ def expert_sync_s(model: ModelSpec, index: int, strategy: LayerStrategy, link: L
     nbytes, replicas = expert_sync(model.layers[index], strategy)
     if replicas <= 1 or strategy.zero >= 2:  # ZeRO-2's reduce-scatters are in the backward (not modelled apart)
         return 0.0
-    return (ring_reducescatter_s if strategy.zero else ring_allreduce_s)(nbytes, replicas, link)
+    return (ring_reducescatter_s if strategy.zero else allreduce_s)(nbytes, replicas, link)
 
 
 def zero_gather_layer_s(model: ModelSpec, index: int, strategy: LayerStrategy, dp_link: LinkSpec,

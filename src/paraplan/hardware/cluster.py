@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 from functools import cached_property
-from itertools import pairwise
 
 from paraplan.errors import ParaplanError
+from paraplan.hardware.links import GroupLink, LinkSpec, group_link
 
 
 @dataclass(frozen=True)
@@ -112,19 +112,6 @@ class PrecisionError(ParaplanError):
 
 
 @dataclass(frozen=True)
-class LinkSpec:
-    """alpha + bytes / beta (FD-DPS Definition 4; Hockney's model)."""
-
-    bandwidth_bytes_per_s: float  # beta
-    latency_s: float  # alpha
-
-    def transfer_s(self, nbytes: float) -> float:
-        if nbytes <= 0:
-            return 0.0
-        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
-
-
-@dataclass(frozen=True)
 class RuntimeOverheads:
     """What the runtime (torch.distributed.pipelining on gloo) costs beyond compute and transfers.
 
@@ -220,6 +207,11 @@ class NodeSpec:
     # a collective whose group has k GPUs on the node sends over min(k, rails) of them (NCCL runs one
     # ring channel per rail); 1: one port the node's GPUs share
     rails: int = 1
+    # the collective algorithms the node's library picks among (hardware/links.py): ring always;
+    # NCCL's tree across nodes; NVLS (NVLink SHARP) inside an NVSwitch node of Hopper or later,
+    # `nvls` its all-reduce's alpha and bus bandwidth
+    algorithms: tuple[str, ...] = ("ring",)
+    nvls: LinkSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -296,29 +288,15 @@ class Cluster:
         return LinkSpec(bandwidth_bytes_per_s=min(na.bandwidth_bytes_per_s, nb.bandwidth_bytes_per_s),
                         latency_s=max(na.latency_s, nb.latency_s))
 
-    def slowest_link(self, group: tuple[int, ...]) -> LinkSpec:
-        """The bottleneck link of a ring over `group` (what bounds a ring collective)."""
-        if len(group) < 2:
-            return LinkSpec(bandwidth_bytes_per_s=float("inf"), latency_s=0.0)
+    def slowest_link(self, group: tuple[int, ...]) -> GroupLink:
+        """What a collective over `group` runs on: its ring's bottleneck link, and the other
+        algorithms its library may pick (hardware/links.py: group_link)."""
         # memoised per group: the simulator asks for every layer of every stage (a hybrid plan on
         # 1,024 devices: 82 layers x 3 dimensions x groups of up to 128, 5.7 M links per 300 plans)
         cache = self.__dict__.setdefault("_ring_links", {})
         key = tuple(group)
         if key not in cache:
-            ring = list(group) + [group[0]]
-            links = [self.link(x, y) for x, y in pairwise(ring)]
-            bandwidth = min(lk.bandwidth_bytes_per_s for lk in links)
-            per_node = Counter(self.devices[d].node for d in group)
-            if len(per_node) > 1:
-                # across nodes: each node's traffic leaves over as many rails as it has group members
-                # (NCCL's channels, one per rail; 2 (n-1)/n M bytes leave each node in all), so the
-                # ring's inter-node hops carry min(k, rails) ports' bandwidth; the nodes' own links
-                # (a ring's intra-node hops) still bound it
-                inter = min(self.nodes[n].network.bandwidth_bytes_per_s * min(k, self.nodes[n].rails)
-                            for n, k in per_node.items())
-                intra = [self.nodes[n].intra_link.bandwidth_bytes_per_s for n, k in per_node.items() if k > 1]
-                bandwidth = min([inter, *intra])
-            cache[key] = LinkSpec(bandwidth_bytes_per_s=bandwidth, latency_s=max(lk.latency_s for lk in links))
+            cache[key] = group_link(self, key)
         return cache[key]
 
     def with_memory(self, memory_bytes: int) -> Cluster:

@@ -26,6 +26,8 @@
     devices = ["v100-32gb"]                # one entry per device; types may be mixed
     intra_link = { bandwidth_bytes_per_s = 12e9, latency_s = 1e-5 }
     network = { bandwidth_bytes_per_s = 1.175e9, latency_s = 5e-5 }
+    rails = 1                              # optional: network ports (a DGX: one per GPU)
+    algorithms = ["ring"]                  # optional: + "tree", "nvls" (NCCL's, with nvls = {...})
 
     [runtime]                              # optional: the runtime's measured overheads
     rendezvous = true                      # (written by `paraplan calibrate`)
@@ -64,6 +66,8 @@ from paraplan.hardware.cluster import (
     StorageSpec,
     canonical_node_order,
 )
+from paraplan.hardware.cluster_write import FORMAT_VERSION, GIB
+from paraplan.hardware.links import algorithms_problem
 from paraplan.system.fileio import is_finite_number, read_text
 
 if sys.version_info >= (3, 11):
@@ -71,8 +75,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-FORMAT_VERSION = 1
-GIB = 2**30
 
 _DEVICE_FIELDS = {
     "peak_flops": "FLOP/s",
@@ -245,11 +247,14 @@ def cluster_from_dict(data: dict, origin: str) -> Cluster:
         if isinstance(rails, bool) or not isinstance(rails, int) or rails < 1:
             raise ClusterFileError(f"{where}.rails: expected the node's number of network ports, a positive "
                                    f"integer, got {rails!r}")
+        nvls = _link(f"{where}.nvls", node["nvls"]) if "nvls" in node else None
+        if problem := algorithms_problem(algorithms := node.get("algorithms", ["ring"]), nvls is not None):
+            raise ClusterFileError(f"{where}.algorithms: {problem}")
         base = str(node.get("name", f"node{i}"))
         for c in range(count):
-            nodes.append(NodeSpec(name=base if count == 1 else f"{base}{c}",
-                                  devices=tuple(types[d] for d in devices), intra_link=intra, network=network,
-                                  rails=rails))
+            nodes.append(NodeSpec(name=base if count == 1 else f"{base}{c}", devices=tuple(types[d] for d in devices),
+                                  intra_link=intra, network=network, rails=rails, algorithms=tuple(algorithms),
+                                  nvls=nvls))
     default = _default_precision(origin, data)
     if len({d.name for n in nodes for d in n.devices}) > 1:
         nodes = canonical_node_order(nodes, default)
@@ -344,57 +349,3 @@ def read_cluster_file(path: str | Path) -> Cluster:
         what = exc if isinstance(exc, ValueError) else "nested too deeply"
         raise ClusterFileError(f"{path}: malformed TOML: {what}") from None
     return cluster_from_dict(data, str(path))
-
-
-def cluster_to_dict(cluster: Cluster, calibration: dict | None = None) -> dict:
-    """The TOML-ready form of a cluster (nodes written one by one, device types deduplicated);
-    `calibration`: the measurements behind it, kept in the file for the record."""
-    types: dict[str, DeviceSpec] = {}
-    for node in cluster.nodes:
-        for d in node.devices:
-            types.setdefault(d.name, d)
-
-    def link(lk: LinkSpec) -> dict:
-        return {"bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s, "latency_s": lk.latency_s}
-
-    data = {
-        "format_version": FORMAT_VERSION,
-        "name": cluster.name,
-        "description": cluster.description,
-        "default_precision": cluster.default_precision,
-        "device_types": {
-            name: {"peak_flops": d.peaks if d.other_peaks else d.peak_flops, "memory_bandwidth_bytes_per_s": d.memory_bandwidth_bytes_per_s,
-                   "memory_gib": d.memory_bytes / GIB, "kernel_overhead_s": d.kernel_overhead_s,
-                   "max_efficiency": d.efficiencies if d.other_efficiencies else d.max_efficiency,
-                   "half_efficiency_flops": d.half_efficiency_flops,
-                   **({"sm_count": d.sm_count, "gemm_tile": list(d.gemm_tile),
-                       "attention_efficiency": d.attention_efficiency, "memory_efficiency": d.memory_efficiency}
-                      if d.sm_count else {}),
-                   "source": d.source}
-            for name, d in types.items()
-        },
-        "nodes": [{"name": n.name, "devices": [d.name for d in n.devices], "intra_link": link(n.intra_link),
-                   "network": link(n.network), **({"rails": n.rails} if n.rails > 1 else {})} for n in cluster.nodes],
-    }
-    if cluster.overheads is not None:
-        o = cluster.overheads
-        data["runtime"] = {"rendezvous": o.rendezvous, "action_s": o.action_s, "step_s": o.step_s,
-                           "compute_scale": o.compute_scale, "tp_kernel_s": o.tp_kernel_s, "sdp_layer_s": o.sdp_layer_s,
-                           "dp_sync_s": o.dp_sync_s,
-                           "optimizer_s_per_byte": o.optimizer_s_per_byte,
-                           **({"optimizer_curve": [list(p) for p in o.optimizer_curve]} if o.optimizer_curve else {}),
-                           **({"solo_step_s": o.solo_step_s} if o.solo_step_s is not None else {}),
-                           **({"exchange_s": o.exchange_s} if o.exchange_s else {}),
-                           "source": o.source}
-    if calibration:
-        data["calibration"] = calibration
-    return data
-
-
-def write_cluster_file(cluster: Cluster, path: str | Path, calibration: dict | None = None) -> None:
-    """Write atomically: a half-written cluster file is never left behind."""
-    import tomli_w
-
-    from paraplan.system.fileio import atomic_write_text
-
-    atomic_write_text(path, tomli_w.dumps(cluster_to_dict(cluster, calibration)))

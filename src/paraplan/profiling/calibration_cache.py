@@ -117,7 +117,8 @@ def machine_calibration(precision: str | None, *, allowed: bool = True,
     with `paraplan calibrate --quick` on every core (fp32), then, for bf16 / fp16, that precision's
     compute measured (profiling/calibrate_precision.py). `on_start(path)` is called before a
     measurement starts (to say so)."""
-    from paraplan.hardware.cluster_file import read_cluster_file, write_cluster_file
+    from paraplan.hardware.cluster_file import read_cluster_file
+    from paraplan.hardware.cluster_write import write_cluster_file
 
     precision = key_precision(precision)
 

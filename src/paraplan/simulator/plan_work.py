@@ -19,7 +19,7 @@ part of its gradient, over the stage group's slowest link (costs/strategy.py `sl
 from __future__ import annotations
 
 from paraplan.costs.axis_costs import overlap_saving
-from paraplan.costs.collectives import ring_allgather_s, ring_allreduce_s, ring_reducescatter_s
+from paraplan.costs.collectives import allreduce_s, ring_allgather_s, ring_reducescatter_s
 from paraplan.costs.expert_costs import (
     dense_param_bytes,
     expert_problem,
@@ -189,7 +189,7 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
             grads = _grad_bytes(cm, stage)
             out.append(StageSync(devices=group, buckets=_buckets(
                 plan.grad_sync, grads, bwd_times,
-                lambda a, b, g=grads, n=n_group, lk=link: ring_allreduce_s(sum(g[a:b]), n, lk))))
+                lambda a, b, g=grads, n=n_group, lk=link: allreduce_s(sum(g[a:b]), n, lk))))
         sync = tuple(out)
     return PipelineWork(schedule=plan.schedule, n_micro=plan.n_micro, replicas=tuple(replicas),
                         grad_sync=plan.grad_sync, sync=sync, n_devices=cm.cluster.n_devices,
@@ -283,7 +283,7 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
             for _, _, syncs in per_layer[a:b]:
                 for nbytes, group, zero in syncs:
                     groups[group, zero > 0] = groups.get((group, zero > 0), 0.0) + nbytes
-            return sum((ring_reducescatter_s if zero else ring_allreduce_s)(nbytes, len(g), cm.cluster.slowest_link(g))
+            return sum((ring_reducescatter_s if zero else allreduce_s)(nbytes, len(g), cm.cluster.slowest_link(g))
                        for (g, zero), nbytes in groups.items())
 
         sync.append(StageSync(devices=stage.devices, buckets=_buckets(

@@ -12,7 +12,7 @@ def test_the_guide_has_pages_and_commands():
     names = {p.relative_to(GUIDE).as_posix() for p in pages()}
     assert {"README.md", "cluster.md", "measure.md", "report.md", "torchrun.md", "methods/csimd.md",
             "methods/gropipe.md", "methods/galvatron.md", "methods/fddps.md", "methods/bipartition.md",
-            "llm-bf16.md", "schedules.md", "moe.md", "fp8.md", "mixed.md"} <= names
+            "llm-bf16.md", "schedules.md", "moe.md", "fp8.md", "mixed.md", "failures.md"} <= names
     assert all(commands(p) for p in pages()), "a guide page without a command to run"
 
 

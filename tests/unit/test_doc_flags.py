@@ -46,7 +46,7 @@ FOREIGN_PREFIXES = ("--parallelism.", "--training.", "--section.", "--compile.")
 FOREIGN = {
     # torchrun
     "--nnodes", "--nproc-per-node", "--node-rank", "--master-addr", "--master-port", "--rdzv-backend",
-    "--rdzv-endpoint",
+    "--rdzv-endpoint", "--max-restarts", "--rdzv-conf",
     # torchtitan (besides --section.key)
     "--config",
     # Megatron-LM
@@ -61,7 +61,7 @@ FOREIGN = {
     "--DDP-impl", "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--overlap-grad-reduce",
     "--overlap-param-gather", "--attention-dropout", "--hidden-dropout", "--norm-epsilon", "--rotary-base",
     "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-token-dispatcher-type", "--moe-grouped-gemm",
-    "--overlap-moe-expert-parallel-comm", "--moe-flex-dispatcher-backend",
+    "--overlap-moe-expert-parallel-comm", "--moe-flex-dispatcher-backend", "--tp-comm-overlap",
     # DeepSpeed
     "--deepspeed_config",
 }

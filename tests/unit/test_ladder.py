@@ -132,6 +132,33 @@ def test_a_switch_reads_what_each_device_holds_at_the_storages_bandwidth(tmp_pat
         load_cluster(str(bad))
 
 
+def test_what_a_switch_reads_depends_on_the_layout_the_checkpoint_was_saved_under():
+    """torch.distributed.checkpoint reads each saved piece that overlaps a device's shard whole. Two
+    plan pairs by hand: saved by one whole stage, loaded into TP2 (each TP rank reads every layer
+    whole: twice what it holds); saved in FSDP shards of 1/2, loaded as SDP2 (each reads its own half:
+    what it holds) or by one whole stage (both halves: what it holds, the whole)."""
+    from paraplan.costs.restart import switch_cost
+    from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
+
+    w = workload("gpt2-tiny", MIXED, batch=16)
+    n = w.request.n_layers
+    base = dict(model="gpt2-tiny", cluster="m", n_layers=n, global_batch=16, n_micro=1, schedule="gpipe",
+                grad_sync="none")
+    whole = Plan(**base, stages=(Stage(LayerRange(0, n), (0,)),))
+
+    def one_stage(**degrees):
+        return Plan(**base, stages=(Stage(LayerRange(0, n), (0, 1), strategies=(LayerStrategy(**degrees),) * n),))
+
+    tp2, sdp2 = one_stage(tp=2), one_stage(sdp=2)
+    held_tp2 = switch_cost(tp2, w.costs, 0.5).read_bytes
+    assert switch_cost(tp2, w.costs, 0.5, saved_under=whole).read_bytes == pytest.approx(
+        {d: 2 * b for d, b in held_tp2.items()})
+    held_sdp2 = switch_cost(sdp2, w.costs, 0.5).read_bytes
+    assert switch_cost(sdp2, w.costs, 0.5, saved_under=sdp2).read_bytes == pytest.approx(held_sdp2)
+    assert switch_cost(whole, w.costs, 0.5, saved_under=sdp2).read_bytes == pytest.approx(
+        switch_cost(whole, w.costs, 0.5).read_bytes)
+
+
 def test_goodput_is_youngs_closed_form():
     """tau = sqrt(2 C M_job), M_job = M_node / N; waste = C / tau + (tau / 2 + R) / M_job; a ladder's
     expected useful throughput weights rung k's goodput by M_node / (N - k)."""

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import sys
 
-from paraplan.cli.args import add_sizes, check_output
+from paraplan.cli.args import add_sizes
+from paraplan.cli.train_files import check_outputs, clear_rank_files
 from paraplan.cli.train_interval import auto_interval, every_arg
 from paraplan.cli.ui import BARS
 from paraplan.errors import FieldError, ParaplanError
 from paraplan.plans.kinds import PlanKind
-
-# what a run writes into --out-dir (runtime/pipeline/stage_loop.py, runtime/dag/dag_runtime.py, runtime/measure/compare.py): each must be a
-# regular file if it is there already (writes never replace a device, a FIFO or a link)
-RUN_FILES = ("losses.json", "steps_rank*.json", "timeline_rank*.json", "memory_rank*.json", "memory_dag_rank*.json",
-             "stage*.pt", "overheads.json", "measured.trace.json", "simulated.trace.json", "compare.png")
 
 
 def add_parser(sub) -> None:
@@ -45,6 +41,10 @@ def add_parser(sub) -> None:
                         "Llama 3's: costs/goodput.py)")
     p.add_argument("--resume", action="store_true",
                    help="continue from --checkpoint-dir (every stage's checkpoint is checked first)")
+    p.add_argument("--elastic", action="store_true",
+                   help="with a fallback ladder as --plan and --checkpoint-dir: when a rank is lost, carry on from the "
+                        "last checkpoint under the ladder's next rung on the ranks left (under torchrun: the rung of "
+                        "the world torchrun's elastic agent restarts with)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a rank gives up on a dead peer")
     p.add_argument("--compare", action="store_true", help="predicted vs measured iteration time, both timelines")
     p.add_argument("--cluster", default=None,
@@ -89,18 +89,28 @@ def _data_check(check, *args):
 
 def run(args) -> int:
     from paraplan.plans.ladder_file import read_plan_or_rung
-    from paraplan.runtime.launcher.launch import default_run_dir
-    from paraplan.workload import attention_here, cost_model, measured_model
 
+    if args.elastic:
+        from paraplan.cli.train_elastic import run_elastic
+
+        return run_elastic(args, run_plan)
     plan = read_plan_or_rung(args.plan, args.rung)
     if args.print_launch or _launch_flags_given(args):
         return _print_launch(args, plan)
+    return run_plan(args, plan)
+
+
+def run_plan(args, plan) -> int:
+    """`paraplan train` of one plan, once --plan is read (an elastic run calls it once a rung)."""
+    from paraplan.runtime.launcher.launch import default_run_dir
+    from paraplan.workload import attention_here, cost_model, measured_model
+
     model = args.model or plan.model
     if args.checkpoint_every == "auto" and not args.checkpoint_dir:  # before any work
         raise ParaplanError("--checkpoint-every auto: needs --checkpoint-dir")
     out_dir = args.out_dir or str(default_run_dir())  # ./runs/<date>-<time>, printed
     # every check before any work: where results go, the comparison's cluster, the checkpoints
-    _check_outputs(args, out_dir)
+    check_outputs(args, out_dir)
     config = _config(args, plan, model, out_dir)
     compare_cluster, overheads = _comparison(args, plan)
     # measured as this machine's ranks will run it: the plan's precision, PyTorch's attention kernel here
@@ -147,21 +157,10 @@ def _print_launch(args, plan) -> int:
     return 0
 
 
-def _check_outputs(args, out_dir: str) -> None:
-    from paraplan.runtime.state.checkpoints import FILES
-    from paraplan.system.fileio import output_problem
-
-    check_output("--out-dir", out_dir, directory=True)
-    if args.checkpoint_dir and not args.resume:
-        check_output("--checkpoint-dir", args.checkpoint_dir, directory=True)
-    for flag, directory, names in (("--out-dir", out_dir, RUN_FILES), ("--checkpoint-dir", args.checkpoint_dir, FILES)):
-        problem = output_problem(directory, directory=True, files=names) if directory else None
-        if problem:
-            raise ParaplanError(f"{flag}: {problem}")
-
-
 def _config(args, plan, model: str, out_dir: str):
     """The run's TrainConfig (validated once), after the data file and before the checkpoints."""
+    import os
+
     from paraplan.runtime.config import TrainConfig
     from paraplan.runtime.rank.data import check_file
     from paraplan.runtime.state.checkpoints import check_resume
@@ -178,7 +177,7 @@ def _config(args, plan, model: str, out_dir: str):
         from paraplan.runtime.state.checkpoints import resume_note
 
         note = resume_note(config, check_resume(config))
-        if note and not args.json:
+        if note and not args.json and os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 says it
             print(note)
     return config
 
@@ -266,6 +265,7 @@ def _launch(args, config, world: int, out_dir: str, torchrun: bool) -> bool:
     from paraplan.system.fileio import make_dirs_all, remove_if_empty, remove_temporaries
 
     created = make_dirs_all(out_dir, args.checkpoint_dir or None)
+    clear_rank_files(out_dir)  # a run of another plan here before: its ranks' files, some beyond this world
     if not args.out_dir and not args.json and (not torchrun or os.environ["RANK"] == "0"):
         print(f"writing to {out_dir}", flush=True)
     try:

@@ -87,10 +87,12 @@ def ladder_document(rungs: list[Rung], model: str, global_batch: int, plan_to_di
     from paraplan.costs.goodput import ladder_goodput
 
     out, goodputs = [], []
+    saved_under = None  # the plan the run was under when it lost a node: the rung before's (rung 0: its own)
     for k, rung in enumerate(rungs):
         result = rung.comparison
         best = result.row(result.best) if result.best else None
-        priced = rung_switch(rung) if best is not None and rung.costs is not None else None  # None: unpriced
+        priced = rung_switch(rung, saved_under) if best is not None and rung.costs is not None else None  # None: unpriced
+        saved_under = best.plan if best is not None else saved_under
         g = rung_goodput(rung, node_mtbf_h, priced)
         goodputs.append(g)
         switch = priced if k else None  # rung 0 is where the run starts: no switch into it
@@ -112,13 +114,16 @@ def ladder_document(rungs: list[Rung], model: str, global_batch: int, plan_to_di
             "node_mtbf_h": node_mtbf_h, "ladder_goodput_samples_per_s": whole, "rungs": out}
 
 
-def rung_switch(rung: Rung):
-    """What moving to this rung's best plan from the last checkpoint costs (costs/restart.py); None
-    for an operator placement (its runtime writes no checkpoints: runtime/dag/dag_runtime.py)."""
+def rung_switch(rung: Rung, saved_under=None):
+    """What moving to this rung's best plan from the last checkpoint, written under `saved_under`
+    (the rung before's plan; None: this one's), costs (costs/restart.py); None for an operator
+    placement (its runtime writes no checkpoints: runtime/dag/dag_runtime.py)."""
     from paraplan.costs.restart import switch_cost
     from paraplan.plans.kinds import PlanKind
 
     best = rung.comparison.row(rung.comparison.best)
     if best.plan.kind is PlanKind.OPERATORS:
         return None
-    return switch_cost(best.plan, rung.costs, best.iteration_s)
+    if saved_under is not None and saved_under.kind is PlanKind.OPERATORS:
+        saved_under = None  # an operator placement's run writes no checkpoint: counted as held
+    return switch_cost(best.plan, rung.costs, best.iteration_s, saved_under)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
+from paraplan.errors import ParaplanError
 from paraplan.runtime.config import TrainConfig
 from paraplan.system.localnet import free_port
 from paraplan.system.processes import WARM_MODULES, start_method
@@ -15,6 +16,15 @@ from paraplan.system.processes import WARM_MODULES, start_method
 # The ranks start from a forkserver that imported the runtime once per launching process
 # (system/processes.py); the launcher's environment is passed and applied in each rank.
 RANK_MODULES = WARM_MODULES
+
+
+class RankLost(ParaplanError):
+    """A rank's process ended without a word (killed, crashed, its machine gone), as opposed to a
+    rank that raised: what an elastic run (runtime/launcher/elastic.py) carries on from."""
+
+    def __init__(self, message: str, rank: int):
+        super().__init__(message)
+        self.rank = rank
 
 
 def spawn(config: TrainConfig, world: int) -> None:
@@ -26,29 +36,43 @@ def spawn(config: TrainConfig, world: int) -> None:
     import logging
     import tempfile
 
-    from paraplan.errors import ParaplanError
-
     # torch logs "Terminating process ..." for every survivor it stops; our one line says it all
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="paraplan-ranks-") as error_dir:
         context = mp.start_processes(worker_main, args=(world, free_port(), config, error_dir, dict(os.environ), os.getpid()),
                                      nprocs=world, join=False, start_method=start_method())
-        failure = None
+        failure, lost = None, None
         try:
             while not context.join():
                 pass
         except mp.ProcessExitedException as exc:
             # a rank gone without a word (a signal, os._exit): the others' errors are its consequences
-            failure = (f"training stopped: rank {exc.error_index} exited with code {exc.exit_code}; "
-                       "the other ranks were stopped")
+            failure, lost = (f"training stopped: rank {exc.error_index} exited with code {exc.exit_code}; "
+                             "the other ranks were stopped"), exc.error_index
         except mp.ProcessRaisedException as exc:
             failure = exc
+            # a rank that raised because a peer had already died (gloo's closed connection): the dead one
+            lost = _died_silently(context.processes, error_dir)
         finally:
             _stop(context.processes)
         if isinstance(failure, mp.ProcessRaisedException):
-            failure = rank_failure(error_dir, failure.error_index, str(failure))
+            failure = rank_failure(error_dir, failure.error_index, str(failure)) if lost is None else \
+                f"training stopped: rank {lost} exited with code {context.processes[lost].exitcode}; the other ranks were stopped"
         if failure is not None:
+            if lost is not None:
+                raise RankLost(failure, lost) from None
             raise ParaplanError(failure) from None
+
+
+def _died_silently(processes, error_dir: str) -> int | None:
+    """The first rank whose process has ended with a non-zero code without recording a failure."""
+    from paraplan.runtime.launcher.teardown import recorded_failures
+
+    recorded = {r["rank"] for r in recorded_failures(error_dir)}
+    for rank, process in enumerate(processes):
+        if process.exitcode not in (None, 0) and rank not in recorded:
+            return rank
+    return None
 
 
 def _stop(processes) -> None:
@@ -217,7 +241,20 @@ def run_under_torchrun(config: TrainConfig) -> dict:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
 
-    dist.init_process_group(backend(), timeout=datetime.timedelta(seconds=config.timeout_s))
+    timeout = datetime.timedelta(seconds=config.timeout_s)
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restart and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # a restart after torchrun's elastic agent re-rendezvoused (an elastic run, runtime/launcher/
+        # elastic.py): the agent hands the workers the same store every round, and the default group's
+        # keys of the last round (its gloo ranks' addresses, some of them dead) would be read again
+        # (gloo waits on them for ever); this round's keys under a prefix of their own
+        store = dist.PrefixStore(f"paraplan/restart{restart}", dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+            is_master=False, timeout=timeout))
+        dist.init_process_group(backend(), store=store, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    else:
+        dist.init_process_group(backend(), timeout=timeout)
     rank = dist.get_rank()
     try:
         result = train_rank(config)  # returns before the teardown: its objects are unreferenced by then

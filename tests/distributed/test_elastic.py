@@ -167,3 +167,27 @@ def test_under_torchrun_losing_a_node_shrinks_the_world_to_the_next_rung(tmp_pat
     assert len(json.loads((tmp_path / "out" / "losses.json").read_text())) == 40
     time.sleep(0.5)
     assert not _alive(victims)
+
+
+def test_killing_the_elastic_launcher_leaves_no_process_behind(tmp_path):
+    """The supervisor itself killed (SIGKILL) mid-run: its ranks and their forkserver end too (the
+    ranks watch the launcher: runtime/launcher/launch.py, die_with_launcher)."""
+    ck = tmp_path / "ck"
+    run = subprocess.Popen([sys.executable, "-m", "paraplan", "train", "--plan",
+                            str(ROOT / "examples" / "gpt2-tiny-ladder-4-3.json"), "--elastic", "--checkpoint-dir",
+                            str(ck), "--checkpoint-every", str(EVERY), "--steps", "400", "--out-dir",
+                            str(tmp_path / "out"), "--no-dropout"], env=ENV, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_checkpoint(ck, run)
+        tree = _tree(run.pid)
+        assert len(tree) >= 6, tree  # the launcher, its forkserver and 4 ranks
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait(timeout=30)
+        end = time.time() + 20
+        while _alive(tree) and time.time() < end:
+            time.sleep(0.1)
+        assert not _alive(tree)
+    finally:
+        if run.poll() is None:
+            run.kill()

@@ -54,8 +54,12 @@ def test_every_rung_plans_the_same_batch_on_what_is_left_within_its_share_of_the
 def test_the_command_writes_a_ladder_that_train_reads(tmp_path):
     out = tmp_path / "plan.json"
     res = run_paraplan("plan", "--model", "gpt2-tiny", "--cluster", MIXED, "--batch", "16", "--fallbacks", "1",
-                       "--out", str(out), "--time-limit", "60", "--quiet", env=ENV, timeout=300)
+                       "--out", str(out), "--time-limit", "60", "--quiet", "--report", str(tmp_path / "report"),
+                       env=ENV, timeout=300)
     assert res.returncode == 0, res.stderr
+    # the HTML report: rung 0's comparison, the rungs in a section of their own
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "<h2>Fallback ladder</h2>" in page and "<td>v100</td>" in page and "Every planner, with every node" in page
     ladder = json.loads((tmp_path / "plan.ladder.json").read_text())
     assert (ladder["format"], ladder["version"], ladder["global_batch"]) == ("paraplan.ladder", 1, 16)
     full, fewer = ladder["rungs"]

@@ -23,8 +23,7 @@ def check_ladder(args) -> None:
     """Before any work: the flags that go with --fallbacks, and where the ladder goes."""
     from paraplan.cli.args import check_output
 
-    for flag, value in (("--report", args.report), ("--prove", args.prove or None), ("--try-top", args.try_top),
-                        ("--engine", args.engine)):
+    for flag, value in (("--prove", args.prove or None), ("--try-top", args.try_top), ("--engine", args.engine)):
         if value is not None:
             raise ParaplanError(f"{flag}: not with --fallbacks yet (the ladder is a table of comparisons)")
     if args.fallbacks is None and (args.ladder or args.drop):
@@ -56,6 +55,14 @@ def run_ladder(args, w, cluster, started: float) -> int:
         raise ParaplanError(no_plan_reason(top, limit))
     write_plan(top.row(top.best).plan, args.out)
     atomic_write_text(ladder_path(args), json.dumps(document, indent=1))
+    if args.report:  # rung 0's comparison, the rungs in a section of their own
+        import sys
+
+        from paraplan.report.html import write_report
+        from paraplan.workload import model_flops_of
+
+        path = write_report(top, rungs[0].costs, args.report, model_flops_of(w.built, w.spec), ladder=document)
+        print(f"report written to {path}", file=sys.stderr if args.json else None)
     if args.json:
         print(json.dumps({**{k: v for k, v in document.items() if k != "rungs"}, "ladder": ladder_path(args),
                           "rungs": [{k: v for k, v in r.items() if k != "plan"} for r in document["rungs"]]},

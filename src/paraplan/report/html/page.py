@@ -36,21 +36,23 @@ from paraplan.system.fileio import atomic_write_text, make_dirs
 STATUS_ORDER = {"ok": 0, "infeasible": 1, "failed": 2, "timeout": 3, "refused": 4, "skipped": 5}
 
 
-def write_report(result, cm, out_dir, flops=None) -> Path:
+def write_report(result, cm, out_dir, flops=None, ladder: dict | None = None) -> Path:
     """Write `out_dir/index.html` (creating the directory) and return its path. `result` is an
     auto.Comparison, `cm` the CostModel its plans were judged with (for re-simulating timelines),
     `flops` the model's FLOPs per sample for MFU (costs/model_flops.py; by default counted from the
-    measured forward FLOPs, which knows no decoder's closed form: workload.model_flops_of does)."""
+    measured forward FLOPs, which knows no decoder's closed form: workload.model_flops_of does);
+    `ladder`: a fallback ladder's document (planners/ladder.py: ladder_document), `result` its rung 0's
+    comparison, the rungs shown in a section of their own."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ParaplanError(f"{out} exists and is not a directory")
     make_dirs(out)
     path = out / "index.html"
-    atomic_write_text(path, render(result, cm, flops))
+    atomic_write_text(path, render(result, cm, flops, ladder))
     return path
 
 
-def render(result, cm, flops=None) -> str:
+def render(result, cm, flops=None, ladder: dict | None = None) -> str:
     from paraplan.costs.model_flops import model_flops
 
     flops = flops if flops is not None else model_flops(cm.model)
@@ -64,7 +66,7 @@ def render(result, cm, flops=None) -> str:
              f"{_e(cm.source)} costs</p>",
              f'<div class="verdict {"" if best else "none"}">{_verdict(result, best, second, flops, cm.cluster)}</div>',
              _experts_line(best, cm),
-             "<h2>Every planner</h2>", _table(result, cm.cluster, flops)]
+             _ladder_section(ladder) if ladder else "<h2>Every planner</h2>", _table(result, cm.cluster, flops)]
     shown = [r for r in (best, second) if r is not None]
     if shown:
         parts.append("<h2>Timelines</h2><p>One iteration as the simulator plays it: compute on the upper band "
@@ -329,3 +331,30 @@ PAGE = """<!DOCTYPE html>
 simulator's, on the cost model the planners were judged with.</p>
 </main></body></html>
 """
+
+
+def _ladder_section(ladder: dict) -> str:
+    """The fallback ladder's rungs: each one's best plan, its throughput against the whole cluster's,
+    what switching to it reads and costs, its goodput (cli/plan_ladder.py prints the same table)."""
+    rungs = ladder["rungs"]
+    full = rungs[0]["throughput_samples_per_s"]
+    rows = []
+    for k, r in enumerate(rungs):
+        switch, good = r.get("switch"), r.get("goodput")
+        cells = [str(k), ", ".join(r["dropped"]) or "-", str(r["devices"]), r["planner"] or "nothing fits",
+                 f"{r['iteration_s']:.4g} s" if r["iteration_s"] else "-",
+                 f"{r['throughput_samples_per_s']:.4g}" if r["throughput_samples_per_s"] else "-",
+                 f"{r['throughput_samples_per_s'] / full:.0%}" if r["throughput_samples_per_s"] and full else "-",
+                 fmt_bytes(switch['most_read_bytes']) if switch else "-",
+                 f"{switch['restart_s']:.3g} s" if switch else "-",
+                 f"{good['samples_per_s']:.4g} ({good['useful']:.1%})" if good else "-"]
+        rows.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("rung", "without", "devices", "best planner", "iteration", "samples/s",
+                                             "vs all", "reads", "restart", "goodput"))
+    whole = ladder.get("ladder_goodput_samples_per_s")
+    return ("<h2>Fallback ladder</h2><p>The best plan with every node and with fewer, each for the same global "
+            f"batch; a node failing every {ladder['node_mtbf_h']:,.0f} h on average. Reads: the most any device "
+            "reads from the last checkpoint to load the rung's plan; restart: those reads at the storage's "
+            "bandwidth, then one iteration; goodput: samples/s trained usefully with checkpoints at Young's "
+            "interval." + (f" The ladder's until its last rung fails: {whole:.4g} samples/s." if whole else "")
+            + f"</p><table><tr>{head}</tr>{''.join(rows)}</table><h2>Every planner, with every node</h2>")

@@ -38,6 +38,9 @@ def main() -> int:
     parser.add_argument("--out-dir", default="lose-a-rank-run")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--checkpoint-every", type=int, default=5)
+    parser.add_argument("--keep-checkpoint", default=None, metavar="DIR",
+                        help="copy the checkpoint the run will carry on from here before the kill (to compare with "
+                             "the next rung's own run from it)")
     args = parser.parse_args()
     run = subprocess.Popen([sys.executable, "-m", "paraplan", "train", "--plan", args.ladder, "--elastic",
                             "--checkpoint-dir", args.checkpoint_dir, "--checkpoint-every", str(args.checkpoint_every),
@@ -52,6 +55,12 @@ def main() -> int:
     else:
         print("the run ended before its first checkpoint", file=sys.stderr)
         return 1
+    if args.keep_checkpoint:  # the manifest and the state it names; the next save is steps away
+        import shutil
+
+        state = json.loads(manifest.read_text())["state"]
+        shutil.copytree(Path(args.checkpoint_dir) / state, Path(args.keep_checkpoint) / state)
+        shutil.copy(manifest, Path(args.keep_checkpoint) / manifest.name)
     # the launcher's forkserver's children are the ranks; the last one started goes
     ranks = [p for server in children(run.pid) for p in children(server)]
     print(f"--- killing rank process {max(ranks)} of {len(ranks)} (SIGKILL) ---", flush=True)

@@ -28,6 +28,7 @@ FOUR = Plan(**BASE, stages=(Stage(LayerRange(0, 2), (0,)), Stage(LayerRange(2, 3
                             Stage(LayerRange(3, 4), (2,)), Stage(LayerRange(4, 6), (3,))))
 THREE = Plan(**BASE, stages=(Stage(LayerRange(0, 2), (0,)), Stage(LayerRange(2, 4), (1,)), Stage(LayerRange(4, 6), (2,))))
 TWO = Plan(**BASE, stages=(Stage(LayerRange(0, 3), (0,)), Stage(LayerRange(3, 6), (1,))))
+ONE = Plan(**BASE, stages=(Stage(LayerRange(0, 6), (0,)),))
 EVERY = 5  # checkpoint interval (steps)
 
 
@@ -40,14 +41,13 @@ def ladder(path: Path, *plans) -> Path:
 
 
 def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
+    """The example's own walk of /proc (examples/lose_a_rank.py: children)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lose_a_rank", ROOT / "examples" / "lose_a_rank.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.children(pid)
 
 
 def _tree(pid: int) -> list[int]:
@@ -82,33 +82,30 @@ def test_a_lost_rank_carries_on_under_the_next_rung_as_that_plan_would_from_the_
     from paraplan.plans.ladder_file import ladder_rungs
 
     assert ladder_rungs(path) == [FOUR, THREE]
-    ck, out = tmp_path / "ck", tmp_path / "out"
+    ck, out, kept = tmp_path / "ck", tmp_path / "out", tmp_path / "kept"
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "lose_a_rank.py"), str(path), "--checkpoint-dir",
-                           str(ck), "--out-dir", str(out), "--steps", "30", "--checkpoint-every", str(EVERY)],
-                          env=ENV, capture_output=True, text=True, timeout=300)
+                           str(ck), "--out-dir", str(out), "--steps", "20", "--checkpoint-every", str(EVERY),
+                           "--keep-checkpoint", str(kept)], env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "killing rank process" in done.stdout
     log = (ck / "elastic.log").read_text()
     lost = re.search(r"rank (\d) lost on rung 0 \(4 devices\): carrying on under rung 1 \(3 devices\) from step (\d+)", log)
     assert lost, log
     step = int(lost.group(2))
-    assert step % EVERY == 0 and step >= EVERY
+    assert step == json.loads((kept / "checkpoint.json").read_text())["step"] == EVERY
     switch = json.loads((out / "elastic.json").read_text())["switches"]
     assert [(s["from_rung"], s["to_rung"], s["from_step"]) for s in switch] == [(0, 1, step)]
     assert switch[0]["seconds"] > 0
     losses = json.loads((out / "losses.json").read_text())
-    assert len(losses) == 30
+    assert len(losses) == 20
     assert not list(out.glob("steps_rank3.json"))  # the lost rank's files of the first run are gone
-    # the reference: rung 0 to the same step, then rung 1 resumed from its checkpoint
-    ref_ck, ref_out = tmp_path / "ref_ck", tmp_path / "ref_out"
-    for extra in (["--rung", "0", "--steps", str(step)], ["--rung", "1", "--steps", "30", "--resume"]):
-        done = run_paraplan("train", "--plan", path, *extra, "--checkpoint-dir", ref_ck, "--out-dir", ref_out,
-                            "--no-dropout", "--json", env=ENV, timeout=240)
-        assert done.returncode == 0, done.stderr[-2000:]
-    reference = json.loads((ref_out / "losses.json").read_text())
-    assert len(reference) == 30
-    assert losses[step:] == pytest.approx(reference[step:], rel=1e-5)
-    assert losses[:step] == pytest.approx(reference[:step], rel=1e-5)
+    # the reference: rung 1's own run resumed from the checkpoint the elastic run carried on from
+    done = run_paraplan("train", "--plan", path, "--rung", "1", "--steps", "20", "--resume", "--checkpoint-dir", kept,
+                        "--out-dir", tmp_path / "ref", "--no-dropout", "--json", env=ENV, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    reference = json.loads((tmp_path / "ref" / "losses.json").read_text())
+    assert len(reference) == 20
+    assert losses == pytest.approx(reference, rel=1e-5)
 
 
 def test_elastic_needs_a_ladder_and_a_checkpoint_directory(tmp_path):
@@ -126,23 +123,26 @@ def test_elastic_needs_a_ladder_and_a_checkpoint_directory(tmp_path):
 
 
 def test_under_torchrun_losing_a_node_shrinks_the_world_to_the_next_rung(tmp_path):
-    """Two torchrun "nodes" of 2 workers (`--nnodes 1:2`, a c10d rendezvous on 127.0.0.1, short
-    timeouts). The second node, its agent and its workers, is killed after a checkpoint: the first
-    node's agent restarts its workers after a new rendezvous of one node, they take rung 1 (2 stages)
-    and carry on from the checkpoint to the end; the log says the world shrank; nothing of the killed
-    node is left."""
-    path = ladder(tmp_path / "ladder.json", FOUR, TWO)
+    """Two torchrun "nodes" of one worker (`--nnodes 1:2`, a c10d rendezvous on 127.0.0.1, short
+    timeouts). The second node, its agent and its worker, is killed after a checkpoint: the first
+    node's agent restarts its worker after a new rendezvous of one node, which takes rung 1 (one
+    stage) and carries on from the checkpoint to the end; the log says the world shrank; nothing of
+    the killed node is left."""
+    path = ladder(tmp_path / "ladder.json", TWO, ONE)
     torchrun = str(Path(sys.executable).parent / "torchrun")
     port = free_port()
-    args = ["--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-            f"127.0.0.1:{port}", "--max-restarts", "2", "--rdzv-conf", "join_timeout=60,last_call_timeout=2",
+    args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            f"127.0.0.1:{port}", "--max-restarts", "2", "--rdzv-conf",
+            # short timeouts: the dead node's agent is declared gone after 2 missed 1 s keep-alives (the
+            # default, 3 of 5 s, was most of the test's time)
+            "join_timeout=60,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2",
             "-m", "paraplan", "train", "--plan", str(path), "--elastic", "--checkpoint-dir", str(tmp_path / "ck"),
             "--checkpoint-every", str(EVERY), "--steps", "40", "--out-dir", str(tmp_path / "out"), "--no-dropout",
             "--timeout", "20"]
     logs = [open(tmp_path / f"node{k}.log", "w") for k in range(2)]
     nodes = [subprocess.Popen([torchrun, *args], env=ENV, stdout=logs[0], stderr=subprocess.STDOUT,
                               start_new_session=True)]
-    time.sleep(1.0)  # the first node hosts the rendezvous's store, and must outlive the other
+    time.sleep(0.5)  # the first node hosts the rendezvous's store, and must outlive the other
     nodes.append(subprocess.Popen([torchrun, *args], env=ENV, stdout=logs[1], stderr=subprocess.STDOUT,
                                   start_new_session=True))
     victims = []
@@ -162,32 +162,9 @@ def test_under_torchrun_losing_a_node_shrinks_the_world_to_the_next_rung(tmp_pat
         for log in logs:
             log.close()
     text = (tmp_path / "ck" / "elastic.log").read_text()
-    assert "the world went from 4 to 2 devices (a node's agent left): rung 0 -> rung 1, from the checkpoint at step" \
+    assert "the world went from 2 to 1 device (a node's agent left): rung 0 -> rung 1, from the checkpoint at step" \
         in text, text
     assert len(json.loads((tmp_path / "out" / "losses.json").read_text())) == 40
     time.sleep(0.5)
     assert not _alive(victims)
 
-
-def test_killing_the_elastic_launcher_leaves_no_process_behind(tmp_path):
-    """The supervisor itself killed (SIGKILL) mid-run: its ranks and their forkserver end too (the
-    ranks watch the launcher: runtime/launcher/launch.py, die_with_launcher)."""
-    ck = tmp_path / "ck"
-    run = subprocess.Popen([sys.executable, "-m", "paraplan", "train", "--plan",
-                            str(ROOT / "examples" / "gpt2-tiny-ladder-4-3.json"), "--elastic", "--checkpoint-dir",
-                            str(ck), "--checkpoint-every", str(EVERY), "--steps", "400", "--out-dir",
-                            str(tmp_path / "out"), "--no-dropout"], env=ENV, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-    try:
-        _wait_for_checkpoint(ck, run)
-        tree = _tree(run.pid)
-        assert len(tree) >= 6, tree  # the launcher, its forkserver and 4 ranks
-        os.kill(run.pid, signal.SIGKILL)
-        run.wait(timeout=30)
-        end = time.time() + 20
-        while _alive(tree) and time.time() < end:
-            time.sleep(0.1)
-        assert not _alive(tree)
-    finally:
-        if run.poll() is None:
-            run.kill()

@@ -56,7 +56,7 @@ def _check_rungs_checkpoint(path, rungs) -> None:
 
 
 def _supervise(args, rungs, rung: int, run_plan) -> int:
-    from paraplan.runtime.launcher.elastic import Switch, checkpoint_step, log_line, next_rung
+    from paraplan.runtime.launcher.elastic import Switch, checkpoint_step, devices_text, log_line, next_rung
     from paraplan.runtime.launcher.launch import RankLost
     from paraplan.system.fileio import make_dirs_all
 
@@ -70,7 +70,7 @@ def _supervise(args, rungs, rung: int, run_plan) -> int:
             return 0  # the last checkpoint is the run's end: nothing left to train
         attempt = copy.copy(args)
         attempt.resume = step is not None
-        line = (f"elastic: rung {rung} on {len(rungs[rung].devices)} devices, "
+        line = (f"elastic: rung {rung} on {devices_text(len(rungs[rung].devices))}, "
                 + ("from the start" if step is None else f"from the checkpoint at step {step}"))
         log_line(args.checkpoint_dir, line)
         say(line)
@@ -82,8 +82,8 @@ def _supervise(args, rungs, rung: int, run_plan) -> int:
             if k is None:
                 raise ParaplanError(f"{lost}; the ladder has no rung left to carry on under") from None
             resumed = checkpoint_step(args.checkpoint_dir) or 0
-            text = (f"elastic: rank {lost.rank} lost on rung {rung} ({len(rungs[rung].devices)} devices): carrying on "
-                    f"under rung {k} ({len(rungs[k].devices)} devices) from step {resumed}")
+            text = (f"elastic: rank {lost.rank} lost on rung {rung} ({devices_text(len(rungs[rung].devices))}): carrying "
+                    f"on under rung {k} ({devices_text(len(rungs[k].devices))}) from step {resumed}")
             log_line(args.checkpoint_dir, text)
             say(text)
             switches.append(Switch(lost.rank, rung, k, len(rungs[rung].devices), len(rungs[k].devices), resumed))

@@ -41,6 +41,10 @@ class Switch:
     seconds: float | None = None
 
 
+def devices_text(n: int) -> str:
+    return f"{n} device{'' if n == 1 else 's'}"
+
+
 def next_rung(rungs, current: int) -> int | None:
     """The first rung after `current` that holds a plan, or None."""
     return next((k for k in range(current + 1, len(rungs)) if rungs[k] is not None), None)
@@ -81,13 +85,13 @@ def torchrun_attempt_line(checkpoint_dir: str | Path, rung: int, world: int) -> 
     step = checkpoint_step(checkpoint_dir)
     start = "from the start" if step is None else f"from the checkpoint at step {step}"
     if before is None:
-        line = f"elastic: start on {world} devices, rung {rung} ({start})"
+        line = f"elastic: start on {devices_text(world)}, rung {rung} ({start})"
     elif before.get("world") == world:
         line = (f"elastic: torchrun restart {restart}: a worker failed and torchrun restarted the group at the same "
-                f"size ({world} devices): rung {rung} again, {start}")
+                f"size ({devices_text(world)}): rung {rung} again, {start}")
     else:
-        line = (f"elastic: torchrun restart {restart}: the world went from {before.get('world')} to {world} devices "
-                f"(a node's agent left): rung {before.get('rung')} -> rung {rung}, {start}")
+        line = (f"elastic: torchrun restart {restart}: the world went from {before.get('world')} to "
+                f"{devices_text(world)} (a node's agent left): rung {before.get('rung')} -> rung {rung}, {start}")
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"world": world, "rung": rung, "restart": restart}) + "\n")
     os.replace(tmp, path)

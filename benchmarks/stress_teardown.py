@@ -64,9 +64,8 @@ def _order(counts: dict[str, int]) -> list[tuple[str, int]]:
 
 def _run_spawn(plan, steps: int, timeout_s: float, out_dir: Path) -> str | None:
     """None when the launch ended cleanly, else its one-line failure."""
-    from paraplan.runtime.config import TrainConfig
-
     from paraplan.errors import ParaplanError
+    from paraplan.runtime.config import TrainConfig
     from paraplan.runtime.launcher.launch import spawn
 
     config = TrainConfig(plan=plan, model=plan.model, steps=steps, timeout_s=timeout_s, out_dir=str(out_dir))

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from paraplan.runtime.config import TrainConfig
 
 from paraplan.costs.model import analytic_cost_model
 from paraplan.hardware import load_cluster
 from paraplan.models import measure, source
 from paraplan.planners.registry import make_plan
 from paraplan.planners.request import PlanRequest
+from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.measure.reference import reference_run
 from paraplan.simulator.predict import simulate_plan
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from paraplan.runtime.config import TrainConfig
 from paraplan_process import run_paraplan
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import read_plan
 from paraplan.plans.worker_roles import worker_roles
+from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.measure.reference import reference_run
 
 from .many import train_many

@@ -12,11 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import run_cli_here
-from paraplan.runtime.config import TrainConfig
 
 from paraplan.errors import FieldError
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import write_plan
+from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.state.checkpoints import MANIFEST, check_resume, remove_unlisted
 from paraplan.system.fileio import TEMP_MARK
 

@@ -8,11 +8,11 @@ import os
 import numpy as np
 import pytest
 import torch
-from paraplan.runtime.config import TrainConfig
 from paraplan_process import run_paraplan
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import write_plan
+from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.measure.reference import reference_run
 
 # 2 stages, 4 micro-batches of 2 windows of 32 tokens (gpt2-tiny: vocabulary 512, sequence 32)

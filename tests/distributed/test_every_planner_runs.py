@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from paraplan.runtime.config import TrainConfig
 
 from paraplan.errors import ParaplanError
 from paraplan.planners.registry import planner, planner_names
 from paraplan.plans.plan_file import read_plan
+from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.launcher.launch import check_before_launch
 from paraplan.runtime.measure.reference import reference_run
 from paraplan.runtime.rank.materialize import build_layers

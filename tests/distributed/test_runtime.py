@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from paraplan.runtime.config import TrainConfig
 from paraplan_process import run_paraplan
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import write_plan
+from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.launcher.launch import free_port, spawn
 from paraplan.runtime.measure.reference import reference_run
 

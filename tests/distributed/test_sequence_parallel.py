@@ -31,10 +31,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from paraplan.runtime.config import TrainConfig
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan import LayerStrategy as S
+from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.measure.reference import reference_run
 
 from .expected import initial_parameters, predicted_memory

@@ -6,11 +6,11 @@ interpreter's shutdown, where gloo can abort the process). One launch per test, 
 import json
 
 import pytest
-from paraplan.runtime.config import TrainConfig
 
 from paraplan.errors import ParaplanError
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import read_plan
+from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.launcher.launch import spawn
 from paraplan.runtime.launcher.teardown import RECORD_ENV
 

@@ -4,13 +4,13 @@
 import numpy as np
 import pytest
 import torch
-from paraplan.runtime.config import TrainConfig
 
 from paraplan.cli import main
 from paraplan.errors import FieldError
 from paraplan.models import source
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import write_plan
+from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.rank.data import batch_source, check_data, check_file
 
 GPT2 = source.build("gpt2-tiny", device="meta")  # tokens: sequence 32, vocabulary 512

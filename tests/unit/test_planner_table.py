@@ -4,7 +4,6 @@ import json
 import os
 
 import pytest
-from paraplan.runtime.config import TrainConfig
 from paraplan_process import run_paraplan
 
 from paraplan.costs.model import RuntimeOverheads, analytic_cost_model
@@ -14,6 +13,7 @@ from paraplan.models import measure, zoo
 from paraplan.planners.registry import PLANNERS, make_plan, planner_names
 from paraplan.planners.request import PlanRequest
 from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage
+from paraplan.runtime.config import TrainConfig
 from paraplan.simulator.plan_work import plan_work
 from paraplan.simulator.predict import simulate_plan
 

@@ -101,6 +101,7 @@ def _record_switch_time(args, switches, lost_at: float, started: float) -> None:
     from dataclasses import asdict, replace
 
     from paraplan.runtime.launcher.elastic import log_line
+    from paraplan.system.fileio import atomic_write_text
 
     steps_path = Path(args.out_dir) / "steps_rank0.json"
     try:
@@ -114,8 +115,8 @@ def _record_switch_time(args, switches, lost_at: float, started: float) -> None:
     log_line(args.checkpoint_dir, text)
     if not args.json:
         print(text)
-    (Path(args.out_dir) / "elastic.json").write_text(json.dumps({"schema": "paraplan.elastic/1",
-                                                                 "switches": [asdict(s) for s in switches]}, indent=2))
+    atomic_write_text(Path(args.out_dir) / "elastic.json", json.dumps(
+        {"schema": "paraplan.elastic/1", "switches": [asdict(s) for s in switches]}, indent=2))
 
 
 def _torchrun_attempt(args, rungs, run_plan) -> int:

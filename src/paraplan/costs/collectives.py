@@ -34,26 +34,27 @@ def ring_allreduce_s(nbytes: float, n: int, link: LinkSpec) -> float:
     return 2 * (n - 1) / n * nbytes / link.bandwidth_bytes_per_s + 2 * (n - 1) * link.latency_s
 
 
+def allreduce_times(nbytes: float, n: int, link: LinkSpec) -> dict[str, float]:
+    """An all-reduce of `nbytes` over `n` members on each algorithm the group has (module docstring)."""
+    times = {"ring": ring_allreduce_s(nbytes, n, link)}
+    if n <= 1 or nbytes <= 0 or not isinstance(link, GroupLink):
+        return times
+    if link.tree_latency_s is not None:
+        times["tree"] = link.tree_latency_s + nbytes / (0.5 * TREE_BUS_SHARE * link.bandwidth_bytes_per_s)
+    if link.nvls is not None:
+        times["nvls"] = link.nvls.latency_s + 2 * (n - 1) / n * nbytes / link.nvls.bandwidth_bytes_per_s
+    return times
+
+
 def allreduce_s(nbytes: float, n: int, link: LinkSpec) -> float:
     """An all-reduce of `nbytes` over `n` members: the fastest algorithm the group has."""
-    best = ring_allreduce_s(nbytes, n, link)
-    if n <= 1 or nbytes <= 0 or not isinstance(link, GroupLink):
-        return best
-    if link.tree_latency_s is not None:
-        best = min(best, link.tree_latency_s + nbytes / (0.5 * TREE_BUS_SHARE * link.bandwidth_bytes_per_s))
-    if link.nvls is not None:
-        best = min(best, link.nvls.latency_s + 2 * (n - 1) / n * nbytes / link.nvls.bandwidth_bytes_per_s)
-    return best
+    return min(allreduce_times(nbytes, n, link).values())
 
 
 def allreduce_algorithm(nbytes: float, n: int, link: LinkSpec) -> str:
-    """Which algorithm allreduce_s priced: ring, tree or nvls (for the output and the tests)."""
-    t = allreduce_s(nbytes, n, link)
-    if isinstance(link, GroupLink) and t < ring_allreduce_s(nbytes, n, link):
-        if link.nvls is not None and t == link.nvls.latency_s + 2 * (n - 1) / n * nbytes / link.nvls.bandwidth_bytes_per_s:
-            return "nvls"
-        return "tree"
-    return "ring"
+    """Which algorithm allreduce_s priced: ring, tree or nvls (the ring on a tie)."""
+    times = allreduce_times(nbytes, n, link)
+    return min(times, key=lambda name: (times[name], name != "ring"))
 
 
 def ring_allgather_s(nbytes: float, n: int, link: LinkSpec) -> float:

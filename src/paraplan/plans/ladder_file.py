@@ -14,16 +14,15 @@ from paraplan.system.fileio import read_text
 LADDER_FORMAT, LADDER_VERSION = "paraplan.ladder", 1
 
 
-def ladder_rungs(path: str | Path) -> list[Plan | None] | None:
-    """A ladder's rungs, each its plan or None where nothing fit; None when `path` holds a plain plan."""
+def _read(path: str | Path) -> tuple[list[Plan | None] | None, Plan | None]:
+    """(the ladder's rungs, None) or (None, the plan) the file holds; one line if it is neither."""
     text = read_text(path, "plan", PlanError)
     try:
         data = json.loads(text)
     except (ValueError, RecursionError):
         data = None  # plan_from_json says what is wrong with it
     if not isinstance(data, dict) or data.get("format") != LADDER_FORMAT:
-        plan_from_json(text, str(path))  # one line if it is not a plan either
-        return None
+        return None, plan_from_json(text, str(path))
     if data.get("version") != LADDER_VERSION:
         raise PlanError(f"{path}: ladder version {data.get('version')!r}, this paraplan reads version {LADDER_VERSION}")
     rungs = data.get("rungs")
@@ -34,17 +33,22 @@ def ladder_rungs(path: str | Path) -> list[Plan | None] | None:
         if not isinstance(entry, dict):
             raise PlanError(f"{path}: rung {k} must be an object")
         out.append(None if entry.get("plan") is None else plan_from_dict(entry["plan"], f"{path}: rung {k}"))
-    return out
+    return out, None
+
+
+def ladder_rungs(path: str | Path) -> list[Plan | None] | None:
+    """A ladder's rungs, each its plan or None where nothing fit; None when `path` holds a plain plan."""
+    return _read(path)[0]
 
 
 def read_plan_or_rung(path: str | Path, rung: int | None = None) -> Plan:
     """The plan a file holds: a plan document, or rung `rung` (default 0, the whole cluster) of a
     ladder; a rung of a plain plan, or one the ladder lacks, is one line."""
-    rungs = ladder_rungs(path)
+    rungs, plan = _read(path)
     if rungs is None:
         if rung is not None:
             raise PlanError(f"rung {rung}: {path} is a plan, not a fallback ladder")
-        return plan_from_json(read_text(path, "plan", PlanError), str(path))
+        return plan
     k = 0 if rung is None else rung
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(rungs):
         raise PlanError(f"rung {rung}: {path} has rungs 0 to {len(rungs) - 1}")

@@ -47,8 +47,7 @@ def spawn(config: TrainConfig, world: int) -> None:
                 pass
         except mp.ProcessExitedException as exc:
             # a rank gone without a word (a signal, os._exit): the others' errors are its consequences
-            failure, lost = (f"training stopped: rank {exc.error_index} exited with code {exc.exit_code}; "
-                             "the other ranks were stopped"), exc.error_index
+            failure, lost = _lost_line(exc.error_index, exc.exit_code), exc.error_index
         except mp.ProcessRaisedException as exc:
             failure = exc
             # a rank that raised because a peer had already died (gloo's closed connection): the dead one
@@ -57,11 +56,15 @@ def spawn(config: TrainConfig, world: int) -> None:
             _stop(context.processes)
         if isinstance(failure, mp.ProcessRaisedException):
             failure = rank_failure(error_dir, failure.error_index, str(failure)) if lost is None else \
-                f"training stopped: rank {lost} exited with code {context.processes[lost].exitcode}; the other ranks were stopped"
+                _lost_line(lost, context.processes[lost].exitcode)
         if failure is not None:
             if lost is not None:
                 raise RankLost(failure, lost) from None
             raise ParaplanError(failure) from None
+
+
+def _lost_line(rank: int, code) -> str:
+    return f"training stopped: rank {rank} exited with code {code}; the other ranks were stopped"
 
 
 def _died_silently(processes, error_dir: str) -> int | None:

@@ -101,3 +101,36 @@ def test_a_placement_out_of_its_reach_is_skipped_before_it_starts_with_its_reaso
                              f"devices = {pairs:,} pairs") and "\n" not in reason
     assert skip_reason("heft", w.request, time_limit_s=pairs * 4.9e-6 / 2) is None  # 1.1 us a pair: within
     assert skip_reason("megatron-grid", w.request, time_limit_s=1e-9) is None  # no reach rule: it always runs
+
+
+@pytest.mark.parametrize("name", ["heft", "fddps"])
+def test_the_placement_memory_bound_is_never_above_a_placements_peaks(name):
+    """costs/op_memory.py `least_held_bytes` bounds the devices' peaks summed of any placement from
+    below (what the reach rule below relies on): checked against real placements' simulated peaks."""
+    from paraplan.costs.op_memory import least_held_bytes
+
+    w = workload("gpt2-tiny", "galvatron-8xtitan", batch=8, operators="required")
+    plan = make_plan(w.request, name)
+    peaks = sum(m.peak_bytes - w.costs.memory.reserve_bytes for m in plan.prediction.memory)
+    bound = least_held_bytes(w.costs.operators, 8)
+    assert 0 < bound <= peaks
+    assert bound > 0.3 * peaks  # and not a vacuous one (FD-DPS's split parts each hold their weights: more)
+
+
+def test_a_placement_that_cannot_fit_is_skipped_before_it_starts_and_would_not_have_fitted():
+    """A method that cannot fit the model is skipped with its reason (issue 51 item 2): an operator
+    placement holds the states and the forward's saved outputs of the whole batch at once; where
+    those exceed its devices' memory together, the row says so, and running it anyway finds no
+    placement that fits."""
+    from paraplan.costs.op_memory import least_held_bytes
+    from paraplan.planners.auto import skip_reason
+
+    w = workload("gpt2-tiny", "galvatron-8xtitan", batch=8, operators="required")
+    need = least_held_bytes(w.costs.operators, 8)
+    small = workload("gpt2-tiny", "galvatron-8xtitan", batch=8, operators="required",
+                     memory=int(need / 8 * 0.9))
+    reason = skip_reason("fddps", small.request)
+    assert reason.startswith("cannot fit: an operator placement runs the whole batch of 8") and "\n" not in reason
+    assert not make_plan(small.request, "heft").prediction.feasible
+    roomy = workload("gpt2-tiny", "galvatron-8xtitan", batch=8, operators="required", memory=int(need + 2 * w.costs.memory.reserve_bytes))
+    assert skip_reason("fddps", roomy.request) is None

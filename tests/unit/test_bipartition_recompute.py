@@ -203,3 +203,20 @@ def test_unknown_mode_is_one_line():
     request = PlanRequest(costs=cm, model_name="lenet-5", cluster_name=cm.cluster.name, batch=64)
     with pytest.raises(FieldError, match="options.mode: unknown 'fast'"):
         plan_bipartition(request, simulator_judge(request), mode="fast")
+
+
+def test_the_exact_dp_spends_its_budget_on_the_smallest_counts_then_says_so(monkeypatch):
+    """recompute.EXACT_BUDGET bounds the exact DP over a whole search (issue 51: Llama 3 70B on 64
+    GPUs spent minutes here): the micro-batch counts past it take the paper-cost divisions, said in
+    the plan; within it the plan is the one the full exact search finds."""
+    from paraplan.planners.bipartition import planner as bp
+
+    cm = _cm()
+    request = PlanRequest(costs=cm, model_name="lenet-5", cluster_name=cm.cluster.name, batch=64)
+    full, _ = plan_bipartition(request, simulator_judge(request))
+    assert "runtime_search" not in dict(full.search.options)
+    monkeypatch.setattr(bp, "EXACT_BUDGET", 1.0)  # nothing: every count takes the paper-cost divisions
+    cut, table = plan_bipartition(request, simulator_judge(request))
+    assert dict(cut.search.options)["runtime_search"].startswith("paper-cost divisions judged")
+    assert "recompute" not in {row["division"] for row in table}
+    assert not any(key.startswith("_") for key, _ in cut.search.options)

@@ -47,3 +47,37 @@ def peak_per_device(device: np.ndarray, start: np.ndarray, finish: np.ndarray, r
         order = np.lexsort((births_first, times))
         peaks[d] += max(0.0, float(np.cumsum(deltas[order]).max()))
     return peaks
+
+
+def least_held_bytes(graph, batch: float) -> float:
+    """A lower bound on the sum over devices of any placement's peak bytes (reserve aside) for the
+    graph at `batch`: every operator's resident states (held somewhere all iteration, wherever it
+    is placed) plus the outputs of the forward operators that precede every backward one and feed a
+    backward one. When the first backward operator starts, those have all finished and none of their
+    backward readers has started, so they are all alive at that instant, each on some device (the
+    peak of a device is at least what it holds then). No micro-batches: an operator placement runs
+    the whole batch through the forward before the backward (FD-DPS Definition 7)."""
+    n = graph.n_nodes
+    is_backward = np.array([node.phase == "backward" for node in graph.nodes])
+    params = np.array([node.param_bytes for node in graph.nodes], dtype=float)
+    resident = float(resident_bytes(params, is_backward).sum())
+    preds: list[list[int]] = [[] for _ in range(n)]
+    feeds_backward = np.zeros(n, dtype=bool)
+    for e in graph.edges:
+        preds[e.dst].append(e.src)
+        if is_backward[e.dst]:
+            feeds_backward[e.src] = True
+    roots = [i for i in range(n) if is_backward[i] and not any(is_backward[p] for p in preds[i])]
+    before_all = np.zeros(n, dtype=np.int64)  # per node: how many backward roots it precedes
+    for root in roots:
+        seen = np.zeros(n, dtype=bool)
+        stack = [root]
+        while stack:
+            for p in preds[stack.pop()]:
+                if not seen[p]:
+                    seen[p] = True
+                    stack.append(p)
+        before_all += seen
+    held = (~is_backward) & feeds_backward & (before_all == len(roots)) if roots else np.zeros(n, dtype=bool)
+    outputs = np.array([node.output_bytes.at(batch) for node in graph.nodes], dtype=float)
+    return resident + float(outputs[held].sum())

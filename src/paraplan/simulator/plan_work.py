@@ -147,18 +147,24 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
     layers = cm.model.layers
     scale = cm.overheads.scale_for(len(set(plan.devices)))  # measured: every core computing at once
     replicas = []
+    # a stage's compute per kind of device, summed once: 1,024 replicas of one kind are one sum, not
+    # 1,024 (the same floats either way)
+    computed: dict[tuple[int, int], tuple[float, float, float]] = {}
     for r in range(n_replicas):
         row = []
         for s, stage in enumerate(plan.stages):
             d = stage.devices[r]
             costs = cm.compute(d)
-            fwd = scale * sum(float(costs.forward[i](micro)) for i in stage.layers)
-            bwd = scale * sum(float(costs.backward[i](micro)) for i in stage.backward)
-            weight_grad = scale * sum(float(costs.backward[i](micro)) * weight_grad_fraction(cm.model, i, micro)
-                                      for i in stage.backward)
-            if plan.kind is PlanKind.BIPARTITION and plan.split_layers == "recompute":
-                # the forward of every layer whose backward runs here but forward elsewhere, again
-                bwd += scale * sum(float(costs.forward[i](micro)) for i in worker_roles(plan)[s].recomputed)
+            if (id(costs), s) not in computed:
+                fwd = scale * sum(float(costs.forward[i](micro)) for i in stage.layers)
+                bwd = scale * sum(float(costs.backward[i](micro)) for i in stage.backward)
+                weight_grad = scale * sum(float(costs.backward[i](micro)) * weight_grad_fraction(cm.model, i, micro)
+                                          for i in stage.backward)
+                if plan.kind is PlanKind.BIPARTITION and plan.split_layers == "recompute":
+                    # the forward of every layer whose backward runs here but forward elsewhere, again
+                    bwd += scale * sum(float(costs.forward[i](micro)) for i in worker_roles(plan)[s].recomputed)
+                computed[(id(costs), s)] = (fwd, bwd, weight_grad)
+            fwd, bwd, weight_grad = computed[(id(costs), s)]
             send_f = send_b = 0.0
             # (none between two stages on one rank: the V's turn)
             if s + 1 < plan.n_stages and plan.stages[s + 1].devices[r] != d:

@@ -30,7 +30,7 @@ from paraplan.planners.bipartition.division import DoesNotFit
 from paraplan.planners.bipartition.division import max_workers as most_workers
 from paraplan.planners.bipartition.dp import bipartition_all
 from paraplan.planners.bipartition.recompute import (
-    EXACT_LIMIT,
+    EXACT_BUDGET,
     exact_cost,
     recompute_all,
     worker_memory_recompute,
@@ -141,7 +141,8 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
                                    f"their memory, at any micro-batch count")
     _, plan, bottleneck = best
     name = "pipedream-layerwise" if layerwise else "bipartition"
-    info = {"bottleneck_s": bottleneck, "costs": cm.source, "max_workers": max_workers, "mode": mode, **notes}
+    info = {"bottleneck_s": bottleneck, "costs": cm.source, "max_workers": max_workers, "mode": mode,
+            **{key: value for key, value in notes.items() if not key.startswith("_")}}  # "_": the search's own
     if exactly:
         info["exact_stages"] = True
     note = ""
@@ -255,10 +256,12 @@ def _divisions(request: PlanRequest, p: int, max_workers: int, layerwise: bool, 
             continue
         try:
             if kind == "recompute":
-                if exact_cost(k, limit) > EXACT_LIMIT:
+                spent = notes.get("_exact_spent", 0.0)
+                if spent + exact_cost(k, limit) > EXACT_BUDGET:
                     notes["runtime_search"] = "paper-cost divisions judged (too many layers for the exact " \
                                               "recompute DP)"
                     continue
+                notes["_exact_spent"] = spent + exact_cost(k, limit)
                 divisions = recompute_all(fwd, bwd, runtime_cut_s, limit, fits=vector_fits)
             else:
                 divisions = bipartition_all(fwd, bwd, cut_s, limit, fits=fits, layerwise=kind == "layerwise")

@@ -15,8 +15,10 @@ on that) does not apply. This module solves the same recurrence,
 
 by brute force over every predecessor, vectorised over (p2, q1, q2) for each p1: O(L^4) numpy work
 per worker count (L = 16 layers: milliseconds; L = 60: ~1 s per count). It is exact for its cost
-model. Above `EXACT_LIMIT` element-operations the planner uses the paper-cost division instead and
-lets the judge (the simulator, which charges the recomputation) price it — said in the plan.
+model. The planner spends at most `EXACT_BUDGET` element-operations on it over all its micro-batch
+counts (the smallest counts first: their worker limit is the least); for a count past the budget
+it uses the paper-cost division instead and lets the judge (the simulator, which charges the
+recomputation) price it — said in the plan.
 
 Memory (`worker_memory_recompute`): the count of costs/memory.py for plans with
 split_layers="recompute", vectorised: states of the backward range, a weight copy of forward-only
@@ -37,7 +39,10 @@ from paraplan.costs.strategy import layer_memory
 from paraplan.planners.bipartition.division import BiPartition, Worker
 from paraplan.plans.plan import LayerStrategy
 
-EXACT_LIMIT = 4e9  # (L+1)^4 x workers element-operations: above this, the paper-cost division is judged
+# (L+1)^4 x workers element-operations, over all micro-batch counts of one search: about 5 s on this
+# machine (2 cores, 2026-11-29: 82 layers x 64 workers, 3.4e9 a count, took 15 s each). It was 4e9 a
+# count, so that Llama 3 70B on 64 GPUs spent minutes here, past the comparison's time limit (issue 51)
+EXACT_BUDGET = 5e8
 
 
 def exact_cost(n_layers: int, n_workers: int) -> float:

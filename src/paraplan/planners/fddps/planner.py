@@ -20,7 +20,7 @@ from dataclasses import replace
 import numpy as np
 
 from paraplan.costs.op_costs import link_matrices, op_seconds_per_device
-from paraplan.costs.op_memory import resident_bytes
+from paraplan.costs.op_memory import least_held_bytes, resident_bytes
 from paraplan.models.op_split import PART, split_candidates, split_degree, split_operators
 from paraplan.models.opspec import OpGraph
 from paraplan.planners.fddps.baselines import schedule_fastt, schedule_heft, schedule_mpdps
@@ -206,6 +206,27 @@ _PAIR_S = {"fddps": 4.9e-6, "fddps-nosplit": 4.9e-6, "fddps-ports": 4.9e-6, "mpd
            "heft": 1.1e-6}
 
 
+def _cannot_fit(request, graph: OpGraph, devices: int) -> str | None:
+    """One line when no placement of the graph on its first `devices` devices can fit: the states
+    and the forward outputs every placement holds at once (costs/op_memory.py `least_held_bytes`,
+    a lower bound on the devices' peaks summed) exceed their memory together (issue 51 item 2: "a
+    method that cannot fit the model is skipped before it starts"). Llama 3 70B at batch 512 needs
+    thousands of TiB where 64 H100s have 5."""
+    cm = request.costs
+    need = least_held_bytes(graph, request.batch) + cm.memory.reserve_bytes
+    have = sum(slot.spec.memory_bytes for slot in cm.cluster.devices[:devices])
+    if need <= have:
+        return None
+    return (f"cannot fit: an operator placement runs the whole batch of {request.batch} through the forward "
+            f"before the backward, so its {devices:,} devices would hold at least {_tib(need)} at once "
+            f"(parameters' states and the activations the backward reads) where they have {_tib(have)}; "
+            f"the layer planners plan it")
+
+
+def _tib(nbytes: float) -> str:
+    return f"{nbytes / 2**40:,.1f} TiB" if nbytes >= 2**40 else f"{nbytes / 2**30:,.1f} GiB"
+
+
 def _reach(name: str):
     """A placement of every operator over the devices it weighs (the methods' own setting: FD-DPS's
     paper places a few hundred operators on 8 GPUs; MAX_PLACEMENT_DEVICES at most) reaches a request
@@ -218,6 +239,9 @@ def _reach(name: str):
         if graph is None:
             return None
         devices = request.n_stages or min(request.n_devices, MAX_PLACEMENT_DEVICES)
+        too_big = _cannot_fit(request, graph, devices)
+        if too_big:
+            return too_big
         pairs = graph.n_nodes * devices
         predicted = pairs * _PAIR_S[name]
         if predicted <= time_limit_s:

@@ -113,13 +113,18 @@ def _interleaved(plan: Plan, prediction, request: PlanRequest, judge: Judge):
     from paraplan.planners.schedule_variants import rewrite
 
     scored = [(plan, prediction, str(plan.schedule))]
+    # the memory's verdict before any timeline where the judge has one (registry.py SimulatorJudge):
+    # a rewrite that does not fit cannot be chosen, and more chunks hold more micro-batches on the
+    # first rank, so at 1,024 GPUs most do not fit (a third of Galvatron-Base's judging there)
+    memory_first = getattr(judge, "memory", None)
     for kind in INTERLEAVED_KINDS:
         for v in chunk_counts(plan, request.costs):
             try:
                 candidate = rewrite(plan, request.costs, kind, v)
             except ValueError:
                 continue
-            scored.append((candidate, judge(candidate), f"{kind} v={v}"))
+            verdict = memory_first(candidate) if memory_first is not None else None
+            scored.append((candidate, verdict if verdict is not None else judge(candidate), f"{kind} v={v}"))
     fits = sorted((x for x in scored if x[1].feasible), key=lambda x: x[1].iteration_s)
     if not fits:
         return plan, prediction, "", len(scored)

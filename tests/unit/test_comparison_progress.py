@@ -81,3 +81,41 @@ def test_nothing_where_stderr_is_no_terminal():
         status.on_progress("dp", "")
         time.sleep(0.6)
     assert out.getvalue() == ""
+
+
+def test_a_rider_runs_in_its_hosts_process_first_and_both_rows_arrive(monkeypatch):
+    """PlannerSpec.rides_with: where its host runs too, a planner runs in the host's process just
+    before it (Galvatron-Base before BMW: their searches' work is shared), under the one time limit;
+    its progress is its own, and both rows come back. Out of time, the host says it never started."""
+    from paraplan.planners.auto import compare
+
+    planner_names()
+    sleep = {"s": 0.0}  # read in the forked child
+
+    def host(request, options, judge):
+        return make_plan(request, "dp", judge)
+
+    def rider(request, options, judge):
+        progress.at("riding")
+        time.sleep(sleep["s"])
+        return make_plan(request, "dp", judge)
+
+    monkeypatch.setitem(table.PLANNERS, "test-host", table.PlannerSpec("test-host", host, "a host"))
+    monkeypatch.setitem(table.PLANNERS, "test-rider", table.PlannerSpec("test-rider", rider, "a rider",
+                                                                        rides_with="test-host"))
+    request = workload("gpt2-tiny", "local", batch=8).request
+    seen = []
+    result = compare(request, planners=["test-host", "test-rider", "dp"], time_limit_s=60.0,
+                     on_progress=lambda name, where: seen.append((name, where)))
+    assert {r.planner: r.status for r in result.rows} == {"test-host": "ok", "test-rider": "ok", "dp": "ok"}
+    assert result.row("test-rider").iteration_s == result.row("dp").iteration_s
+    assert ("test-rider", "") in seen and ("test-host", "") in seen
+    assert seen.index(("test-rider", "")) < seen.index(("test-host", ""))
+
+    # the rider takes the whole time limit: it is stopped with its best so far (none), and the host
+    # is a row saying it never started, not a missing one
+    sleep["s"] = 30.0
+    result = compare(request, planners=["test-host", "test-rider"], time_limit_s=4.0)
+    assert result.row("test-rider").status == "timeout"
+    host_row = result.row("test-host")
+    assert host_row.status == "timeout" and host_row.reason.startswith("not started")

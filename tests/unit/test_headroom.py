@@ -59,3 +59,23 @@ def test_the_headroom_flag_takes_a_share_and_refuses_nonsense_in_one_line(capsys
                             "--headroom", bad, "--out", str(tmp_path / "q.json"))
         assert done.returncode == 2 and "--headroom" in done.stderr and len(done.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "q.json").exists()
+
+
+def test_a_replaced_request_keeps_its_limits_applied_once():
+    """dataclasses.replace runs PlanRequest.__post_init__ again: the headroom (and a budget) must
+    not be taken off twice (a comparison's Galvatron searches had planned within 90.25%, and the
+    batch searches less at every batch tried), and the cost model stays the same object, which the
+    searches' caches are keyed by."""
+    from dataclasses import replace
+
+    from paraplan.workload import workload
+
+    request = workload("gpt2-tiny", "dgx-h100-80gb?nodes=1", batch=16).request
+    capacity = request.costs.cluster.devices[0].spec.memory_bytes
+    assert request.headroom == 0.05 and capacity == int(80 * 2**30 * 0.95)
+    again = replace(replace(request, options={"portfolio": False}), batch=8)
+    assert again.costs is request.costs
+    assert replace(request, headroom=0.1).costs.cluster.devices[0].spec.memory_bytes == int(80 * 2**30 * 0.9)
+    budget = replace(request, memory_bytes=2**34, headroom=0.0)
+    assert budget.costs.cluster.devices[0].spec.memory_bytes == 2**34
+    assert replace(budget, batch=4).costs.cluster.devices[0].spec.memory_bytes == 2**34

@@ -188,32 +188,53 @@ def _on_alarm(signum, frame):
 
 
 def _run_one(name: str, request: PlanRequest, conn, allowed_s: float | None = None,
-             time_limit_s: float | None = None) -> None:
+             time_limit_s: float | None = None, riders: tuple = ()) -> None:
     """In the child: plan, simulate, send back a Row (or the failure as one line). Given a time limit,
     the search is stopped at it (SIGALRM) and the row carries the best plan it had offered
-    (planners/progress.py), said to be so; the parent kills a child that outlives it by GRACE_S."""
+    (planners/progress.py), said to be so; the parent kills a child that outlives it by GRACE_S.
+    `riders` ((name, request) pairs: PlannerSpec.rides_with) run before it in this process under the
+    same time limit, each sending its row; each reads the searches and judgements made before it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # born with SIGINT blocked (_run_all): now ignored
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     # the child holds nothing to clean up: SIGTERM (from the parent's exit) ends it, instead of the
     # parent's handler turning it into an exception that would end as a traceback on stderr
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    progress.reset()
-    progress.listen(_forwarder(conn))
-    t0 = time.perf_counter()
     time_limit_s = time_limit_s if time_limit_s is not None else allowed_s
     if allowed_s is not None:
         signal.signal(signal.SIGALRM, _on_alarm)
         signal.setitimer(signal.ITIMER_REAL, max(allowed_s, 1e-3))
+    # the alarm falls inside a search only (`_planned_row`), never in a message half sent
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    started = time.perf_counter()
+    for k, (planner_name, planner_request) in enumerate((*riders, (name, request))):
+        if k:
+            conn.send(("start", "", planner_name))
+            left = None if allowed_s is None else allowed_s - (time.perf_counter() - started)
+            if left is not None and left <= 0:
+                conn.send(Row(planner=planner_name, status="timeout", timed_out=True,
+                              reason=f"not started: the comparison's time limit ({time_limit_s:.3g} s) was spent "
+                                     "by the planners before it in its process"))
+                continue
+        conn.send(_planned_row(planner_name, planner_request, conn, time_limit_s))
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    conn.close()
+
+
+def _planned_row(name: str, request: PlanRequest, conn, time_limit_s: float | None) -> Row:
+    """One planner's row, in a child whose time limit's alarm is set and held off (`_run_one`): let in
+    while it plans and simulates, held off again before its row is sent."""
+    progress.reset()
+    progress.listen(_forwarder(conn, name))
+    t0 = time.perf_counter()
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
         try:
             plan = make_plan(request, name, predict=False)  # simulated once, below (twice took as long again)
             row = _row(name, plan, request.costs, time.perf_counter() - t0)
-        except progress.PlannerTimeout:
-            row = _stopped(name, request, time_limit_s, time.perf_counter() - t0)
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    except progress.PlannerTimeout:  # the alarm fell in the simulation of the finished search
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    except progress.PlannerTimeout:  # in the search, or in the simulation of the finished search
         row = _stopped(name, request, time_limit_s, time.perf_counter() - t0)
     except NothingFits as exc:  # the method ran and nothing of it fits: infeasible, not a failure
         row = Row(planner=name, status="infeasible", reason=exc.detail, search_s=time.perf_counter() - t0)
@@ -223,16 +244,15 @@ def _run_one(name: str, request: PlanRequest, conn, allowed_s: float | None = No
         where = traceback.extract_tb(exc.__traceback__)[-1]
         row = Row(planner=name, status="failed",
                   reason=f"{type(exc).__name__}: {exc} ({os.path.basename(where.filename)}:{where.lineno})")
-    conn.send(row)
-    conn.close()
+    return row
 
 
 PROGRESS_EVERY_S = 1.0  # a running search tells the comparison how far it has come at most this often
 
 
-def _forwarder(conn) -> Callable[[str], None]:
+def _forwarder(conn, name: str) -> Callable[[str], None]:
     """In a planner's process: its search's progress (planners/progress.py) sent to the comparison as
-    ("progress", where), at most every PROGRESS_EVERY_S (a grid offers thousands of plans a second)."""
+    ("progress", where, name), at most every PROGRESS_EVERY_S (a grid offers thousands of plans a second)."""
     last = [-PROGRESS_EVERY_S]
 
     def send(where: str) -> None:
@@ -243,7 +263,7 @@ def _forwarder(conn) -> Callable[[str], None]:
             # the row that follows it on the pipe)
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
             try:
-                conn.send(("progress", where))
+                conn.send(("progress", where, name))
             finally:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
     return send
@@ -283,7 +303,7 @@ def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_
     try:
         _run_all(todo, running, rows, request, jobs, ctx, time_limit_s, on_row, frozenset(todo), on_progress)
     finally:  # interrupted (or failed): no planner process outlives the comparison
-        for proc, conn, _ in running.values():
+        for proc, conn, *_ in running.values():
             proc.kill()
             proc.join()
             conn.close()
@@ -321,9 +341,14 @@ def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: 
                 if on_row:
                     on_row(rows[name])
                 continue
+            # the planners that run in this one's process, after it (PlannerSpec.rides_with)
+            riders = [r for r in todo if planner(r).rides_with == name]
+            for r in riders:
+                todo.remove(r)
             parent, child = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_run_one, args=(name, _request_for(name, request, names), child, allowed, time_limit_s),
-                               daemon=True)
+            proc = ctx.Process(target=_run_one, args=(name, _request_for(name, request, names), child, allowed,
+                                                      time_limit_s, tuple((r, _request_for(r, request, names))
+                                                                          for r in riders)), daemon=True)
             # Ctrl-C reaches the whole foreground group: the parent says "interrupted" once and
             # ends the children (compare's finally); a child that took it would print a
             # KeyboardInterrupt traceback. SIGINT is blocked across the fork (the child inherits
@@ -340,34 +365,41 @@ def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: 
                 if not was_blocked:
                     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             child.close()
-            running[name] = (proc, parent, time.perf_counter() + allowed)
+            running[name] = (proc, parent, time.perf_counter() + allowed, [name, *riders])
             if on_progress:
-                on_progress(name, "")
-        for name, (proc, conn, stop_at) in list(running.items()):
-            row = None
+                on_progress(riders[0] if riders else name, "")
+        for name, (proc, conn, stop_at, pending) in list(running.items()):
+            ended = []
             if conn.poll():
                 try:
                     row = conn.recv()
                 except EOFError:
                     row = None
-                if isinstance(row, tuple):  # ("progress", where): the search goes on (_forwarder)
+                if isinstance(row, tuple):  # ("progress" | "start", where, planner): it goes on (_forwarder)
                     if on_progress:
-                        on_progress(name, row[1])
+                        on_progress(row[2], row[1])
                     continue
-                proc.join(5)
-                if row is None:
-                    row = Row(planner=name, status="failed", reason=f"the planner's process ended ({proc.exitcode})")
+                if row is not None:
+                    ended.append(row)
+                else:
+                    proc.join(5)
+                    ended += [Row(planner=n, status="failed", reason=f"the planner's process ended ({proc.exitcode})")
+                              for n in pending]
             elif not proc.is_alive():
-                row = Row(planner=name, status="failed", reason=f"the planner's process died (exit {proc.exitcode})")
+                ended += [Row(planner=n, status="failed", reason=f"the planner's process died (exit {proc.exitcode})")
+                          for n in pending]
             elif time.perf_counter() > stop_at + GRACE_S:  # it did not stop at its alarm
                 proc.kill()
                 proc.join()
-                row = Row(planner=name, status="timeout", reason=f"no plan within the time limit ({time_limit_s:.3g} s)",
-                          timed_out=True)
-            if row is not None:
-                conn.close()
-                del running[name]
-                rows[name] = row
+                ended += [Row(planner=n, status="timeout", reason=f"no plan within the time limit ({time_limit_s:.3g} s)",
+                              timed_out=True) for n in pending]
+            for row in ended:
+                pending.remove(row.planner)
+                rows[row.planner] = row
                 if on_row:
                     on_row(row)
+            if ended and not pending:
+                proc.join(5)
+                conn.close()
+                del running[name]
         time.sleep(0.01)

@@ -62,13 +62,29 @@ class SimulatorJudge:
     def __call__(self, plan: Plan):
         from paraplan.simulator.predict import simulate_plan
 
-        # (without the split of where the time goes: the judge reads the prediction alone)
-        return simulate_plan(replace(plan, **self.precision), self.costs, split=False).prediction
+        plan = replace(plan, **self.precision)
+        judged = _judged(self.costs)
+        if plan not in judged:
+            # (without the split of where the time goes: the judge reads the prediction alone)
+            judged[plan] = simulate_plan(plan, self.costs, split=False).prediction
+        return judged[plan]
 
     def memory(self, plan: Plan):
         from paraplan.simulator.predict import memory_verdict
 
         return memory_verdict(replace(plan, **self.precision), self.costs)
+
+
+# The predictions of the last cost model judged, per plan: planners in one process (Galvatron-Base
+# riding with BMW in a comparison, planners/auto.py) judge many of the same plans
+_JUDGED: dict = {}
+
+
+def _judged(costs) -> dict:
+    if _JUDGED.get("costs") is not costs:  # one cost model at a time (held, so its id stays its own)
+        _JUDGED.clear()
+        _JUDGED["costs"], _JUDGED["plans"] = costs, {}
+    return _JUDGED["plans"]
 
 
 def simulator_judge(request: PlanRequest) -> Judge:

@@ -8,6 +8,7 @@ its flags (`FieldError.field`).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -46,6 +47,41 @@ def resolve_kinds(cluster, budgets) -> tuple[tuple[str, int], ...]:
             raise FieldError("memory_by_kind", f"device type {matches[0]} has two budgets")
         out[matches[0]] = nbytes
     return tuple(out.items())
+
+
+# The cost model a request's memory limits were applied to, per cost model they made, and the one
+# they made from each, per limits (both weakly held). A request replaced with other options or another
+# batch (dataclasses.replace runs __post_init__ again) keeps its limits applied once, not again (a
+# 5% headroom had become 9.75% in Galvatron's searches in a comparison, and less at every batch
+# tried), and keeps the same cost model object, which searches' caches are keyed by
+# (planners/galvatron/searcher.py `_shared`, planners/registry.py `_judged`)
+# (the origin is held while what it made lives: a request kept after its workload is dropped)
+_LIMITED_FROM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # made -> from
+_LIMITED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # from -> {limits: ref(made)}
+
+
+def limited_costs(costs: CostModel, memory_bytes: int | None, memory_by_kind: tuple, headroom: float) -> CostModel:
+    """`costs` with a request's memory limits applied to its cluster: a budget per device (or per
+    device type), then the headroom's share taken off. Given a cost model these limits made, they are
+    applied to the one it was made from, not to it again."""
+    limits = (memory_bytes, memory_by_kind, headroom)
+    costs = _LIMITED_FROM.get(costs, costs)
+    made = _LIMITED.setdefault(costs, {}).get(limits)
+    if made is not None and made() is not None:
+        return made()
+    cluster = costs.cluster
+    if memory_bytes is not None:
+        cluster = cluster.with_memory(memory_bytes)
+    if memory_by_kind:
+        cluster = cluster.with_memory_of_kinds(dict(memory_by_kind))
+    if headroom:
+        cluster = cluster.with_memory_scaled(1 - headroom)
+    if cluster is costs.cluster:
+        return costs
+    out = replace(costs, cluster=cluster)
+    _LIMITED[costs][limits] = weakref.ref(out)
+    _LIMITED_FROM[out] = costs
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,25 +151,18 @@ class PlanRequest:
             except ValueError:
                 raise FieldError("schedule", f"unknown {self.schedule!r}; expected one of "
                                              f"{', '.join(s.value for s in Schedule)}, {BEST_SCHEDULE}") from None
-        if self.memory_bytes is not None:
-            if self.memory_bytes < 1:
-                raise FieldError("memory_bytes", f"must be positive, got {self.memory_bytes}")
-            # one memory truth: planners and the judge read capacities from the request's cluster
-            object.__setattr__(self, "costs", replace(self.costs, cluster=self.costs.cluster.with_memory(
-                self.memory_bytes)))
-        if self.memory_by_kind:
-            if self.memory_bytes is not None:
-                raise FieldError("memory_by_kind", "one budget for every device or one per device type, not both")
-            resolved = resolve_kinds(self.costs.cluster, self.memory_by_kind)
-            object.__setattr__(self, "memory_by_kind", resolved)
-            object.__setattr__(self, "costs", replace(self.costs, cluster=self.costs.cluster.with_memory_of_kinds(
-                dict(resolved))))
+        if self.memory_bytes is not None and self.memory_bytes < 1:
+            raise FieldError("memory_bytes", f"must be positive, got {self.memory_bytes}")
+        if self.memory_by_kind and self.memory_bytes is not None:
+            raise FieldError("memory_by_kind", "one budget for every device or one per device type, not both")
         if isinstance(self.headroom, bool) or not isinstance(self.headroom, int | float) \
                 or not 0 <= self.headroom < 1:
             raise FieldError("headroom", f"a share of each device's memory in [0, 1), got {self.headroom!r}")
-        if self.headroom:
-            object.__setattr__(self, "costs", replace(self.costs, cluster=self.costs.cluster.with_memory_scaled(
-                1 - self.headroom)))
+        if self.memory_by_kind:
+            object.__setattr__(self, "memory_by_kind", resolve_kinds(self.costs.cluster, self.memory_by_kind))
+        # one memory truth: planners and the judge read capacities from the request's cluster
+        object.__setattr__(self, "costs", limited_costs(self.costs, self.memory_bytes, self.memory_by_kind,
+                                                        self.headroom))
         object.__setattr__(self, "options", dict(self.options))
 
     @property

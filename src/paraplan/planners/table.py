@@ -42,6 +42,10 @@ class PlannerSpec:
     # its search prices every device as the cluster's first (the method's papers assume devices alike);
     # on a cluster of several kinds its plans say so (planners/registry.py: alike_note, issue 52)
     alike_devices: bool = False
+    # `--planner auto`: where the named planner runs too, this one runs in its process, just before it,
+    # under the same time limit: the two share their searches' work (Galvatron-Base's search is
+    # BMW's on the even partitions: planners/galvatron/searcher.py `_shared`) and its judgements
+    rides_with: str = ""
 
 
 PLANNERS: dict[str, PlannerSpec] = {}
@@ -50,9 +54,10 @@ PLANNERS: dict[str, PlannerSpec] = {}
 def register(name: str, summary: str, schedules=(Schedule.GPIPE,), options: Mapping[str, OptionSpec] | None = None,
              needs_operators: bool = False, *, slow: int = 0, not_compared: str = "",
              in_comparison: Callable[[dict, frozenset], dict] | None = None, expert_parallel: bool = False,
-             reach: Callable[[object, float], str | None] | None = None, alike_devices: bool = False):
+             reach: Callable[[object, float], str | None] | None = None, alike_devices: bool = False,
+             rides_with: str = ""):
     """Decorator: add a planner function to the table under `name` (`slow`, `not_compared`,
-    `in_comparison`: how `--planner auto` runs it; `expert_parallel`: PlannerSpec)."""
+    `in_comparison`, `rides_with`: how `--planner auto` runs it; `expert_parallel`: PlannerSpec)."""
 
     def add(fn: PlannerFn) -> PlannerFn:
         if name in PLANNERS:
@@ -60,7 +65,7 @@ def register(name: str, summary: str, schedules=(Schedule.GPIPE,), options: Mapp
         # "best": the planner also chooses the schedule (planners/request.py: BEST_SCHEDULE)
         PLANNERS[name] = PlannerSpec(name, fn, summary, tuple(s if s == "best" else Schedule(s) for s in schedules),
                                      dict(options or {}), needs_operators, slow, not_compared, in_comparison,
-                                     expert_parallel, reach, alike_devices)
+                                     expert_parallel, reach, alike_devices, rides_with)
         return fn
 
     return add

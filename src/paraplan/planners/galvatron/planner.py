@@ -287,8 +287,7 @@ _OPTIONS = {
                                 "even, memory (p_m alone), time (p_t alone), biobj (p_m and the balance adjustment)",
                                 bmw_parts),
     "pp_order": OptionSpec("ascending", "the order pipeline degrees are searched in (the same degrees either way; "
-                            "in `plan --planner auto`, Galvatron-Base searches from the deepest pipelines while BMW "
-                            "searches from one stage, so that two searches stopped by the time limit cover both ends)",
+                            "descending: the deepest pipelines first, for a search the time limit may stop)",
                             one_of("pp_order", ("ascending", "descending"))),
     "portfolio": OptionSpec(True, "Galvatron-Base / -BMW: also search the variants inside their space and keep the "
                             "simulator's best (off in `plan --planner auto`, where those variants are rows of "
@@ -301,8 +300,8 @@ _OPTIONS = {
 FLAGSHIP = "galvatron-bmw"
 # `--planner auto` starts these after the quick planners, in this order (planners/table.py: slow):
 # the flagship first (it holds the best plans of the most requests and, stopped, keeps its best so
-# far), the grid beside it (14-22 s at 64-1,024 GPUs), Galvatron-Base soon after, searching from
-# the other end (`_in_comparison`); the other variants are quick
+# far; Galvatron-Base runs in its process just before it: `rides_with`), the grid beside it (14-22 s
+# at 64-1,024 GPUs); the other variants are quick
 SLOW = {FLAGSHIP: 1, GRID: 2, "galvatron-base": 3, "galvatron-1f1b-biobj": 4, "galvatron": 5}
 
 
@@ -310,15 +309,13 @@ def _in_comparison(name: str):
     """The options of Galvatron-Base or -BMW in `--planner auto`: their portfolio (the plans of the
     variants inside their space) left to the comparison when every one of those variants is a row of
     it already: the same plans, searched once instead of twice. Base's space lies inside BMW's: where
-    both run, Base searches the pipeline degrees from the deepest while BMW goes from one stage, so
-    that under the deadline the two cover both ends."""
+    both run, Base runs in BMW's process just before it (`rides_with`), and BMW's search reads Base's
+    dynamic programs and judgements (issue 51: 35 s of Base's own at 1,024 GPUs)."""
 
     def options_in(options: dict, compared: frozenset) -> dict:
         options = dict(options)
         if set(PORTFOLIO[name]) | {GRID} <= compared and "portfolio" not in options:
             options["portfolio"] = False
-        if name == "galvatron-base" and FLAGSHIP in compared and "pp_order" not in options:
-            options["pp_order"] = "descending"
         return options
 
     return options_in
@@ -329,6 +326,7 @@ def _register(variant: Variant) -> None:
 
     @register(variant.name, variant.summary, schedules=schedules, options=_OPTIONS, slow=SLOW.get(variant.name, 0),
               in_comparison=_in_comparison(variant.name) if variant.name in PORTFOLIO else None,
+              rides_with=FLAGSHIP if variant.name == "galvatron-base" else "",
               # space.py `variant_strategies`: the variants searching every axis lay experts out too
               expert_parallel=variant.dims == frozenset(TREE_AXES) and not variant.fixed_3d)
     def _planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:

@@ -51,8 +51,29 @@ class SearchResult:
     finalists: tuple = ()
 
 
+# The arrays and stage results of the last cost model searched, per what they depend on (`_shared`):
+# Galvatron-Base's search is BMW's on the even partitions, and in a comparison the two run in one
+# process (planners/auto.py: PlannerSpec.rides_with), the second reading the first's dynamic programs
+_SHARED: dict = {}
+
+
+def _shared(request: PlanRequest, variant: Variant, bins: int) -> tuple[StrategyArrays, dict]:
+    """(the per-layer arrays, the stage results) of every search with the same cost model, batch,
+    strategies and memory granularity: the same numbers, computed once."""
+    if _SHARED.get("costs") is not request.costs:  # one cost model at a time (held, so its id stays its own)
+        _SHARED.clear()
+        _SHARED["costs"] = request.costs
+    key = (variant.dims, variant.checkpoint, variant.pp, variant.fixed_3d, bins, request.batch,
+           request.n_devices, request.sequence_parallel, request.tensor_parallel,
+           int(request.options.get("context_parallel", 1)))
+    if key not in _SHARED:
+        _SHARED[key] = (StrategyArrays(request, variant), {})
+    return _SHARED[key]
+
+
 class Searcher:
-    """Every search of one request and variant, with the per-layer arrays and stage results cached."""
+    """Every search of one request and variant, with the per-layer arrays and stage results cached
+    (shared with the other searches of the same cost model and strategies: `_shared`)."""
 
     def __init__(self, request: PlanRequest, variant: Variant, bins: int):
         self.request, self.variant, self.bins = request, variant, bins
@@ -60,8 +81,8 @@ class Searcher:
         self.model, self.cluster = self.cm.model, self.cm.cluster
         self.config = self.cm.memory or MemoryConfig()
         self.slow = self.cm.overlap_slowdown
-        self.arrays = StrategyArrays(request, variant)  # arrays(devices, micro): the group's [layer, strategy] arrays
-        self._stages: dict = {}
+        # arrays(devices, micro): the group's [layer, strategy] arrays
+        self.arrays, self._stages = _shared(request, variant, bins)
         # layers sharing a weight: those that use one another layer owns, and its owners
         self.tied = {i for i, layer in enumerate(self.model.layers) if layer.shared_param_bytes} | \
             {o for layer in self.model.layers for o in layer.shared_owners}

@@ -46,7 +46,7 @@ def run_page(page: Path, tmp: Path) -> list[tuple[str, int, str]]:
         else:
             res = subprocess.run(["bash", "-c", command], cwd=tmp, env=ENV, capture_output=True, text=True,
                                  timeout=900)
-        ran.append((command, res.returncode, res.stdout[-6000:] + res.stderr[-3000:]))
+        ran.append((command, res.returncode, res.stdout[-60000:] + res.stderr[-3000:]))
         if res.returncode != 0:
             break
     return ran

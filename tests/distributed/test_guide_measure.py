@@ -18,6 +18,8 @@ def test_the_llm_quick_start_runs(tmp_path):
     page = GUIDE / "llm-quickstart.md"
     ran = run_page(page, tmp_path)
     assert not page_problems(page, ran), "\n".join(page_problems(page, ran))
-    # what the page says the user reads: the recipes' row chosen, the per-GPU figures beside the launch
+    # what the page says the user reads: the recipes' row judged, the best plan torchtitan runs named,
+    # the per-GPU figures beside the launch
     assert "torchtitan-recipes" in ran[0][2] and "MFU" in ran[0][2]
+    assert "torchtitan: the best plan it can run is" in ran[0][2]
     assert "per GPU:" in ran[1][2] and "--nproc-per-node 8 --nnodes 2" in ran[1][2]

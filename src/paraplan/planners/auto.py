@@ -22,11 +22,10 @@ from dataclasses import dataclass, replace
 from paraplan.errors import NothingFits, ParaplanError
 from paraplan.planners import progress
 from paraplan.planners.bound import LowerBound, lower_bound
+from paraplan.planners.plan_shape import describe
 from paraplan.planners.registry import PLANNERS, alike_note, idle_kinds, make_plan, planner, planner_names
 from paraplan.planners.request import PlanRequest
-from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import Plan, SearchInfo
-from paraplan.plans.worker_roles import worker_roles
 from paraplan.simulator.time_split import TimeSplit
 
 
@@ -93,38 +92,6 @@ def no_plan_reason(result: Comparison, time_limit_s: float | None = None) -> str
         return (f"no plan within the time limit{limit}: {len(timed_out)} planner{'s' if len(timed_out) != 1 else ''} "
                 f"timed out ({', '.join(timed_out)}){others}; raise --time-limit")
     return "no planner found a plan that fits" + (f"; {fastest}" if fastest else "")
-
-
-def describe(plan: Plan) -> str:
-    """The plan's shape in a few words."""
-    kind = plan.kind
-    if len({p.device for p in plan.operators if p.ops} if kind is PlanKind.OPERATORS else set(plan.devices)) == 1:
-        # whichever planner found it: its name in the table must not read as a split
-        chunks = f", {plan.virtual_stages} chunks, {plan.schedule}" if plan.virtual_stages > 1 else ""
-        return "one process on 1 device" + chunks
-    if kind is PlanKind.OPERATORS:
-        used = [p for p in plan.operators if p.ops]
-        splits = sum("/part" in op for p in plan.operators for op in p.ops)
-        return f"operators on {len(used)} devices" + (f", {splits} split parts" if splits else "")
-    stages = f"{plan.n_stages} stage{'s' if plan.n_stages != 1 else ''}"
-    if plan.schedule not in ("gpipe", "1f1b", "async-1f1b"):  # the schedules of "Today's training II"
-        chunks = f" x {plan.virtual_stages} chunks" if plan.virtual_stages > 1 else ""
-        stages = f"{plan.n_ranks} stage{'s' if plan.n_ranks != 1 else ''}{chunks}, {plan.schedule}"
-    if kind is PlanKind.BIPARTITION:
-        split = sum(len(r.recomputed) for r in worker_roles(plan))
-        return f"{plan.n_stages} worker{'s' if plan.n_stages != 1 else ''}" + (
-            f", {split} layer{'s' if split != 1 else ''} split fwd/bwd" if split else ", layer-wise")
-    if kind is PlanKind.LAYERS and any(st.degree > 1 for s in plan.stages for st in s.strategies):
-        kinds = []
-        for stage in plan.stages:
-            for layer in stage.layers:
-                text = str(stage.strategy(layer))
-                if text not in kinds:
-                    kinds.append(text)
-        more = f" +{len(kinds) - 3} more" if len(kinds) > 3 else ""
-        return f"{stages} x {len(plan.stages[0].devices)}: " + ", ".join(kinds[:3]) + more
-    groups = len(plan.stages[0].devices)
-    return stages + (f" x {groups} groups" if groups > 1 else "")
 
 
 def skip_reason(name: str, request: PlanRequest, time_limit_s: float = 60.0) -> str | None:
@@ -341,7 +308,7 @@ def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: 
                 if on_row:
                     on_row(rows[name])
                 continue
-            # the planners that run in this one's process, after it (PlannerSpec.rides_with)
+            # the planners that run in this one's process, before it (PlannerSpec.rides_with)
             riders = [r for r in todo if planner(r).rides_with == name]
             for r in riders:
                 todo.remove(r)

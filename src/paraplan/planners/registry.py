@@ -66,7 +66,7 @@ class SimulatorJudge:
         judged = _judged(self.costs)
         if plan not in judged:
             # (without the split of where the time goes: the judge reads the prediction alone)
-            judged[plan] = simulate_plan(plan, self.costs, split=False).prediction
+            judged[plan] = simulate_plan(plan, self.costs, split=False, one_replica=True).prediction
         return judged[plan]
 
     def memory(self, plan: Plan):

@@ -48,11 +48,14 @@ MODELLED: frozenset[str] = frozenset({"precision", "zero", "sequence_parallel", 
                                      "expert_dispatcher"})
 
 
-def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True, split: bool = True) -> Simulation:
+def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True, split: bool = True,
+                  one_replica: bool = False) -> Simulation:
     """`contention` (operator-placement plans only): transfers wait for busy ports; without it the
     makespan is the schedule's own critical-path length (FD-DPS eq. (10)). `split=False`: no
     `Simulation.split` (where the time goes, for people), which a search's judge does not read
-    (a fifth of the Megatron grid's time at 1,024 GPUs); the prediction is the same."""
+    (a fifth of the Megatron grid's time at 1,024 GPUs); the prediction is the same. `one_replica`:
+    data-parallel replicas alike simulated as one (pipeline.alike_replicas; the timeline then holds
+    replica 0's devices alone, each other's drawn on them): the same prediction, for a search's judge."""
     refuse_features(plan, MODELLED, "the simulator")
     if plan.precision != cm.precision:
         raise PlanError(f"precision: the plan trains in {plan.precision} but the cost model prices {cm.precision}")
@@ -65,6 +68,8 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True, split: boo
     if plan.kind is PlanKind.OPERATORS:
         return _simulate_dag_plan(plan, cm, contention)
     work = plan_work(plan, cm)
+    if one_replica:
+        work = pipeline.alike_replicas(work)
     result = pipeline.run(work, cm.overlap_slowdown)
     capacities = {slot.id: slot.spec.memory_bytes for slot in cm.cluster.devices}
     memory, breakdown = plan_memory(plan, cm.model, capacities, cm.memory)
@@ -82,7 +87,8 @@ def simulate_plan(plan: Plan, cm: CostModel, contention: bool = True, split: boo
     spans = pipeline.ASYNC_ITERATIONS if work.schedule == "async-1f1b" else 1  # iterations the timeline holds
     per_device, per_device_exposed = {}, {}
     for stage in plan.stages:
-        lead = work.replicas[0][plan.stages.index(stage)].device if plan.kind is PlanKind.LAYERS else None
+        lead = work.replicas[0][plan.stages.index(stage)].device \
+            if plan.kind is PlanKind.LAYERS or len(work.replicas) == 1 else None
         for d in stage.devices:
             drawn = lead if lead is not None else d
             per_device[d] = busy[drawn] / spans

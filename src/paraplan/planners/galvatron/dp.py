@@ -145,6 +145,11 @@ def search_stage(cost: np.ndarray, forward_bytes: np.ndarray, backward_bytes: np
         budget = int(np.floor((capacity - b) / unit)) + n_layers // 2 + 1  # rounding may hide up to L/2 units
         if budget < 0 or not np.isfinite(masked.min(axis=1)).all():
             continue
+        # every layer at its least forward memory allowed here already over the budget: the dynamic
+        # program would find nothing (exact; at thousands of GPUs most stages of the variants without
+        # CKPT are such, and their tables were most of those searches)
+        if int(np.where(np.isfinite(masked), mem_units, np.iinfo(np.int64).max).min(axis=1).sum()) > budget:
+            continue
         table = dp_table(masked, mem_units, trans, budget, classes)
         for energy in range(budget, -1, -1):  # Algorithm 3's whole-memory check, in exact bytes
             value, choice = backtrack(table, energy)

@@ -339,3 +339,26 @@ def test_replicas_alike_simulated_as_one_predict_the_same(groups, stages, sync):
     one = simulate_plan(plan, cm, split=False, one_replica=True).prediction
     assert one.iteration_s == pytest.approx(full.iteration_s, rel=1e-12)
     assert one.memory == full.memory and one.feasible == full.feasible
+
+
+def test_one_replica_keeps_the_time_split_and_the_per_device_stats():
+    """The comparison's rows simulate replicas alike as one (planners/auto.py `_row`): where the
+    time goes and each device's busy time are replica 0's, the same as with every replica."""
+    from paraplan.costs.model import analytic_cost_model
+    from paraplan.hardware import load_cluster
+    from paraplan.models import measure, zoo
+    from paraplan.plans.plan import LayerRange, Plan, Stage
+    from paraplan.simulator.predict import simulate_plan
+
+    cluster = load_cluster("gropipe-8xt4")
+    model = measure.measure(zoo.build("vgg-16"))
+    cm = analytic_cost_model(model, cluster)
+    half = model.n_layers // 2
+    plan = Plan(model="vgg-16", cluster=cluster.name, n_layers=model.n_layers, global_batch=64, n_micro=4,
+                schedule="1f1b", grad_sync="bucketed",
+                stages=(Stage(LayerRange(0, half), (0, 2, 4, 6)), Stage(LayerRange(half, model.n_layers), (1, 3, 5, 7))))
+    full, one = simulate_plan(plan, cm), simulate_plan(plan, cm, one_replica=True)
+    assert [d.device for d in one.devices] == [d.device for d in full.devices]
+    assert [d.busy_s for d in one.devices] == pytest.approx([d.busy_s for d in full.devices], rel=1e-12)
+    assert one.bubble_fraction == pytest.approx(full.bubble_fraction, rel=1e-12)
+    assert one.split is not None and repr(one.split) == repr(full.split)

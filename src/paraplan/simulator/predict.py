@@ -123,6 +123,17 @@ def memory_verdict(plan: Plan, cm: CostModel) -> Prediction | None:
                       cost_source=cm.source, engine=cm.engine)
 
 
+def verdict_if_large(plan: Plan, cm: CostModel, max_tasks: int) -> Prediction | None:
+    """The memory's verdict of a layer plan that does not fit and whose timeline would take more than
+    `max_tasks` simulator tasks (its replicas alike counted once); None otherwise (time it)."""
+    if plan.kind is PlanKind.OPERATORS:
+        return None
+    verdict = memory_verdict(replace(plan, **cm.plan_precision), cm)
+    if verdict is None or pipeline.task_count(pipeline.alike_replicas(plan_work(plan, cm))) <= max_tasks:
+        return None
+    return verdict
+
+
 def tensor_parallel_refusal(plan: Plan, runs: frozenset | None) -> str:
     """Why the plan is not runnable when it puts TP on a layer paraplan's runtime cannot shard
     (CostModel.tensor_parallel; issue 46: such a layer ran replicated, at tp times the predicted

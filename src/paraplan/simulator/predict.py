@@ -128,10 +128,12 @@ def verdict_if_large(plan: Plan, cm: CostModel, max_tasks: int) -> Prediction | 
     `max_tasks` simulator tasks (its replicas alike counted once); None otherwise (time it)."""
     if plan.kind is PlanKind.OPERATORS:
         return None
-    verdict = memory_verdict(replace(plan, **cm.plan_precision), cm)
-    if verdict is None or pipeline.task_count(pipeline.alike_replicas(plan_work(plan, cm))) <= max_tasks:
+    try:
+        if pipeline.task_count(pipeline.alike_replicas(plan_work(plan, cm))) <= max_tasks:
+            return None
+        return memory_verdict(replace(plan, **cm.plan_precision), cm)
+    except Exception:  # a plan the simulator refuses: simulate_plan says why, in its own words
         return None
-    return verdict
 
 
 def tensor_parallel_refusal(plan: Plan, runs: frozenset | None) -> str:

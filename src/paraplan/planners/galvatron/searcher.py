@@ -178,8 +178,13 @@ class Searcher:
             overflow = max(m.peak_bytes / max(m.capacity_bytes, 1) for m in memory)
             if failures:
                 return SearchResult(INF, plan, overflow, failures[0])
-            over = {s: max(m.peak_bytes - m.capacity_bytes for m in memory if m.device in plan.stages[s].devices)
-                    for s in range(n_stages)}
+            # each stage's largest excess over its devices' capacity (one pass: a stage of 1,024 devices
+            # looked up per device per stage had been a fifth of BMW's search at 1,024 GPUs)
+            stage_of = {d: s for s, stage in enumerate(plan.stages) for d in stage.devices}
+            over = {s: -float("inf") for s in range(n_stages)}
+            for m in memory:
+                if m.device in stage_of:
+                    over[stage_of[m.device]] = max(over[stage_of[m.device]], m.peak_bytes - m.capacity_bytes)
             if all(v <= 0 for v in over.values()):
                 return SearchResult(self.estimate(plan, stages, n_micro), plan)
             reductions = [r + max(0.0, over[s]) for s, r in enumerate(reductions)]

@@ -16,7 +16,14 @@ from dataclasses import replace
 
 from paraplan.errors import UnknownNameError
 from paraplan.planners import table
-from paraplan.planners.request import BEST_SCHEDULE, FieldError, Judge, PlanRequest, validated_options
+from paraplan.planners.request import (
+    BEST_SCHEDULE,
+    FieldError,
+    Judge,
+    PlanRequest,
+    cost_model_cache,
+    validated_options,
+)
 from paraplan.planners.table import PlannerSpec
 from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import Plan, Prediction
@@ -63,7 +70,7 @@ class SimulatorJudge:
         from paraplan.simulator.predict import simulate_plan
 
         plan = replace(plan, **self.precision)
-        judged = _judged(self.costs)
+        judged = cost_model_cache(_JUDGED, self.costs)
         if plan not in judged:
             # (without the split of where the time goes: the judge reads the prediction alone)
             judged[plan] = simulate_plan(plan, self.costs, split=False, one_replica=True).prediction
@@ -78,13 +85,6 @@ class SimulatorJudge:
 # The predictions of the last cost model judged, per plan: planners in one process (Galvatron-Base
 # riding with BMW in a comparison, planners/auto.py) judge many of the same plans
 _JUDGED: dict = {}
-
-
-def _judged(costs) -> dict:
-    if _JUDGED.get("costs") is not costs:  # one cost model at a time (held, so its id stays its own)
-        _JUDGED.clear()
-        _JUDGED["costs"], _JUDGED["plans"] = costs, {}
-    return _JUDGED["plans"]
 
 
 def simulator_judge(request: PlanRequest) -> Judge:

@@ -84,6 +84,17 @@ def limited_costs(costs: CostModel, memory_bytes: int | None, memory_by_kind: tu
     return out
 
 
+def cost_model_cache(store: dict, costs: CostModel) -> dict:
+    """`store`'s entries for `costs`, emptied when another cost model is asked for: a process-wide cache
+    that holds one cost model's results at a time (the model held, so its id stays its own), for the
+    searches and judgements that planners in one process share (planners/galvatron/searcher.py,
+    planners/registry.py)."""
+    if store.get("costs") is not costs:
+        store.clear()
+        store["costs"], store["entries"] = costs, {}
+    return store["entries"]
+
+
 @dataclass(frozen=True, kw_only=True)
 class PlanRequest:
     """One planning problem: a model and a cluster (with their costs), a batch, and limits.

@@ -128,12 +128,12 @@ def verdict_if_large(plan: Plan, cm: CostModel, max_tasks: int) -> Prediction | 
     `max_tasks` simulator tasks (its replicas alike counted once); None otherwise (time it)."""
     if plan.kind is PlanKind.OPERATORS:
         return None
-    try:
+    try:  # the work first, as simulate_plan builds it: a plan it refuses is refused there, in its words
         if pipeline.task_count(pipeline.alike_replicas(plan_work(plan, cm))) <= max_tasks:
             return None
-        return memory_verdict(replace(plan, **cm.plan_precision), cm)
-    except Exception:  # a plan the simulator refuses: simulate_plan says why, in its own words
+    except PlanError:
         return None
+    return memory_verdict(replace(plan, **cm.plan_precision), cm)
 
 
 def tensor_parallel_refusal(plan: Plan, runs: frozenset | None) -> str:

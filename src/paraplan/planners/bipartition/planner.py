@@ -117,8 +117,10 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
                                    f"{max_workers} micro-batches; at most {max(micro_counts)} here")
     t0 = time.perf_counter()
     table, best = [], None
+    exact = _exact_counts(request, micro_counts, max_workers)
     for p in micro_counts:
-        for kind, n_workers, division in _divisions(request, p, max_workers, layerwise, check_memory, mode, notes):
+        for kind, n_workers, division in _divisions(request, p, max_workers, layerwise, check_memory, mode, notes,
+                                                    p in exact):
             stages = tuple(Stage(LayerRange(*w.forward), (i,),
                                  backward_layers=None if layerwise else LayerRange(*w.backward))
                            for i, w in enumerate(division.workers))
@@ -141,8 +143,7 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
                                    f"their memory, at any micro-batch count")
     _, plan, bottleneck = best
     name = "pipedream-layerwise" if layerwise else "bipartition"
-    info = {"bottleneck_s": bottleneck, "costs": cm.source, "max_workers": max_workers, "mode": mode,
-            **{key: value for key, value in notes.items() if not key.startswith("_")}}  # "_": the search's own
+    info = {"bottleneck_s": bottleneck, "costs": cm.source, "max_workers": max_workers, "mode": mode, **notes}
     if exactly:
         info["exact_stages"] = True
     note = ""
@@ -231,9 +232,24 @@ def _memory_checks(cm, micro: float, p: int, max_workers: int, check_memory: boo
     return fits, vector_fits
 
 
+def _exact_counts(request: PlanRequest, micro_counts, max_workers: int) -> frozenset[int]:
+    """The micro-batch counts whose exact recompute DP fits in recompute.EXACT_BUDGET, spent in the
+    counts' order (the smallest first: their worker limit is the least)."""
+    k, spent, out = request.n_layers, 0.0, set()
+    for p in micro_counts:
+        limit = min(max_workers, p, most_workers(k, layerwise=False))
+        if request.exact_stages and limit < max_workers:
+            continue  # not searched at this count (`_divisions`)
+        if spent + exact_cost(k, limit) <= EXACT_BUDGET:
+            spent += exact_cost(k, limit)
+            out.add(p)
+    return frozenset(out)
+
+
 def _divisions(request: PlanRequest, p: int, max_workers: int, layerwise: bool, check_memory: bool, mode: str,
-               notes: dict) -> list[tuple[str, int, object]]:
-    """(kind, workers, division) of every division to judge at p micro-batches, each once."""
+               notes: dict, exact: bool = True) -> list[tuple[str, int, object]]:
+    """(kind, workers, division) of every division to judge at p micro-batches, each once; `exact`:
+    the exact recompute DP within its budget at this count (`_exact_counts`)."""
     cm = request.costs
     k = request.n_layers
     exactly = request.exact_stages
@@ -256,12 +272,10 @@ def _divisions(request: PlanRequest, p: int, max_workers: int, layerwise: bool, 
             continue
         try:
             if kind == "recompute":
-                spent = notes.get("_exact_spent", 0.0)
-                if spent + exact_cost(k, limit) > EXACT_BUDGET:
+                if not exact:
                     notes["runtime_search"] = "paper-cost divisions judged (too many layers for the exact " \
                                               "recompute DP)"
                     continue
-                notes["_exact_spent"] = spent + exact_cost(k, limit)
                 divisions = recompute_all(fwd, bwd, runtime_cut_s, limit, fits=vector_fits)
             else:
                 divisions = bipartition_all(fwd, bwd, cut_s, limit, fits=fits, layerwise=kind == "layerwise")

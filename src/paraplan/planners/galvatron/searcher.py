@@ -20,7 +20,7 @@ from paraplan.planners.galvatron.arrays import StrategyArrays
 from paraplan.planners.galvatron.dp import INF, pipeline_cost, search_stage
 from paraplan.planners.galvatron.partitions import BMW_PARTITION, BMW_PARTS, bmw_parts  # noqa: F401 (their old home)
 from paraplan.planners.galvatron.space import Variant, stage_group
-from paraplan.planners.request import PlanRequest
+from paraplan.planners.request import PlanRequest, cost_model_cache
 from paraplan.plans.plan import LayerRange, Plan, Stage
 
 
@@ -60,15 +60,13 @@ _SHARED: dict = {}
 def _shared(request: PlanRequest, variant: Variant, bins: int) -> tuple[StrategyArrays, dict]:
     """(the per-layer arrays, the stage results) of every search with the same cost model, batch,
     strategies and memory granularity: the same numbers, computed once."""
-    if _SHARED.get("costs") is not request.costs:  # one cost model at a time (held, so its id stays its own)
-        _SHARED.clear()
-        _SHARED["costs"] = request.costs
+    shared = cost_model_cache(_SHARED, request.costs)
     key = (variant.dims, variant.checkpoint, variant.pp, variant.fixed_3d, bins, request.batch,
            request.n_devices, request.sequence_parallel, request.tensor_parallel,
            int(request.options.get("context_parallel", 1)))
-    if key not in _SHARED:
-        _SHARED[key] = (StrategyArrays(request, variant), {})
-    return _SHARED[key]
+    if key not in shared:
+        shared[key] = (StrategyArrays(request, variant), {})
+    return shared[key]
 
 
 class Searcher:

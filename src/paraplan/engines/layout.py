@@ -101,7 +101,8 @@ def engine_layout(plan: Plan, kinds: tuple[str, ...]) -> EngineLayout:
     sizes = {len(s.devices) for s in plan.stages}
     if len(sizes) > 1:
         raise ExportRefused("any", f"stages on different numbers of devices ({', '.join(str(len(s.devices)) for s in plan.stages)}): "
-                                   "uneven data-parallel groups")
+                                   "uneven data-parallel groups (torchtitan, Megatron-LM and DeepSpeed take one "
+                                   "data-parallel degree for every pipeline stage)")
     if "block" not in kinds:  # a CNN or a user's module: every layer is a unit of the cut
         kinds = ("block",) * len(kinds)
     blocks = [(i, s.strategy(i)) for s in plan.stages for i in s.layers if kinds[i] == "block"]

@@ -236,6 +236,11 @@ def validate(plan: Plan) -> Plan:
     _validate_schedule_record(plan)  # first: the stages' check reads its stage -> rank mapping
     if plan.stages:
         _validate_stages(plan)
+    if plan.stages:
+        from paraplan.plans.stage_widths import width_problem
+
+        if problem := width_problem(plan):
+            raise PlanError(f"stages: {problem}")
     if plan.expert_overlap:
         from paraplan.plans.expert_overlap import expert_overlap_problem
 

@@ -23,6 +23,7 @@ from paraplan.plans.features import refuse_features
 from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import Plan, PlanError, check_fits
 from paraplan.plans.schedules import MULTI_CHUNK, Schedule
+from paraplan.plans.stage_widths import unequal
 from paraplan.precision import is_mixed
 
 # the version-2 plan features (plans/features.py: FEATURES) the runtime runs so far: the precision
@@ -80,7 +81,7 @@ class KindRuntime:
 class StageRuntime(KindRuntime):
     """Plans of layer stages, run by the stage loop with the kind's rank set-up."""
 
-    def setup(self):
+    def setup(self, plan: Plan):
         """The kind's set-up function (config, rank, device, built, layers, names, recorder) -> RankSetup."""
         raise NotImplementedError
 
@@ -120,9 +121,9 @@ class StageRuntime(KindRuntime):
                                           f"{world} ranks (0..{world - 1}): start {len(used)}")
             raise ParaplanError(f"the plan's devices {used} are not the ranks 0..{world - 1}")
         check_fits(plan, n_layers, world, "the world")
+        if self.check_widths(config, layers, built):
+            return
         counts = {len(s.devices) for s in plan.stages}
-        if len(counts) != 1:
-            raise ParaplanError("the runtime runs plans whose stages all have the same number of devices")
         self.check_layers(config, layers)
         for r in range(counts.pop()):
             ranks = [s.devices[r] for s in plan.stages[:plan.n_ranks]]  # the pipeline ranks, one per rank's first stage
@@ -137,16 +138,47 @@ class StageRuntime(KindRuntime):
             raise ParaplanError(f"1F1B needs at least as many micro-batches ({plan.n_micro}) as stages "
                                 f"({plan.n_stages})")
 
+    def check_widths(self, config, layers, built) -> bool:
+        """Whether the plan's stages differ in width and were checked as such (one line if they
+        cannot run); False: every stage has the same width, checked by `check`."""
+        if len({len(s.devices) for s in config.plan.stages}) > 1:
+            raise ParaplanError("the runtime runs plain pipeline stages of unequal width; stages with per-layer "
+                                "strategies or backward ranges need the same number of devices each")
+        return False
+
     def train(self, config) -> dict:
         from paraplan.runtime.pipeline.stage_loop import train_stages
 
-        return train_stages(config, self.setup())
+        return train_stages(config, self.setup(config.plan))
 
 
 class PipelineRuntime(StageRuntime):
     kind = PlanKind.PIPELINE
 
-    def setup(self):
+    def refuse(self, config) -> None:
+        super().refuse(config)
+        if unequal(config.plan) and is_mixed(config.plan.precision):
+            raise FieldError("plan", f"precision {config.plan.precision}: stages of unequal width train in fp32 "
+                                     "only so far (their own sends need each boundary's dtype under autocast)")
+
+    def check_widths(self, config, layers, built) -> bool:
+        plan = config.plan
+        if not unequal(plan):
+            return False
+        if config.checkpoint_dir:
+            raise FieldError("checkpoint_dir", "checkpoints of stages of unequal width are not written yet")
+        if layers is not None and built is not None:
+            from paraplan.runtime.pipeline.wide_rank import boundary_refusal
+
+            if reason := boundary_refusal(plan, built, layers):
+                raise ParaplanError(f"this plan cannot run: {reason}")
+        return True
+
+    def setup(self, plan: Plan):
+        if unequal(plan):
+            from paraplan.runtime.pipeline.wide_rank import wide_setup
+
+            return wide_setup
         from paraplan.runtime.pipeline.pipeline_rank import replica_setup
 
         return replica_setup
@@ -180,7 +212,7 @@ class LayersRuntime(StageRuntime):
 
         return hybrid_refusal(plan, layers)
 
-    def setup(self):
+    def setup(self, plan: Plan):
         from paraplan.runtime.layers.hybrid_rank import hybrid_setup
 
         return hybrid_setup
@@ -198,7 +230,7 @@ class BipartitionRuntime(StageRuntime):
 
         return bipartition_refusal(plan, layers)
 
-    def setup(self):
+    def setup(self, plan: Plan):
         from paraplan.runtime.bipartition.bipartition_rank import bipartition_setup
 
         return bipartition_setup

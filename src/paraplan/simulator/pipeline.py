@@ -61,6 +61,17 @@ class StageSync:
 
 
 @dataclass(frozen=True)
+class StageHop:
+    """Stages of unequal width (plans/stage_widths.py): device `sender` of a stage sends device
+    `receiver` of the next its rows of every micro-batch's activation, and gets their gradient back."""
+
+    sender: int  # position in the stage
+    receiver: int  # position in the next stage
+    forward_s: float
+    backward_s: float
+
+
+@dataclass(frozen=True)
 class PipelineWork:
     schedule: str  # a Schedule: gpipe | 1f1b | async-1f1b | the multi-chunk kinds (plans/schedules.py)
     n_micro: int
@@ -79,6 +90,22 @@ class PipelineWork:
     # with rendezvous: each message's cost beyond its link where the sender waits for it
     # (RuntimeOverheads.exchange_s: torch's Schedule1F1B)
     exchange_s: float = 0.0
+    # stages of unequal width (plans/stage_widths.py): [stage][position in the stage] in place of
+    # `replicas` (then empty), and per boundary s -> s + 1 its hops (StageHop); the stages' send_*_s unused
+    lanes: tuple[tuple[StageWork, ...], ...] = ()
+    boundary_hops: tuple[tuple[StageHop, ...], ...] = ()
+
+
+def _grid(work: PipelineWork) -> tuple[tuple[tuple[StageWork, ...], ...], tuple[tuple[StageHop, ...], ...]]:
+    """(every stage's devices' work [stage][position], every boundary's hops): `lanes` as given, or
+    from `replicas`, where replica r's stage s hands its micro-batch to replica r's stage s + 1."""
+    if work.lanes:
+        return work.lanes, work.boundary_hops
+    n_stages = len(work.replicas[0])
+    lanes = tuple(tuple(rep[s] for rep in work.replicas) for s in range(n_stages))
+    hops = tuple(tuple(StageHop(r, r, rep[s].send_forward_s, rep[s + 1].send_backward_s)
+                       for r, rep in enumerate(work.replicas)) for s in range(n_stages - 1))
+    return lanes, hops
 
 
 @dataclass(frozen=True)
@@ -90,28 +117,30 @@ class PipelineResult:
 def _orders(work: PipelineWork) -> tuple[list[list[schedules.Action]], int]:
     """(each pipeline rank's order of actions, micro-batches simulated)."""
     n_micro = work.n_micro * (ASYNC_ITERATIONS if work.schedule == "async-1f1b" else 1)
-    n_ranks = len(work.replicas[0]) // work.virtual_stages
+    n_ranks = len(_grid(work)[0]) // work.virtual_stages
     return schedules.rank_orders(work.schedule, n_ranks, work.virtual_stages, n_micro), n_micro
 
 
 def task_count(work: PipelineWork) -> int:
     """The tasks build_graph makes, in closed form (counted before anything is built)."""
-    n_stages = len(work.replicas[0])
+    lanes, hops = _grid(work)
     n_micro = work.n_micro * (ASYNC_ITERATIONS if work.schedule == "async-1f1b" else 1)
-    extra_parts = sum(len(s.buckets) - 1 for s in work.sync) if work.grad_sync == "bucketed" else 0
-    count = len(work.replicas) * extra_parts + sum(len(s.buckets) for s in work.sync if len(s.devices) > 1)
+    count = sum(len(lanes[s]) * (len(sync.buckets) - 1) for s, sync in enumerate(work.sync)) \
+        if work.grad_sync == "bucketed" else 0
+    count += sum(len(s.buckets) for s in work.sync if len(s.devices) > 1)
     passes = 3 if work.schedule in schedules.SPLIT_BACKWARD else 2  # F and B, or F, I and W
-    for replica in work.replicas:
-        for s, st in enumerate(replica):
-            # the passes, the two transfers to the next stage (none on the same device), the activation sends
-            hops = 2 if s + 1 < n_stages and replica[s + 1].device != st.device else 0
-            count += n_micro * (passes + hops + len(st.activation_sends)) + len(st.weight_sends)
+    for s, stage in enumerate(lanes):
+        for st in stage:
+            count += n_micro * (passes + len(st.activation_sends)) + len(st.weight_sends)
+        # the two transfers of each hop to the next stage (none on the same device)
+        count += sum(2 * n_micro for h in (hops[s] if s < len(hops) else ())
+                     if lanes[s + 1][h.receiver].device != stage[h.sender].device)
     return count
 
 
 def _passes(graph: TaskGraph, work: PipelineWork, orders: list[list[Action]]):
     """Every rank's compute tasks in its order (the engine runs a device's tasks in the order added):
-    per (replica, stage, micro-batch) the forward, where the backward starts and where its input
+    per (position in the stage, stage, micro-batch) the forward, where the backward starts and where its input
     gradient is ready, and where the weights' gradients are; DDP's bucket parts; each rank's tasks."""
     split_last = work.grad_sync == "bucketed"
     fwd: dict[tuple[int, int, int], int] = {}
@@ -127,12 +156,17 @@ def _passes(graph: TaskGraph, work: PipelineWork, orders: list[list[Action]]):
             if action.computation in (Computation.BACKWARD, Computation.BACKWARD_WEIGHT):
                 last_weights[action.stage] = action
     actions: dict[tuple[int, int], list[int]] = {}
-    for r, replica in enumerate(work.replicas):
+    lanes, _ = _grid(work)
+    # a rank's devices: its stages' (one width per rank); position-major, as replica-major before
+    rank_width = [len(lanes[order[0].stage]) if order else 0 for order in orders]
+    for r in range(max(rank_width)):
         for p in range(len(orders)):
+            if r >= rank_width[p]:
+                continue
             first_task = len(graph)
             for action in orders[p]:
                 s, j = action.stage, action.micro
-                st = replica[s]
+                st = lanes[s][r]
                 key = (r, s, j)
                 kind = action.computation
                 if kind == Computation.FORWARD:
@@ -166,13 +200,14 @@ def _passes(graph: TaskGraph, work: PipelineWork, orders: list[list[Action]]):
 def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
     if work.schedule not in schedules.ORDERS and work.schedule not in schedules.MULTI_CHUNK:
         raise ValueError(f"unknown schedule {work.schedule!r}")
-    n_stages = len(work.replicas[0])
+    n_stages = len(_grid(work)[0])
     # before anything is built (the orders included): a graph beyond the memory available is refused in one line
     limits.check_task_count(task_count(work), f"{work.n_micro:,} micro-batch{'es' if work.n_micro != 1 else ''} "
                                               f"over {n_stages} stage{'s' if n_stages != 1 else ''}"
                                               + (f" and {len(work.replicas)} replicas" if len(work.replicas) > 1 else ""))
     orders, n_micro = _orders(work)
-    used = [s.device for rep in work.replicas for s in rep] + [d for s in work.sync for d in s.devices]
+    lanes, hops = _grid(work)
+    used = [s.device for stage in lanes for s in stage] + [d for s in work.sync for d in s.devices]
     graph = TaskGraph(max(work.n_devices, max(used) + 1))
     fwd, bwd_first, bwd_last, weights_done, bucket_parts, actions, last_weights = _passes(graph, work, orders)
     position = {t: (key, i) for key, ts in actions.items() for i, t in enumerate(ts)}
@@ -204,54 +239,72 @@ def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
         if after is not None and sender_waits:
             graph.depend(after, transfer)
 
-    for r, replica in enumerate(work.replicas):
-        for s, st in enumerate(replica):
+    widest = max(len(stage) for stage in lanes)
+    sent_by = [{} for _ in hops]  # [boundary][sender] -> its hops
+    for s, boundary in enumerate(hops):
+        for h in boundary:
+            sent_by[s].setdefault(h.sender, []).append(h)
+    for r in range(widest):  # position-major, as replica-major before: the engine breaks ties by order
+        for s, stage in enumerate(lanes):
+            if r >= len(stage):
+                continue
+            st = stage[r]
             for j in range(n_micro):
                 graph.depend(bwd_first[(r, s, j)], fwd[(r, s, j)])
                 if weights_done[(r, s, j)] != bwd_last[(r, s, j)]:
                     graph.depend(weights_done[(r, s, j)], bwd_last[(r, s, j)])
-                if s + 1 >= n_stages:
-                    continue
-                nxt = replica[s + 1]
-                if nxt.device == st.device:  # the V's turn: the next stage is on this rank, no transfer
-                    graph.depend(fwd[(r, s + 1, j)], fwd[(r, s, j)])
-                    graph.depend(bwd_first[(r, s, j)], bwd_last[(r, s + 1, j)])
-                    continue
-                t = graph.transfer(st.device, nxt.device, st.send_forward_s + exchange, "send_forward", j, st.layers,
-                                   deps=[fwd[(r, s, j)]])
-                graph.depend(fwd[(r, s + 1, j)], t)
-                link(fwd[(r, s, j)], t, fwd[(r, s + 1, j)])
-                t = graph.transfer(nxt.device, st.device, nxt.send_backward_s + exchange, "send_backward", j,
-                                   nxt.backward_layers, deps=[bwd_last[(r, s + 1, j)]])
-                graph.depend(bwd_first[(r, s, j)], t)
-                link(bwd_last[(r, s + 1, j)], t, bwd_first[(r, s, j)])
-    for r, replica in enumerate(work.replicas):
-        for s, st in enumerate(replica):
+                for h in sent_by[s].get(r, ()) if s + 1 < n_stages else ():
+                    q = h.receiver
+                    nxt = lanes[s + 1][q]
+                    if nxt.device == st.device:  # the V's turn: the next stage is on this rank, no transfer
+                        graph.depend(fwd[(q, s + 1, j)], fwd[(r, s, j)])
+                        graph.depend(bwd_first[(r, s, j)], bwd_last[(q, s + 1, j)])
+                        continue
+                    t = graph.transfer(st.device, nxt.device, h.forward_s + exchange, "send_forward", j, st.layers,
+                                       deps=[fwd[(r, s, j)]])
+                    graph.depend(fwd[(q, s + 1, j)], t)
+                    link(fwd[(r, s, j)], t, fwd[(q, s + 1, j)])
+                    t = graph.transfer(nxt.device, st.device, h.backward_s + exchange, "send_backward", j,
+                                       nxt.backward_layers, deps=[bwd_last[(q, s + 1, j)]])
+                    graph.depend(bwd_first[(r, s, j)], t)
+                    link(bwd_last[(q, s + 1, j)], t, bwd_first[(r, s, j)])
+    for r in range(widest):
+        for s, stage in enumerate(lanes):
+            if r >= len(stage):
+                continue
+            st = stage[r]
             for dest, seconds in st.activation_sends:
                 for j in range(n_micro):
-                    t = graph.transfer(st.device, replica[dest].device, seconds, "send_activation", j, st.layers,
+                    t = graph.transfer(st.device, lanes[dest][r].device, seconds, "send_activation", j, st.layers,
                                        deps=[fwd[(r, s, j)]])
                     graph.depend(bwd_first[(r, dest, j)], t)
             for dest, seconds in st.weight_sends:
-                graph.transfer(st.device, replica[dest].device, seconds, "send_weights", n_micro - 1,
+                graph.transfer(st.device, lanes[dest][r].device, seconds, "send_weights", n_micro - 1,
                                st.backward_layers, deps=[bwd_last[(r, s, n_micro - 1)]])
     marks = {"last_backward": bwd_last, "n_micro": n_micro}
     if work.grad_sync != "none" and work.sync:
-        last = {s: a.micro for s, a in last_weights.items()}
-        flush = [weights_done[(r, s, last[s])] for r in range(len(work.replicas)) for s in range(n_stages)]
-        for s, sync in enumerate(work.sync):
-            if len(sync.devices) < 2:
-                continue
-            for b, bucket in enumerate(sync.buckets):
-                if work.grad_sync == "after-backward":
-                    deps = flush
-                elif work.grad_sync == "bucketed":
-                    deps = [bucket_parts[(r, s)][b] for r in range(len(work.replicas))]
-                else:  # gropipe-delayed
-                    deps = [weights_done[(r, s, last[s])] for r in range(len(work.replicas))]
-                graph.collective(sync.devices, bucket.allreduce_s, "allreduce", last[s], work.replicas[0][s].layers,
-                                 deps=deps)
+        _sync_tasks(graph, work, lanes, weights_done, bucket_parts, last_weights)
     return graph, marks
+
+
+def _sync_tasks(graph: TaskGraph, work: PipelineWork, lanes, weights_done: dict, bucket_parts: dict,
+                last_weights: dict) -> None:
+    """Each stage's gradient all-reduce (its buckets), after what its grad_sync waits for."""
+    n_stages, widest = len(lanes), max(len(stage) for stage in lanes)
+    last = {s: a.micro for s, a in last_weights.items()}
+    flush = [weights_done[(r, s, last[s])] for r in range(widest) for s in range(n_stages) if r < len(lanes[s])]
+    for s, sync in enumerate(work.sync):
+        if len(sync.devices) < 2:
+            continue
+        for b, bucket in enumerate(sync.buckets):
+            if work.grad_sync == "after-backward":
+                deps = flush
+            elif work.grad_sync == "bucketed":
+                deps = [bucket_parts[(r, s)][b] for r in range(len(lanes[s]))]
+            else:  # gropipe-delayed
+                deps = [weights_done[(r, s, last[s])] for r in range(len(lanes[s]))]
+            graph.collective(sync.devices, bucket.allreduce_s, "allreduce", last[s], lanes[s][0].layers,
+                             deps=deps)
 
 
 def alike_replicas(work: PipelineWork) -> PipelineWork:
@@ -260,7 +313,7 @@ def alike_replicas(work: PipelineWork) -> PipelineWork:
     syncs (the engine's devices each have their own streams and channels), which they all reach at
     the same instant, so replica 0's timeline is every replica's and the iteration the same. GroPipe
     at 16,384 H100s judges plans of up to 16,384 replicas; each one's timeline was the whole cost."""
-    if len(work.replicas) < 2:
+    if len(work.replicas) < 2 or work.lanes:
         return work
     first = [replace(st, device=0) for st in work.replicas[0]]
     if any([replace(st, device=0) for st in replica] != first for replica in work.replicas[1:]):

@@ -38,43 +38,12 @@ from paraplan.costs.strategy import (
 from paraplan.plans.axes import DATA, EXPERT_DATA
 from paraplan.plans.expert_overlap import steady_share
 from paraplan.plans.kinds import PlanKind
-from paraplan.plans.plan import Plan, PlanError, Stage, check_fits
+from paraplan.plans.plan import Plan, PlanError, check_fits
+from paraplan.plans.stage_widths import unequal
 from paraplan.plans.worker_roles import worker_roles
-from paraplan.simulator.pipeline import PipelineWork, StageSync, StageWork, SyncBucket
-
-DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
-
-
-def _grad_bytes(cm: CostModel, stage: Stage) -> list[float]:
-    """Gradient bytes per layer of the stage's backward range (tied copies included)."""
-    owned = set(stage.layers)
-    out = []
-    for i in stage.backward:
-        layer = cm.model.layers[i]
-        extra = layer.shared_param_bytes if any(o not in owned for o in layer.shared_owners) else 0
-        out.append(float(layer.param_bytes + extra))
-    return out
-
-
-def _buckets(grad_sync: str, grads: list[float], backward_s: list[float], allreduce) -> tuple[SyncBucket, ...]:
-    """The stage's gradient all-reduces. `grads` and `backward_s` are per layer in layer order;
-    `allreduce(first, last)` prices all-reducing the gradients of layers first..last-1 together."""
-    n = len(grads)
-    if grad_sync != "bucketed":
-        return (SyncBucket(1.0, allreduce(0, n)),)
-    # DDP fills buckets in reverse layer order, as gradients become ready during the backward.
-    buckets, size, top, time_done, total_time = [], 0.0, n, 0.0, sum(backward_s) or 1.0
-    for i in reversed(range(n)):
-        size += grads[i]
-        time_done += backward_s[i]
-        if size >= DDP_BUCKET_BYTES:
-            buckets.append(SyncBucket(time_done / total_time, allreduce(i, top)))
-            size, top = 0.0, i
-    if size > 0 or not buckets:
-        buckets.append(SyncBucket(1.0, allreduce(0, top)))
-    else:
-        buckets[-1] = SyncBucket(1.0, buckets[-1].allreduce_s)
-    return tuple(buckets)
+from paraplan.simulator.grad_buckets import buckets, stage_sync
+from paraplan.simulator.pipeline import PipelineWork, StageSync, StageWork
+from paraplan.simulator.wide_work import wide_work
 
 
 def plan_work(plan: Plan, cm: CostModel) -> PipelineWork:
@@ -84,6 +53,8 @@ def plan_work(plan: Plan, cm: CostModel) -> PipelineWork:
     check_fits(plan, cm.model.n_layers, cm.cluster.n_devices, cm.cluster.name)
     if plan.kind is PlanKind.LAYERS:
         return _hybrid_work(plan, cm)
+    if plan.kind is PlanKind.PIPELINE and unequal(plan):
+        return wide_work(plan, cm)
     return _data_parallel_work(plan, cm)
 
 
@@ -185,18 +156,7 @@ def _data_parallel_work(plan: Plan, cm: CostModel) -> PipelineWork:
         replicas.append(tuple(row))
     sync = ()
     if plan.grad_sync != "none" and n_replicas > 1:
-        out = []
-        for stage in plan.stages:
-            group = stage.devices
-            link = cm.cluster.slowest_link(group)
-            costs = cm.compute(group[0])
-            bwd_times = [scale * float(costs.backward[i](micro)) for i in stage.backward]
-            n_group = len(group)
-            grads = _grad_bytes(cm, stage)
-            out.append(StageSync(devices=group, buckets=_buckets(
-                plan.grad_sync, grads, bwd_times,
-                lambda a, b, g=grads, n=n_group, lk=link: allreduce_s(sum(g[a:b]), n, lk))))
-        sync = tuple(out)
+        sync = tuple(stage_sync(plan, cm, stage, micro, scale) for stage in plan.stages)
     return PipelineWork(schedule=plan.schedule, n_micro=plan.n_micro, replicas=tuple(replicas),
                         grad_sync=plan.grad_sync, sync=sync, n_devices=cm.cluster.n_devices,
                         rendezvous=cm.overheads.rendezvous, virtual_stages=plan.virtual_stages,
@@ -211,8 +171,8 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
     widths = [len(s.devices) for s in plan.stages]
     if len(set(widths)) > 1:  # a layout's Slice-Gather is defined over one group size (costs/strategy.py)
         raise PlanError(f"stages: stages with per-layer strategies on different numbers of devices "
-                        f"({', '.join(map(str, widths))}) are not simulated yet (stages of unequal width are the "
-                        "'Mixed clusters' feature, issue 52); give every stage the same number of devices")
+                        f"({', '.join(map(str, widths))}) are not simulated yet (plain pipeline stages may differ "
+                        "in width); give every stage the same number of devices")
     micro = plan.global_batch / plan.n_micro
     layers = cm.model.layers
     scale = cm.overheads.scale_for(len(set(plan.devices)))
@@ -292,7 +252,7 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
             return sum((ring_reducescatter_s if zero else allreduce_s)(nbytes, len(g), cm.cluster.slowest_link(g))
                        for (g, zero), nbytes in groups.items())
 
-        sync.append(StageSync(devices=stage.devices, buckets=_buckets(
+        sync.append(StageSync(devices=stage.devices, buckets=buckets(
             plan.grad_sync, [x[0] for x in per_layer], [x[1] for x in per_layer], allreduce)))
     return PipelineWork(schedule=plan.schedule, n_micro=plan.n_micro, replicas=(tuple(row),), grad_sync=plan.grad_sync,
                         sync=tuple(sync) if plan.grad_sync != "none" else (), n_devices=cm.cluster.n_devices,

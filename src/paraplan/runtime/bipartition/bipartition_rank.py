@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from paraplan.plans.worker_roles import WorkerRole, worker_roles
 from paraplan.runtime.measure.memory_meter import note_checkpoint_input
+from paraplan.runtime.rank.boundaries import boundary_shapes
 from paraplan.runtime.rank.materialize import StageModule, materialize
 from paraplan.runtime.rank.rank_base import RankSetup, RunConfig
 
@@ -99,20 +100,6 @@ class _Layers:
 def _leaf(x: torch.Tensor) -> torch.Tensor:
     x = x.detach()
     return x.requires_grad_() if x.is_floating_point() else x
-
-
-def boundary_shapes(built, layers, micro: int) -> list[tuple[torch.Size, torch.dtype]]:
-    """(shape, dtype) of x_0 .. x_L for one micro-batch, by running the layers on meta."""
-    inputs, _ = built.batch(micro, device="meta")
-    x = inputs
-    out = [(x.shape, x.dtype)]
-    with torch.no_grad():
-        for _, _, m in layers:
-            x = m(x)
-            if not isinstance(x, torch.Tensor):
-                raise ValueError("Bi-Partition plans run models whose layers pass one tensor to the next")
-            out.append((x.shape, x.dtype))
-    return out
 
 
 class BipartitionStep:

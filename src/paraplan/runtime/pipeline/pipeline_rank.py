@@ -31,8 +31,11 @@ class GradSync:
     """Gradient averaging across the replicas of one stage."""
 
     def __init__(self, params: list[torch.nn.Parameter], group, group_size: int, mode: str, n_micro: int,
-                 recorder=None):
+                 recorder=None, average: bool = True):
+        """`average`: divide the sum by the group's size (replicas that each took a mean over their
+        rows); False where each device's gradients are already its rows' share (runtime/pipeline/wide_rank.py)."""
         self.params, self.group, self.size, self.mode, self.n_micro = params, group, group_size, mode, n_micro
+        self.average = average
         self.recorder = recorder
         self.first_launch: float | None = None
         self.handles: list = []
@@ -88,7 +91,7 @@ class GradSync:
             for q in ps:
                 q.grad.copy_(flat[offset:offset + q.numel()].view_as(q.grad))
                 offset += q.numel()
-        if self.size > 1 and self.mode != "none":
+        if self.size > 1 and self.mode != "none" and self.average:
             for p in self.params:
                 if p.grad is not None:
                     p.grad.div_(self.size)

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from paraplan.plans.stage_widths import unequal
 from paraplan.runtime.measure.memory_meter import MemoryMeter, local_value, state_bytes
 from paraplan.runtime.rank.data import batch_source
 from paraplan.runtime.rank.materialize import build_layers
@@ -59,6 +60,7 @@ def train_stages(config: RunConfig, setup_fn: SetupFn) -> dict:
     owner_names = sorted(owned & set(setup.named))
     params = list(setup.named.values())
     scaler = LossScaler(plan.precision)  # fp16's loss scaling (off otherwise: scale 1)
+    setup.loss_scale = lambda: scaler.scale
     schedule = _schedule(plan, setup, device, recorder, scaler) if setup.run_step is None else None
     optim = make_optimizer(config, setup.optimizer_params(params) if setup.optimizer_params else params)
     from paraplan.runtime.state.checkpoints import save_checkpoint
@@ -127,11 +129,18 @@ def train_stages(config: RunConfig, setup_fn: SetupFn) -> dict:
 
 def _tied_groups(plan, setup: RankSetup, stage_names: list[set[str]], rank: int) -> list[tuple[str, object]]:
     """(name, group) for each parameter of this rank held by several stages: its gradient is summed
-    over the group. Every rank makes every group, in the same order (new_group is collective)."""
+    over the group. Every rank makes every group, in the same order (new_group is collective): a
+    rank that holds no tied weight too (it did not, and a middle stage's rank then disagreed with the
+    others on every group made after, in the next run of the same processes)."""
     tied_groups = []
-    for name in sorted(setup.named):
+    for name in sorted(set().union(*stage_names)):
         holders = [s for s in range(plan.n_stages) if name in stage_names[s]]
-        if len(holders) > 1:
+        if len(holders) > 1 and unequal(plan):  # every holder's share, summed over all of them (wide_rank.py)
+            ranks = sorted({d for s in holders for d in plan.stages[s].devices})
+            g = dist.new_group(ranks)
+            if rank in ranks:
+                tied_groups.append((name, g))
+        elif len(holders) > 1:
             for r in range(len(plan.stages[0].devices)):
                 ranks = list(dict.fromkeys(plan.stages[s].devices[r] for s in holders))
                 if len(ranks) == 1:  # every holder on one rank (a V's two ends): one parameter, one gradient
@@ -249,7 +258,7 @@ def _clip_gradients(config: RunConfig, setup: RankSetup, owner_names: list[str],
     summed over this rank's pipeline, each parameter by its owner)."""
     from paraplan.runtime.rank.rank_base import squared_norm
 
-    sq = squared_norm(setup.named[n] for n in owner_names).to(device)
+    sq = squared_norm(setup.named[n] for n in owner_names).to(device) * setup.norm_share
     dist.all_reduce(sq, group=setup.pp_group)
     coef = min(1.0, config.clip_norm / (float(sq.sqrt()) + 1e-6))
     for p in params:

@@ -146,6 +146,11 @@ class RankSetup:
     # interleaved and V-shaped schedules: every stage this rank holds, ((stage index, module), ...) in
     # stage order (`module` and `stage_index` are then their container and the first of them)
     chunks: tuple = ()
+    # the share of this rank's squared gradients in the norm for clipping, all-reduced over pp_group
+    # (1/width where pp_group is the world and every device of a stage holds its summed gradients)
+    norm_share: float = 1.0
+    # the loop's loss scale (fp16's LossScaler; 1 otherwise), for a kind's own step to scale its losses
+    loss_scale: Callable = lambda: 1.0
 
 
 def make_groups(plan: Plan) -> tuple[list, list]:

@@ -1,0 +1,46 @@
+"""Stages of unequal width (issue 52 item 2) train on gloo ranks and agree with one process (fp32,
+within 1e-5: losses and every parameter): 2 devices feeding 1 and 1 feeding 2, under GPipe and 1F1B
+and each gradient sync, and 3 stages of 2 + 1 + 1 devices with gradient clipping. GPT-2's embedding
+and head are tied across the first and last stage, so the tied weight's gradient is summed over
+stages of different widths too."""
+
+from __future__ import annotations
+
+import pytest
+
+from paraplan.plans.plan import LayerRange, Plan, Stage
+
+from .many import train_many
+from .test_runtime import _check_against_one_process
+
+
+def _plan(devices: tuple[tuple[int, ...], ...], cuts: tuple[int, ...], schedule: str, sync: str) -> Plan:
+    return Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=8, n_micro=2, schedule=schedule,
+                grad_sync=sync, stages=tuple(Stage(LayerRange(a, b), d) for d, a, b in zip(devices, cuts, cuts[1:], strict=False)))
+
+
+CASES = {
+    "2-to-1-gpipe": (_plan(((0, 1), (2,)), (0, 3, 6), "gpipe", "after-backward"), 3, {}),
+    "2-to-1-1f1b": (_plan(((0, 1), (2,)), (0, 3, 6), "1f1b", "bucketed"), 3, {}),
+    "1-to-2-1f1b": (_plan(((0,), (1, 2)), (0, 2, 6), "1f1b", "gropipe-delayed"), 3, {}),
+    "1-to-2-gpipe": (_plan(((0,), (1, 2)), (0, 4, 6), "gpipe", "after-backward"), 3, {}),
+    "2-1-1": (_plan(((0, 1), (2,), (3,)), (0, 2, 4, 6), "1f1b", "after-backward"), 4, {}),
+    "2-1-1-clipped": (_plan(((0, 1), (2,), (3,)), (0, 2, 4, 6), "1f1b", "after-backward"), 4, {"clip_norm": 0.05}),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from paraplan.runtime.config import TrainConfig
+
+    root = tmp_path_factory.mktemp("wide")
+    configs = {name: TrainConfig(plan=plan, model=plan.model, steps=3, out_dir=str(root / name), dropout=False,
+                                 optimizer="sgd", lr=0.1, **kw) for name, (plan, _, kw) in CASES.items()}
+    for world in (3, 4):  # one launch of the ranks per world size
+        train_many([configs[n] for n, (_, w, _) in CASES.items() if w == world], world)
+    return configs
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_stages_of_unequal_width_train_as_one_process(runs, name):
+    _check_against_one_process(runs[name])

@@ -32,6 +32,7 @@ PLANNERS = table.PLANNERS
 PLANNER_MODULES = (
     "paraplan.planners.csimd.planner",  # csimd, csimd-paper
     "paraplan.planners.baselines.split",  # even, random, params, time-1d, pipedream-dp, brute-force
+    "paraplan.planners.baselines.replicated",  # pipedream-replicated
     "paraplan.planners.gropipe.planner",
     "paraplan.planners.bipartition.planner",  # bipartition, pipedream-layerwise
     "paraplan.planners.fddps.planner",  # fddps, fddps-nosplit, fddps-ports, fastt, heft, mpdps

@@ -117,3 +117,11 @@ def test_a_malformed_plan_of_unequal_widths_is_one_line(change, needle):
     with pytest.raises(PlanError) as err:
         validate(replace(plan, **change))
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_comparison_names_each_stages_width():
+    from paraplan.planners.plan_shape import describe
+
+    plan = Plan(model="gpt2-tiny", cluster="x", n_layers=6, global_batch=8, n_micro=2, schedule="1f1b",
+                stages=(Stage(LayerRange(0, 2), (0, 1, 2, 3)), Stage(LayerRange(2, 4), (4, 5)), Stage(LayerRange(4, 6), (6,))))
+    assert describe(plan) == "3 stages of 4 + 2 + 1 devices"

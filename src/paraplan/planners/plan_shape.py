@@ -36,5 +36,7 @@ def describe(plan: Plan) -> str:
                     kinds.append(text)
         more = f" +{len(kinds) - 3} more" if len(kinds) > 3 else ""
         return f"{stages} x {len(plan.stages[0].devices)}: " + ", ".join(kinds[:3]) + more
-    groups = len(plan.stages[0].devices)
-    return stages + (f" x {groups} groups" if groups > 1 else "")
+    widths = [len(s.devices) for s in plan.stages]
+    if len(set(widths)) > 1:  # stages of unequal width (plans/stage_widths.py)
+        return f"{stages} of {' + '.join(map(str, widths))} devices"
+    return stages + (f" x {widths[0]} groups" if widths[0] > 1 else "")

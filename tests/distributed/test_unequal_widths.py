@@ -1,6 +1,7 @@
 """Stages of unequal width (issue 52 item 2) train on gloo ranks and agree with one process (fp32,
 within 1e-5: losses and every parameter): 2 devices feeding 1 and 1 feeding 2, under GPipe and 1F1B
-and each gradient sync, and 3 stages of 2 + 1 + 1 devices with gradient clipping. GPT-2's embedding
+and each gradient sync, and 3 stages of 2 + 1 + 1 devices with gradient clipping; and (issue 52 item 3) two replicas that take
+3:1 of every micro-batch, and a 1:3 pair feeding one device. GPT-2's embedding
 and head are tied across the first and last stage, so the tied weight's gradient is summed over
 stages of different widths too."""
 
@@ -14,9 +15,12 @@ from .many import train_many
 from .test_runtime import _check_against_one_process
 
 
-def _plan(devices: tuple[tuple[int, ...], ...], cuts: tuple[int, ...], schedule: str, sync: str) -> Plan:
+def _plan(devices: tuple[tuple[int, ...], ...], cuts: tuple[int, ...], schedule: str, sync: str,
+          shares: tuple[tuple[int, ...], ...] = ()) -> Plan:
+    shares = shares or ((),) * len(devices)
     return Plan(model="gpt2-tiny", cluster="local", n_layers=6, global_batch=8, n_micro=2, schedule=schedule,
-                grad_sync=sync, stages=tuple(Stage(LayerRange(a, b), d) for d, a, b in zip(devices, cuts, cuts[1:], strict=False)))
+                grad_sync=sync, stages=tuple(Stage(LayerRange(a, b), d, shares=w)
+                                             for d, a, b, w in zip(devices, cuts, cuts[1:], shares, strict=False)))
 
 
 CASES = {
@@ -26,6 +30,9 @@ CASES = {
     "1-to-2-gpipe": (_plan(((0,), (1, 2)), (0, 4, 6), "gpipe", "after-backward"), 3, {}),
     "2-1-1": (_plan(((0, 1), (2,), (3,)), (0, 2, 4, 6), "1f1b", "after-backward"), 4, {}),
     "2-1-1-clipped": (_plan(((0, 1), (2,), (3,)), (0, 2, 4, 6), "1f1b", "after-backward"), 4, {"clip_norm": 0.05}),
+    # issue 52 item 3: the first replica takes 3 of every 4 rows; then a 1:3 pair feeding one device
+    "shares-3-1": (_plan(((0, 1),), (0, 6), "gpipe", "after-backward", ((3, 1),)), 2, {}),
+    "shares-1-3-to-1": (_plan(((0, 1), (2,)), (0, 3, 6), "1f1b", "bucketed", ((1, 3), ())), 3, {}),
 }
 
 
@@ -36,7 +43,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("wide")
     configs = {name: TrainConfig(plan=plan, model=plan.model, steps=3, out_dir=str(root / name), dropout=False,
                                  optimizer="sgd", lr=0.1, **kw) for name, (plan, _, kw) in CASES.items()}
-    for world in (3, 4):  # one launch of the ranks per world size
+    for world in (2, 3, 4):  # one launch of the ranks per world size
         train_many([configs[n] for n, (_, w, _) in CASES.items() if w == world], world)
     return configs
 

@@ -4,6 +4,8 @@ equal, a real plan's hops and per-device speeds, and malformed plans refused in 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from paraplan.plans.plan import LayerRange, Plan, PlanError, Stage, validate
@@ -17,15 +19,22 @@ def _work(seconds: tuple[tuple[float, float], ...], device: int) -> StageWork:
                      send_backward_s=0.0)
 
 
+def _hops(rows: int, a: int, b: int):
+    return hops(lane_rows(rows, a), lane_rows(rows, b))
+
+
 def test_the_rows_two_stages_share():
     assert lane_rows(8, 2) == ((0, 4), (4, 8))
-    assert hops(8, 2, 1) == (Hop(0, 0, 0, 4), Hop(1, 0, 4, 8))
-    assert hops(8, 1, 2) == (Hop(0, 0, 0, 4), Hop(0, 1, 4, 8))
+    assert _hops(8, 2, 1) == (Hop(0, 0, 0, 4), Hop(1, 0, 4, 8))
+    assert _hops(8, 1, 2) == (Hop(0, 0, 0, 4), Hop(0, 1, 4, 8))
     # 2 feeding 4: each sender's half goes to two receivers; 4 feeding 2 the reverse; equal: one to one
-    assert hops(8, 2, 4) == (Hop(0, 0, 0, 2), Hop(0, 1, 2, 4), Hop(1, 2, 4, 6), Hop(1, 3, 6, 8))
-    assert [(h.sender, h.receiver) for h in hops(12, 3, 2)] == [(0, 0), (1, 0), (1, 1), (2, 1)]
-    assert sum(h.rows for h in hops(12, 3, 2)) == 12
-    assert hops(6, 3, 3) == tuple(Hop(k, k, 2 * k, 2 * k + 2) for k in range(3))
+    assert _hops(8, 2, 4) == (Hop(0, 0, 0, 2), Hop(0, 1, 2, 4), Hop(1, 2, 4, 6), Hop(1, 3, 6, 8))
+    assert [(h.sender, h.receiver) for h in _hops(12, 3, 2)] == [(0, 0), (1, 0), (1, 1), (2, 1)]
+    assert sum(h.rows for h in _hops(12, 3, 2)) == 12
+    assert _hops(6, 3, 3) == tuple(Hop(k, k, 2 * k, 2 * k + 2) for k in range(3))
+    # shares: 3:1 of 8 rows is 6 and 2; fed into an even pair, the first device's 6 rows go 4 and 2
+    assert lane_rows(8, 2, (3, 1)) == ((0, 6), (6, 8))
+    assert hops(lane_rows(8, 2, (3, 1)), lane_rows(8, 2)) == (Hop(0, 0, 0, 4), Hop(0, 1, 4, 6), Hop(1, 1, 6, 8))
 
 
 def test_two_devices_feeding_one_against_a_hand_built_timeline():
@@ -104,6 +113,12 @@ def test_each_device_of_a_wide_stage_computes_its_rows_at_its_own_kinds_pace():
 
 
 @pytest.mark.parametrize("change, needle", [
+    ({"stages": (Stage(LayerRange(0, 3), (0, 1), shares=(3,)), Stage(LayerRange(3, 6), (2,)))},
+     "stages[0].shares: 1 shares for 2 devices"),
+    ({"stages": (Stage(LayerRange(0, 3), (0, 1), shares=(2, 0)), Stage(LayerRange(3, 6), (2,)))},
+     "stages[0].shares: each share must be at least 1, got [2, 0]"),
+    ({"stages": (Stage(LayerRange(0, 3), (0, 1), shares=(2, 1)), Stage(LayerRange(3, 6), (2,)))},
+     "stages[0].shares: a micro-batch of 4 samples does not split 2:1 into whole rows"),
     ({"schedule": "async-1f1b"}, "stages of unequal width (2, 1) run with gpipe or 1f1b, one stage per pipeline rank, "
                                  "not async-1f1b"),
     ({"global_batch": 6, "n_micro": 2}, "a micro-batch of 3 samples does not split 2 ways"),
@@ -125,3 +140,30 @@ def test_the_comparison_names_each_stages_width():
     plan = Plan(model="gpt2-tiny", cluster="x", n_layers=6, global_batch=8, n_micro=2, schedule="1f1b",
                 stages=(Stage(LayerRange(0, 2), (0, 1, 2, 3)), Stage(LayerRange(2, 4), (4, 5)), Stage(LayerRange(4, 6), (6,))))
     assert describe(plan) == "3 stages of 4 + 2 + 1 devices"
+
+
+def test_shares_are_written_read_priced_and_held_per_device(tmp_path):
+    """Issue 52 item 3: a stage whose first device takes 3/4 of every micro-batch. The file keeps the
+    shares; the simulator times each device at its own rows; each device's predicted peak is its
+    own rows' (the larger share holds more activations); the engines refuse it in one line."""
+    from paraplan.engines.layout import ExportRefused, engine_layout
+    from paraplan.plans.plan_file import read_plan, write_plan
+    from paraplan.simulator.plan_work import plan_work
+    from paraplan.simulator.predict import simulate_plan
+    from paraplan.workload import workload
+
+    costs = workload("gpt2-tiny", "galvatron-8xtitan").costs
+    plan = Plan(model="gpt2-tiny", cluster="galvatron-8xtitan", n_layers=6, global_batch=32, n_micro=2,
+                schedule="1f1b", grad_sync="after-backward", stages=(Stage(LayerRange(0, 6), (0, 1), shares=(3, 1)),))
+    write_plan(plan, tmp_path / "p.json")
+    assert read_plan(tmp_path / "p.json").stages[0].shares == (3, 1)
+    (first, second), = plan_work(plan, costs).lanes
+    scale = costs.overheads.scale_for(2)
+    for lane, rows in ((first, 12), (second, 4)):
+        alone = scale * sum(float(costs.compute(0).forward[i](rows)) for i in range(6))
+        assert lane.forward_s == pytest.approx(alone + costs.overheads.action_s)
+    memory = {m.device: m.peak_bytes for m in simulate_plan(plan, costs).plan.prediction.memory}
+    even = simulate_plan(replace(plan, stages=(Stage(LayerRange(0, 6), (0, 1)),)), costs).plan.prediction.memory
+    assert memory[0] > even[0].peak_bytes > memory[1]
+    with pytest.raises(ExportRefused, match="unequal shares"):
+        engine_layout(plan, ("embedding",) + ("block",) * 4 + ("head",))

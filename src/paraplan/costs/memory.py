@@ -43,7 +43,7 @@ Two moments can be the peak, and the device's peak is the larger:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from paraplan.costs.expert_costs import held_params, sharded_params, stepped_params
 from paraplan.costs.memory_config import GIB, MemoryConfig
@@ -52,6 +52,7 @@ from paraplan.models.spec import ModelSpec
 from paraplan.plans import schedules
 from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import DeviceMemory, LayerStrategy, Plan
+from paraplan.plans.stage_widths import stage_rows
 from paraplan.plans.worker_roles import worker_roles
 
 __all__ = ["GIB", "MEMORY_CATEGORIES", "MemoryBreakdown", "MemoryConfig", "PeakRow", "by_category", "loss_gradient_bytes", "micro_batches_in_flight", "out_of_memory_reason",
@@ -318,11 +319,28 @@ def plan_memory(plan: Plan, model: ModelSpec, capacities: dict[int, int], config
         # a walk over the rank's order where its peak depends on the moment: several stages, a split
         # backward, or FSDP units kept per stage under pipelining (freed after the stage's last backward)
         walk = len(here) > 1 or plan.schedule in schedules.SPLIT_BACKWARD or _keeps_units(plan, config)
+        if plan.stages[here[0]].shares:  # each device holds its own share's activations (plans/stage_widths.py)
+            b = _shared_stage_memory(plan, model, here[0], config, device_kind, device_kinds, capacities, out)
+            breakdowns.append(b)
+            continue
         b = _rank_memory(plan, model, rank, here, config, kind) if walk else stage_memory(plan, model, here[0], config, kind)
         breakdowns.append(b)
         for d in devices:
             out.append(DeviceMemory(device=d, peak_bytes=int(round(b.peak_bytes)), capacity_bytes=capacities[d]))
     return tuple(out), tuple(breakdowns)
+
+
+def _shared_stage_memory(plan: Plan, model: ModelSpec, s: int, config, device_kind, device_kinds, capacities,
+                         out: list) -> MemoryBreakdown:
+    """Devices taking unequal shares of every micro-batch: each one's peak at its own rows (the plan
+    re-sized so that an equal split is that many); the breakdown of the one with the most rows."""
+    largest = (-1, None)
+    for d, (a, b) in zip(plan.stages[s].devices, stage_rows(plan, s), strict=True):
+        breakdown = stage_memory(replace(plan, global_batch=(b - a) * len(plan.stages[s].devices) * plan.n_micro),
+                                 model, s, config, device_kinds.get(d, device_kind) if device_kinds else device_kind)
+        out.append(DeviceMemory(device=d, peak_bytes=int(round(breakdown.peak_bytes)), capacity_bytes=capacities[d]))
+        largest = max(largest, (b - a, breakdown), key=lambda x: x[0])
+    return largest[1]
 
 
 def _keeps_units(plan: Plan, config: MemoryConfig | None) -> bool:

@@ -98,6 +98,9 @@ def engine_layout(plan: Plan, kinds: tuple[str, ...]) -> EngineLayout:
         raise ExportRefused("any", "separate forward and backward ranges (Bi-Partition)")
     if len(kinds) != plan.n_layers:
         raise ParaplanError(f"the plan has {plan.n_layers} layers but its model {plan.model} has {len(kinds)}")
+    if any(s.shares for s in plan.stages):
+        raise ExportRefused("any", "devices taking unequal shares of each micro-batch (every engine splits a "
+                                   "micro-batch evenly over its data-parallel ranks)")
     sizes = {len(s.devices) for s in plan.stages}
     if len(sizes) > 1:
         raise ExportRefused("any", f"stages on different numbers of devices ({', '.join(str(len(s.devices)) for s in plan.stages)}): "

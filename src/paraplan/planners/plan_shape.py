@@ -37,6 +37,7 @@ def describe(plan: Plan) -> str:
         more = f" +{len(kinds) - 3} more" if len(kinds) > 3 else ""
         return f"{stages} x {len(plan.stages[0].devices)}: " + ", ".join(kinds[:3]) + more
     widths = [len(s.devices) for s in plan.stages]
+    shares = "".join(f", stage {i} shares {':'.join(map(str, s.shares))}" for i, s in enumerate(plan.stages) if s.shares)
     if len(set(widths)) > 1:  # stages of unequal width (plans/stage_widths.py)
-        return f"{stages} of {' + '.join(map(str, widths))} devices"
-    return stages + (f" x {widths[0]} groups" if widths[0] > 1 else "")
+        return f"{stages} of {' + '.join(map(str, widths))} devices{shares}"
+    return stages + (f" x {widths[0]} groups" if widths[0] > 1 else "") + shares

@@ -83,6 +83,9 @@ class Stage:
     devices: tuple[int, ...]  # the device group running this stage
     backward_layers: LayerRange | None = None  # Bi-Partition: a backward range of its own
     strategies: tuple[LayerStrategy, ...] = ()  # one per layer in `layers`; () = pure data parallel
+    # each device's share of every micro-batch (plain stages; plans/stage_widths.py): () = equal
+    # rows; (3, 1): the first device takes 3/4 of the rows (Poplar's and Cephalo's faster replica)
+    shares: tuple[int, ...] = ()
 
     @property
     def backward(self) -> LayerRange:
@@ -240,7 +243,7 @@ def validate(plan: Plan) -> Plan:
         from paraplan.plans.stage_widths import width_problem
 
         if problem := width_problem(plan):
-            raise PlanError(f"stages: {problem}")
+            raise PlanError(problem if problem.startswith("stages[") else f"stages: {problem}")
     if plan.expert_overlap:
         from paraplan.plans.expert_overlap import expert_overlap_problem
 
@@ -328,7 +331,7 @@ def _validate_stages(plan: Plan) -> None:
             _validate_expert_view(s, where)
             if s.degree != len(stage.devices):
                 raise PlanError(f"{where}: dp*sdp*tp*cp = {s.degree} but the stage has {len(stage.devices)} devices")
-            if micro % s.data_degree:
+            if micro % s.data_degree and not stage.shares:  # shares: plans/stage_widths.py checks their rows
                 raise PlanError(f"{where}: a micro-batch of {micro} samples does not split {s.data_degree} ways")
 
 

@@ -69,6 +69,7 @@ def plan_to_dict(plan: Plan) -> dict:
                 "devices": list(s.devices),
                 **({"backward_layers": rng(s.backward_layers)} if s.backward_layers is not None else {}),
                 **({"strategies": [_strategy_to_dict(x) for x in s.strategies]} if s.strategies else {}),
+                **({"shares": list(s.shares)} if s.shares else {}),
             }
             for s in plan.stages
         ],
@@ -143,9 +144,9 @@ class _Reader:
             self.fail(where, f"expected [start, stop] layer indices, got {value!r}")
         return LayerRange(value[0], value[1])
 
-    def int_list(self, value, where: str) -> tuple[int, ...]:
+    def int_list(self, value, where: str, what: str = "device ids") -> tuple[int, ...]:
         if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            self.fail(where, f"expected a list of device ids, got {value!r}")
+            self.fail(where, f"expected a list of {what}, got {value!r}")
         return tuple(value)
 
 
@@ -173,6 +174,7 @@ def plan_from_dict(data: object, origin: str = "plan") -> Plan:
             devices=r.int_list(r.get(s, "devices", w, list), f"{w}devices"),
             backward_layers=None if backward is None else r.layer_range(backward, f"{w}backward_layers"),
             strategies=tuple(strategies),
+            shares=r.int_list(s["shares"], f"{w}shares", "shares") if "shares" in s else (),
         ))
     operators = []
     for i, p in enumerate(r.get(d, "operators", "", list, [])):

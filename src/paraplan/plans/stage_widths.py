@@ -49,21 +49,34 @@ def widths(plan) -> tuple[int, ...]:
 
 
 def unequal(plan) -> bool:
-    """Whether the plan's stages differ in width."""
-    return len(set(widths(plan))) > 1
+    """Whether the plan's stages differ in width, or some stage shares its micro-batches unevenly:
+    the plans simulator/wide_work.py prices and runtime/pipeline/wide_rank.py runs."""
+    return len(set(widths(plan))) > 1 or any(s.shares for s in plan.stages)
 
 
-def lane_rows(rows: int, width: int) -> tuple[tuple[int, int], ...]:
-    """(start, stop) of each of `width` devices' slices of a micro-batch of `rows` samples."""
-    share = rows // width
-    return tuple((k * share, (k + 1) * share) for k in range(width))
+def lane_rows(rows: int, width: int, shares: tuple[int, ...] = ()) -> tuple[tuple[int, int], ...]:
+    """(start, stop) of each of `width` devices' slices of a micro-batch of `rows` samples: equal, or
+    in proportion to `shares` (width_problem checks that every slice is whole rows)."""
+    weights = shares or (1,) * width
+    total, out, start = sum(weights), [], 0
+    for w in weights:
+        stop = start + rows * w // total
+        out.append((start, stop))
+        start = stop
+    return tuple(out)
 
 
-def hops(rows: int, a: int, b: int) -> tuple[Hop, ...]:
-    """Every (sender, receiver, rows) where a stage of `a` devices meets one of `b`, in sender order."""
+def stage_rows(plan, s: int) -> tuple[tuple[int, int], ...]:
+    """Each device of stage s's slice of every micro-batch."""
+    stage = plan.stages[s]
+    return lane_rows(plan.global_batch // plan.n_micro, len(stage.devices), stage.shares)
+
+
+def hops(senders: tuple[tuple[int, int], ...], receivers: tuple[tuple[int, int], ...]) -> tuple[Hop, ...]:
+    """Every (sender, receiver, rows) where a stage whose devices take `senders` (their slices, as
+    lane_rows gives them) meets one whose devices take `receivers`, in sender order."""
     out = []
-    receivers = lane_rows(rows, b)
-    for k, (s0, s1) in enumerate(lane_rows(rows, a)):
+    for k, (s0, s1) in enumerate(senders):
         for j, (r0, r1) in enumerate(receivers):
             start, stop = max(s0, r0), min(s1, r1)
             if stop > start:
@@ -71,12 +84,33 @@ def hops(rows: int, a: int, b: int) -> tuple[Hop, ...]:
     return tuple(out)
 
 
+def boundary_hops(plan, s: int) -> tuple[Hop, ...]:
+    """The hops from stage s to stage s + 1."""
+    return hops(stage_rows(plan, s), stage_rows(plan, s + 1))
+
+
 def width_problem(plan) -> str | None:
-    """Why a plan of plain stages of unequal width is malformed (one line), or None. (That every
-    width divides the micro-batch, plans/plan.py checks of every plain stage.)"""
-    if not unequal(plan) or plan.kind is not PlanKind.PIPELINE:
+    """Why a plan of plain stages of unequal width or shares is malformed (one line), or None.
+    (That an equal split's width divides the micro-batch, plans/plan.py checks of every plain stage.)"""
+    if not unequal(plan):
         return None
+    if plan.kind is not PlanKind.PIPELINE:  # (unequal widths there: the simulator and runtime refuse them)
+        shared = [i for i, st in enumerate(plan.stages) if st.shares]
+        return (f"stages[{shared[0]}].shares: shares of the micro-batch are for plain pipeline stages (no per-layer "
+                "strategies, no backward ranges)") if shared else None
     if plan.schedule not in WIDE_SCHEDULES:
         return (f"stages of unequal width ({', '.join(map(str, widths(plan)))}) run with "
                 f"{' or '.join(WIDE_SCHEDULES)}, one stage per pipeline rank, not {plan.schedule}")
+    rows = plan.global_batch // plan.n_micro
+    for i, stage in enumerate(plan.stages):
+        if not stage.shares:
+            continue
+        if len(stage.shares) != len(stage.devices):
+            return f"stages[{i}].shares: {len(stage.shares)} shares for {len(stage.devices)} devices"
+        if any(w < 1 for w in stage.shares):
+            return f"stages[{i}].shares: each share must be at least 1, got {list(stage.shares)}"
+        total = sum(stage.shares)
+        if any(rows * w % total for w in stage.shares):
+            return (f"stages[{i}].shares: a micro-batch of {rows} samples does not split "
+                    f"{':'.join(map(str, stage.shares))} into whole rows")
     return None

@@ -158,7 +158,7 @@ class PipelineRuntime(StageRuntime):
     def refuse(self, config) -> None:
         super().refuse(config)
         if unequal(config.plan) and is_mixed(config.plan.precision):
-            raise FieldError("plan", f"precision {config.plan.precision}: stages of unequal width train in fp32 "
+            raise FieldError("plan", f"precision {config.plan.precision}: stages of unequal width or shares train in fp32 "
                                      "only so far (their own sends need each boundary's dtype under autocast)")
 
     def check_widths(self, config, layers, built) -> bool:
@@ -166,7 +166,7 @@ class PipelineRuntime(StageRuntime):
         if not unequal(plan):
             return False
         if config.checkpoint_dir:
-            raise FieldError("checkpoint_dir", "checkpoints of stages of unequal width are not written yet")
+            raise FieldError("checkpoint_dir", "checkpoints of stages of unequal width or shares are not written yet")
         if layers is not None and built is not None:
             from paraplan.runtime.pipeline.wide_rank import boundary_refusal
 

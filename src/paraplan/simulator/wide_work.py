@@ -14,20 +14,19 @@ from __future__ import annotations
 from paraplan.costs.model import CostModel
 from paraplan.costs.strategy import weight_grad_fraction
 from paraplan.plans.plan import Plan
-from paraplan.plans.stage_widths import hops
+from paraplan.plans.stage_widths import boundary_hops, stage_rows
 from paraplan.simulator.grad_buckets import stage_sync
 from paraplan.simulator.pipeline import PipelineWork, StageHop, StageWork
 
 
 def wide_work(plan: Plan, cm: CostModel) -> PipelineWork:
-    rows = plan.global_batch // plan.n_micro  # one micro-batch (width_problem: every width divides it)
     layers = cm.model.layers
     scale = cm.overheads.scale_for(len(set(plan.devices)))  # measured: every core computing at once
     lanes = []
-    for stage in plan.stages:
-        local = rows / len(stage.devices)
+    for s, stage in enumerate(plan.stages):
         row = []
-        for d in stage.devices:
+        for d, (r0, r1) in zip(stage.devices, stage_rows(plan, s), strict=True):
+            local = r1 - r0
             costs = cm.compute(d)
             fwd = scale * sum(float(costs.forward[i](local)) for i in stage.layers)
             bwd = scale * sum(float(costs.backward[i](local)) for i in stage.backward)
@@ -43,14 +42,16 @@ def wide_work(plan: Plan, cm: CostModel) -> PipelineWork:
         here, there = plan.stages[s], plan.stages[s + 1]
         out = layers[here.layers.stop - 1]  # the activation leaving stage s; its gradient comes back
         boundary = []
-        for h in hops(rows, len(here.devices), len(there.devices)):
+        for h in boundary_hops(plan, s):
             link = cm.cluster.link(here.devices[h.sender], there.devices[h.receiver])
             boundary.append(StageHop(h.sender, h.receiver, link.transfer_s(out.output_bytes.at(h.rows)),
                                      link.transfer_s(out.output_grad_bytes.at(h.rows))))
         boundaries.append(tuple(boundary))
     sync = ()
     if plan.grad_sync != "none" and any(len(st.devices) > 1 for st in plan.stages):
-        sync = tuple(stage_sync(plan, cm, stage, rows / len(stage.devices), scale) for stage in plan.stages)
+        # DDP's buckets are cut by the backward of the stage's largest slice (its last to finish)
+        sync = tuple(stage_sync(plan, cm, stage, max(b - a for a, b in stage_rows(plan, s)), scale)
+                     for s, stage in enumerate(plan.stages))
     return PipelineWork(schedule=plan.schedule, n_micro=plan.n_micro, replicas=(), grad_sync=plan.grad_sync,
                         sync=sync, n_devices=cm.cluster.n_devices, rendezvous=cm.overheads.rendezvous,
                         exchange_s=cm.overheads.exchange_s, lanes=tuple(lanes), boundary_hops=tuple(boundaries))

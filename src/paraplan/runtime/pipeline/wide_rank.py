@@ -1,4 +1,5 @@
-"""One rank of a plain pipeline whose stages differ in width (plans/stage_widths.py, issue 52 item 2):
+"""One rank of a plain pipeline whose stages differ in width or share their micro-batches unevenly
+(plans/stage_widths.py, issue 52 items 2 and 3):
 its slice of every micro-batch through its stage, the rows it shares with each device of the next
 and the previous stage sent and received by itself, and the stage's gradients summed over its devices.
 
@@ -8,8 +9,9 @@ stage's order of actions (plans/schedules.py ORDERS, the order torch's GPipe and
 blocking receives where the data is needed and non-blocking sends waited on at the end of the step
 (gloo pairs them by tag: kind x TAG_STRIDE + micro-batch; two devices meet at one boundary at most).
 
-Gradients: the last stage's devices take each their rows' mean loss over n_micro x its width, so that
-their losses add up to the batch's mean; every device's gradients are then its rows' exact share,
+Gradients: the last stage's devices take each their rows' mean loss times their share of the rows
+over n_micro (1 / (n_micro x width) where the rows are equal), so that their losses add up to the
+batch's mean; every device's gradients are then its rows' exact share,
 summed (not averaged) over the stage's devices, and a weight tied across stages (GPT-2's embedding
 and head) summed over every device of the stages that hold it. The gradient norm for clipping sums
 every device's squares over the world, each 1/width of its stage (every device of a stage holds the
@@ -24,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from paraplan.plans.schedules import ORDERS
-from paraplan.plans.stage_widths import hops, lane_rows
+from paraplan.plans.stage_widths import boundary_hops, stage_rows
 from paraplan.runtime.pipeline.pipeline_rank import GradSync
 from paraplan.runtime.rank.boundaries import boundary_shapes
 from paraplan.runtime.rank.materialize import StageModule, materialize
@@ -58,11 +60,10 @@ class WideStep:
         self.n = plan.n_stages
         self.order = ORDERS[plan.schedule](self.n, plan.n_micro, stage_index)
         self.rows = plan.global_batch // plan.n_micro
-        width = [len(st.devices) for st in plan.stages]
-        self.mine = lane_rows(self.rows, width[stage_index])[position]
-        self.inbound = [h for h in hops(self.rows, width[stage_index - 1], width[stage_index])
+        self.mine = stage_rows(plan, stage_index)[position]
+        self.inbound = [h for h in boundary_hops(plan, stage_index - 1)
                         if h.receiver == position] if stage_index > 0 else []
-        self.outbound = [h for h in hops(self.rows, width[stage_index], width[stage_index + 1])
+        self.outbound = [h for h in boundary_hops(plan, stage_index)
                          if h.sender == position] if stage_index + 1 < self.n else []
 
     def _recv(self, kind: int, m: int, src: int, rows: int, boundary: int) -> torch.Tensor:
@@ -147,9 +148,11 @@ def wide_setup(config: RunConfig, rank: int, device, built, layers, names, recor
     # tied weights are summed over every holder by the stage loop (`_tied_groups`), the rest here
     untied = [p for p in params if names.get(id(p)) not in elsewhere]
     sync = GradSync(untied, groups[s], len(stage.devices), plan.grad_sync, plan.n_micro, recorder, average=False)
-    width_last = len(plan.stages[-1].devices)
+    # the last stage's devices weight their rows' mean loss by their share of the batch's rows
+    last_rows = stage_rows(plan, plan.n_stages - 1)[k] if s == plan.n_stages - 1 else (0, 1)
+    share = (last_rows[1] - last_rows[0]) / (plan.global_batch // plan.n_micro)
     setup = RankSetup(module=module, stage_index=s, position=k, pp_group=dist.group.WORLD, named=named, sync=sync,
-                      loss=lambda out, target: built.loss(out, target) / (plan.n_micro * width_last),
+                      loss=lambda out, target: built.loss(out, target) * share / plan.n_micro,
                       local_batch=lambda inputs, targets: (inputs, targets), loss_weight=1.0,
                       full_state=lambda: {n: p.detach().clone() for n, p in named.items()}, writes=k == 0,
                       norm_share=1.0 / len(stage.devices))

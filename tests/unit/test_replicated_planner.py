@@ -79,3 +79,26 @@ def test_on_a_mixed_cluster_the_plan_is_judged_and_may_widen_a_stage():
     # with one micro-batch on 8 devices, the program gives some stage more than one device
     one = make_plan(replace(w.request, n_micro=1), "pipedream-replicated")
     assert max(widths(one)) > 1
+
+
+def test_a_faster_replica_takes_more_of_the_batch_and_the_step_is_shorter():
+    """Issue 52 item 3 on the A100 + V100 preset: GPT-2 large, batch 512, data parallel over all 16
+    devices. Even rows leave the A100s idle while the V100s compute (busy 206 against 387 ms, 2026-11-29);
+    rows by each device's speed (about 21:11) balance them and shorten the step (892 -> 790 ms)."""
+    from paraplan.planners.baselines.replicated import speed_shares
+    from paraplan.plans.plan import LayerRange, Plan, Stage
+    from paraplan.simulator.predict import simulate_plan
+    from paraplan.workload import workload
+
+    w = workload("gpt2-large", "mixed-a100-v100", batch=512)
+    n = w.costs.model.n_layers
+    even = Plan(model="gpt2-large", cluster="mixed-a100-v100", n_layers=n, global_batch=512, n_micro=1,
+                schedule="gpipe", grad_sync="after-backward", precision=w.costs.precision,
+                stages=(Stage(LayerRange(0, n), tuple(range(16))),))
+    shared = speed_shares(w.request, even)
+    a100, v100 = shared.stages[0].shares[0], shared.stages[0].shares[8]
+    assert a100 > v100 and len(set(shared.stages[0].shares[:8])) == 1 == len(set(shared.stages[0].shares[8:]))
+    before, after = simulate_plan(even, w.costs), simulate_plan(shared, w.costs)
+    assert after.plan.prediction.iteration_s < before.plan.prediction.iteration_s
+    spread = [max(d.busy_s for d in s.devices) - min(d.busy_s for d in s.devices) for s in (before, after)]
+    assert spread[1] < spread[0] / 2

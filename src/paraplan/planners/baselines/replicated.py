@@ -26,7 +26,9 @@ Where this differs, and why:
   form, §3.1: first within a server, then across servers), so that 1,024 devices are 128 units.
 - Every micro-batch count that divides the batch is tried, and besides A(N, M)'s plan the one using
   the fewest devices at the least A(N, m) (a slow kind that only adds a boundary is left out, and
-  the plan says which devices idle); all are judged by the simulator: the fastest that fits.
+  the plan says which devices idle); each also with a stage that spans kinds sharing its micro-batches
+  by its devices' speeds (`speed_shares`, issue 52 item 3); all are judged by the simulator: the
+  fastest that fits.
 """
 
 from __future__ import annotations
@@ -164,6 +166,35 @@ def _plan(request: PlanRequest, split: Split, n_micro: int, unit: int) -> Plan:
                 stages=stages)
 
 
+def speed_shares(request: PlanRequest, plan: Plan) -> Plan | None:
+    """The plan with each stage over devices of several kinds sharing its micro-batches in
+    proportion to its devices' speeds on its layers (Poplar's and Cephalo's idea: a faster device
+    takes more of the batch, so that the stage's devices finish together), each device at least one
+    row; None where no stage mixes kinds. Speeds at the equal split's rows (the time functions'
+    fixed costs make a device's time not quite proportional to its rows: the simulator judges)."""
+    cm = request.costs
+    rows = plan.global_batch // plan.n_micro
+    stages, changed = [], False
+    for stage in plan.stages:
+        tables = [cm.compute(d) for d in stage.devices]
+        if len({id(t) for t in tables}) < 2 or rows < len(stage.devices):
+            stages.append(stage)
+            continue
+        even = rows / len(stage.devices)
+        speed = np.array([even / sum(float(t.forward[i](even)) + float(t.backward[i](even)) for i in stage.layers)
+                          for t in tables])
+        exact = rows * speed / speed.sum()
+        taken = np.maximum(1, np.floor(exact)).astype(int)
+        for k in np.argsort(-(exact - taken))[:max(0, rows - int(taken.sum()))]:  # largest remainders
+            taken[k] += 1
+        while taken.sum() > rows:  # the floor of one row each overshot: take back from the largest
+            taken[int(np.argmax(taken))] -= 1
+        divisor = int(np.gcd.reduce(taken))
+        stages.append(replace(stage, shares=tuple(int(x) // divisor for x in taken)))
+        changed = True
+    return replace(plan, stages=tuple(stages)) if changed else None
+
+
 def _closeness(prediction: Prediction) -> tuple[float, float]:
     """The fastest that fits; when none does, the closest to fitting."""
     over = max((m.peak_bytes / m.capacity_bytes for m in prediction.memory), default=0.0)
@@ -193,10 +224,13 @@ def _planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
             if request.n_stages is not None and len(split.stages) != request.n_stages:
                 continue
             plan = _plan(request, split, n_micro, unit)
-            prediction = judge(plan)
-            tried += 1
-            if best is None or _closeness(prediction) < _closeness(best.prediction):
-                best = replace(plan, prediction=prediction)
+            for candidate in (plan, speed_shares(request, plan)):
+                if candidate is None:
+                    continue
+                prediction = judge(candidate)
+                tried += 1
+                if best is None or _closeness(prediction) < _closeness(best.prediction):
+                    best = replace(candidate, prediction=prediction)
     if best is None:
         raise FieldError("batch", f"no split of the batch {request.batch} into micro-batches and stages of whole "
                                   "rows per device" + (f" with {request.n_stages} stages" if request.n_stages else ""))

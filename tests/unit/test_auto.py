@@ -194,3 +194,29 @@ def test_a_time_out_is_never_reported_as_nothing_fits():
     assert "dp: device 0 out of memory" in line and "raise --time-limit" in line and "\n" not in line
     only_infeasible = Comparison(rows=rows[1:], best=None, bound=None, wall_s=1.0)
     assert no_plan_reason(only_infeasible).startswith("no planner found a plan that fits; the fastest, dp:")
+
+
+def test_an_alarm_in_a_finalizer_is_deferred_not_swallowed():
+    """A time limit's alarm that lands in a __del__ (where Python prints an exception and swallows
+    it) re-arms itself instead; anywhere else it stops the search."""
+    import signal
+    import sys
+
+    from paraplan.planners import progress
+    from paraplan.planners.auto import FINALIZER_RETRY_S, _on_alarm
+
+    class Finalized:
+        def __del__(self):
+            Finalized.frame = sys._getframe()
+
+    Finalized()
+    old = signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    try:
+        _on_alarm(signal.SIGALRM, Finalized.frame)
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 0 < left <= FINALIZER_RETRY_S
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    with pytest.raises(progress.PlannerTimeout):
+        _on_alarm(signal.SIGALRM, sys._getframe())

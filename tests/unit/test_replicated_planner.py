@@ -39,15 +39,16 @@ def _instance(rng, n_layers: int, n_units: int):
     return stage, stage_s, boundary_s
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(18))
 def test_the_program_finds_the_least_bottleneck_of_every_split(seed):
     rng = np.random.default_rng(seed)
     n_layers, n_units = int(rng.integers(2, 6)), int(rng.integers(1, 6))
     stage, stage_s, boundary_s = _instance(rng, n_layers, n_units)
     allowed = {1, 2, 4} if seed % 2 else set(range(1, n_units + 1))
-    split = replicated_dp(stage_s, boundary_s, n_layers, n_units, lambda w: w in allowed)[n_units - 1]
+    count = int(rng.integers(1, min(n_layers, n_units) + 1)) if seed % 3 == 0 else None  # exactly, or any
+    split = replicated_dp(stage_s, boundary_s, n_layers, n_units, lambda w: w in allowed, count)[n_units - 1]
     best = np.inf
-    for s in range(1, min(n_layers, n_units) + 1):
+    for s in (count,) if count else range(1, min(n_layers, n_units) + 1):
         for layers in _compositions(n_layers, s):
             for units in _compositions(n_units, s):
                 if any(hi - lo not in allowed for lo, hi in units):
@@ -59,6 +60,7 @@ def test_the_program_finds_the_least_bottleneck_of_every_split(seed):
         assert split is None
         return
     assert split.bottleneck_s == pytest.approx(best)
+    assert count is None or len(split.stages) == count
     # its stages cover the layers and units in order and reach the bottleneck it reports
     assert split.stages[0][0] == 0 and split.stages[-1][1] == n_layers
     assert split.stages[0][2] == 0 and split.stages[-1][3] == n_units

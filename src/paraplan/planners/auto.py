@@ -163,7 +163,17 @@ def _stopped(name: str, request: PlanRequest, time_limit_s: float, elapsed_s: fl
     return _row(name, best, request.costs, elapsed_s, timed_out=True, note=note)
 
 
+FINALIZER_RETRY_S = 0.01
+
+
 def _on_alarm(signum, frame):
+    """Stop the search: raise where it runs. An alarm that lands in an object's finalizer (a
+    __del__ run by the garbage collector) fires again 10 ms later instead: an exception there is
+    printed as "Exception ignored" and swallowed, the search ran on past its limit, and the traceback
+    reached the user's terminal (seen under load on the failures guide)."""
+    if frame is not None and frame.f_code.co_name == "__del__":
+        signal.setitimer(signal.ITIMER_REAL, FINALIZER_RETRY_S)
+        return
     raise progress.PlannerTimeout
 
 

@@ -57,41 +57,45 @@ class Split:
     stages: tuple[tuple[int, int, int, int], ...]
 
 
-def replicated_dp(stage_s, boundary_s, n_layers: int, n_units: int, width_ok) -> list[Split | None]:
+def replicated_dp(stage_s, boundary_s, n_layers: int, n_units: int, width_ok,
+                  n_stages: int | None = None) -> list[Split | None]:
     """A(N, m) for every m = 1..n_units (index m - 1; None where no split exists): the program of
     the module docstring. `stage_s(j, lo, hi)` -> array over i = 0..j-1 of T(layers i..j-1 on units
-    lo..hi-1); `boundary_s(w, lo)` -> array over i of 2 C_i (C_0 = 0);
-    `width_ok(w)`: whether a stage may have w units. boundary_s(w, lo): into a stage of w units from
-    unit lo on."""
+    lo..hi-1); `boundary_s(w, lo)` -> array over i of 2 C_i (C_0 = 0) into a stage of w units from
+    unit lo on; `width_ok(w)`: whether a stage may have w units. With `n_stages`, exactly that many
+    stages (a count per state: A_k(j, m) from A_{k-1}; the request's exact stage count)."""
     inf = float("inf")
-    best = np.full((n_layers + 1, n_units + 1), inf)
-    choice: dict[tuple[int, int], tuple[int, int]] = {}  # (j, m) -> (i, w) of the last stage
+    levels = n_stages or 1  # without a count, one level whose predecessors are of any count
+    best = np.full((levels + 1, n_layers + 1, n_units + 1), inf)
+    choice: dict[tuple[int, int, int], tuple[int, int]] = {}  # (k, j, m) -> (i, w) of the last stage
     for j in range(1, n_layers + 1):
         for m in range(1, n_units + 1):
             for w in range(1, m + 1):
                 if not width_ok(w):
                     continue
                 t = stage_s(j, m - w, m)  # [i]
-                if w == m:  # one stage of layers 0..j-1 on every unit
-                    if t[0] < best[j, m]:
-                        best[j, m], choice[j, m] = t[0], (0, w)
+                if w == m:  # the first stage: layers 0..j-1 on units 0..m-1
+                    if t[0] < best[1, j, m]:
+                        best[1, j, m], choice[1, j, m] = t[0], (0, w)
                     continue
-                cand = np.maximum(np.maximum(best[1:j, m - w], boundary_s(w, m - w)[1:j]), t[1:j])
-                if cand.size:
-                    i = int(np.argmin(cand))
-                    if cand[i] < best[j, m]:
-                        best[j, m], choice[j, m] = float(cand[i]), (i + 1, w)
+                edge = np.maximum(boundary_s(w, m - w)[1:j], t[1:j])
+                for k in range(2, levels + 1) if n_stages else (1,):
+                    cand = np.maximum(best[k - 1 if n_stages else k, 1:j, m - w], edge)
+                    if cand.size:
+                        i = int(np.argmin(cand))
+                        if cand[i] < best[k, j, m]:
+                            best[k, j, m], choice[k, j, m] = float(cand[i]), (i + 1, w)
     out: list[Split | None] = []
     for m in range(1, n_units + 1):
-        if not np.isfinite(best[n_layers, m]):
+        if not np.isfinite(best[levels, n_layers, m]):
             out.append(None)
             continue
-        stages, j, hi = [], n_layers, m
+        stages, k, j, hi = [], levels, n_layers, m
         while j > 0:
-            i, w = choice[j, hi]
+            i, w = choice[k, j, hi]
             stages.append((i, j, hi - w, hi))
-            j, hi = i, hi - w
-        out.append(Split(float(best[n_layers, m]), tuple(reversed(stages))))
+            j, hi, k = i, hi - w, (k - 1 if n_stages else k)
+        out.append(Split(float(best[levels, n_layers, m]), tuple(reversed(stages))))
     return out
 
 
@@ -214,7 +218,7 @@ def _planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
             continue
         stage_s, boundary_s, n_units = _arrays(request, rows, n_micro, unit)
         splits = replicated_dp(stage_s, boundary_s, request.costs.model.n_layers, n_units,
-                               lambda w, r=rows: r % (w * unit) == 0)
+                               lambda w, r=rows: r % (w * unit) == 0, request.n_stages)
         found = [(m, s) for m, s in enumerate(splits, start=1) if s is not None]
         if not found:
             continue

@@ -87,7 +87,7 @@ def test_a_faster_replica_takes_more_of_the_batch_and_the_step_is_shorter():
     """Issue 52 item 3 on the A100 + V100 preset: GPT-2 large, batch 512, data parallel over all 16
     devices. Even rows leave the A100s idle while the V100s compute (busy 206 against 387 ms, 2026-11-29);
     rows by each device's speed (about 21:11) balance them and shorten the step (892 -> 790 ms)."""
-    from paraplan.planners.baselines.replicated import speed_shares
+    from paraplan.planners.stage_shares import speed_shares
     from paraplan.plans.plan import LayerRange, Plan, Stage
     from paraplan.simulator.predict import simulate_plan
     from paraplan.workload import workload
@@ -104,3 +104,19 @@ def test_a_faster_replica_takes_more_of_the_batch_and_the_step_is_shorter():
     assert after.plan.prediction.iteration_s < before.plan.prediction.iteration_s
     spread = [max(d.busy_s for d in s.devices) - min(d.busy_s for d in s.devices) for s in (before, after)]
     assert spread[1] < spread[0] / 2
+
+
+def test_gropipes_groups_of_different_speeds_share_the_batch_by_speed():
+    """GroPipe on the A100 + V100 preset (GPT-2 XL, batch 256): a stage's groups are an A100 and a
+    V100, and each shape is judged again with each group's rows by its speed; the plan chosen shares
+    its micro-batches (21:11) and beats every plan of even rows GroPipe judged (714 against 832 ms,
+    2026-11-29)."""
+    from paraplan.planners.gropipe.planner import plan_gropipe
+    from paraplan.planners.registry import simulator_judge
+    from paraplan.workload import workload
+
+    w = workload("gpt2-xl", "mixed-a100-v100", batch=256)
+    plan, table = plan_gropipe(w.request, simulator_judge(w.request))
+    assert all(s.shares and s.shares[0] > s.shares[1] for s in plan.stages)
+    even = [r["iteration_s"] for r in table if r["feasible"] and "shares" not in r["division"]]
+    assert plan.prediction.feasible and plan.prediction.iteration_s < min(even)

@@ -29,6 +29,12 @@ Fig. 13): where AMPA's partition of a shape does not fit its devices by the O(1)
 planners/fit.py, the split with the least slowest stage (real forward + backward times) among
 those whose every stage fits is tried beside it (`memory_capped`). When nothing fits, the plan
 closest to fitting (the smallest largest peak / capacity) comes back, its prediction infeasible.
+
+Groups of different speeds (beyond the paper, whose groups are alike; issue 52): on a cluster of
+several device kinds a stage's N devices may be of different kinds, and the one partition of every
+group leaves the faster groups waiting at the delayed all-reduce; each shape is also judged with
+each group taking a share of every micro-batch by its speed on the stage's layers
+(planners/stage_shares.py), and the faster of the two kept.
 """
 
 from __future__ import annotations
@@ -42,8 +48,10 @@ from paraplan.costs import closed_forms as cf
 from paraplan.planners.fit import SplitMemory, StageMemory, misfit
 from paraplan.planners.request import FieldError, Judge, PlanRequest
 from paraplan.planners.stage_division import fill_to
+from paraplan.planners.stage_shares import speed_shares
 from paraplan.planners.table import register
 from paraplan.plans.plan import LayerRange, Plan, Prediction, SearchInfo, Stage
+from paraplan.plans.stage_widths import WIDE_SCHEDULES
 
 
 def normalise(times) -> np.ndarray:
@@ -169,14 +177,20 @@ def plan_gropipe(request: PlanRequest, judge: Judge, micro_batches=MICRO_BATCH_C
                 sync = "none" if n_groups == 1 else ("bucketed" if k == 1 else grad_sync)
                 plan = Plan(model=request.model_name, cluster=request.cluster_name, n_layers=k_layers,
                             global_batch=batch, n_micro=m, schedule=schedule, grad_sync=sync, stages=stages)
-                prediction = judge(plan)
-                table.append({"groups": n_groups, "stages": k, "n_micro": m, "layer_counts": list(sizes),
-                              "division": kind, "iteration_s": prediction.iteration_s, "grad_sync": sync,
-                              "throughput": prediction.throughput_samples_per_s, "feasible": prediction.feasible})
-                # the fastest that fits; when none fits, the closest to fitting
-                key = (0.0 if prediction.feasible else misfit(overflow(prediction)), prediction.iteration_s)
-                if best is None or key < best[0]:
-                    best = (key, replace(plan, prediction=prediction))
+                # past the paper (issue 52 item 3): where a stage's groups are of several device kinds,
+                # the same shape with each group's share of every micro-batch by its speed, judged too
+                shared = speed_shares(request, plan) if schedule in WIDE_SCHEDULES else None
+                for candidate, division in ((plan, kind), (shared, f"{kind}, shares by speed")):
+                    if candidate is None:
+                        continue
+                    prediction = judge(candidate)
+                    table.append({"groups": n_groups, "stages": k, "n_micro": m, "layer_counts": list(sizes),
+                                  "division": division, "iteration_s": prediction.iteration_s, "grad_sync": sync,
+                                  "throughput": prediction.throughput_samples_per_s, "feasible": prediction.feasible})
+                    # the fastest that fits; when none fits, the closest to fitting
+                    key = (0.0 if prediction.feasible else misfit(overflow(prediction)), prediction.iteration_s)
+                    if best is None or key < best[0]:
+                        best = (key, replace(candidate, prediction=prediction))
     if best is None:
         raise FieldError("batch", f"no (groups, stages, micro-batches) divides the batch {batch} into whole "
                                   f"micro-batches (micro-batch counts tried: {', '.join(map(str, micro_batches))})")

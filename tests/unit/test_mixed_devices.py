@@ -127,3 +127,17 @@ def test_a_plan_that_leaves_a_kind_idle_says_so():
 
     assert alike in make_plan(w.request, "gropipe").search.note
     assert alike not in make_plan(workload("gpt2-tiny", "galvatron-8xtitan", batch=16).request, "csimd").search.note
+
+
+def test_galvatrons_search_prices_a_group_over_two_kinds_at_its_slowest_kind():
+    """Issue 52 item 1: the simulator prices a group over several kinds at its slowest kind; the
+    Galvatron searcher priced it at its first device's (the fastest: devices are numbered fastest
+    node first). A stage over an A100 node and a V100 node is now searched at the V100's times (plain
+    Galvatron on GPT-2 large at batch 512 there: 455.6 ms before, 436.7 after, 2026-11-29)."""
+    from paraplan.planners.galvatron.arrays import StrategyArrays
+    from paraplan.planners.galvatron.space import VARIANTS
+
+    w = workload("gpt2-large", "mixed-a100-v100", batch=64)
+    arrays = StrategyArrays(w.request, VARIANTS[0])
+    assert arrays._slowest(tuple(range(16)), 4.0).source == "analytic:v100-32gb"
+    assert arrays._slowest(tuple(range(8)), 4.0).source == "analytic:a100-40gb"

@@ -40,6 +40,15 @@ class StrategyArrays:
         return (tuple((x.node - first, x.spec) for x in slots),
                 tuple((self.cluster.nodes[n].intra_link, self.cluster.nodes[n].network) for n in nodes))
 
+    def _slowest(self, devices: tuple[int, ...], micro: float):
+        """The compute times of the group's slowest kind (a group over several kinds moves at its
+        slowest device's pace, as the simulator prices it: simulator/plan_work.py; it was priced at
+        its first device's, the fastest, since devices are numbered fastest node first)."""
+        kinds = {id(c): c for c in (self.cm.compute(d) for d in devices)}
+        if len(kinds) == 1:
+            return next(iter(kinds.values()))
+        return max(kinds.values(), key=lambda c: sum(float(x.sum()) for x in c.arrays(micro)[:2]))
+
     def __call__(self, devices: tuple[int, ...], micro: float) -> dict:
         key = (self.signature(devices), micro)
         if key not in self._arrays:
@@ -51,7 +60,7 @@ class StrategyArrays:
                                             context_parallel=int(self.request.options.get("context_parallel", 1)),
                                             experts=common_expert_count(self.model))
             # the measured runtime figures of a calibrated cluster, as the simulator charges them
-            a = strategy_arrays(self.cm.compute(devices[0]), self.model, strategies, micro, self.cluster, devices,
+            a = strategy_arrays(self._slowest(devices, micro), self.model, strategies, micro, self.cluster, devices,
                                 self.config, self.slow, runtime=self.cm.overheads,
                                 compute_scale=self.cm.overheads.scale_for(self.cluster.n_devices))
             a["strategies"] = strategies

@@ -119,12 +119,12 @@ def run_plan(args, plan) -> int:
     if args.checkpoint_every == "auto":
         config = auto_interval(args, config, plan, spec)
     world, torchrun = _check_model(args, config, plan, model, built, spec, compare_cluster)
-    predicted_memory, breakdowns, graph = _predicted_memory(plan, built, spec, world)
+    predicted_memory, breakdowns, by_rank, graph = _predicted_memory(plan, built, spec, world)
     cm = cost_model(spec, compare_cluster, profile=args.profile, overheads=overheads, precision=plan.precision,
                     **({"operators": graph} if graph is not None else {})) if args.compare else None
     if not _launch(args, config, world, out_dir, torchrun):
         return 0  # a torchrun rank other than 0: rank 0 reports
-    _report(args, plan, out_dir, cm, compare_cluster, overheads, predicted_memory, breakdowns)
+    _report(args, plan, out_dir, cm, compare_cluster, overheads, predicted_memory, breakdowns, by_rank)
     return 0
 
 
@@ -233,7 +233,7 @@ def _check_model(args, config, plan, model: str, built, spec, compare_cluster) -
 def _predicted_memory(plan, built, spec, world: int):
     """The plan's memory on this machine, refused before launch when it does not fit; an operator
     placement's is counted on the operator graph (returned too, for the comparison)."""
-    from paraplan.costs.memory import out_of_memory_reason, plan_memory
+    from paraplan.costs.memory import out_of_memory_reason, plan_memory, share_breakdowns
     from paraplan.hardware import load_cluster
     from paraplan.workload import cost_model, operator_graph
 
@@ -252,7 +252,10 @@ def _predicted_memory(plan, built, spec, world: int):
     reason = out_of_memory_reason(predicted_memory)
     if reason:
         raise ParaplanError(f"the plan does not fit this machine: {reason}")
-    return predicted_memory, breakdowns, graph
+    # a stage whose devices take unequal shares of each micro-batch: each rank's own breakdown
+    by_rank = {d: b for s, stage in enumerate(plan.stages) if stage.shares and breakdowns
+               for d, b in share_breakdowns(plan, spec, s, device_kind=local.device(0).name).items()}
+    return predicted_memory, breakdowns, by_rank, graph
 
 
 def _launch(args, config, world: int, out_dir: str, torchrun: bool) -> bool:
@@ -286,7 +289,8 @@ def _launch(args, config, world: int, out_dir: str, torchrun: bool) -> bool:
     return True
 
 
-def _report(args, plan, out_dir: str, cm, compare_cluster, overheads, predicted_memory, breakdowns) -> None:
+def _report(args, plan, out_dir: str, cm, compare_cluster, overheads, predicted_memory, breakdowns,
+            by_rank: dict) -> None:
     """The measured steps, the run's own overheads (overheads.json), the comparison with the
     prediction and the memory per rank: lines, or with --json one document (paraplan.train/2)."""
     import json
@@ -331,7 +335,7 @@ def _report(args, plan, out_dir: str, cm, compare_cluster, overheads, predicted_
         if drift:
             summary["compare"]["warning"] = drift
             print(drift, file=sys.stderr)
-    _report_memory(plan, out_dir, predicted_memory, breakdowns, summary, say)
+    _report_memory(plan, out_dir, predicted_memory, breakdowns, by_rank, summary, say)
     if args.json:
         print(json.dumps(summary, indent=2))
 
@@ -359,10 +363,10 @@ def drift_warning(error: float, source: str) -> str | None:
             f"{advice}")
 
 
-def _report_memory(plan, out_dir: str, predicted_memory, breakdowns, summary: dict, say) -> None:
+def _report_memory(plan, out_dir: str, predicted_memory, breakdowns, by_rank: dict, summary: dict, say) -> None:
     from paraplan.runtime.measure.compare import dag_memory_comparison, memory_comparison
 
-    for row in memory_comparison(breakdowns, out_dir):
+    for row in memory_comparison(breakdowns, out_dir, by_rank):
         summary["memory"].append({"rank": row.rank, "measured_bytes": row.measured_states + row.measured_activations,
                                   "predicted_bytes": row.predicted_states + row.predicted_activations,
                                   "measured_states": row.measured_states, "predicted_states": row.predicted_states,

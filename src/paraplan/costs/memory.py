@@ -319,9 +319,11 @@ def plan_memory(plan: Plan, model: ModelSpec, capacities: dict[int, int], config
         # a walk over the rank's order where its peak depends on the moment: several stages, a split
         # backward, or FSDP units kept per stage under pipelining (freed after the stage's last backward)
         walk = len(here) > 1 or plan.schedule in schedules.SPLIT_BACKWARD or _keeps_units(plan, config)
-        if plan.stages[here[0]].shares:  # each device holds its own share's activations (plans/stage_widths.py)
-            b = _shared_stage_memory(plan, model, here[0], config, device_kind, device_kinds, capacities, out)
-            breakdowns.append(b)
+        if plan.stages[here[0]].shares:  # each device its own share's activations; the table shows the largest's
+            each = share_breakdowns(plan, model, here[0], config, device_kind, device_kinds)
+            out.extend(DeviceMemory(device=d, peak_bytes=int(round(b.peak_bytes)), capacity_bytes=capacities[d])
+                       for d, b in each.items())
+            breakdowns.append(max(each.values(), key=lambda b: b.activation_bytes))
             continue
         b = _rank_memory(plan, model, rank, here, config, kind) if walk else stage_memory(plan, model, here[0], config, kind)
         breakdowns.append(b)
@@ -330,17 +332,13 @@ def plan_memory(plan: Plan, model: ModelSpec, capacities: dict[int, int], config
     return tuple(out), tuple(breakdowns)
 
 
-def _shared_stage_memory(plan: Plan, model: ModelSpec, s: int, config, device_kind, device_kinds, capacities,
-                         out: list) -> MemoryBreakdown:
-    """Devices taking unequal shares of every micro-batch: each one's peak at its own rows (the plan
-    re-sized so that an equal split is that many); the breakdown of the one with the most rows."""
-    largest = (-1, None)
-    for d, (a, b) in zip(plan.stages[s].devices, stage_rows(plan, s), strict=True):
-        breakdown = stage_memory(replace(plan, global_batch=(b - a) * len(plan.stages[s].devices) * plan.n_micro),
-                                 model, s, config, device_kinds.get(d, device_kind) if device_kinds else device_kind)
-        out.append(DeviceMemory(device=d, peak_bytes=int(round(breakdown.peak_bytes)), capacity_bytes=capacities[d]))
-        largest = max(largest, (b - a, breakdown), key=lambda x: x[0])
-    return largest[1]
+def share_breakdowns(plan: Plan, model: ModelSpec, s: int, config=None, device_kind=None,
+                     device_kinds=None) -> dict[int, MemoryBreakdown]:
+    """Each device of a stage with shares at its own rows (the plan re-sized so that an equal split
+    is that many rows), by device."""
+    return {d: stage_memory(replace(plan, global_batch=(b - a) * len(plan.stages[s].devices) * plan.n_micro),
+                            model, s, config, device_kinds.get(d, device_kind) if device_kinds else device_kind)
+            for d, (a, b) in zip(plan.stages[s].devices, stage_rows(plan, s), strict=True)}
 
 
 def _keeps_units(plan: Plan, config: MemoryConfig | None) -> bool:

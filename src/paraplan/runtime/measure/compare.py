@@ -195,13 +195,14 @@ class MemoryRow:
     measured_activations: int
 
 
-def memory_comparison(breakdowns, out_dir: str | Path) -> list[MemoryRow]:
-    """Predicted (`plan_memory`'s per-stage breakdowns) against each rank's `memory_rank*.json`."""
+def memory_comparison(breakdowns, out_dir: str | Path, by_rank: dict | None = None) -> list[MemoryRow]:
+    """Predicted (`plan_memory`'s per-stage breakdowns; `by_rank`: a rank's own where the devices of
+    its stage differ, costs/memory.py share_breakdowns) against each rank's `memory_rank*.json`."""
     rows = []
     for f in sorted(Path(out_dir).glob("memory_rank*.json"), key=lambda f: int(f.stem[len("memory_rank"):])):
         m = json.loads(f.read_text())
         # one breakdown per pipeline rank, named by its first stage (several with interleaved schedules)
-        b = next(b for b in breakdowns if b.stage == m["stage"])
+        b = (by_rank or {}).get(m["rank"]) or next(b for b in breakdowns if b.stage == m["stage"])
         # autocast's weight copies count with the parameters, as the memory model files them
         rows.append(MemoryRow(rank=m["rank"], stage=m["stage"], predicted_states=b.states_bytes + b.compute_copy_bytes,
                               measured_states=m["params"] + m["grads"] + m["optimizer"] + m.get("weight_copies", 0),

@@ -111,6 +111,11 @@ class StageMemory:
         return self.peak(np.array(b[:-1]), np.array(b[1:]), np.arange(n), n)
 
 
+def overflow(prediction) -> float:
+    """The largest peak / capacity over a predicted plan's devices: at most 1 when it fits."""
+    return max((m.peak_bytes / max(m.capacity_bytes, 1) for m in prediction.memory), default=0.0)
+
+
 def misfit(overflow: float) -> float:
     """A sort key for plans by how far they are from fitting: 0 when they fit (overflow, the
     largest peak / capacity, at most 1), else the overflow to 6 digits, so that a few bytes do not

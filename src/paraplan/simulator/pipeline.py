@@ -114,16 +114,19 @@ class PipelineResult:
     iteration_s: float
 
 
-def _orders(work: PipelineWork) -> tuple[list[list[schedules.Action]], int]:
+def _orders(work: PipelineWork, n_stages: int) -> tuple[list[list[schedules.Action]], int]:
     """(each pipeline rank's order of actions, micro-batches simulated)."""
     n_micro = work.n_micro * (ASYNC_ITERATIONS if work.schedule == "async-1f1b" else 1)
-    n_ranks = len(_grid(work)[0]) // work.virtual_stages
+    n_ranks = n_stages // work.virtual_stages
     return schedules.rank_orders(work.schedule, n_ranks, work.virtual_stages, n_micro), n_micro
 
 
 def task_count(work: PipelineWork) -> int:
     """The tasks build_graph makes, in closed form (counted before anything is built)."""
-    lanes, hops = _grid(work)
+    return _task_count(work, *_grid(work))
+
+
+def _task_count(work: PipelineWork, lanes, hops) -> int:
     n_micro = work.n_micro * (ASYNC_ITERATIONS if work.schedule == "async-1f1b" else 1)
     count = sum(len(lanes[s]) * (len(sync.buckets) - 1) for s, sync in enumerate(work.sync)) \
         if work.grad_sync == "bucketed" else 0
@@ -138,7 +141,7 @@ def task_count(work: PipelineWork) -> int:
     return count
 
 
-def _passes(graph: TaskGraph, work: PipelineWork, orders: list[list[Action]]):
+def _passes(graph: TaskGraph, work: PipelineWork, orders: list[list[Action]], lanes):
     """Every rank's compute tasks in its order (the engine runs a device's tasks in the order added):
     per (position in the stage, stage, micro-batch) the forward, where the backward starts and where its input
     gradient is ready, and where the weights' gradients are; DDP's bucket parts; each rank's tasks."""
@@ -156,7 +159,6 @@ def _passes(graph: TaskGraph, work: PipelineWork, orders: list[list[Action]]):
             if action.computation in (Computation.BACKWARD, Computation.BACKWARD_WEIGHT):
                 last_weights[action.stage] = action
     actions: dict[tuple[int, int], list[int]] = {}
-    lanes, _ = _grid(work)
     # a rank's devices: its stages' (one width per rank); position-major, as replica-major before
     rank_width = [len(lanes[order[0].stage]) if order else 0 for order in orders]
     for r in range(max(rank_width)):
@@ -200,16 +202,17 @@ def _passes(graph: TaskGraph, work: PipelineWork, orders: list[list[Action]]):
 def build_graph(work: PipelineWork) -> tuple[TaskGraph, dict]:
     if work.schedule not in schedules.ORDERS and work.schedule not in schedules.MULTI_CHUNK:
         raise ValueError(f"unknown schedule {work.schedule!r}")
-    n_stages = len(_grid(work)[0])
-    # before anything is built (the orders included): a graph beyond the memory available is refused in one line
-    limits.check_task_count(task_count(work), f"{work.n_micro:,} micro-batch{'es' if work.n_micro != 1 else ''} "
-                                              f"over {n_stages} stage{'s' if n_stages != 1 else ''}"
-                                              + (f" and {len(work.replicas)} replicas" if len(work.replicas) > 1 else ""))
-    orders, n_micro = _orders(work)
     lanes, hops = _grid(work)
+    n_stages = len(lanes)
+    # before anything is built (the orders included): a graph beyond the memory available is refused in one line
+    what = (f"{work.n_micro:,} micro-batch{'es' if work.n_micro != 1 else ''} over {n_stages} "
+            f"stage{'s' if n_stages != 1 else ''}"
+            + (f" and {len(work.replicas)} replicas" if len(work.replicas) > 1 else ""))
+    limits.check_task_count(_task_count(work, lanes, hops), what)
+    orders, n_micro = _orders(work, n_stages)
     used = [s.device for stage in lanes for s in stage] + [d for s in work.sync for d in s.devices]
     graph = TaskGraph(max(work.n_devices, max(used) + 1))
-    fwd, bwd_first, bwd_last, weights_done, bucket_parts, actions, last_weights = _passes(graph, work, orders)
+    fwd, bwd_first, bwd_last, weights_done, bucket_parts, actions, last_weights = _passes(graph, work, orders, lanes)
     position = {t: (key, i) for key, ts in actions.items() for i, t in enumerate(ts)}
 
     def neighbour(task: int, step: int) -> int | None:

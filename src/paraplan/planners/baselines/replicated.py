@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from paraplan.planners.fit import misfit
+from paraplan.planners.fit import misfit, overflow
 from paraplan.planners.request import FieldError, Judge, PlanRequest, divisors
 from paraplan.planners.stage_shares import speed_shares
 from paraplan.planners.table import register
@@ -173,8 +173,7 @@ def _plan(request: PlanRequest, split: Split, n_micro: int, unit: int) -> Plan:
 
 def _closeness(prediction: Prediction) -> tuple[float, float]:
     """The fastest that fits; when none does, the closest to fitting."""
-    over = max((m.peak_bytes / m.capacity_bytes for m in prediction.memory), default=0.0)
-    return (0.0 if prediction.feasible else misfit(over), prediction.iteration_s)
+    return (0.0 if prediction.feasible else misfit(overflow(prediction)), prediction.iteration_s)
 
 
 @register("pipedream-replicated", "PipeDream's dynamic program with replicated stages: each stage its own "

@@ -45,12 +45,12 @@ from dataclasses import replace
 import numpy as np
 
 from paraplan.costs import closed_forms as cf
-from paraplan.planners.fit import SplitMemory, StageMemory, misfit
+from paraplan.planners.fit import SplitMemory, StageMemory, misfit, overflow
 from paraplan.planners.request import FieldError, Judge, PlanRequest
 from paraplan.planners.stage_division import fill_to
 from paraplan.planners.stage_shares import speed_shares
 from paraplan.planners.table import register
-from paraplan.plans.plan import LayerRange, Plan, Prediction, SearchInfo, Stage
+from paraplan.plans.plan import LayerRange, Plan, SearchInfo, Stage
 from paraplan.plans.stage_widths import WIDE_SCHEDULES
 
 
@@ -128,11 +128,6 @@ def memory_capped(memory: SplitMemory, layer_times, k: int, n_micro: int) -> tup
     cuts = fill_to(layer_times, zeros, zeros, zeros, cuts, k, n_micro)
     bounds = [0, *[c + 1 for c in cuts], len(layer_times)]
     return tuple(int(b - a) for a, b in zip(bounds[:-1], bounds[1:], strict=True))
-
-
-def overflow(prediction: Prediction) -> float:
-    """The largest peak / capacity over the plan's devices: at most 1 when it fits."""
-    return max((m.peak_bytes / max(m.capacity_bytes, 1) for m in prediction.memory), default=0.0)
 
 
 def plan_gropipe(request: PlanRequest, judge: Judge, micro_batches=MICRO_BATCH_CANDIDATES, shapes=None,

@@ -20,8 +20,14 @@ from paraplan.planners.bipartition.division import (
 _INF = float("inf")
 
 
-def algorithm2(forward, backward, cuts, n_workers: int, fits: FitsFn | None, allow_empty: bool) -> BiPartition:
-    """The prefix DP with Algorithm 2's binary search on s2 in place of the scan, as the paper has it."""
+def algorithm2(rows, n_workers: int, fits: FitsFn | None, allow_empty: bool) -> BiPartition:
+    """The prefix DP with Algorithm 2's binary search on s2 in place of the scan, as the paper has it:
+    workers alike (`rows`, planners/bipartition/worker_rows.py, holds one row and one cut matrix)."""
+    if not rows.alike:
+        raise ValueError("Algorithm 2 (binary_search=True) searches workers alike, as the paper's: give one "
+                         "time per layer each way and one cut_s")
+    forward, backward = rows.times(0)
+    cuts = rows.cut(0)
     n_layers = forward.size
     size = n_layers + 1
     prefix_f, prefix_b = prefix_sums(forward), prefix_sums(backward)
@@ -70,4 +76,4 @@ def algorithm2(forward, backward, cuts, n_workers: int, fits: FitsFn | None, all
         if fits is None:
             raise RuntimeError("bipartition: Algorithm 2 found no division without a memory limit (a bug)")
         raise DoesNotFit(f"Algorithm 2 found no division of {n_layers} layers over {n_workers} workers that fits")
-    return read_division(predecessors, n_workers, forward, backward, cuts)
+    return read_division(predecessors, n_workers, rows)

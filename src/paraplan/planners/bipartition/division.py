@@ -79,25 +79,29 @@ class Predecessors:
 # reading a division back
 
 
-def read_division(predecessors: list[Predecessors], n_workers: int, forward, backward, cuts) -> BiPartition:
-    n_layers = forward.size
-    prefix_f, prefix_b = prefix_sums(forward), prefix_sums(backward)
-    done = prefix_f[:, None] + prefix_b[None, :]
+def read_division(predecessors: list[Predecessors], n_workers: int, rows) -> BiPartition:
+    """The division into n_workers that the predecessors lead to from (L, L); `rows`: the
+    workers' times and the boundaries' charges (planners/bipartition/worker_rows.py WorkerRows)."""
+    n_layers = rows.n_layers
     workers = []
     p1 = p2 = n_layers
     for m in range(n_workers, 0, -1):
-        q1, q2 = (0, 0) if m == 1 else predecessors[m - 1].of(p1, p2, done)
+        # count m's predecessors were chosen with its last worker's times (worker m - 1's)
+        q1, q2 = (0, 0) if m == 1 else predecessors[m - 1].of(p1, p2, rows.done(m - 1))
         if q1 < 0 or q2 < 0:
             raise RuntimeError(f"bipartition: broken predecessor chain at worker {m - 1} (a bug)")
         workers.append(Worker(forward=(q1, p1), backward=(q2, p2)))
         p1, p2 = q1, q2
     workers.reverse()
-    return BiPartition(workers=tuple(workers), bottleneck_s=bottleneck(workers, forward, backward, cuts))
+    return BiPartition(workers=tuple(workers), bottleneck_s=bottleneck(workers, rows))
 
 
-def bottleneck(workers: Sequence[Worker], forward, backward, cuts) -> float:
-    prefix_f, prefix_b = prefix_sums(forward), prefix_sums(backward)
-    slowest = max(float(prefix_f[w.forward[1]] - prefix_f[w.forward[0]]
-                        + prefix_b[w.backward[1]] - prefix_b[w.backward[0]]) for w in workers)
-    links = [float(cuts[w.forward[1], w.backward[1]]) for w in workers[:-1]]
-    return max([slowest, *links])
+def bottleneck(workers: Sequence[Worker], rows) -> float:
+    """The slowest worker, each at its own speed, or boundary, each over its own link."""
+    times = []
+    for k, w in enumerate(workers):
+        prefix_f, prefix_b, _ = rows.prefix(k)
+        times.append(float(prefix_f[w.forward[1]] - prefix_f[w.forward[0]]
+                           + prefix_b[w.backward[1]] - prefix_b[w.backward[0]]))
+    links = [float(rows.cut(k)[w.forward[1], w.backward[1]]) for k, w in enumerate(workers[:-1])]
+    return max([max(times), *links])

@@ -32,6 +32,15 @@ that runs one) and s2 is None when they run no backward. s1 = L - 1 (they ran th
 a real transfer: the model's output goes to the worker that runs the backward of the last layer.
 With allow_empty=False or layerwise=True, s1 and s2 stay in 0..L-2 and are never None.
 
+Workers of different speeds (beyond the paper: its workers are alike, and it leaves devices of
+heterogeneous compute and bandwidth to future work, §6). Workers are ordered, worker k on device k,
+so eq. (2)'s sub-problems keep their workers: worker k's T(U) is F and B summed with worker k's own
+per-layer times, and eq. (3)'s (a_s1 + a_s2) / B is charged with the bandwidth of the boundary
+after worker k, cut_s[k](s1, s2). Times given per layer (one row) and one cut_s are the paper's
+case, searched exactly as before; times given per worker (a (workers, layers) array) or cuts per
+boundary (planners/bipartition/worker_rows.py) enter the same recurrence, each worker count's last
+worker at its own speed (prefix_dp.py). Algorithm 2 stays the paper's, workers alike.
+
 Memory. fits(worker_index, forward_range, backward_range) is asked per worker, ranges possibly
 empty. The search is exact when (a) for a given forward range, a shorter backward range never
 turns a worker that fits into one that does not (an empty backward range being the same wherever
@@ -57,6 +66,8 @@ non-empty ranges: the search returns 23, the optimum is 20. It is kept as the pa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from paraplan.planners.bipartition.algorithm2 import algorithm2
@@ -71,42 +82,51 @@ from paraplan.planners.bipartition.division import (
     read_division,
 )
 from paraplan.planners.bipartition.prefix_dp import prefix_dp
+from paraplan.planners.bipartition.worker_rows import WorkerRows, check_rows, check_times, cut_matrices
 
 
-def bipartition(forward_s, backward_s, cut_s: CutFn, n_workers: int, fits: FitsFn | None = None,
+def bipartition(forward_s, backward_s, cut_s: CutFn | Sequence[CutFn], n_workers: int, fits: FitsFn | None = None,
                 layerwise: bool = False, binary_search: bool = False, allow_empty: bool = True) -> BiPartition:
     """The optimal forward/backward ranges for exactly n_workers (Bi-Partition eqs. (2)-(3)).
 
-    cut_s(s1, s2): time to send the activation after forward layer s1 and the gradient at the
-    backward cut after layer s2 (0-based, the last layers of the earlier workers; None when nothing
-    crosses in that direction, see the module docstring). fits(worker_index, forward_range,
-    backward_range): the memory check, with the properties (a)-(c) of the module docstring (None:
-    no limit). binary_search=True runs the paper's Algorithm 2, a heuristic that can miss the
-    optimum (layerwise=True has no s2 to search and stays exact). Raises ValueError when no
-    division into n_workers exists (more workers than parts of layers) and DoesNotFit when none
-    fits memory.
+    forward_s, backward_s: per layer (every worker alike), or (workers, layers) with row w worker
+    w's times ("Workers of different speeds" in the module docstring). cut_s(s1, s2): time to send
+    the activation after forward layer s1 and the gradient at the backward cut after layer s2
+    (0-based, the last layers of the earlier workers; None when nothing crosses in that direction,
+    see the module docstring), or a sequence of them, entry b the boundary after worker b.
+    fits(worker_index, forward_range, backward_range): the memory check, with the properties (a)-(c)
+    of the module docstring (None: no limit). binary_search=True runs the paper's Algorithm 2, a
+    heuristic that can miss the optimum (layerwise=True has no s2 to search and stays exact), for
+    workers alike only. Raises ValueError when no division into n_workers exists (more workers than
+    parts of layers) and DoesNotFit when none fits memory.
     """
-    n_layers, forward, backward = _check_times(forward_s, backward_s)
+    forward, backward, per_worker = check_times(forward_s, backward_s)
+    n_layers = forward.shape[1]
     _check_count(n_workers, n_layers, layerwise, allow_empty)
-    cuts = _cut_matrix(cut_s, n_layers, layerwise, allow_empty)
+    if binary_search and not layerwise and (per_worker or not callable(cut_s)):
+        raise ValueError("binary_search=True (the paper's Algorithm 2) searches workers alike: give one time per "
+                         "layer each way and one cut_s, not per-worker times or per-boundary cuts")
+    rows = _rows(forward, backward, cut_s, n_workers, layerwise, allow_empty)
     if binary_search and not layerwise:
-        return algorithm2(forward, backward, cuts, n_workers, fits, allow_empty)
-    values, predecessors = prefix_dp(forward, backward, cuts, n_workers, fits, layerwise, allow_empty,
-                                     every_count=False)
+        return algorithm2(rows, n_workers, fits, allow_empty)
+    values, predecessors = prefix_dp(rows, n_workers, fits, layerwise, allow_empty, every_count=False)
     if not np.isfinite(values[n_workers - 1]):
         if fits is None:
             raise RuntimeError("bipartition: no division found without a memory limit (a bug)")
         raise DoesNotFit(f"no division of {n_layers} layers over {n_workers} workers fits their memory")
-    division = read_division(predecessors, n_workers, forward, backward, cuts)
+    division = read_division(predecessors, n_workers, rows)
     _check_fits(division, fits, from_end=False)
     return division
 
 
-def bipartition_all(forward_s, backward_s, cut_s: CutFn, n_workers: int, fits: FitsFn | None = None,
-                    layerwise: bool = False, allow_empty: bool = True, *,
+def bipartition_all(forward_s, backward_s, cut_s: CutFn | Sequence[CutFn], n_workers: int,
+                    fits: FitsFn | None = None, layerwise: bool = False, allow_empty: bool = True, *,
                     fits_index_from_end: bool = False) -> dict[int, BiPartition]:
     """The optimal division for every worker count m = 1..n_workers that has one, from one pass.
 
+    Times and cuts as `bipartition`'s: per layer or per worker (rows for at least the counted
+    workers), one cut_s or one per boundary; worker w of every count is the same worker (device w),
+    so a count of m uses rows 0..m-1 and boundaries 0..m-2.
     Counts above max_workers(L) have no division and are left out, so are counts where nothing fits.
     The same fits serves every count, so it must not depend on the count through worker_index:
     by default worker_index counts from the first worker (a device's own memory); with
@@ -114,29 +134,26 @@ def bipartition_all(forward_s, backward_s, cut_s: CutFn, n_workers: int, fits: F
     min(that + 1, n_micro) micro-batches in flight on a worker, whatever the count).
     Raises DoesNotFit when no count fits.
     """
-    n_layers, forward, backward = _check_times(forward_s, backward_s)
+    forward, backward, _ = check_times(forward_s, backward_s)
+    n_layers = forward.shape[1]
     _check_positive(n_workers)
     top = min(int(n_workers), max_workers(n_layers, layerwise, allow_empty))
-    cuts = _cut_matrix(cut_s, n_layers, layerwise, allow_empty)
-    if fits_index_from_end:
+    rows = _rows(forward, backward, cut_s, top, layerwise, allow_empty)
+    if fits_index_from_end and rows.alike:
         # the mirror image (layers and workers reversed) is the same problem, and its worker index
         # is this one's distance from the end; solve that and turn the answers back round
-        values, predecessors = prefix_dp(forward[::-1].copy(), backward[::-1].copy(), cuts[::-1, ::-1].copy(),
-                                         top, None if fits is None else _mirror_fits(fits, n_layers),
+        mirror = rows.mirrored()
+        values, predecessors = prefix_dp(mirror, top, None if fits is None else _mirror_fits(fits, n_layers),
                                          layerwise, allow_empty, every_count=True, mirrored=True)
+        divisions = {m: _unmirror(read_division(predecessors, m, mirror), n_layers, rows)
+                     for m in range(1, top + 1) if np.isfinite(values[m - 1])}
+    elif fits_index_from_end and fits is not None:
+        divisions = _counted_from_end(rows, top, fits, layerwise, allow_empty)
     else:
-        values, predecessors = prefix_dp(forward, backward, cuts, top, fits, layerwise, allow_empty,
-                                         every_count=True)
-    divisions = {}
-    for m in range(1, top + 1):
-        if not np.isfinite(values[m - 1]):
-            continue
-        if fits_index_from_end:
-            divisions[m] = _unmirror(read_division(predecessors, m, forward[::-1], backward[::-1], cuts[::-1, ::-1]),
-                                     n_layers, forward, backward, cuts)
-        else:
-            divisions[m] = read_division(predecessors, m, forward, backward, cuts)
-        _check_fits(divisions[m], fits, from_end=fits_index_from_end)
+        values, predecessors = prefix_dp(rows, top, fits, layerwise, allow_empty, every_count=True)
+        divisions = {m: read_division(predecessors, m, rows) for m in range(1, top + 1) if np.isfinite(values[m - 1])}
+    for division in divisions.values():
+        _check_fits(division, fits, from_end=fits_index_from_end)
     if not divisions:
         if fits is None:
             raise RuntimeError("bipartition_all: no division found without a memory limit (a bug)")
@@ -144,20 +161,33 @@ def bipartition_all(forward_s, backward_s, cut_s: CutFn, n_workers: int, fits: F
     return divisions
 
 
+def _counted_from_end(rows: WorkerRows, top: int, fits: FitsFn, layerwise: bool,
+                      allow_empty: bool) -> dict[int, BiPartition]:
+    """fits_index_from_end with workers of different speeds: the mirror image's first worker is the
+    real last one, whose times change with the count, so one mirrored pass cannot serve every count
+    (it relies on workers alike). Each count is solved forwards on its own, its index turned round:
+    exact under (a)-(c) as the default search is, at the price of one pass per count."""
+    divisions = {}
+    for m in range(1, top + 1):
+        def from_end(index: int, forward: tuple[int, int], backward: tuple[int, int], m: int = m) -> bool:
+            return fits(m - 1 - index, forward, backward)
+
+        values, predecessors = prefix_dp(rows, m, from_end, layerwise, allow_empty, every_count=False)
+        if np.isfinite(values[m - 1]):
+            divisions[m] = read_division(predecessors, m, rows)
+    return divisions
+
+
 # ---------------------------------------------------------------------------------------------
 # inputs
 
 
-def _check_times(forward_s, backward_s) -> tuple[int, np.ndarray, np.ndarray]:
-    forward = np.asarray(forward_s, dtype=float).ravel()
-    backward = np.asarray(backward_s, dtype=float).ravel()
-    if forward.size == 0 or forward.size != backward.size:
-        raise ValueError(f"forward_s and backward_s need one time per layer, got {forward.size} and "
-                         f"{backward.size}")
-    for name, times in (("forward_s", forward), ("backward_s", backward)):
-        if not np.all(np.isfinite(times)) or np.any(times < 0):
-            raise ValueError(f"{name} must be finite and non-negative, got {times.tolist()}")
-    return forward.size, forward, backward
+def _rows(forward: np.ndarray, backward: np.ndarray, cut_s, n_workers: int, layerwise: bool,
+          allow_empty: bool) -> WorkerRows:
+    check_rows(forward, n_workers)
+    n_layers = forward.shape[1]
+    cuts = cut_matrices(cut_s, lambda cut: _cut_matrix(cut, n_layers, layerwise, allow_empty), n_workers - 1)
+    return WorkerRows(forward, backward, cuts)
 
 
 def _check_positive(n_workers) -> None:
@@ -225,8 +255,8 @@ def _mirror_fits(fits: FitsFn, n_layers: int) -> FitsFn:
     return mirrored
 
 
-def _unmirror(division: BiPartition, n_layers: int, forward, backward, cuts) -> BiPartition:
+def _unmirror(division: BiPartition, n_layers: int, rows: WorkerRows) -> BiPartition:
     workers = tuple(Worker(forward=(n_layers - w.forward[1], n_layers - w.forward[0]),
                            backward=(n_layers - w.backward[1], n_layers - w.backward[0]))
                     for w in reversed(division.workers))
-    return BiPartition(workers=workers, bottleneck_s=bottleneck(workers, forward, backward, cuts))
+    return BiPartition(workers=workers, bottleneck_s=bottleneck(workers, rows))

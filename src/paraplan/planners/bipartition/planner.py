@@ -11,6 +11,13 @@ their forward ran (costs/memory.py); inside the dynamic program that worker is n
 layers outside the worker's own forward range, so it counts the most it could be (the forward
 on the earliest worker before, on the next worker after, among all M workers). The check is
 therefore never looser than the simulator's, and every plan it accepts fits by the simulator's count.
+
+Devices of several kinds (issue 52 item 1; beyond the paper, whose workers are alike): worker w
+runs on device w, numbered fastest node first (hardware/cluster.py canonical_node_order). Where the
+workers' devices are of more than one kind, both searches price worker w with device w's own
+per-layer times and the boundary after it with the link between devices w and w + 1, as the
+simulator does (planners/bipartition/worker_rows.py); on one kind they take device 0's times and
+link(0, 1), as before.
 """
 
 from __future__ import annotations
@@ -173,10 +180,46 @@ def _link(cm):
     return cm.cluster.link(0, 1) if cm.cluster.n_devices > 1 else cm.cluster.nodes[0].intra_link
 
 
-def _cut_times(cm, micro: float, p: int):
+def _mixed(cm, max_workers: int) -> bool:
+    """Whether the devices the workers run on (0..max_workers-1) are of more than one kind."""
+    return len({cm.cluster.device(w).name for w in range(max_workers)}) > 1
+
+
+def _worker_times(cm, micro: float, max_workers: int) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) per-layer times at micro-batch size `micro`: device 0's (L,) arrays where
+    every worker's device is of one kind, else (max_workers, L) arrays, row w device w's own
+    (beyond the paper, whose workers are alike; planners/bipartition/worker_rows.py)."""
+    if not _mixed(cm, max_workers):
+        fwd, bwd, _, _ = cm.compute(0).arrays(micro)
+        return fwd, bwd
+    by_kind: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    kinds = [cm.cluster.device(w).name for w in range(max_workers)]
+    for w, kind in enumerate(kinds):
+        if kind not in by_kind:  # cm.compute caches each kind's costs; its arrays once a kind here
+            by_kind[kind] = cm.compute(w).arrays(micro)[:2]
+    return np.stack([by_kind[k][0] for k in kinds]), np.stack([by_kind[k][1] for k in kinds])
+
+
+def _cut_times(cm, micro: float, p: int, max_workers: int):
     """(runtime_cut_s, cut_s): the time charged at a boundary at micro-batch size `micro` (p
-    micro-batches) under the runtime's cost and under the paper's (bipartition/dp.py's cut_s)."""
-    link = _link(cm)
+    micro-batches) under the runtime's cost and under the paper's (bipartition/dp.py's cut_s).
+    One of each over link(0, 1) where every worker's device is of one kind (as the paper's workers);
+    otherwise a list per boundary, entry b over the link between devices b and b + 1, one pair of
+    functions per distinct link (the searches build one cut matrix per function)."""
+    if not _mixed(cm, max_workers):
+        return _cuts_over(cm, micro, p, _link(cm))
+    over: dict = {}
+    pairs = []
+    for b in range(max_workers - 1):
+        link = cm.cluster.link(b, b + 1)
+        if link not in over:
+            over[link] = _cuts_over(cm, micro, p, link)
+        pairs.append(over[link])
+    return [r for r, _ in pairs], [c for _, c in pairs]
+
+
+def _cuts_over(cm, micro: float, p: int, link):
+    """(runtime_cut_s, cut_s) over one link (see _cut_times)."""
     layers = cm.model.layers
     saved = np.concatenate(([0.0], np.cumsum([layer.saved_bytes.at(micro) for layer in layers])))
     params = np.concatenate(([0.0], np.cumsum([float(layer.param_bytes) for layer in layers])))
@@ -254,8 +297,9 @@ def _divisions(request: PlanRequest, p: int, max_workers: int, layerwise: bool, 
     k = request.n_layers
     exactly = request.exact_stages
     micro = request.batch / p
-    fwd, bwd, _, _ = cm.compute(0).arrays(micro)
-    runtime_cut_s, cut_s = _cut_times(cm, micro, p)
+    # each worker priced on its own device where they are of several kinds (_worker_times)
+    fwd, bwd = _worker_times(cm, micro, max_workers)
+    runtime_cut_s, cut_s = _cut_times(cm, micro, p, max_workers)
     fits, vector_fits = _memory_checks(cm, micro, p, max_workers, check_memory, mode)
     # Bi-Partition's divisions, and (beyond the paper) its layer-wise special case judged beside
     # them: the bottleneck per micro-batch does not see the fill and drain nor a split layer's
@@ -321,12 +365,12 @@ _MODE = {"mode": OptionSpec("runtime", "runtime: cost split layers as paraplan t
 
 
 @register("bipartition", "Bi-Partition: separate forward and backward ranges per worker (1F1B)", schedules=("1f1b",),
-          options=_MODE, slow=13, alike_devices=True)
+          options=_MODE, slow=13)
 def _bipartition(request: PlanRequest, options: dict, judge: Judge) -> Plan:
     return plan_bipartition(request, judge, mode=options.get("mode", "runtime"))[0]
 
 
 @register("pipedream-layerwise", "PipeDream's layer-wise partition (Bi-Partition's baseline, 1F1B)",
-          schedules=("1f1b",), slow=12, alike_devices=True)
+          schedules=("1f1b",), slow=12)
 def _layerwise(request: PlanRequest, options: dict, judge: Judge) -> Plan:
     return plan_bipartition(request, judge, layerwise=True)[0]

@@ -12,6 +12,10 @@ F and B the prefix sums of the forward and backward times and G(p) = F(p1) + B(p
 
 (q < p: q <= p in both coordinates and q != p; both strictly with allow_empty=False). The optimum
 for m workers is V[m](L, L), and one pass over m = 1..M gives every worker count (bipartition_all).
+Workers of different speeds (planners/bipartition/worker_rows.py): the m-th worker is worker m - 1
+of every count, so the step to m reads its own times and the link before it,
+V[m](p) = min over q < p of max(V[m-1](q), cut_{m-1}(q), G_m(p) - G_m(q)), G_m from worker m - 1's
+F and B and cut_{m-1} the boundary between workers m - 2 and m - 1; everything below holds per step.
 Each state's min over q is O(L^2) if done naively (O(L^4 M) in all, minutes for GPT-3's 98 layers).
 For one q1, write h(q2) = max(V[m-1](q), cut(q)) and K = G(p) - F(q1); the max is h(q2) exactly
 when h(q2) + B(q2) >= K, so the min over q2 <= p2 is
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from paraplan.planners.bipartition.division import FitsFn, Predecessors, prefix_sums
+from paraplan.planners.bipartition.division import FitsFn, Predecessors
 from paraplan.planners.bipartition.dp_memory import (
     apply_fits,
     apply_fits_first,
@@ -44,17 +48,18 @@ from paraplan.planners.bipartition.dp_memory import (
 _INF = float("inf")
 
 
-def prefix_dp(forward, backward, cuts, n_workers: int, fits: FitsFn | None, layerwise: bool,
-               allow_empty: bool, every_count: bool,
-               mirrored: bool = False) -> tuple[list[float], list[Predecessors]]:
+def prefix_dp(rows, n_workers: int, fits: FitsFn | None, layerwise: bool, allow_empty: bool, every_count: bool,
+              mirrored: bool = False) -> tuple[list[float], list[Predecessors]]:
     """V[m](L, L) for m = 1..n_workers (inf where none) and, per m, every state's best predecessor.
 
+    rows (planners/bipartition/worker_rows.py WorkerRows): worker w's times and the charge at the
+    boundary after worker w; the m-th worker is worker m - 1 whatever the count, so one pass over
+    m = 1..M prices each worker at its own speed (G and cut above, per worker and per boundary).
     every_count=False only needs V[n_workers](L, L), so the last count is solved at (L, L) alone.
     mirrored: the problem is the mirror image of the caller's (what memory may assume flips)."""
-    n_layers = forward.size
+    n_layers = rows.n_layers
     size = n_layers + 1
-    prefix_f, prefix_b = prefix_sums(forward), prefix_sums(backward)
-    done = prefix_f[:, None] + prefix_b[None, :]  # G(p): time of the layers a prefix p has run
+    done = rows.done(0)  # G(p): time of the layers a prefix p has run, at the first worker's speed
     finals: list[float] = []
     predecessors: list[Predecessors] = []
     # one worker: everything up to p; with layerwise, only the diagonal is a state
@@ -73,8 +78,10 @@ def prefix_dp(forward, backward, cuts, n_workers: int, fits: FitsFn | None, laye
     predecessors.append(Predecessors(arrays=(np.zeros((size, size), np.int64),) * 2))  # all from (0, 0)
     for m in range(2, n_workers + 1):
         worker = m - 1
+        # the last worker's own G (its speed), and the link between it and the worker before
+        prefix_f, prefix_b, done = rows.prefix(worker)
         # h(q) = max(V[m-1](q), cut(q)): the first m - 1 workers ending at q, and the link after them
-        prefix_bottleneck = np.where(np.isfinite(value), np.maximum(value, cuts), _INF)
+        prefix_bottleneck = np.where(np.isfinite(value), np.maximum(value, rows.cut(worker - 1)), _INF)
         last = m == n_workers and not every_count
         if layerwise:
             value, parent = _step_layerwise(prefix_bottleneck, done, last)

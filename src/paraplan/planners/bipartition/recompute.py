@@ -13,7 +13,9 @@ on that) does not apply. This module solves the same recurrence,
 
     V[1](p) = T(0, p),   V[m](p) = min over q < p of max(V[m-1](q), cut(q), T(q, p)),
 
-by brute force over every predecessor, vectorised over (p2, q1, q2) for each p1: O(L^4) numpy work
+the m-th worker's T at its own speed and cut the link before it where times are given per worker
+and cuts per boundary (planners/bipartition/worker_rows.py; beyond the paper, as in dp.py), by
+brute force over every predecessor, vectorised over (p2, q1, q2) for each p1: O(L^4) numpy work
 per worker count (L = 16 layers: milliseconds; L = 60: ~1 s per count). It is exact for its cost
 model. The planner spends at most `EXACT_BUDGET` element-operations on it over all its micro-batch
 counts (the smallest counts first: their worker limit is the least); for a count past the budget
@@ -37,6 +39,7 @@ from paraplan.costs.memory import loss_gradient_bytes
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.strategy import layer_memory
 from paraplan.planners.bipartition.division import BiPartition, Worker
+from paraplan.planners.bipartition.worker_rows import WorkerRows, check_rows, check_times, cut_matrices
 from paraplan.plans.plan import LayerStrategy
 
 # (L+1)^4 x workers element-operations, over all micro-batch counts of one search: about 5 s on this
@@ -91,28 +94,31 @@ def worker_memory_recompute(cm, micro: float, n_micro: int, max_workers: int, co
 
 def recompute_all(forward_s, backward_s, cut_s, n_workers: int, fits=None) -> dict[int, BiPartition]:
     """The optimal division under T(U) above for every worker count 1..n_workers that has one.
-    cut_s(s1, s2) as in bipartition/dp.py (None: nothing crossed in that direction yet); fits(w, f0, f1,
-    b0, b1) -> bool array (broadcast), or None for no memory limit."""
-    forward = np.asarray(forward_s, dtype=float)
-    backward = np.asarray(backward_s, dtype=float)
-    n = forward.size
-    pf, pb = np.concatenate(([0.0], np.cumsum(forward))), np.concatenate(([0.0], np.cumsum(backward)))
+    forward_s, backward_s: per layer, or (workers, layers), row w worker w's (worker_rows.py);
+    cut_s(s1, s2) as in bipartition/dp.py (None: nothing crossed in that direction yet), or one per
+    boundary (entry b: the boundary after worker b); fits(w, f0, f1, b0, b1) -> bool array
+    (broadcast), or None for no memory limit."""
+    forward, backward, _ = check_times(forward_s, backward_s)
+    check_rows(forward, n_workers)
+    n = forward.shape[1]
     idx = np.arange(n + 1)
-    cuts = np.array([[cut_s(a - 1 if a else None, c - 1 if c else None) if (a or c) else 0.0 for c in idx]
-                     for a in idx])
+    rows = WorkerRows(forward, backward, cut_matrices(
+        cut_s, lambda cut: np.array([[cut(a - 1 if a else None, c - 1 if c else None) if (a or c) else 0.0
+                                      for c in idx] for a in idx]), n_workers - 1))
     # arrays over (p2, q1, q2) for one p1
     p2 = idx[:, None, None]
     q1 = idx[None, :, None]
     q2 = idx[None, None, :]
 
-    def time(p1, q1, q2, p2):
+    def time(worker, p1, q1, q2, p2):  # T(U) at worker's own speed
+        pf, pb, _ = rows.prefix(worker)
         overlap = pf[np.minimum(p1, p2)] - pf[np.maximum(q1, q2)]
         return (pf[p1] - pf[q1]) + (pb[p2] - pb[q2]) + (pf[p2] - pf[q2]) - np.where(
             np.minimum(p1, p2) > np.maximum(q1, q2), overlap, 0.0)
 
     # one worker: q = (0, 0)
     p1s, p2s = np.meshgrid(idx, idx, indexing="ij")
-    value = time(p1s, 0, 0, p2s)
+    value = time(0, p1s, 0, 0, p2s)
     ok = (p1s + p2s) > 0
     if fits is not None:
         ok &= np.asarray(fits(0, 0, p1s, 0, p2s), dtype=bool)
@@ -122,12 +128,13 @@ def recompute_all(forward_s, backward_s, cut_s, n_workers: int, fits=None) -> di
     if np.isfinite(value[n, n]):
         found[1] = BiPartition((Worker((0, n), (0, n)),), float(value[n, n]))
     for m in range(2, n_workers + 1):
-        before = np.maximum(value, cuts)  # max(V[m-1](q), cut(q))
+        # the m-th worker (m - 1) at its own speed, after the link between it and worker m - 2
+        before = np.maximum(value, rows.cut(m - 2))  # max(V[m-1](q), cut(q))
         new = np.full_like(value, np.inf)
         arg = np.zeros(value.shape + (2,), dtype=np.int64)
         for a in range(n + 1):
             valid = (q1 <= a) & (q2 <= p2) & ~((q1 == a) & (q2 == p2))
-            cand = np.maximum(before[None, :, :], time(a, q1, q2, p2))
+            cand = np.maximum(before[None, :, :], time(m - 1, a, q1, q2, p2))
             if fits is not None:
                 valid = valid & np.asarray(fits(m - 1, q1, a, q2, p2), dtype=bool)
             cand = np.where(valid, cand, np.inf).reshape(n + 1, -1)

@@ -110,7 +110,7 @@ def test_gropipes_groups_of_different_speeds_share_the_batch_by_speed():
     """GroPipe on the A100 + V100 preset (GPT-2 XL, batch 256): a stage's groups are an A100 and a
     V100, and each shape is judged again with each group's rows by its speed; the plan chosen shares
     its micro-batches (21:11) and beats every plan of even rows GroPipe judged (714 against 832 ms,
-    2026-11-29)."""
+    2026-11-29; with each stage's layers balanced at its slowest kind since, 672 at 11:5 against 684)."""
     from paraplan.planners.gropipe.planner import plan_gropipe
     from paraplan.planners.registry import simulator_judge
     from paraplan.workload import workload

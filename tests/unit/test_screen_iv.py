@@ -171,8 +171,10 @@ def test_a_one_process_plan_says_so_whichever_planner_found_it(mixed_run):
     placed = replace(one, schedule="dag", stages=(), operators=(OperatorPlacement(0, ("a", "b")),
                                                                OperatorPlacement(1, ())))
     assert describe(placed) == "one process on 1 device"
-    rows = [line for line in mixed_run.stdout.splitlines() if re.match(r"│ (bipartition|csimd) ", line)]
-    assert rows and all("one process on 1 device" in line for line in rows)
+    # Bi-Partition's one worker (csimd splits in two since it prices the second, faster device as
+    # itself: 4.58 ms against 7.12 for one process, issue 52)
+    rows = [line for line in mixed_run.stdout.splitlines() if re.match(r"│ (bipartition|pipedream-layerwise) ", line)]
+    assert len(rows) == 2 and all("one process on 1 device" in line for line in rows)
     assert "1 worker" not in mixed_run.stdout and "operators on 1 devices" not in mixed_run.stdout
 
 

@@ -10,8 +10,12 @@ divisors of B, so micro-batches are whole), with the link between the first two 
 activations and gradients. Each returns a division and a p, judged by
 CSIMD eq. (8); the Plan's prediction comes from the simulator.
 
-With a heterogeneous cluster the time functions of device 0 stand for every stage (CSIMD's IMD
-works on one set of per-layer arrays); the simulator then prices each stage on its own device.
+With devices of several kinds among the stages' devices, the problem also holds each stage's own
+arrays (`by_stage`: row s for device s, its compute and its link to device s + 1; CSIMD's cost
+model takes each stage's terms from its device, planners/stage_division.py): eq. (8) (`time_s`)
+and csimd's searches use them. The partition baselines divide with device 0's arrays (`row`) as
+their papers assume devices alike (they say so in the comparison) and are judged on each stage's
+own; the simulator prices each stage on its own device.
 
 Memory: stage s runs on device s, and where a planner searches (csimd's divisions and p, the
 baselines' p, brute-force's divisions) only candidates that fit count, by the simulator's own
@@ -65,18 +69,30 @@ class SplitProblem:
     j_p: np.ndarray
     j_m: np.ndarray
     param_bytes: np.ndarray
+    # devices of several kinds: (h_p, h_m, j_p, j_m), each (rows x stages x layers); None when alike
+    by_stage: tuple[np.ndarray, ...] | None = None
 
     @property
     def n_layers(self) -> int:
         return self.h_p.shape[1]
 
     def row(self, n_micro: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Device 0's time functions at p = n_micro (the baselines' arrays)."""
         r = self.n_micro_values.index(n_micro)
         return self.h_p[r], self.h_m[r], self.j_p[r], self.j_m[r]
 
+    def stage_arrays(self) -> tuple[np.ndarray, ...]:
+        """Every stage's own time functions where devices differ ((R, S, K)), else device 0's (R, K)."""
+        return self.by_stage or (self.h_p, self.h_m, self.j_p, self.j_m)
+
+    def stage_row(self, n_micro: int) -> tuple[np.ndarray, ...]:
+        """Every stage's own time functions at p = n_micro: (S, K) where devices differ, else (K,)."""
+        r = self.n_micro_values.index(n_micro)
+        return tuple(x[r] for x in self.stage_arrays())
+
     def time_s(self, cuts, n_micro: int) -> float:
-        """T(lambda, p), CSIMD eq. (8)."""
-        return total_time(*self.row(n_micro), cuts, n_micro)
+        """T(lambda, p), CSIMD eq. (8), each stage on its own device."""
+        return total_time(*self.stage_row(n_micro), cuts, n_micro)
 
 
 def build_problem(cm: CostModel, batch: int, n_stages: int, max_micro: int | None = None) -> SplitProblem:
@@ -87,8 +103,21 @@ def build_problem(cm: CostModel, batch: int, n_stages: int, max_micro: int | Non
         raise FieldError("stages", f"need 1..{min(k, cm.cluster.n_devices)} (layers {k}, devices "
                                    f"{cm.cluster.n_devices}), got {n_stages}")
     ps = tuple(p for p in divisors(batch) if max_micro is None or p <= max_micro)
-    costs = cm.compute(0)
-    link = cm.cluster.link(0, 1) if cm.cluster.n_devices > 1 else cm.cluster.nodes[0].intra_link
+    rows = _time_rows(cm, batch, ps, 0)
+    by_stage = None
+    if len({cm.cluster.device(s).name for s in range(n_stages)}) > 1:  # stage s on device s
+        per_device = [_time_rows(cm, batch, ps, s) for s in range(n_stages)]
+        by_stage = tuple(np.stack([d[key] for d in per_device], axis=1) for key in ("h_p", "h_m", "j_p", "j_m"))
+    return SplitProblem(batch=batch, n_stages=n_stages, n_micro_values=ps, by_stage=by_stage,
+                        param_bytes=np.array([float(layer.param_bytes) for layer in cm.model.layers]), **rows)
+
+
+def _time_rows(cm: CostModel, batch: int, ps, device: int) -> dict[str, np.ndarray]:
+    """The time functions of `device` and its link to the next (the one before for the last
+    device, whose stage sends nothing), one row per micro-batch count."""
+    costs = cm.compute(device)
+    n = cm.cluster.n_devices
+    link = cm.cluster.link(min(device, n - 2), min(device, n - 2) + 1) if n > 1 else cm.cluster.nodes[0].intra_link
     rows = {"h_p": [], "h_m": [], "j_p": [], "j_m": []}
     for p in ps:
         micro = batch / p
@@ -100,9 +129,7 @@ def build_problem(cm: CostModel, batch: int, n_stages: int, max_micro: int | Non
         rows["h_m"].append(out)
         rows["j_p"].append(bwd)
         rows["j_m"].append(grad_in)
-    return SplitProblem(batch=batch, n_stages=n_stages, n_micro_values=ps,
-                        param_bytes=np.array([float(layer.param_bytes) for layer in cm.model.layers]),
-                        **{key: np.array(v) for key, v in rows.items()})
+    return {key: np.array(v) for key, v in rows.items()}
 
 
 def split_memory(cm: CostModel, problem: SplitProblem, schedule: str) -> SplitMemory:
@@ -142,13 +169,14 @@ OPTIONS: dict[str, Mapping[str, OptionSpec]] = {}  # planner name -> its options
 
 
 def register_split(name: str, summary: str, divider: Divider, options: Mapping[str, OptionSpec] | None = None, *,
-                   not_compared: str = "") -> None:
+                   not_compared: str = "", alike_devices: bool = True) -> None:
     """Add a split planner: its divider here, and the planner (GPipe or 1F1B) to the planner table
-    (`not_compared`: planners/table.py PlannerSpec)."""
+    (`not_compared`: planners/table.py PlannerSpec; `alike_devices`: it divides with device 0's
+    arrays, `SplitProblem.row`, rather than each stage's, `stage_arrays`)."""
     DIVIDERS[name] = divider
     OPTIONS[name] = dict(options or {})
     register(name, summary, schedules=("gpipe", "1f1b", *MULTI_CHUNK, "best"), options=options,
-             not_compared=not_compared, alike_devices=True)(  # build_problem prices device 0's kind
+             not_compared=not_compared, alike_devices=alike_devices)(
         lambda request, values, judge: _plan(request, values, name, judge))
 
 

@@ -14,6 +14,15 @@ For several micro-batch counts at once the arrays are 2-D: one row per candidate
 finite and non-negative (ValueError otherwise, `time_arrays`): every search relies on prefix sums
 that never decrease.
 
+Devices of several kinds (issue 52): CSIMD's cost model "doesn't limit the features of devices"
+(§II): F_i^P, F_i^M, B_i^P and B_i^M of eq. (6) are stage i's sums on stage i's own device and
+link. The arrays then carry a stage axis before the layers, (S, K) for one p and (R, S, K) for
+several: row s holds the layer times on the device of stage s and the transfers over its link to
+stage s + 1 (`stage_rows`); a 1-D array is every stage alike. Stage i of a division uses row i, so
+a division into n stages needs n <= S rows. Eq. (8)'s compute sum then depends on the division
+(a layer costs what its stage's device takes), which `total_time` counts; `least_rows` gives the
+per-layer minimum over the devices, from which the searches take their lower bounds.
+
 The final stage has no outgoing communication (F_N^M = B_N^M = 0 in eq. (6)); a division's rho1
 and rho2 are its stages' largest forward and backward terms (`evaluate`), and T(lambda, p) of
 eq. (8) adds the compute sums and every cut's communication (`total_time`).
@@ -42,11 +51,14 @@ class Division:
 
 
 def time_arrays(h_p, h_m, j_p, j_m, ndim: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The four time functions as float arrays, checked: same shape, at least one layer, finite, >= 0."""
+    """The four time functions as float arrays, checked: same shape, at least one layer, finite, >= 0.
+    One more axis than `ndim` is the stage axis of devices of several kinds (the module docstring)."""
     arrays = []
     for name, x in (("h_p", h_p), ("h_m", h_m), ("j_p", j_p), ("j_m", j_m)):
-        a = np.atleast_2d(np.asarray(x, float)) if ndim == 2 else np.asarray(x, float)
-        if a.ndim != ndim or a.shape[-1] == 0:
+        a = np.asarray(x, float)
+        if ndim == 2 and a.ndim < 2:
+            a = np.atleast_2d(a)
+        if a.ndim not in (ndim, ndim + 1) or a.shape[-1] == 0:
             raise ValueError(f"{name}: expected a non-empty {ndim}-D array of per-layer times, got shape {a.shape}")
         if not np.all(np.isfinite(a)) or np.any(a < 0):
             raise ValueError(f"{name}: times must be finite and non-negative")
@@ -63,35 +75,80 @@ def stage_limit(n_stages: int, n_layers: int) -> int:
 
 
 def prefix_sums(x: np.ndarray) -> np.ndarray:
+    """Prefix sums along the layers (of every row of a 2-D array)."""
+    x = np.asarray(x, float)
+    if x.ndim == 2:
+        return np.concatenate((np.zeros((x.shape[0], 1)), np.cumsum(x, axis=1, dtype=float)), axis=1)
     return np.concatenate(([0.0], np.cumsum(x, dtype=float)))
 
 
 def cut_costs(h_m: np.ndarray, j_m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Forward and backward communication of a cut after each layer; 0 after the last layer."""
-    k = len(h_m)
-    cut_f = np.zeros(k)
-    cut_b = np.zeros(k)
-    cut_f[:-1] = h_m[:-1]
-    cut_b[:-1] = j_m[1:]
+    """Forward and backward communication of a cut after each layer; 0 after the last layer (per
+    row of (S, K) arrays: the cut sent by stage s)."""
+    h_m, j_m = np.asarray(h_m, float), np.asarray(j_m, float)
+    cut_f = np.zeros(h_m.shape)
+    cut_b = np.zeros(h_m.shape)
+    cut_f[..., :-1] = h_m[..., :-1]
+    cut_b[..., :-1] = j_m[..., 1:]
     return cut_f, cut_b
+
+
+def stage_rows(x) -> np.ndarray:
+    """(S, K): row s for stage s's device; a 1-D array is one row every stage shares (S = 1)."""
+    a = np.asarray(x, float)
+    return a[None, :] if a.ndim == 1 else a
+
+
+def least_rows(x) -> np.ndarray:
+    """The per-layer minimum over the stage axis (the second to last), for lower bounds; arrays
+    without one come back as they are."""
+    a = np.asarray(x, float)
+    return a.min(axis=-2) if a.ndim >= 2 and _has_stage_axis(a) else a
+
+
+def _has_stage_axis(a: np.ndarray) -> bool:
+    return a.ndim == 3  # (R, S, K); a 2-D array is (R, K) for the searches over p
+
+
+def stage_index(n_stages: int, n_rows: int) -> np.ndarray:
+    """The row of each of n_stages stages: stage i uses row i, or row 0 when every stage shares it."""
+    if n_rows == 1:
+        return np.zeros(n_stages, dtype=np.int64)
+    if n_stages > n_rows:
+        raise ValueError(f"{n_stages} stages over the times of {n_rows} devices")
+    return np.arange(n_stages)
+
+
+def _stage_terms(h_p, h_m, j_p, j_m, cuts):
+    """Per stage of the division: F^P, F^M, B^P, B^M (eq. (6)), each stage on its own row."""
+    rows = [stage_rows(x) for x in (h_p, h_m, j_p, j_m)]
+    k = rows[0].shape[1]
+    bounds = np.array(bounds_of(cuts, k))
+    s = stage_index(len(bounds) - 1, rows[0].shape[0])
+    p1, p2 = prefix_sums(rows[0]), prefix_sums(rows[2])
+    f = p1[s, bounds[1:]] - p1[s, bounds[:-1]]
+    b = p2[s, bounds[1:]] - p2[s, bounds[:-1]]
+    c = np.asarray(cuts, dtype=np.int64)
+    cf = np.append(rows[1][s[:-1], c], 0.0)
+    cb = np.append(rows[3][s[:-1], c + 1], 0.0)
+    return f, cf, b, cb
 
 
 def evaluate(h_p, h_m, j_p, j_m, cuts) -> Division:
     """rho1 and rho2 of a division (CSIMD eq. (8))."""
-    h_p, h_m, j_p, j_m = (np.asarray(x, float) for x in (h_p, h_m, j_p, j_m))
-    bounds = [0, *[c + 1 for c in cuts], len(h_p)]
-    p1, p2 = prefix_sums(h_p), prefix_sums(j_p)
-    f = np.array([p1[b] - p1[a] for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
-    b = np.array([p2[e] - p2[a] for a, e in zip(bounds[:-1], bounds[1:], strict=True)])
-    cf = np.array([h_m[c] for c in cuts] + [0.0])
-    cb = np.array([j_m[c + 1] for c in cuts] + [0.0])
+    f, cf, b, cb = _stage_terms(h_p, h_m, j_p, j_m, cuts)
     return Division(tuple(int(c) for c in cuts), float(np.maximum(f, cf).max()), float(np.maximum(b, cb).max()))
 
 
 def total_time(h_p, h_m, j_p, j_m, cuts, n_micro: int) -> float:
     """T(lambda, p), CSIMD eq. (8)."""
+    if np.ndim(h_p) == 2 and np.shape(h_p)[0] > 1:  # devices of several kinds: compute depends on the division
+        f, cf, b, cb = _stage_terms(h_p, h_m, j_p, j_m, cuts)
+        rho = np.maximum(f, cf).max() + np.maximum(b, cb).max()
+        return float(f.sum() + b.sum() + cf.sum() + cb.sum() + (n_micro - 1) * rho)
+    h_p, j_p = (np.ravel(np.asarray(x, float)) for x in (h_p, j_p))
+    h_m, j_m = (np.ravel(np.asarray(x, float)) for x in (h_m, j_m))
     d = evaluate(h_p, h_m, j_p, j_m, cuts)
-    h_m, j_m = np.asarray(h_m, float), np.asarray(j_m, float)
     cut_comm = sum(h_m[c] + j_m[c + 1] for c in cuts)
     return float(np.sum(h_p) + np.sum(j_p) + cut_comm + (n_micro - 1) * d.objective)
 
@@ -114,9 +171,12 @@ def fill_to(h_p, h_m, j_p, j_m, cuts, n_stages: int, n_micro: int) -> tuple[int,
     candidate cut priced at once. For searches that may stop below N (IMD's MASP packs into at
     most N bins, a min-max DP takes fewer stages when no slower) when exactly N are asked for."""
     h_p, h_m, j_p, j_m = (np.asarray(x, float) for x in (h_p, h_m, j_p, j_m))
-    k = len(h_p)
+    k = h_p.shape[-1]
     if not 1 <= n_stages <= k:
         raise ValueError(f"exactly {n_stages} stages of {k} layers: a stage needs a layer")
+    if h_p.ndim == 2 and h_p.shape[0] > 1:
+        return _fill_rows(h_p, h_m, j_p, j_m, cuts, n_stages, n_micro)
+    h_p, h_m, j_p, j_m = (np.ravel(x) for x in (h_p, h_m, j_p, j_m))
     p1, p2 = np.concatenate(([0.0], np.cumsum(h_p))), np.concatenate(([0.0], np.cumsum(j_p)))
     cut_f, cut_b = cut_costs(h_m, j_m)
     cuts = sorted(int(c) for c in cuts)
@@ -142,4 +202,27 @@ def fill_to(h_p, h_m, j_p, j_m, cuts, n_stages: int, n_micro: int) -> tuple[int,
         added = cut_f[c] + cut_b[c] + (n_micro - 1) * (rho1 + rho2)  # T less what every candidate shares
         cuts = sorted([*cuts, int(c[int(np.argmin(added))])])
         assert len(cuts) + 1 == n + 1
+    return tuple(cuts)
+
+
+def _fill_rows(h_p, h_m, j_p, j_m, cuts, n_stages: int, n_micro: int) -> tuple[int, ...]:
+    """`fill_to` on devices of several kinds: a new cut moves every later stage to the next device,
+    so each candidate division is priced whole (eq. (8) for every candidate at once)."""
+    k = h_p.shape[1]
+    p1, p2 = prefix_sums(h_p), prefix_sums(j_p)
+    cut_f, cut_b = cut_costs(h_m, j_m)
+    cuts = sorted(int(c) for c in cuts)
+    while len(cuts) + 1 < n_stages:
+        new = np.setdiff1d(np.arange(k - 1), cuts)
+        every = np.sort(np.column_stack([np.tile(np.asarray(cuts, dtype=np.int64), (len(new), 1)), new]), axis=1)
+        n = every.shape[1] + 1
+        s = stage_index(n, h_p.shape[0])
+        bounds = np.column_stack([np.zeros(len(new), dtype=np.int64), every + 1, np.full(len(new), k)])
+        f = p1[s, bounds[:, 1:]] - p1[s, bounds[:, :-1]]
+        b = p2[s, bounds[:, 1:]] - p2[s, bounds[:, :-1]]
+        cf, cb = cut_f[s[:-1], every], cut_b[s[:-1], every]
+        rho = np.maximum(f[:, :-1], cf).max(axis=1).clip(min=f[:, -1]) + \
+            np.maximum(b[:, :-1], cb).max(axis=1).clip(min=b[:, -1])
+        t = f.sum(axis=1) + b.sum(axis=1) + cf.sum(axis=1) + cb.sum(axis=1) + (n_micro - 1) * rho
+        cuts = [int(c) for c in every[int(np.argmin(t))]]
     return tuple(cuts)

@@ -108,7 +108,7 @@ def brute_force_rho(h_p, h_m, j_p, j_m, n_stages: int, exactly: bool = False) ->
     Only rho1 + rho2: eq. (8) also charges every cut's communication, so this is the oracle for IMD
     and `csimd.algorithms.exact_rho`, not for the planner (see `brute_force_time`)."""
     best = None
-    for cuts in _divisions(len(h_p), n_stages, exactly):
+    for cuts in _divisions(np.shape(h_p)[-1], n_stages, exactly):  # (S, K) on devices of several kinds
         d = evaluate(h_p, h_m, j_p, j_m, cuts)
         if best is None or d.objective < best.objective:
             best = d
@@ -121,7 +121,7 @@ def brute_force_time(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, exactly: b
     p = n_micro over every division into at most (or exactly) n_stages stages; the fewest stages
     win ties. fits(cuts) -> bool: only divisions that fit count (None when none does)."""
     best_cuts, best_t = None, np.inf
-    for cuts in _divisions(len(h_p), n_stages, exactly):
+    for cuts in _divisions(np.shape(h_p)[-1], n_stages, exactly):  # (S, K) on devices of several kinds
         t = total_time(h_p, h_m, j_p, j_m, cuts, n_micro)
         if t < best_t and (fits is None or fits(cuts)):
             best_cuts, best_t = cuts, t

@@ -38,19 +38,15 @@ def _brute_force(problem: SplitProblem, n_micro: int | None, options: dict, memo
     for p in micro_counts(problem, n_micro):
         r = problem.n_micro_values.index(p)
         fits = None if memory is None else (lambda cuts, r=r: memory.division_fits(r, cuts))
-        cuts = partition.brute_force_time(*problem.row(p), problem.n_stages, p, exactly=exactly, fits=fits)
+        cuts = partition.brute_force_time(*problem.stage_row(p), problem.n_stages, p, exactly=exactly, fits=fits)
         if cuts is not None:
             candidates.append((cuts, p))
     if not candidates:  # nothing fits: the division closest to fitting at each p
         for p in micro_counts(problem, n_micro):
             r = problem.n_micro_values.index(p)
             cuts = memory.least_overflow_cuts(r, problem.n_stages)
-            candidates.append((_filled(problem, cuts, p) if exactly else cuts, p))
+            candidates.append((fill_to(*problem.stage_row(p), cuts, problem.n_stages, p) if exactly else cuts, p))
     return choose(problem, candidates, memory) + ({},)
-
-
-def _filled(problem: SplitProblem, cuts, p: int) -> tuple[int, ...]:
-    return fill_to(*problem.row(p), cuts, problem.n_stages, p)
 
 
 def _time_1d(problem: SplitProblem, n_micro, options, memory=None, exactly=False):
@@ -73,4 +69,5 @@ register_split("params", "DeepSpeed: balance parameters", lambda pr, p, o, m=Non
 register_split("time-1d", "torchgpipe: balance forward + backward time", _time_1d)
 register_split("pipedream-dp", "PipeDream's min-max dynamic program", _pipedream)
 register_split("brute-force", f"every division and micro-batch count (at most {BRUTE_FORCE_MAX_LAYERS} layers): "
-                              "eq. (8)'s optimum", _brute_force, not_compared="the exact check of CSIMD on small models")
+                              "eq. (8)'s optimum, each stage on its own device", _brute_force,
+               not_compared="the exact check of CSIMD on small models", alike_devices=False)

@@ -45,11 +45,14 @@ import numpy as np
 
 from paraplan.planners.stage_division import (
     Division,
+    bounds_of,
     cut_costs,
     evaluate,
     even_cuts,
     prefix_sums,
+    stage_index,
     stage_limit,
+    stage_rows,
     time_arrays,
 )
 
@@ -63,25 +66,30 @@ def masp(h_p, h_m, j_p, j_m, v1: float, v2: float, max_bins: int | None = None) 
 
     Returns (tau, cuts); tau is a large number when no packing exists, and counting stops at
     max_bins + 1 when max_bins is given. Every step starts the next bin after the last cut, so it
-    ends after at most K bins.
+    ends after at most K bins. With (S, K) arrays (devices of several kinds) bin b is priced on
+    row b and there are at most S bins: a bin that starts later still reaches at least as far,
+    so the greedy stays optimal for the fewest bins.
     """
-    h_p, h_m, j_p, j_m = (np.asarray(x, float) for x in (h_p, h_m, j_p, j_m))
-    k = len(h_p)
+    h_p, h_m, j_p, j_m = (stage_rows(x) for x in (h_p, h_m, j_p, j_m))
+    n_rows, k = h_p.shape
     p1, p2 = prefix_sums(h_p), prefix_sums(j_p)
     cut_f, cut_b = cut_costs(h_m, j_m)
     valid = (cut_f <= v1 * (1 + _TOL)) & (cut_b <= v2 * (1 + _TOL))
-    last_valid = np.maximum.accumulate(np.where(valid, np.arange(k), -1))
+    last_valid = np.maximum.accumulate(np.where(valid, np.arange(k), -1), axis=1)
     limit = max_bins + 1 if max_bins is not None else k + 1
     start, cuts = 0, []
     while True:
-        e1 = np.searchsorted(p1, p1[start] + v1 * (1 + _TOL), side="right") - 2
-        e2 = np.searchsorted(p2, p2[start] + v2 * (1 + _TOL), side="right") - 2
+        r = 0 if n_rows == 1 else len(cuts)
+        if r >= n_rows:
+            return k + 1, tuple(cuts)  # a bin for every device and layers left: no packing
+        e1 = np.searchsorted(p1[r], p1[r, start] + v1 * (1 + _TOL), side="right") - 2
+        e2 = np.searchsorted(p2[r], p2[r, start] + v2 * (1 + _TOL), side="right") - 2
         end = min(e1, e2, k - 1)
         if end < start:
             return k + 1, tuple(cuts)  # one layer alone exceeds a limit: no packing
         if end == k - 1:
             return len(cuts) + 1, tuple(cuts)
-        a = int(last_valid[end])
+        a = int(last_valid[r, end])
         if a < start:
             return k + 1, tuple(cuts)
         cuts.append(a)
@@ -91,20 +99,22 @@ def masp(h_p, h_m, j_p, j_m, v1: float, v2: float, max_bins: int | None = None) 
 
 
 def _masp_weights(p1, p2, cut_f, cut_b, v1: np.ndarray, v2: np.ndarray, n_stages: int):
-    """MASP for many (v1, v2) at once; returns (feasible mask, cut history (steps x W))."""
-    k = len(cut_f)
+    """MASP for many (v1, v2) at once; returns (feasible mask, cut history (steps x W)). Arrays
+    are per row (S, K + 1) and (S, K): step b forms every weight's bin b, on row b."""
+    k = cut_f.shape[1]
     w = len(v1)
     start = np.zeros(w, dtype=np.int64)
     done = np.zeros(w, dtype=bool)
     dead = np.zeros(w, dtype=bool)
     history = []
     lim1, lim2 = v1 * (1 + _TOL), v2 * (1 + _TOL)
-    for _ in range(n_stages):
+    for step in range(n_stages):
         active = ~(done | dead)
         if not active.any():
             break
-        end = np.minimum(np.searchsorted(p1, p1[start] + lim1, side="right") - 2,
-                         np.searchsorted(p2, p2[start] + lim2, side="right") - 2)
+        r = 0 if len(p1) == 1 else step
+        end = np.minimum(np.searchsorted(p1[r], p1[r][start] + lim1, side="right") - 2,
+                         np.searchsorted(p2[r], p2[r][start] + lim2, side="right") - 2)
         end = np.minimum(end, k - 1)
         dead |= active & (end < start)
         finish = active & ~dead & (end == k - 1)
@@ -112,12 +122,12 @@ def _masp_weights(p1, p2, cut_f, cut_b, v1: np.ndarray, v2: np.ndarray, n_stages
         cont = active & ~dead & ~finish
         a = end.copy()
         idx = np.clip(a, 0, k - 1)
-        bad = cont & ~((cut_f[idx] <= lim1) & (cut_b[idx] <= lim2))
+        bad = cont & ~((cut_f[r][idx] <= lim1) & (cut_b[r][idx] <= lim2))
         while bad.any():  # step back to the furthest end whose cut communication also fits
             a[bad] -= 1
             bad &= a >= start
             idx = np.clip(a, 0, k - 1)
-            bad &= ~((cut_f[idx] <= lim1) & (cut_b[idx] <= lim2))
+            bad &= ~((cut_f[r][idx] <= lim1) & (cut_b[r][idx] <= lim2))
         dead |= cont & (a < start)
         cont &= ~dead
         history.append(np.where(cont, a, -1))
@@ -134,15 +144,17 @@ def imd(h_p, h_m, j_p, j_m, n_stages: int, eta: int = 1000, eps: float | None = 
     with the weights (0, 1) and (1, 0) alone no division with both rho1 and rho2 positive is ever
     accepted (Property 3's error bound opt / (eta - 1) needs eta >= 2 as well).
     """
-    h_p, h_m, j_p, j_m = time_arrays(h_p, h_m, j_p, j_m)
+    h_p, h_m, j_p, j_m = (stage_rows(x) for x in time_arrays(h_p, h_m, j_p, j_m))
     if eta < 2:
         raise ValueError(f"eta must be at least 2, got {eta}")
-    k = len(h_p)
+    k = h_p.shape[1]
     n_stages = stage_limit(n_stages, k)
     p1, p2 = prefix_sums(h_p), prefix_sums(j_p)
     cut_f, cut_b = cut_costs(h_m, j_m)
     weights = np.arange(eta + 1) / eta
-    lower = max(h_p.max(), p1[-1] / n_stages) + max(j_p.max(), p2[-1] / n_stages)
+    # a layer costs at least its fastest device's time (the plain arrays on devices alike)
+    least1, least2 = h_p.min(axis=0), j_p.min(axis=0)
+    lower = max(least1.max(), least1.sum() / n_stages) + max(least2.max(), least2.sum() / n_stages)
     even = evaluate(h_p, h_m, j_p, j_m, even_cuts(k, n_stages))
     # The even split fits limits (w_i D, (1 - w_i) D) for some i once D >= its objective *
     # eta / (eta - 1): the interval [rho1 / D, 1 - rho2 / D] is then at least 1 / eta wide.
@@ -220,14 +232,15 @@ def exact_rho(h_p, h_m, j_p, j_m, n_stages: int, eta_bound: int = 100) -> Divisi
     MASP returns, whose rho values are achieved exactly. Every corner has a strictly smaller rho2
     than the one before (a value some division achieves), so the walk ends, also when rho2 is 0.
     """
-    h_p, h_m, j_p, j_m = time_arrays(h_p, h_m, j_p, j_m)
-    k = len(h_p)
+    h_p, h_m, j_p, j_m = (stage_rows(x) for x in time_arrays(h_p, h_m, j_p, j_m))
+    k = h_p.shape[1]
     n_stages = stage_limit(n_stages, k)
     cut_f, cut_b = cut_costs(h_m, j_m)
-    top1 = float(h_p.sum() + cut_f.max())
-    top2 = float(j_p.sum() + cut_b.max())
-    low1 = max(h_p.max(), h_p.sum() / n_stages)
-    low2 = max(j_p.max(), j_p.sum() / n_stages)
+    top1 = float(h_p.sum(axis=1).max() + cut_f.max())
+    top2 = float(j_p.sum(axis=1).max() + cut_b.max())
+    least1, least2 = h_p.min(axis=0), j_p.min(axis=0)  # on devices of several kinds, the fastest
+    low1 = max(least1.max(), least1.sum() / n_stages)
+    low2 = max(least2.max(), least2.sum() / n_stages)
     best = imd(h_p, h_m, j_p, j_m, n_stages, eta=eta_bound)
     r1 = _least_limit(h_p, h_m, j_p, j_m, n_stages, top2, low1, top1, forward=True)
     r2 = _least_limit(h_p, h_m, j_p, j_m, n_stages, top1, low2, top2, forward=False)
@@ -257,9 +270,12 @@ def odpa(h_p, h_m, j_p, j_m, cuts, n_micro_values) -> np.ndarray:
     """T(lambda, p) for every candidate p at once, by the matrix products of Algorithm 4.
 
     Arrays are (n_candidates x K): row r holds the time functions at micro-batch size B / p_r.
-    Returns Z, one T per candidate; argmin(Z) is the optimal p for this division.
+    Returns Z, one T per candidate; argmin(Z) is the optimal p for this division. With devices of
+    several kinds (n_candidates x S x K) stage i's sums are taken on row i (`_odpa_rows`).
     """
     q1, q2, q3, q4 = (np.atleast_2d(np.asarray(x, float)) for x in (h_p, h_m, j_p, j_m))
+    if q1.ndim == 3:
+        return _odpa_rows(q1, q2, q3, q4, cuts, n_micro_values)
     k = q1.shape[1]
     bounds = [0, *[c + 1 for c in cuts], k]
     n = len(bounds) - 1
@@ -273,6 +289,30 @@ def odpa(h_p, h_m, j_p, j_m, cuts, n_micro_values) -> np.ndarray:
         grads[c + 1, i] = 1.0
     p = np.asarray(n_micro_values, float)
     f_p, f_m, b_p, b_m = q1 @ members, q2 @ sends, q3 @ members, q4 @ grads
+    u1 = np.maximum(f_p.max(axis=1), f_m.max(axis=1)) * (p - 1)
+    u2 = np.maximum(b_p.max(axis=1), b_m.max(axis=1)) * (p - 1)
+    return f_p.sum(axis=1) + f_m.sum(axis=1) + b_p.sum(axis=1) + b_m.sum(axis=1) + u1 + u2
+
+
+def _odpa_rows(q1, q2, q3, q4, cuts, n_micro_values) -> np.ndarray:
+    """ODPA on devices of several kinds: P^(1) selects stage i's layers from row i (the device of
+    stage i), P^(2) its outgoing cut on the same row; the rest is Algorithm 4 unchanged."""
+    k = q1.shape[2]
+    bounds = np.array(bounds_of(cuts, k))
+    n = len(bounds) - 1
+    s = stage_index(n, q1.shape[1])
+    layer_stage = np.repeat(np.arange(n), np.diff(bounds))  # the stage of every layer
+    on_row = s[layer_stage]
+    cols = np.arange(k)
+    members = np.zeros((k, n))
+    members[cols, layer_stage] = 1.0
+    f_p = (q1[:, on_row, cols]) @ members  # (R, n): each layer on its stage's row
+    b_p = (q3[:, on_row, cols]) @ members
+    c = np.asarray(cuts, dtype=np.int64)
+    zeros = np.zeros((q1.shape[0], 1))
+    f_m = np.concatenate((q2[:, s[:-1], c], zeros), axis=1)
+    b_m = np.concatenate((q4[:, s[:-1], c + 1], zeros), axis=1)
+    p = np.asarray(n_micro_values, float)
     u1 = np.maximum(f_p.max(axis=1), f_m.max(axis=1)) * (p - 1)
     u2 = np.maximum(b_p.max(axis=1), b_m.max(axis=1)) * (p - 1)
     return f_p.sum(axis=1) + f_m.sum(axis=1) + b_p.sum(axis=1) + b_m.sum(axis=1) + u1 + u2

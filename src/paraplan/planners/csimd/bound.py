@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from paraplan.planners.stage_division import cut_costs, prefix_sums, stage_limit
+from paraplan.planners.stage_division import cut_costs, prefix_sums, stage_limit, stage_rows
 
 
 # --------------------------------------------------------------------------- exact T(lambda, p)
@@ -181,6 +181,16 @@ def _first_start(p1, p2, e: int, budget: float, weight: float, least_rho1: float
                int(np.searchsorted(p2, p2[e + 1] - cap2, side="left")) - 1)
 
 
+def _least_terms(h_p, j_p, cut_comm, n_max: int):
+    """(p1, p2, rest, least rho1, least rho2) for the bounds, with every layer at its fastest
+    device's time (the plain arrays on devices alike); a label's `comm` then also carries what its
+    stages' devices take beyond that. No division has a smaller rho1 (rho2) than the least."""
+    fastest1, fastest2 = h_p.min(axis=0), j_p.min(axis=0)
+    p1, p2 = prefix_sums(fastest1), prefix_sums(fastest2)  # (K + 1,)
+    rest = _rest_of_model(fastest1, fastest2, p1, p2, cut_comm.min(axis=0))
+    return p1, p2, rest, max(fastest1.max(), p1[-1] / n_max), max(fastest2.max(), p2[-1] / n_max)
+
+
 def time_branch_and_bound(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, target_s: float,
                           max_work: float = np.inf, fits=None, exactly: bool = False,
                           same_stages: bool = False) -> TimeSearchOutcome:
@@ -200,25 +210,26 @@ def time_branch_and_bound(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, targe
     least m - 1 of its cheapest cuts and has stage maxima at least max(largest layer, sum / m)
     (eq. (8) term by term). Labels another label dominates are dropped too (`_undominated`).
     Arrays must be checked (`stage_division.time_arrays`) by the caller."""
-    k = len(h_p)
+    h_p, h_m, j_p, j_m = (stage_rows(x) for x in (h_p, h_m, j_p, j_m))
+    n_rows, k = h_p.shape
     n_max = stage_limit(n_stages, k)
     if n_micro < 1:
         raise ValueError(f"need at least one micro-batch, got {n_micro}")
     if exactly and n_stages > k:
         raise ValueError(f"exactly {n_stages} stages of {k} layers: a stage needs a layer")
-    same_stages = same_stages or exactly  # a label with fewer stages cannot finish like one with more
+    # devices of several kinds (row s: stage s's device): a label's stage count says which devices
+    # the rest runs on, so only labels with as many stages compare
+    kinds = n_rows > 1
+    same_stages = same_stages or exactly or kinds  # a label with fewer stages cannot finish like one with more
     weight = float(n_micro - 1)  # p - 1 in eq. (8)
-    p1, p2 = prefix_sums(h_p), prefix_sums(j_p)
-    cut_f, cut_b = cut_costs(h_m, j_m)
-    cut_comm = cut_f + cut_b
-    base = float(p1[-1] + p2[-1])  # sum of all compute, the same for every division
+    rows1, rows2 = prefix_sums(h_p), prefix_sums(j_p)
+    rows_f, rows_b = cut_costs(h_m, j_m)
+    p1, p2, rest, least_rho1, least_rho2 = _least_terms(h_p, j_p, rows_f + rows_b, n_max)
+    base = float(p1[-1] + p2[-1])  # sum of all compute (at its least), the same for every division
     slack = 1e-12 * (abs(target_s) + base)  # rounding of sums taken in another order
     budget = target_s - base + slack  # for cut communication + (p - 1)(rho1 + rho2)
     if budget < 0:
         return TimeSearchOutcome(None, True, 0)
-    rest = _rest_of_model(h_p, j_p, p1, p2, cut_comm)
-    least_rho1 = max(h_p.max(), p1[-1] / n_max)  # no division has smaller rho1 (or rho2 below)
-    least_rho2 = max(j_p.max(), p2[-1] / n_max)
     buckets = _completion_buckets(n_max)
     widen = 1e-12 * (p1[-1] + p2[-1])
     labels = _Labels()
@@ -234,21 +245,27 @@ def time_branch_and_bound(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, targe
             work += _WORK_PER_LAYER
             continue
         ends = labels.end[lo:hi]
-        r1 = np.maximum(labels.rho1[lo:hi], p1[e + 1] - p1[ends + 1])
-        r2 = np.maximum(labels.rho2[lo:hi], p2[e + 1] - p2[ends + 1])
+        row = labels.stages[lo:hi] if kinds else 0  # the new stage's device
+        f = rows1[row, e + 1] - rows1[row, ends + 1]
+        b = rows2[row, e + 1] - rows2[row, ends + 1]
+        r1 = np.maximum(labels.rho1[lo:hi], f)
+        r2 = np.maximum(labels.rho2[lo:hi], b)
+        comm = labels.comm[lo:hi]
+        if kinds:  # the stage's compute beyond its layers' least (0 on devices alike)
+            comm = comm + (f - (p1[e + 1] - p1[ends + 1])) + (b - (p2[e + 1] - p2[ends + 1]))
         stages = labels.stages[lo:hi] + 1
         work += _WORK_PER_LAYER + _WORK_PER_LABEL * (hi - lo)
         room = np.ones(hi - lo, dtype=bool) if fits is None else fits(stages - 1, ends + 1, e + 1)
         if last:  # complete divisions: eq. (8) less the compute sum
-            value = labels.comm[lo:hi] + weight * (r1 + r2)
+            value = comm + weight * (r1 + r2)
             value = np.where(((stages == n_max) if exactly else (stages <= n_max)) & room, value, np.inf)
             i = int(np.argmin(value))
             if np.isfinite(value[i]) and value[i] <= budget:  # budget is inf when no target is known
                 best_parent = lo + i
             break
-        r1 = np.maximum(r1, cut_f[e])
-        r2 = np.maximum(r2, cut_b[e])
-        comm = labels.comm[lo:hi] + cut_comm[e]
+        r1 = np.maximum(r1, rows_f[row, e])
+        r2 = np.maximum(r2, rows_b[row, e])
+        comm = comm + rows_f[row, e] + rows_b[row, e]
         rest_stages = np.minimum(n_max - stages, rest.n_layers[e])  # stages the rest may still use
         alive = (rest_stages >= 1) & room
         if exactly:  # the rest must take exactly n_max - stages stages, one layer at least each

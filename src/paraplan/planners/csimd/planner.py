@@ -1,6 +1,7 @@
 """CSIMD as split planners (planners/pipeline_split.py): `csimd`, the exact optimum of eq. (8) among
 the divisions and micro-batch counts that fit (planners/csimd/search.py `search`), and
-`csimd-paper`, Algorithm 1 as printed (IMD from p = 1, memory-blind, as the paper)."""
+`csimd-paper`, Algorithm 1 as printed (IMD from p = 1, memory-blind, as the paper). Both take
+each stage's terms from its own device where devices differ (planners/stage_division.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def _csimd(problem: SplitProblem, n_micro: int | None, options: dict, memory=Non
     # plan's prediction says whether it fits). csimd: every p as a start and the exact minimum of T
     # per p where that is cheap (planners/csimd/search.py `search`), among the divisions that fit.
     ps = problem.n_micro_values
-    q = (problem.h_p, problem.h_m, problem.j_p, problem.j_m)
+    q = problem.stage_arrays()  # each stage on its own device where devices differ
     rows = list(range(len(ps)))
     if n_micro:  # a fixed p: only that row
         r = ps.index(n_micro)
@@ -37,7 +38,7 @@ register_split("csimd", "CSIMD: stages + micro-batch count; eq. (8)'s exact opti
                         "and bound", _csimd,
                {"eta": _ETA,
                 "method": OptionSpec("auto", "division search: auto, imd, exact (rho1 + rho2), exact-time (eq. (8))",
-                                     one_of("method", ("auto", "imd", "exact", "exact-time")))})
+                                     one_of("method", ("auto", "imd", "exact", "exact-time")))}, alike_devices=False)
 register_split("csimd-paper", "CSIMD's Algorithm 1 as printed (IMD from p = 1; memory-blind, as the paper)",
                lambda pr, p, o, m=None, x=False: _csimd(pr, p, o, m, x, paper=True), {"eta": _ETA},
-               not_compared="CSIMD's printed pseudo-code (csimd is the same, fixed)")
+               not_compared="CSIMD's printed pseudo-code (csimd is the same, fixed)", alike_devices=False)

@@ -18,7 +18,7 @@ import numpy as np
 from paraplan.planners.csimd.algorithms import exact_rho, imd, odpa
 from paraplan.planners.csimd.bound import TimeSearchOutcome, time_branch_and_bound
 from paraplan.planners.fit import misfit
-from paraplan.planners.stage_division import fill_to, stage_limit, time_arrays, total_time
+from paraplan.planners.stage_division import fill_to, least_rows, stage_limit, time_arrays, total_time
 
 __all__ = ["AUTO_MAX_WORK", "CrossSearchResult", "SearchMethod", "TimeSearchOutcome", "cross_search", "exact_time",
            "search"]
@@ -53,7 +53,7 @@ def exact_time(h_p, h_m, j_p, j_m, n_stages: int, n_micro: int, upper: float | N
     to minutes; `search` with SearchMethod.AUTO bounds that work.
     """
     h_p, h_m, j_p, j_m = time_arrays(h_p, h_m, j_p, j_m)
-    n_max = stage_limit(n_stages, len(h_p))
+    n_max = stage_limit(n_stages, h_p.shape[-1])
     known = [exact_rho(h_p, h_m, j_p, j_m, n_max).cuts, ()]
     incumbent = min(known, key=lambda c: total_time(h_p, h_m, j_p, j_m, c, n_micro))
     target = total_time(h_p, h_m, j_p, j_m, incumbent, n_micro)
@@ -135,9 +135,11 @@ AUTO_MAX_WORK = 2_000_000_000
 
 
 def _least_rho(q, n) -> np.ndarray:
-    """Per row: no division into n stages has a smaller rho1 + rho2."""
-    return (np.maximum(q[0].max(axis=1), q[0].sum(axis=1) / n)
-            + np.maximum(q[2].max(axis=1), q[2].sum(axis=1) / n))
+    """Per row: no division into n stages has a smaller rho1 + rho2 (every layer at its fastest
+    device's time where devices differ, `least_rows`)."""
+    h_p, j_p = least_rows(q[0]), least_rows(q[2])
+    return (np.maximum(h_p.max(axis=1), h_p.sum(axis=1) / n)
+            + np.maximum(j_p.max(axis=1), j_p.sum(axis=1) / n))
 
 
 class _Incumbent:
@@ -185,12 +187,12 @@ def _bound_every_p(q, ps: list[int], n_stages: int, max_work: float, memory=None
     nothing fits, the division closest to fitting (`least_overflow_cuts`) comes back with
     fits=False.
     """
-    k = q[0].shape[1]
+    k = q[0].shape[-1]
     n_max = stage_limit(n_stages, k)
     if exactly and n_stages > k:
         raise ValueError(f"exactly {n_stages} stages of {k} layers: a stage needs a layer")
     weights = np.asarray(ps, float) - 1
-    base = q[0].sum(axis=1) + q[2].sum(axis=1)
+    base = least_rows(q[0]).sum(axis=1) + least_rows(q[2]).sum(axis=1)  # compute at its least
     bound = base + weights * _least_rho(q, n_max)  # step 1
     best = _Incumbent(q, ps, n_max, exactly, memory)
     order = _offer_incumbents(best, q, n_max, memory, bound, base, weights)  # step 2
@@ -207,7 +209,7 @@ def _offer_incumbents(best: _Incumbent, q, n_max: int, memory, bound: np.ndarray
     """Step 2 of `_bound_every_p`: the single stage, the divisions that fit whenever any does and
     exact_rho's division for each p still open offered to `best`; each p's bound raised by exact_rho
     in place. Returns the rows worth a search, most promising first."""
-    layer_times = q[0] + q[2]
+    layer_times = least_rows(q[0]) + least_rows(q[2])
     best.offer(())  # the single stage (filled up to n_max with `exactly`)
     # the p worth a search: all, or those where some division may fit (a proof when not)
     order = [int(r) for r in np.argsort(bound, kind="stable")
@@ -229,8 +231,8 @@ def _offer_incumbents(best: _Incumbent, q, n_max: int, memory, bound: np.ndarray
 
 def _task_bounds(q, order: list[int], n_max: int, exactly: bool, memory, bound, base, weights) -> dict:
     """{(row, stage count or None): lower bound} of the exact searches to run."""
-    k = q[0].shape[1]
-    least_cut = (q[1][:, :-1] + q[3][:, 1:]).min(axis=1) if k > 1 else np.zeros(len(bound))
+    k = q[0].shape[-1]
+    least_cut = (least_rows(q[1])[:, :-1] + least_rows(q[3])[:, 1:]).min(axis=1) if k > 1 else np.zeros(len(bound))
     # the exact searches: one per p over at most n_max stages (from the last layer where 1F1B
     # counts a stage by its distance from the last), or one per p and stage count where only the
     # count tells a stage's verdict (exactly; 1F1B on unequal devices); none for a p at which
@@ -239,7 +241,7 @@ def _task_bounds(q, order: list[int], n_max: int, exactly: bool, memory, bound, 
     for r in order:
         if exactly:
             counts = [n_max]
-        elif memory is not None and memory.from_end and memory.uneven:
+        elif memory is not None and memory.from_end and (memory.uneven or q[0].ndim == 3):
             counts = [n for n in range(1, n_max + 1) if memory.can_fit(r, n)]
         else:
             counts = [None]
@@ -307,6 +309,7 @@ def _search_one(q, r: int, p: int, n_max: int, n: int | None, target_s: float, m
         return time_branch_and_bound(h_p, h_m, j_p, j_m, n or n_max, p, target_s, max_work,
                                       fits=memory.stage_fits(r, n or n_max), exactly=n is not None,
                                       same_stages=memory.uneven)
+    assert h_p.ndim == 1  # devices of several kinds search one stage count at a time (`_task_bounds`)
     k = len(h_p)
     # mirrored arrays: the cut after mirrored layer e is the cut after layer k - 2 - e here, so it
     # sends h_m[k - 2 - e] forward and j_m[k - 1 - e] back (stage_division.py `cut_costs`)
@@ -361,7 +364,9 @@ def search(h_p, h_m, j_p, j_m, n_micro_values, n_stages: int, method: str = Sear
         raise ValueError(f"{len(ps)} micro-batch counts for {q[0].shape[0]} rows of times")
     if min(ps) < 1:
         raise ValueError(f"micro-batch counts must be at least 1, got {min(ps)}")
-    stage_limit(n_stages, q[0].shape[1])
+    if q[0].ndim == 3 and 1 < q[0].shape[1] < stage_limit(n_stages, q[0].shape[-1]):
+        raise ValueError(f"{n_stages} stages over the times of {q[0].shape[1]} devices")
+    stage_limit(n_stages, q[0].shape[-1])
     if method == SearchMethod.AUTO:
         return _bound_every_p(q, ps, n_stages, AUTO_MAX_WORK if max_work is None else max_work, memory, exactly)
     if method == SearchMethod.EXACT_TIME:

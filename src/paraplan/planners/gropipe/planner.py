@@ -66,12 +66,16 @@ def _sizes_to_cuts(sizes: list[int]) -> tuple[int, ...]:
 
 
 def ampa(layer_times, k: int, threshold: float = 0.0, normalised: bool = True) -> tuple[int, ...]:
-    """Layer counts per partition (GroPipe Algorithm 1)."""
+    """Layer counts per partition (GroPipe Algorithm 1). `layer_times` (L,), or (k, L) where
+    partitions run on devices of different kinds: partition i's layers at row i's times (beyond the
+    paper, whose groups are alike; there eq. (9) is not applied: its shift by the fastest layer's
+    time would price a faster device's layers near zero, so AMPA balances the real times)."""
     real = np.asarray(layer_times, float)
-    n = len(real)
+    real = real if real.ndim == 2 else real[None, :]
+    n = real.shape[1]
     if not 1 <= k <= n:
         raise ValueError(f"need 1 <= k <= L, got k={k}, L={n}")
-    t = normalise(real) if normalised else real
+    t = normalise(real) if normalised and len(real) == 1 else real
     base, extra = divmod(n, k)  # line 3: an even split (the first `extra` partitions get one more)
     sizes = [base + (1 if i < extra else 0) for i in range(k)]
 
@@ -79,17 +83,18 @@ def ampa(layer_times, k: int, threshold: float = 0.0, normalised: bool = True) -
     # break as before): the loop below asks for k ranges at each of up to n x k moves, and summing
     # them again each time was half of GroPipe's search at 1,024 devices
     def range_sums(values):
-        table = np.zeros((n + 1, n + 1))
+        table = np.zeros((len(values), n + 1, n + 1))
         for a in range(n):
             for b in range(a + 1, n + 1):
-                table[a, b] = values[a:b].sum()
+                table[:, a, b] = values[:, a:b].sum(axis=1)
         return table
 
     tables = {"t": range_sums(t), "real": range_sums(real)}
+    row = np.arange(k) if len(real) > 1 else np.zeros(k, dtype=np.int64)  # partition i on row i
 
     def sums(sz, which):
         bounds = np.concatenate(([0], np.cumsum(sz)))
-        return tables[which][bounds[:-1], bounds[1:]]
+        return tables[which][row, bounds[:-1], bounds[1:]]
 
     best = list(sizes)
     for _ in range(n * k):
@@ -121,13 +126,32 @@ MICRO_BATCH_CANDIDATES = (1, 2, 4, 6, 8, 10, 12, 14, 16)  # m values GroPipe's e
 def memory_capped(memory: SplitMemory, layer_times, k: int, n_micro: int) -> tuple[int, ...] | None:
     """Layer counts of k partitions with the least slowest partition among those whose every
     partition fits (planners/fit.py `fitting_cuts`, filled up to k stages), or None when none fits."""
-    cuts = memory.fitting_cuts(0, k, layer_times)
+    layer_times = np.asarray(layer_times, float)
+    cuts = memory.fitting_cuts(0, k, layer_times.max(axis=0) if layer_times.ndim == 2 else layer_times)
     if cuts is None:
         return None
-    zeros = np.zeros(len(layer_times))
-    cuts = fill_to(layer_times, zeros, zeros, zeros, cuts, k, n_micro)
-    bounds = [0, *[c + 1 for c in cuts], len(layer_times)]
+    zeros = np.zeros(layer_times.shape)
+    cuts = fill_to(layer_times, zeros, zeros, zeros, cuts, k, n_micro)  # (k, L): stage i on row i
+    bounds = [0, *[c + 1 for c in cuts], layer_times.shape[-1]]
     return tuple(int(b - a) for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def stage_times(cm, groups, micro: float) -> np.ndarray:
+    """AMPA's t_i (forward + backward at the micro-batch size): (L,) where every device is of one
+    kind; on devices of several kinds (k, L), stage s's layers at the slowest kind among its devices,
+    which paces the stage where its devices take equal rows (issue 52: GroPipe's groups of different
+    speeds; the shares by speed judged beside each plan let the faster devices take more)."""
+    def times(device: int) -> np.ndarray:
+        fwd, bwd, _, _ = cm.compute(device).arrays(micro)
+        return fwd + bwd
+
+    if len({cm.cluster.device(d).name for g in groups for d in g}) < 2:
+        return times(0)
+    by_kind = {}
+    for g in groups:
+        for d in g:
+            by_kind.setdefault(cm.cluster.device(d).name, d)
+    return np.array([np.max([times(by_kind[cm.cluster.device(d).name]) for d in g], axis=0) for g in groups])
 
 
 def plan_gropipe(request: PlanRequest, judge: Judge, micro_batches=MICRO_BATCH_CANDIDATES, shapes=None,
@@ -154,15 +178,15 @@ def plan_gropipe(request: PlanRequest, judge: Judge, micro_batches=MICRO_BATCH_C
             micro = batch / (n_groups * m)
             if micro != int(micro) or micro < 1:
                 continue
-            fwd, bwd, _, _ = cm.compute(0).arrays(micro)
             schedule = request.schedule or "gpipe"
             groups = [tuple(s + r * k for r in range(n_groups)) for s in range(k)]  # stage s's devices
+            times = stage_times(cm, groups, micro)
             memory = SplitMemory([StageMemory(cm, batch / m, m, schedule, dp=n_groups)],
                                  [min(cm.cluster.device(d).memory_bytes for d in g) for g in groups])
-            sizes = ampa(fwd + bwd, k)
+            sizes = ampa(times, k)
             divisions = [("ampa", sizes)]
             if not memory.division_fits(0, tuple(int(c) - 1 for c in np.cumsum(sizes)[:-1])):
-                capped = memory_capped(memory, fwd + bwd, k, m)
+                capped = memory_capped(memory, times, k, m)
                 if capped is not None:
                     divisions.append(("memory-capped", capped))
             for kind, sizes in divisions:
@@ -195,7 +219,7 @@ def plan_gropipe(request: PlanRequest, judge: Judge, micro_batches=MICRO_BATCH_C
 
 
 @register("gropipe", "GroPipe: N groups x k stages (AMPA), data parallel across groups with delayed all-reduce",
-          schedules=("gpipe", "1f1b"), slow=6, alike_devices=True)
+          schedules=("gpipe", "1f1b"), slow=6)
 def _planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
     # a stage count in the request fixes k: GroPipe then uses exactly that many stages (and every
     # device), with or without exact_stages, so it never has fewer stages to explain

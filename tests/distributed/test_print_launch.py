@@ -1,6 +1,7 @@
 """`paraplan train --print-launch` (runtime/launcher/launch_script.py): the printed node commands, run as
-printed (through bash) as two "nodes" on loopback, train the plan with paraplan's runtime. The
-script's own checks are in tests/unit/test_launch_script.py."""
+printed (through bash) as two "nodes" on loopback, train the plan with paraplan's runtime, as one
+process does (this is also the suite's check that a pipeline over two torchrun nodes matches one
+process). The script's own checks are in tests/unit/test_launch_script.py."""
 
 import json
 import math
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from paraplan_process import run_paraplan
 
 from paraplan.system.localnet import free_port
@@ -59,7 +61,7 @@ def test_the_printed_node_commands_train_the_plan_on_two_nodes(tmp_path):
     out = tmp_path / "two nodes"  # a space: the printed commands quote it
     printed = run_paraplan("train", "--plan", PLAN_2, "--print-launch", "--nodes", "2", "--gpus-per-node", "1",
                            "--master", "127.0.0.1", "--port", free_port(), "--steps", "2", "--out-dir", out,
-                           env=ENV, timeout=120)
+                           "--no-dropout", "--optimizer", "sgd", "--lr", "0.1", env=ENV, timeout=120)
     assert printed.returncode == 0, printed.stderr
     commands = [line for line in printed.stdout.splitlines() if line.startswith("torchrun ")]
     assert len(commands) == 2 and "--node-rank 0" in commands[0] and "--node-rank 1" in commands[1]
@@ -82,6 +84,15 @@ def test_the_printed_node_commands_train_the_plan_on_two_nodes(tmp_path):
     assert all("Traceback" not in _without_exit_barrier_race(err) for _, err in results), [err for _, err in results]
     losses = json.loads((out / "losses.json").read_text())
     assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses), losses
+    # two torchrun nodes train as one process does (fp32 within 1e-5)
+    from paraplan.plans.plan_file import read_plan
+    from paraplan.runtime.config import TrainConfig
+    from paraplan.runtime.measure.reference import reference_run
+
+    plan = read_plan(PLAN_2)
+    reference, _ = reference_run(TrainConfig(plan=plan, model=plan.model, steps=2, dropout=False, optimizer="sgd",
+                                             lr=0.1))
+    assert losses == pytest.approx(reference, rel=1e-5)
     # node 1's process is rank 1: both stages wrote their step times
     assert sorted(p.name for p in out.glob("steps_rank*.json")) == ["steps_rank0.json", "steps_rank1.json"]
     time.sleep(0.5)

@@ -171,6 +171,18 @@ def test_projections_make_a_per_layer_mix_uniform_and_gpipe_1f1b(tiny):
     assert all(len({s for st in p.stages for s in st.strategies}) == 1 for p in runnable)
 
 
+def test_a_bipartition_plan_has_no_projection(tiny):
+    """A worker running the backward of layers it does not run the forward of (Bi-Partition) has no
+    projection: no engine runs one, and strategies over its forward range left its backward range's
+    memory count reading past them (`plan --engine torchtitan` on Llama 2 7B ended in a traceback
+    when Bi-Partition's plan split its ranges)."""
+    split = plan_of(tiny, [Stage(LayerRange(0, 3), (0,), backward_layers=LayerRange(0, 2)),
+                           Stage(LayerRange(3, 6), (1,), backward_layers=LayerRange(2, 6))])
+    assert projections(split, tiny) == []
+    for engine in ENGINES:
+        assert engine_problem(split, engine, tiny) is not None
+
+
 def test_plan_engine_rows_hold_only_plans_the_engine_runs(capsys, tmp_path):
     """`paraplan plan --engine`: a refused row names the feature, every ok row's plan exports, and the
     written plan is the fastest of those."""

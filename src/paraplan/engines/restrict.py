@@ -82,7 +82,12 @@ def _best_projection(row: Row, engine: str, shape: ModelShape, judge, sequence_p
 
 
 def projections(plan: Plan, shape: ModelShape, sequence_parallel: frozenset = frozenset()) -> list[Plan]:
-    """Plans one step from `plan` that engines run more often (module docstring), distinct."""
+    """Plans one step from `plan` that engines run more often (module docstring), distinct. None of
+    a plan whose workers run the forward and the backward of different layers (Bi-Partition's): no
+    engine runs one, and per-layer strategies cover a stage's forward range only (the memory count
+    of its backward range read past them: a traceback under `plan --engine`)."""
+    if any(s.backward != s.layers for s in plan.stages):
+        return []
     out = []
     for strategies in _uniform(plan, shape, sequence_parallel):
         for schedule in _schedules(plan):

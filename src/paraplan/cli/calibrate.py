@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="measure this machine once (compute, links under load, runtime "
                                          "overheads) and write a cluster file for plan, simulate and train --compare")
     p.add_argument("--out", default="local-calibrated.toml", help="write the calibrated cluster file here (default: %(default)s)")
-    p.add_argument("--quick", action="store_true", help="two reference models and two overhead runs (~30 s here)")
+    p.add_argument("--quick", action="store_true", help="two reference models and three overhead runs (~40 s here)")
     p.add_argument("--devices", type=int, default=None,
                    help="devices (CPU cores, one process each) in the written cluster (default: every core)")
     p.add_argument("--json", action="store_true", help="print JSON (schema paraplan.calibrate/1) instead of lines")

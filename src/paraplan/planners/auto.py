@@ -291,10 +291,8 @@ def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_
     jobs = jobs or os.cpu_count() or 1
     ctx = multiprocessing.get_context("fork")
     running: dict[str, tuple] = {}
-    # what exists now (the modules, the model, the cost model) is set aside by the collector while the
-    # comparison runs: its collections, here and in every planner's process forked from here, then scan
-    # only what the searches make (each full collection scanned the whole heap: ~8% of a Llama 2 7B
-    # comparison on 8 GPUs, 12.8 -> 11.7 s); given back after, so nothing stays uncollectable
+    # what exists now set aside by the collector while the comparison runs, here and in every planner's
+    # process forked from here (full collections scanned the whole heap); given back after
     gc.freeze()
     try:
         _run_all(todo, running, rows, request, jobs, ctx, time_limit_s, on_row, frozenset(todo), on_progress)

@@ -8,12 +8,12 @@ The oracle is test_bipartition_dp.py's and test_bipartition_recompute.py's, gene
 time summed with row k's layer times, the boundary after worker k charged cuts[k](s1, s2).
 """
 
-import itertools
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from bipartition_memory import divisions, memory_model, owner_memory
 
 from paraplan.planners.bipartition.division import DoesNotFit, max_workers
 from paraplan.planners.bipartition.dp import bipartition, bipartition_all
@@ -23,20 +23,6 @@ MIXED = Path(__file__).resolve().parents[1] / "data" / "mixed-a100-v100.toml"
 
 # ---------------------------------------------------------------------------------------------
 # the oracle
-
-
-def divisions(n_layers: int, n_workers: int, allow_empty: bool, layerwise: bool):
-    """Every ordered division, ((forward_start, forward_stop), (backward_start, backward_stop)) per worker."""
-    if allow_empty and not layerwise:
-        cuts = list(itertools.combinations_with_replacement(range(n_layers + 1), n_workers - 1))
-    else:
-        cuts = list(itertools.combinations(range(1, n_layers), n_workers - 1))
-    bounds = [(0, *c, n_layers) for c in cuts]
-    for forward in bounds:
-        for backward in ([forward] if layerwise else bounds):
-            workers = [((forward[k], forward[k + 1]), (backward[k], backward[k + 1])) for k in range(n_workers)]
-            if all(fr[0] < fr[1] or br[0] < br[1] for fr, br in workers):
-                yield workers
 
 
 def evaluate(workers, forward, backward, cuts, runtime: bool = False) -> float:
@@ -100,39 +86,13 @@ def mixed_instance(rng, n_rows: int = 4):
     return forward, backward, cuts
 
 
-def layer_memory(weights, saved, capacity):
-    """Monotone in the layers a worker runs; capacity per worker index (devices of two sizes)."""
-    def fits(index, forward, backward):
-        touched = set(range(*forward)) | set(range(*backward))
-        used = sum(weights[i] for i in touched) + (2 - index % 2) * sum(saved[i] for i in range(*forward))
-        return used <= capacity[min(index, len(capacity) - 1)]
-    return fits
-
-
-def owner_memory(weights, states, saved, capacity, n_workers=4, n_micro=4):
-    """test_bipartition_dp.py's: a layer's activations at its backward owner, for longer when its
-    forward ran earlier; not monotone in where a forward range starts."""
-    def in_flight(forward_owner, worker):
-        return max(1, min(n_micro, math.ceil(n_workers - (forward_owner + worker) / 2)))
-
-    def fits(index, forward, backward):
-        used = 0.0
-        for i in set(range(*forward)) | set(range(*backward)):
-            if backward[0] <= i < backward[1]:
-                owner = index if forward[0] <= i < forward[1] else (0 if i < forward[0] else index + 1)
-                used += states[i] + in_flight(owner, index) * saved[i]
-            else:
-                used += weights[i]
-        return used <= capacity
-    return fits
-
-
 def random_fits(rng, n_layers: int, memory: str):
     weights = rng.integers(0, 4, n_layers)
     if memory == "layers":
-        return layer_memory(weights, rng.integers(0, 3, n_layers), rng.integers(6, 16, 4))
+        # monotone in the layers a worker runs; capacity per worker index (devices of two sizes)
+        return memory_model(weights, rng.integers(0, 3, n_layers), rng.integers(6, 16, 4), lambda index: 2 - index % 2)
     return owner_memory(weights, weights + rng.integers(0, 3, n_layers), rng.integers(0, 2, n_layers),
-                        float(rng.integers(6, 18)))
+                        float(rng.integers(6, 18)), n_workers=4)
 
 
 def check_counts(found, forward, backward, cuts, top, allow_empty=True, layerwise=False, fits=None,

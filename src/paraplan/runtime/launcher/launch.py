@@ -157,10 +157,9 @@ def worker_main(rank: int, world: int, port: int, config: TrainConfig, error_dir
     import torch.distributed as dist
 
     from paraplan.runtime.kinds import train_rank
-    from paraplan.runtime.launcher.teardown import end_rank, freeze_inherited, record_failure
+    from paraplan.runtime.launcher.teardown import end_rank, record_failure
     from paraplan.runtime.rank.rank_base import backend
 
-    freeze_inherited()
     die_with_parent()
     if launcher_pid is not None:
         die_with_launcher(launcher_pid)
@@ -236,10 +235,9 @@ def run_under_torchrun(config: TrainConfig) -> dict:
     import torch.distributed as dist
 
     from paraplan.runtime.kinds import train_rank
-    from paraplan.runtime.launcher.teardown import end_rank, freeze_inherited
+    from paraplan.runtime.launcher.teardown import end_rank
     from paraplan.runtime.rank.rank_base import backend
 
-    freeze_inherited()
     if _loopback(os.environ.get("MASTER_ADDR", "")):
         # every rank on this host: gloo on the loopback interface (../shared/notes/runtime-on-cpu.md);
         # across machines gloo must pick a real interface (or the user's GLOO_SOCKET_IFNAME)

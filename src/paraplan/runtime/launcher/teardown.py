@@ -121,6 +121,7 @@ def clear_distributed_caches() -> None:
     """Empty the caches torch.distributed.tensor keeps across runs: sharding propagation (Python and
     the C++ fast path), redistribution plans, the random-number tracker, the mesh stack. Their keys
     and values hold DTensorSpecs, and a spec holds its DeviceMesh and so its process groups."""
+    import functools
 
     try:
         from torch.distributed.tensor import _random, _redistribute
@@ -137,20 +138,11 @@ def clear_distributed_caches() -> None:
     except (ImportError, AttributeError):
         pass
     # every other memo of torch.distributed (transform infos, tensor metas, expanded strategies, mesh
-    # topologies): some are created inside functions, so found by type rather than by name, those of
-    # the modules frozen before training (`freeze_inherited`, which the collector no longer lists) too
-    for obj in (*_INHERITED_CACHES, *_distributed_caches(gc.get_objects())):
-        obj.cache_clear()
-
-
-def _distributed_caches(objects) -> list:
-    import functools
-
-    return [obj for obj in objects if type(obj) is functools._lru_cache_wrapper
-            and str(getattr(obj, "__module__", "")).startswith("torch.distributed")]
-
-
-_INHERITED_CACHES: list = []  # torch.distributed's memos among the objects `freeze_inherited` froze
+    # topologies): some are created inside functions, so found by type rather than by name
+    for obj in gc.get_objects():
+        if type(obj) is functools._lru_cache_wrapper and \
+                str(getattr(obj, "__module__", "")).startswith("torch.distributed"):
+            obj.cache_clear()
 
 
 def live_distributed_objects() -> dict[str, int]:
@@ -170,17 +162,6 @@ def live_distributed_objects() -> dict[str, int]:
             elif isinstance(obj, DeviceMesh):
                 counts["meshes"] += 1
     return counts
-
-
-def freeze_inherited() -> None:
-    """Put every object this rank holds before training (the modules it imported or inherited from
-    the forkserver: torch, transformers, paraplan) in the collector's permanent generation, so that
-    `end_rank`'s two collections scan only what training made. Scanning those modules took ~0.2 s
-    a collection here, twice at the end of every rank of every launch (0.4-0.5 s of a ~1 s launch of
-    a 2-stage GPT-2 tiny); what training makes, its modules' cycles included, is still collected.
-    torch.distributed's memos among them are remembered for `clear_distributed_caches`."""
-    _INHERITED_CACHES[:] = _distributed_caches(gc.get_objects())
-    gc.freeze()
 
 
 def end_rank(rank: int, *, finished: bool) -> None:

@@ -106,10 +106,19 @@ def build_problem(cm: CostModel, batch: int, n_stages: int, max_micro: int | Non
     rows = _time_rows(cm, batch, ps, 0)
     by_stage = None
     if len({cm.cluster.device(s).name for s in range(n_stages)}) > 1:  # stage s on device s
-        per_device = [_time_rows(cm, batch, ps, s) for s in range(n_stages)]
+        made: dict = {}  # stages on devices of one kind with one link to the next share their rows
+        per_device = [_shared_rows(made, cm, batch, ps, s) for s in range(n_stages)]
         by_stage = tuple(np.stack([d[key] for d in per_device], axis=1) for key in ("h_p", "h_m", "j_p", "j_m"))
     return SplitProblem(batch=batch, n_stages=n_stages, n_micro_values=ps, by_stage=by_stage,
                         param_bytes=np.array([float(layer.param_bytes) for layer in cm.model.layers]), **rows)
+
+
+def _shared_rows(made: dict, cm: CostModel, batch: int, ps, device: int) -> dict[str, np.ndarray]:
+    n = cm.cluster.n_devices
+    key = (cm.cluster.device(device).name, cm.cluster.link(min(device, n - 2), min(device, n - 2) + 1) if n > 1 else None)
+    if key not in made:
+        made[key] = _time_rows(cm, batch, ps, device)
+    return made[key]
 
 
 def _time_rows(cm: CostModel, batch: int, ps, device: int) -> dict[str, np.ndarray]:

@@ -100,14 +100,10 @@ def stage_rows(x) -> np.ndarray:
 
 
 def least_rows(x) -> np.ndarray:
-    """The per-layer minimum over the stage axis (the second to last), for lower bounds; arrays
-    without one come back as they are."""
+    """The per-layer minimum over the stage axis of (R, S, K) arrays, for lower bounds; (R, K)
+    arrays (one row per p, devices alike) come back as they are."""
     a = np.asarray(x, float)
-    return a.min(axis=-2) if a.ndim >= 2 and _has_stage_axis(a) else a
-
-
-def _has_stage_axis(a: np.ndarray) -> bool:
-    return a.ndim == 3  # (R, S, K); a 2-D array is (R, K) for the searches over p
+    return a.min(axis=1) if a.ndim == 3 else a
 
 
 def stage_index(n_stages: int, n_rows: int) -> np.ndarray:

@@ -147,11 +147,12 @@ def stage_times(cm, groups, micro: float) -> np.ndarray:
 
     if len({cm.cluster.device(d).name for g in groups for d in g}) < 2:
         return times(0)
-    by_kind = {}
+    by_kind = {}  # each kind's times once
     for g in groups:
         for d in g:
-            by_kind.setdefault(cm.cluster.device(d).name, d)
-    return np.array([np.max([times(by_kind[cm.cluster.device(d).name]) for d in g], axis=0) for g in groups])
+            if cm.cluster.device(d).name not in by_kind:
+                by_kind[cm.cluster.device(d).name] = times(d)
+    return np.array([np.max([by_kind[cm.cluster.device(d).name] for d in g], axis=0) for g in groups])
 
 
 def plan_gropipe(request: PlanRequest, judge: Judge, micro_batches=MICRO_BATCH_CANDIDATES, shapes=None,

@@ -18,7 +18,8 @@ import os
 # what the server imports before it forks anything (one list for every caller: the first caller's
 # list is the server's, and a process has one server)
 WARM_MODULES = ["paraplan.runtime.kinds", "paraplan.runtime.launcher.teardown", "transformers.modeling_utils",
-                "torch.distributed.tensor", "torch.distributed.pipelining", "torch.distributed.fsdp"]
+                "torch.distributed.tensor", "torch.distributed.pipelining", "torch.distributed.fsdp",
+                "paraplan.system.warm_heap"]  # last: it freezes what the others imported (its docstring)
 
 
 def start_method() -> str:

@@ -121,8 +121,6 @@ def clear_distributed_caches() -> None:
     """Empty the caches torch.distributed.tensor keeps across runs: sharding propagation (Python and
     the C++ fast path), redistribution plans, the random-number tracker, the mesh stack. Their keys
     and values hold DTensorSpecs, and a spec holds its DeviceMesh and so its process groups."""
-    import functools
-
     try:
         from torch.distributed.tensor import _random, _redistribute
         from torch.distributed.tensor.debug import _clear_sharding_prop_cache
@@ -138,11 +136,12 @@ def clear_distributed_caches() -> None:
     except (ImportError, AttributeError):
         pass
     # every other memo of torch.distributed (transform infos, tensor metas, expanded strategies, mesh
-    # topologies): some are created inside functions, so found by type rather than by name
-    for obj in gc.get_objects():
-        if type(obj) is functools._lru_cache_wrapper and \
-                str(getattr(obj, "__module__", "")).startswith("torch.distributed"):
-            obj.cache_clear()
+    # topologies): some are created inside functions, so found by type rather than by name; those
+    # the forkserver froze with its heap it listed (system/warm_heap.py: gc.get_objects skips them)
+    from paraplan.system.warm_heap import INHERITED_MEMOS, distributed_memos
+
+    for memo in [*INHERITED_MEMOS, *distributed_memos(gc.get_objects())]:
+        memo.cache_clear()
 
 
 def live_distributed_objects() -> dict[str, int]:

@@ -4,9 +4,10 @@ what an earlier one wrote), the repository's examples/ beside them, .venv/bin fi
 Exit 0 and no traceback for each. Shared by test_guide_commands.py and test_guide_measure.py,
 which split the pages between the two pytest workers.
 
-A plain `paraplan ARGS` line (no shell syntax) runs as a process forked from a warm one
-(tests/paraplan_process.py: the same argv, directory, environment, exit status and output, without
-4-6 s of imports each); anything else (torchrun, a loop) runs in bash as written.
+A plain `paraplan ARGS` line (words and quoted strings, optionally `|| echo "exit status $?"` after
+it) runs as a process forked from a warm one (tests/paraplan_process.py: the same argv, directory,
+environment, exit status and output, without 4-6 s of imports each); anything else (torchrun, a
+loop) runs in bash as written.
 tests/unit/test_readme_commands.py starts the installed entry points themselves."""
 
 import os
@@ -35,14 +36,38 @@ def commands(page: Path) -> list[str]:
     return out
 
 
+def paraplan_argv(command: str) -> tuple[list[str], bool] | None:
+    """`paraplan ARGS` (words and quoted strings only: no unquoted operator, no expansion), optionally
+    followed by `|| echo "exit status $?"`: (ARGS, whether the echo follows); None for anything else."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError:  # unbalanced quotes: bash's to report
+        return None
+    or_echo = tokens[-3:] == ["||", "echo", "exit status $?"]
+    if or_echo:
+        tokens = tokens[:-3]
+    # punctuation_chars makes every unquoted operator a token of its own
+    if not tokens or tokens[0] != "paraplan" or any(re.fullmatch(r"[|;&<>()]+", t) for t in tokens) \
+            or any(c in command.split("||")[0] for c in "$`\\"):
+        return None
+    return tokens[1:], or_echo
+
+
 def run_page(page: Path, tmp: Path) -> list[tuple[str, int, str]]:
     """(command, exit status, its output) for each command of the page, in order; stops at the
     first that fails (a later command may read what it should have written)."""
     (tmp / "examples").symlink_to(ROOT / "examples")
     ran = []
     for command in commands(page):
-        if re.fullmatch(r"paraplan [^|;&<>$`()\\]*", command):
-            res = run_paraplan(*shlex.split(command)[1:], cwd=tmp, env=ENV, timeout=900)
+        forked = paraplan_argv(command)
+        if forked is not None:
+            argv, or_echo = forked
+            res = run_paraplan(*argv, cwd=tmp, env=ENV, timeout=900)
+            if or_echo and res.returncode != 0:  # `|| echo "exit status $?"` as bash runs it
+                res.stdout += f"exit status {res.returncode}\n"
+                res.returncode = 0
         else:
             res = subprocess.run(["bash", "-c", command], cwd=tmp, env=ENV, capture_output=True, text=True,
                                  timeout=900)

@@ -77,3 +77,24 @@ def test_measurement_needs_no_weights():
     spec = measure.measure(built)  # a real model is measured through a meta copy
     assert spec.param_count == sum(p.numel() for p in built.module.parameters())
     assert torch.is_tensor(next(built.module.parameters()))
+
+
+def test_blocks_differing_only_in_their_drop_rate_are_measured_once(monkeypatch):
+    """Stochastic depth gives each block its own drop rate (Swin-H's 32 blocks, 0 to 0.1); on meta a
+    rate changes no shape and no op (zero skips the op), so such blocks measure alike: once per kind,
+    and the spec equals measuring every block on its own."""
+    def layers():  # built anew for each measurement (a measured layer keeps its parameters' gradients)
+        with torch.device("meta"):
+            return measure.decompose(nn.Sequential(
+                nn.Flatten(), *[nn.Sequential(nn.Linear(16, 16), nn.Dropout(p)) for p in (0.0, 0.01, 0.02, 0.03, 0.04)]))
+
+    inputs = InputSpec(kind="image", image_size=4, channels=1, num_classes=16)
+    calls = []
+    once = measure._measure_once
+    monkeypatch.setattr(measure, "_measure_once", lambda *a, **k: calls.append(1) or once(*a, **k))
+    spec = measure.measure_layers(layers(), inputs)
+    assert len(calls) == 2 * 3  # at each of the fit's two batch sizes: the flatten, p = 0, p > 0
+    monkeypatch.setattr(measure, "_drop_rate", lambda module, name, value: value)
+    calls.clear()
+    assert measure.measure_layers(layers(), inputs) == spec
+    assert len(calls) == 2 * 6

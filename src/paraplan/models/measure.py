@@ -168,12 +168,21 @@ def _signature(module: nn.Module, x) -> tuple:
     inputs = tuple((tuple(t.shape), t.dtype, t.requires_grad) for t in tensors(x))
     parts = []
     for path, m in module.named_modules():
-        attrs = tuple(sorted((k, v) for k, v in vars(m).items()
+        attrs = tuple(sorted((k, _drop_rate(m, k, v)) for k, v in vars(m).items()
                              if not k.startswith("_") and k not in _NUMBERING and _plain(v)))
         params = tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in m.named_parameters(recurse=False))
         buffers = tuple((n, tuple(b.shape), b.dtype) for n, b in m.named_buffers(recurse=False))
         parts.append((path, type(m).__module__, type(m).__qualname__, attrs, params, buffers))
     return inputs, tuple(parts)
+
+
+def _drop_rate(module: nn.Module, name: str, value):
+    """A dropout probability as whether it drops at all: on meta the rate changes only values, while
+    zero skips the op. Stochastic depth gives each block its own rate (Swin-H's 32 blocks, 0 to
+    0.1), which made every block look built differently and measured anew."""
+    if isinstance(value, float) and ("drop" in name or (name == "p" and isinstance(module, nn.modules.dropout._DropoutNd))):
+        return value > 0
+    return value
 
 
 def _fit(small: float, large: float) -> Affine:

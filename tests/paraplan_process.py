@@ -39,6 +39,65 @@ def _forkserver():
     return _context
 
 
+# commands that may start processes of their own (ranks, link probes), for which a spare server is forked
+_LAUNCHING = ("train", "calibrate", "profile", "profile-links")
+
+
+def _spare_rank_server() -> None:
+    """The command's own forkserver (system/processes.py starts one for its ranks) as a fork of this
+    process as it is now, not a fresh interpreter importing the same modules again (~4 s a command).
+
+    Now, before the command has run anything, this process is what a fresh rank server is once its
+    preloads are in: the warm server's copy (PRELOAD holds the ranks' modules; its heap frozen by
+    paraplan.system.warm_heap), no kernel run, one thread. So a spare copy is forked here and waits;
+    if the command starts its forkserver, multiprocessing's ensure_running hands the spare the
+    listening socket and the alive pipe it would have passed a fresh one, and the spare serves
+    (multiprocessing.forkserver.main, as the fresh one runs it); a command that never launches
+    leaves, and the spare reads the end of its socket and goes. Later servers start as usual."""
+    import multiprocessing.forkserver as forkserver
+    import socket
+    from multiprocessing import connection, reduction, resource_tracker, util
+
+    ours, spare_end = socket.socketpair(socket.AF_UNIX)
+    pid = os.fork()
+    if pid == 0:  # the spare
+        ours.close()
+        try:
+            try:
+                listener_fd, alive_r = reduction.recvfds(spare_end, 2)
+            except (EOFError, OSError):
+                os._exit(0)
+            spare_end.close()
+            forkserver.main(listener_fd, alive_r, [])
+        finally:
+            os._exit(0)
+    spare_end.close()
+    server = forkserver._forkserver
+    fresh = type(server).ensure_running
+
+    def ensure_running() -> None:
+        server.ensure_running = lambda: fresh(server)  # once: later calls (a dead spare replaced) as usual
+        if server._forkserver_pid is not None:
+            return fresh(server)
+        with server._lock:
+            resource_tracker.ensure_running()
+            with socket.socket(socket.AF_UNIX) as listener:  # as ensure_running binds it
+                address = connection.arbitrary_address("AF_UNIX")
+                listener.bind(address)
+                if not util.is_abstract_socket_namespace(address):
+                    os.chmod(address, 0o600)
+                listener.listen()
+                alive_r, alive_w = os.pipe()
+                try:
+                    reduction.sendfds(ours, [listener.fileno(), alive_r])
+                finally:
+                    os.close(alive_r)
+                    ours.close()
+            server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
+
+    server.ensure_running = ensure_running
+
+
 def _child(args: list[str], cwd: str, env: dict, out_path: str, err_path: str, script: str | None = None,
            code_path: str | None = None) -> None:
     os.chdir(cwd)
@@ -48,6 +107,8 @@ def _child(args: list[str], cwd: str, env: dict, out_path: str, err_path: str, s
         target = os.open(path, os.O_WRONLY | os.O_TRUNC)
         os.dup2(target, fd)
         os.close(target)
+    if script is not None or (args and args[0] in _LAUNCHING) or any(a in ("--prove", "--try-top") for a in args):
+        _spare_rank_server()
     sys.stdout = open(1, "w", closefd=False, buffering=1)  # noqa: SIM115 (lives until os._exit)
     sys.stderr = open(2, "w", closefd=False, buffering=1)  # noqa: SIM115
     code = 1

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from paraplan_process import run_paraplan
+from paraplan_process import run_paraplan, run_script
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import plan_to_dict
@@ -83,9 +83,8 @@ def test_a_lost_rank_carries_on_under_the_next_rung_as_that_plan_would_from_the_
 
     assert ladder_rungs(path) == [FOUR, THREE]
     ck, out, kept = tmp_path / "ck", tmp_path / "out", tmp_path / "kept"
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / "lose_a_rank.py"), str(path), "--checkpoint-dir",
-                           str(ck), "--out-dir", str(out), "--steps", "20", "--checkpoint-every", str(EVERY),
-                           "--keep-checkpoint", str(kept)], env=ENV, capture_output=True, text=True, timeout=300)
+    done = run_script(ROOT / "examples" / "lose_a_rank.py", path, "--checkpoint-dir", ck, "--out-dir", out, "--steps",
+                      "20", "--checkpoint-every", EVERY, "--keep-checkpoint", kept, env=ENV, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "killing rank process" in done.stdout
     log = (ck / "elastic.log").read_text()

@@ -2,8 +2,7 @@
 measured best chosen (runtime/launcher/prove.py: measured_best). Here with a stand-in runner and its own
 clock; the real runs are tests/distributed/test_try_top.py."""
 
-import subprocess
-import sys
+from paraplan_process import run_paraplan
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.runtime.launcher.prove import Measured, measured_best
@@ -42,8 +41,7 @@ def test_a_wrong_prediction_loses_to_the_measurement():
 
 
 def _plan_cli(*args):
-    return subprocess.run([sys.executable, "-m", "paraplan", "plan", "--model", "gpt2-tiny", "--batch", "8", *args],
-                          capture_output=True, text=True, timeout=300)
+    return run_paraplan("plan", "--model", "gpt2-tiny", "--batch", "8", *args, timeout=300)
 
 
 def test_refused_in_one_line_for_another_machine_and_bad_counts(tmp_path):

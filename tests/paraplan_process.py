@@ -158,31 +158,53 @@ def run_script(script, *args, cwd=None, env=None, timeout: float = 120, check: b
     return _run_forked(str(script), args, cwd, env, timeout, check)
 
 
-def _run_forked(script: str | None, args, cwd, env, timeout: float, check: bool) -> subprocess.CompletedProcess:
-    args = [str(a) for a in args]
-    argv = [sys.executable, "-m", "paraplan", *args] if script is None else [sys.executable, script, *args]
-    env = dict(os.environ if env is None else env)
-    with tempfile.TemporaryDirectory(prefix="paraplan-cli-") as tmp:
-        out_path, err_path, code_path = (os.path.join(tmp, name) for name in ("out", "err", "code"))
-        for path in (out_path, err_path):
+def start_paraplan(*args, cwd=None, env=None) -> "Started":
+    """Like `subprocess.Popen([sys.executable, "-m", "paraplan", *args], ...)`, from a warm process:
+    signal it by its `pid`, `wait()` for what run_paraplan returns."""
+    return Started(None, args, cwd, env)
+
+
+class Started:
+    """A command forked from the warm process, running: its pid; `wait` gives its CompletedProcess."""
+
+    def __init__(self, script: str | None, args, cwd, env):
+        self.args = [str(a) for a in args]
+        self.argv = [sys.executable, "-m", "paraplan", *self.args] if script is None else [sys.executable, script, *self.args]
+        self._tmp = tempfile.TemporaryDirectory(prefix="paraplan-cli-")
+        self._out, self._err, self._code = (os.path.join(self._tmp.name, name) for name in ("out", "err", "code"))
+        for path in (self._out, self._err):
             open(path, "w").close()
-        process = _forkserver().Process(target=_child, args=(args, str(cwd or os.getcwd()), env, out_path, err_path, script,
-                                                             code_path))
-        process.start()
-        process.join(timeout)
-        if process.is_alive():
-            process.kill()
-            process.join()
-            raise subprocess.TimeoutExpired(argv, timeout)
+        self._process = _forkserver().Process(target=_child, args=(
+            self.args, str(cwd or os.getcwd()), dict(os.environ if env is None else env), self._out, self._err, script,
+            self._code))
+        self._process.start()
+        self.pid = self._process.pid
+
+    def poll(self) -> int | None:
+        return None if self._process.is_alive() else self._process.exitcode
+
+    def wait(self, timeout: float) -> subprocess.CompletedProcess:
+        self._process.join(timeout)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+            self._tmp.cleanup()
+            raise subprocess.TimeoutExpired(self.argv, timeout)
         # The forkserver reports the status over a pipe and multiprocessing says 255 where that
         # report is lost (CI saw a --help that printed all of itself exit "255"); the child's own
         # record of it wins, and a child killed before writing one keeps the forkserver's figure.
-        code = process.exitcode
-        if os.path.exists(code_path):
-            with open(code_path) as status:
+        code = self._process.exitcode
+        if os.path.exists(self._code):
+            with open(self._code) as status:
                 code = int(status.read() or code)
-        with open(out_path) as out, open(err_path) as err:
-            done = subprocess.CompletedProcess(argv, code, out.read(), err.read())
+        with open(self._out) as out, open(self._err) as err:
+            done = subprocess.CompletedProcess(self.argv, code, out.read(), err.read())
+        self._tmp.cleanup()
+        return done
+
+
+def _run_forked(script: str | None, args, cwd, env, timeout: float, check: bool) -> subprocess.CompletedProcess:
+    done = Started(script, args, cwd, env).wait(timeout)
     if check:
         done.check_returncode()
     return done

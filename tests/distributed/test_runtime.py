@@ -4,14 +4,12 @@ model, data and seed: losses and every updated parameter after 3 steps within 1e
 import json
 import os
 import re
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from paraplan_process import run_paraplan
+from paraplan_process import run_paraplan, start_paraplan
 
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.plan_file import write_plan
@@ -203,8 +201,9 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not Path("/proc").exists(), reason="reads processes from /proc")
 def test_ranks_die_with_their_launcher_and_keep_their_losses(tmp_path):
-    """One launcher killed with SIGTERM, another with SIGKILL; both run at once (each pays ~8 s of
-    imports before its ranks exist: in series they were the suite's slowest test)."""
+    """One launcher killed with SIGTERM, another with SIGKILL; both run at once. Each launcher is a
+    `paraplan train` forked from the warm process (tests/paraplan_process.py: start_paraplan), its
+    ranks' forkserver its own child as a fresh one would be."""
     # was: both ranks trained on as orphans for minutes after the launcher was killed
     import signal
     import time
@@ -212,27 +211,27 @@ def test_ranks_die_with_their_launcher_and_keep_their_losses(tmp_path):
     plan_path = tmp_path / "plan.json"
     write_plan(GPT2_2, plan_path)
     runs = {sig: tmp_path / f"run-{sig}" for sig in ("SIGTERM", "SIGKILL")}
-    procs = {sig: subprocess.Popen([sys.executable, "-m", "paraplan", "train", "--plan", str(plan_path), "--steps",
-                                    "100000", "--out-dir", str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, env=ENV) for sig, run in runs.items()}
-    ranks, errors = {}, {}
+    procs = {sig: start_paraplan("train", "--plan", plan_path, "--steps", "100000", "--out-dir", run, env=ENV)
+             for sig, run in runs.items()}
+    ranks, done = {}, {}
     try:
         deadline = time.time() + 180
         for sig, proc in procs.items():
             run = runs[sig]
             while not ((run / "losses.json").exists() and json.loads((run / "losses.json").read_text())):
-                assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() else "timeout"
+                assert proc.poll() is None and time.time() < deadline, proc.wait(1).stderr if proc.poll() else "timeout"
                 time.sleep(0.5)
             ranks[sig] = _children(proc.pid)
             assert ranks[sig], "no rank processes found"
-            proc.send_signal(getattr(signal, sig))
+            os.kill(proc.pid, getattr(signal, sig))
         for sig, proc in procs.items():
-            errors[sig] = proc.communicate(timeout=60)[1]
+            done[sig] = proc.wait(timeout=60)
     finally:
         for proc in procs.values():
             if proc.poll() is None:
-                proc.kill()
-    assert procs["SIGTERM"].returncode == 143 and errors["SIGTERM"].strip() == "paraplan: terminated", errors
+                os.kill(proc.pid, signal.SIGKILL)
+    errors = {sig: d.stderr for sig, d in done.items()}
+    assert done["SIGTERM"].returncode == 143 and errors["SIGTERM"].strip() == "paraplan: terminated", errors
     for sig in procs:
         deadline = time.time() + 30
         while any(_alive(p) for p in ranks[sig]) and time.time() < deadline:

@@ -49,14 +49,15 @@ def _spare_rank_server() -> None:
 
     Now, before the command has run anything, this process is what a fresh rank server is once its
     preloads are in: the warm server's copy (PRELOAD holds the ranks' modules; its heap frozen by
-    paraplan.system.warm_heap), no kernel run, one thread. So a spare copy is forked here and waits;
-    if the command starts its forkserver, multiprocessing's ensure_running hands the spare the
-    listening socket and the alive pipe it would have passed a fresh one, and the spare serves
-    (multiprocessing.forkserver.main, as the fresh one runs it); a command that never launches
-    leaves, and the spare reads the end of its socket and goes. Later servers start as usual."""
+    paraplan.system.warm_heap), no kernel run, one thread. So a spare copy is forked here and waits.
+    If the command starts its forkserver, multiprocessing's own ensure_running does everything as
+    usual but the spawn: the listening socket and the alive pipe it passes the new interpreter go to
+    the spare, which serves (multiprocessing.forkserver.main, as the fresh one runs it). A command
+    that never launches leaves, and the spare reads the end of its socket and goes. Later servers
+    (a dead one replaced) and every other spawn (the resource tracker) start as usual."""
     import multiprocessing.forkserver as forkserver
     import socket
-    from multiprocessing import connection, reduction, resource_tracker, util
+    from multiprocessing import reduction, util
 
     ours, spare_end = socket.socketpair(socket.AF_UNIX)
     pid = os.fork()
@@ -72,30 +73,17 @@ def _spare_rank_server() -> None:
         finally:
             os._exit(0)
     spare_end.close()
-    server = forkserver._forkserver
-    fresh = type(server).ensure_running
+    spawn_fresh = util.spawnv_passfds
 
-    def ensure_running() -> None:
-        server.ensure_running = lambda: fresh(server)  # once: later calls (a dead spare replaced) as usual
-        if server._forkserver_pid is not None:
-            return fresh(server)
-        with server._lock:
-            resource_tracker.ensure_running()
-            with socket.socket(socket.AF_UNIX) as listener:  # as ensure_running binds it
-                address = connection.arbitrary_address("AF_UNIX")
-                listener.bind(address)
-                if not util.is_abstract_socket_namespace(address):
-                    os.chmod(address, 0o600)
-                listener.listen()
-                alive_r, alive_w = os.pipe()
-                try:
-                    reduction.sendfds(ours, [listener.fileno(), alive_r])
-                finally:
-                    os.close(alive_r)
-                    ours.close()
-            server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
+    def spawn(path, args, passfds):
+        if "multiprocessing.forkserver import main" not in args[-1]:
+            return spawn_fresh(path, args, passfds)
+        util.spawnv_passfds = spawn_fresh  # once
+        reduction.sendfds(ours, list(passfds))  # [the listening socket, the alive pipe's read end]
+        ours.close()
+        return pid
 
-    server.ensure_running = ensure_running
+    util.spawnv_passfds = spawn
 
 
 def _child(args: list[str], cwd: str, env: dict, out_path: str, err_path: str, script: str | None = None,

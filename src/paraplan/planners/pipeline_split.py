@@ -114,19 +114,23 @@ def build_problem(cm: CostModel, batch: int, n_stages: int, max_micro: int | Non
 
 
 def _shared_rows(made: dict, cm: CostModel, batch: int, ps, device: int) -> dict[str, np.ndarray]:
-    n = cm.cluster.n_devices
-    key = (cm.cluster.device(device).name, cm.cluster.link(min(device, n - 2), min(device, n - 2) + 1) if n > 1 else None)
+    key = (cm.cluster.device(device).name, _link_out(cm, device))
     if key not in made:
         made[key] = _time_rows(cm, batch, ps, device)
     return made[key]
 
 
-def _time_rows(cm: CostModel, batch: int, ps, device: int) -> dict[str, np.ndarray]:
-    """The time functions of `device` and its link to the next (the one before for the last
-    device, whose stage sends nothing), one row per micro-batch count."""
-    costs = cm.compute(device)
+def _link_out(cm: CostModel, device: int):
+    """`device`'s link to the next (the one before for the last device, whose stage sends nothing)."""
     n = cm.cluster.n_devices
-    link = cm.cluster.link(min(device, n - 2), min(device, n - 2) + 1) if n > 1 else cm.cluster.nodes[0].intra_link
+    return cm.cluster.link(min(device, n - 2), min(device, n - 2) + 1) if n > 1 else cm.cluster.nodes[0].intra_link
+
+
+def _time_rows(cm: CostModel, batch: int, ps, device: int) -> dict[str, np.ndarray]:
+    """The time functions of `device` and its link to the next (`_link_out`), one row per
+    micro-batch count."""
+    costs = cm.compute(device)
+    link = _link_out(cm, device)
     rows = {"h_p": [], "h_m": [], "j_p": [], "j_m": []}
     for p in ps:
         micro = batch / p

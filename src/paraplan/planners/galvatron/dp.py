@@ -45,14 +45,17 @@ class StageSolution:
 
 @dataclass(frozen=True)
 class Table:
-    """Eq. (4)'s tables for every layer: tables[l][E, j] = C(l, E, j), with the class each layer's
-    best predecessor comes from (the strategy within the class is found again when backtracking)."""
+    """Eq. (4)'s tables for every layer, strategy-major: tables[l][j, E] = C(l, E, j) (column j of the
+    paper's table is row j here: each layer's per-class minimum then reads whole contiguous rows).
+    The back pointers (the class of layer l-1's strategy) are not kept: `backtrack` recomputes the one
+    it follows from layer l-1's row at E, the same argmin over the same sums."""
 
     tables: list
-    back_class: list  # [l][E', k]: the class of layer l-1's strategy, for layer l in class k with E' units left
-    classes: np.ndarray
+    classes: np.ndarray  # [S]: each row's layout class, sorted
+    starts: np.ndarray  # [K]: the first row of each class
+    trans: np.ndarray | None  # [L, K, K] (None: one class, no transformation cost)
     mem_units: np.ndarray
-    perm: np.ndarray | None = None  # the tables' column j is strategy perm[j] (columns sorted by class)
+    perm: np.ndarray  # row j of the tables is strategy perm[j] (rows sorted by class)
 
     @property
     def last(self) -> np.ndarray:
@@ -65,53 +68,60 @@ def dp_table(cost: np.ndarray, mem_units: np.ndarray, trans: np.ndarray | None, 
     >= 0. Strategies fall into layout classes (`classes` [S], default one class each): the
     transformation cost depends only on the classes, trans [L, K, K] (trans[l, a, b]: from layer
     l-1 in class a to layer l in class b; row 0 unused), or None for no transformation cost (then
-    all strategies form one class)."""
+    all strategies form one class). This loop is most of a Galvatron search: strategy-major rows,
+    the min-plus step over classes reduced along its first axis, and each layer's read of the
+    previous minima one gather through an index shared by layers of the same memory (the layers
+    of a transformer) take half the time of the [E, S] form with back pointers (same tables)."""
     n_layers, n_strat = cost.shape
     if trans is None:
         classes = np.zeros(n_strat, dtype=np.int64)
     classes = np.arange(n_strat) if classes is None else np.asarray(classes)
-    # columns sorted by class once, so each layer's per-class minimum reads contiguous columns
-    # instead of copying the table into class order (this loop is most of a Galvatron search)
     perm = np.argsort(classes, kind="stable")
     cost, mem_units, classes = cost[:, perm], mem_units[:, perm], classes[perm]
     starts = np.flatnonzero(np.r_[True, np.diff(classes) != 0])
-    energies = np.arange(budget + 1)[:, None]
-    column_class = (classes if trans is not None else np.zeros(n_strat, dtype=np.int64))[None, :]
-    table = np.where(energies >= mem_units[0][None, :], cost[0][None, :], INF)
-    tables, backs = [table], [None]
+    column_class = np.searchsorted(classes[starts], classes)  # each row's class as 0..K-1
+    n_class, width = len(starts), budget + 1
+    energies = np.arange(width)[None, :]
+    table = np.where(energies >= mem_units[0][:, None], cost[0][:, None], INF)  # [S, E]
+    tables = [table]
+    low = np.full(n_class * width + 1, INF)  # the minima per class and budget, then one inf to read past the start
+    gathers: dict[bytes, np.ndarray] = {}
     for layer in range(1, n_layers):
-        class_low = np.minimum.reduceat(table, starts, axis=1)  # [E, K]: the cheapest of each class
+        class_low = np.minimum.reduceat(table, starts, axis=0)  # [K, E]: the cheapest of each class
+        view = low[:-1].reshape(n_class, width)
         if trans is None:  # one class: the cheapest predecessor of any strategy
-            best = np.zeros((budget + 1, 1), dtype=np.int64)
-            low = class_low.min(axis=1, keepdims=True)
-        else:
-            total = class_low[:, :, None] + trans[layer][None, :, :]  # [E, from class, to class]
-            best = np.argmin(total, axis=1)  # [E, to class]
-            low = np.take_along_axis(total, best[:, None, :], axis=1)[:, 0, :]  # [E, to class]: one pass, not two
-        index = energies - mem_units[layer][None, :]
-        valid = index >= 0
-        # one gather straight from the [E, K] minima: column j reads its class at E - O(l, j)
-        table = np.where(valid, low[np.maximum(index, 0), column_class] + cost[layer][None, :], INF)
+            view[:] = class_low
+        else:  # [to class, E] = min over from class of C + R
+            np.min(class_low[:, None, :] + trans[layer][:, :, None], axis=0, out=view)
+        key = mem_units[layer].tobytes()
+        if key not in gathers:  # row j at E reads its class at E - O(l, j); below 0, the inf
+            index = energies - mem_units[layer][:, None]
+            gathers[key] = np.where(index >= 0, column_class[:, None] * width + index, n_class * width)
+        table = low[gathers[key]] + cost[layer][:, None]
         tables.append(table)
-        backs.append(best)  # the back pointer of column j at E is best[E - O(l, j), class j]
-    return Table(tables, backs, classes if trans is not None else np.zeros(n_strat, dtype=np.int64), mem_units, perm)
+    return Table(tables, column_class, starts, None if trans is None else np.asarray(trans), mem_units, perm)
 
 
 def backtrack(t: Table, energy: int) -> tuple[float, tuple[int, ...]]:
-    """The cheapest strategies within `energy` units (cost inf: none)."""
-    j = int(np.argmin(t.last[energy]))
-    cost = float(t.last[energy, j])
+    """The cheapest strategies within `energy` units (cost inf: none). Each layer's predecessor class
+    is the argmin eq. (4) took (recomputed from the previous layer's row), then the cheapest of its
+    strategies there."""
+    j = int(np.argmin(t.last[:, energy]))
+    cost = float(t.last[j, energy])
     if not np.isfinite(cost):
         return INF, ()
     choice = [j]
     for layer in range(len(t.tables) - 1, 0, -1):
         energy -= int(t.mem_units[layer, j])
-        k = int(t.back_class[layer][energy, t.classes[j]])
-        members = np.flatnonzero(t.classes == k)
-        j = int(members[np.argmin(t.tables[layer - 1][energy, members])])
+        previous = t.tables[layer - 1][:, energy]
+        if t.trans is None:
+            k = 0
+        else:
+            k = int(np.argmin(np.minimum.reduceat(previous, t.starts) + t.trans[layer][:, t.classes[j]]))
+        members = np.arange(t.starts[k], t.starts[k + 1] if k + 1 < len(t.starts) else len(previous))
+        j = int(members[np.argmin(previous[members])])
         choice.append(j)
-    perm = t.perm if t.perm is not None else np.arange(t.mem_units.shape[1])
-    return cost, tuple(int(perm[j]) for j in reversed(choice))
+    return cost, tuple(int(t.perm[j]) for j in reversed(choice))
 
 
 def search_stage(cost: np.ndarray, forward_bytes: np.ndarray, backward_bytes: np.ndarray, trans: np.ndarray | None,

@@ -155,3 +155,32 @@ def test_a_row_too_large_to_time_that_does_not_fit_keeps_its_memory_verdict(monk
     roomy = workload("gpt2-tiny", "galvatron-8xtitan", batch=64)
     fits = auto._row("even", make_plan(roomy.request, "even", predict=False), roomy.request.costs, 0.0)
     assert fits.status == "ok" and fits.iteration_s is not None
+
+
+def test_a_planner_of_few_devices_is_skipped_where_their_least_work_outlasts_a_plan_found():
+    """Bi-Partition and PipeDream's layer-wise partition run one worker a device (at most 2L and L):
+    before either starts, a plan already found that is faster than their devices' least work alone
+    (planners/skips.py) skips it, its reason in the row; the bound holds for the plan it would have made."""
+    from paraplan.planners.auto import Row
+    from paraplan.planners.bound import lower_bound
+    from paraplan.planners.skips import cannot_beat
+
+    w = workload("gpt2-tiny", "dgx-a100-80gb?nodes=8", batch=64)
+    n_layers = w.request.n_layers
+    assert 2 * n_layers < 64  # the method cannot use every device here
+    bound = lower_bound(w.costs, 64)
+    least = bound.work_s / (2 * n_layers)
+    fast = Row(planner="megatron-grid", status="ok", iteration_s=0.9 * least)
+    slow = Row(planner="megatron-grid", status="ok", iteration_s=1.1 * least)
+    unfit = Row(planner="dp", status="infeasible", iteration_s=0.1 * least)
+    reason = cannot_beat("bipartition", w.request, bound, [slow, fast, unfit])
+    assert reason.startswith(f"cannot beat megatron-grid's plan ({0.9 * least:.4g} s): its plans use at most "
+                             f"{2 * n_layers} of the 64 devices") and "\n" not in reason
+    assert cannot_beat("bipartition", w.request, bound, [slow, unfit]) is None  # it might still win
+    assert cannot_beat("bipartition", w.request, bound, []) is None  # nothing to beat yet
+    assert cannot_beat("pipedream-layerwise", w.request, bound, [slow]) is not None  # L devices: 2x the work each
+    assert cannot_beat("megatron-grid", w.request, bound, [fast]) is None  # every device: never skipped so
+    for name, n in (("bipartition", 2 * n_layers), ("pipedream-layerwise", n_layers)):
+        plan = make_plan(w.request, name)
+        assert len(set(plan.devices)) <= n
+        assert plan.prediction.iteration_s >= bound.work_s / n

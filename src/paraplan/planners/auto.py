@@ -26,6 +26,7 @@ from paraplan.planners.bound import LowerBound, lower_bound
 from paraplan.planners.plan_shape import describe
 from paraplan.planners.registry import PLANNERS, alike_note, idle_kinds, make_plan, planner, planner_names
 from paraplan.planners.request import PlanRequest
+from paraplan.planners.skips import cannot_beat, skip_reason
 from paraplan.plans.plan import Plan, SearchInfo
 from paraplan.simulator.time_split import TimeSplit
 
@@ -93,19 +94,6 @@ def no_plan_reason(result: Comparison, time_limit_s: float | None = None) -> str
         return (f"no plan within the time limit{limit}: {len(timed_out)} planner{'s' if len(timed_out) != 1 else ''} "
                 f"timed out ({', '.join(timed_out)}){others}; raise --time-limit")
     return "no planner found a plan that fits" + (f"; {fastest}" if fastest else "")
-
-
-def skip_reason(name: str, request: PlanRequest, time_limit_s: float = 60.0) -> str | None:
-    """Why a planner does not take part (None: it does): left out of comparisons, missing what it
-    needs, or out of its method's reach (PlannerSpec.reach) within the comparison's time limit."""
-    spec = planner(name)
-    if spec.not_compared:
-        return spec.not_compared
-    if spec.needs_operators and request.costs.operators is None:
-        return "needs the model's operator graph, which could not be traced"
-    if request.schedule not in (None, "best") and request.schedule not in spec.schedules:
-        return f"does not plan {request.schedule}"
-    return spec.reach(request, time_limit_s) if spec.reach is not None else None
 
 
 # what a planner still needs once stopped (simulate its best plan so far, send the row): its own
@@ -294,8 +282,9 @@ def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_
     # what exists now set aside by the collector while the comparison runs, here and in every planner's
     # process forked from here (full collections scanned the whole heap); given back after
     gc.freeze()
+    bound = lower_bound(request.costs, request.batch)  # also what a planner of a few devices must beat (skips.py)
     try:
-        _run_all(todo, running, rows, request, jobs, ctx, time_limit_s, on_row, frozenset(todo), on_progress)
+        _run_all(todo, running, rows, request, jobs, ctx, time_limit_s, on_row, frozenset(todo), on_progress, bound)
     finally:  # interrupted (or failed): no planner process outlives the comparison
         gc.unfreeze()
         for proc, conn, *_ in running.values():
@@ -305,7 +294,7 @@ def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_
     ordered = tuple(rows[n] for n in names)
     feasible = sorted((r for r in ordered if r.status == "ok"), key=lambda r: (r.iteration_s, r.planner))
     return Comparison(rows=ordered, best=feasible[0].planner if feasible else None,
-                      bound=lower_bound(request.costs, request.batch), wall_s=time.perf_counter() - t0)
+                      bound=bound, wall_s=time.perf_counter() - t0)
 
 
 def _request_for(name: str, request: PlanRequest, compared: frozenset) -> PlanRequest:
@@ -320,12 +309,19 @@ def _request_for(name: str, request: PlanRequest, compared: frozenset) -> PlanRe
 
 
 def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: int, ctx, time_limit_s: float,
-             on_row, names: frozenset, on_progress=None) -> None:
-    """Start planners while fewer than `jobs` run, collect each one's row (or its time-out)."""
+             on_row, names: frozenset, on_progress=None, bound: LowerBound | None = None) -> None:
+    """Start planners while fewer than `jobs` run, collect each one's row (or its time-out); one that
+    cannot beat a plan found already (planners/skips.py, under `bound`) is skipped."""
     deadline = time.perf_counter() + time_limit_s
     while todo or running:
         while todo and len(running) < jobs:
             name = todo.pop(0)
+            beaten = cannot_beat(name, request, bound, rows.values()) if bound is not None else None
+            if beaten is not None:
+                rows[name] = Row(planner=name, status="skipped", reason=beaten)
+                if on_row:
+                    on_row(rows[name])
+                continue
             # what the planner may take: up to the comparison's deadline, less the time to simulate
             # its best plan so far and send it back
             allowed = deadline - time.perf_counter() - min(STOP_MARGIN_S, 0.1 * time_limit_s)
@@ -344,14 +340,11 @@ def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: 
             proc = ctx.Process(target=_run_one, args=(name, _request_for(name, request, names), child, allowed,
                                                       time_limit_s, tuple((r, _request_for(r, request, names))
                                                                           for r in riders)), daemon=True)
-            # Ctrl-C reaches the whole foreground group: the parent says "interrupted" once and
-            # ends the children (compare's finally); a child that took it would print a
-            # KeyboardInterrupt traceback. SIGINT is blocked across the fork (the child inherits
-            # the mask and ignores it before unblocking: `_run_one`); the parent's pending one,
-            # if any, arrives as the mask is restored.
-            # (the mask is read first and restored in the finally whatever happens: pthread_sigmask
-            # runs pending handlers once the mask is set, so an exception there must not leave SIGINT
-            # blocked in this process, and in every process it starts after)
+            # Ctrl-C reaches the whole foreground group: the parent says "interrupted" once and ends the
+            # children (compare's finally); a child that took it would print a KeyboardInterrupt traceback.
+            # SIGINT is blocked across the fork (the child ignores it before unblocking: `_run_one`); the
+            # mask is read first and restored in the finally whatever happens (pthread_sigmask runs pending
+            # handlers once set: an exception there must not leave SIGINT blocked here and in later children)
             was_blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
             try:
                 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

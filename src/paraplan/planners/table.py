@@ -46,6 +46,10 @@ class PlannerSpec:
     # under the same time limit: the two share their searches' work (Galvatron-Base's search is
     # BMW's on the even partitions: planners/galvatron/searcher.py `_shared`) and its judgements
     rides_with: str = ""
+    # request -> the most devices any of its plans uses (None: every device); below the cluster's, the
+    # comparison skips it where that many devices' least work alone outlasts a plan already found
+    # (planners/device_cap.py)
+    most_devices: Callable[[object], int] | None = None
 
 
 PLANNERS: dict[str, PlannerSpec] = {}
@@ -55,9 +59,9 @@ def register(name: str, summary: str, schedules=(Schedule.GPIPE,), options: Mapp
              needs_operators: bool = False, *, slow: int = 0, not_compared: str = "",
              in_comparison: Callable[[dict, frozenset], dict] | None = None, expert_parallel: bool = False,
              reach: Callable[[object, float], str | None] | None = None, alike_devices: bool = False,
-             rides_with: str = ""):
+             rides_with: str = "", most_devices: Callable[[object], int] | None = None):
     """Decorator: add a planner function to the table under `name` (`slow`, `not_compared`,
-    `in_comparison`, `rides_with`: how `--planner auto` runs it; `expert_parallel`: PlannerSpec)."""
+    `in_comparison`, `rides_with`, `most_devices`: how `--planner auto` runs it; `expert_parallel`: PlannerSpec)."""
 
     def add(fn: PlannerFn) -> PlannerFn:
         if name in PLANNERS:
@@ -65,7 +69,7 @@ def register(name: str, summary: str, schedules=(Schedule.GPIPE,), options: Mapp
         # "best": the planner also chooses the schedule (planners/request.py: BEST_SCHEDULE)
         PLANNERS[name] = PlannerSpec(name, fn, summary, tuple(s if s == "best" else Schedule(s) for s in schedules),
                                      dict(options or {}), needs_operators, slow, not_compared, in_comparison,
-                                     expert_parallel, reach, alike_devices, rides_with)
+                                     expert_parallel, reach, alike_devices, rides_with, most_devices)
         return fn
 
     return add

@@ -364,13 +364,19 @@ _MODE = {"mode": OptionSpec("runtime", "runtime: cost split layers as paraplan t
                                        "sent; cannot run in PyTorch)", one_of("mode", MODES))}
 
 
+def _most_devices(layerwise: bool):
+    """The most devices a plan uses (PlannerSpec.most_devices): one worker a device, at most the
+    request's stages and what the layers keep busy (`_worker_limit`)."""
+    return lambda request: min(request.n_stages or request.n_devices, most_workers(request.n_layers, layerwise=layerwise))
+
+
 @register("bipartition", "Bi-Partition: separate forward and backward ranges per worker (1F1B)", schedules=("1f1b",),
-          options=_MODE, slow=13)
+          options=_MODE, slow=13, most_devices=_most_devices(False))
 def _bipartition(request: PlanRequest, options: dict, judge: Judge) -> Plan:
     return plan_bipartition(request, judge, mode=options.get("mode", "runtime"))[0]
 
 
 @register("pipedream-layerwise", "PipeDream's layer-wise partition (Bi-Partition's baseline, 1F1B)",
-          schedules=("1f1b",), slow=12)
+          schedules=("1f1b",), slow=12, most_devices=_most_devices(True))
 def _layerwise(request: PlanRequest, options: dict, judge: Judge) -> Plan:
     return plan_bipartition(request, judge, layerwise=True)[0]

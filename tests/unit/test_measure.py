@@ -98,3 +98,40 @@ def test_blocks_differing_only_in_their_drop_rate_are_measured_once(monkeypatch)
     calls.clear()
     assert measure.measure_layers(layers(), inputs) == spec
     assert len(calls) == 2 * 6
+
+
+SMALL_LLAMA = ("hf:llama?hidden_size=1024&intermediate_size=2816&num_hidden_layers=2&num_attention_heads=8"
+               "&num_key_value_heads=8&vocab_size=1000&max_position_embeddings=512&seq_len=512")
+
+
+def _passes(spec):
+    return [(layer.forward_inventory, layer.backward_inventory) for layer in spec.layers]
+
+
+def test_a_model_measured_twice_measures_the_same_and_keeps_no_gradient():
+    """Each layer's backward runs on its own: a gradient left on a parameter made the next batch
+    size's backward accumulate into it, kernels the first did not run, and a second measurement of
+    the same model differ from the first."""
+    from paraplan.models.source import build
+
+    built = build(SMALL_LLAMA)
+    first = measure.measure(built, precision="bf16")
+    assert all(p.grad is None for p in built.module.parameters())
+    again = measure.measure(built, precision="bf16")
+    assert again == first and _passes(again) == _passes(first)
+    assert all(f is not None and b is not None for f, b in _passes(first))
+
+
+def test_a_bf16_blocks_backward_casts_its_weight_gradients_as_its_batch_independent_traffic():
+    """Under autocast a linear's bf16 weight gradient is cast to the fp32 parameter's (2 bytes read, 4
+    written a parameter): the block's backward memory-bound traffic that does not grow with the batch
+    is that, and little else. Memory-bound kernels are paired across the two batch sizes by op and
+    tensor shapes (models/op_inventory.py): paired by bytes alone, an fp32 add at batch 2 (12 bytes an
+    element) took a bf16 cast at batch 4 (6 bytes an element) for the same kernel and counted it as
+    batch-independent (4x the casts here)."""
+    from paraplan.models.source import build
+
+    spec = measure.measure(build(SMALL_LLAMA), precision="bf16")
+    block = next(layer for layer in spec.layers if layer.kind == "block")
+    fixed = sum(op.nbytes.fixed * op.count for op in block.backward_inventory.memory_ops)
+    assert 6 * block.param_count <= fixed <= 6.5 * block.param_count

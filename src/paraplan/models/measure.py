@@ -121,6 +121,11 @@ def _measure_once(layer: nn.Module, x, params: set[int], compute_dtype: torch.dt
     with FlopCounterMode(display=False) as bwd_flops, bwd_kernels, bwd_inventory:
         if outputs:
             torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
+    # each measurement on its own: gradients left on the parameters would make the next batch size's
+    # backward accumulate into them, running ops this one did not (fit_pass then averages the two
+    # inventories and loses the batch-independent bytes: a bf16 weight's fp32 gradient cast)
+    for p in layer.parameters():
+        p.grad = None
     stats = {
         "fwd_flops": fwd_flops.get_total_flops(),
         "bwd_flops": bwd_flops.get_total_flops(),

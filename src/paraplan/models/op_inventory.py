@@ -69,12 +69,35 @@ class OpInventory(TorchDispatchMode):
         flop_fn = flop_registry.get(func._overloadpacket)
         if flop_fn is not None:
             self.entries.append(("other", float(flop_fn(*args, **kwargs, out_val=out)), moved))
-        elif moved:
-            self.entries.append(("memory", moved))
+        elif moved:  # with the op and its tensors' shapes and types, to pair it across batch sizes (`_paired`)
+            self.entries.append(("memory", moved, (name, _signature(args), _signature(out))))
         return out
 
     def record_attention(self, flops: float, nbytes: float) -> None:
         self.entries.append(("attention", flops, nbytes))
+
+
+def _signature(value) -> tuple:
+    """The shapes and types of the tensors in `value` (a tensor, or a list or tuple of them and others)."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return ((tuple(value.shape), str(value.dtype)),)
+    if isinstance(value, (list, tuple)):
+        return tuple(x for v in value for x in _signature(v))
+    return ()
+
+
+def _scaled(small: tuple, large: tuple, ratio: float) -> bool:
+    """Whether memory entry `large` is entry `small`'s op at the larger batch: the same op on tensors
+    of the same types and ranks, each dimension the same or `ratio` times it (the batch's)."""
+    (name, args, out), (name2, args2, out2) = small[2], large[2]
+    if name != name2 or len(args) != len(args2) or len(out) != len(out2):
+        return False
+    dims = []
+    for (shape, dtype), (shape2, dtype2) in zip(args + out, args2 + out2, strict=True):
+        if dtype != dtype2 or len(shape) != len(shape2):
+            return False
+        dims += list(zip(shape, shape2, strict=True))
+    return all(b in (a, a * ratio) for a, b in dims) and any(b != a for a, b in dims)
 
 
 def _affine(small: float, large: float, batches: tuple[int, int]) -> Affine:
@@ -86,10 +109,13 @@ def _affine(small: float, large: float, batches: tuple[int, int]) -> Affine:
 def _paired(small: list[tuple], large: list[tuple], ratio: float) -> list[tuple[tuple, tuple]]:
     """The entries of one class at the two batch sizes, paired. The autograd engine may run a
     backward's independent branches in another order at another batch size, so pairs are not taken
-    by position: entries equal at both sizes (what does not depend on the batch) pair first; a GEMM
-    then pairs with one whose dimensions are its own with one of them times `ratio` (the batch
-    sizes' ratio: the dimension that holds the batch); what is left pairs in order of size (what
-    scales with the batch scales by the same factor, so the order holds)."""
+    by position: entries equal at both sizes (what does not depend on the batch; a memory-bound op
+    equal in its op, shapes and types too, not in its bytes alone: a float32 add at batch 2 moves as
+    many bytes as a bfloat16 cast at batch 4) pair first; a GEMM then pairs with one whose dimensions
+    are its own with one of them times `ratio` (the batch sizes' ratio: the dimension that holds the
+    batch), a memory-bound op with the same op on tensors of the same types whose dimensions are its
+    own or `ratio` times them; what is left pairs in order of size (what scales with the batch scales
+    by the same factor, so the order holds)."""
     rest = list(large)
     pairs, unmatched = [], []
     for entry in small:
@@ -107,6 +133,8 @@ def _paired(small: list[tuple], large: list[tuple], ratio: float) -> list[tuple[
                 if candidate[5] == entry[5] and len(scaled) == 1 and candidate[scaled[0]] == entry[scaled[0]] * ratio:
                     match = candidate
                     break
+        elif entry[0] == "memory":
+            match = next((c for c in rest if _scaled(entry, c, ratio)), None)
         if match is None:
             left.append(entry)
         else:
@@ -114,7 +142,7 @@ def _paired(small: list[tuple], large: list[tuple], ratio: float) -> list[tuple[
             pairs.append((entry, match))
 
     def size(e: tuple):
-        return (e[-1], e[1] * e[2] * e[3] * e[4], e[1:]) if e[0] == "gemm" else e[1:]
+        return (e[-1], e[1] * e[2] * e[3] * e[4], e[1:]) if e[0] == "gemm" else (e[1], repr(e[2:]))
 
     pairs += list(zip(sorted(left, key=size), sorted(rest, key=size), strict=True))
     return pairs

@@ -85,8 +85,8 @@ def test_on_a_mixed_cluster_the_plan_is_judged_and_may_widen_a_stage():
 
 def test_a_faster_replica_takes_more_of_the_batch_and_the_step_is_shorter():
     """Issue 52 item 3 on the A100 + V100 preset: GPT-2 large, batch 512, data parallel over all 16
-    devices. Even rows leave the A100s idle while the V100s compute (busy 206 against 387 ms, 2026-11-29);
-    rows by each device's speed (about 21:11) balance them and shorten the step (892 -> 790 ms)."""
+    devices. Even rows leave the A100s idle while the V100s compute (busy 98 against 200 ms, 2026-11-29);
+    rows by each device's speed (about 43:21) balance them and shorten the step (705 -> 659 ms)."""
     from paraplan.planners.stage_shares import speed_shares
     from paraplan.plans.plan import LayerRange, Plan, Stage
     from paraplan.simulator.predict import simulate_plan

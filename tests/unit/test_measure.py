@@ -83,7 +83,7 @@ def test_blocks_differing_only_in_their_drop_rate_are_measured_once(monkeypatch)
     """Stochastic depth gives each block its own drop rate (Swin-H's 32 blocks, 0 to 0.1); on meta a
     rate changes no shape and no op (zero skips the op), so such blocks measure alike: once per kind,
     and the spec equals measuring every block on its own."""
-    def layers():  # built anew for each measurement (a measured layer keeps its parameters' gradients)
+    def layers():  # built anew for each measurement
         with torch.device("meta"):
             return measure.decompose(nn.Sequential(
                 nn.Flatten(), *[nn.Sequential(nn.Linear(16, 16), nn.Dropout(p)) for p in (0.0, 0.01, 0.02, 0.03, 0.04)]))

@@ -309,14 +309,14 @@ def _request_for(name: str, request: PlanRequest, compared: frozenset) -> PlanRe
 
 
 def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: int, ctx, time_limit_s: float,
-             on_row, names: frozenset, on_progress=None, bound: LowerBound | None = None) -> None:
+             on_row, names: frozenset, on_progress, bound: LowerBound) -> None:
     """Start planners while fewer than `jobs` run, collect each one's row (or its time-out); one that
     cannot beat a plan found already (planners/skips.py, under `bound`) is skipped."""
     deadline = time.perf_counter() + time_limit_s
     while todo or running:
         while todo and len(running) < jobs:
             name = todo.pop(0)
-            beaten = cannot_beat(name, request, bound, rows.values()) if bound is not None else None
+            beaten = cannot_beat(name, request, bound, rows.values())
             if beaten is not None:
                 rows[name] = Row(planner=name, status="skipped", reason=beaten)
                 if on_row:

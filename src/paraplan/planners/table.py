@@ -48,7 +48,7 @@ class PlannerSpec:
     rides_with: str = ""
     # request -> the most devices any of its plans uses (None: every device); below the cluster's, the
     # comparison skips it where that many devices' least work alone outlasts a plan already found
-    # (planners/device_cap.py)
+    # (planners/skips.py: cannot_beat)
     most_devices: Callable[[object], int] | None = None
 
 

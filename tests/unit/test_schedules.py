@@ -5,7 +5,7 @@ order in their constructor), and against the papers' closed forms on the simulat
 import pytest
 import torch.distributed.pipelining.schedules as torch_schedules
 
-from paraplan.plans import schedules
+from paraplan.plans import live_peak, schedules
 from paraplan.plans.schedules import Schedule
 
 TORCH_CLASS = {
@@ -97,7 +97,7 @@ def test_zb_2p_fills_the_bubbles_within_its_memory_limit(n_ranks, n_micro):
     fill is left, the last rank's first forward waiting (p - 1) T_F, as ZB-H2's parallelogram (Fig. 3);
     with a heavier input pass (T_I = 2 T_F) ZB-H1 idles (p - 1)(T_F + T_I - T_W) and ZB-2p the fill."""
     orders = schedules.rank_orders(Schedule.ZB_2P, n_ranks, 1, n_micro)
-    assert max(schedules.in_flight(o) for o in orders) <= 2 * n_ranks
+    assert max(live_peak.in_flight(o) for o in orders) <= 2 * n_ranks
     f = 1.0
     ideal = n_micro * 3 * f
     assert _simulated(Schedule.ZB_2P, n_ranks, 1, n_micro, f, 2 * f, f) == pytest.approx(ideal + (n_ranks - 1) * f)
@@ -174,18 +174,18 @@ def test_the_first_ranks_activations_are_korthikantis(n_ranks, virtual, n_micro)
     stage-sized micro-batches (Korthikanti et al. 2022 §4.2.3), where 1F1B keeps p."""
     order = schedules.rank_order(Schedule.INTERLEAVED_1F1B, n_ranks, virtual, n_micro, 0)
     chunk = 1.0 / virtual  # each chunk holds 1/v of the rank's layers
-    peak = schedules.live_peak(order, {s: chunk for s in range(0, n_ranks * virtual, n_ranks)}).bytes
+    peak = live_peak.live_peak(order, {s: chunk for s in range(0, n_ranks * virtual, n_ranks)}).bytes
     assert peak == pytest.approx(n_ranks * (1 + (n_ranks - 1) / (n_ranks * virtual)))
     one_f_one_b = schedules.rank_order(Schedule.ONE_F_ONE_B, n_ranks, 1, n_micro, 0)
-    assert schedules.in_flight(one_f_one_b) == n_ranks
+    assert live_peak.in_flight(one_f_one_b) == n_ranks
 
 
 def test_a_split_backward_holds_the_activations_until_its_weights_pass():
     # ZB-H1's last rank delays each W behind p - 1 input passes: it holds p micro-batches, as 1F1B's first does
     for p in (2, 4):
         last = schedules.rank_order(Schedule.INTERLEAVED_ZB, p, 1, 2 * p, p - 1)
-        assert schedules.in_flight(last) == p
-        assert schedules.in_flight(schedules.one_f_one_b(p, 2 * p, p - 1)) == 1
+        assert live_peak.in_flight(last) == p
+        assert live_peak.in_flight(schedules.one_f_one_b(p, 2 * p, p - 1)) == 1
 
 
 # ------------------------------------------------------------------ the same pipeline under every schedule
@@ -266,3 +266,53 @@ def test_a_multi_chunk_plan_round_trips_through_its_file(tmp_path):
     back = read_plan(tmp_path / "p.json")
     assert back.schedule == "zbv" and back.virtual_stages == 2 and back.rank_of_stage == (0, 1, 1, 0)
     assert back.devices == (0, 1) and back.n_ranks == 2 and back.stages == plan.stages
+
+
+def _summed_peak(order, per_micro, extra, units):
+    """live_peak as first written: every stage summed at every action (the reference for its running sum)."""
+    live, waiting = dict.fromkeys(per_micro, 0), dict.fromkeys(per_micro, 0)
+    passes = {s: sum(1 for a in order if a.stage == s and a.computation in ("B", "W")) for s in per_micro}
+    done, gathered = dict.fromkeys(per_micro, 0), dict.fromkeys(per_micro, False)
+    best = live_peak.LivePeak(0.0, dict(live), dict(waiting), {s: (False, False) for s in per_micro})
+    for a in order:
+        s = a.stage
+        live[s] += {"F": 1, "I": 0}.get(a.computation, -1)
+        waiting[s] += {"I": 1, "W": -1}.get(a.computation, 0)
+        done[s] += a.computation in ("B", "W")
+        gathered[s] = gathered[s] or a.computation == "F"
+        running = s if a.computation in ("B", "W") else None
+        state = {t: (t == running or (gathered[t] and done[t] < passes[t]), t == running or 0 < done[t] < passes[t])
+                 for t in live}
+        held = sum(live[t] * per_micro[t] + waiting[t] * extra.get(t, 0.0) for t in live) + sum(
+            units.get(t, (0.0, 0.0))[0] * state[t][0] + units.get(t, (0.0, 0.0))[1] * state[t][1] for t in live)
+        if held > best.bytes:
+            best = live_peak.LivePeak(held, dict(live), dict(waiting), state)
+    return best
+
+
+def test_the_running_peak_is_the_sum_over_stages_at_every_action():
+    """live_peak keeps a running sum and sums the stages again only near the peak: the same bytes and
+    the same moment (the first of the most bytes, ties included) as summing every stage at every action,
+    on every multi-stage schedule with random and with tied byte counts."""
+    import random
+
+    rng = random.Random(7)
+    kinds = [Schedule.INTERLEAVED_1F1B, Schedule.INTERLEAVED_ZB, Schedule.LOOPED_BFS, Schedule.ZBV,
+             Schedule.DUALPIPE_V, Schedule.ONE_F_ONE_B, Schedule.GPIPE]
+    checked = 0
+    for _ in range(400):
+        kind, p = rng.choice(kinds), rng.choice([2, 3, 4])
+        virtual = 2 if kind in (Schedule.ZBV, Schedule.DUALPIPE_V) else (
+            rng.choice([2, 3]) if kind in (Schedule.INTERLEAVED_1F1B, Schedule.INTERLEAVED_ZB, Schedule.LOOPED_BFS) else 1)
+        n_micro = rng.choice([2, 4, 8]) * p
+        order = schedules.rank_order(kind, p, virtual, n_micro, rng.randrange(p))
+        stages = sorted({a.stage for a in order})
+
+        def value():
+            return rng.choice([1.0, 3.0, 0.0, rng.uniform(0, 1e10)])
+        per_micro = {s: value() for s in stages}
+        extra = {s: value() for s in stages} if rng.random() < 0.5 else {}
+        units = {s: (value(), value()) for s in stages} if rng.random() < 0.5 else {}
+        assert live_peak.live_peak(order, per_micro, extra, units) == _summed_peak(order, per_micro, extra, units)
+        checked += 1
+    assert checked == 400

@@ -49,7 +49,7 @@ from paraplan.costs.expert_costs import held_params, sharded_params, stepped_par
 from paraplan.costs.memory_config import GIB, MemoryConfig
 from paraplan.costs.strategy import layer_memory, param_count
 from paraplan.models.spec import ModelSpec
-from paraplan.plans import schedules
+from paraplan.plans import live_peak, schedules
 from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import DeviceMemory, LayerStrategy, Plan
 from paraplan.plans.stage_widths import stage_rows
@@ -165,11 +165,11 @@ def micro_batches_in_flight(schedule: str, n_stages: int, stage: int, n_micro: i
     """Micro-batches whose activations wait on `stage` for their backward; `forward_stage` is where
     their forward ran when that is another stage (Bi-Partition). One chunk per rank; the kinds
     beyond GPipe and 1F1B (ZB-H1: interleaved-zb with one chunk) are counted on their order, a
-    split backward freeing them at its W (plans/schedules.py: in_flight)."""
+    split backward freeing them at its W (plans/live_peak.py: in_flight)."""
     if schedule == "gpipe":
         return n_micro
     if schedule not in ("1f1b", "async-1f1b"):
-        return schedules.in_flight(schedules.rank_order(schedule, n_stages, 1, n_micro, stage))
+        return live_peak.in_flight(schedules.rank_order(schedule, n_stages, 1, n_micro, stage))
     a = stage if forward_stage is None else forward_stage
     return max(1, min(n_micro, math.ceil(n_stages - (a + stage) / 2)))
 
@@ -352,7 +352,7 @@ def _rank_memory(plan: Plan, model: ModelSpec, rank: int, stages: list[int], con
                  device_kind: str | None) -> MemoryBreakdown:
     """A pipeline rank holding several stages (interleaved and V-shaped schedules), or running a
     split backward: the states of all its stages, and the activations at the moment of the rank's
-    order when the micro-batches they hold weigh the most (plans/schedules.py: live_peak; the
+    order when the micro-batches they hold weigh the most (plans/live_peak.py: live_peak; the
     stages' peaks need not coincide). A split backward (I, then W) keeps a micro-batch's saved
     tensors until its W, and from its I also the gradients its W starts from (torch's
     `stage_backward_input` retains the graph and those gradients: LayerSpec.weight_grad_input_bytes)."""
@@ -367,7 +367,7 @@ def _rank_memory(plan: Plan, model: ModelSpec, rank: int, stages: list[int], con
                           for i in plan.stages[s].backward) * config.activation_scale
                    for s in stages} if plan.schedule in schedules.SPLIT_BACKWARD else {}
     order = schedules.rank_order(plan.schedule, plan.n_ranks, plan.virtual_stages, plan.n_micro, rank)
-    peak = schedules.live_peak(order, per_micro, for_weights,
+    peak = live_peak.live_peak(order, per_micro, for_weights,
                                {s: (one[s].kept_weight_bytes, one[s].kept_grad_bytes) for s in stages})
     held, waiting = peak.held, peak.waiting
     parts = [stage_memory(plan, model, s, config, device_kind, held[s], here) for s in stages]

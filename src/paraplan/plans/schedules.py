@@ -35,9 +35,9 @@ the dependencies, not the slots.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from enum import StrEnum
-from typing import NamedTuple
 
 from paraplan.plans.actions import Action, Computation, parse  # noqa: F401 (parse: schedules.parse for callers)
 from paraplan.plans.zero_bubble_auto import zb_2p
@@ -300,91 +300,30 @@ def _dualpipe_v(n_ranks: int, n_micro: int, rank: int) -> list[Action]:
     return order
 
 
-def rank_order(kind: str, n_ranks: int, virtual: int, n_micro: int, rank: int) -> list[Action]:
-    """Pipeline rank `rank`'s actions, in order, over all the stages it holds."""
+def rank_order(kind: str, n_ranks: int, virtual: int, n_micro: int, rank: int) -> tuple[Action, ...]:
+    """Pipeline rank `rank`'s actions, in order, over all the stages it holds (kept: a comparison
+    asks for the same orders of thousands of plans' memory and timelines)."""
+    return _rank_order(str(kind), n_ranks, virtual, n_micro, rank)
+
+
+@functools.lru_cache(maxsize=512)
+def _rank_order(kind: str, n_ranks: int, virtual: int, n_micro: int, rank: int) -> tuple[Action, ...]:
     if kind in ORDERS:
-        return ORDERS[Schedule(kind)](n_ranks, n_micro, rank)
+        return tuple(ORDERS[Schedule(kind)](n_ranks, n_micro, rank))
     if kind == Schedule.INTERLEAVED_1F1B:
-        return _interleaved(n_ranks, virtual, n_micro, rank, zero_bubble=False)
+        return tuple(_interleaved(n_ranks, virtual, n_micro, rank, zero_bubble=False))
     if kind == Schedule.INTERLEAVED_ZB:
-        return _interleaved(n_ranks, virtual, n_micro, rank, zero_bubble=True)
+        return tuple(_interleaved(n_ranks, virtual, n_micro, rank, zero_bubble=True))
     if kind == Schedule.LOOPED_BFS:
-        return _looped_bfs(n_ranks, virtual, n_micro, rank)
+        return tuple(_looped_bfs(n_ranks, virtual, n_micro, rank))
     if kind == Schedule.ZBV:
-        return _zbv(n_ranks, n_micro, rank)
+        return tuple(_zbv(n_ranks, n_micro, rank))
     if kind == Schedule.DUALPIPE_V:
-        return _dualpipe_v(n_ranks, n_micro, rank)
+        return tuple(_dualpipe_v(n_ranks, n_micro, rank))
     if kind == Schedule.ZB_2P:
-        return zb_2p(n_ranks, n_micro, rank)
+        return tuple(zb_2p(n_ranks, n_micro, rank))
     raise ValueError(f"no action order for schedule {kind!r}")
 
 
-def rank_orders(kind: str, n_ranks: int, virtual: int, n_micro: int) -> list[list[Action]]:
+def rank_orders(kind: str, n_ranks: int, virtual: int, n_micro: int) -> list[tuple[Action, ...]]:
     return [rank_order(kind, n_ranks, virtual, n_micro, r) for r in range(n_ranks)]
-
-
-def in_flight(order: list[Action]) -> int:
-    """The most micro-batches whose forward has run and whose backward has not, on one stage (or
-    summed over the stages of one rank). A split backward frees them at its W: torch's I keeps the
-    graph for W, and the zero-bubble paper's M_W, what W still needs, is most of a transformer
-    layer's M_B (Qi et al. 2024 Table 1: 32sbh of 34sbh + 5as^2b)."""
-    live = peak = 0
-    for action in order:
-        if action.computation == F:
-            live += 1
-        elif action.computation in (B, W):
-            live -= 1
-        peak = max(peak, live)
-    return peak
-
-
-class LivePeak(NamedTuple):
-    bytes: float  # the most bytes the rank's stages hold at once
-    held: dict[int, int]  # at that moment: micro-batches each stage holds
-    waiting: dict[int, int]  # ... and how many of them wait for their W
-    units: dict[int, tuple[bool, bool]]  # ... and whether each stage keeps its gathered weights, its gradients
-
-
-def live_peak(order: list[Action], per_micro: dict[int, float],
-              kept_for_weights: dict[int, float] | None = None,
-              units: dict[int, tuple[float, float]] | None = None) -> LivePeak:
-    """Walking one rank's order: the most bytes its stages hold at once, with `per_micro[stage]`
-    bytes kept from each micro-batch's forward to its backward (its W when split) and, with a split
-    backward, `kept_for_weights[stage]` more from its I to its W (the gradients W starts from);
-    and, at that moment, how many micro-batches each stage holds and how many of them wait for W.
-    `units[stage]` = (weights, gradients): FSDP under pipelining (torchtitan: reshard_after_forward
-    off with PP; torch.distributed.pipelining syncs and reshards a stage's FSDP units once, after
-    its last backward, its REDUCE_GRAD): the stage's gathered weights from its first forward, its
-    unsharded gradients from its first weight-gradient pass (B, or W when split), both until its
-    last one."""
-    extra = kept_for_weights or {}
-    spans = units or {}
-    live = {s: 0 for s in per_micro}
-    waiting = {s: 0 for s in per_micro}
-    weight_passes = {s: sum(1 for a in order if a.stage == s and a.computation in (B, W)) for s in per_micro}
-    passes_done = {s: 0 for s in per_micro}
-    gathered = {s: False for s in per_micro}
-    best = LivePeak(0.0, dict(live), dict(waiting), {s: (False, False) for s in per_micro})
-    for action in order:
-        s = action.stage
-        if action.computation == F:
-            live[s] += 1
-            gathered[s] = True
-        elif action.computation == I:
-            waiting[s] += 1
-        elif action.computation == W:
-            live[s] -= 1
-            waiting[s] -= 1
-            passes_done[s] += 1
-        else:
-            live[s] -= 1
-            passes_done[s] += 1
-        # a stage's units are alive through its last weight-gradient pass, freed after it
-        running = s if action.computation in (B, W) else None
-        state = {t: (t == running or (gathered[t] and passes_done[t] < weight_passes[t]),
-                     t == running or 0 < passes_done[t] < weight_passes[t]) for t in live}
-        held = sum(live[t] * per_micro[t] + waiting[t] * extra.get(t, 0.0) for t in live) + sum(
-            spans.get(t, (0.0, 0.0))[0] * state[t][0] + spans.get(t, (0.0, 0.0))[1] * state[t][1] for t in live)
-        if held > best.bytes:
-            best = LivePeak(held, dict(live), dict(waiting), state)
-    return best

@@ -32,6 +32,7 @@ import numpy as np
 COMPUTE, TRANSFER, COLLECTIVE = 0, 1, 2
 KINDS = ("forward", "backward", "send_forward", "send_backward", "allreduce", "allgather", "reducescatter",
          "op", "transfer", "backward_part", "send_activation", "send_weights", "backward_weight")
+_KIND_INDEX = {k: i for i, k in enumerate(KINDS)}
 
 
 class TaskGraph:
@@ -62,10 +63,10 @@ class TaskGraph:
         self.device.append(device)
         self.peer.append(peer)
         self.group.append(group)
-        self.kind.append(KINDS.index(kind))
+        self.kind.append(_KIND_INDEX[kind])
         self.micro.append(micro)
         self.layers.append(layers)
-        self.deps.append(list(deps))
+        self.deps.append(deps)  # a list of this task's own (`depend` extends it)
         return tid
 
     def compute(self, device: int, duration: float, kind: str = "forward", micro: int = -1,
@@ -80,11 +81,11 @@ class TaskGraph:
 
     def transfer(self, src: int, dst: int, duration: float, kind: str = "transfer", micro: int = -1,
                  layers: tuple[int, int] = (0, 0), deps=()) -> int:
-        return self._add(TRANSFER, duration, src, dst, None, kind, micro, layers, deps)
+        return self._add(TRANSFER, duration, src, dst, None, kind, micro, layers, list(deps))
 
     def collective(self, devices: tuple[int, ...], duration: float, kind: str = "allreduce", micro: int = -1,
                    layers: tuple[int, int] = (0, 0), deps=()) -> int:
-        return self._add(COLLECTIVE, duration, devices[0], -1, tuple(devices), kind, micro, layers, deps)
+        return self._add(COLLECTIVE, duration, devices[0], -1, tuple(devices), kind, micro, layers, list(deps))
 
     def depend(self, task: int, *on: int) -> None:
         self.deps[task].extend(on)

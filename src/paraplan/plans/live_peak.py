@@ -1,0 +1,130 @@
+"""What a pipeline rank holds along its order of actions (plans/schedules.py `rank_order`): the most
+micro-batches in flight (`in_flight`) and the moment its stages' kept bytes weigh the most
+(`live_peak`), for costs/memory.py's count of a rank that holds several stages or splits its
+backward."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from paraplan.plans.actions import Action, Computation
+
+F, B, W = Computation.FORWARD, Computation.BACKWARD, Computation.BACKWARD_WEIGHT
+I = Computation.BACKWARD_INPUT  # noqa: E741 (the zero-bubble paper's and torch's letter)
+
+
+def in_flight(order: list[Action]) -> int:
+    """The most micro-batches whose forward has run and whose backward has not, on one stage (or
+    summed over the stages of one rank). A split backward frees them at its W: torch's I keeps the
+    graph for W, and the zero-bubble paper's M_W, what W still needs, is most of a transformer
+    layer's M_B (Qi et al. 2024 Table 1: 32sbh of 34sbh + 5as^2b)."""
+    live = peak = 0
+    for action in order:
+        if action.computation == F:
+            live += 1
+        elif action.computation in (B, W):
+            live -= 1
+        peak = max(peak, live)
+    return peak
+
+
+class LivePeak(NamedTuple):
+    bytes: float  # the most bytes the rank's stages hold at once
+    held: dict[int, int]  # at that moment: micro-batches each stage holds
+    waiting: dict[int, int]  # ... and how many of them wait for their W
+    units: dict[int, tuple[bool, bool]]  # ... and whether each stage keeps its gathered weights, its gradients
+
+
+def live_peak(order: Sequence[Action], per_micro: dict[int, float],
+              kept_for_weights: dict[int, float] | None = None,
+              units: dict[int, tuple[float, float]] | None = None) -> LivePeak:
+    """Walking one rank's order: the most bytes its stages hold at once, with `per_micro[stage]`
+    bytes kept from each micro-batch's forward to its backward (its W when split) and, with a split
+    backward, `kept_for_weights[stage]` more from its I to its W (the gradients W starts from);
+    and, at that moment, how many micro-batches each stage holds and how many of them wait for W.
+    `units[stage]` = (weights, gradients): FSDP under pipelining (torchtitan: reshard_after_forward
+    off with PP; torch.distributed.pipelining syncs and reshards a stage's FSDP units once, after
+    its last backward, its REDUCE_GRAD): the stage's gathered weights from its first forward, its
+    unsharded gradients from its first weight-gradient pass (B, or W when split), both until its
+    last one.
+
+    The bytes of each moment are kept as a running sum (a constant per action, where summing every
+    stage of the rank at every action had been a tenth of a 1,024-GPU comparison); a moment that the
+    running sum puts within its rounding error (`slack`) of the peak so far is summed again stage by
+    stage, as the peak is reported, so that the moment chosen (the first of the most bytes) and its
+    bytes are those of the sum over stages."""
+    extra = kept_for_weights or {}
+    spans = units or {}
+    live = {s: 0 for s in per_micro}
+    waiting = {s: 0 for s in per_micro}
+    weight_passes = dict.fromkeys(per_micro, 0)
+    actions = dict.fromkeys(per_micro, 0)
+    for a in order:
+        if a.stage in actions:
+            actions[a.stage] += 1
+            weight_passes[a.stage] += a.computation in (B, W)
+    passes_done = {s: 0 for s in per_micro}
+    gathered = {s: False for s in per_micro}
+    span = {s: spans.get(s, (0.0, 0.0)) for s in per_micro}
+
+    def kept_units(t: int) -> float:  # stage t's units held while it is not the one running
+        return (span[t][0] * (gathered[t] and passes_done[t] < weight_passes[t])
+                + span[t][1] * (0 < passes_done[t] < weight_passes[t]))
+
+    def held_now(running: int | None) -> tuple[float, dict]:  # the sum over stages, as reported
+        state = {t: (t == running or (gathered[t] and passes_done[t] < weight_passes[t]),
+                     t == running or 0 < passes_done[t] < weight_passes[t]) for t in live}
+        return sum(live[t] * per_micro[t] + waiting[t] * extra.get(t, 0.0) for t in live) + sum(
+            spans.get(t, (0.0, 0.0))[0] * state[t][0] + spans.get(t, (0.0, 0.0))[1] * state[t][1] for t in live), state
+
+    # a bound on the running sum's rounding: each of its len(order) updates errs by at most one
+    # rounding of a value no larger than every byte count summed
+    largest = sum((abs(per_micro[t]) + abs(extra.get(t, 0.0))) * actions[t]
+                  + abs(span[t][0]) + abs(span[t][1]) for t in per_micro)
+    slack = 4 * (len(order) + len(per_micro) + 2) * 2.3e-16 * largest
+    activations = unit_bytes = 0.0
+    with_units = any(x or y for x, y in span.values())
+    summed: set = set()
+    unit_state = {t: (False, False) for t in per_micro}  # what kept_units counts, per stage
+    best = LivePeak(0.0, dict(live), dict(waiting), {s: (False, False) for s in per_micro})
+    for action in order:
+        s, kind = action.stage, action.computation
+        if with_units:
+            unit_bytes -= kept_units(s)
+        if kind == F:
+            live[s] += 1
+            gathered[s] = True
+            activations += per_micro[s]
+        elif kind == I:
+            waiting[s] += 1
+            activations += extra.get(s, 0.0)
+        elif kind == W:
+            live[s] -= 1
+            waiting[s] -= 1
+            passes_done[s] += 1
+            activations -= per_micro[s] + extra.get(s, 0.0)
+        else:
+            live[s] -= 1
+            passes_done[s] += 1
+            activations -= per_micro[s]
+        quick = activations
+        if with_units:
+            here = kept_units(s)
+            unit_bytes += here
+            unit_state[s] = (gathered[s] and passes_done[s] < weight_passes[s], 0 < passes_done[s] < weight_passes[s])
+            # a stage's units are alive through its last weight-gradient pass, freed after it
+            quick += unit_bytes + (span[s][0] + span[s][1] - here if kind in (B, W) else 0.0)
+        if quick + slack <= best.bytes:
+            continue
+        running = s if kind in (B, W) else None
+        # the same counts as a moment summed before (a steady state comes back to them): the same bytes
+        seen = (tuple(live.values()), tuple(waiting.values()), running,
+                tuple(unit_state.values()) if with_units else None)
+        if seen in summed:
+            continue
+        summed.add(seen)
+        held, state = held_now(running)
+        if held > best.bytes:
+            best = LivePeak(held, dict(live), dict(waiting), state)
+    return best

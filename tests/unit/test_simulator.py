@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paraplan.costs import closed_forms as cf
-from paraplan.plans import schedules
+from paraplan.plans import live_peak, schedules
 from paraplan.simulator.engine import TaskGraph, simulate
 from paraplan.simulator.pipeline import PipelineWork, StageSync, StageWork, SyncBucket, run
 
@@ -130,8 +130,8 @@ def test_actions_print_and_parse():
 @pytest.mark.parametrize("n_stages,n_micro", [(4, 8), (4, 2), (8, 16), (3, 3)])
 def test_in_flight_micro_batches(n_stages, n_micro):
     for s in range(n_stages):
-        assert schedules.in_flight(schedules.one_f_one_b(n_stages, n_micro, s)) == min(n_stages - s, n_micro)
-        assert schedules.in_flight(schedules.gpipe(n_stages, n_micro, s)) == n_micro
+        assert live_peak.in_flight(schedules.one_f_one_b(n_stages, n_micro, s)) == min(n_stages - s, n_micro)
+        assert live_peak.in_flight(schedules.gpipe(n_stages, n_micro, s)) == n_micro
 
 
 def test_1f1b_with_equal_stages_takes_the_same_time_as_gpipe():

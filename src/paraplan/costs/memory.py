@@ -42,7 +42,6 @@ Two moments can be the peak, and the device's peak is the larger:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from paraplan.costs.expert_costs import held_params, sharded_params, stepped_params
@@ -51,6 +50,7 @@ from paraplan.costs.strategy import layer_memory, param_count
 from paraplan.models.spec import ModelSpec
 from paraplan.plans import live_peak, schedules
 from paraplan.plans.kinds import PlanKind
+from paraplan.plans.live_peak import micro_batches_in_flight
 from paraplan.plans.plan import DeviceMemory, LayerStrategy, Plan
 from paraplan.plans.stage_widths import stage_rows
 from paraplan.plans.worker_roles import worker_roles
@@ -158,20 +158,6 @@ def by_category(breakdowns) -> tuple[tuple[str, ...], tuple[PeakRow, ...]]:
         rows.append(PeakRow(b, moment, dict(parts)))
     used = tuple(c for c in MEMORY_CATEGORIES if any(c in r.parts for r in rows))
     return used, tuple(rows)
-
-
-def micro_batches_in_flight(schedule: str, n_stages: int, stage: int, n_micro: int,
-                            forward_stage: int | None = None) -> int:
-    """Micro-batches whose activations wait on `stage` for their backward; `forward_stage` is where
-    their forward ran when that is another stage (Bi-Partition). One chunk per rank; the kinds
-    beyond GPipe and 1F1B (ZB-H1: interleaved-zb with one chunk) are counted on their order, a
-    split backward freeing them at its W (plans/live_peak.py: in_flight)."""
-    if schedule == "gpipe":
-        return n_micro
-    if schedule not in ("1f1b", "async-1f1b"):
-        return live_peak.in_flight(schedules.rank_order(schedule, n_stages, 1, n_micro, stage))
-    a = stage if forward_stage is None else forward_stage
-    return max(1, min(n_micro, math.ceil(n_stages - (a + stage) / 2)))
 
 
 def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryConfig | None = None,
@@ -311,6 +297,18 @@ def plan_memory(plan: Plan, model: ModelSpec, capacities: dict[int, int], config
     of a stage's devices (DeviceSpec.name: `device_kinds` per device id, else `device_kind` for all)
     decides the CUDA-only terms; unknown is treated as a CUDA device."""
     out, breakdowns = [], []
+    for devices, b, each in rank_memory(plan, model, config, device_kind, device_kinds):
+        # with shares each device holds its own share's activations (the table shows the largest's)
+        out.extend(DeviceMemory(device=d, peak_bytes=int(round((each[d] if each else b).peak_bytes)),
+                                capacity_bytes=capacities[d]) for d in (each or devices))
+        breakdowns.append(b)
+    return tuple(out), tuple(breakdowns)
+
+
+def rank_memory(plan: Plan, model: ModelSpec, config: MemoryConfig | None = None, device_kind: str | None = None,
+                device_kinds: dict[int, str] | None = None):
+    """Per pipeline rank: (its devices, its breakdown, each device's where they hold shares, else None):
+    one breakdown a rank, for a search that checks stages (not a row a device: 1,024 at 1,024 GPUs)."""
     ranks = plan.rank_of_stage
     for rank in range(plan.n_ranks):
         here = [s for s in range(plan.n_stages) if ranks[s] == rank]
@@ -319,17 +317,12 @@ def plan_memory(plan: Plan, model: ModelSpec, capacities: dict[int, int], config
         # a walk over the rank's order where its peak depends on the moment: several stages, a split
         # backward, or FSDP units kept per stage under pipelining (freed after the stage's last backward)
         walk = len(here) > 1 or plan.schedule in schedules.SPLIT_BACKWARD or _keeps_units(plan, config)
-        if plan.stages[here[0]].shares:  # each device its own share's activations; the table shows the largest's
+        if plan.stages[here[0]].shares:
             each = share_breakdowns(plan, model, here[0], config, device_kind, device_kinds)
-            out.extend(DeviceMemory(device=d, peak_bytes=int(round(b.peak_bytes)), capacity_bytes=capacities[d])
-                       for d, b in each.items())
-            breakdowns.append(max(each.values(), key=lambda b: b.activation_bytes))
+            yield devices, max(each.values(), key=lambda b: b.activation_bytes), each
             continue
-        b = _rank_memory(plan, model, rank, here, config, kind) if walk else stage_memory(plan, model, here[0], config, kind)
-        breakdowns.append(b)
-        for d in devices:
-            out.append(DeviceMemory(device=d, peak_bytes=int(round(b.peak_bytes)), capacity_bytes=capacities[d]))
-    return tuple(out), tuple(breakdowns)
+        yield devices, (_rank_memory(plan, model, rank, here, config, kind) if walk
+                        else stage_memory(plan, model, here[0], config, kind)), None
 
 
 def share_breakdowns(plan: Plan, model: ModelSpec, s: int, config=None, device_kind=None,

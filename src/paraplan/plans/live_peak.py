@@ -1,13 +1,15 @@
 """What a pipeline rank holds along its order of actions (plans/schedules.py `rank_order`): the most
 micro-batches in flight (`in_flight`) and the moment its stages' kept bytes weigh the most
-(`live_peak`), for costs/memory.py's count of a rank that holds several stages or splits its
+(`live_peak`), and the micro-batches a stage of a one-chunk pipeline holds (`micro_batches_in_flight`), for costs/memory.py's count of a rank that holds several stages or splits its
 backward."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from paraplan.plans import schedules
 from paraplan.plans.actions import Action, Computation
 
 F, B, W = Computation.FORWARD, Computation.BACKWARD, Computation.BACKWARD_WEIGHT
@@ -128,3 +130,17 @@ def live_peak(order: Sequence[Action], per_micro: dict[int, float],
         if held > best.bytes:
             best = LivePeak(held, dict(live), dict(waiting), state)
     return best
+
+
+def micro_batches_in_flight(schedule: str, n_stages: int, stage: int, n_micro: int,
+                            forward_stage: int | None = None) -> int:
+    """Micro-batches whose activations wait on `stage` for their backward; `forward_stage` is where
+    their forward ran when that is another stage (Bi-Partition). One chunk per rank; the kinds
+    beyond GPipe and 1F1B (ZB-H1: interleaved-zb with one chunk) are counted on their order, a
+    split backward freeing them at its W (`in_flight`)."""
+    if schedule == "gpipe":
+        return n_micro
+    if schedule not in ("1f1b", "async-1f1b"):
+        return in_flight(schedules.rank_order(schedule, n_stages, 1, n_micro, stage))
+    a = stage if forward_stage is None else forward_stage
+    return max(1, min(n_micro, math.ceil(n_stages - (a + stage) / 2)))

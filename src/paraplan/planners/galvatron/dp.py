@@ -125,15 +125,18 @@ def backtrack(t: Table, energy: int) -> tuple[float, tuple[int, ...]]:
 
 
 def search_stage(cost: np.ndarray, forward_bytes: np.ndarray, backward_bytes: np.ndarray, trans: np.ndarray | None,
-                 capacity: float, unit: float, classes: np.ndarray | None = None) -> StageSolution:
+                 capacity: float, unit: float, classes: np.ndarray | None = None,
+                 pruned: bool = False) -> StageSolution:
     """Algorithm 3 (see the module docstring): the least-cost strategies of one stage whose exact
-    whole memory sum(O_f) + max(O_b) is at most `capacity` bytes, at a granularity of `unit` bytes."""
+    whole memory sum(O_f) + max(O_b) is at most `capacity` bytes, at a granularity of `unit` bytes.
+    `pruned`: the dominated strategies are out already (`undominated`, which keeps every strategy
+    of what it returns)."""
     n_layers = cost.shape[0]
-    keep = undominated(cost, forward_bytes, backward_bytes, classes)
+    keep = np.ones(cost.shape[1], dtype=bool) if pruned else undominated(cost, forward_bytes, backward_bytes, classes)
     if not keep.all():
         solution = search_stage(cost[:, keep], forward_bytes[:, keep], backward_bytes[:, keep],
                                 trans, capacity, unit, None if classes is None else np.asarray(classes)[keep]
-                                if trans is not None else None)
+                                if trans is not None else None, pruned=True)
         index = np.flatnonzero(keep)
         return replace(solution, choice=tuple(int(index[k]) for k in solution.choice))
     rows = np.arange(n_layers)

@@ -48,6 +48,7 @@ import numpy as np
 from paraplan.costs.expert_costs import common_expert_count, expert_groups
 from paraplan.errors import FieldError
 from paraplan.planners import progress
+from paraplan.planners.cut_search import search_cut
 from paraplan.planners.galvatron.grid_bounds import compute_s, pipeline_bound_s
 from paraplan.planners.galvatron.space import even_partition, held_stage_count, pipeline_degrees, stage_group
 from paraplan.planners.request import BEST_SCHEDULE, Judge, PlanRequest
@@ -361,9 +362,11 @@ def grid_plan(request: PlanRequest, judge: Judge) -> tuple[Plan, Prediction, int
     plan, prediction = judged[0]
     if math.isinf(prediction.iteration_s):  # nothing fits: the nearest, timed (memory_first)
         prediction = judge(plan)
+    # the chunks' cut among those balanced alike, by the simulator (planners/cut_search.py)
+    plan, prediction, recut = search_cut(plan, prediction, judge)
     other = next((x for x in judged[1:] if x[1].feasible and _label(x[0]) != _label(plan)), None)
     line = (f"{_label(other[0])}: {other[1].iteration_s:.4g} s ({other[1].iteration_s / prediction.iteration_s - 1:+.1%})"
             if other and prediction.feasible else "")
     if prediction.feasible:
         progress.offer(plan, f"megatron-grid: {len(judged)} layouts judged")
-    return plan, prediction, len(judged), line
+    return plan, prediction, len(judged) + recut, line

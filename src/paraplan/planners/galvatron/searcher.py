@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paraplan.costs.memory import micro_batches_in_flight, plan_memory
+from paraplan.costs.memory import micro_batches_in_flight, rank_memory
 from paraplan.costs.memory_config import GIB, MemoryConfig
 from paraplan.planners.galvatron import partitions
 from paraplan.planners.galvatron.arrays import StrategyArrays
@@ -81,9 +81,16 @@ class Searcher:
         self.slow = self.cm.overlap_slowdown
         # arrays(devices, micro): the group's [layer, strategy] arrays
         self.arrays, self._stages = _shared(request, variant, bins)
+        self.capacity = {d.id: d.spec.memory_bytes for d in self.cluster.devices}
+        self._least: dict = {}  # per device group, its least capacity
         # layers sharing a weight: those that use one another layer owns, and its owners
         self.tied = {i for i, layer in enumerate(self.model.layers) if layer.shared_param_bytes} | \
             {o for layer in self.model.layers for o in layer.shared_owners}
+
+    def least_capacity(self, devices: tuple[int, ...]) -> int:
+        if devices not in self._least:
+            self._least[devices] = min(self.capacity[d] for d in devices)
+        return self._least[devices]
 
     def group(self, n_stages: int, s: int) -> tuple[int, ...]:
         g = 1 if self.variant.pp == "all" else stage_group(self.request.n_devices, n_stages)
@@ -170,19 +177,17 @@ class Searcher:
             stages = [self.stage(n_stages, s, int(bounds[s]), int(bounds[s + 1]), n_micro, schedule, reductions[s])
                       for s in range(n_stages)]
             plan = self.build(sizes, bounds, stages, n_micro, schedule)
-            capacities = {d.id: d.spec.memory_bytes for d in self.cluster.devices}
-            memory, _ = plan_memory(plan, self.model, capacities, self.config)
+            # each stage's largest excess over its devices' capacity, from one breakdown a stage (the
+            # simulator's count, costs/memory.py plan_memory, as bytes a device; a row for each of 1,024
+            # devices had been a tenth of BMW's partition adjustment at 1,024 GPUs)
+            overflow, over = 0.0, {s: -float("inf") for s in range(n_stages)}
+            for s, (devices, b, each) in enumerate(rank_memory(plan, self.model, self.config)):
+                for peak, capacity in ((int(round(each[d].peak_bytes)), self.capacity[d]) for d in devices) if each \
+                        else ((int(round(b.peak_bytes)), self.least_capacity(devices)),):
+                    overflow, over[s] = max(overflow, peak / max(capacity, 1)), max(over[s], peak - capacity)
             failures = [st.failure for st in stages if st.failure]
-            overflow = max(m.peak_bytes / max(m.capacity_bytes, 1) for m in memory)
             if failures:
                 return SearchResult(INF, plan, overflow, failures[0])
-            # each stage's largest excess over its devices' capacity (one pass: a stage of 1,024 devices
-            # looked up per device per stage had been a fifth of BMW's search at 1,024 GPUs)
-            stage_of = {d: s for s, stage in enumerate(plan.stages) for d in stage.devices}
-            over = {s: -float("inf") for s in range(n_stages)}
-            for m in memory:
-                if m.device in stage_of:
-                    over[stage_of[m.device]] = max(over[stage_of[m.device]], m.peak_bytes - m.capacity_bytes)
             if all(v <= 0 for v in over.values()):
                 return SearchResult(self.estimate(plan, stages, n_micro), plan)
             reductions = [r + max(0.0, over[s]) for s, r in enumerate(reductions)]

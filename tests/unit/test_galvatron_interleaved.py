@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from paraplan.planners.galvatron.planner import chunk_counts
+from paraplan.planners.galvatron.judging import chunk_counts
 from paraplan.planners.registry import make_plan, simulator_judge
 from paraplan.planners.schedule_variants import rewrite
 from paraplan.runtime.config import TrainConfig

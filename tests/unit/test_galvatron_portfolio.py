@@ -72,7 +72,7 @@ def test_every_pipeline_degree_s_best_is_judged_by_the_simulator():
     stand-in judge that reverses eq. (8)'s order, each plan marked by its micro-batch count."""
     from dataclasses import replace
 
-    from paraplan.planners.galvatron.planner import _judged
+    from paraplan.planners.galvatron.judging import _judged
     from paraplan.planners.galvatron.searcher import SearchResult
     from paraplan.plans.plan import Prediction
 

@@ -213,6 +213,11 @@ def test_balanced_bounds_is_the_exact_linear_partition():
         best = min(max(rows[k, a:b].sum() for k, (a, b) in enumerate(itertools.pairwise((0, *cuts, n_layers))))
                    for cuts in itertools.combinations(range(1, n_layers), parts - 1))
         assert max(rows[k, a:b].sum() for k, (a, b) in enumerate(itertools.pairwise(got))) == pytest.approx(best)
+    # among cuts alike, the one each part's dynamic program finds first (as computed one end at a time
+    # before the ends were taken together: these pins are that code's)
+    assert balanced_bounds(np.ones(5), 2) == [0, 2, 5] and balanced_bounds(np.ones(7), 3) == [0, 2, 4, 7]
+    assert balanced_bounds(np.array([1.0, 2, 1, 2, 1, 2, 1]), 4) == [0, 1, 3, 5, 7]
+    assert balanced_bounds(np.r_[0.1, np.full(80, 2.0), 0.5], 44)[:8] == [0, 2, 4, 5, 6, 7, 8, 9]
 
 
 def test_every_variant_of_a_pipeline_is_a_valid_plan_on_its_devices():

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from paraplan.costs.model import CostModel
+from paraplan.planners.request import cost_model_cache
 from paraplan.plans.kinds import PlanKind
 from paraplan.plans.plan import LayerRange, Plan, Stage
 from paraplan.plans.schedules import MULTI_CHUNK, Schedule, schedule_problem, stage_ranks
@@ -114,8 +115,14 @@ def _layer_seconds(plan: Plan, cm: CostModel, devices: tuple[int, ...] | None = 
     """Each layer's forward + backward at the micro-batch one replica's stage computes, on `devices`
     (default the first stage's): at the pace of their slowest kind, which a group waits for."""
     micro = plan.global_batch / (plan.n_micro * len(plan.stages[0].devices))
-    leads = {cm.cluster.device(d).name: d for d in (devices or plan.stages[0].devices)}
-    return np.max([np.sum(cm.compute(d).arrays(micro)[:2], axis=0) for d in leads.values()], axis=0)
+    leads = tuple({cm.cluster.device(d).name: d for d in (devices or plan.stages[0].devices)}.values())
+    known = cost_model_cache(_SECONDS, cm)  # a search asks for the same few (thousands of times at 1,024 GPUs)
+    if (micro, leads) not in known:
+        known[micro, leads] = np.max([np.sum(cm.compute(d).arrays(micro)[:2], axis=0) for d in leads], axis=0)
+    return known[micro, leads]
+
+
+_SECONDS: dict = {}  # `_layer_seconds` of the last cost model asked, per micro-batch and lead devices
 
 
 def chunk_counts_by_balance(plan: Plan, cm: CostModel, keep: int, most: int = 16) -> tuple[int, ...]:
@@ -150,11 +157,15 @@ def balanced_bounds(seconds: np.ndarray, n_parts: int) -> list[int]:
     best[0, 0] = 0.0
     for k in range(1, n_parts + 1):
         prefix = prefixes[k - 1]
-        for j in range(k, n_layers - (n_parts - k) + 1):
-            starts = np.arange(k - 1, j)  # the k-th part is layers i..j-1
-            worst = np.maximum(best[k - 1, starts], prefix[j] - prefix[starts])
-            i = int(np.argmin(worst))
-            best[k, j], cut[k, j] = worst[i], starts[i]
+        # every end j of the k-th part at once (layers i..j-1, i from k - 1): the same maxima as one j at
+        # a time, the starts past j out (inf, after the valid ones: argmin keeps the earliest cut)
+        stops = np.arange(k, n_layers - (n_parts - k) + 1)
+        starts = np.arange(k - 1, stops[-1])
+        with np.errstate(invalid="ignore"):  # inf - inf where layers cannot run: nan, as one j at a time had it
+            worst = np.maximum(best[k - 1, starts][None, :], prefix[stops][:, None] - prefix[starts][None, :])
+        worst[starts[None, :] >= stops[:, None]] = np.inf
+        i = np.argmin(worst, axis=1)
+        best[k, stops], cut[k, stops] = worst[np.arange(len(stops)), i], starts[i]
     bounds = [n_layers]
     for k in range(n_parts, 0, -1):
         bounds.append(int(cut[k, bounds[-1]]))

@@ -67,12 +67,12 @@ def test_more_micro_batches_where_memory_forces_recomputation():
 def test_every_pipeline_degree_s_best_is_judged_by_the_simulator():
     """Eq. (8) sums every stage's gradient sync (the paper's form) where the stages sync at once, so
     its least cost can be the simulator's slowest; the search keeps every (pipeline degree,
-    micro-batch count)'s best (`SearchResult.finalists`) and `_judged` takes the one the simulator
+    micro-batch count)'s best (`SearchResult.finalists`) and `judge_candidates` takes the one the simulator
     finds fastest (Llama-2-70B-like on 1,024 A100s: 4.10 s before, 2.57 s after). Here with a
     stand-in judge that reverses eq. (8)'s order, each plan marked by its micro-batch count."""
     from dataclasses import replace
 
-    from paraplan.planners.galvatron.judging import _judged
+    from paraplan.planners.galvatron.judging import judge_candidates
     from paraplan.planners.galvatron.searcher import SearchResult
     from paraplan.plans.plan import Prediction
 
@@ -84,8 +84,8 @@ def test_every_pipeline_degree_s_best_is_judged_by_the_simulator():
     def judge(plan):  # the more micro-batches (eq. (8)'s worst here), the faster
         return Prediction(iteration_s=1.0 / plan.n_micro, throughput_samples_per_s=16.0 * plan.n_micro)
 
-    plan, prediction, estimate, *_ = _judged(request, False, chosen, judge)
+    plan, prediction, estimate, *_ = judge_candidates(request, False, chosen, judge)
     assert plan.n_micro == 4 and estimate == 3.0 and prediction.iteration_s == 0.25
     # the request's stage count, when it fixes one, is kept: other degrees are not candidates
     fixed = replace(request, n_stages=base.n_stages + 1)
-    assert _judged(fixed, False, chosen, judge)[0].n_micro == 1
+    assert judge_candidates(fixed, False, chosen, judge)[0].n_micro == 1

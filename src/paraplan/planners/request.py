@@ -54,7 +54,7 @@ def resolve_kinds(cluster, budgets) -> tuple[tuple[str, int], ...]:
 # batch (dataclasses.replace runs __post_init__ again) keeps its limits applied once, not again (a
 # 5% headroom had become 9.75% in Galvatron's searches in a comparison, and less at every batch
 # tried), and keeps the same cost model object, which searches' caches are keyed by
-# (planners/galvatron/searcher.py `_shared`, planners/registry.py `_judged`)
+# (planners/galvatron/searcher.py `_shared`, planners/registry.py `_JUDGED`)
 # (the origin is held while what it made lives: a request kept after its workload is dropped)
 _LIMITED_FROM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # made -> from
 _LIMITED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # from -> {limits: ref(made)}

@@ -52,7 +52,7 @@ def search_batch(request: PlanRequest, variant: Variant, bins: int, schedules, p
                 if here is None or (r.estimate_s, r.overflow) < (here.estimate_s, here.overflow):
                     here = r
         if here is not None and np.isfinite(here.estimate_s):
-            finalists.append(here)  # for the simulator to rank (planner.py: _judged)
+            finalists.append(here)  # for the simulator to rank (judging.py: judge_candidates)
         return here
 
     for done, n_stages in enumerate(pps, start=1):

@@ -60,15 +60,15 @@ def _interleaved(plan: Plan, prediction, request: PlanRequest, judge: Judge):
     return best[0], best[1], line, len(scored)
 
 
-def _rank_key(prediction) -> tuple[bool, float]:
+def rank_key(prediction) -> tuple[bool, float]:
     """Feasible first, then the highest throughput (the batch may differ under batch_search best)."""
     return (not prediction.feasible, -prediction.throughput_samples_per_s if prediction.feasible else 0.0)
 
 
-JUDGED_INTERLEAVED = 5  # the candidates whose interleaved rewrites are judged too (`_judged`)
+JUDGED_INTERLEAVED = 5  # the candidates whose interleaved rewrites are judged too (`judge_candidates`)
 
 
-def _judged(request: PlanRequest, interleave: bool, result, judge: Judge):
+def judge_candidates(request: PlanRequest, interleave: bool, result, judge: Judge):
     """A search's candidates judged by the simulator: its plan and the best plan of every other
     pipeline degree and micro-batch count it searched (`SearchResult.finalists`), and, when
     `interleave`, the interleaved rewrites (`_interleaved`) of the JUDGED_INTERLEAVED fastest and of
@@ -98,7 +98,7 @@ def _judged(request: PlanRequest, interleave: bool, result, judge: Judge):
         if prediction.feasible:
             best_throughput = max(best_throughput, prediction.throughput_samples_per_s)
     place = {id(r): i for i, r in enumerate(candidates)}  # ties in rank go to the search's order, as before
-    judged.sort(key=lambda x: (_rank_key(x[1]), place[id(x[0])]))
+    judged.sort(key=lambda x: (rank_key(x[1]), place[id(x[0])]))
     rewritten = {id(r) for r, _ in judged[:JUDGED_INTERLEAVED]}
     for degree in {r.plan.n_stages for r, _ in judged}:  # and each degree's best by eq. (8) and by the simulator
         mine = [x for x in judged if x[0].plan.n_stages == degree]
@@ -108,7 +108,7 @@ def _judged(request: PlanRequest, interleave: bool, result, judge: Judge):
         plan, line, count = r.plan, "", None
         if interleave and id(r) in rewritten and r.plan.n_stages > 1 and p.feasible:
             plan, p, line, count = _interleaved(r.plan, p, request, judge)
-        if best is None or _rank_key(p) < _rank_key(best[1]):
+        if best is None or rank_key(p) < rank_key(best[1]):
             best = (plan, p, r.estimate_s, r.origin, line, count)
     return best
 

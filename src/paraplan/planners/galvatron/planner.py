@@ -36,7 +36,7 @@ from paraplan.planners.cut_search import search_cut
 from paraplan.planners.galvatron.batch import best_batch, max_batch, search_batch
 from paraplan.planners.galvatron.grid import grid_plan, stage_counts
 from paraplan.planners.galvatron.grid import interleaves as grid_interleaves
-from paraplan.planners.galvatron.judging import _judged, _rank_key
+from paraplan.planners.galvatron.judging import judge_candidates, rank_key
 from paraplan.planners.galvatron.searcher import BMW_PARTITION, bmw_parts
 from paraplan.planners.galvatron.space import (
     TREE_AXES,
@@ -121,12 +121,12 @@ GRID = "megatron-grid"  # planners/galvatron/grid.py: uniform layouts, in BMW's 
 def _portfolio(request: PlanRequest, variant: Variant, options: dict, judge: Judge, own: tuple):
     """The variant's plan against the plans of the variants inside its space (PORTFOLIO), each found
     by that variant's own search on the same request (every pipeline degree's best, with the
-    interleaved rewrites this variant judges: `_judged`), all judged by the simulator: the best that fits.
+    interleaved rewrites this variant judges: `judge_candidates`), all judged by the simulator: the best that fits.
     Eq. (8) and the simulator disagree where the simulator is finer (DDP's bucketed overlap, sends:
     GPT-2 XL at 16 GiB on 8 TITANs, DP+TP 718.5 ms against BMW's 728.0), and a search under a memory
     model the DP cannot count exactly (DDP buckets at the gradient sync) can miss a plan of a
     restricted set (ViT-Huge-32 at 12 GiB: 725.6 against 732.3 ms by eq. (8)); so the final choice
-    among these candidates is the simulator's. `own` is the variant's `_judged` result; returns it
+    among these candidates is the simulator's. `own` is the variant's `judge_candidates` result; returns it
     with the winning variant's name after the plan and prediction."""
     from paraplan.planners.galvatron.space import VARIANTS
 
@@ -142,8 +142,8 @@ def _portfolio(request: PlanRequest, variant: Variant, options: dict, judge: Jud
             continue
         if request.n_stages is not None and result.plan.n_stages != plan.n_stages:
             continue  # the request's stage count, which this variant held, is kept
-        theirs = _judged(request, interleaves(request, variant), result, judge)
-        if _rank_key(theirs[1]) < _rank_key(best[1]):
+        theirs = judge_candidates(request, interleaves(request, variant), result, judge)
+        if rank_key(theirs[1]) < rank_key(best[1]):
             best = (theirs[0], theirs[1], name, *theirs[2:])
             if theirs[1].feasible:  # a search stopped by its time limit keeps it (planners/progress.py)
                 progress.offer(theirs[0], f"{variant.name}'s portfolio: {name}'s plan")
@@ -153,7 +153,7 @@ def _portfolio(request: PlanRequest, variant: Variant, options: dict, judge: Jud
         except FieldError:  # no uniform layout for this batch: the variant's own plan stands
             return best
         if request.n_stages is None or plan.n_stages == best[0].n_stages:
-            if _rank_key(p) < _rank_key(best[1]):
+            if rank_key(p) < rank_key(best[1]):
                 best = (plan, p, GRID, float("nan"), "even", line, count)
                 progress.offer(plan, f"{variant.name}'s portfolio: {GRID}'s plan")
     return best
@@ -164,7 +164,7 @@ def galvatron_plan(request: PlanRequest, variant: Variant, options: dict, judge:
     t0 = time.perf_counter()
     bins = options.get("memory_bins", MEMORY_BINS)
     result, note = _search(request, variant, options)
-    own = _judged(request, interleaves(request, variant), result, judge)
+    own = judge_candidates(request, interleaves(request, variant), result, judge)
     found_by = variant.name
     if variant.name in PORTFOLIO and options.get("portfolio", True) and options.get("batch_search", "given") != "max":
         plan, prediction, found_by, estimate, origin, runner_up, judged = _portfolio(request, variant, options, judge,

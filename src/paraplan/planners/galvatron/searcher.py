@@ -47,7 +47,7 @@ class SearchResult:
     origin: str = "even"  # the partition's origin in Algorithm 2: even, memory (p_m), time (p_t), adjusted
     # the best result of every pipeline degree and micro-batch count searched (batch.py: search_batch),
     # for the simulator to rank: eq. (8) sums every stage's gradient sync, which run at once on their
-    # own devices, and misranks the counts of one degree (planners/galvatron/planner.py: _judged)
+    # own devices, and misranks the counts of one degree (planners/galvatron/judging.py: judge_candidates)
     finalists: tuple = ()
 
 

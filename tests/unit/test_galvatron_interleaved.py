@@ -97,3 +97,26 @@ def test_chunk_counts_include_the_ones_that_cut_the_layers_evenly():
     best = chunk_counts_by_balance(plan, w.request.costs, 3)
     assert set(best) == {2, 5, 6}
     assert set(chunk_counts(plan, w.request.costs)) == {2, 3, 4} | set(best)
+
+
+def test_the_judging_bound_holds_for_every_candidate_and_each_rewrite(roomy):
+    """judging.py skips a candidate whose bound cannot beat the best so far: no plan it stands for may
+    be faster than its bound. Every finalist of BMW's search and each interleaved rewrite of it, as
+    the simulator times them, against the bound (with and without interleaving judged)."""
+    from paraplan.planners.galvatron.judging import _rewrites, _throughput_bound
+    from paraplan.planners.galvatron.planner import _search
+    from paraplan.planners.galvatron.space import VARIANTS
+
+    w, _, _ = roomy
+    judge = simulator_judge(w.request)
+    result, _ = _search(w.request, next(v for v in VARIANTS if v.name == "galvatron-bmw"), {})
+    rewritten = 0
+    for r in (result, *result.finalists):
+        own = judge(r.plan).throughput_samples_per_s
+        assert own <= _throughput_bound(w.request, r.plan, False) * (1 + 1e-9)
+        bound = _throughput_bound(w.request, r.plan, True)
+        assert own <= bound * (1 + 1e-9)
+        for _, candidate in _rewrites(r.plan, w.request):
+            rewritten += 1
+            assert judge(candidate).throughput_samples_per_s <= bound * (1 + 1e-9)
+    assert len(result.finalists) >= 4 and rewritten >= 4

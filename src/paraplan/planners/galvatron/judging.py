@@ -35,21 +35,14 @@ def _interleaved(plan: Plan, prediction, request: PlanRequest, judge: Judge):
     its strategy: planners/schedule_variants.py), at the same micro-batch count, judged by the
     simulator; the fastest that fits, and the next best's line. The DP's eq. (8) prices GPipe / 1F1B
     only, so the schedule is the simulator's choice (as in planners/schedule_search.py)."""
-    from paraplan.planners.schedule_variants import rewrite
-
     scored = [(plan, prediction, str(plan.schedule))]
     # the memory's verdict before any timeline where the judge has one (registry.py SimulatorJudge):
     # a rewrite that does not fit cannot be chosen, and more chunks hold more micro-batches on the
     # first rank, so at 1,024 GPUs most do not fit (a third of Galvatron-Base's judging there)
     memory_first = getattr(judge, "memory", None)
-    for kind in INTERLEAVED_KINDS:
-        for v in chunk_counts(plan, request.costs):
-            try:
-                candidate = rewrite(plan, request.costs, kind, v)
-            except ValueError:
-                continue
-            verdict = memory_first(candidate) if memory_first is not None else None
-            scored.append((candidate, verdict if verdict is not None else judge(candidate), f"{kind} v={v}"))
+    for label, candidate in _rewrites(plan, request):
+        verdict = memory_first(candidate) if memory_first is not None else None
+        scored.append((candidate, verdict if verdict is not None else judge(candidate), label))
     fits = sorted((x for x in scored if x[1].feasible), key=lambda x: x[1].iteration_s)
     if not fits:
         return plan, prediction, "", len(scored)
@@ -132,19 +125,25 @@ def _throughput_bound(request: PlanRequest, plan: Plan, interleave: bool) -> flo
 def _rewrites_bound_s(request: PlanRequest, plan: Plan) -> float:
     """The least, over the chunk counts `_interleaved` judges, of its rewrite's busiest rank's compute
     (m x its chunks' forward + backward, as grid_bounds.stage_pass_s prices them on the rank's devices)."""
+    least = float("inf")
+    for _, candidate in _rewrites(plan, request):
+        forward, backward = stage_pass_s(request, candidate)
+        ranks = candidate.rank_of_stage
+        busy = [0.0] * candidate.n_ranks
+        for i, (f, b) in enumerate(zip(forward, backward, strict=True)):
+            busy[ranks[i]] += f + b
+        least = min(least, candidate.n_micro * max(busy))
+    return least
+
+
+def _rewrites(plan: Plan, request: PlanRequest):
+    """("kind v=V", the rewrite) of every interleaved rewrite `_interleaved` judges (and
+    `_rewrites_bound_s` bounds: the same ones)."""
     from paraplan.planners.schedule_variants import rewrite
 
-    least = float("inf")
     for kind in INTERLEAVED_KINDS:
         for v in chunk_counts(plan, request.costs):
             try:
-                candidate = rewrite(plan, request.costs, kind, v)
+                yield f"{kind} v={v}", rewrite(plan, request.costs, kind, v)
             except ValueError:
                 continue
-            forward, backward = stage_pass_s(request, candidate)
-            ranks = candidate.rank_of_stage
-            busy = [0.0] * candidate.n_ranks
-            for i, (f, b) in enumerate(zip(forward, backward, strict=True)):
-                busy[ranks[i]] += f + b
-            least = min(least, candidate.n_micro * max(busy))
-    return least

@@ -253,8 +253,8 @@ def _start_order(name: str, jobs: int) -> tuple[bool, int]:
     in the order their registration gives (planners/table.py: PlannerSpec.slow; the flagship first).
     Measured on gpt2-xl at 8 devices and a Llama-2-70B-like model at 1,024 (issue 31, item 5). With
     two processes or more the flagship starts before them, in a process of its own: with
-    Galvatron-Base riding in it, the longest chain (31 of 41 s at 1,024 H100s), which the quick ones
-    had held back by 2.7 s; they run beside it."""
+    Galvatron-Base riding in it, the longest chain (34 of 44 s at 1,024 H100s when measured), which
+    the quick ones had held back by 2.7 s; they run beside it."""
     slow = planner(name).slow
     return (not (jobs > 1 and slow == 1), slow)
 

@@ -361,9 +361,7 @@ def strategy_arrays(costs: LayerCosts, model: ModelSpec, strategies: tuple[Layer
     for j, st in enumerate(strategies):
         links = strategy_links(cluster, st, devices)
         for row, i in enumerate(layers):
-            if first[row] != row:  # a layer like an earlier one (an LLM's blocks): the same prices
-                for key in out:
-                    out[key][row, j] = out[key][first[row], j]
+            if first[row] != row:  # a layer like an earlier one (an LLM's blocks): its row copied below
                 continue
             t = layer_time_on(costs, model, i, st, micro_batch, links, overlap_slowdown, runtime, compute_scale)
             m = layer_memory(model, i, st, micro_batch, config)
@@ -374,7 +372,8 @@ def strategy_arrays(costs: LayerCosts, model: ModelSpec, strategies: tuple[Layer
             out["states_bytes"][row, j], out["saved_bytes"][row, j] = m.states_bytes, m.saved_bytes
             out["recompute_bytes"][row, j] = m.recompute_bytes
             out["copy_bytes"][row, j] = m.copy_bytes
-    return out
+    rows = np.asarray(first)
+    return {key: values[rows] for key, values in out.items()}
 
 
 def weight_grad_fraction(model: ModelSpec, index: int, micro_batch: float) -> float:

@@ -8,6 +8,8 @@ planners/galvatron/searcher.py's `Searcher`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from paraplan.costs import memory as memory_model
@@ -105,13 +107,22 @@ class StrategyArrays:
             getattr(self.config, "param_bytes_per_param", 0)  # 16-bit in mixed precision, as costs/memory.py
         gathered = getattr(self.config, "sdp_gathered_layers", 0) * gathered_weight \
             + getattr(self.config, "grad_bytes_per_param", 0)
+        # both read the layer's spec alone: a layer like an earlier one (an LLM's blocks) copies its row
+        seen: dict = {}
+        first = []
+        for i, layer in enumerate(self.model.layers):
+            try:
+                first.append(seen.setdefault(replace(layer, index=0, name=""), i))
+            except TypeError:  # a spec that cannot be hashed keeps its row
+                first.append(i)
+        first = np.array(first)
         for j, st in enumerate(strategies):
-            for i in range(n):
+            for i in np.unique(first):
                 if replicated is not None and st.tp > 1:
-                    forward[i, j] = replicated(self.model, i, st, micro, self.config)
+                    forward[i, j] = replicated(self.model, int(i), st, micro, self.config)
                 if st.sdp > 1:
-                    backward[i, j] = held_params(self.model.layers[i], param_count(self.model, i, False), st) * gathered
-        return forward, backward
+                    backward[i, j] = held_params(self.model.layers[i], param_count(self.model, int(i), False), st) * gathered
+        return forward[first], backward[first]
 
     def transformation(self, a: dict, layers: range, micro: float, devices: tuple[int, ...]) -> np.ndarray:
         """R per layer of the stage ([layer, from class, to class], per micro-batch): forward and backward."""

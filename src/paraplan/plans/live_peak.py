@@ -69,16 +69,16 @@ def live_peak(order: Sequence[Action], per_micro: dict[int, float],
     passes_done = {s: 0 for s in per_micro}
     gathered = {s: False for s in per_micro}
     span = {s: spans.get(s, (0.0, 0.0)) for s in per_micro}
+    # per stage, whether it keeps its gathered weights and its gradients while it is not the one running
+    kept = {t: (False, False) for t in per_micro}
 
-    def kept_units(t: int) -> float:  # stage t's units held while it is not the one running
-        return (span[t][0] * (gathered[t] and passes_done[t] < weight_passes[t])
-                + span[t][1] * (0 < passes_done[t] < weight_passes[t]))
+    def kept_bytes(t: int) -> float:
+        return span[t][0] * kept[t][0] + span[t][1] * kept[t][1]
 
     def held_now(running: int | None) -> tuple[float, dict]:  # the sum over stages, as reported
-        state = {t: (t == running or (gathered[t] and passes_done[t] < weight_passes[t]),
-                     t == running or 0 < passes_done[t] < weight_passes[t]) for t in live}
+        state = {t: (True, True) if t == running else kept[t] for t in live}
         return sum(live[t] * per_micro[t] + waiting[t] * extra.get(t, 0.0) for t in live) + sum(
-            spans.get(t, (0.0, 0.0))[0] * state[t][0] + spans.get(t, (0.0, 0.0))[1] * state[t][1] for t in live), state
+            span[t][0] * state[t][0] + span[t][1] * state[t][1] for t in live), state
 
     # a bound on the running sum's rounding: each of its len(order) updates errs by at most one
     # rounding of a value no larger than every byte count summed
@@ -88,12 +88,10 @@ def live_peak(order: Sequence[Action], per_micro: dict[int, float],
     activations = unit_bytes = 0.0
     with_units = any(x or y for x, y in span.values())
     summed: set = set()
-    unit_state = {t: (False, False) for t in per_micro}  # what kept_units counts, per stage
     best = LivePeak(0.0, dict(live), dict(waiting), {s: (False, False) for s in per_micro})
     for action in order:
         s, kind = action.stage, action.computation
-        if with_units:
-            unit_bytes -= kept_units(s)
+        unit_bytes -= kept_bytes(s)
         if kind == F:
             live[s] += 1
             gathered[s] = True
@@ -110,19 +108,15 @@ def live_peak(order: Sequence[Action], per_micro: dict[int, float],
             live[s] -= 1
             passes_done[s] += 1
             activations -= per_micro[s]
-        quick = activations
-        if with_units:
-            here = kept_units(s)
-            unit_bytes += here
-            unit_state[s] = (gathered[s] and passes_done[s] < weight_passes[s], 0 < passes_done[s] < weight_passes[s])
-            # a stage's units are alive through its last weight-gradient pass, freed after it
-            quick += unit_bytes + (span[s][0] + span[s][1] - here if kind in (B, W) else 0.0)
+        # a stage's units are alive through its last weight-gradient pass, freed after it
+        kept[s] = (gathered[s] and passes_done[s] < weight_passes[s], 0 < passes_done[s] < weight_passes[s])
+        unit_bytes += kept_bytes(s)
+        running = s if kind in (B, W) else None
+        quick = activations + unit_bytes + (span[s][0] + span[s][1] - kept_bytes(s) if running is not None else 0.0)
         if quick + slack <= best.bytes:
             continue
-        running = s if kind in (B, W) else None
         # the same counts as a moment summed before (a steady state comes back to them): the same bytes
-        seen = (tuple(live.values()), tuple(waiting.values()), running,
-                tuple(unit_state.values()) if with_units else None)
+        seen = (tuple(live.values()), tuple(waiting.values()), running, tuple(kept.values()) if with_units else None)
         if seen in summed:
             continue
         summed.add(seen)

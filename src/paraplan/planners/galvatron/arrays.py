@@ -8,11 +8,10 @@ planners/galvatron/searcher.py's `Searcher`.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from paraplan.costs import memory as memory_model
+from paraplan.costs.alike import first_alike
 from paraplan.costs.expert_costs import common_expert_count, expert_problem, held_params
 from paraplan.costs.memory_config import MemoryConfig
 from paraplan.costs.slice_gather import layout_ranks, slice_gather_fraction
@@ -71,11 +70,13 @@ class StrategyArrays:
                                             context_parallel=int(self.request.options.get("context_parallel", 1)),
                                             experts=common_expert_count(self.model))
             # the measured runtime figures of a calibrated cluster, as the simulator charges them
-            a = strategy_arrays(self._slowest(devices, micro), self.model, strategies, micro, self.cluster, devices,
+            costs = self._slowest(devices, micro)
+            a = strategy_arrays(costs, self.model, strategies, micro, self.cluster, devices,
                                 self.config, self.slow, runtime=self.cm.overheads,
                                 compute_scale=self.cm.overheads.scale_for(self.cluster.n_devices))
             a["strategies"] = strategies
-            a["extra_forward"], a["extra_backward"] = self.extra_memory(strategies, micro)
+            first = np.asarray(first_alike(costs, self.model, range(self.model.n_layers)))
+            a["extra_forward"], a["extra_backward"] = self.extra_memory(strategies, micro, first)
             # mixed precision: autocast's 16-bit weight copies stay with the states (costs/memory.py)
             a["states_bytes"] = a["states_bytes"] + a["copy_bytes"]
             # [layer, strategy]: the micro-batch splits into the strategy's data slices, and TP and
@@ -95,11 +96,12 @@ class StrategyArrays:
             self._arrays[key] = a
         return self._arrays[key]
 
-    def extra_memory(self, strategies, micro: float) -> tuple[np.ndarray, np.ndarray]:
+    def extra_memory(self, strategies, micro: float, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """[layer, strategy] bytes costs/memory.py counts beyond `layer_memory`: Megatron's activations
         held whole on every tp rank (per micro-batch in flight: forward memory) and FSDP's gathered
         weights and unsharded gradient (counted as backward memory, a per-layer upper bound of the
-        stage's largest: the memory model keeps the largest `sdp_gathered_layers` layers)."""
+        stage's largest: the memory model keeps the largest `sdp_gathered_layers` layers). Both read
+        the layer's spec alone: a layer like an earlier one (`first`: costs/alike.py) copies its row."""
         n = self.model.n_layers
         forward, backward = np.zeros((n, len(strategies))), np.zeros((n, len(strategies)))
         replicated = getattr(memory_model, "tp_replicated_bytes", None)
@@ -107,15 +109,6 @@ class StrategyArrays:
             getattr(self.config, "param_bytes_per_param", 0)  # 16-bit in mixed precision, as costs/memory.py
         gathered = getattr(self.config, "sdp_gathered_layers", 0) * gathered_weight \
             + getattr(self.config, "grad_bytes_per_param", 0)
-        # both read the layer's spec alone: a layer like an earlier one (an LLM's blocks) copies its row
-        seen: dict = {}
-        first = []
-        for i, layer in enumerate(self.model.layers):
-            try:
-                first.append(seen.setdefault(replace(layer, index=0, name=""), i))
-            except TypeError:  # a spec that cannot be hashed keeps its row
-                first.append(i)
-        first = np.array(first)
         for j, st in enumerate(strategies):
             for i in np.unique(first):
                 if replicated is not None and st.tp > 1:

@@ -110,14 +110,14 @@ def _throughput_bound(request: PlanRequest, plan: Plan, interleave: bool) -> flo
     """Samples/s neither this plan nor any rewrite `_interleaved` may make of it exceeds (inf where
     the bound does not hold: Megatron's all-to-all overlap hides compute the bound counts): its own
     pipeline's fill and drain (grid_bounds.pipeline_bound_s), and where it is rewritten into v chunks
-    per rank (interleaving judged and at least two layers a rank), each rewrite's busiest rank's
+    per rank (interleaving judged), each rewrite's busiest rank's
     compute. Both are what the simulator charges, so no plan of them is faster. At 1,024 H100s the 32-
     and 64-stage pipelines of Llama 3 70B (80 layers) are bound at 56-65 s where their ranks' average
     compute is 35 s: no longer simulated (4.6 s) against a 37.4 s plan."""
     if plan.expert_overlap:
         return float("inf")
     seconds = pipeline_bound_s(request, plan)
-    if interleave and plan.n_stages > 1 and min(INTERLEAVED_CHUNKS) * plan.n_stages <= plan.n_layers:
+    if interleave:  # the least over its rewrites (inf where none can be made: one rank, too few layers)
         seconds = min(seconds, _rewrites_bound_s(request, plan))
     return plan.global_batch / seconds if seconds > 0 else float("inf")
 

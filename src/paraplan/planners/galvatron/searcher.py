@@ -113,7 +113,7 @@ class Searcher:
         sync = sync + a["after_step_s"][rows]
         per_micro = fwd + bwd
         in_flight = micro_batches_in_flight(schedule, n_stages, s, n_micro)
-        memory = min(self.cluster.device(d).memory_bytes for d in devices)
+        memory = self.least_capacity(devices)
         # a tied weight (GPT-2's embedding and head) is summed between its stages after the dp sync:
         # the runtime runs no ZeRO on it (runtime/layers/hybrid.py: hybrid_refusal), so neither do plans
         zero = np.array([s.zero > 0 for s in a["strategies"]])

@@ -148,6 +148,15 @@ def attention_here() -> str:
     return "fused" if torch.cuda.is_available() else "cpu"
 
 
+def with_operators(w: Workload, graph: OpGraph | None) -> Workload:
+    """The workload with its operator graph traced later (planners/auto.py: compare's `operators`),
+    in its costs and its request's."""
+    from paraplan.planners.request import with_operator_graph
+
+    request = w.request and with_operator_graph(w.request, graph)
+    return replace(w, operators=graph, costs=replace(w.costs, operators=graph), request=request)
+
+
 def operator_graph(built: BuiltModel, *, optional: bool = False, watch: Watch | None = None) -> OpGraph | None:
     """The operator graph of one training iteration, traced on meta (models/op_trace.py). A model
     that cannot be traced raises, or with `optional` gives None."""

@@ -348,7 +348,8 @@ def test_every_plan_of_the_megatron_grid_builds_megatron_cores_transformer_confi
 
     w = workload(MODEL, "dgx-a100-80gb?nodes=2", batch=64, precision="bf16", engine="megatron")
     plans = [replace(p, precision="bf16") for p, _ in grid_candidates(w.request, simulator_judge(w.request))]
-    assert len(plans) > 50 and any(p.virtual_stages > 1 for p in plans)
+    # 33 layouts since interleaved rewrites that cannot win are no longer timed (grid_bounds.py), 51 before
+    assert len(plans) > 30 and sum(p.virtual_stages > 1 for p in plans) >= 5
     cases = []
     for k, plan in enumerate(plans):
         assert engine_problem(plan, "megatron", shape) is None, plan

@@ -4,6 +4,7 @@ failing or timed-out planner as a row, the lower bound below every plan, the --j
 import json
 import os
 import time
+from dataclasses import replace
 
 import pytest
 from paraplan_process import run_paraplan
@@ -126,6 +127,33 @@ def test_a_stopped_search_keeps_its_best_plan_so_far(request_and_result, monkeyp
     assert result.best == "gropipe"
     empty = result.row("even")
     assert empty.timed_out and empty.status == "timeout" and empty.plan is None
+
+
+def test_the_operator_graph_traced_once_the_first_planner_runs_gives_the_same_rows(request_and_result):
+    """compare's `operators` (the request without its graph): the placement planners wait for the
+    trace, which runs beside the first planner; their rows, every other row and the lower bound (its
+    placements' term) are those of the graph given up front, and the graph comes back."""
+    request, _ = request_and_result
+    names = ["even", "fddps", "heft", "galvatron-bmw"]
+    eager = auto.compare(request, planners=names, time_limit_s=120)
+    bare = PlanRequest(costs=replace(request.costs, operators=None), model_name="gpt2-tiny",
+                       cluster_name="galvatron-8xtitan", batch=16)
+    calls = []
+
+    def trace():
+        calls.append(time.perf_counter())
+        return request.costs.operators
+
+    late = auto.compare(bare, planners=names, time_limit_s=120, operators=trace)
+    assert len(calls) == 1 and late.operators is request.costs.operators
+    def rows(result):
+        return [(r.planner, r.status, r.iteration_s, r.plan and replace(r.plan, search=None)) for r in result.rows]
+
+    assert rows(late) == rows(eager)
+    assert late.bound == eager.bound and eager.bound.operator_work_s > 0
+    # without its trace a placement planner cannot run: said so, as before
+    unseen = auto.compare(bare, planners=["fddps"], time_limit_s=120)
+    assert unseen.rows[0].status == "failed" or "operator graph" in unseen.rows[0].reason
 
 
 def test_cli_json_schema_and_the_plan_written(tmp_path):

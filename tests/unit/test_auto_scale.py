@@ -138,22 +138,22 @@ def test_a_placement_that_cannot_fit_is_skipped_before_it_starts_and_would_not_h
 
 def test_a_row_too_large_to_time_that_does_not_fit_keeps_its_memory_verdict(monkeypatch):
     """The comparison's row of a plan that does not fit and whose timeline would be larger than
-    auto.ROW_TIMELINE_TASKS carries the memory's verdict alone (CSIMD at 1,024 GPUs: 1.3 million
+    comparison_rows.ROW_TIMELINE_TASKS carries the memory's verdict alone (CSIMD at 1,024 GPUs: 1.3 million
     tasks, 16 s, for a plan 21,000 GiB over): the same peaks and reason, no time; below the limit,
     or when the plan fits, the row is simulated as before."""
-    from paraplan.planners import auto
+    from paraplan.planners import comparison_rows
 
     w = workload("gpt2-tiny", "galvatron-8xtitan", batch=64, memory="1MiB")
     plan = make_plan(w.request, "even", predict=False)
-    timed = auto._row("even", plan, w.request.costs, 0.0)
+    timed = comparison_rows.row_of("even", plan, w.request.costs, 0.0)
     assert timed.status == "infeasible" and timed.iteration_s is not None
-    monkeypatch.setattr(auto, "ROW_TIMELINE_TASKS", 0)
-    untimed = auto._row("even", plan, w.request.costs, 0.0)
+    monkeypatch.setattr(comparison_rows, "ROW_TIMELINE_TASKS", 0)
+    untimed = comparison_rows.row_of("even", plan, w.request.costs, 0.0)
     assert untimed.status == "infeasible" and untimed.iteration_s is None and untimed.split is None
     assert untimed.peak_bytes == timed.peak_bytes and untimed.capacity_bytes == timed.capacity_bytes
     assert untimed.reason == timed.reason + "; its timeline not simulated (it does not fit)"
     roomy = workload("gpt2-tiny", "galvatron-8xtitan", batch=64)
-    fits = auto._row("even", make_plan(roomy.request, "even", predict=False), roomy.request.costs, 0.0)
+    fits = comparison_rows.row_of("even", make_plan(roomy.request, "even", predict=False), roomy.request.costs, 0.0)
     assert fits.status == "ok" and fits.iteration_s is not None
 
 

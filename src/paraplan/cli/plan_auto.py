@@ -58,6 +58,7 @@ def run_auto(args, given: dict) -> int:
     from paraplan.hardware import load_cluster
     from paraplan.plans.plan_file import write_plan
     from paraplan.report.tables import console
+    from paraplan.workload import operator_graph, with_operators
 
     started = time.perf_counter()
     check_auto(args, given)
@@ -78,16 +79,24 @@ def run_auto(args, given: dict) -> int:
             raise ParaplanError("--prove-steps must be more than 2 (the first two are warm-up) and --prove-rounds "
                                 f"positive; got {args.prove_steps} and {args.prove_rounds}")
     err = console(stderr=True)
-    w = plan_workload(args, cluster, batch=args.batch, operators="optional", watch=_Comparing(err))
+    # a fallback ladder traces the operator graph first (a comparison per rung reads it); the one
+    # comparison traces it once its first planner runs (planners/auto.py: compare's `operators`)
+    ladder = args.fallbacks is not None
+    w = plan_workload(args, cluster, batch=args.batch, operators="optional" if ladder else None,
+                      watch=_Comparing(err))
     request = w.request
-    if args.fallbacks is not None:  # a fallback ladder (planners/ladder.py): a comparison per rung
+    if ladder:  # a fallback ladder (planners/ladder.py): a comparison per rung
         from paraplan.cli.plan_ladder import run_ladder
 
         return run_ladder(args, w, cluster, started)
     # the time limit counts from the command's start: the model's set-up (seconds for a 70B-like
     # model) comes out of it, leaving the comparison at least half
     limit = args.time_limit or 60.0
-    result = _compare(request, err, max(limit - (time.perf_counter() - started), limit / 2), args.quiet)
+    result = _compare(request, err, max(limit - (time.perf_counter() - started), limit / 2), args.quiet,
+                      lambda: operator_graph(w.built, optional=True))
+    if result.operators is not None:  # the plans of the placement planners are simulated with it below
+        w = with_operators(w, result.operators)
+        request = w.request
     if args.engine:  # only the plans that engine can run; the unrestricted best kept beside
         from paraplan.cli.export import restricted
 
@@ -150,16 +159,17 @@ def run_auto(args, given: dict) -> int:
     return 0
 
 
-def _compare(request, err, time_limit: float | None, quiet: bool):
+def _compare(request, err, time_limit: float | None, quiet: bool, operators=None):
     """auto.compare with its progress on stderr (cli/comparison_progress.py): the planners done,
     running and skipped, and the best plan so far; on a terminal, unless --quiet (--json too: its
-    document is on stdout)."""
+    document is on stdout). `operators`: what traces the operator graph (compare's)."""
     from paraplan.cli.comparison_progress import showing
     from paraplan.planners.auto import compare
     from paraplan.planners.registry import planner_names
 
     with showing(err, len(planner_names()), quiet) as status:
-        return compare(request, time_limit_s=time_limit or 60.0, on_row=status.on_row, on_progress=status.on_progress)
+        return compare(request, time_limit_s=time_limit or 60.0, on_row=status.on_row, on_progress=status.on_progress,
+                       operators=operators)
 
 
 def _write_report(args, result, costs, err, flops=None) -> None:

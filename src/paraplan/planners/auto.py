@@ -18,138 +18,25 @@ import signal
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from paraplan.errors import NothingFits, ParaplanError
 from paraplan.planners import progress
-from paraplan.planners.bound import LowerBound, lower_bound
+from paraplan.planners.bound import LowerBound, lower_bound, with_operator_term
+from paraplan.planners.comparison_rows import Comparison, Row, judged_row, no_plan_reason, row_of, stopped_row
 from paraplan.planners.plan_shape import describe
-from paraplan.planners.registry import PLANNERS, alike_note, idle_kinds, make_plan, planner, planner_names
-from paraplan.planners.request import PlanRequest
+from paraplan.planners.registry import make_plan, planner, planner_names
+from paraplan.planners.request import PlanRequest, with_operator_graph
 from paraplan.planners.skips import cannot_beat, skip_reason
-from paraplan.plans.plan import Plan, SearchInfo
-from paraplan.simulator.time_split import TimeSplit
 
-
-@dataclass(frozen=True)
-class Row:
-    planner: str
-    status: str  # ok | infeasible | failed | timeout | skipped | refused (by --engine)
-    plan: Plan | None = None
-    iteration_s: float | None = None
-    throughput: float | None = None
-    peak_bytes: tuple[int, ...] = ()  # per device the plan uses
-    capacity_bytes: tuple[int, ...] = ()
-    bubble: float | None = None
-    search_s: float | None = None
-    shape: str = ""
-    reason: str = ""  # why not ok
-    # stopped by its time limit: `plan` (if any) is the best its search had found by then, and
-    # `reason` says so; status is that plan's verdict (ok / infeasible), or timeout without one
-    timed_out: bool = False
-    split: TimeSplit | None = None  # where the plan's iteration goes (simulator/time_split.py)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    rows: tuple[Row, ...]
-    best: str | None  # the chosen planner's name (None: nothing feasible)
-    bound: LowerBound
-    wall_s: float
-    # `paraplan plan --engine E` (export/restrict.py): rows of plans E cannot run are "refused", and
-    # the best row of the comparison before that restriction is kept here
-    engine: str = ""
-    unrestricted: Row | None = None
-
-    def row(self, name: str) -> Row:
-        return next(r for r in self.rows if r.planner == name)
-
-    @property
-    def ranked(self) -> list[Row]:
-        """Feasible rows, fastest first."""
-        return sorted((r for r in self.rows if r.status == "ok"), key=lambda r: (r.iteration_s, r.planner))
-
-    def distinct(self, k: int) -> list[Row]:
-        """The `k` fastest feasible rows whose plans differ (a plan two planners share counts once):
-        what `--try-top K` runs."""
-        rows, seen = [], []
-        for row in self.ranked:
-            plan = replace(row.plan, prediction=None, search=None)
-            if plan not in seen:
-                seen.append(plan)
-                rows.append(row)
-        return rows[:k]
-
-
-def no_plan_reason(result: Comparison, time_limit_s: float | None = None) -> str:
-    """Why a comparison has no plan, in one line: a planner that ran out of time is not a planner
-    that found nothing fits (issue 31: at 1,024 GPUs a time-out was reported as infeasibility)."""
-    timed_out = [r.planner for r in result.rows if r.timed_out or r.status == "timeout"]
-    failed = [r for r in result.rows if r.status == "infeasible" and r.iteration_s is not None]
-    closest = min(failed, key=lambda r: r.iteration_s) if failed else None
-    fastest = f"the fastest, {closest.planner}: {closest.reason}" if closest else ""
-    if timed_out:
-        limit = f" of {time_limit_s:g} s" if time_limit_s else ""
-        others = (", the others found nothing that fits" + (f" ({fastest})" if fastest else "")) if failed else ""
-        return (f"no plan within the time limit{limit}: {len(timed_out)} planner{'s' if len(timed_out) != 1 else ''} "
-                f"timed out ({', '.join(timed_out)}){others}; raise --time-limit")
-    return "no planner found a plan that fits" + (f"; {fastest}" if fastest else "")
+# the comparison's rows live in planners/comparison_rows.py; these names are read from here too
+__all__ = ["Comparison", "Row", "compare", "describe", "judged_row", "no_plan_reason", "skip_reason"]
 
 
 # what a planner still needs once stopped (simulate its best plan so far, send the row): its own
 # deadline comes this much before the parent's kill
 GRACE_S = 10.0
 STOP_MARGIN_S = 3.0  # a planner's alarm comes this much before the comparison's deadline
-
-
-# a plan that does not fit and whose timeline would take more simulator tasks than this is a row
-# with its memory's verdict alone (CSIMD at 1,024 GPUs: 81 stages x 4,096 micro-batches of one
-# sample, 1.3 million tasks, 16 s here, for a plan 21,000 GiB over its memory)
-ROW_TIMELINE_TASKS = 200_000
-
-
-def _row(name: str, plan: Plan, costs, search_s: float, timed_out: bool = False, note: str = "") -> Row:
-    from paraplan.simulator.predict import simulate_plan, verdict_if_large
-
-    shape = describe(plan) + "".join(f" ({x})" for x in (
-        alike_note(PLANNERS[name], costs.cluster) if name in PLANNERS else "", idle_kinds(plan, costs.cluster)) if x)
-    search_s = plan.search.search_s if plan.search and not timed_out else search_s
-    unsimulated = verdict_if_large(plan, costs, ROW_TIMELINE_TASKS)
-    if unsimulated is not None:
-        reason = unsimulated.reason + "; its timeline not simulated (it does not fit)"
-        return Row(planner=name, status="infeasible", plan=plan, peak_bytes=tuple(m.peak_bytes for m in unsimulated.memory),
-                   capacity_bytes=tuple(m.capacity_bytes for m in unsimulated.memory), search_s=search_s, shape=shape,
-                   reason=note + f"; {reason}" if timed_out else reason, timed_out=timed_out)
-    # data-parallel replicas alike simulated as one (the same prediction and time split, each
-    # replica's devices drawn on replica 0's)
-    sim = simulate_plan(plan, costs, one_replica=True)
-    p = sim.prediction
-    reason = "" if p.feasible else p.reason
-    if timed_out:
-        reason = note + (f"; {reason}" if reason else "")
-    return Row(planner=name, status="ok" if p.feasible else "infeasible", plan=sim.plan, iteration_s=p.iteration_s,
-               throughput=p.throughput_samples_per_s, peak_bytes=tuple(m.peak_bytes for m in p.memory),
-               capacity_bytes=tuple(m.capacity_bytes for m in p.memory), bubble=sim.bubble_fraction,
-               search_s=search_s, shape=shape, reason=reason, timed_out=timed_out, split=sim.split)
-
-
-def judged_row(name: str, plan: Plan, costs) -> Row:
-    """A plan made outside the planners (export/restrict.py's projections) as a row of the comparison."""
-    return replace(_row(name, replace(plan, search=None), costs, 0.0), search_s=None)
-
-
-def _stopped(name: str, request: PlanRequest, time_limit_s: float, elapsed_s: float) -> Row:
-    """The row of a search stopped at its time limit: its best plan so far, said to be so, or a
-    time-out row when it had offered none."""
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    best, where = progress.best()
-    limit = f"time limit ({time_limit_s:.3g} s)"
-    if best is None:
-        return Row(planner=name, status="timeout", reason=f"no plan within the {limit}", timed_out=True)
-    note = f"stopped at the {limit}: the best plan found so far" + (f" ({where})" if where else "")
-    best = replace(best, **request.costs.plan_precision,
-                   search=SearchInfo(planner=name, search_s=elapsed_s, options=(("timed_out", True),), note=note))
-    return _row(name, best, request.costs, elapsed_s, timed_out=True, note=note)
 
 
 FINALIZER_RETRY_S = 0.01
@@ -210,11 +97,11 @@ def _planned_row(name: str, request: PlanRequest, conn, time_limit_s: float | No
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
         try:
             plan = make_plan(request, name, predict=False)  # simulated once, below (twice took as long again)
-            row = _row(name, plan, request.costs, time.perf_counter() - t0)
+            row = row_of(name, plan, request.costs, time.perf_counter() - t0)
         finally:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
     except progress.PlannerTimeout:  # in the search, or in the simulation of the finished search
-        row = _stopped(name, request, time_limit_s, time.perf_counter() - t0)
+        row = stopped_row(name, request, time_limit_s, time.perf_counter() - t0)
     except NothingFits as exc:  # the method ran and nothing of it fits: infeasible, not a failure
         row = Row(planner=name, status="infeasible", reason=exc.detail, search_s=time.perf_counter() - t0)
     except ParaplanError as exc:
@@ -261,17 +148,22 @@ def _start_order(name: str, jobs: int) -> tuple[bool, int]:
 
 def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_s: float = 60.0,
             jobs: int | None = None, on_row: Callable[[Row], None] | None = None,
-            on_progress: Callable[[str, str], None] | None = None) -> Comparison:
+            on_progress: Callable[[str, str], None] | None = None,
+            operators: Callable[[], object] | None = None) -> Comparison:
     """Run every applicable planner (or `planners`) on `request`; `on_row` is called as each ends,
     `on_progress(name, where)` as each starts (where "") and as its search tells how far it has come.
     `time_limit_s` bounds the whole comparison (issue 31, item 5: a minute at 1,024 GPUs): every
     planner must answer by then, a search still running answers with its best plan so far
-    (planners/progress.py), one not yet started says so."""
+    (planners/progress.py), one not yet started says so. `operators` (a request without its operator
+    graph): what traces it, called here once the first planner runs, its placement planners held
+    back till then (the trace, seconds for a 70B model, runs beside the longest chain instead of
+    before it: issue 51); the graph comes back in Comparison.operators."""
     t0 = time.perf_counter()
     names = planners or planner_names()
     rows: dict[str, Row] = {}
     todo = []
-    for name in names:
+    held = [n for n in names if operators is not None and request.costs.operators is None and planner(n).needs_operators]
+    for name in (n for n in names if n not in held):
         reason = skip_reason(name, request, time_limit_s)
         if reason is not None and planners is None:
             rows[name] = Row(planner=name, status="skipped", reason=reason)
@@ -287,8 +179,27 @@ def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_
     # process forked from here (full collections scanned the whole heap); given back after
     gc.freeze()
     bound = lower_bound(request.costs, request.batch)  # also what a planner of a few devices must beat (skips.py)
+    traced = {}
+
+    def late(now: PlanRequest) -> PlanRequest:
+        """The operator graph traced and the held planners skipped or queued: the request from now on."""
+        traced["graph"] = operators()
+        now = with_operator_graph(now, traced["graph"])
+        traced["bound"] = with_operator_term(bound, now.costs, now.batch)  # the placements' own least work
+        for name in held:
+            reason = skip_reason(name, now, time_limit_s)
+            if reason is not None and planners is None:
+                rows[name] = Row(planner=name, status="skipped", reason=reason)
+                if on_row:
+                    on_row(rows[name])
+            else:
+                todo.append(name)
+        todo.sort(key=lambda name: _start_order(name, jobs))
+        return now
+
     try:
-        _run_all(todo, running, rows, request, jobs, ctx, time_limit_s, on_row, frozenset(todo), on_progress, bound)
+        _run_all(todo, running, rows, request, jobs, ctx, time_limit_s, on_row, frozenset(todo + held), on_progress,
+                 bound, late if held else None)
     finally:  # interrupted (or failed): no planner process outlives the comparison
         gc.unfreeze()
         for proc, conn, *_ in running.values():
@@ -298,7 +209,7 @@ def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_
     ordered = tuple(rows[n] for n in names)
     feasible = sorted((r for r in ordered if r.status == "ok"), key=lambda r: (r.iteration_s, r.planner))
     return Comparison(rows=ordered, best=feasible[0].planner if feasible else None,
-                      bound=bound, wall_s=time.perf_counter() - t0)
+                      bound=traced.get("bound", bound), wall_s=time.perf_counter() - t0, operators=traced.get("graph"))
 
 
 def _request_for(name: str, request: PlanRequest, compared: frozenset) -> PlanRequest:
@@ -313,12 +224,15 @@ def _request_for(name: str, request: PlanRequest, compared: frozenset) -> PlanRe
 
 
 def _run_all(todo: list, running: dict, rows: dict, request: PlanRequest, jobs: int, ctx, time_limit_s: float,
-             on_row, names: frozenset, on_progress, bound: LowerBound) -> None:
+             on_row, names: frozenset, on_progress, bound: LowerBound, late=None) -> None:
     """Start planners while fewer than `jobs` run, collect each one's row (or its time-out); one that
-    cannot beat a plan found already (planners/skips.py, under `bound`) is skipped."""
+    cannot beat a plan found already (planners/skips.py, under `bound`) is skipped. `late(request)`:
+    run once the first planner has started (or none can), giving the request from then on."""
     deadline = time.perf_counter() + time_limit_s
-    while todo or running:
-        while todo and len(running) < jobs:
+    while todo or running or late:
+        if late is not None and (running or not todo):
+            request, late = late(request), None
+        while todo and len(running) < jobs and not (late is not None and running):
             name = todo.pop(0)
             beaten = cannot_beat(name, request, bound, rows.values())
             if beaten is not None:

@@ -111,7 +111,6 @@ def lower_bound(cm: CostModel, batch: int) -> LowerBound:
     work = float(per_batch[0].min(axis=1).sum())  # per layer, the cheapest device kind and piece size
     work_s = work / n
     memory_s, micro = _memory_bound(cm, batch, sizes, per_batch)
-    operator_work = _operator_work(cm, batch)
     # the layers' family: the work bound, or the memory term where it adds something worth naming
     # (a tenth of a percent)
     if np.isfinite(memory_s) and memory_s > work_s * (1 + 1e-3):
@@ -120,10 +119,17 @@ def lower_bound(cm: CostModel, batch: int) -> LowerBound:
     else:
         layers = LowerBound(iteration_s=max(work_s, memory_s) if np.isfinite(memory_s) else work_s, work_s=work,
                             one_device_s=one_device, n_devices=n, memory_s=memory_s if np.isfinite(memory_s) else 0.0)
+    return with_operator_term(layers, cm, batch)
+
+
+def with_operator_term(layers: LowerBound, cm: CostModel, batch: int) -> LowerBound:
+    """The layers' bound with the operator placements' least work (none without an operator graph),
+    binding where a placement could be faster than any layer plan."""
+    operator_work = _operator_work(cm, batch)
     if np.isfinite(operator_work):
         layers = replace(layers, operator_work_s=operator_work)
-        if operator_work / n < layers.iteration_s:  # an operator placement could be faster than any layer plan
-            return replace(layers, iteration_s=operator_work / n, binding="operators", micro_batch=0)
+        if operator_work / layers.n_devices < layers.iteration_s:
+            return replace(layers, iteration_s=operator_work / layers.n_devices, binding="operators", micro_batch=0)
     return layers
 
 

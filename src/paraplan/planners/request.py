@@ -84,6 +84,13 @@ def limited_costs(costs: CostModel, memory_bytes: int | None, memory_by_kind: tu
     return out
 
 
+def with_operator_graph(request: PlanRequest, graph) -> PlanRequest:
+    """The request with its cost model's operator graph set (traced after the request was made:
+    planners/auto.py), the memory limits applied once to the cost model they were made from."""
+    origin = _LIMITED_FROM.get(request.costs, request.costs)
+    return replace(request, costs=replace(origin, operators=graph))
+
+
 def cost_model_cache(store: dict, costs: CostModel) -> dict:
     """`store`'s entries for `costs`, emptied when another cost model is asked for: a process-wide cache
     that holds one cost model's results at a time (the model held, so its id stays its own), for the

@@ -21,17 +21,31 @@ def compute_s(request: PlanRequest, plan: Plan) -> float:
     return plan.n_micro * (sum(forward) + sum(backward)) / ranks
 
 
+# multi-chunk schedules whose backward is one computation a stage (not split as zero-bubble's is)
+WHOLE_BACKWARD_CHUNKED = ("interleaved-1f1b", "looped-bfs")
+
+
 def pipeline_bound_s(request: PlanRequest, plan: Plan) -> float:
-    """A lower bound on a one-chunk pipeline's iteration (GPipe, 1F1B), tighter than `compute_s`:
-    stage i runs its m forwards and m backwards (m (f_i + b_i)), cannot start before the first
-    micro-batch's forward has crossed the stages before it (sum of f_j, j < i), and the last
-    backward must still cross them back after it (sum of b_j). Transfers and the step after the
-    schedule only add to it, so a layout whose bound is no faster than the best plan so far cannot
-    win (the grid judges layouts in this order and stops there)."""
+    """A lower bound on a pipeline's iteration (GPipe, 1F1B, and interleaved 1F1B / looped BFS with
+    several chunks a rank), tighter than `compute_s`: rank r runs its stages' m forwards and m
+    backwards (m x the sum of f + b over its stages), cannot start before some micro-batch's forward
+    has crossed the stages before its first stage i (sum of f_j, j < i), and its last computation is
+    a backward of stage i (a micro-batch's backward reaches its earlier stages after its later ones),
+    after which that backward must still cross the stages before i (sum of b_j). With one chunk a
+    rank that is stage i's own m (f_i + b_i); with v chunks it is Narayanan et al. 2021's interleaved
+    bubble, (P - 1) chunk passes. Transfers and the step after the schedule only add to it, so a
+    layout whose bound is no faster than the best plan so far cannot win (the grid judges layouts in
+    this order and stops there). Other multi-chunk schedules (a split backward): `compute_s`."""
     forward, backward = stage_pass_s(request, plan)
-    if plan.virtual_stages > 1:
-        return compute_s(request, plan)
     m = plan.n_micro
+    if plan.virtual_stages > 1:
+        if str(plan.schedule) not in WHOLE_BACKWARD_CHUNKED:
+            return compute_s(request, plan)
+        busy, first = [0.0] * plan.n_ranks, [len(forward)] * plan.n_ranks
+        for i, rank in enumerate(plan.rank_of_stage):
+            busy[rank] += forward[i] + backward[i]
+            first[rank] = min(first[rank], i)
+        return max(sum(forward[:first[r]]) + m * busy[r] + sum(backward[:first[r]]) for r in range(plan.n_ranks))
     return max(sum(forward[:i]) + m * (forward[i] + backward[i]) + sum(backward[:i]) for i in range(len(forward)))
 
 

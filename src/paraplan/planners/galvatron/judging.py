@@ -6,7 +6,7 @@ can reach (`_throughput_bound`), and the interleaved 1F1B rewrites of the fastes
 
 from __future__ import annotations
 
-from paraplan.planners.galvatron.grid_bounds import pipeline_bound_s, stage_pass_s
+from paraplan.planners.galvatron.grid_bounds import pipeline_bound_s
 from paraplan.planners.request import Judge, PlanRequest
 from paraplan.plans.plan import Plan
 
@@ -40,9 +40,14 @@ def _interleaved(plan: Plan, prediction, request: PlanRequest, judge: Judge):
     # a rewrite that does not fit cannot be chosen, and more chunks hold more micro-batches on the
     # first rank, so at 1,024 GPUs most do not fit (a third of Galvatron-Base's judging there)
     memory_first = getattr(judge, "memory", None)
+    fastest = prediction.iteration_s if prediction.feasible else float("inf")
     for label, candidate in _rewrites(plan, request):
+        if not candidate.expert_overlap and pipeline_bound_s(request, candidate) >= fastest:
+            continue  # cannot beat a plan judged already (its fill, work and drain: grid_bounds.py)
         verdict = memory_first(candidate) if memory_first is not None else None
         scored.append((candidate, verdict if verdict is not None else judge(candidate), label))
+        if scored[-1][1].feasible:
+            fastest = min(fastest, scored[-1][1].iteration_s)
     fits = sorted((x for x in scored if x[1].feasible), key=lambda x: x[1].iteration_s)
     if not fits:
         return plan, prediction, "", len(scored)
@@ -110,8 +115,8 @@ def _throughput_bound(request: PlanRequest, plan: Plan, interleave: bool) -> flo
     """Samples/s neither this plan nor any rewrite `_interleaved` may make of it exceeds (inf where
     the bound does not hold: Megatron's all-to-all overlap hides compute the bound counts): its own
     pipeline's fill and drain (grid_bounds.pipeline_bound_s), and where it is rewritten into v chunks
-    per rank (interleaving judged), each rewrite's busiest rank's
-    compute. Both are what the simulator charges, so no plan of them is faster. At 1,024 H100s the 32-
+    per rank (interleaving judged), each rewrite's: its busiest rank's compute and the interleaved
+    fill and drain. Both are what the simulator charges, so no plan of them is faster. At 1,024 H100s the 32-
     and 64-stage pipelines of Llama 3 70B (80 layers) are bound at 56-65 s where their ranks' average
     compute is 35 s: no longer simulated (4.6 s) against a 37.4 s plan."""
     if plan.expert_overlap:
@@ -123,17 +128,9 @@ def _throughput_bound(request: PlanRequest, plan: Plan, interleave: bool) -> flo
 
 
 def _rewrites_bound_s(request: PlanRequest, plan: Plan) -> float:
-    """The least, over the chunk counts `_interleaved` judges, of its rewrite's busiest rank's compute
-    (m x its chunks' forward + backward, as grid_bounds.stage_pass_s prices them on the rank's devices)."""
-    least = float("inf")
-    for _, candidate in _rewrites(plan, request):
-        forward, backward = stage_pass_s(request, candidate)
-        ranks = candidate.rank_of_stage
-        busy = [0.0] * candidate.n_ranks
-        for i, (f, b) in enumerate(zip(forward, backward, strict=True)):
-            busy[ranks[i]] += f + b
-        least = min(least, candidate.n_micro * max(busy))
-    return least
+    """The least, over the chunk counts `_interleaved` judges, of its rewrite's bound (its busiest
+    rank's compute with the interleaved fill and drain: grid_bounds.pipeline_bound_s)."""
+    return min((pipeline_bound_s(request, candidate) for _, candidate in _rewrites(plan, request)), default=float("inf"))
 
 
 def _rewrites(plan: Plan, request: PlanRequest):

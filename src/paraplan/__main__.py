@@ -1,3 +1,3 @@
-from paraplan.cli import main
+from paraplan.cli import run
 
-raise SystemExit(main())
+run()

@@ -73,3 +73,24 @@ def main(argv: list[str] | None = None) -> int:
         return 143
     except BrokenPipeError:
         return 0
+
+
+def run() -> None:
+    """The `paraplan` executable (and `python -m paraplan`): `main`, then out without tearing the
+    interpreter down module by module (a second of the command's wall time once torch and
+    transformers are loaded: 1.1 s of `paraplan plan` at 1,024 GPUs). The exit handlers still run
+    and the streams are flushed; where another thread is alive, the ordinary exit waits for it."""
+    import atexit
+    import os
+    import threading
+
+    code = main()
+    if threading.active_count() > 1:
+        raise SystemExit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing left to say
+            pass
+    os._exit(code if isinstance(code, int) else 1)

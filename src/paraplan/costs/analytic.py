@@ -40,6 +40,10 @@ def analytic_costs(model: ModelSpec, device: DeviceSpec, link: LinkSpec, engine:
     fused = megatron_block_kernels(block) if engine is not None and engine.fused_blocks and block else None
     forward, backward, send_f, send_b = [], [], [], []
     previous_output = model.input_bytes
+    # one time function per distinct pass: the blocks of an LLM share theirs, and with it the memo of
+    # what it was asked (OperatorTime), so a pass is priced at a micro-batch size once, not once a
+    # block (an 80-block model's arrays at one size had been 2 x 82 kernel-by-kernel pricings)
+    made: dict = {}
     for layer in model.layers:
         # a mixture-of-experts block: the engine's MoE kernels (permutation, router, its expert FFN)
         layer_fused = expert_block_kernels(block, layer.experts) if fused is not None and layer.experts else fused
@@ -56,8 +60,8 @@ def analytic_costs(model: ModelSpec, device: DeviceSpec, link: LinkSpec, engine:
                 # Transformer Engine's norms and activation kernels take the amax: fused casts
                 f8, b8 = fp8_passes(fwd.ops, bwd.ops, fp8_recipe, fused_casts=engine is not None and engine.fused_blocks)
                 fwd, bwd = replace(fwd, ops=f8, _memo={}), replace(bwd, ops=b8, _memo={})
-            forward.append(fwd)
-            backward.append(bwd)
+            forward.append(made.setdefault(fwd, fwd))
+            backward.append(made.setdefault(bwd, bwd))
         else:
             forward.append(ComputeTime(layer.forward_flops, fwd_traffic, max(1, layer.forward_ops), device))
             backward.append(ComputeTime(layer.backward_flops, bwd_traffic, max(1, layer.backward_ops), device))

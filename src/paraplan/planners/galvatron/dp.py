@@ -181,9 +181,9 @@ def search_stage(cost: np.ndarray, forward_bytes: np.ndarray, backward_bytes: np
         table = dp_table(masked, np.where(allowed, mem_units - least[:, None], 0), trans, budget - int(least.sum()),
                          classes)
         for energy in range(budget - int(least.sum()), -1, -1):  # Algorithm 3's whole-memory check, in exact bytes
-            value, choice = backtrack(table, energy)
-            if not np.isfinite(value) or value >= best.cost:
+            if not table.last[:, energy].min() < best.cost:  # (inf or no better: the table says so, no walk back)
                 break
+            value, choice = backtrack(table, energy)
             idx = np.array(choice)
             fwd = float(forward_bytes[rows, idx].sum())
             bwd = float(backward_bytes[rows, idx].max())

@@ -53,16 +53,8 @@ def check_auto(args, given: dict) -> None:
         check_output("--report", args.report, directory=True)
 
 
-def run_auto(args, given: dict) -> int:
-    """--planner auto: every planner on the same request (planners/auto.py), the best feasible plan written."""
-    from paraplan.hardware import load_cluster
-    from paraplan.plans.plan_file import write_plan
-    from paraplan.report.tables import console
-    from paraplan.workload import operator_graph, with_operators
-
-    started = time.perf_counter()
-    check_auto(args, given)
-    cluster = load_cluster(args.cluster)
+def _check_runs(args, cluster) -> None:
+    """--try-top and --prove run plans for real: here, on this machine, before anything is planned."""
     if args.try_top is not None:
         from paraplan.runtime.launcher.prove import check_this_machine
 
@@ -78,6 +70,19 @@ def run_auto(args, given: dict) -> int:
         if args.prove_steps <= 2 or args.prove_rounds < 1:
             raise ParaplanError("--prove-steps must be more than 2 (the first two are warm-up) and --prove-rounds "
                                 f"positive; got {args.prove_steps} and {args.prove_rounds}")
+
+
+def run_auto(args, given: dict) -> int:
+    """--planner auto: every planner on the same request (planners/auto.py), the best feasible plan written."""
+    from paraplan.hardware import load_cluster
+    from paraplan.plans.plan_file import write_plan
+    from paraplan.report.tables import console
+    from paraplan.workload import operator_graph, with_operators
+
+    started = time.perf_counter()
+    check_auto(args, given)
+    cluster = load_cluster(args.cluster)
+    _check_runs(args, cluster)
     err = console(stderr=True)
     # a fallback ladder traces the operator graph first (a comparison per rung reads it); the one
     # comparison traces it once its first planner runs (planners/auto.py: compare's `operators`)

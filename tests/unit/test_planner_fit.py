@@ -255,3 +255,26 @@ def test_gropipe_when_nothing_fits_returns_the_closest(specs):
         cm.model.n_layers, tuple(int(c) - 1 for c in np.cumsum(r["layer_counts"])[:-1]), r["n_micro"], 64, "gpipe",
         [(s, s + 4) for s in range(4)])).memory) for r in table)
     assert max(m.peak_bytes / m.capacity_bytes for m in plan.prediction.memory) == pytest.approx(closest, rel=1e-6)
+
+
+@pytest.mark.parametrize("budget_share", [0.6, 0.7, None])
+def test_gropipe_judging_misfits_by_memory_alone_chooses_the_same_plan(specs, budget_share):
+    """The planner's own search (plan_gropipe timed=False) ranks a candidate that does not fit by its
+    memory's verdict and times only what decides the choice; over every shape and micro-batch count,
+    when nothing fits (0.6), when only memory-capped splits fit (0.7) and unconstrained, it returns
+    the plan the search that times every candidate returns, with the same prediction."""
+    from dataclasses import replace
+
+    from paraplan.planners.gropipe.planner import plan_gropipe
+
+    cm = _cm(specs, "resnet-50", "gropipe-8xt4")
+    memory = None if budget_share is None else int(budget_share * GIB if budget_share < 0.65 else
+                                                    0.7 * max(m.peak_bytes for m in make_plan(
+                                                        _request(cm, "resnet-50", n_stages=4), "gropipe").prediction.memory))
+    request = _request(cm, "resnet-50", memory_bytes=memory)
+    timed, table = plan_gropipe(request, simulator_judge(request))
+    untimed, rows = plan_gropipe(request, simulator_judge(request), timed=False)
+    assert replace(untimed, search=None) == replace(timed, search=None)
+    assert len(rows) == len(table)
+    if budget_share == 0.6:  # nothing fits: the misfits were not all timed
+        assert not timed.prediction.feasible and sum(r["iteration_s"] == float("inf") for r in rows) > 0

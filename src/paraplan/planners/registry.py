@@ -80,7 +80,11 @@ class SimulatorJudge:
     def memory(self, plan: Plan):
         from paraplan.simulator.predict import memory_verdict
 
-        return memory_verdict(replace(plan, **self.precision), self.costs)
+        plan = replace(plan, **self.precision)
+        judged = cost_model_cache(_JUDGED, self.costs)
+        if (plan, "memory") not in judged:  # BMW asks again of the rewrites Base asked of
+            judged[plan, "memory"] = memory_verdict(plan, self.costs)
+        return judged[plan, "memory"]
 
 
 # The predictions of the last cost model judged, per plan: planners in one process (Galvatron-Base

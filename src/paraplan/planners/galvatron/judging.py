@@ -7,7 +7,7 @@ can reach (`_throughput_bound`), and the interleaved 1F1B rewrites of the fastes
 from __future__ import annotations
 
 from paraplan.planners.galvatron.grid_bounds import pipeline_bound_s
-from paraplan.planners.request import Judge, PlanRequest
+from paraplan.planners.request import Judge, PlanRequest, cost_model_cache
 from paraplan.plans.plan import Plan
 
 # chunks per pipeline rank always tried for interleaved 1F1B (Narayanan et al. 2021 use 2-4; more
@@ -121,10 +121,16 @@ def _throughput_bound(request: PlanRequest, plan: Plan, interleave: bool) -> flo
     compute is 35 s: no longer simulated (4.6 s) against a 37.4 s plan."""
     if plan.expert_overlap:
         return float("inf")
-    seconds = pipeline_bound_s(request, plan)
-    if interleave:  # the least over its rewrites (inf where none can be made: one rank, too few layers)
-        seconds = min(seconds, _rewrites_bound_s(request, plan))
-    return plan.global_batch / seconds if seconds > 0 else float("inf")
+    known = cost_model_cache(_BOUNDS, request.costs)  # BMW's finalists are mostly Base's, in one process
+    if (plan, interleave) not in known:
+        seconds = pipeline_bound_s(request, plan)
+        if interleave:  # the least over its rewrites (inf where none can be made: one rank, too few layers)
+            seconds = min(seconds, _rewrites_bound_s(request, plan))
+        known[plan, interleave] = plan.global_batch / seconds if seconds > 0 else float("inf")
+    return known[plan, interleave]
+
+
+_BOUNDS: dict = {}  # the bounds of the last cost model's candidates (planners/request.py cost_model_cache)
 
 
 def _rewrites_bound_s(request: PlanRequest, plan: Plan) -> float:

@@ -122,10 +122,17 @@ class StrategyArrays:
         link = self.cluster.slowest_link(devices)
         frac = a["frac"]
         out = np.zeros((len(layers), *frac.shape))
+        if not frac.any():
+            return out
+        made: dict = {}  # per (output, gradient) bytes: a stage of blocks moves the same between each pair
         for row, i in enumerate(layers):
-            if row == 0 or not frac.any():
+            if row == 0:
                 continue
             prev = self.model.layers[i - 1]
-            for f, nbytes in ((frac, prev.output_bytes.at(micro)), (frac.T, prev.output_grad_bytes.at(micro))):
-                out[row] += np.where(f > 0, link.latency_s + f * nbytes / link.bandwidth_bytes_per_s, 0.0)
+            sizes = (prev.output_bytes.at(micro), prev.output_grad_bytes.at(micro))
+            if sizes not in made:
+                made[sizes] = np.zeros(frac.shape)
+                for f, nbytes in zip((frac, frac.T), sizes, strict=True):
+                    made[sizes] += np.where(f > 0, link.latency_s + f * nbytes / link.bandwidth_bytes_per_s, 0.0)
+            out[row] = made[sizes]
         return out

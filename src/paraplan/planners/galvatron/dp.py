@@ -112,20 +112,23 @@ def backtrack(t: Table, energy: int) -> tuple[float, tuple[int, ...]]:
     """The cheapest strategies within `energy` units (cost inf: none). Each layer's predecessor class
     is the argmin eq. (4) took (recomputed from the previous layer's row), then the cheapest of its
     strategies there."""
-    j = int(np.argmin(t.last[:, energy]))
-    cost = float(t.last[j, energy])
+    last = t.last[:, energy]
+    j = int(last.argmin())
+    cost = float(last[j])
     if not np.isfinite(cost):
         return INF, ()
     choice = [j]
+    # plain lists and the arrays' own methods: a walk back is thousands of tiny steps (Python's
+    # per-call costs were most of it)
+    mem_units, classes = t.mem_units.tolist(), t.classes.tolist()
+    starts = t.starts.tolist()
+    stops = starts[1:] + [len(t.perm)]
     for layer in range(len(t.tables) - 1, 0, -1):
-        energy -= int(t.mem_units[layer, j])
+        energy -= mem_units[layer][j]
         previous = t.tables[layer - 1][:, energy]
-        if t.trans is None:
-            k = 0
-        else:
-            k = int(np.argmin(np.minimum.reduceat(previous, t.starts) + t.trans[layer][:, t.classes[j]]))
-        first = int(t.starts[k])
-        j = first + int(np.argmin(previous[first:t.starts[k + 1] if k + 1 < len(t.starts) else len(previous)]))
+        k = 0 if t.trans is None else int((np.minimum.reduceat(previous, t.starts)
+                                           + t.trans[layer][:, classes[j]]).argmin())
+        j = starts[k] + int(previous[starts[k]:stops[k]].argmin())
         choice.append(j)
     return cost, tuple(int(t.perm[j]) for j in reversed(choice))
 

@@ -163,16 +163,21 @@ def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_
     rows: dict[str, Row] = {}
     todo = []
     held = [n for n in names if operators is not None and request.costs.operators is None and planner(n).needs_operators]
-    for name in (n for n in names if n not in held):
-        reason = skip_reason(name, request, time_limit_s)
-        if reason is not None and planners is None:
-            rows[name] = Row(planner=name, status="skipped", reason=reason)
-            if on_row:
-                on_row(rows[name])
-        else:
-            todo.append(name)
     jobs = jobs or os.cpu_count() or 1
-    todo.sort(key=lambda name: _start_order(name, jobs))
+
+    def take(these, now: PlanRequest) -> None:
+        """Each planner of `these` skipped with its reason, or queued in its start order."""
+        for name in these:
+            reason = skip_reason(name, now, time_limit_s)
+            if reason is not None and planners is None:
+                rows[name] = Row(planner=name, status="skipped", reason=reason)
+                if on_row:
+                    on_row(rows[name])
+            else:
+                todo.append(name)
+        todo.sort(key=lambda name: _start_order(name, jobs))
+
+    take([n for n in names if n not in held], request)
     ctx = multiprocessing.get_context("fork")
     running: dict[str, tuple] = {}
     # what exists now set aside by the collector while the comparison runs, here and in every planner's
@@ -186,15 +191,7 @@ def compare(request: PlanRequest, planners: list[str] | None = None, time_limit_
         traced["graph"] = operators()
         now = with_operator_graph(now, traced["graph"])
         traced["bound"] = with_operator_term(bound, now.costs, now.batch)  # the placements' own least work
-        for name in held:
-            reason = skip_reason(name, now, time_limit_s)
-            if reason is not None and planners is None:
-                rows[name] = Row(planner=name, status="skipped", reason=reason)
-                if on_row:
-                    on_row(rows[name])
-            else:
-                todo.append(name)
-        todo.sort(key=lambda name: _start_order(name, jobs))
+        take(held, now)
         return now
 
     try:

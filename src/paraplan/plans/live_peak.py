@@ -1,7 +1,8 @@
 """What a pipeline rank holds along its order of actions (plans/schedules.py `rank_order`): the most
-micro-batches in flight (`in_flight`) and the moment its stages' kept bytes weigh the most
-(`live_peak`), and the micro-batches a stage of a one-chunk pipeline holds (`micro_batches_in_flight`), for costs/memory.py's count of a rank that holds several stages or splits its
-backward."""
+micro-batches in flight (`in_flight`), the moment its stages' kept bytes weigh the most
+(`live_peak`), and the micro-batches a stage of a one-chunk pipeline holds
+(`micro_batches_in_flight`), for costs/memory.py's count of a rank that holds several stages or
+splits its backward."""
 
 from __future__ import annotations
 

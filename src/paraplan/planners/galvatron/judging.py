@@ -41,8 +41,8 @@ def _interleaved(plan: Plan, prediction, request: PlanRequest, judge: Judge):
     # first rank, so at 1,024 GPUs most do not fit (a third of Galvatron-Base's judging there)
     memory_first = getattr(judge, "memory", None)
     fastest = prediction.iteration_s if prediction.feasible else float("inf")
-    for label, candidate in _rewrites(plan, request):
-        if not candidate.expert_overlap and pipeline_bound_s(request, candidate) >= fastest:
+    for label, candidate, bound in _rewritten(plan, request):
+        if not candidate.expert_overlap and bound >= fastest:
             continue  # cannot beat a plan judged already (its fill, work and drain: grid_bounds.py)
         verdict = memory_first(candidate) if memory_first is not None else None
         scored.append((candidate, verdict if verdict is not None else judge(candidate), label))
@@ -116,37 +116,42 @@ def _throughput_bound(request: PlanRequest, plan: Plan, interleave: bool) -> flo
     the bound does not hold: Megatron's all-to-all overlap hides compute the bound counts): its own
     pipeline's fill and drain (grid_bounds.pipeline_bound_s), and where it is rewritten into v chunks
     per rank (interleaving judged), each rewrite's: its busiest rank's compute and the interleaved
-    fill and drain. Both are what the simulator charges, so no plan of them is faster. At 1,024 H100s the 32-
-    and 64-stage pipelines of Llama 3 70B (80 layers) are bound at 56-65 s where their ranks' average
-    compute is 35 s: no longer simulated (4.6 s) against a 37.4 s plan."""
+    fill and drain. Both are what the simulator charges, so no plan of them is faster. At 1,024 H100s
+    the 32- and 64-stage pipelines of Llama 3 70B (80 layers) are bound at 56-65 s where their ranks'
+    average compute is 35 s: no longer simulated (4.6 s) against a 37.4 s plan."""
     if plan.expert_overlap:
         return float("inf")
-    known = cost_model_cache(_BOUNDS, request.costs)  # BMW's finalists are mostly Base's, in one process
-    if (plan, interleave) not in known:
-        seconds = pipeline_bound_s(request, plan)
-        if interleave:  # the least over its rewrites (inf where none can be made: one rank, too few layers)
-            seconds = min(seconds, _rewrites_bound_s(request, plan))
-        known[plan, interleave] = plan.global_batch / seconds if seconds > 0 else float("inf")
-    return known[plan, interleave]
+    seconds = pipeline_bound_s(request, plan)
+    if interleave:  # the least over its rewrites (inf where none can be made: one rank, too few layers)
+        seconds = min([seconds, *(bound for _, _, bound in _rewritten(plan, request))])
+    return plan.global_batch / seconds if seconds > 0 else float("inf")
 
 
-_BOUNDS: dict = {}  # the bounds of the last cost model's candidates (planners/request.py cost_model_cache)
+# per plan, its rewrites with their bounds, for the last cost model (planners/request.py
+# cost_model_cache): the bound and `_interleaved` read the same ones, and BMW's finalists are
+# mostly Base's, judged in one process
+_REWRITTEN: dict = {}
 
 
-def _rewrites_bound_s(request: PlanRequest, plan: Plan) -> float:
-    """The least, over the chunk counts `_interleaved` judges, of its rewrite's bound (its busiest
-    rank's compute with the interleaved fill and drain: grid_bounds.pipeline_bound_s)."""
-    return min((pipeline_bound_s(request, candidate) for _, candidate in _rewrites(plan, request)), default=float("inf"))
+def _rewritten(plan: Plan, request: PlanRequest) -> tuple:
+    """("kind v=V", the rewrite, its grid_bounds.pipeline_bound_s) of every interleaved rewrite
+    `_interleaved` judges."""
+    from paraplan.planners.schedule_variants import rewrite
+
+    known = cost_model_cache(_REWRITTEN, request.costs)
+    if plan not in known:
+        out = []
+        for kind in INTERLEAVED_KINDS:
+            for v in chunk_counts(plan, request.costs):
+                try:
+                    candidate = rewrite(plan, request.costs, kind, v)
+                except ValueError:
+                    continue
+                out.append((f"{kind} v={v}", candidate, pipeline_bound_s(request, candidate)))
+        known[plan] = tuple(out)
+    return known[plan]
 
 
 def _rewrites(plan: Plan, request: PlanRequest):
-    """("kind v=V", the rewrite) of every interleaved rewrite `_interleaved` judges (and
-    `_rewrites_bound_s` bounds: the same ones)."""
-    from paraplan.planners.schedule_variants import rewrite
-
-    for kind in INTERLEAVED_KINDS:
-        for v in chunk_counts(plan, request.costs):
-            try:
-                yield f"{kind} v={v}", rewrite(plan, request.costs, kind, v)
-            except ValueError:
-                continue
+    """("kind v=V", the rewrite) of every interleaved rewrite `_interleaved` judges."""
+    return [(label, candidate) for label, candidate, _ in _rewritten(plan, request)]

@@ -121,13 +121,14 @@ GRID = "megatron-grid"  # planners/galvatron/grid.py: uniform layouts, in BMW's 
 def _portfolio(request: PlanRequest, variant: Variant, options: dict, judge: Judge, own: tuple):
     """The variant's plan against the plans of the variants inside its space (PORTFOLIO), each found
     by that variant's own search on the same request (every pipeline degree's best, with the
-    interleaved rewrites this variant judges: `judge_candidates`), all judged by the simulator: the best that fits.
+    interleaved rewrites this variant judges: `judge_candidates`), all judged by the simulator: the
+    best that fits.
     Eq. (8) and the simulator disagree where the simulator is finer (DDP's bucketed overlap, sends:
     GPT-2 XL at 16 GiB on 8 TITANs, DP+TP 718.5 ms against BMW's 728.0), and a search under a memory
     model the DP cannot count exactly (DDP buckets at the gradient sync) can miss a plan of a
     restricted set (ViT-Huge-32 at 12 GiB: 725.6 against 732.3 ms by eq. (8)); so the final choice
-    among these candidates is the simulator's. `own` is the variant's `judge_candidates` result; returns it
-    with the winning variant's name after the plan and prediction."""
+    among these candidates is the simulator's. `own` is the variant's `judge_candidates` result;
+    returns it with the winning variant's name after the plan and prediction."""
     from paraplan.planners.galvatron.space import VARIANTS
 
     by_name = {v.name: v for v in VARIANTS}

@@ -182,8 +182,9 @@ class Searcher:
             # devices had been a tenth of BMW's partition adjustment at 1,024 GPUs)
             overflow, over = 0.0, {s: -float("inf") for s in range(n_stages)}
             for s, (devices, b, each) in enumerate(rank_memory(plan, self.model, self.config)):
-                for peak, capacity in ((int(round(each[d].peak_bytes)), self.capacity[d]) for d in devices) if each \
-                        else ((int(round(b.peak_bytes)), self.least_capacity(devices)),):
+                pairs = [(each[d].peak_bytes, self.capacity[d]) for d in devices] if each else \
+                    [(b.peak_bytes, self.least_capacity(devices))]  # one breakdown for the stage's devices alike
+                for peak, capacity in ((int(round(p)), c) for p, c in pairs):
                     overflow, over[s] = max(overflow, peak / max(capacity, 1)), max(over[s], peak - capacity)
             failures = [st.failure for st in stages if st.failure]
             if failures:

@@ -298,9 +298,14 @@ def plan_memory(plan: Plan, model: ModelSpec, capacities: dict[int, int], config
     decides the CUDA-only terms; unknown is treated as a CUDA device."""
     out, breakdowns = [], []
     for devices, b, each in rank_memory(plan, model, config, device_kind, device_kinds):
-        # with shares each device holds its own share's activations (the table shows the largest's)
-        out.extend(DeviceMemory(device=d, peak_bytes=int(round((each[d] if each else b).peak_bytes)),
-                                capacity_bytes=capacities[d]) for d in (each or devices))
+        # with shares each device holds its own share's activations (the table shows the largest's);
+        # without, one peak for the rank's devices (summed once, not once a device: 1,024 at 1,024 GPUs)
+        if each:
+            out.extend(DeviceMemory(device=d, peak_bytes=int(round(each[d].peak_bytes)), capacity_bytes=capacities[d])
+                       for d in each)
+        else:
+            peak = int(round(b.peak_bytes))
+            out.extend(DeviceMemory(device=d, peak_bytes=peak, capacity_bytes=capacities[d]) for d in devices)
         breakdowns.append(b)
     return tuple(out), tuple(breakdowns)
 

@@ -45,21 +45,24 @@ class StageSolution:
 
 @dataclass(frozen=True)
 class Table:
-    """Eq. (4)'s tables for every layer, strategy-major: tables[l][j, E] = C(l, E, j) (column j of the
-    paper's table is row j here: each layer's per-class minimum then reads whole contiguous rows).
-    The back pointers (the class of layer l-1's strategy) are not kept: `backtrack` recomputes the one
-    it follows from layer l-1's row at E, the same argmin over the same sums."""
+    """Eq. (4)'s tables, strategy-major: C(l, E, j) is row j of layer l's table (each layer's per-class
+    minimum then reads whole contiguous rows). Only the first and last layers' tables are kept whole;
+    every layer in between keeps the [K, E] minima eq. (4) reads: its per-class minima `lows[l]` (the
+    cheapest of each class within E units) and, after the transformation costs, `reads[l + 1]` (what
+    layer l + 1's rows read), from which `backtrack` rebuilds a class's rows as `dp_table` summed them.
+    K is a sixth of S at 1,024 H100s: the tables take a third of the memory, and writing S x E fresh
+    floats per layer (page faults, a sixth of a Galvatron search) is gone."""
 
-    tables: list
-    classes: np.ndarray  # [S]: each row's layout class, sorted
+    first: np.ndarray  # [S, E]: C(0, E, j)
+    last: np.ndarray  # [S, E]: C(L-1, E, j)
+    lows: list  # lows[l] ([K, E], l < L-1): min over class k's rows of C(l, E, j)
+    reads: list  # reads[l] (flat [K * E] + one inf, l >= 1): layer l's predecessor minima after R
+    cost: np.ndarray  # [L, S], rows sorted by class
+    classes: np.ndarray  # [S]: each row's layout class as 0..K-1, sorted
     starts: np.ndarray  # [K]: the first row of each class
     trans: np.ndarray | None  # [L, K, K] (None: one class, no transformation cost)
     mem_units: np.ndarray
     perm: np.ndarray  # row j of the tables is strategy perm[j] (rows sorted by class)
-
-    @property
-    def last(self) -> np.ndarray:
-        return self.tables[-1]
 
 
 def dp_table(cost: np.ndarray, mem_units: np.ndarray, trans: np.ndarray | None, budget: int,
@@ -71,7 +74,8 @@ def dp_table(cost: np.ndarray, mem_units: np.ndarray, trans: np.ndarray | None, 
     all strategies form one class). This loop is most of a Galvatron search: strategy-major rows,
     the min-plus step over classes reduced along its first axis, and each layer's read of the
     previous minima one gather through an index shared by layers of the same memory (the layers
-    of a transformer) take half the time of the [E, S] form with back pointers (same tables)."""
+    of a transformer) take half the time of the [E, S] form with back pointers (same tables); one
+    [S, E] table rewritten in place, the [K, E] minima alone kept (`Table`), saves a fifth more."""
     n_layers, n_strat = cost.shape
     if trans is None:
         classes = np.zeros(n_strat, dtype=np.int64)
@@ -82,17 +86,20 @@ def dp_table(cost: np.ndarray, mem_units: np.ndarray, trans: np.ndarray | None, 
     column_class = np.searchsorted(classes[starts], classes)  # each row's class as 0..K-1
     n_class, width = len(starts), budget + 1
     energies = np.arange(width)[None, :]
-    table = np.where(energies >= mem_units[0][:, None], cost[0][:, None], INF)  # [S, E]
-    tables = [table]
-    low = np.full(n_class * width + 1, INF)  # the minima per class and budget, then one inf to read past the start
+    first = np.where(energies >= mem_units[0][:, None], cost[0][:, None], INF)  # [S, E]
+    table = first.copy() if n_layers > 1 else first
+    lows: list = []
+    reads: list = [None]
     gathers: dict[bytes, np.ndarray] = {}
     # each class's rows: a min over each slice is 4-5x faster than np.minimum.reduceat along axis 0
     # (measured at 52-121 strategies in 8-20 classes), the same minima
     members = [slice(int(a), int(b)) for a, b in zip(starts, np.r_[starts[1:], n_strat], strict=True)]
-    class_low = np.empty((n_class, width))
     for layer in range(1, n_layers):
+        class_low = np.empty((n_class, width))
         for k, rows in enumerate(members):  # [K, E]: the cheapest of each class
             table[rows].min(axis=0, out=class_low[k])
+        low = np.empty(n_class * width + 1)  # the minima per class and budget, then one inf to read past the start
+        low[-1] = INF
         view = low[:-1].reshape(n_class, width)
         if trans is None:  # one class: the cheapest predecessor of any strategy
             view[:] = class_low
@@ -102,33 +109,44 @@ def dp_table(cost: np.ndarray, mem_units: np.ndarray, trans: np.ndarray | None, 
         if key not in gathers:  # row j at E reads its class at E - O(l, j); below 0, the inf
             index = energies - mem_units[layer][:, None]
             gathers[key] = np.where(index >= 0, column_class[:, None] * width + index, n_class * width)
-        table = np.take(low, gathers[key])  # take: a third faster than indexing, the same values
+        np.take(low, gathers[key], out=table)  # take: a third faster than indexing, the same values
         table += cost[layer][:, None]
-        tables.append(table)
-    return Table(tables, column_class, starts, None if trans is None else np.asarray(trans), mem_units, perm)
+        lows.append(class_low)
+        reads.append(low)
+    return Table(first, table, lows, reads, cost, column_class, starts, None if trans is None else np.asarray(trans),
+                 mem_units, perm)
 
 
 def backtrack(t: Table, energy: int) -> tuple[float, tuple[int, ...]]:
     """The cheapest strategies within `energy` units (cost inf: none). Each layer's predecessor class
-    is the argmin eq. (4) took (recomputed from the previous layer's row), then the cheapest of its
-    strategies there."""
+    is the argmin eq. (4) took (from the previous layer's class minima), then the cheapest of its
+    strategies there (the first of the least, as numpy's argmin), rebuilt one by one as `dp_table`
+    summed them."""
     last = t.last[:, energy]
     j = int(last.argmin())
     cost = float(last[j])
     if not np.isfinite(cost):
         return INF, ()
     choice = [j]
-    # plain lists and the arrays' own methods: a walk back is thousands of tiny steps (Python's
-    # per-call costs were most of it)
-    mem_units, classes = t.mem_units.tolist(), t.classes.tolist()
-    starts = t.starts.tolist()
+    # plain lists and scalars: a walk back is thousands of tiny steps (Python's per-call costs were
+    # most of it), a class a handful of rows
+    mem_units, classes, starts = t.mem_units.tolist(), t.classes.tolist(), t.starts.tolist()
     stops = starts[1:] + [len(t.perm)]
-    for layer in range(len(t.tables) - 1, 0, -1):
+    width = t.first.shape[1]
+    for layer in range(len(t.reads) - 1, 0, -1):
         energy -= mem_units[layer][j]
-        previous = t.tables[layer - 1][:, energy]
-        k = 0 if t.trans is None else int((np.minimum.reduceat(previous, t.starts)
-                                           + t.trans[layer][:, classes[j]]).argmin())
-        j = starts[k] + int(previous[starts[k]:stops[k]].argmin())
+        k = 0 if t.trans is None else int((t.lows[layer - 1][:, energy] + t.trans[layer][:, classes[j]]).argmin())
+        if layer == 1:
+            j = starts[k] + int(t.first[starts[k]:stops[k], energy].argmin())
+        else:
+            reads, row_cost, row_units, base = t.reads[layer - 1], t.cost[layer - 1], mem_units[layer - 1], k * width
+            best = INF
+            j = starts[k]
+            for r in range(starts[k], stops[k]):
+                read = energy - row_units[r]
+                value = (reads[base + read] if read >= 0 else INF) + row_cost[r]
+                if value < best:
+                    best, j = value, r
         choice.append(j)
     return cost, tuple(int(t.perm[j]) for j in reversed(choice))
 

@@ -170,7 +170,7 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
     config = (config or MemoryConfig()).for_device_kind(device_kind)
     stage = plan.stages[stage_index]
     micro = plan.global_batch / plan.n_micro  # entering the stage's group; strategies split it further
-    forward_owner = {i: s for s, st in enumerate(plan.stages) for i in st.layers}
+    forward_owner = _forward_owner(plan)
     held = set(stage.layers) | set(stage.backward)
     states = stash = activations = recompute = 0.0
     param_states = grads = optimizer_states = 0.0
@@ -247,6 +247,18 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
                            optimizer_bytes=optimizer_states, recompute_bytes=recompute / (1.0 + config.allocator_fraction),
                            loss_gradient_bytes=loss_gradients, kept_weight_bytes=kept_weights,
                            kept_grad_bytes=kept_grads)
+
+
+_OWNERS: list = [None, {}]  # the last plan's stages and {layer: the stage running its forward}
+
+
+def _forward_owner(plan: Plan) -> dict[int, int]:
+    """{layer: the (last) stage whose forward runs it}, built once for a plan's stages: a memory
+    count asks it of each of the plan's stages in turn (the stages themselves held here, so that
+    their identity cannot be another's)."""
+    if _OWNERS[0] is not plan.stages:
+        _OWNERS[:] = [plan.stages, {i: s for s, st in enumerate(plan.stages) for i in st.layers}]
+    return _OWNERS[1]
 
 
 def loss_gradient_bytes(model: ModelSpec, strategy: LayerStrategy, micro_batch: float) -> float:

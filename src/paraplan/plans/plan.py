@@ -73,6 +73,11 @@ class LayerRange:
     def __iter__(self):
         return iter(range(self.start, self.stop))
 
+    def __contains__(self, item) -> bool:
+        # range's own test (a bound check for ints), not a walk through __iter__: the memory model
+        # asks it of every layer of every stage it counts
+        return item in range(self.start, self.stop)
+
     def __str__(self) -> str:
         return f"{self.start}..{self.stop - 1}"
 

@@ -177,7 +177,7 @@ def _closeness(prediction: Prediction) -> tuple[float, float]:
 
 
 @register("pipedream-replicated", "PipeDream's dynamic program with replicated stages: each stage its own "
-                                  "number of devices", schedules=("1f1b", "gpipe"), slow=5, reach=_reach)
+                                  "number of devices", schedules=("1f1b", "gpipe"), slow=6, reach=_reach)
 def _planner(request: PlanRequest, options: dict, judge: Judge) -> Plan:
     t0 = time.perf_counter()
     unit = _unit(request)

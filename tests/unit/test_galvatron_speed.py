@@ -45,6 +45,31 @@ def test_the_memory_floor_never_exceeds_the_optimum_and_counts_memory():
     assert tighter > 20  # where memory binds, the bound says so
 
 
+def test_the_floor_of_choices_taking_a_fresh_strategy_never_exceeds_their_optimum():
+    # the bound that skips a backward level above one searched (dp.search_stage): over the choices
+    # that take at least one `fresh` strategy alone, by brute force
+    rng = np.random.default_rng(6)
+    binding = 0
+    for _ in range(300):
+        n, s = int(rng.integers(1, 5)), int(rng.integers(2, 5))
+        cost = rng.random((n, s))
+        cost[rng.random((n, s)) < 0.1] = INF
+        fmem, bmem = rng.random((n, s)) * 4, rng.random((n, s)) * 2
+        fresh = rng.random((n, s)) < 0.3
+        capacity = float(rng.random() * 12)
+        taking = np.where(fresh, -1.0, 0.0)  # brute force over choices, those with a fresh one marked
+        best = INF
+        rows = np.arange(n)
+        for choice in itertools.product(range(s), repeat=n):
+            idx = np.array(choice)
+            if taking[rows, idx].min() < 0 and fmem[rows, idx].sum() + bmem[rows, idx].max() <= capacity:
+                best = min(best, cost[rows, idx].sum())
+        floor = memory_floor(cost, fmem, bmem, capacity, fresh=fresh)
+        assert floor <= best + 1e-12
+        binding += np.isfinite(best) and floor > memory_floor(cost, fmem, bmem, capacity) + 1e-9
+    assert binding > 20  # taking a fresh strategy costs more than the cheapest: the bound says so
+
+
 def test_memory_floor_of_a_knapsack_by_hand():
     # two layers, each cheap-and-big (cost 1, 3 bytes) or dear-and-small (cost 2, 1 byte), 4 bytes:
     # one of each is the optimum (3); the LP relaxation gives 3 too, the memory-blind floor 2

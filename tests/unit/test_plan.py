@@ -118,6 +118,10 @@ def test_derived_views():
     assert plan.n_stages == 4 and plan.micro_batch_size == 64
     assert plan.stages[0].strategy(0) == LayerStrategy(dp=2)
     assert bipartition_plan().stages[0].backward == LayerRange(0, 8)
+    # membership answers as iterating would (the memory model's per-layer test)
+    layers = LayerRange(2, 5)
+    for item in (1, 2, 4, 5, 3.0, 3.5, True, "3"):
+        assert (item in layers) == (item in list(layers)), item
 
 
 def _broken(edit) -> str:

@@ -49,7 +49,7 @@ from paraplan.costs.expert_costs import common_expert_count, expert_groups
 from paraplan.errors import FieldError
 from paraplan.planners import progress
 from paraplan.planners.cut_search import search_cut
-from paraplan.planners.galvatron.grid_bounds import compute_s, pipeline_bound_s
+from paraplan.planners.galvatron.grid_bounds import bounds, compute_s, pipeline_bound_s
 from paraplan.planners.galvatron.space import even_partition, held_stage_count, pipeline_degrees, stage_group
 from paraplan.planners.request import BEST_SCHEDULE, Judge, PlanRequest
 from paraplan.plans.axes import DATA, EXPERT, SHARDED_DATA, TENSOR
@@ -208,16 +208,16 @@ def grid_candidates(request: PlanRequest, judge: Judge, families=None, accept=No
                              for r in _recomputations(request)
                              if experts == (1, 1) or tp == 1 or r != Recompute.FULL]  # EP with TP needs SP
                     plans = [p for p in plans if accept is None or accept(p)]
-                    if plans:
-                        layouts.append([(pipeline_bound_s(request, plan), compute_s(request, plan), plan)
-                                        for plan in plans])
+                    if plans:  # ordered by the first's bounds; the others' priced only when reached
+                        layouts.append((bounds(request, plans[0]), plans))
     layouts.sort(key=lambda x: x[0][0])  # the likeliest winners first: the best so far prunes the rest
     judged: list[tuple[Plan, Prediction]] = []
     deferred: list[tuple[float, Plan]] = []  # fit, cannot win as one chunk, may interleaved (`_interleaved`)
     best = np.inf
     rewrites = interleaves(request)
-    for tries in layouts:
-        for k, (bound, compute, plan) in enumerate(tries):
+    for first, tries in layouts:
+        for k, plan in enumerate(tries):
+            bound, compute = first if k == 0 else bounds(request, plan)
             if compute >= best:
                 break  # more recomputation only adds compute: no schedule of this layout can win
             if bound >= best:  # no faster as 1F1B than the best so far; its interleaved rewrite may be

@@ -17,7 +17,10 @@ def compute_s(request: PlanRequest, plan: Plan) -> float:
     recomputation and ZeRO-2's reduce-scatters included), over the P ranks. No plan of this layout
     is faster (some rank is at least this busy), whatever its schedule and chunks: the grid skips a layout whose compute
     alone is no faster than its best plan so far."""
-    forward, backward = stage_pass_s(request, plan)
+    return _compute(plan, *stage_pass_s(request, plan))
+
+
+def _compute(plan: Plan, forward: list[float], backward: list[float]) -> float:
     ranks = len({s.devices for s in plan.stages})  # interleaved: several stages on each rank's group
     return plan.n_micro * (sum(forward) + sum(backward)) / ranks
 
@@ -37,11 +40,20 @@ def pipeline_bound_s(request: PlanRequest, plan: Plan) -> float:
     bubble, (P - 1) chunk passes. Transfers and the step after the schedule only add to it, so a
     layout whose bound is no faster than the best plan so far cannot win (the grid judges layouts in
     this order and stops there). Other multi-chunk schedules (a split backward): `compute_s`."""
+    return _pipeline_bound(plan, *stage_pass_s(request, plan))
+
+
+def bounds(request: PlanRequest, plan: Plan) -> tuple[float, float]:
+    """(`pipeline_bound_s`, `compute_s`) of `plan`, its stages priced once."""
     forward, backward = stage_pass_s(request, plan)
+    return _pipeline_bound(plan, forward, backward), _compute(plan, forward, backward)
+
+
+def _pipeline_bound(plan: Plan, forward: list[float], backward: list[float]) -> float:
     m = plan.n_micro
     if plan.virtual_stages > 1:
         if str(plan.schedule) not in WHOLE_BACKWARD_CHUNKED:
-            return compute_s(request, plan)
+            return _compute(plan, forward, backward)
         busy, first = [0.0] * plan.n_ranks, [len(forward)] * plan.n_ranks
         for i, rank in enumerate(plan.rank_of_stage):
             busy[rank] += forward[i] + backward[i]

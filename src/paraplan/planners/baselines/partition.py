@@ -53,11 +53,14 @@ def min_max_dp(h_p, h_m, j_p, j_m, n_stages: int, exactly: bool = False) -> tupl
     choice = np.full((n_stages + 1, k), -1, dtype=np.int64)
     best[1] = np.maximum(compute[1:], comm)
     for n in range(2, n_stages + 1):
-        for j in range(n - 1, k):
-            i = np.arange(n - 2, j)  # previous stage ends at i
-            cost = np.maximum(best[n - 1][i], np.maximum(compute[j + 1] - compute[i + 1], comm[j]))
-            m = int(np.argmin(cost))
-            best[n][j], choice[n][j] = cost[m], i[m]
+        # every j at once: cost[j, i] for the previous stage ending at i (n-2 <= i < j; the rest inf,
+        # after them, so that argmin's first least is the loop's: an all-inf row gives i = n-2 as it did)
+        j = np.arange(n - 1, k)[:, None]
+        i = np.arange(n - 2, k - 1)[None, :]
+        cost = np.where(i < j, np.maximum(best[n - 1][i], np.maximum(compute[j + 1] - compute[i + 1], comm[j])), inf)
+        m = np.argmin(cost, axis=1)
+        best[n][n - 1:] = cost[np.arange(len(m)), m]
+        choice[n][n - 1:] = m + (n - 2)
     # fewer stages are allowed when they are no slower
     n = n_stages if exactly else int(np.argmin(best[1:, k - 1])) + 1
     cuts, j = [], k - 1

@@ -101,11 +101,12 @@ def ampa(layer_times, k: int, threshold: float = 0.0, normalised: bool = True) -
     # slowest real partition is kept (the same values, half the sums of the loop)
     part, best_real = sums(sizes, "t"), sums(best, "real").max()
     for _ in range(n * k):
-        if part.mean() > 0 and cf.gropipe_dispersion_abs(part) <= threshold:
+        # (the arrays' own methods, and the mean as numpy takes it: the sum over the count)
+        if part.sum() / k > 0 and cf.gropipe_dispersion_abs(part) <= threshold:
             break  # line 8: the performance projection says balanced
-        hi = int(np.argmax(part))
-        lightest = np.flatnonzero(part == part.min())
-        lo = int(lightest[np.argmin(np.abs(lightest - hi))])  # ties: the lightest nearest the heaviest
+        hi = int(part.argmax())
+        lightest = (part == part.min()).nonzero()[0]
+        lo = int(lightest[np.abs(lightest - hi).argmin()])  # ties: the lightest nearest the heaviest
         if hi == lo or sizes[hi] <= 1:
             break
         # lines 11-20: layers move one step at a time from p_max towards p_min, each partition on

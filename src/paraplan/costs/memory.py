@@ -160,6 +160,9 @@ def by_category(breakdowns) -> tuple[tuple[str, ...], tuple[PeakRow, ...]]:
     return used, tuple(rows)
 
 
+_OWNERS: list = [None, {}]  # the last plan's stages (held, so their id stays theirs) and its forward owners
+
+
 def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryConfig | None = None,
                  device_kind: str | None = None, in_flight: int | None = None,
                  on_device: frozenset[int] = frozenset()) -> MemoryBreakdown:
@@ -170,7 +173,9 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
     config = (config or MemoryConfig()).for_device_kind(device_kind)
     stage = plan.stages[stage_index]
     micro = plan.global_batch / plan.n_micro  # entering the stage's group; strategies split it further
-    forward_owner = _forward_owner(plan)
+    if _OWNERS[0] is not plan.stages:  # {layer: the (last) stage running its forward}, once for a plan's stages
+        _OWNERS[:] = [plan.stages, {i: s for s, st in enumerate(plan.stages) for i in st.layers}]
+    forward_owner = _OWNERS[1]
     held = set(stage.layers) | set(stage.backward)
     states = stash = activations = recompute = 0.0
     param_states = grads = optimizer_states = 0.0
@@ -249,18 +254,6 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
                            kept_grad_bytes=kept_grads)
 
 
-_OWNERS: list = [None, {}]  # the last plan's stages and {layer: the stage running its forward}
-
-
-def _forward_owner(plan: Plan) -> dict[int, int]:
-    """{layer: the (last) stage whose forward runs it}, built once for a plan's stages: a memory
-    count asks it of each of the plan's stages in turn (the stages themselves held here, so that
-    their identity cannot be another's)."""
-    if _OWNERS[0] is not plan.stages:
-        _OWNERS[:] = [plan.stages, {i: s for s, st in enumerate(plan.stages) for i in st.layers}]
-    return _OWNERS[1]
-
-
 def loss_gradient_bytes(model: ModelSpec, strategy: LayerStrategy, micro_batch: float) -> float:
     """What the loss's backward adds at the stage holding the last layer (`micro_batch` entering
     its group): a gradient of each tensor the loss saved and the logits' own gradient
@@ -311,13 +304,10 @@ def plan_memory(plan: Plan, model: ModelSpec, capacities: dict[int, int], config
     out, breakdowns = [], []
     for devices, b, each in rank_memory(plan, model, config, device_kind, device_kinds):
         # with shares each device holds its own share's activations (the table shows the largest's);
-        # without, one peak for the rank's devices (summed once, not once a device: 1,024 at 1,024 GPUs)
-        if each:
-            out.extend(DeviceMemory(device=d, peak_bytes=int(round(each[d].peak_bytes)), capacity_bytes=capacities[d])
-                       for d in each)
-        else:
-            peak = int(round(b.peak_bytes))
-            out.extend(DeviceMemory(device=d, peak_bytes=peak, capacity_bytes=capacities[d]) for d in devices)
+        # without, the rank's one peak summed once (not once a device: 1,024 at 1,024 GPUs)
+        peak = None if each else int(round(b.peak_bytes))
+        out.extend(DeviceMemory(device=d, peak_bytes=int(round(each[d].peak_bytes)) if each else peak,
+                                capacity_bytes=capacities[d]) for d in (each or devices))
         breakdowns.append(b)
     return tuple(out), tuple(breakdowns)
 

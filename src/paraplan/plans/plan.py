@@ -73,9 +73,7 @@ class LayerRange:
     def __iter__(self):
         return iter(range(self.start, self.stop))
 
-    def __contains__(self, item) -> bool:
-        # range's own test (a bound check for ints), not a walk through __iter__: the memory model
-        # asks it of every layer of every stage it counts
+    def __contains__(self, item) -> bool:  # range's bound check, not a walk (the memory model asks it a lot)
         return item in range(self.start, self.stop)
 
     def __str__(self) -> str:

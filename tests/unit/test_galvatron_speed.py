@@ -16,26 +16,32 @@ from paraplan.plans.plan import LayerStrategy
 from paraplan.workload import workload
 
 
-def _least_within(cost, fmem, bmem, capacity):
-    """The least sum of cost over every choice with sum(O_f) + max(O_b) <= capacity, by brute force."""
+def _least_within(cost, fmem, bmem, capacity, fresh=None):
+    """The least sum of cost over every choice with sum(O_f) + max(O_b) <= capacity (with `fresh`,
+    over those that take at least one of its strategies), by brute force."""
     n, s = cost.shape
     rows, best = np.arange(n), INF
     for choice in itertools.product(range(s), repeat=n):
         idx = np.array(choice)
-        if fmem[rows, idx].sum() + bmem[rows, idx].max() <= capacity:
+        if fmem[rows, idx].sum() + bmem[rows, idx].max() <= capacity and (fresh is None or fresh[rows, idx].any()):
             best = min(best, cost[rows, idx].sum())
     return best
 
 
-def test_the_memory_floor_never_exceeds_the_optimum_and_counts_memory():
-    rng = np.random.default_rng(5)
-    tighter = 0
+def _stages(seed: int, least_strategies: int = 1):
+    """300 random stages of 1-4 layers: (cost with some inf, O_f, O_b, capacity, a random `fresh` mask)."""
+    rng = np.random.default_rng(seed)
     for _ in range(300):
-        n, s = int(rng.integers(1, 5)), int(rng.integers(1, 5))
+        n, s = int(rng.integers(1, 5)), int(rng.integers(least_strategies, 5))
         cost = rng.random((n, s))
         cost[rng.random((n, s)) < 0.1] = INF
         fmem, bmem = rng.random((n, s)) * 4, rng.random((n, s)) * 2
-        capacity = float(rng.random() * 12)
+        yield cost, fmem, bmem, float(rng.random() * 12), rng.random((n, s)) < 0.3
+
+
+def test_the_memory_floor_never_exceeds_the_optimum_and_counts_memory():
+    tighter = 0
+    for cost, fmem, bmem, capacity, _ in _stages(5):
         optimum = _least_within(cost, fmem, bmem, capacity)
         floor = memory_floor(cost, fmem, bmem, capacity)
         assert floor <= optimum + 1e-12
@@ -48,22 +54,9 @@ def test_the_memory_floor_never_exceeds_the_optimum_and_counts_memory():
 def test_the_floor_of_choices_taking_a_fresh_strategy_never_exceeds_their_optimum():
     # the bound that skips a backward level above one searched (dp.search_stage): over the choices
     # that take at least one `fresh` strategy alone, by brute force
-    rng = np.random.default_rng(6)
     binding = 0
-    for _ in range(300):
-        n, s = int(rng.integers(1, 5)), int(rng.integers(2, 5))
-        cost = rng.random((n, s))
-        cost[rng.random((n, s)) < 0.1] = INF
-        fmem, bmem = rng.random((n, s)) * 4, rng.random((n, s)) * 2
-        fresh = rng.random((n, s)) < 0.3
-        capacity = float(rng.random() * 12)
-        taking = np.where(fresh, -1.0, 0.0)  # brute force over choices, those with a fresh one marked
-        best = INF
-        rows = np.arange(n)
-        for choice in itertools.product(range(s), repeat=n):
-            idx = np.array(choice)
-            if taking[rows, idx].min() < 0 and fmem[rows, idx].sum() + bmem[rows, idx].max() <= capacity:
-                best = min(best, cost[rows, idx].sum())
+    for cost, fmem, bmem, capacity, fresh in _stages(6, least_strategies=2):
+        best = _least_within(cost, fmem, bmem, capacity, fresh)
         floor = memory_floor(cost, fmem, bmem, capacity, fresh=fresh)
         assert floor <= best + 1e-12
         binding += np.isfinite(best) and floor > memory_floor(cost, fmem, bmem, capacity) + 1e-9

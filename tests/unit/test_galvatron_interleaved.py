@@ -103,7 +103,7 @@ def test_the_judging_bound_holds_for_every_candidate_and_each_rewrite(roomy):
     """judging.py skips a candidate whose bound cannot beat the best so far: no plan it stands for may
     be faster than its bound. Every finalist of BMW's search and each interleaved rewrite of it, as
     the simulator times them, against the bound (with and without interleaving judged)."""
-    from paraplan.planners.galvatron.judging import _rewrites, _throughput_bound
+    from paraplan.planners.galvatron.judging import _rewritten, _throughput_bound
     from paraplan.planners.galvatron.planner import _search
     from paraplan.planners.galvatron.space import VARIANTS
 
@@ -116,7 +116,7 @@ def test_the_judging_bound_holds_for_every_candidate_and_each_rewrite(roomy):
         assert own <= _throughput_bound(w.request, r.plan, False) * (1 + 1e-9)
         bound = _throughput_bound(w.request, r.plan, True)
         assert own <= bound * (1 + 1e-9)
-        for _, candidate in _rewrites(r.plan, w.request):
+        for _, candidate, _ in _rewritten(r.plan, w.request):
             rewritten += 1
             assert judge(candidate).throughput_samples_per_s <= bound * (1 + 1e-9)
     assert len(result.finalists) >= 4 and rewritten >= 4
@@ -129,7 +129,7 @@ def test_an_interleaved_pipeline_is_no_faster_than_its_fill_work_and_drain(roomy
     never times a rewrite below it, and the fill and drain make it tighter than the busiest rank's
     compute, `compute_s` (what stood for an interleaved plan before)."""
     from paraplan.planners.galvatron.grid_bounds import pipeline_bound_s, stage_pass_s
-    from paraplan.planners.galvatron.judging import _rewrites
+    from paraplan.planners.galvatron.judging import _rewritten
     from paraplan.planners.galvatron.planner import _search
     from paraplan.planners.galvatron.space import VARIANTS
 
@@ -138,7 +138,7 @@ def test_an_interleaved_pipeline_is_no_faster_than_its_fill_work_and_drain(roomy
     result, _ = _search(w.request, next(v for v in VARIANTS if v.name == "galvatron-bmw"), {})
     checked = 0
     for r in (result, *result.finalists):
-        for _, candidate in _rewrites(r.plan, w.request):
+        for _, candidate, _ in _rewritten(r.plan, w.request):
             bound = pipeline_bound_s(w.request, candidate)
             assert judge(candidate).iteration_s >= bound * (1 - 1e-12)
             forward, backward = stage_pass_s(w.request, candidate)

@@ -176,8 +176,8 @@ def search_stage(cost: np.ndarray, forward_bytes: np.ndarray, backward_bytes: np
     # whose bound is no better than the best found is skipped (exact: it cannot win; issue 31 item 5,
     # a third of a search's dynamic programs at 64 GPUs and more)
     distinct = cost[first], forward_bytes[first], backward_bytes[first]
-    floors = np.array([memory_floor(np.where(distinct[2] <= level * unit, distinct[0], INF), distinct[1], distinct[2],
-                                    capacity, layers=layers) for level in levels])
+    allowed_at = [np.where(distinct[2] <= level * unit, distinct[0], INF) for level in levels]  # each level's costs
+    floors = np.array([memory_floor(c, distinct[1], distinct[2], capacity, layers=layers) for c in allowed_at])
     best = StageSolution(INF, (), INF, INF)
     covered = []  # levels whose every choice is no better than the best: searched, or shown so
     for k in np.argsort(floors, kind="stable"):
@@ -194,8 +194,8 @@ def search_stage(cost: np.ndarray, forward_bytes: np.ndarray, backward_bytes: np
         # bytes could in principle pass over, below, a tie this level would take: the same solutions
         # in all 12,315 searches compared (64 / 1,024 / 16,384 H100s, GPT-2 XL on 8 TITANs, Llama 2
         # 7B-70B on 64-1,024 A100s)
-        if below and memory_floor(np.where(distinct[2] <= b, distinct[0], INF), distinct[1], distinct[2], capacity,
-                                  layers=layers, fresh=distinct[2] > max(below) * unit) >= best.cost:
+        if below and memory_floor(allowed_at[k], distinct[1], distinct[2], capacity, layers=layers,
+                                  fresh=distinct[2] > max(below) * unit) >= best.cost:
             continue
         masked = np.where(backward_bytes <= b, cost, INF)
         budget = int(np.floor((capacity - b) / unit)) + n_layers // 2 + 1  # rounding may hide up to L/2 units

@@ -150,8 +150,3 @@ def _rewritten(plan: Plan, request: PlanRequest) -> tuple:
                 out.append((f"{kind} v={v}", candidate, pipeline_bound_s(request, candidate)))
         known[plan] = tuple(out)
     return known[plan]
-
-
-def _rewrites(plan: Plan, request: PlanRequest):
-    """("kind v=V", the rewrite) of every interleaved rewrite `_interleaved` judges."""
-    return [(label, candidate) for label, candidate, _ in _rewritten(plan, request)]

@@ -19,16 +19,25 @@ times (torch.profiler), so host launch gaps do not count. Priced here the same w
   (torchao roofline_utils: "run a triton kernel with a single element read/write on an H100 and
   measure GPU time from the trace"), since kernel time, not launch intervals, is what was summed.
 
-Writes $PARAPLAN_BENCH_OUT/fp8_linear.json and fp8_linear.png (the speed-up over a sweep of shapes,
-the published points marked). Run: .venv/bin/python benchmarks/fp8_linear.py
+A second check, which the model was not built on: torchao's published rowwise table
+(benchmarks/torchao_rowwise_table.py: the same module and timing, 216 shapes, each dimension 1024 to
+32768), priced the same way in rowwise. Its error is reported over all shapes and over those whose
+smallest dimension is at least 4096 and 8192 (an LLM's linears at a micro-batch of 8192 tokens).
+
+Writes $PARAPLAN_BENCH_OUT/fp8_linear.json and fp8_linear.png (left: the speed-up over a sweep of
+shapes, the published points marked; right: predicted against published for every published shape).
+Run: .venv/bin/python benchmarks/fp8_linear.py
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 from dataclasses import replace
 from pathlib import Path
+
+import torchao_rowwise_table
 
 from paraplan.costs.fp8_linear import fp8_passes
 from paraplan.costs.op_roofline import pass_seconds
@@ -80,24 +89,58 @@ SWEEP = [(m, k, n) for m in (1024, 2048, 4096, 8192, 16384) for k, n in ((1024, 
                                                                           (8192, 8192), (8192, 16384), (16384, 8192))]
 
 
-def figure(rows: list[dict], path: Path) -> None:
+def rowwise_check() -> dict:
+    """Every shape of torchao's rowwise table priced in rowwise, and the error's median by the smallest
+    dimension (module docstring)."""
+    rows = []
+    for m, k, n, published in torchao_rowwise_table.published():
+        row = speedup(m, k, n, "rowwise")
+        row.update(published=published, error=round(row["speedup"] / published - 1, 3))
+        rows.append(row)
+
+    def summary(smallest: int) -> dict:
+        errors = [r["error"] for r in rows if min(r["M"], r["K"], r["N"]) >= smallest]
+        return {"smallest_dimension_at_least": smallest, "shapes": len(errors),
+                "median_abs_error": round(statistics.median(abs(e) for e in errors), 3),
+                "mean_error": round(statistics.mean(errors), 3)}
+
+    return {"source": torchao_rowwise_table.SOURCE, "summary": [summary(d) for d in (1024, 2048, 4096, 8192)],
+            "rows": rows}
+
+
+def figure(rows: list[dict], rowwise: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
     for recipe, marker in (("tensorwise", "o"), ("rowwise", "s")):
         pts = sorted((r["M"] * r["K"] * r["N"], r["speedup"]) for r in rows if r["recipe"] == recipe)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, ms=4, alpha=0.7, label=f"predicted, {recipe}")
+    ax.plot([r["M"] * r["K"] * r["N"] for r in rowwise], [r["published"] for r in rowwise], "s", mfc="none",
+            color="tab:orange", ms=4, alpha=0.5, label="torchao, published (rowwise)")
     for (m, k, n), s in PUBLISHED.items():
         ax.plot(m * k * n, s, "r*", ms=14, label="torchao, published (tensorwise)" if (m, k, n) == (1024, 2048, 1024) else None)
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("M x K x N of the forward GEMM")
     ax.set_ylabel("FP8 / bf16 speed-up (fwd + bwd, casts included)")
-    ax.set_title("FP8 linear on H100: predicted against torchao's published speed-ups")
-    ax.legend(fontsize=8)
+    ax.set_title("FP8 linear on H100: predicted and published", fontsize=10)
+    ax.legend(fontsize=7)
+
+    smallest = [min(r["M"], r["K"], r["N"]) for r in rowwise]
+    dots = bx.scatter([r["published"] for r in rowwise], [r["speedup"] for r in rowwise], c=smallest, s=14,
+                      cmap="viridis", norm=matplotlib.colors.LogNorm(), label="rowwise (216 shapes)")
+    fig.colorbar(dots, ax=bx, label="smallest of M, K, N")
+    for (m, k, n), s in PUBLISHED.items():
+        bx.plot(s, speedup(m, k, n)["speedup"], "r*", ms=12,
+                label="tensorwise (2 shapes)" if (m, k, n) == (1024, 2048, 1024) else None)
+    bx.plot([0.3, 1.9], [0.3, 1.9], color="grey", lw=0.8)
+    bx.set_xlabel("published speed-up")
+    bx.set_ylabel("predicted speed-up")
+    bx.set_title("every published shape: predicted against published", fontsize=10)
+    bx.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -114,10 +157,15 @@ def main() -> None:
         checks.append(row)
         print(f"(M, K, N) = ({m}, {k}, {n}): predicted {row['speedup']}x (bf16 {row['bf16_us']} us, fp8 "
               f"{row['fp8_us']} us), published {published}x ({row['error']:+.1%})", flush=True)
+    rowwise = rowwise_check()
+    for part in rowwise["summary"]:
+        print(f"rowwise table, smallest dimension >= {part['smallest_dimension_at_least']}: {part['shapes']} shapes, "
+              f"median |error| {part['median_abs_error']:.1%}, mean error {part['mean_error']:+.1%}", flush=True)
     sweep = [speedup(m, k, n, recipe) for recipe in ("tensorwise", "rowwise") for m, k, n in SWEEP]
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "fp8_linear.json").write_text(json.dumps({"published_checks": checks, "sweep": sweep}, indent=1))
-    figure(sweep, OUT / "fp8_linear.png")
+    (OUT / "fp8_linear.json").write_text(json.dumps({"published_checks": checks, "rowwise_table": rowwise,
+                                                     "sweep": sweep}, indent=1))
+    figure(sweep, rowwise["rows"], OUT / "fp8_linear.png")
     print(f"wrote {OUT / 'fp8_linear.json'} and fp8_linear.png")
 
 

@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import fp8_linear as bench  # noqa: E402
+import torchao_rowwise_table  # noqa: E402
 
 from paraplan.costs.fp8_linear import cast_bytes, fp8_passes, fp8_weight_copy_bytes, saved_input_bytes  # noqa: E402
 from paraplan.costs.transformer_memory import TransformerShape, activation_tensors  # noqa: E402
@@ -39,6 +40,28 @@ def test_the_small_shape_is_within_5_percent_of_torchaos_published_speed_up():
     assert bench.speedup(1024, 2048, 1024)["speedup"] == pytest.approx(0.80, rel=0.05)
 
 
+def test_rowwise_is_slower_than_tensorwise_where_torchao_publishes_both():
+    """torchao's rowwise table (benchmarks/torchao_rowwise_table.py) reads 0.40x at (1024, 2048, 1024)
+    and 1.07x at (4096, 8192, 16384), against tensorwise's 0.80x and 1.39x: the rowwise recipe's casts
+    (a transpose and a second cast per tensor) and its backward GEMMs' output scaling cost more."""
+    for m, k, n in bench.PUBLISHED:
+        assert bench.speedup(m, k, n, "rowwise")["speedup"] < bench.speedup(m, k, n)["speedup"]
+    assert torchao_rowwise_table.SPEEDUP[1024][1][0] == 0.40 and torchao_rowwise_table.SPEEDUP[4096][3][4] == 1.07
+
+
+def test_torchaos_rowwise_table_at_llm_sized_linears():
+    """The 64 shapes of torchao's rowwise table whose dimensions are all 4096 or more (an LLM's
+    linears at 8192 tokens a micro-batch): median |error| within the 15% the issue asks of published
+    runs. Nothing was fitted to this table; it was read after the model's constants were committed,
+    and one mechanism was added after reading it, from torchao's source, not its numbers (the backward
+    GEMMs' output scaling, costs/fp8_linear.py): 13.9% before, 9.8% after. The smaller shapes are
+    predicted too fast (median 25% over all 216), the GEMM model's small-shape weakness."""
+    check = bench.rowwise_check()
+    at_4096 = next(s for s in check["summary"] if s["smallest_dimension_at_least"] == 4096)
+    assert at_4096["shapes"] == 64 and len(check["rows"]) == 216
+    assert at_4096["median_abs_error"] <= 0.15
+
+
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_the_speed_up_grows_with_the_shape_toward_the_peaks_ratio(recipe):
     """Square shapes n^3: the casts are O(n^2) and the GEMMs O(n^3), so FP8's share of the gain grows
@@ -60,9 +83,12 @@ def test_cast_kernels_per_tensor_are_torchaos_byte_counts():
     assert cast_bytes("tensorwise", "input", n, fused_casts=True) == {"forward": [0, 0, 4 * n], "backward": []}
     assert cast_bytes("tensorwise", "weight", n, True) == {"forward": [2 * n, 0, 3 * n], "backward": [3 * n]}
     assert cast_bytes("tensorwise", "grad_output", n, False) == {"forward": [], "backward": [2 * n, 0, 4 * n]}
-    # rowwise: input 2 + 1 + 2 (FP8 rows and the bf16 transpose), then 2 + 1 in the backward
-    assert cast_bytes("rowwise", "input", n, False) == {"forward": [5 * n], "backward": [3 * n]}
-    assert cast_bytes("rowwise", "weight", n, False) == {"forward": [3 * n], "backward": [4 * n, 3 * n]}
+    # rowwise: input 2 + 1 + 2 (FP8 rows and the bf16 transpose), then 2 + 1 in the backward, and the
+    # input gradient's output scaling (2 + 2), which a compiled block folds into the next kernel
+    assert cast_bytes("rowwise", "input", n, False) == {"forward": [5 * n], "backward": [3 * n, 4 * n]}
+    assert cast_bytes("rowwise", "input", n, True) == {"forward": [3 * n], "backward": [3 * n]}
+    # the weight: its cast, transpose and second cast, and the weight gradient's output scaling
+    assert cast_bytes("rowwise", "weight", n, True) == {"forward": [3 * n], "backward": [4 * n, 3 * n, 4 * n]}
     assert cast_bytes("mxfp8", "weight", n, False) == {"forward": [3 * n], "backward": [3 * n]}
     # delayed (Transformer Engine): one fused cast-transpose a tensor, amax taken in it
     assert cast_bytes("delayed", "input", n, True) == {"forward": [2 * n], "backward": []}

@@ -21,7 +21,13 @@ into its FP8 passes:
                     (2 + 1 each, forward and backward)
         rowwise     input and grad_output: a cast along rows that also writes the transposed bf16
                     copy (2 + 1 + 2), then the cast of that copy (2 + 1); the weight: a cast (2 + 1),
-                    a transpose (2 + 2) and its cast (2 + 1)
+                    a transpose (2 + 2) and its cast (2 + 1). Beyond torchao's roofline: its backward
+                    GEMMs run without fast accumulation, and for them torchao calls the tensorwise
+                    cuBLAS kernel with unit scales and multiplies the output by the two scales after
+                    (torchao/float8/float8_ops.py `addmm_float8_unwrapped`: "the rowwise CUTLASS-based
+                    kernel is so slow without fast-accum"), one more kernel per backward GEMM reading
+                    and writing its bf16 output (2 + 2): the weight gradient's, and the input
+                    gradient's, which a compiled block folds into the kernel that reads it next
         delayed     Transformer Engine's fused cast-transpose, which also takes the amax for the next
                     step's scale: one kernel a tensor writing both layouts (2 + 1 + 1); the input's
                     and grad_output's read fused into the norm and activation kernels before them
@@ -34,7 +40,8 @@ into its FP8 passes:
                     per layout; the scales, one per 128 elements at most, are left out)
       `fused_casts` (an engine whose norms and activation-gradient kernels also take the amax or
       the cast: Megatron-LM's Transformer Engine layers; torch.compile): the first read of the
-      input's and grad_output's casts is the previous kernel's (torchao's `fuse_with_prev`).
+      input's and grad_output's casts is the previous kernel's (torchao's `fuse_with_prev`), and a
+      pointwise kernel marked NEXT is no kernel of its own (its consumer does the multiply).
       Each cast kernel runs in the pass that needs its output: the input's and weight's first
       layout in the forward, what only the weight gradient or input gradient reads in the backward.
 """
@@ -47,27 +54,31 @@ from paraplan.models.spec import Affine, Gemm, MemoryOp, PassOps
 
 FORWARD, BACKWARD = "forward", "backward"
 
-# (bytes read and written per element, pass, whether the first read fuses into the previous kernel)
-# per tensor role, as torchao's roofline inventory lists the kernels (module docstring)
+# How a kernel fuses when the engine fuses (`fused_casts`): PREV, its first bf16 read is the previous
+# kernel's; NEXT, the kernel folds into the one that reads its output; None, it runs as it is
+PREV, NEXT = "prev", "next"
+# (bytes read and written per element, pass, fusion) per tensor role, as torchao's roofline inventory
+# lists the kernels (module docstring); a gradient's kernels are listed under the tensor it has the
+# shape of (the input gradient's under "input", the weight gradient's under "weight")
 _TENSORWISE = {
-    "input": ((2.0, FORWARD, True), (0.0, FORWARD, False), (4.0, FORWARD, False)),
-    "weight": ((2.0, FORWARD, False), (0.0, FORWARD, False), (3.0, FORWARD, False), (3.0, BACKWARD, False)),
-    "grad_output": ((2.0, BACKWARD, True), (0.0, BACKWARD, False), (4.0, BACKWARD, False)),
+    "input": ((2.0, FORWARD, PREV), (0.0, FORWARD, None), (4.0, FORWARD, None)),
+    "weight": ((2.0, FORWARD, None), (0.0, FORWARD, None), (3.0, FORWARD, None), (3.0, BACKWARD, None)),
+    "grad_output": ((2.0, BACKWARD, PREV), (0.0, BACKWARD, None), (4.0, BACKWARD, None)),
 }
-_ROWWISE = {
-    "input": ((5.0, FORWARD, True), (3.0, BACKWARD, False)),
-    "weight": ((3.0, FORWARD, False), (4.0, BACKWARD, False), (3.0, BACKWARD, False)),
-    "grad_output": ((5.0, BACKWARD, True), (3.0, BACKWARD, False)),
+_ROWWISE = {  # the last kernel of input and weight: the backward GEMMs' output scaling
+    "input": ((5.0, FORWARD, PREV), (3.0, BACKWARD, None), (4.0, BACKWARD, NEXT)),
+    "weight": ((3.0, FORWARD, None), (4.0, BACKWARD, None), (3.0, BACKWARD, None), (4.0, BACKWARD, None)),
+    "grad_output": ((5.0, BACKWARD, PREV), (3.0, BACKWARD, None)),
 }
 _DELAYED = {
-    "input": ((4.0, FORWARD, True),),
-    "weight": ((4.0, FORWARD, False),),
-    "grad_output": ((4.0, BACKWARD, True),),
+    "input": ((4.0, FORWARD, PREV),),
+    "weight": ((4.0, FORWARD, None),),
+    "grad_output": ((4.0, BACKWARD, PREV),),
 }
 _BLOCKS = {
-    "input": ((3.0, FORWARD, True), (3.0, BACKWARD, False)),
-    "weight": ((3.0, FORWARD, False), (3.0, BACKWARD, False)),
-    "grad_output": ((3.0, BACKWARD, True), (3.0, BACKWARD, False)),
+    "input": ((3.0, FORWARD, PREV), (3.0, BACKWARD, None)),
+    "weight": ((3.0, FORWARD, None), (3.0, BACKWARD, None)),
+    "grad_output": ((3.0, BACKWARD, PREV), (3.0, BACKWARD, None)),
 }
 CAST_KERNELS = {"tensorwise": _TENSORWISE, "delayed": _DELAYED, "rowwise": _ROWWISE, "mxfp8": _BLOCKS,
                 "blockwise": _BLOCKS}
@@ -104,11 +115,14 @@ def saved_input_bytes(engine: str, recipe: str) -> float:
 
 
 def cast_bytes(recipe: str, role: str, numel: float, fused_casts: bool) -> dict[str, list[float]]:
-    """The cast kernels of one tensor (`role`: input, weight or grad_output) of `numel` elements:
-    per pass, the bytes each kernel reads and writes (0: a launch that moves nothing)."""
+    """The cast kernels of one tensor (`role`: input, weight or grad_output) of `numel` elements, and
+    the recipe's kernels on the gradient of its shape: per pass, the bytes each kernel reads and
+    writes (0: a launch that moves nothing)."""
     out: dict[str, list[float]] = {FORWARD: [], BACKWARD: []}
-    for per_element, which, fusible in CAST_KERNELS[recipe][role]:
-        first_read = 2.0 if fusible and fused_casts else 0.0  # the bf16 read the previous kernel did
+    for per_element, which, fusion in CAST_KERNELS[recipe][role]:
+        if fused_casts and fusion == NEXT:
+            continue
+        first_read = 2.0 if fused_casts and fusion == PREV else 0.0  # the bf16 read the previous kernel did
         out[which].append((per_element - first_read) * numel)
     return out
 

@@ -61,7 +61,7 @@ BENCHMARKS := fidelity simulator_speed csimd_eval gropipe_bipartition_eval plann
 	runtime_vs_simulator profile_nonlinearity galvatron_memory galvatron_eval galvatron_search_speed fddps_search_speed \
 	fddps_eval fddps_contention runtime_hybrid runtime_overhead bipartition_modes runtime_bipartition runtime_dag \
 	literature_memory split_backward_memory efficiency_fit published_runs paper_fidelity galvatron_grid \
-	galvatron_bmw_ablation bound_gap local_first_predictions published_moe_runs fp8_linear published_fp8_runs \
+	galvatron_bmw_ablation bound_gap local_first_predictions published_moe_runs fp8_linear published_fp8_runs published_fp8_unnamed_runs \
 	published_mixed_runs \
 	comparison_scale
 

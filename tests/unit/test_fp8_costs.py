@@ -14,11 +14,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import fp8_linear as bench  # noqa: E402
 import torchao_rowwise_table  # noqa: E402
 
-from paraplan.costs.fp8_linear import cast_bytes, fp8_passes, fp8_weight_copy_bytes, saved_input_bytes  # noqa: E402
+from paraplan.costs.fp8_linear import (  # noqa: E402
+    cast_bytes,
+    fp8_passes,
+    fp8_recomputed,
+    fp8_weight_copy_bytes,
+    saved_input_bytes,
+)
 from paraplan.costs.transformer_memory import TransformerShape, activation_tensors  # noqa: E402
 from paraplan.hardware import load_cluster  # noqa: E402
 from paraplan.hardware.cluster import PrecisionError  # noqa: E402
-from paraplan.models.spec import Affine, Gemm, PassOps  # noqa: E402
+from paraplan.models.spec import Affine, Gemm, MemoryOp, PassOps  # noqa: E402
 from paraplan.plans.plan import PlanError, validate  # noqa: E402
 from paraplan.runtime.rank.mixed_precision import refusal  # noqa: E402
 
@@ -118,6 +124,24 @@ def test_only_aligned_linears_run_in_fp8_and_their_backward_gemms_follow():
     weight_cast = 3.0 * 1024 * 4096  # the weight's forward cast: 2 bytes read, 1 written, per element
     assert any(op.nbytes == Affine(weight_cast, 0.0) for op in f8.memory_ops)
     assert any(op.nbytes == Affine(0.0, 4.0 * 4096 * 1024) for op in f8.memory_ops)  # the input's cast, per sample
+
+
+def test_torchtitans_selective_recomputation_of_an_fp8_block_runs_fp8_gemms_and_the_casts_again():
+    """Per-operator selective recomputation (costs/analytic.py: half of every matmul, the memory-bound
+    kernels) in an FP8 block: the matmuls it runs again are FP8 GEMMs, at the same half count, and
+    every cast kernel of the forward runs again; an unaligned linear's GEMM stays bf16."""
+    m = Affine(0.0, 4096.0)
+    linear = Gemm(_fixed(1), m, _fixed(4096), _fixed(1024), 2)
+    router = Gemm(_fixed(1), m, _fixed(60), _fixed(1024), 2)
+    norm = MemoryOp(Affine(0.0, 4.0 * 4096 * 1024))
+    forward = PassOps(gemms=(linear, router), memory_ops=(norm,))
+    backward = PassOps(gemms=(Gemm(_fixed(1), m, _fixed(1024), _fixed(4096), 2),
+                              Gemm(_fixed(1), _fixed(1024), _fixed(4096), m, 2)))
+    selective = PassOps(gemms=(replace(linear, count=0.5), replace(router, count=0.5)), memory_ops=(norm,))
+    f8, _ = fp8_passes(forward, backward, "tensorwise", fused_casts=False)
+    again = fp8_recomputed(selective, forward, f8)
+    assert [(g.element_bytes, g.count) for g in again.gemms] == [(1, 0.5), (2, 0.5)]
+    assert again.memory_ops == (norm,) + f8.memory_ops[1:] and sum(op.count for op in again.memory_ops) == 7
 
 
 def test_fp8_memory_per_tensor_against_hand_counts():

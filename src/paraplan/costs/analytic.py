@@ -20,7 +20,7 @@ from paraplan.costs.engine_profile import (
     expert_block_kernels,
     megatron_block_kernels,
 )
-from paraplan.costs.fp8_linear import fp8_passes
+from paraplan.costs.fp8_linear import fp8_passes, fp8_recomputed
 from paraplan.costs.op_roofline import OperatorTime
 from paraplan.costs.timefn import ComputeTime, LayerCosts, TransferTime
 from paraplan.hardware.cluster import DeviceSpec, LinkSpec
@@ -59,7 +59,11 @@ def analytic_costs(model: ModelSpec, device: DeviceSpec, link: LinkSpec, engine:
             if fp8_recipe and layer.kind == "block":
                 # Transformer Engine's norms and activation kernels take the amax: fused casts
                 f8, b8 = fp8_passes(fwd.ops, bwd.ops, fp8_recipe, fused_casts=engine is not None and engine.fused_blocks)
-                fwd, bwd = replace(fwd, ops=f8, _memo={}), replace(bwd, ops=b8, _memo={})
+                # torchtitan's per-operator recomputation runs FP8 matmuls and casts again; Megatron's
+                # selective recomputation, the attention core, stays bf16
+                selective = fp8_recomputed(fwd.selective, fwd.ops, f8) if layer_fused is None and fwd.selective is not None \
+                    else fwd.selective
+                fwd, bwd = replace(fwd, ops=f8, selective=selective, _memo={}), replace(bwd, ops=b8, _memo={})
             forward.append(made.setdefault(fwd, fwd))
             backward.append(made.setdefault(bwd, bwd))
         else:

@@ -165,6 +165,22 @@ def fp8_passes(forward: PassOps, backward: PassOps, recipe: str, fused_casts: bo
                       casts[BACKWARD], recipe))
 
 
+def fp8_recomputed(selective: PassOps, forward: PassOps, fp8_forward: PassOps) -> PassOps:
+    """What torchtitan's per-operator selective recomputation runs again in an FP8 block (`selective`:
+    its bf16 list, costs/analytic.py: every memory-bound kernel and every second matmul; `forward` and
+    `fp8_forward`: the block's forward before and after `fp8_passes`). torchao's Float8 linear calls
+    `torch.mm` on its FP8 tensor subclass, which the policy sees as the `aten.mm` it counts, so it
+    still saves every second matmul and runs the others again, now as FP8 GEMMs. The FP8 operands'
+    casts are pointwise kernels the policy does not save (it saves the amax: `aten.max`, torchtitan
+    0.3.0 distributed/activation_checkpoint.py and its December 2024 `_save_list`), so every linear's
+    casts run again; their amax passes are priced as run again too (one bf16 read a tensor over)."""
+    fp8_shapes = {(g.m, g.n, g.k): g for g in fp8_forward.gemms if g.element_bytes == 1}
+    gemms = tuple(replace(g, element_bytes=1, scale_bytes=fp8_shapes[(g.m, g.n, g.k)].scale_bytes)
+                  if (g.m, g.n, g.k) in fp8_shapes else g for g in selective.gemms)
+    casts = fp8_forward.memory_ops[len(forward.memory_ops):]
+    return replace(selective, gemms=gemms, memory_ops=selective.memory_ops + casts)
+
+
 def _cast_affines(recipe: str, role: str, numel: Affine, fused_casts: bool) -> dict[str, list[Affine]]:
     fixed = cast_bytes(recipe, role, numel.fixed, fused_casts)
     per_sample = cast_bytes(recipe, role, numel.per_sample, fused_casts)

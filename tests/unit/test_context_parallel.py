@@ -82,6 +82,29 @@ def test_cp2_costs_more_than_cp1_by_its_kv_exchange(world):
     assert slower.forward_s > two.forward_s and slower.backward_s > two.backward_s
 
 
+def test_zero_shards_over_the_context_parallel_ranks_too(world):
+    """The cp ranks hold the same weights and sum their gradients with the dp replicas; Megatron-LM's
+    distributed optimizer shards over that dp x cp group. ZeRO-1 at cp 4 keeps the optimizer share
+    that dp 4 keeps, ZeRO-2 the gradients' too, and the step's all-gather and ZeRO-2's reduce-scatter
+    span the same four ranks; without ZeRO, CP still replicates every state."""
+    from paraplan.costs.axis_costs import zero2_reduce_scatter_s
+    from paraplan.costs.strategy import zero_gather_layer_s
+
+    model, memory = world.costs.model, world.costs.memory
+    for zero in (1, 2):
+        by_cp = layer_memory(model, 1, LayerStrategy(cp=4, zero=zero), 1.0, memory)
+        by_dp = layer_memory(model, 1, LayerStrategy(dp=4, zero=zero), 1.0, memory)
+        assert (by_cp.optimizer_bytes, by_cp.grad_bytes) == (by_dp.optimizer_bytes, by_dp.grad_bytes)
+        assert by_cp.optimizer_bytes == pytest.approx(layer_memory(model, 1, LayerStrategy(), 1.0, memory)
+                                                      .optimizer_bytes / 4)
+        assert zero_gather_layer_s(model, 1, LayerStrategy(cp=4, zero=zero), LINK) == \
+            zero_gather_layer_s(model, 1, LayerStrategy(dp=4, zero=zero), LINK) > 0
+    assert zero2_reduce_scatter_s(1e8, LayerStrategy(cp=4, zero=2), LINK) == \
+        zero2_reduce_scatter_s(1e8, LayerStrategy(dp=4, zero=2), LINK) > 0
+    replicated = layer_memory(model, 1, LayerStrategy(cp=4), 1.0, memory)
+    assert replicated.states_bytes == layer_memory(model, 1, LayerStrategy(), 1.0, memory).states_bytes
+
+
 def test_tp_all_reduces_move_this_ranks_tokens(world):
     costs, model = world.costs.compute(0), world.costs.model
     tp_only = layer_time(costs, model, 1, LayerStrategy(tp=4), 1.0, LINK, NONE)

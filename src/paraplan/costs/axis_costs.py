@@ -107,10 +107,11 @@ def gradient_sync_bytes(layer: LayerSpec, strategy: LayerStrategy) -> float:
 def zero2_reduce_scatter_s(sync_bytes: float, strategy: LayerStrategy, link: LinkSpec) -> float:
     """DATA with ZeRO-2 (as DeepSpeed's stage 2 and runtime's zero.py): each micro-batch's gradients
     reduce-scattered over the dp replicas as its backward ends (overlapping it); nothing is left for
-    the end-of-step sync. 0 unless ZeRO-2 over dp > 1."""
-    if strategy.zero < 2 or strategy.dp <= 1:
+    the end-of-step sync; over dp x cp, the group ZeRO shards over (costs/strategy.py:
+    state_parts_per_param). 0 unless ZeRO-2 over more than one rank."""
+    if strategy.zero < 2 or strategy.sync_degree <= 1:
         return 0.0
-    return ring_reducescatter_s(sync_bytes, strategy.dp, link)
+    return ring_reducescatter_s(sync_bytes, strategy.sync_degree, link)
 
 
 def overlap_saving(forward_s: float, backward_s: float, dispatch_forward_s: float, dispatch_backward_s: float,

@@ -128,9 +128,9 @@ def sharded_params(layer: LayerSpec, params: float, strategy: LayerStrategy) -> 
 
 def stepped_params(layer: LayerSpec, params: float, strategy: LayerStrategy) -> float:
     """Of `params`, what one device's optimizer steps: the dense part over tp x sdp and, with ZeRO,
-    the dp replicas; the routed experts over ep x etp and, with sdp or ZeRO, their edp replicas."""
+    the dp x cp ranks; the routed experts over ep x etp and, with sdp or ZeRO, their edp replicas."""
     routed = routed_params(layer, strategy)
-    dense = (params - routed) / (strategy.tp * strategy.sdp * (strategy.dp if strategy.zero else 1))
+    dense = (params - routed) / (strategy.tp * strategy.sdp * (strategy.sync_degree if strategy.zero else 1))
     if not routed:
         return dense
     d = expert_degrees(strategy)

@@ -205,7 +205,7 @@ def stage_memory(plan: Plan, model: ModelSpec, stage_index: int, config: MemoryC
             states += m.states_bytes
             param_states, grads, optimizer_states = (param_states + m.param_bytes, grads + m.grad_bytes,
                                                      optimizer_states + m.optimizer_bytes)
-            # ZeRO-1/2: each dp replica steps 1/dp of the optimizer states
+            # ZeRO-1/2: each rank of dp x cp steps its share of the optimizer states
             optimizer_params += stepped_params(layer, params, strategy)
             waiting = in_flight_here if forward_owner[i] == stage_index else micro_batches_in_flight(
                 plan.schedule, plan.n_stages, stage_index, plan.n_micro, forward_owner[i])

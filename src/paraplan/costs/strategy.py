@@ -24,7 +24,7 @@ axis's collectives are one function of costs/axis_costs.py, added here in one or
 Memory per device:
   states       params x state_bytes_per_param / (tp x sdp)  (fp32 Adam: 16 bytes per parameter);
                ZeRO-1 / ZeRO-2 over the dp replicas keep 1/dp of the optimizer states / and of the
-               gradients (`state_parts_per_param`);
+               gradients, 1/(dp x cp) with context parallelism (`state_parts_per_param`);
   weights      params x param_bytes_per_param / (tp x sdp)  (a weight copy: stash, or Bi-Partition's
                forward-only owner, which keeps only the latest weights);
   saved        what one micro-batch in flight keeps for the backward: the layer's saved tensors at the
@@ -131,15 +131,18 @@ def param_count(model: ModelSpec, index: int, tied_copy: bool) -> float:
 
 def state_parts_per_param(strategy: LayerStrategy, config: MemoryConfig) -> tuple[float, float, float]:
     """Model-state bytes per parameter on one device of the group, before the tp x sdp split, as
-    (parameters, gradients, optimizer states): ZeRO §3.1 over the layer's dp replicas (Rajbhandari
-    et al. 2020): ZeRO-1 keeps 1/dp of the optimizer states, ZeRO-2 1/dp of the gradients too (the
-    parameters stay whole: ZeRO-3 is sdp). Optimizer states = state_bytes_per_param -
-    param_bytes_per_param - grad_bytes_per_param (8 for Adam's momentum and variance; fp32 master
-    weights are the parameters here, costs/memory_config.py)."""
+    (parameters, gradients, optimizer states): ZeRO §3.1 over the layer's gradient-sync group
+    (Rajbhandari et al. 2020): ZeRO-1 keeps 1/n of the optimizer states, ZeRO-2 1/n of the gradients
+    too (the parameters stay whole: ZeRO-3 is sdp). n is dp x cp: the context-parallel ranks hold the
+    same weights and sum their gradients with the dp replicas, and Megatron-LM's distributed optimizer
+    shards over that group (`get_data_parallel_group(with_context_parallel=True)`, its gradient
+    buffers). Optimizer states = state_bytes_per_param - param_bytes_per_param -
+    grad_bytes_per_param (8 for Adam's momentum and variance; fp32 master weights are the parameters
+    here, costs/memory_config.py)."""
     param, grad = config.param_bytes_per_param, config.grad_bytes_per_param
     optimizer = config.state_bytes_per_param - param - grad
-    dp = strategy.dp
-    return param, grad / dp if strategy.zero >= 2 else grad, optimizer / dp if strategy.zero >= 1 else optimizer
+    n = strategy.sync_degree
+    return param, grad / n if strategy.zero >= 2 else grad, optimizer / n if strategy.zero >= 1 else optimizer
 
 
 def layer_memory(model: ModelSpec, index: int, strategy: LayerStrategy, micro_batch: float,
@@ -248,8 +251,8 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
             forward += gather
         backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)
     dp_sync_bytes = gradient_sync_bytes(layer, strategy)  # over dp x cp (strategy_groups)
-    if strategy.zero >= 2 and strategy.dp > 1:
-        # ZeRO-2: reduce-scattered in every backward; the end-of-step all-gather is
+    if strategy.zero >= 2 and strategy.sync_degree > 1:
+        # ZeRO-2: reduce-scattered in every backward (over dp x cp, `state_parts_per_param`); the end-of-step all-gather is
         # simulator/plan_work.zero_gather_s
         comm = zero2_reduce_scatter_s(dp_sync_bytes, strategy, dp_link or data_link)
         backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)
@@ -290,10 +293,12 @@ def zero_gather_layer_s(model: ModelSpec, index: int, strategy: LayerStrategy, d
                         expert_link: LinkSpec | None = None) -> float:
     """ZeRO-1/2: the all-gather of the layer's updated parameters after the optimizer step, which
     nothing overlaps (simulator/plan_work.py: zero_gather_s); 0 otherwise."""
-    if strategy.dp <= 1 or not strategy.zero:
+    if strategy.sync_degree <= 1 or not strategy.zero:
         return 0.0
     layer = model.layers[index]
-    dense = ring_allgather_s(dense_param_bytes(layer, strategy) / (strategy.tp * strategy.sdp), strategy.dp, dp_link)
+    # over the group ZeRO shards over: dp x cp (`state_parts_per_param`)
+    dense = ring_allgather_s(dense_param_bytes(layer, strategy) / (strategy.tp * strategy.sdp), strategy.sync_degree,
+                             dp_link)
     nbytes = routed_bytes(layer, strategy)
     if not nbytes:
         return dense

@@ -261,8 +261,8 @@ def _hybrid_work(plan: Plan, cm: CostModel) -> PipelineWork:
 
 
 def zero_gather_s(plan: Plan, cm: CostModel) -> float:
-    """ZeRO-1/2 (ZeRO §5.1-5.2): after the optimizer step each dp replica has updated its 1/dp of
-    the parameters, and an all-gather over the dp group gives every replica all of them; the
+    """ZeRO-1/2 (ZeRO §5.1-5.2): after the optimizer step each rank of the dp x cp group has updated
+    its share of the parameters, and an all-gather over the group gives every rank all of them; the
     slowest stage's gather, after the schedule (the reduce-scatter that replaced the all-reduce is
     in the schedule's sync). 0 without ZeRO-1/2."""
     worst = 0.0
@@ -272,7 +272,7 @@ def zero_gather_s(plan: Plan, cm: CostModel) -> float:
         groups: dict[tuple[int, ...], float] = {}
         for i in stage.layers:
             st = stage.strategy(i)
-            if st.zero and st.dp > 1:
+            if st.zero and st.sync_degree > 1:  # ZeRO's group: dp x cp (costs/strategy.py)
                 layer, by_axis = cm.model.layers[i], strategy_groups(st, stage.devices)
                 group = by_axis[DATA]
                 # an FP8 parameter all-gather (LayerSpec.gathered_element_bytes) moves 1 byte of every 4

@@ -139,6 +139,11 @@ def test_plans_with_cp_validate_round_trip_simulate_and_train_refuses_them(world
     assert plan_from_json(plan_to_json(plan)) == plan
     with pytest.raises(PlanError, match="context parallelism is modelled with plain data parallelism only"):
         validate(_plan(n, LayerStrategy(sdp=4, cp=2)))
+    # ZeRO-1 over dp x cp (Megatron-LM's distributed optimizer), even where dp is 1: it validates and
+    # keeps less than the same layout without ZeRO
+    zero = validate(_plan(n, LayerStrategy(tp=4, cp=2, zero=1, sequence_parallel=True)))
+    peak = [max(m.peak_bytes for m in simulate_plan(p, world.costs).prediction.memory) for p in (zero, plan)]
+    assert peak[0] < peak[1]
     sim = simulate_plan(plan, world.costs).prediction
     tp8 = simulate_plan(_plan(n, LayerStrategy(tp=8, sequence_parallel=True)), world.costs).prediction
     assert sim.feasible and tp8.feasible

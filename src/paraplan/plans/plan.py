@@ -320,14 +320,14 @@ def _validate_stages(plan: Plan) -> None:
                                 f"(inner-most first, comma-separated), got {s.order!r}")
             if min(s.dp, s.sdp, s.tp, s.cp) < 1:
                 raise PlanError(f"{where}: degrees must be at least 1, got dp={s.dp} sdp={s.sdp} tp={s.tp} cp={s.cp}")
-            if s.cp > 1 and (s.sdp > 1 or s.zero):
+            if s.cp > 1 and s.sdp > 1:
                 raise PlanError(f"{where}.cp: context parallelism is modelled with plain data parallelism only "
-                                f"(sdp 1, zero 0), got sdp={s.sdp} zero={s.zero}")
+                                f"(sdp 1; ZeRO-1/2 shard over dp x cp), got sdp={s.sdp}")
             if s.recompute not in RECOMPUTES:
                 raise PlanError(f"{where}.recompute: unknown {s.recompute!r}; expected one of {', '.join(RECOMPUTES)}")
             if s.zero not in ZERO_STAGES:
                 raise PlanError(f"{where}.zero: expected one of 0, 1, 2 (ZeRO-3 is the sdp degree), got {s.zero!r}")
-            if s.zero and s.dp < 2:
+            if s.zero and s.dp * s.cp < 2:  # the gradient-sync group, dp x cp (costs/strategy.py)
                 raise PlanError(f"{where}.zero: ZeRO-{s.zero} shards over the dp replicas, and dp is {s.dp}")
             if s.sequence_parallel and s.tp < 2:
                 raise PlanError(f"{where}.sequence_parallel: splits over the tp ranks, and tp is {s.tp}")

@@ -16,7 +16,7 @@ from published_fp8_runs import rows  # noqa: E402
 
 def test_the_rows_are_the_sources():
     """torchtitan llama3_h100_202412 Tables 1, 2, 3 and 6 and torchao's training.md, as typed in."""
-    assert len(bench.RUNS) == 4 + 4 + 4 + 3
+    assert len(bench.RUNS) == 4 + 4 + 4 + 3 + 3 + 3
     assert [(r.gpus, r.global_batch, r.micro, r.recompute, r.precision, r.published_tokens_per_gpu_s)
             for r in bench.TABLE_1_AND_3] == [(8, 16, 2, "selective", "fp8", 8532), (8, 16, 2, "selective", "bf16", 6667),
                                               (128, 256, 2, "selective", "fp8", 8380),
@@ -29,6 +29,12 @@ def test_the_rows_are_the_sources():
                                         (8, 8, 2, 4, 131072, 16, 31), (8, 8, 1, 8, 262144, 8, 16)]
     assert [(r.precision, r.fp8_recipe, r.fp8_param_gather, r.published_tokens_per_gpu_s) for r in bench.TORCHAO_8B] \
         == [("bf16", "", False, 6150), ("fp8", "tensorwise", True, 7689.5), ("fp8", "rowwise", False, 6768)]
+    # asyncTP_llama3_h100_2025-06's vanilla-TP column
+    assert [(r.gpus, r.tp, r.sdp, r.micro, r.recompute, r.fp8_recipe, r.published_tokens_per_gpu_s)
+            for r in bench.ASYNC_TP_70B + bench.ASYNC_TP_8B] == [
+        (256, 8, 32, 16, "full", "", 597.3), (256, 8, 32, 16, "full", "tensorwise", 809.8),
+        (256, 8, 32, 16, "full", "rowwise", 599.6), (64, 8, 8, 12, "selective", "", 4378),
+        (64, 8, 8, 12, "selective", "tensorwise", 5078.1), (64, 8, 8, 12, "selective", "rowwise", 3708.5)]
 
 
 def test_torchaos_recipes_come_out_in_the_published_order():

@@ -44,7 +44,7 @@ demo: $(STAMP)
 # Two pytest workers (this machine has two cores), whole files to one worker so that a file's
 # module-scoped fixtures run once, in tests/conftest.py's order (the longest files first; xdist would
 # otherwise start the files with the most tests first, and the 3-minute one-test guide page last);
-# the 15 slowest tests are listed at the end (7m06s here on a fresh clone on 2026-11-29 at 18:00, load 0.77 at start,
+# the 15 slowest tests are listed at the end (6m37s here on a fresh clone on 2026-11-29 at 18:51, load 0.30 at start; 7m06s at 18:00, load 0.77 at start,
 # 2,250 tests, set-up 79 s more; 6m53s at 17:48, load 1.74, set-up 77 s more; 7m08s at 17:29, load about 1.5, set-up 74 s more; 6m48s at 15:57, load 1.06, 2,249 tests, set-up 75 s more; 6m56s at 15:44, load 0.05, set-up 70 s more; 7m24s at 14:01, load 1.03, 2,244 tests, set-up 82 s more; 7m12s at 13:48, load 1.47, set-up 78 s more; 7m24s at 13:23, load 1.09, set-up 86 s more; 7m27s at 11:24, load 0.70, 2,238 tests, set-up 74 s more; 7m37s at 10:52, load not recorded; 7m38s at 09:13, load 0.95, 2,235 tests, set-up 73 s more; 7m47s at 08:52, load 0.81; 9m38s at 06:58, load 1.26, set-up 85 s more; 9m11s at 06:37, load 0.63; 8m43s at 04:10, load 1.33, 2,150 tests, set-up 80 s more; 9m00s at 01:49, load about 1, 2,103 tests, set-up 82 s more; 9m07s on 2026-11-28 at 21:20, load 0.86, 2,092 tests, set-up 72 s more; the commit of 19:42 took 9m00s at 21:32 on the same machine, 7m04s at 19:42;
 # 7m06s at 18:25, load 0.92, 2,078 tests; 7m11s at 18:11 at 0.59; 6m36s at 16:01 with 2,047 tests, before the mixed clusters',
 # the checkpoints' and the fallback ladder's tests; 7m13s at 15:43, 6m41s at 14:00 with 1,993 tests, before

@@ -15,8 +15,8 @@ from paraplan.costs.strategy import layer_memory, layer_time, strategy_groups
 from paraplan.errors import FieldError
 from paraplan.hardware.cluster import LinkSpec
 from paraplan.planners.registry import make_plan
-from paraplan.plans.axes import CONTEXT, DATA, TENSOR
-from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, PlanError, Stage, validate
+from paraplan.plans.axes import CONTEXT, DATA, SHARDED_DATA, TENSOR
+from paraplan.plans.plan import LayerRange, LayerStrategy, Plan, Stage, validate
 from paraplan.plans.plan_file import plan_from_json, plan_to_json
 from paraplan.runtime.config import TrainConfig
 from paraplan.runtime.layers.hybrid import hybrid_refusal
@@ -105,6 +105,26 @@ def test_zero_shards_over_the_context_parallel_ranks_too(world):
     assert replicated.states_bytes == layer_memory(model, 1, LayerStrategy(), 1.0, memory).states_bytes
 
 
+def test_fsdp_shards_over_the_context_parallel_ranks_too(world):
+    """FSDP with CP (torchtitan 0.3.0's FSDP mesh is dp_shard x cp; Megatron-LM's FSDP shards over its
+    data-parallel group with CP): sdp 2 x cp 2 keeps the states sdp 4 keeps, gathers and scatters
+    them over the same four ranks, and leaves no gradient all-reduce after the backward (FSDP's
+    reduce-scatter summed the cp ranks' gradients); with dp 2 beside it, the all-reduce is over dp."""
+    from paraplan.costs.axis_costs import gradient_sync_bytes, sharded_data_s
+
+    model, memory = world.costs.model, world.costs.memory
+    both, four = LayerStrategy(sdp=2, cp=2), LayerStrategy(sdp=4)
+    assert (both.fsdp_degree, both.sync_degree, LayerStrategy(cp=2).fsdp_degree) == (4, 1, 1)
+    assert layer_memory(model, 1, both, 1.0, memory).states_bytes == layer_memory(model, 1, four, 1.0, memory).states_bytes
+    assert sharded_data_s(model, model.layers[1], both, LINK) == sharded_data_s(model, model.layers[1], four, LINK)
+    assert gradient_sync_bytes(model.layers[1], both) == 0.0
+    hybrid = LayerStrategy(dp=2, sdp=2, cp=2)
+    assert hybrid.sync_degree == 2
+    assert gradient_sync_bytes(model.layers[1], hybrid) == pytest.approx(model.layers[1].param_bytes / 4)
+    groups = strategy_groups(hybrid, tuple(range(8)))  # cp right outside tp (none), then sdp, then dp
+    assert (groups[CONTEXT], groups[SHARDED_DATA], groups[DATA]) == ((0, 1), (0, 1, 2, 3), (0, 4))
+
+
 def test_tp_all_reduces_move_this_ranks_tokens(world):
     costs, model = world.costs.compute(0), world.costs.model
     tp_only = layer_time(costs, model, 1, LayerStrategy(tp=4), 1.0, LINK, NONE)
@@ -137,10 +157,10 @@ def test_plans_with_cp_validate_round_trip_simulate_and_train_refuses_them(world
     n = world.spec.n_layers
     plan = validate(_plan(n, LayerStrategy(tp=4, cp=2, sequence_parallel=True)))
     assert plan_from_json(plan_to_json(plan)) == plan
-    with pytest.raises(PlanError, match="context parallelism is modelled with plain data parallelism only"):
-        validate(_plan(n, LayerStrategy(sdp=4, cp=2)))
-    # ZeRO-1 over dp x cp (Megatron-LM's distributed optimizer), even where dp is 1: it validates and
-    # keeps less than the same layout without ZeRO
+    # FSDP over sdp x cp, and ZeRO-1 over dp x cp (Megatron-LM's distributed optimizer), even where dp
+    # is 1: each validates and keeps less than the same layout without them
+    fsdp = validate(replace(_plan(n, LayerStrategy(sdp=4, cp=2)), global_batch=4))
+    assert fsdp.stages[0].strategy(1).fsdp_degree == 8
     zero = validate(_plan(n, LayerStrategy(tp=4, cp=2, zero=1, sequence_parallel=True)))
     peak = [max(m.peak_bytes for m in simulate_plan(p, world.costs).prediction.memory) for p in (zero, plan)]
     assert peak[0] < peak[1]

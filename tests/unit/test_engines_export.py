@@ -89,6 +89,8 @@ def test_torchtitan_refuses_what_its_trainer_refuses_at_start_up(tiny):
     assert engine_problem(cp, "torchtitan", tiny) is None  # 32 over 2 x 4
     # its FSDP shards over dp_shard x cp, which the plan's replicated cp ranks do not: said in a note
     assert any("shards FSDP over dp_shard x cp (1 x 2)" in note for note in export(cp, "torchtitan", tiny).notes)
+    fsdp_cp = plan_of(tiny, [stage(0, 6, range(4), LayerStrategy(sdp=2, cp=2))])  # the plan shards over both
+    assert not any("dp_shard x cp" in note for note in export(fsdp_cp, "torchtitan", tiny).notes)
     long_cp = plan_of(model_shape("gpt2-tiny?seq_len=12"),
                       [stage(0, 6, range(4), LayerStrategy(tp=2, cp=2, sequence_parallel=True))])
     assert "sequence length 12 over 8 sequence shards" in refusal(long_cp, "torchtitan",

@@ -162,8 +162,6 @@ def _broken(edit) -> str:
      "stages[0].strategies[0].zero: expected one of 0, 1, 2 (ZeRO-3 is the sdp degree)"),
     (lambda d: d["stages"][0].update(strategies=[{"sequence_parallel": True}] * 20),
      "stages[0].strategies[0].sequence_parallel: splits over the tp ranks, and tp is 1"),
-    (lambda d: d["stages"][0].update(strategies=[{"cp": 2, "sdp": 2}] * 20),
-     "stages[0].strategies[0].cp: context parallelism is modelled with plain data parallelism only"),
     (lambda d: d["stages"][0].update(strategies=[{"cp": 2}] * 20), "dp*sdp*tp*cp = 2 but the stage has 1 devices"),
     (lambda d: d.update(grad_sync="sometimes"), "grad_sync: unknown 'sometimes'"),
     (lambda d: d.update(n_micro=7), "n_micro: 7 micro-batches do not divide the global batch 64"),

@@ -89,7 +89,7 @@ def sharded_data_s(model: ModelSpec, layer: LayerSpec, strategy: LayerStrategy, 
     weights are gathered in the compute dtype and the gradients reduced in fp32 (FSDP2's
     MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)). (forward's gather s, backward's
     gather + reduce-scatter s); 0 without sdp."""
-    sdp = strategy.sdp
+    sdp = strategy.fsdp_degree  # with context parallelism its cp ranks too (LayerStrategy.fsdp_degree)
     if sdp <= 1:
         return 0.0, 0.0
     shard = dense_param_bytes(layer, strategy) / strategy.tp  # an MoE layer's routed experts: expert_costs.py
@@ -101,7 +101,7 @@ def sharded_data_s(model: ModelSpec, layer: LayerSpec, strategy: LayerStrategy, 
 def gradient_sync_bytes(layer: LayerSpec, strategy: LayerStrategy) -> float:
     """DATA (and CONTEXT, whose ranks hold the same weights): the bytes of this device's gradients
     summed over the gradient-sync group (dp x cp) after the backward; 0 without such a group."""
-    return dense_param_bytes(layer, strategy) / strategy.tp / strategy.sdp if strategy.sync_degree > 1 else 0.0
+    return dense_param_bytes(layer, strategy) / strategy.tp / strategy.fsdp_degree if strategy.sync_degree > 1 else 0.0
 
 
 def zero2_reduce_scatter_s(sync_bytes: float, strategy: LayerStrategy, link: LinkSpec) -> float:

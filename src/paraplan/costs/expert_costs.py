@@ -117,20 +117,21 @@ def held_params(layer: LayerSpec, params: float, strategy: LayerStrategy) -> flo
 
 
 def sharded_params(layer: LayerSpec, params: float, strategy: LayerStrategy) -> float:
-    """What one device keeps of `params` after sdp (FSDP) shards them: the dense part over tp x sdp,
+    """What one device keeps of `params` after sdp (FSDP) shards them: the dense part over tp x sdp
+    (x cp: LayerStrategy.fsdp_degree),
     the routed experts over ep x etp and their own state shards."""
     routed = routed_params(layer, strategy)
     if not routed:
-        return params / (strategy.tp * strategy.sdp)
+        return params / (strategy.tp * strategy.fsdp_degree)
     d = expert_degrees(strategy)
-    return (params - routed) / (strategy.tp * strategy.sdp) + routed / (d.ep * d.etp * d.state_shards)
+    return (params - routed) / (strategy.tp * strategy.fsdp_degree) + routed / (d.ep * d.etp * d.state_shards)
 
 
 def stepped_params(layer: LayerSpec, params: float, strategy: LayerStrategy) -> float:
     """Of `params`, what one device's optimizer steps: the dense part over tp x sdp and, with ZeRO,
     the dp x cp ranks; the routed experts over ep x etp and, with sdp or ZeRO, their edp replicas."""
     routed = routed_params(layer, strategy)
-    dense = (params - routed) / (strategy.tp * strategy.sdp * (strategy.sync_degree if strategy.zero else 1))
+    dense = (params - routed) / (strategy.tp * strategy.fsdp_degree * (strategy.sync_degree if strategy.zero else 1))
     if not routed:
         return dense
     d = expert_degrees(strategy)

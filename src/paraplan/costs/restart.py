@@ -66,7 +66,7 @@ def _shard(plan: Plan, layer: int) -> float:
     """The share of layer `layer`'s states one device of `plan` holds in TP and FSDP shards."""
     stage = next(st for st in plan.stages if st.layers.start <= layer < st.layers.stop)
     strategy = stage.strategy(layer)
-    return 1.0 / (strategy.tp * strategy.sdp)
+    return 1.0 / (strategy.tp * strategy.fsdp_degree)
 
 
 def _saved_pieces_factor(plan: Plan, stages: list[int], saved_under: Plan | None, model) -> float:

@@ -16,15 +16,13 @@ axis's collectives are one function of costs/axis_costs.py, added here in one or
   sdp          ZeRO-3 / FSDP: an all-gather of the layer's parameter shard before each pass and a
                reduce-scatter of its gradients after the backward, over the data group;
   checkpoint   the forward runs again inside the backward;
-  dp           the gradient all-reduce is not in the layer's time: it is the stage's sync, issued
-               by the schedule (`grad_allreduce_bytes`); ZeRO-1/2 replace it by a reduce-scatter of
-               the gradients and an all-gather of the updated parameters, the same volume on a ring
-               (ZeRO §7.2.1: "the same communication volume as baseline data parallelism"), so the
-               same time here.
+  dp           the gradient all-reduce is the stage's sync, issued by the schedule, not in the
+               layer's time (`grad_allreduce_bytes`); ZeRO-1/2's reduce-scatter and all-gather move
+               the same volume on a ring (ZeRO §7.2.1), the same time here.
 Memory per device:
-  states       params x state_bytes_per_param / (tp x sdp)  (fp32 Adam: 16 bytes per parameter);
-               ZeRO-1 / ZeRO-2 over the dp replicas keep 1/dp of the optimizer states / and of the
-               gradients, 1/(dp x cp) with context parallelism (`state_parts_per_param`);
+  states       params x state_bytes_per_param / (tp x sdp)  (fp32 Adam: 16 bytes per parameter; FSDP's
+               cp ranks shard too: `LayerStrategy.fsdp_degree`); ZeRO-1 / ZeRO-2 keep 1/(dp x cp) of
+               the optimizer states / and of the gradients (`state_parts_per_param`);
   weights      params x param_bytes_per_param / (tp x sdp)  (a weight copy: stash, or Bi-Partition's
                forward-only owner, which keeps only the latest weights);
   saved        what one micro-batch in flight keeps for the backward: the layer's saved tensors at the
@@ -133,12 +131,10 @@ def state_parts_per_param(strategy: LayerStrategy, config: MemoryConfig) -> tupl
     """Model-state bytes per parameter on one device of the group, before the tp x sdp split, as
     (parameters, gradients, optimizer states): ZeRO §3.1 over the layer's gradient-sync group
     (Rajbhandari et al. 2020): ZeRO-1 keeps 1/n of the optimizer states, ZeRO-2 1/n of the gradients
-    too (the parameters stay whole: ZeRO-3 is sdp). n is dp x cp: the context-parallel ranks hold the
-    same weights and sum their gradients with the dp replicas, and Megatron-LM's distributed optimizer
-    shards over that group (`get_data_parallel_group(with_context_parallel=True)`, its gradient
-    buffers). Optimizer states = state_bytes_per_param - param_bytes_per_param -
-    grad_bytes_per_param (8 for Adam's momentum and variance; fp32 master weights are the parameters
-    here, costs/memory_config.py)."""
+    too (the parameters stay whole: ZeRO-3 is sdp). n is dp x cp, whose ranks hold the same weights:
+    Megatron-LM's distributed optimizer shards over that group (`get_data_parallel_group(
+    with_context_parallel=True)`). Optimizer states = state - param - grad bytes per parameter (8
+    for Adam's moments; fp32 master weights are the parameters here, costs/memory_config.py)."""
     param, grad = config.param_bytes_per_param, config.grad_bytes_per_param
     optimizer = config.state_bytes_per_param - param - grad
     n = strategy.sync_degree
@@ -150,7 +146,7 @@ def layer_memory(model: ModelSpec, index: int, strategy: LayerStrategy, micro_ba
     """Memory of layer `index` on one device of its group; `micro_batch` is the batch entering the group."""
     layer = model.layers[index]
     params = param_count(model, index, tied_copy)
-    shards = strategy.tp * strategy.sdp
+    shards = strategy.tp * strategy.fsdp_degree
     local = micro_batch / strategy.data_degree
     param_b, grad_b, optimizer_b = state_parts_per_param(strategy, config)
     # a mixture-of-experts layer's routed experts on their own view (costs/expert_costs.py): their
@@ -297,7 +293,7 @@ def zero_gather_layer_s(model: ModelSpec, index: int, strategy: LayerStrategy, d
         return 0.0
     layer = model.layers[index]
     # over the group ZeRO shards over: dp x cp (`state_parts_per_param`)
-    dense = ring_allgather_s(dense_param_bytes(layer, strategy) / (strategy.tp * strategy.sdp), strategy.sync_degree,
+    dense = ring_allgather_s(dense_param_bytes(layer, strategy) / (strategy.tp * strategy.fsdp_degree), strategy.sync_degree,
                              dp_link)
     nbytes = routed_bytes(layer, strategy)
     if not nbytes:
@@ -309,20 +305,27 @@ def zero_gather_layer_s(model: ModelSpec, index: int, strategy: LayerStrategy, d
 def strategy_groups(strategy: LayerStrategy, devices: tuple[int, ...]) -> dict[Axis, tuple[int, ...]]:
     """The group of each layer axis (plans/axes.py: LAYER_AXES) that holds the stage's first device,
     laid out by `strategy.dims` (inner-most first: its groups are consecutive devices). DATA's entry
-    is the group the gradients are summed over: the product of the `syncs_gradients` axes' groups
-    (dp x cp with context parallelism, as Megatron-LM all-reduces over both)."""
+    is the group the gradients are summed over, dp x cp (as Megatron-LM all-reduces over both); with
+    sdp the cp ranks join FSDP's group instead (LayerStrategy.fsdp_degree): SHARDED_DATA sdp x cp."""
     out = {a: (devices[0],) for a in LAYER_AXES}
     stride, strides = 1, {}
     for axis, k in strategy.dims:
         out[axis] = tuple(devices[j * stride] for j in range(k))
         strides[axis] = (stride, k)
         stride *= k
-    syncing = [strides[a] for a in _SYNC_AXES if a in strides]
-    if len(syncing) > 1 or (syncing and DATA not in strides):
+
+    def union(axes) -> tuple[int, ...]:  # later axes outer
         positions = [0]
-        for s_axis, k_axis in syncing:  # each later axis of LAYER_AXES outer: dp-major, cp-minor
+        for s_axis, k_axis in (strides[a] for a in axes if a in strides):
             positions = [p + j * s_axis for j in range(k_axis) for p in positions]
-        out[DATA] = tuple(devices[p] for p in positions)
+        return tuple(devices[p] for p in positions)
+
+    if strategy.sdp > 1 and CONTEXT in strides:
+        out[SHARDED_DATA] = union((CONTEXT, SHARDED_DATA))
+    else:
+        syncing = [a for a in _SYNC_AXES if a in strides]
+        if len(syncing) > 1 or (syncing and DATA not in strides):
+            out[DATA] = union(syncing)  # each later axis of LAYER_AXES outer: dp-major, cp-minor
     out.update(expert_groups(strategy, devices))  # an MoE layer's expert view, where it has one
     return out
 

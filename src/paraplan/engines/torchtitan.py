@@ -187,10 +187,10 @@ def overrides(layout: EngineLayout, shape: ModelShape) -> tuple[list[str], list[
     if layout.tp > 1 and not layout.sequence_parallel:
         args.append("--parallelism.no-enable_sequence_parallel")
     args.append(f"--parallelism.context_parallel_degree={layout.cp}")
-    if layout.cp > 1 and not layout.zero:
+    if layout.cp > 1 and shard == 1 and not layout.zero:
         # 0.3.0's FSDP mesh is dp_shard x cp (distributed/parallel_dims.py: "fsdp" = dp_shard * cp)
-        notes.append(f"torchtitan shards FSDP over dp_shard x cp ({shard} x {layout.cp}), where the plan prices the "
-                     "model states replicated over the cp ranks: expect less memory than predicted")
+        notes.append(f"torchtitan shards FSDP over dp_shard x cp (1 x {layout.cp}), where the plan keeps the model "
+                     "states whole on the cp ranks (its sdp 1): expect less memory than predicted")
     if layout.ep > 1:
         args.append(f"--parallelism.expert_parallel_degree={layout.ep}")
     if layout.expert_dispatcher == "deepep":  # a model argument in 0.3.0, not an override (plans/expert_dispatch.py)

@@ -142,8 +142,18 @@ class LayerStrategy:
 
     @cached_property  # read in the planners' inner loops: computed once per strategy
     def sync_degree(self) -> int:
-        """The size of the group the gradients are summed over (dp x cp)."""
+        """The size of the group the gradients are summed over after the backward (dp x cp); with sdp,
+        FSDP's reduce-scatter sums the cp ranks' (`fsdp_degree`), which leaves dp."""
+        if self.sdp > 1:
+            return self.dp
         return self._product(lambda axis: axis.syncs_gradients)
+
+    @cached_property  # read in the planners' inner loops: computed once per strategy
+    def fsdp_degree(self) -> int:
+        """The ranks FSDP (sdp) shards the states over: sdp, and with context parallelism its cp ranks
+        too, which hold the same weights (torchtitan 0.3.0's FSDP mesh is dp_shard x cp; Megatron-LM's
+        FSDP shards over its data-parallel group with CP); 1 without sdp."""
+        return self.sdp * self.cp if self.sdp > 1 else 1
 
 
 assert {r.field for r in REFINEMENTS} <= set(LayerStrategy.__dataclass_fields__)

@@ -320,9 +320,6 @@ def _validate_stages(plan: Plan) -> None:
                                 f"(inner-most first, comma-separated), got {s.order!r}")
             if min(s.dp, s.sdp, s.tp, s.cp) < 1:
                 raise PlanError(f"{where}: degrees must be at least 1, got dp={s.dp} sdp={s.sdp} tp={s.tp} cp={s.cp}")
-            if s.cp > 1 and s.sdp > 1:
-                raise PlanError(f"{where}.cp: context parallelism is modelled with plain data parallelism only "
-                                f"(sdp 1; ZeRO-1/2 shard over dp x cp), got sdp={s.sdp}")
             if s.recompute not in RECOMPUTES:
                 raise PlanError(f"{where}.recompute: unknown {s.recompute!r}; expected one of {', '.join(RECOMPUTES)}")
             if s.zero not in ZERO_STAGES:

@@ -277,7 +277,7 @@ def zero_gather_s(plan: Plan, cm: CostModel) -> float:
                 group = by_axis[DATA]
                 # an FP8 parameter all-gather (LayerSpec.gathered_element_bytes) moves 1 byte of every 4
                 fp8 = layer.gathered_element_bytes / cm.model.dtype_bytes if layer.gathered_element_bytes else 1.0
-                groups[group] = groups.get(group, 0.0) + fp8 * dense_param_bytes(layer, st) / (st.tp * st.sdp)
+                groups[group] = groups.get(group, 0.0) + fp8 * dense_param_bytes(layer, st) / (st.tp * st.fsdp_degree)
                 expert_bytes = routed_bytes(layer, st)  # an MoE layer's routed experts: over their replicas
                 if expert_bytes and len(by_axis[EXPERT_DATA]) > 1:
                     groups[by_axis[EXPERT_DATA]] = groups.get(by_axis[EXPERT_DATA], 0.0) + expert_bytes / (st.ep * st.etp)

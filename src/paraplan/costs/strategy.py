@@ -248,8 +248,8 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
         backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)
     dp_sync_bytes = gradient_sync_bytes(layer, strategy)  # over dp x cp (strategy_groups)
     if strategy.zero >= 2 and strategy.sync_degree > 1:
-        # ZeRO-2: reduce-scattered in every backward (over dp x cp, `state_parts_per_param`); the end-of-step all-gather is
-        # simulator/plan_work.zero_gather_s
+        # ZeRO-2: reduce-scattered in every backward, over dp x cp (`state_parts_per_param`); the
+        # end-of-step all-gather is simulator/plan_work.zero_gather_s
         comm = zero2_reduce_scatter_s(dp_sync_bytes, strategy, dp_link or data_link)
         backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)
         dp_sync_bytes = 0.0

@@ -19,8 +19,9 @@ What maps where (arguments.py and the config classes):
   default `--recompute-modules core_attn`), full is `--recompute-granularity full
   --recompute-method uniform --recompute-num-layers 1` (every block's input kept);
 - ZeRO-1 is `--use-distributed-optimizer` (optimizer states and fp32 master weights sharded over
-  the data-parallel ranks, with context parallelism over dp x cp, as paraplan prices it); ZeRO-2 and ZeRO-3 are Megatron FSDP's `--data-parallel-sharding-strategy
-  optim_grads` / `optim_grads_params` (`megatron_fsdp.py`: "optim_grads ~ ZeRO-2"), which needs
+  the data-parallel ranks, with context parallelism over dp x cp, as paraplan prices it); ZeRO-2
+  and ZeRO-3 are Megatron FSDP's `--data-parallel-sharding-strategy optim_grads` /
+  `optim_grads_params` (`megatron_fsdp.py`: "optim_grads ~ ZeRO-2"), which needs
   `--ckpt-format fsdp_dtensor`;
 - `--bf16` / `--fp16`;
 - fp8: `--bf16 --fp8-format=hybrid --fp8-recipe=R` (e4m3 forward, e5m2 gradients; R the plan's recipe:

@@ -36,6 +36,7 @@ from paraplan.planners import progress
 from paraplan.planners.bipartition.division import DoesNotFit
 from paraplan.planners.bipartition.division import max_workers as most_workers
 from paraplan.planners.bipartition.dp import bipartition_all
+from paraplan.planners.bipartition.fit_order import dominated, largest_first
 from paraplan.planners.bipartition.recompute import (
     EXACT_BUDGET,
     exact_cost,
@@ -124,10 +125,14 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
                                    f"{max_workers} micro-batches; at most {max(micro_counts)} here")
     t0 = time.perf_counter()
     table, best = [], None
-    exact = _exact_counts(request, micro_counts, max_workers)
+    exact, memory = _exact_counts(request, micro_counts, max_workers), request.costs.memory or MemoryConfig()
+    found = largest_first(  # a count's failure to fit settles a smaller count's where it dominates (fit_order.py)
+        micro_counts, lambda p, skip, failed: _divisions(
+            request, p, max_workers, layerwise, check_memory, mode, notes, p in exact, skip,
+            failed if check_memory and not exactly else None),
+        lambda smaller, larger: dominated(cm.model, batch, smaller, larger, max_workers, memory))
     for p in micro_counts:
-        for kind, n_workers, division in _divisions(request, p, max_workers, layerwise, check_memory, mode, notes,
-                                                    p in exact):
+        for kind, n_workers, division in found[p]:
             stages = tuple(Stage(LayerRange(*w.forward), (i,),
                                  backward_layers=None if layerwise else LayerRange(*w.backward))
                            for i, w in enumerate(division.workers))
@@ -143,7 +148,6 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
                 best = (key, replace(plan, prediction=prediction), division.bottleneck_s)
                 if prediction.feasible:  # a search stopped by its time limit keeps it
                     progress.offer(best[1])
-        progress.at(f"{micro_counts.index(p) + 1} of {len(micro_counts)} micro-batch counts searched")
     if best is None:
         how_many = "exactly" if exactly else "at most"
         raise NothingFits("stages", f"no division of {request.model_name} over {how_many} {max_workers} workers fits "
@@ -290,9 +294,11 @@ def _exact_counts(request: PlanRequest, micro_counts, max_workers: int) -> froze
 
 
 def _divisions(request: PlanRequest, p: int, max_workers: int, layerwise: bool, check_memory: bool, mode: str,
-               notes: dict, exact: bool = True) -> list[tuple[str, int, object]]:
+               notes: dict, exact: bool = True, skip: frozenset[str] = frozenset(),
+               failed: dict[str, int] | None = None) -> list[tuple[str, int, object]]:
     """(kind, workers, division) of every division to judge at p micro-batches, each once; `exact`:
-    the exact recompute DP within its budget at this count (`_exact_counts`)."""
+    the exact recompute DP within its budget at this count (`_exact_counts`); `skip`: kinds not to
+    search here (fit_order.largest_first); `failed`: where a kind that finds nothing that fits is recorded."""
     cm = request.costs
     k = request.n_layers
     exactly = request.exact_stages
@@ -320,11 +326,17 @@ def _divisions(request: PlanRequest, p: int, max_workers: int, layerwise: bool, 
                     notes["runtime_search"] = "paper-cost divisions judged (too many layers for the exact " \
                                               "recompute DP)"
                     continue
+                if kind in skip:
+                    continue
                 divisions = recompute_all(fwd, bwd, runtime_cut_s, limit, fits=vector_fits)
+            elif kind in skip:
+                continue
             else:
                 divisions = bipartition_all(fwd, bwd, cut_s, limit, fits=fits, layerwise=kind == "layerwise")
         except DoesNotFit:
-            continue
+            divisions = {}
+        if not divisions and failed is not None:
+            failed[kind] = p
         for n, d in sorted(divisions.items()):
             if exactly and n != max_workers:
                 continue

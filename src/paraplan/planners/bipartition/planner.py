@@ -13,11 +13,11 @@ on the earliest worker before, on the next worker after, among all M workers). T
 therefore never looser than the simulator's, and every plan it accepts fits by the simulator's count.
 
 Devices of several kinds (issue 52 item 1; beyond the paper, whose workers are alike): worker w
-runs on device w, numbered fastest node first (hardware/cluster.py canonical_node_order). Where the
-workers' devices are of more than one kind, both searches price worker w with device w's own
-per-layer times and the boundary after it with the link between devices w and w + 1, as the
-simulator does (planners/bipartition/worker_rows.py); on one kind they take device 0's times and
-link(0, 1), as before.
+runs on device w, numbered fastest node first (hardware/cluster.py canonical_node_order); where
+they are of more than one kind, both searches price worker w with device w's own per-layer times
+and the boundary after it with the link between devices w and w + 1, as the simulator does
+(planners/bipartition/worker_rows.py). The micro-batch counts are searched largest first
+(planners/bipartition/fit_order.py), and the table and the choice read in their rising order.
 """
 
 from __future__ import annotations
@@ -126,28 +126,34 @@ def plan_bipartition(request: PlanRequest, judge: Judge, layerwise: bool = False
     t0 = time.perf_counter()
     table, best = [], None
     exact, memory = _exact_counts(request, micro_counts, max_workers), request.costs.memory or MemoryConfig()
-    found = largest_first(  # a count's failure to fit settles a smaller count's where it dominates (fit_order.py)
-        micro_counts, lambda p, skip, failed: _divisions(
-            request, p, max_workers, layerwise, check_memory, mode, notes, p in exact, skip,
-            failed if check_memory and not exactly else None),
-        lambda smaller, larger: dominated(cm.model, batch, smaller, larger, max_workers, memory))
-    for p in micro_counts:
-        for kind, n_workers, division in found[p]:
-            stages = tuple(Stage(LayerRange(*w.forward), (i,),
-                                 backward_layers=None if layerwise else LayerRange(*w.backward))
-                           for i, w in enumerate(division.workers))
+    offered = []  # the best feasible key offered so far (a search stopped by its time limit keeps that plan)
+
+    def judged(p: int, skip: frozenset[str], failed: dict[str, int]) -> list[tuple]:
+        out = []
+        for kind, n_workers, division in _divisions(request, p, max_workers, layerwise, check_memory, mode, notes,
+                                                    p in exact, skip, failed if check_memory and not exactly else None):
+            stages = tuple(Stage(LayerRange(*w.forward), (i,), backward_layers=None if layerwise else
+                                 LayerRange(*w.backward)) for i, w in enumerate(division.workers))
             plan = Plan(model=request.model_name, cluster=request.cluster_name, n_layers=k, global_batch=batch,
                         n_micro=p, schedule="1f1b", grad_sync="none", stages=stages, split_layers=split_layers)
             prediction = judge(plan)
-            table.append({"workers": n_workers, "n_micro": p, "division": kind, "bottleneck_s": division.bottleneck_s,
-                          "iteration_s": prediction.iteration_s, "feasible": prediction.feasible,
-                          "reason": prediction.reason,
-                          "ranges": [[*w.forward, *w.backward] for w in division.workers]})
-            key = (not prediction.feasible, prediction.iteration_s)
+            row = {"workers": n_workers, "n_micro": p, "division": kind, "bottleneck_s": division.bottleneck_s,
+                   "iteration_s": prediction.iteration_s, "feasible": prediction.feasible, "reason": prediction.reason,
+                   "ranges": [[*w.forward, *w.backward] for w in division.workers]}
+            out.append((row, (not prediction.feasible, prediction.iteration_s), replace(plan, prediction=prediction),
+                        division.bottleneck_s))
+            if prediction.feasible and (not offered or out[-1][1] < offered[0]):
+                offered[:] = [out[-1][1]]
+                progress.offer(out[-1][2])
+        return out
+
+    found = largest_first(micro_counts, judged,
+                          lambda smaller, larger: dominated(cm.model, batch, smaller, larger, max_workers, memory))
+    for p in micro_counts:
+        for row, key, plan, bottleneck in found[p]:
+            table.append(row)
             if best is None or key < best[0]:
-                best = (key, replace(plan, prediction=prediction), division.bottleneck_s)
-                if prediction.feasible:  # a search stopped by its time limit keeps it
-                    progress.offer(best[1])
+                best = (key, plan, bottleneck)
     if best is None:
         how_many = "exactly" if exactly else "at most"
         raise NothingFits("stages", f"no division of {request.model_name} over {how_many} {max_workers} workers fits "

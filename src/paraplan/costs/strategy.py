@@ -246,7 +246,7 @@ def layer_time(costs: LayerCosts, model: ModelSpec, index: int, strategy: LayerS
         else:
             forward += gather
         backward = backward + comm if overlap_slowdown is None else overlapped_s(backward, comm, overlap_slowdown)
-    dp_sync_bytes = gradient_sync_bytes(layer, strategy)  # over dp x cp (strategy_groups)
+    dp_sync_bytes = gradient_sync_bytes(layer, strategy)  # over sync_degree's group (strategy_groups' DATA)
     if strategy.zero >= 2 and strategy.sync_degree > 1:
         # ZeRO-2: reduce-scattered in every backward, over dp x cp (`state_parts_per_param`); the
         # end-of-step all-gather is simulator/plan_work.zero_gather_s

@@ -53,7 +53,8 @@ def largest_first(micro_counts, search_at, is_dominated) -> dict[int, list]:
     failed: dict[str, int] = {}
     found = {}
     for step, p in enumerate(sorted(micro_counts, reverse=True)):
-        skip = frozenset(kind for kind, at in failed.items() if is_dominated(p, at))
+        settled = {at: is_dominated(p, at) for at in set(failed.values())}  # the kinds often failed at one count
+        skip = frozenset(kind for kind, at in failed.items() if settled[at])
         found[p] = search_at(p, skip, failed)
         progress.at(f"{step + 1} of {len(micro_counts)} micro-batch counts searched")
     return found
